@@ -1,0 +1,15 @@
+//! The shared area's read side and the store directory.
+//!
+//! * [`store`]: the store directory (`cairn.toml`, socket, locks, default location).
+//! * [`reader`]: consistent reads of the shared area through a mapping — inodes under
+//!   their seqlock, map walks, file data with holes, directory lookup and listing. LibFS
+//!   uses it through a read-only mapping, the daemon through its read-write one.
+//! * [`error`]: `io::Error`s that carry a POSIX errno and a message.
+
+pub mod error;
+pub mod reader;
+pub mod store;
+
+pub use error::{errno_of, fs_err};
+pub use reader::Area;
+pub use store::{StoreConfig, StoreDir};

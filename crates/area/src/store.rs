@@ -1,0 +1,153 @@
+//! The store directory: configuration file, socket, locks and the default store.
+
+use crate::error::fs_err;
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Name of the configuration file inside the store directory.
+pub const CONFIG_FILE: &str = "cairn.toml";
+
+/// `cairn.toml`: everything chosen at mkfs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StoreConfig {
+    /// Configuration format version (1).
+    pub format_version: u32,
+    /// The NVM tier file.
+    pub nvm_path: PathBuf,
+    pub nvm_size: u64,
+    /// Bytes of each client's operation log ring.
+    pub log_size: u64,
+    /// Log slots (clients registered at once).
+    pub max_clients: u32,
+    /// Inode table entries.
+    pub inodes: u64,
+    /// Log fill (percent) at which LibFS asks for a digest.
+    pub digest_threshold_pct: u32,
+}
+
+impl StoreConfig {
+    /// Defaults for a new store whose NVM file will be `nvm_path`.
+    pub fn with_defaults(nvm_path: PathBuf) -> StoreConfig {
+        StoreConfig {
+            format_version: 1,
+            nvm_path,
+            nvm_size: 2 << 30,
+            log_size: 32 << 20,
+            max_clients: 8,
+            inodes: 0, // 0: derive from nvm_size (one per 8 KiB) at mkfs
+            digest_threshold_pct: 30,
+        }
+    }
+}
+
+/// A store directory and the paths inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreDir {
+    pub path: PathBuf,
+}
+
+impl StoreDir {
+    pub fn new(path: impl Into<PathBuf>) -> StoreDir {
+        StoreDir { path: path.into() }
+    }
+
+    /// The store named by `explicit`, else `$CAIRN_STORE`, else the default store.
+    pub fn resolve(explicit: Option<&Path>) -> StoreDir {
+        if let Some(p) = explicit {
+            return StoreDir::new(p);
+        }
+        match std::env::var_os("CAIRN_STORE") {
+            Some(p) if !p.is_empty() => StoreDir::new(PathBuf::from(p)),
+            _ => StoreDir::new(default_store_path()),
+        }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.path.join(CONFIG_FILE)
+    }
+    pub fn socket_path(&self) -> PathBuf {
+        self.path.join("cairnd.sock")
+    }
+    pub fn daemon_lock_path(&self) -> PathBuf {
+        self.path.join("cairnd.lock")
+    }
+    pub fn daemon_log_path(&self) -> PathBuf {
+        self.path.join("cairnd.log")
+    }
+    pub fn slots_dir(&self) -> PathBuf {
+        self.path.join("slots")
+    }
+    pub fn slot_lock_path(&self, slot: u32) -> PathBuf {
+        self.slots_dir().join(format!("{slot}.lock"))
+    }
+
+    /// Whether a store exists here (its configuration file does).
+    pub fn exists(&self) -> bool {
+        self.config_path().is_file()
+    }
+
+    /// Read `cairn.toml`.
+    pub fn load_config(&self) -> io::Result<StoreConfig> {
+        let p = self.config_path();
+        let text = std::fs::read_to_string(&p).map_err(|e| {
+            fs_err(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("no Cairn store at {} (cannot read {}; create one with `cairn mkfs --store {}`)",
+                    self.path.display(), p.display(), self.path.display()),
+            )
+        })?;
+        let cfg: StoreConfig = toml::from_str(&text)
+            .map_err(|e| fs_err(libc::EINVAL, format!("{}: {e}", p.display())))?;
+        if cfg.format_version != 1 {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!(
+                    "{}: unsupported format_version {}",
+                    p.display(),
+                    cfg.format_version
+                ),
+            ));
+        }
+        Ok(cfg)
+    }
+
+    /// Write `cairn.toml` (atomically: temporary file + rename).
+    pub fn save_config(&self, cfg: &StoreConfig) -> io::Result<()> {
+        let text = toml::to_string_pretty(cfg).map_err(|e| fs_err(libc::EINVAL, e.to_string()))?;
+        let tmp = self.path.join(".cairn.toml.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, self.config_path())?;
+        std::fs::File::open(&self.path)?.sync_all()
+    }
+}
+
+/// `$XDG_DATA_HOME/cairn/default`, else `$HOME/.local/share/cairn/default`, else
+/// `/tmp/cairn-<uid>/default`.
+pub fn default_store_path() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("cairn").join("default");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(h).join(".local/share/cairn/default");
+    }
+    PathBuf::from(format!("/tmp/cairn-{}/default", cairn_media::sys::ids().0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_roundtrip() {
+        let d = tempfile::tempdir().unwrap();
+        let s = StoreDir::new(d.path());
+        assert!(!s.exists());
+        assert!(s.load_config().is_err());
+        let c = StoreConfig::with_defaults("/dev/shm/x.nvm".into());
+        s.save_config(&c).unwrap();
+        assert!(s.exists());
+        assert_eq!(s.load_config().unwrap(), c);
+    }
+}

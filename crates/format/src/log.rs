@@ -1,0 +1,564 @@
+//! The operation log: a ring of transactions in the client's slot. Positions are log
+//! sequence numbers (LSNs): byte positions that only grow; the ring offset is
+//! `lsn % ring_bytes`. Every transaction starts on a 64-byte boundary and never straddles
+//! the end of the ring: when it would, a `WRAP` transaction fills the rest of the lap.
+//!
+//! Transaction header (32 bytes): magic u32 "CNTX", version u16, kind u16 (1 commit,
+//! 2 wrap), seq u64, len u32 (whole transaction, multiple of 64), nrec u32,
+//! reserved u32 (0), crc u32. The crc32c covers bytes 0..28 and 32..len (records and zero
+//! padding). A transaction is committed iff its magic, version, expected seq, length and
+//! crc are all right: this is the commit record, written and persisted with the rest.
+//!
+//! Records (each a multiple of 8 bytes): type u16, flags u16 (0), len u32, then:
+//! * `INODE_SET` (type 1, 96 bytes): ino, generation, kind u8 + 3 pad, perm u32, uid u32,
+//!   gid u32, nlink, size, atime, mtime, ctime, btime, parent.
+//! * `WRITE` (type 2): ino, offset, size-after, mtime-after (also the ctime), data_len u32,
+//!   pad u32, data padded to 8.
+//! * `DIRENT_SET` (type 3): dir, ino (0 = remove), kind u8, name_len u8, 6 pad, name
+//!   padded to 8.
+
+use crate::inode::{Attrs, Kind};
+use crate::{bad, crc, le, valid_name, Result, MAX_FILE_SIZE};
+
+pub const TXN_MAGIC: u32 = 0x5854_4E43; // "CNTX"
+pub const TXN_VERSION: u16 = 1;
+pub const TXN_HEADER: usize = 32;
+pub const TXN_ALIGN: u64 = 64;
+pub const KIND_COMMIT: u16 = 1;
+pub const KIND_WRAP: u16 = 2;
+
+pub const REC_INODE_SET: u16 = 1;
+pub const REC_WRITE: u16 = 2;
+pub const REC_DIRENT_SET: u16 = 3;
+
+pub const INODE_SET_LEN: usize = 96;
+pub const WRITE_HEADER_LEN: usize = 48;
+pub const DIRENT_HEADER_LEN: usize = 32;
+
+/// One decoded record, borrowing names and data from the transaction bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    InodeSet {
+        ino: u64,
+        generation: u64,
+        attrs: Attrs,
+    },
+    Write {
+        ino: u64,
+        offset: u64,
+        size: u64,
+        mtime: i64,
+        data: &'a [u8],
+    },
+    DirentSet {
+        dir: u64,
+        name: &'a [u8],
+        ino: u64,
+        kind: Kind,
+    },
+}
+
+fn pad8(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+impl Record<'_> {
+    /// Encoded length of the record.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Record::InodeSet { .. } => INODE_SET_LEN,
+            Record::Write { data, .. } => WRITE_HEADER_LEN + pad8(data.len()),
+            Record::DirentSet { name, .. } => DIRENT_HEADER_LEN + pad8(name.len()),
+        }
+    }
+
+    /// Encode into `out[..encoded_len()]` (which must be zeroed or will be overwritten).
+    pub fn encode_into(&self, out: &mut [u8]) {
+        let len = self.encoded_len();
+        let out = &mut out[..len];
+        match self {
+            Record::InodeSet {
+                ino,
+                generation,
+                attrs: a,
+            } => {
+                encode_inode_set(out, *ino, *generation, a);
+            }
+            Record::Write {
+                ino,
+                offset,
+                size,
+                mtime,
+                data,
+            } => {
+                encode_write_header(out, *ino, *offset, *size, *mtime, data.len());
+                out[WRITE_HEADER_LEN..WRITE_HEADER_LEN + data.len()].copy_from_slice(data);
+                out[WRITE_HEADER_LEN + data.len()..].fill(0);
+            }
+            Record::DirentSet {
+                dir,
+                name,
+                ino,
+                kind,
+            } => {
+                put_rec_header(out, REC_DIRENT_SET, len);
+                le::put_u64(out, 8, *dir);
+                le::put_u64(out, 16, *ino);
+                out[24] = *kind as u8;
+                out[25] = name.len() as u8;
+                out[26..32].fill(0);
+                out[32..32 + name.len()].copy_from_slice(name);
+                out[32 + name.len()..].fill(0);
+            }
+        }
+    }
+
+    /// Data-region blocks a record may need when digested, for space credits: the 4 KiB
+    /// blocks a `WRITE` touches; 0 for metadata records (served from the metadata reserve).
+    pub fn charge(&self) -> u64 {
+        match self {
+            Record::Write { offset, data, .. } => write_charge(*offset, data.len() as u64),
+            _ => 0,
+        }
+    }
+}
+
+/// Blocks touched by a write of `len` bytes at `offset`.
+pub fn write_charge(offset: u64, len: u64) -> u64 {
+    if len == 0 {
+        0
+    } else {
+        (offset + len).div_ceil(4096) - offset / 4096
+    }
+}
+
+fn put_rec_header(out: &mut [u8], ty: u16, len: usize) {
+    le::put_u16(out, 0, ty);
+    le::put_u16(out, 2, 0);
+    le::put_u32(out, 4, len as u32);
+}
+
+/// Encode an `INODE_SET` record into `out[..96]`.
+pub fn encode_inode_set(out: &mut [u8], ino: u64, generation: u64, a: &Attrs) {
+    put_rec_header(out, REC_INODE_SET, INODE_SET_LEN);
+    le::put_u64(out, 8, ino);
+    le::put_u64(out, 16, generation);
+    out[24] = a.kind as u8;
+    out[25..28].fill(0);
+    le::put_u32(out, 28, a.perm);
+    le::put_u32(out, 32, a.uid);
+    le::put_u32(out, 36, a.gid);
+    le::put_u64(out, 40, a.nlink);
+    le::put_u64(out, 48, a.size);
+    le::put_i64(out, 56, a.atime);
+    le::put_i64(out, 64, a.mtime);
+    le::put_i64(out, 72, a.ctime);
+    le::put_i64(out, 80, a.btime);
+    le::put_u64(out, 88, a.parent);
+}
+
+/// Encode a `WRITE` record header into `out[..48]` (the data follows, padded to 8).
+pub fn encode_write_header(out: &mut [u8], ino: u64, offset: u64, size: u64, mtime: i64, n: usize) {
+    put_rec_header(out, REC_WRITE, WRITE_HEADER_LEN + pad8(n));
+    le::put_u64(out, 8, ino);
+    le::put_u64(out, 16, offset);
+    le::put_u64(out, 24, size);
+    le::put_i64(out, 32, mtime);
+    le::put_u32(out, 40, n as u32);
+    le::put_u32(out, 44, 0);
+}
+
+/// Length of a commit transaction holding records of `payload` bytes.
+pub fn txn_len(payload: usize) -> usize {
+    crate::align_up((TXN_HEADER + payload) as u64, TXN_ALIGN) as usize
+}
+
+/// Length of a `WRITE` transaction carrying `n` data bytes (one record).
+pub fn write_txn_len(n: usize) -> usize {
+    txn_len(WRITE_HEADER_LEN + pad8(n))
+}
+
+/// Fill in the header of the transaction occupying all of `txn` (records already in
+/// `txn[32..]`, padding zeroed) and compute its crc.
+pub fn seal_txn(txn: &mut [u8], kind: u16, seq: u64, nrec: u32) {
+    debug_assert!(txn.len().is_multiple_of(TXN_ALIGN as usize));
+    le::put_u32(txn, 0, TXN_MAGIC);
+    le::put_u16(txn, 4, TXN_VERSION);
+    le::put_u16(txn, 6, kind);
+    le::put_u64(txn, 8, seq);
+    le::put_u32(txn, 16, txn.len() as u32);
+    le::put_u32(txn, 20, nrec);
+    le::put_u32(txn, 24, 0);
+    let c = crc32c::crc32c_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
+    le::put_u32(txn, 28, c);
+}
+
+/// Fill `txn` (at least 64 bytes, a multiple of 64) as a wrap transaction.
+pub fn seal_wrap(txn: &mut [u8], seq: u64) {
+    txn[TXN_HEADER..].fill(0);
+    seal_txn(txn, KIND_WRAP, seq, 0);
+}
+
+/// A transaction found by `scan`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnRef {
+    pub lsn: u64,
+    pub seq: u64,
+    pub len: usize,
+    pub kind: u16,
+    pub nrec: u32,
+}
+
+/// Why a scan stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// Reached the end of the bytes given (or the limit).
+    End,
+    /// The bytes at `lsn` are not a committed transaction with the expected sequence:
+    /// a torn or never-written tail, or (if the client claimed more) a malformed log.
+    Invalid { lsn: u64, why: String },
+}
+
+/// Result of scanning a log range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scan {
+    pub txns: Vec<TxnRef>,
+    /// LSN and sequence number just after the last valid transaction.
+    pub end_lsn: u64,
+    pub end_seq: u64,
+    pub stop: Stop,
+}
+
+/// Scan transactions in `buf`, where `buf[i]` holds the log byte at LSN `base_lsn + i`
+/// (the caller has linearised the ring), starting at `base_lsn` with sequence `seq`.
+/// `ring_bytes` tells where laps end (for wrap transactions).
+pub fn scan(buf: &[u8], base_lsn: u64, seq: u64, ring_bytes: u64) -> Scan {
+    let mut off = 0usize;
+    let mut seq = seq;
+    let mut txns = Vec::new();
+    let stop = loop {
+        let lsn = base_lsn + off as u64;
+        if off == buf.len() {
+            break Stop::End;
+        }
+        match check_txn(&buf[off..], seq, lsn, ring_bytes) {
+            Ok((len, kind, nrec)) => {
+                txns.push(TxnRef {
+                    lsn,
+                    seq,
+                    len,
+                    kind,
+                    nrec,
+                });
+                seq += 1;
+                if kind == KIND_WRAP {
+                    let next_lap = (lsn / ring_bytes + 1) * ring_bytes;
+                    let skip = (next_lap - lsn) as usize;
+                    if off + skip > buf.len() {
+                        off = buf.len();
+                        // A wrap at the very end of the given bytes: the caller's range ends
+                        // inside the skipped part, which is fine only if it ends at the lap.
+                        break Stop::End;
+                    }
+                    off += skip;
+                } else {
+                    off += len;
+                }
+            }
+            Err(why) => break Stop::Invalid { lsn, why },
+        }
+    };
+    let end_lsn = base_lsn + off as u64;
+    Scan {
+        txns,
+        end_lsn,
+        end_seq: seq,
+        stop,
+    }
+}
+
+fn check_txn(
+    b: &[u8],
+    seq: u64,
+    lsn: u64,
+    ring_bytes: u64,
+) -> std::result::Result<(usize, u16, u32), String> {
+    if b.len() < TXN_HEADER {
+        return Err("truncated header".into());
+    }
+    if le::u32(b, 0) != TXN_MAGIC {
+        return Err("no transaction magic".into());
+    }
+    if le::u16(b, 4) != TXN_VERSION {
+        return Err("unsupported transaction version".into());
+    }
+    let got_seq = le::u64(b, 8);
+    if got_seq != seq {
+        return Err(format!("sequence {got_seq}, expected {seq}"));
+    }
+    let len = le::u32(b, 16) as usize;
+    let kind = le::u16(b, 6);
+    let nrec = le::u32(b, 20);
+    let lap_left = ring_bytes - lsn % ring_bytes;
+    if len < 64 || !len.is_multiple_of(64) || len as u64 > lap_left || len > b.len() {
+        return Err(format!("bad transaction length {len}"));
+    }
+    if kind != KIND_COMMIT && kind != KIND_WRAP {
+        return Err(format!("bad transaction kind {kind}"));
+    }
+    if le::u32(b, 24) != 0 {
+        return Err("reserved header field not zero".into());
+    }
+    let c = crc32c::crc32c_append(crc(&b[..28]), &b[TXN_HEADER..len]);
+    if c != le::u32(b, 28) {
+        return Err("checksum mismatch (torn or corrupt transaction)".into());
+    }
+    Ok((len, kind, nrec))
+}
+
+/// Decode the records of a checked commit transaction (`txn` = its `len` bytes).
+pub fn records(txn: &[u8], nrec: u32) -> Result<Vec<Record<'_>>> {
+    if txn.len() < TXN_HEADER {
+        return bad("transaction shorter than its header");
+    }
+    let mut out = Vec::with_capacity((nrec as usize).min(txn.len() / 8));
+    let mut off = TXN_HEADER;
+    for _ in 0..nrec {
+        if off + 8 > txn.len() {
+            return bad("record runs past its transaction");
+        }
+        let ty = le::u16(txn, off);
+        let len = le::u32(txn, off + 4) as usize;
+        if len < 8 || !len.is_multiple_of(8) || off + len > txn.len() || le::u16(txn, off + 2) != 0
+        {
+            return bad(format!("record at +{off}: bad length {len}"));
+        }
+        let r = &txn[off..off + len];
+        out.push(decode_record(ty, r)?);
+        off += len;
+    }
+    if txn[off..].iter().any(|&b| b != 0) {
+        return bad("non-zero bytes after the last record");
+    }
+    Ok(out)
+}
+
+fn decode_record(ty: u16, r: &[u8]) -> Result<Record<'_>> {
+    match ty {
+        REC_INODE_SET => {
+            if r.len() != INODE_SET_LEN {
+                return bad("INODE_SET: bad length");
+            }
+            let Some(kind) = Kind::from_u8(r[24]) else {
+                return bad("INODE_SET: bad kind");
+            };
+            let perm = le::u32(r, 28);
+            if perm & !0o7777 != 0 || r[25..28] != [0, 0, 0] {
+                return bad("INODE_SET: bad mode");
+            }
+            let attrs = Attrs {
+                kind,
+                perm,
+                uid: le::u32(r, 32),
+                gid: le::u32(r, 36),
+                nlink: le::u64(r, 40),
+                size: le::u64(r, 48),
+                atime: le::i64(r, 56),
+                mtime: le::i64(r, 64),
+                ctime: le::i64(r, 72),
+                btime: le::i64(r, 80),
+                parent: le::u64(r, 88),
+            };
+            if attrs.size > MAX_FILE_SIZE {
+                return bad("INODE_SET: size too large");
+            }
+            Ok(Record::InodeSet {
+                ino: le::u64(r, 8),
+                generation: le::u64(r, 16),
+                attrs,
+            })
+        }
+        REC_WRITE => {
+            if r.len() < WRITE_HEADER_LEN {
+                return bad("WRITE: short");
+            }
+            let n = le::u32(r, 40) as usize;
+            if WRITE_HEADER_LEN + pad8(n) != r.len() || le::u32(r, 44) != 0 {
+                return bad("WRITE: data length does not match the record");
+            }
+            let offset = le::u64(r, 16);
+            let size = le::u64(r, 24);
+            if offset
+                .checked_add(n as u64)
+                .is_none_or(|e| e > MAX_FILE_SIZE || e > size.max(offset))
+                && n > 0
+            {
+                return bad("WRITE: range beyond the file size or the maximum");
+            }
+            if size > MAX_FILE_SIZE {
+                return bad("WRITE: size too large");
+            }
+            Ok(Record::Write {
+                ino: le::u64(r, 8),
+                offset,
+                size,
+                mtime: le::i64(r, 32),
+                data: &r[WRITE_HEADER_LEN..WRITE_HEADER_LEN + n],
+            })
+        }
+        REC_DIRENT_SET => {
+            if r.len() < DIRENT_HEADER_LEN {
+                return bad("DIRENT_SET: short");
+            }
+            let n = r[25] as usize;
+            if DIRENT_HEADER_LEN + pad8(n) != r.len() || r[26..32].iter().any(|&b| b != 0) {
+                return bad("DIRENT_SET: name length does not match the record");
+            }
+            let name = &r[32..32 + n];
+            if !valid_name(name) {
+                return bad("DIRENT_SET: invalid name");
+            }
+            let ino = le::u64(r, 16);
+            let kind = match Kind::from_u8(r[24]) {
+                Some(k) if (ino == 0) == (k == Kind::Free) => k,
+                _ => return bad("DIRENT_SET: bad kind"),
+            };
+            Ok(Record::DirentSet {
+                dir: le::u64(r, 8),
+                name,
+                ino,
+                kind,
+            })
+        }
+        _ => bad(format!("unknown record type {ty}")),
+    }
+}
+
+/// Build a whole commit transaction from records (used by tests and the slow paths;
+/// the write fast path encodes straight into the ring).
+pub fn build_txn(seq: u64, recs: &[Record<'_>]) -> Vec<u8> {
+    let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
+    let mut t = vec![0u8; txn_len(payload)];
+    let mut off = TXN_HEADER;
+    for r in recs {
+        r.encode_into(&mut t[off..]);
+        off += r.encoded_len();
+    }
+    seal_txn(&mut t, KIND_COMMIT, seq, recs.len() as u32);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn attrs() -> Attrs {
+        Attrs {
+            kind: Kind::File,
+            perm: 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 10,
+            atime: 1,
+            mtime: 2,
+            ctime: 3,
+            btime: 4,
+            parent: 0,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_scan() {
+        let data = b"hello world";
+        let recs = vec![
+            Record::InodeSet {
+                ino: 5,
+                generation: 1,
+                attrs: attrs(),
+            },
+            Record::DirentSet {
+                dir: 1,
+                name: b"f",
+                ino: 5,
+                kind: Kind::File,
+            },
+            Record::Write {
+                ino: 5,
+                offset: 0,
+                size: 11,
+                mtime: 9,
+                data,
+            },
+        ];
+        let t1 = build_txn(7, &recs);
+        let t2 = build_txn(8, &recs[1..2]);
+        let mut log = t1.clone();
+        log.extend_from_slice(&t2);
+        log.extend_from_slice(&[0u8; 64]);
+        let s = scan(&log, 1000 * 4096, 7, 1 << 20);
+        assert_eq!(s.txns.len(), 2);
+        assert_eq!(s.end_seq, 9);
+        assert!(matches!(s.stop, Stop::Invalid { .. }));
+        assert_eq!(records(&t1, 3).unwrap(), recs);
+        // A torn transaction is not committed.
+        let mut torn = t1.clone();
+        torn[40] ^= 1;
+        assert_eq!(scan(&torn, 0, 7, 1 << 20).txns.len(), 0);
+        // Wrong sequence is not committed.
+        assert_eq!(scan(&t1, 0, 6, 1 << 20).txns.len(), 0);
+    }
+
+    #[test]
+    fn wrap_skips_to_next_lap() {
+        let ring = 4096u64;
+        let mut buf = vec![0u8; 8192];
+        let t = build_txn(
+            1,
+            &[Record::InodeSet {
+                ino: 5,
+                generation: 1,
+                attrs: attrs(),
+            }],
+        );
+        let start = 4096 - 64 - t.len();
+        buf[start..start + t.len()].copy_from_slice(&t);
+        seal_wrap(&mut buf[4096 - 64..4096], 2);
+        let t3 = build_txn(
+            3,
+            &[Record::InodeSet {
+                ino: 6,
+                generation: 1,
+                attrs: attrs(),
+            }],
+        );
+        buf[4096..4096 + t3.len()].copy_from_slice(&t3);
+        let s = scan(&buf[start..], start as u64, 1, ring);
+        assert_eq!(s.txns.len(), 3);
+        assert_eq!(s.txns[2].lsn, 4096);
+    }
+
+    #[test]
+    fn write_charge_counts_blocks() {
+        assert_eq!(write_charge(0, 0), 0);
+        assert_eq!(write_charge(0, 1), 1);
+        assert_eq!(write_charge(4095, 2), 2);
+        assert_eq!(write_charge(4096, 8192), 2);
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600), nrec in 0u32..8) {
+            let _ = scan(&bytes, 0, 0, 4096);
+            let _ = records(&bytes, nrec);
+            let mut t = bytes.clone();
+            t.resize(crate::align_up(t.len().max(64) as u64, 64) as usize, 0);
+            seal_txn(&mut t, KIND_COMMIT, 0, nrec);
+            let s = scan(&t, 0, 0, 1 << 20);
+            if s.txns.len() == 1 {
+                let _ = records(&t, nrec);
+            }
+        }
+    }
+}

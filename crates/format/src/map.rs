@@ -1,0 +1,68 @@
+//! File maps: a radix tree of 4 KiB nodes, 512 little-endian u64 entries each, like a
+//! page table. An entry is 0 (hole) or the absolute block number of the child node (inner
+//! levels) or of the data block (level 1). A tree of height `h` maps file blocks
+//! `0 .. 512^h`. Nodes are never modified once published: the daemon copies a node,
+//! changes the copy and switches the parent (ultimately the inode's root) to it.
+//! Bits 56..63 of an entry are reserved (must be 0 in version 1; they will mark 2 MiB
+//! runs for superpage mapping).
+
+use crate::BLOCK_SIZE_U64;
+
+/// Entries per node.
+pub const FANOUT: u64 = 512;
+/// log2(FANOUT).
+pub const FANOUT_SHIFT: u32 = 9;
+/// Tallest tree: 512^4 blocks of 4 KiB = 2^48 bytes.
+pub const MAX_HEIGHT: u8 = 4;
+/// Reserved flag bits of an entry.
+pub const ENTRY_FLAGS: u64 = 0xff << 56;
+
+/// Smallest height whose tree covers file blocks `0..nblocks` (0 for an empty file).
+pub fn height_for_blocks(nblocks: u64) -> u8 {
+    let mut h = 0u8;
+    let mut cover = 1u64;
+    while cover < nblocks {
+        h += 1;
+        cover = cover.saturating_mul(FANOUT);
+    }
+    // A single block needs a height-1 tree (root = a leaf node).
+    if nblocks >= 1 && h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+/// Number of file blocks a tree of height `h` covers.
+pub fn coverage(h: u8) -> u64 {
+    1u64 << (FANOUT_SHIFT * h as u32)
+}
+
+/// Index within the node at `level` (1 = leaf level) for file block `fblk`.
+pub fn index_at(fblk: u64, level: u8) -> usize {
+    ((fblk >> (FANOUT_SHIFT * (level as u32 - 1))) & (FANOUT - 1)) as usize
+}
+
+/// File blocks needed to hold `size` bytes.
+pub fn blocks_for_size(size: u64) -> u64 {
+    size.div_ceil(BLOCK_SIZE_U64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heights() {
+        assert_eq!(height_for_blocks(0), 0);
+        assert_eq!(height_for_blocks(1), 1);
+        assert_eq!(height_for_blocks(512), 1);
+        assert_eq!(height_for_blocks(513), 2);
+        assert_eq!(height_for_blocks(512 * 512), 2);
+        assert_eq!(height_for_blocks(512 * 512 + 1), 3);
+        assert_eq!(height_for_blocks(coverage(4)), 4);
+        assert_eq!(index_at(513, 1), 1);
+        assert_eq!(index_at(513, 2), 1);
+        assert_eq!(index_at(512 * 512 * 3 + 7, 3), 3);
+    }
+}

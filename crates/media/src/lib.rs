@@ -1,0 +1,484 @@
+//! Cairn's media primitives: the only module with `unsafe` memory access.
+//!
+//! A [`Mapping`] is a shared memory mapping of (part of) the NVM tier file. Every write
+//! to NVM goes through its methods (`write`, `write_nt`, `zero`, `store_u64`), and every
+//! write-back through `flush` + [`fence`]. That single funnel is where a power-failure
+//! simulator hooks in later. Persistence instructions run in every mode (also on the
+//! tmpfs stand-in) so that the cost model stays honest: `clwb` when the CPU has it, else
+//! `clflushopt`, else `clflush`; `sfence` to order.
+//!
+//! Reads of shared structures that another process may update concurrently use
+//! [`Mapping::load_u64`] (atomic, acquire) or [`Mapping::read`] (byte copy) under the
+//! protocol of the caller (seqlock or epoch) that makes the copy meaningful.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{fence as atomic_fence, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Cache-line size assumed for write-back.
+pub const CACHE_LINE: usize = 64;
+
+/// A memory mapping of a byte range of a file.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: the mapping is plain shared memory; all access goes through methods that use
+// raw-pointer copies or atomics, never Rust references to the mapped bytes, so sharing
+// the handle between threads creates no aliasing of Rust references.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+/// Out-of-range access to a mapping (a corrupt pointer on media, never a bug to panic on).
+fn oob(off: usize, len: usize, map_len: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("access {off}+{len} outside the mapping of {map_len} bytes"),
+    )
+}
+
+impl Mapping {
+    /// Map `len` bytes of `file` at `offset` (a multiple of the page size), shared.
+    /// `populate` pre-faults the pages (used for the log ring on the write fast path).
+    pub fn new(
+        file: &File,
+        offset: u64,
+        len: usize,
+        writable: bool,
+        populate: bool,
+    ) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let mut flags = libc::MAP_SHARED;
+        if populate {
+            flags |= libc::MAP_POPULATE;
+        }
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL); the fd is valid for the
+        // duration of the call; errors are checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                flags,
+                file.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: p as *mut u8,
+            len,
+            writable,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never, by construction).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the mapping was made writable.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn check(&self, off: usize, len: usize) -> io::Result<()> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(oob(off, len, self.len)),
+        }
+    }
+
+    fn check_write(&self, off: usize, len: usize) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "mapping is read-only",
+            ));
+        }
+        self.check(off, len)
+    }
+
+    /// Copy `buf.len()` bytes at `off` into `buf`.
+    pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.check(off, buf.len())?;
+        // SAFETY: bounds checked above; the source is mapped memory of at least that
+        // length and cannot overlap `buf` (a Rust-owned buffer, not inside the mapping).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// Atomic 8-byte load (acquire) at `off` (must be 8-aligned).
+    pub fn load_u64(&self, off: usize) -> io::Result<u64> {
+        self.check(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned u64 load",
+            ));
+        }
+        // SAFETY: in bounds and 8-aligned (the mapping is page aligned); AtomicU64 has the
+        // layout of u64, and all concurrent writers use atomic stores too.
+        Ok(unsafe { (*(self.ptr.add(off) as *const AtomicU64)).load(Ordering::Acquire) })
+    }
+
+    /// Atomic 8-byte store (release) at `off` (must be 8-aligned). Not written back.
+    pub fn store_u64(&self, off: usize, v: u64) -> io::Result<()> {
+        self.check_write(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned u64 store",
+            ));
+        }
+        // SAFETY: in bounds, aligned, writable mapping; atomic access as in `load_u64`.
+        unsafe { (*(self.ptr.add(off) as *const AtomicU64)).store(v, Ordering::Release) };
+        Ok(())
+    }
+
+    /// Plain stores of `data` at `off`. Not written back: call `flush` + `fence`.
+    pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
+        self.check_write(off, data.len())?;
+        // SAFETY: bounds and writability checked; `data` is a Rust buffer outside the
+        // mapping, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+        Ok(())
+    }
+
+    /// Zero `len` bytes at `off`. Not written back.
+    pub fn zero(&self, off: usize, len: usize) -> io::Result<()> {
+        self.check_write(off, len)?;
+        // SAFETY: bounds and writability checked.
+        unsafe { std::ptr::write_bytes(self.ptr.add(off), 0, len) };
+        Ok(())
+    }
+
+    /// Copy `data` to `off` with non-temporal stores where possible (bypassing the cache;
+    /// still needs a `fence`). Head and tail bytes that are not 16-byte aligned use
+    /// plain stores and are written back.
+    pub fn write_nt(&self, off: usize, data: &[u8]) -> io::Result<()> {
+        self.check_write(off, data.len())?;
+        // SAFETY: bounds and writability checked; `persist::nt_copy` writes exactly
+        // `data.len()` bytes at the destination.
+        unsafe { persist::nt_copy(self.ptr.add(off), data) };
+        Ok(())
+    }
+
+    /// Write back the cache lines covering `off..off+len` (no fence).
+    pub fn flush(&self, off: usize, len: usize) -> io::Result<()> {
+        self.check(off, len)?;
+        // SAFETY: the range is inside the mapping.
+        unsafe { persist::flush_range(self.ptr.add(off), len) };
+        Ok(())
+    }
+
+    /// Write back `off..off+len` and fence: the range is persistent when this returns.
+    pub fn persist(&self, off: usize, len: usize) -> io::Result<()> {
+        self.flush(off, len)?;
+        fence();
+        Ok(())
+    }
+
+    /// Raw pointer to `off` for the log fast path, which encodes transactions in place.
+    /// The caller must only write inside the ring it owns and must not create references.
+    pub fn ptr_at(&self, off: usize, len: usize) -> io::Result<*mut u8> {
+        self.check_write(off, len)?;
+        // SAFETY: in bounds.
+        Ok(unsafe { self.ptr.add(off) })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned; no references into the mapping
+        // can outlive it because none are ever handed out.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Order all previous stores and write-backs before later stores (`sfence`), plus a
+/// compiler/CPU fence for the atomics protocol.
+pub fn fence() {
+    persist::sfence();
+    atomic_fence(Ordering::SeqCst);
+}
+
+/// Which write-back instruction this CPU uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushKind {
+    Clwb,
+    ClflushOpt,
+    Clflush,
+    None,
+}
+
+/// The write-back instruction in use (detected once).
+pub fn flush_kind() -> FlushKind {
+    static KIND: OnceLock<FlushKind> = OnceLock::new();
+    *KIND.get_or_init(persist::detect)
+}
+
+/// Write back a range of raw memory inside a mapping the caller owns (the log fast
+/// path). See [`Mapping::ptr_at`].
+///
+/// # Safety
+/// `ptr..ptr+len` must be inside a live mapping.
+pub unsafe fn flush_raw(ptr: *const u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { persist::flush_range(ptr, len) }
+}
+
+mod persist {
+    //! The persistence instructions.
+    use super::{FlushKind, CACHE_LINE};
+
+    pub fn detect() -> FlushKind {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // CPUID leaf 7, sub-leaf 0: EBX bit 24 = CLWB, bit 23 = CLFLUSHOPT.
+            // CPUID is available on every x86_64 CPU (safe intrinsic).
+            let ebx = std::arch::x86_64::__cpuid_count(7, 0).ebx;
+            if ebx & (1 << 24) != 0 {
+                return FlushKind::Clwb;
+            }
+            if ebx & (1 << 23) != 0 {
+                return FlushKind::ClflushOpt;
+            }
+            return FlushKind::Clflush;
+        }
+        #[allow(unreachable_code)]
+        FlushKind::None
+    }
+
+    /// # Safety
+    /// `p..p+len` must be mapped memory.
+    pub unsafe fn flush_range(p: *const u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let start = (p as usize) & !(CACHE_LINE - 1);
+        let end = p as usize + len;
+        let kind = super::flush_kind();
+        let mut a = start;
+        while a < end {
+            // SAFETY: `a` is inside (or at the cache-line start of) the caller's range,
+            // which is mapped; these instructions only write back, never change data.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                match kind {
+                    FlushKind::Clwb => {
+                        std::arch::asm!("clwb [{0}]", in(reg) a, options(nostack, preserves_flags))
+                    }
+                    FlushKind::ClflushOpt => {
+                        std::arch::asm!("clflushopt [{0}]", in(reg) a, options(nostack, preserves_flags))
+                    }
+                    FlushKind::Clflush => std::arch::x86_64::_mm_clflush(a as *const u8),
+                    FlushKind::None => {}
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = kind;
+            a += CACHE_LINE;
+        }
+    }
+
+    pub fn sfence() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: sfence has no memory operands and no preconditions.
+        unsafe {
+            std::arch::x86_64::_mm_sfence()
+        };
+    }
+
+    /// # Safety
+    /// `dst..dst+src.len()` must be writable mapped memory not overlapping `src`.
+    pub unsafe fn nt_copy(dst: *mut u8, src: &[u8]) {
+        let n = src.len();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+            let mut i = 0usize;
+            // Plain copy up to 16-byte alignment of the destination.
+            let head = ((16 - (dst as usize & 15)) & 15).min(n);
+            // SAFETY: within the caller's range.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head) };
+            if head > 0 {
+                // SAFETY: within the caller's range.
+                unsafe { flush_range(dst, head) };
+            }
+            i += head;
+            while i + 16 <= n {
+                // SAFETY: dst+i is 16-aligned and in range; src read is unaligned-safe.
+                unsafe {
+                    let v = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+                    _mm_stream_si128(dst.add(i) as *mut __m128i, v);
+                }
+                i += 16;
+            }
+            if i < n {
+                // SAFETY: within the caller's range.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr().add(i), dst.add(i), n - i);
+                    flush_range(dst.add(i), n - i);
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: caller's contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, n);
+            flush_range(dst, n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_read_persist_and_bounds() {
+        let f = tempfile_in_shm();
+        f.set_len(1 << 16).unwrap();
+        let m = Mapping::new(&f, 0, 1 << 16, true, true).unwrap();
+        m.write(100, b"hello").unwrap();
+        m.persist(100, 5).unwrap();
+        let mut b = [0u8; 5];
+        m.read(100, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        let data: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        m.write_nt(3, &data).unwrap();
+        fence();
+        let mut back = vec![0u8; 1000];
+        m.read(3, &mut back).unwrap();
+        assert_eq!(back, data);
+        m.store_u64(64, 77).unwrap();
+        assert_eq!(m.load_u64(64).unwrap(), 77);
+        assert!(m.read(1 << 16, &mut b).is_err());
+        assert!(m.write(usize::MAX - 2, b"x").is_err());
+        assert!(m.load_u64(3).is_err());
+        let ro = Mapping::new(&f, 0, 4096, false, false).unwrap();
+        assert!(ro.write(0, b"x").is_err());
+        let mut one = [0u8; 5];
+        ro.read(100, &mut one).unwrap();
+        assert_eq!(&one, &data[97..102]);
+    }
+
+    fn tempfile_in_shm() -> File {
+        let p = std::env::temp_dir().join(format!("cairn-media-test-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        std::fs::remove_file(&p).unwrap();
+        f
+    }
+}
+
+/// Small safe wrappers over the system calls the daemon and LibFS need, so that no other
+/// crate needs `unsafe`.
+pub mod sys {
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    /// `flock(2)`: take an exclusive lock (`nonblock`: fail with `WouldBlock` if held).
+    pub fn flock_exclusive(f: &File, nonblock: bool) -> io::Result<()> {
+        let op = libc::LOCK_EX | if nonblock { libc::LOCK_NB } else { 0 };
+        // SAFETY: flock on a valid fd owned by `f`; no memory is passed.
+        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// `flock(2)` unlock.
+    pub fn flock_unlock(f: &File) -> io::Result<()> {
+        // SAFETY: as above.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Credentials of the peer of a Unix socket: (pid, uid, gid).
+    pub fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32, u32)> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cred`, a properly sized and
+        // aligned ucred on our stack; the fd is valid for the call.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                &mut cred as *mut libc::ucred as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if r == 0 {
+            Ok((cred.pid as u32, cred.uid, cred.gid))
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Reserve `len` bytes of `f` from offset 0 (`fallocate(2)`, mode 0), so that later
+    /// stores through a mapping cannot fault for lack of space (tmpfs would `SIGBUS`).
+    pub fn fallocate(f: &File, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate on a valid fd; no memory is passed.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Whether process `pid` exists (`kill(pid, 0)`).
+    pub fn pid_alive(pid: u32) -> bool {
+        if pid == 0 || pid > i32::MAX as u32 {
+            return false;
+        }
+        // SAFETY: signal 0 performs only the existence and permission check.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+
+    /// Current uid and gid of this process.
+    pub fn ids() -> (u32, u32) {
+        // SAFETY: getuid/getgid cannot fail and take no arguments.
+        unsafe { (libc::getuid(), libc::getgid()) }
+    }
+}

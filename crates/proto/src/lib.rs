@@ -1,0 +1,197 @@
+//! The client↔daemon protocol. Messages are bincode-encoded enums in frames of
+//! `u32 little-endian length | payload` over the store's Unix socket (`cairnd.sock`).
+//! The daemon learns the client's credentials from the socket (`SO_PEERCRED`), never from
+//! a message.
+
+use serde::{Deserialize, Serialize};
+use std::io::{self, Read, Write};
+
+/// Largest frame accepted (a status report of many clients fits easily).
+pub const MAX_FRAME: u32 = 16 << 20;
+
+/// A client's request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum Request {
+    /// Become a client: get a log slot, an inode batch and space credits.
+    Register { pid: u32 },
+    /// Re-attach to a slot this process already owns (after the daemon restarted).
+    Reattach { pid: u32, slot: u32, slot_gen: u64 },
+    /// Digest the log up to `upto_lsn` (exclusive). With `wait` the daemon answers
+    /// `Digested` when done; without, it answers nothing.
+    Digest { upto_lsn: u64, wait: bool },
+    /// More inode numbers.
+    Inodes { count: u32 },
+    /// More space credits (4 KiB data blocks).
+    Credits { blocks: u64 },
+    /// Report the store's status.
+    Status,
+    /// The client is leaving: digest up to `tail_lsn` and release the slot.
+    Goodbye { tail_lsn: u64 },
+    /// Digest everything, write the allocation state and stop the daemon.
+    Shutdown,
+}
+
+/// What a registered client needs to run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Registration {
+    pub slot: u32,
+    pub slot_gen: u64,
+    pub head_lsn: u64,
+    pub head_seq: u64,
+    /// Path of the NVM tier file to map.
+    pub nvm_path: String,
+    /// Percentage of log fill at which LibFS asks for a digest.
+    pub digest_threshold_pct: u32,
+    pub inodes: Vec<u64>,
+    pub credits: u64,
+    /// The credentials the daemon saw on the socket.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The daemon's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum Response {
+    Registered(Registration),
+    Digested {
+        head_lsn: u64,
+        head_seq: u64,
+    },
+    Inodes(Vec<u64>),
+    Credits {
+        granted: u64,
+    },
+    Status(StatusReport),
+    Ok,
+    /// A failure, with a POSIX errno and a message.
+    Error {
+        errno: i32,
+        message: String,
+    },
+}
+
+/// One tier in a status report.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TierStatus {
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// One client in a status report.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClientStatus {
+    pub slot: u32,
+    pub pid: u32,
+    pub uid: u32,
+    pub log_capacity_bytes: u64,
+    pub log_used_bytes: u64,
+    /// `log_used_bytes / log_capacity_bytes`.
+    pub log_fill: f64,
+}
+
+/// Digest counters since the store was created (persisted at clean stops) or the daemon
+/// started.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct DigestCounters {
+    pub records_digested: u64,
+    pub records_skipped: u64,
+    pub log_bytes_written: u64,
+    pub shared_bytes_written: u64,
+    pub digests: u64,
+}
+
+/// Inode usage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct InodeStatus {
+    pub capacity: u64,
+    pub used: u64,
+}
+
+/// `cairn status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StatusReport {
+    pub store: String,
+    pub tiers: Vec<TierStatus>,
+    pub inodes: InodeStatus,
+    pub clients: Vec<ClientStatus>,
+    pub digest: DigestCounters,
+}
+
+/// Write one framed message.
+pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    let body =
+        bincode::serialize(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    if body.len() as u64 > MAX_FRAME as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message too large",
+        ));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)
+}
+
+/// Read one framed message; `UnexpectedEof` when the peer closed the connection.
+pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<T> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes is too large"),
+        ));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body)?;
+    bincode::deserialize(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_garbage() {
+        let mut buf = Vec::new();
+        send(
+            &mut buf,
+            &Request::Digest {
+                upto_lsn: 99,
+                wait: true,
+            },
+        )
+        .unwrap();
+        send(
+            &mut buf,
+            &Response::Error {
+                errno: 28,
+                message: "full".into(),
+            },
+        )
+        .unwrap();
+        let mut r = &buf[..];
+        assert_eq!(
+            recv::<Request>(&mut r).unwrap(),
+            Request::Digest {
+                upto_lsn: 99,
+                wait: true
+            }
+        );
+        assert!(matches!(
+            recv::<Response>(&mut r).unwrap(),
+            Response::Error { errno: 28, .. }
+        ));
+        assert_eq!(
+            recv::<Request>(&mut r).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        let garbage = [5u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff];
+        assert!(recv::<Request>(&mut &garbage[..]).is_err());
+        let huge = [0xffu8, 0xff, 0xff, 0xff];
+        assert!(recv::<Request>(&mut &huge[..]).is_err());
+    }
+}
