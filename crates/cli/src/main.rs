@@ -1,1 +1,190 @@
-fn main() {}
+//! `cairn`: the command-line interface of the Cairn file system.
+//!
+//! Store administration (`mkfs`, `daemon`, `status`, `stop`), file operations inside a
+//! store (`put`, `get`, `cat`, `ls`, `mkdir`, `rm`, `mv`, `ln`, `stat`) and the latency
+//! benchmark (`bench latency`). Errors print `cairn: <message>` on stderr and exit with 1;
+//! usage errors exit with 2.
+
+mod bench;
+mod commands;
+mod error;
+mod util;
+
+use clap::{Args, Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Cairn: a Strata-style file system with a per-process NVM operation log.
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, max_term_width = 100)]
+pub struct Cli {
+    /// Store directory [default: $CAIRN_STORE, else the default store, created on first use]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a new store (configuration file and NVM tier file)
+    Mkfs(MkfsArgs),
+    /// Run the daemon (cairnd) of a store
+    Daemon(DaemonArgs),
+    /// Copy a host file (or stdin with `-`) into the store
+    Put {
+        /// Host file, or `-` for standard input
+        src: PathBuf,
+        /// Destination in the store (an existing directory receives SRC's file name)
+        dst: PathBuf,
+    },
+    /// Copy a file from the store to the host (or stdout with `-`)
+    Get {
+        /// File in the store
+        src: PathBuf,
+        /// Host destination, or `-` for standard output (an existing directory receives
+        /// SRC's file name)
+        dst: PathBuf,
+    },
+    /// Print files of the store on standard output
+    Cat {
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
+    /// List a directory of the store (default: /)
+    Ls {
+        /// Long format: mode, links, uid, gid, size, mtime (UTC), name, symlink target
+        #[arg(short = 'l')]
+        long: bool,
+        /// Show entries whose names start with `.`
+        #[arg(short = 'a')]
+        all: bool,
+        path: Option<PathBuf>,
+    },
+    /// Create directories
+    Mkdir {
+        /// Create missing parents; no error if the directory exists
+        #[arg(short = 'p', long = "parents")]
+        parents: bool,
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
+    /// Remove files, symlinks and (with -r) directories
+    Rm {
+        /// Remove directories and their contents
+        #[arg(short = 'r', short_alias = 'R', long = "recursive")]
+        recursive: bool,
+        /// Ignore nonexistent paths
+        #[arg(short = 'f', long = "force")]
+        force: bool,
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
+    /// Rename or move a file or directory (atomic); into B if B is a directory
+    Mv { from: PathBuf, to: PathBuf },
+    /// Make a hard link, or with -s a symbolic link, LINK pointing to TARGET
+    Ln {
+        /// Make a symbolic link
+        #[arg(short = 's', long = "symbolic")]
+        symbolic: bool,
+        target: PathBuf,
+        link: PathBuf,
+    },
+    /// Show a file's metadata, like stat(1)
+    Stat {
+        /// Follow a symlink given as PATH
+        #[arg(short = 'L', long = "dereference")]
+        dereference: bool,
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
+    /// Show tier usage, inodes, clients and digest counters
+    Status {
+        /// Print the status report as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the store's daemon cleanly (digests every log first)
+    Stop,
+    /// Benchmarks
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct MkfsArgs {
+    /// Size of the NVM tier file (e.g. 256M, 2G) [default: 2G]
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size)]
+    pub nvm_size: Option<u64>,
+    /// Path of the NVM tier file [default: /dev/shm/cairn-<uuid>.nvm]
+    #[arg(long, value_name = "PATH")]
+    pub nvm_path: Option<PathBuf>,
+    /// Size of each client's operation log [default: 32M]
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size)]
+    pub log_size: Option<u64>,
+    /// Log slots, i.e. clients registered at once [default: 8]
+    #[arg(long, value_name = "N")]
+    pub max_clients: Option<u32>,
+    /// Inode table entries [default: one per 8 KiB of NVM]
+    #[arg(long, value_name = "N")]
+    pub inodes: Option<u64>,
+    /// Log fill (percent) at which LibFS asks for a digest [default: 30]
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub digest_threshold: Option<u32>,
+    /// Overwrite an existing store
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Detach once the socket is listening (log to DIR/cairnd.log)
+    #[arg(long)]
+    pub background: bool,
+    /// Create the store with the default configuration if it does not exist
+    #[arg(long)]
+    pub create: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Durable write and read latency: Cairn vs the host file system vs tmpfs
+    Latency(bench::LatencyArgs),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            let text = e.render().to_string();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                // `cairn` alone: the help, on stderr, as a usage error.
+                let _ = write!(std::io::stderr(), "{text}");
+            } else {
+                let text = text.strip_prefix("error: ").unwrap_or(&text);
+                let _ = write!(std::io::stderr(), "cairn: {text}");
+            }
+            std::process::exit(2);
+        }
+    };
+    // `run` returns before exiting so that every `Fs` is dropped (and says goodbye to the
+    // daemon) first.
+    let code = match commands::run(cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            if !e.message.is_empty() {
+                let _ = writeln!(std::io::stderr(), "cairn: {}", e.message);
+            }
+            e.code
+        }
+    };
+    std::process::exit(code);
+}

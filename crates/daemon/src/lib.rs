@@ -1,1 +1,33 @@
-//! placeholder
+//! `cairnd`, the trusted daemon of Cairn: `mkfs`, the server (registration, log slots,
+//! inode batches, space credits), digest (scan, coalesce, validate, apply out of place,
+//! publish), epochs and reclamation, recovery and clean shutdown.
+//!
+//! The public API is [`mkfs`] with [`MkfsOptions`], and [`run_daemon`] with
+//! [`DaemonOptions`]. Everything else is internal: the daemon is the only writer of the
+//! shared area, and all of its writing goes through the modules below.
+//!
+//! * `alloc`: DRAM bitmaps of data blocks (next-fit) and inodes (with reservations).
+//! * `shared`: the writable shared area (block and inode writes, slot heads, epochs).
+//! * `maptree`: copy-on-write file maps. `dirhash`: linear-hashing directories.
+//! * `digest`: scan, plan, validate, apply, publish.
+//! * `recovery`: allocation state load/save/rebuild. `core`: clients and slots.
+//! * `server`: socket, threads, signals, daemonising.
+
+#![forbid(unsafe_code)]
+
+mod alloc;
+mod core;
+mod digest;
+mod dirhash;
+mod maptree;
+mod mkfs;
+mod recovery;
+mod server;
+mod shared;
+mod util;
+
+#[cfg(test)]
+mod tests;
+
+pub use mkfs::{mkfs, MkfsOptions};
+pub use server::{run_daemon, DaemonOptions};

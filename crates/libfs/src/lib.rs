@@ -1,1 +1,287 @@
-//! placeholder
+//! Cairn LibFS: the client side of the Cairn file system and its Rust API, which mirrors
+//! `std::fs` (`cairn::Fs`, [`File`], [`OpenOptions`], [`Metadata`], [`ReadDir`], …).
+//!
+//! An [`Fs`] is one client of a store's daemon (`cairnd`, started automatically when
+//! none runs). Every call that changes the file system appends **one transaction** to the
+//! client's private operation log in NVM and is durable when it returns (written, written
+//! back, one fence). Reads merge a DRAM overlay of what the daemon has not digested yet
+//! with the shared area, which clients map read-only.
+//!
+//! Semantics worth knowing:
+//! * Paths are inside the store, absolute or relative to its root; symlinks are followed
+//!   (40 at most, then `ELOOP`) except in the last component of `symlink_metadata`,
+//!   `read_link`, `remove_file`, `rename`, `hard_link` and `symlink`.
+//! * Errors are `io::Error`s built with `cairn_area::fs_err`: `cairn_area::errno_of(&e)`
+//!   gives the POSIX errno, and `e.kind()` matches what `std` would give.
+//! * `noatime`: reads never update the access time.
+//! * A file unlinked (or replaced by `rename`) while this process has it open keeps its
+//!   inode until the last `File` handle closes; only then is `nlink = 0` logged. If the
+//!   process dies first, the inode stays allocated without a name (a later stage handles
+//!   unlinked-while-open across processes and crashes).
+//! * Writes larger than a quarter of the log are split into several transactions, each
+//!   atomic on its own.
+//! * Two processes writing the same file concurrently is not supported yet (leases come
+//!   in a later stage); threads of one process see each other's updates at once.
+
+mod conn;
+pub mod extents;
+mod file;
+mod fs;
+mod meta;
+pub mod path;
+mod ring;
+
+pub use file::{File, OpenOptions};
+pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
+
+use cairn_area::{fs_err, StoreDir};
+use cairn_proto::{Request, Response, StatusReport};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// A client of a Cairn store. `Send + Sync`: share it between threads by reference or
+/// in an `Arc`. Dropping the last `Fs` (and its `File`s) says goodbye to the daemon,
+/// which digests the log and releases the client's slot.
+#[derive(Debug)]
+pub struct Fs {
+    inner: Arc<fs::Inner>,
+}
+
+fn is_default_store(explicit: Option<&Path>) -> bool {
+    explicit.is_none() && std::env::var_os("CAIRN_STORE").is_none_or(|s| s.is_empty())
+}
+
+impl Fs {
+    /// Open the existing store at `store`, starting its daemon if none runs.
+    pub fn open(store: impl AsRef<Path>) -> io::Result<Fs> {
+        let inner = fs::Inner::open(StoreDir::new(store.as_ref()), false)?;
+        Ok(Fs {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Open `store` if given, else `$CAIRN_STORE`, else the default store (which is
+    /// created on first use).
+    pub fn open_store(store: Option<&Path>) -> io::Result<Fs> {
+        let create = is_default_store(store);
+        let inner = fs::Inner::open(StoreDir::resolve(store), create)?;
+        Ok(Fs {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The store directory.
+    pub fn store_dir(&self) -> &Path {
+        self.inner.store_dir()
+    }
+
+    /// Create a directory (mode `0o777` minus the umask).
+    pub fn create_dir(&self, p: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.create_dir(p.as_ref())
+    }
+
+    /// Create a directory and all missing parents; existing directories are fine.
+    pub fn create_dir_all(&self, p: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.create_dir_all(p.as_ref())
+    }
+
+    /// The entries of a directory (without `.` and `..`).
+    pub fn read_dir(&self, p: impl AsRef<Path>) -> io::Result<ReadDir> {
+        let p = p.as_ref();
+        let entries = self
+            .inner
+            .read_dir_entries(p)?
+            .into_iter()
+            .map(|(name, ino, kind)| DirEntry {
+                fs: self.inner.clone(),
+                dir: p.to_path_buf(),
+                name,
+                ino,
+                kind,
+            })
+            .collect::<Vec<_>>();
+        Ok(ReadDir {
+            entries: entries.into_iter(),
+        })
+    }
+
+    /// Remove a file or symlink (not a directory: `EISDIR`).
+    pub fn remove_file(&self, p: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.remove_file(p.as_ref())
+    }
+
+    /// Remove an empty directory.
+    pub fn remove_dir(&self, p: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.remove_dir(p.as_ref())
+    }
+
+    /// Remove a directory and everything below it (symlinks are removed, not followed).
+    /// Not atomic: one transaction per removed entry.
+    pub fn remove_dir_all(&self, p: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.remove_dir_all(p.as_ref())
+    }
+
+    /// Rename atomically; replaces a file, or an empty directory when moving a directory.
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.rename(from.as_ref(), to.as_ref())
+    }
+
+    /// Make `link` a new name of `original` (not a directory; `original` is not followed
+    /// if it is a symlink).
+    pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.hard_link(original.as_ref(), link.as_ref())
+    }
+
+    /// Make `link` a symbolic link to `target` (stored as given, resolved when used).
+    pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
+        self.inner.symlink(target.as_ref(), link.as_ref())
+    }
+
+    /// The target of a symbolic link.
+    pub fn read_link(&self, p: impl AsRef<Path>) -> io::Result<PathBuf> {
+        self.inner.read_link(p.as_ref())
+    }
+
+    /// Metadata, following symlinks.
+    pub fn metadata(&self, p: impl AsRef<Path>) -> io::Result<Metadata> {
+        self.inner.metadata(p.as_ref())
+    }
+
+    /// Metadata of the path itself (a symlink is not followed).
+    pub fn symlink_metadata(&self, p: impl AsRef<Path>) -> io::Result<Metadata> {
+        self.inner.symlink_metadata(p.as_ref())
+    }
+
+    /// Change the permission bits (owner or root).
+    pub fn set_permissions(&self, p: impl AsRef<Path>, perm: Permissions) -> io::Result<()> {
+        self.inner.set_permissions(p.as_ref(), perm.mode())
+    }
+
+    /// Set the access and/or modification time (`None`: unchanged; owner or root).
+    pub fn set_times(
+        &self,
+        p: impl AsRef<Path>,
+        atime: Option<SystemTime>,
+        mtime: Option<SystemTime>,
+    ) -> io::Result<()> {
+        self.inner.set_times(
+            p.as_ref(),
+            atime.map(meta::time_ns),
+            mtime.map(meta::time_ns),
+        )
+    }
+
+    /// The whole contents of a file.
+    pub fn read(&self, p: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+        let p = p.as_ref();
+        let f = File::open(self, p)?;
+        let m = f.metadata()?;
+        if m.is_dir() {
+            return Err(fs_err(
+                libc::EISDIR,
+                format!("read {}: is a directory", p.display()),
+            ));
+        }
+        let len = m.len();
+        let mut buf = vec![0u8; len as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            let n = f.read_at(&mut buf[done..], done as u64)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Create (or truncate) a file and write `data` to it.
+    pub fn write(&self, p: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Result<()> {
+        let f = File::create(self, p)?;
+        f.write_at(data.as_ref(), 0)?;
+        Ok(())
+    }
+
+    /// Whether the path exists (following symlinks).
+    pub fn exists(&self, p: impl AsRef<Path>) -> bool {
+        self.metadata(p).is_ok()
+    }
+
+    /// The daemon's status report.
+    pub fn status(&self) -> io::Result<StatusReport> {
+        self.inner.status()
+    }
+
+    /// Digest this client's log now and wait for it (never needed for durability).
+    pub fn digest(&self) -> io::Result<()> {
+        self.inner.digest()
+    }
+}
+
+/// The status of the daemon of `store` (else `$CAIRN_STORE`, else the default store),
+/// without registering as a client; starts the daemon if none runs.
+pub fn daemon_status(store: Option<&Path>) -> io::Result<StatusReport> {
+    let create = is_default_store(store);
+    let dir = StoreDir::resolve(store);
+    let mut c = conn::Conn::connect(&dir, create)?;
+    match c.roundtrip(&Request::Status)? {
+        Response::Status(r) => Ok(r),
+        r => Err(conn::response_error("status", r)),
+    }
+}
+
+/// Stop the daemon of the store cleanly (it digests every log first) if it runs, and
+/// wait until it has exited (up to 30 s).
+pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {
+    let dir = StoreDir::resolve(store);
+    let Ok(mut c) = conn::Conn::connect_only(&dir) else {
+        return Ok(()); // Not running.
+    };
+    match c.roundtrip(&Request::Shutdown) {
+        Ok(Response::Ok) => {}
+        Ok(r) => return Err(conn::response_error("shutdown", r)),
+        // The daemon closed the connection while stopping.
+        Err(_) => {}
+    }
+    // Wait until the daemon lock is free (the daemon has exited).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lock_path = dir.daemon_lock_path();
+    loop {
+        match std::fs::File::open(&lock_path) {
+            Ok(f) => {
+                if cairn_media::sys::flock_exclusive(&f, true).is_ok() {
+                    let _ = cairn_media::sys::flock_unlock(&f);
+                    return Ok(());
+                }
+            }
+            Err(_) => return Ok(()),
+        }
+        if Instant::now() >= deadline {
+            return Err(fs_err(
+                libc::ETIMEDOUT,
+                format!(
+                    "the daemon of {} did not exit within 30 s after Shutdown",
+                    dir.path.display()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_send_sync() {
+        assert_send_sync::<Fs>();
+        assert_send_sync::<File>();
+        assert_send_sync::<DirEntry>();
+    }
+}

@@ -481,4 +481,76 @@ pub mod sys {
         // SAFETY: getuid/getgid cannot fail and take no arguments.
         unsafe { (libc::getuid(), libc::getgid()) }
     }
+
+    static TERMINATION: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    extern "C" fn on_termination(_sig: libc::c_int) {
+        // Only an atomic store: async-signal-safe.
+        TERMINATION.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Route SIGTERM and SIGINT to a process-wide flag (see [`termination_requested`])
+    /// instead of killing the process, and clear the flag.
+    pub fn install_termination_flag() -> io::Result<()> {
+        TERMINATION.store(false, std::sync::atomic::Ordering::SeqCst);
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the
+            // handler only performs an atomic store, which is async-signal-safe; the
+            // pointers passed to sigemptyset/sigaction point to our stack value.
+            let r = unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = on_termination as extern "C" fn(libc::c_int) as usize;
+                sa.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(sig, &sa, std::ptr::null_mut())
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether SIGTERM or SIGINT arrived since [`install_termination_flag`].
+    pub fn termination_requested() -> bool {
+        TERMINATION.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Number of threads of this process (from `/proc/self/task`).
+    pub fn thread_count() -> io::Result<usize> {
+        Ok(std::fs::read_dir("/proc/self/task")?.count())
+    }
+
+    /// Detach into the background: `fork(2)`; the parent gets `Some(child_pid)` and should
+    /// exit; the child starts a new session (`setsid`), points stdin at `/dev/null` and
+    /// stdout/stderr at `log`, and gets `None`. Refused (`EBUSY`) unless the process is
+    /// single-threaded, because only the calling thread survives a fork.
+    pub fn fork_detach(log: &File) -> io::Result<Option<u32>> {
+        if thread_count()? != 1 {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        let devnull = std::fs::OpenOptions::new().read(true).open("/dev/null")?;
+        // SAFETY: the process is single-threaded (checked above), so the child cannot
+        // inherit a lock held by another thread; fork takes no memory arguments.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid > 0 {
+            return Ok(Some(pid as u32));
+        }
+        // SAFETY: setsid and dup2 take no memory arguments; the fds are valid (owned by
+        // `devnull` and `log` for the duration of the calls); dup2 onto 0/1/2 replaces the
+        // standard streams atomically.
+        unsafe {
+            libc::setsid();
+            if libc::dup2(devnull.as_raw_fd(), 0) < 0
+                || libc::dup2(log.as_raw_fd(), 1) < 0
+                || libc::dup2(log.as_raw_fd(), 2) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(None)
+    }
 }

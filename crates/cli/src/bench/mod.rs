@@ -1,0 +1,29 @@
+//! `cairn bench`: benchmarks.
+//!
+//! * [`latency`](latency::run): durable write and read latency of Cairn, the host file
+//!   system holding the store (pwrite + fdatasync) and tmpfs (pwrite, no sync).
+
+mod hostfs;
+mod latency;
+mod report;
+mod targets;
+
+use clap::Args;
+use std::path::PathBuf;
+
+pub use latency::run as latency;
+
+/// `cairn bench latency` options.
+#[derive(Debug, Args)]
+pub struct LatencyArgs {
+    /// Print the results as JSON on stdout (progress still goes to stderr)
+    #[arg(long)]
+    pub json: bool,
+    /// Measured operations per (system, op, size) [default: 20000 for 1 KiB and 4 KiB,
+    /// 5000 for 64 KiB, 500 for 1 MiB]; fsync'd host writes are capped at 2000/2000/500/200
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub iterations: Option<u64>,
+    /// Directory for the host file system's test file [default: the store directory]
+    #[arg(long, value_name = "DIR")]
+    pub dir_host: Option<PathBuf>,
+}

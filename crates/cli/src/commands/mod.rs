@@ -1,0 +1,47 @@
+//! One module per group of subcommands; [`run`] dispatches.
+
+mod admin;
+mod files;
+mod tree;
+
+use crate::error::CliResult;
+use crate::{BenchCommand, Cli, Command};
+use std::path::Path;
+
+/// Run the parsed command line.
+pub fn run(cli: Cli) -> CliResult {
+    let store = cli.store.as_deref();
+    match cli.command {
+        Command::Mkfs(args) => admin::mkfs(store, &args),
+        Command::Daemon(args) => admin::daemon(store, &args),
+        Command::Status { json } => admin::status(store, json),
+        Command::Stop => admin::stop(store),
+        Command::Put { src, dst } => files::put(store, &src, &dst),
+        Command::Get { src, dst } => files::get(store, &src, &dst),
+        Command::Cat { paths } => files::cat(store, &paths),
+        Command::Ls { long, all, path } => {
+            tree::ls(store, path.as_deref().unwrap_or(Path::new("/")), long, all)
+        }
+        Command::Mkdir { parents, paths } => tree::mkdir(store, &paths, parents),
+        Command::Rm {
+            recursive,
+            force,
+            paths,
+        } => tree::rm(store, &paths, recursive, force),
+        Command::Mv { from, to } => tree::mv(store, &from, &to),
+        Command::Ln {
+            symbolic,
+            target,
+            link,
+        } => tree::ln(store, &target, &link, symbolic),
+        Command::Stat { dereference, paths } => tree::stat(store, &paths, dereference),
+        Command::Bench { which } => match which {
+            BenchCommand::Latency(args) => crate::bench::latency(store, &args),
+        },
+    }
+}
+
+/// Open the store as a client (auto-starting its daemon).
+pub fn open_fs(store: Option<&Path>) -> CliResult<cairn::Fs> {
+    cairn::Fs::open_store(store).map_err(Into::into)
+}

@@ -1,0 +1,635 @@
+//! End-to-end tests of the `cairn` binary against temporary stores.
+//!
+//! Every store is small (128 MiB NVM file inside the test's temporary directory, 1 MiB
+//! logs, 4 client slots); LibFS auto-starts the daemon from `$CAIRN_BIN` (this binary) and
+//! each store's daemon is stopped by `cairn stop` when the test's `Store` is dropped.
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cairn");
+/// No single command may take longer than this (a hung daemon fails the test, not CI).
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Run `cmd` with `input` on stdin, killing it after [`TIMEOUT`].
+fn run_cmd(mut cmd: Command, input: Option<Vec<u8>>) -> Output {
+    cmd.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let desc = format!("{cmd:?}");
+    let mut child = cmd.spawn().expect("spawn cairn");
+    let writer = input.map(|data| {
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&data);
+        })
+    });
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("timed out after {TIMEOUT:?}: {desc}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
+    Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+struct Store {
+    dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Store {
+    /// A temporary directory and a store path inside it, without a store yet.
+    fn uninit() -> Store {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        Store { dir, path }
+    }
+
+    fn mkfs_args(&self, nvm_size: &str, log_size: &str) -> Vec<String> {
+        [
+            "mkfs",
+            "--nvm-size",
+            nvm_size,
+            "--nvm-path",
+            self.dir.path().join("nvm").to_str().unwrap(),
+            "--log-size",
+            log_size,
+            "--max-clients",
+            "4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// A new small store.
+    fn new() -> Store {
+        Store::with_sizes("128M", "1M")
+    }
+
+    fn with_sizes(nvm_size: &str, log_size: &str) -> Store {
+        let s = Store::uninit();
+        let args = s.mkfs_args(nvm_size, log_size);
+        s.ok(&args.iter().map(|a| a.as_str()).collect::<Vec<_>>());
+        s
+    }
+
+    /// A host path inside the test's temporary directory.
+    fn host(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--store")
+            .arg(&self.path)
+            .args(args)
+            .env("CAIRN_BIN", BIN)
+            .env_remove("CAIRN_STORE");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        run_cmd(self.cmd(args), None)
+    }
+
+    fn run_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        run_cmd(self.cmd(args), Some(input.to_vec()))
+    }
+
+    /// Run and require success; stdout.
+    fn ok(&self, args: &[&str]) -> Vec<u8> {
+        let o = self.run(args);
+        check_ok(args, &o);
+        o.stdout
+    }
+
+    fn ok_text(&self, args: &[&str]) -> String {
+        text(&self.ok(args))
+    }
+
+    /// Run and require exit code `code` with a clean `cairn: ` error; stderr.
+    fn fail(&self, args: &[&str], code: i32) -> String {
+        let o = self.run(args);
+        check_fail(args, &o, code)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let mut c = Command::new(BIN);
+        c.args(["stop", "--store"])
+            .arg(&self.path)
+            .env("CAIRN_BIN", BIN)
+            .env_remove("CAIRN_STORE");
+        let _ = run_cmd(c, None);
+    }
+}
+
+fn check_ok(args: &[&str], o: &Output) {
+    assert!(
+        o.status.success(),
+        "cairn {args:?} failed ({:?}):\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+}
+
+fn check_fail(args: &[&str], o: &Output, code: i32) -> String {
+    let err = text(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "cairn {args:?}: expected exit {code}\nstdout: {}\nstderr: {err}",
+        text(&o.stdout)
+    );
+    assert!(
+        err.starts_with("cairn: "),
+        "cairn {args:?}: error should start with `cairn: `: {err}"
+    );
+    assert!(!err.contains("panicked"), "cairn {args:?} panicked: {err}");
+    err
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    StdRng::seed_from_u64(seed).fill(&mut v[..]);
+    v
+}
+
+#[test]
+fn mkfs_refuses_an_existing_store_without_force() {
+    let s = Store::uninit();
+    let args = s.mkfs_args("128M", "1M");
+    let args: Vec<&str> = args.iter().map(|a| a.as_str()).collect();
+    let out = s.ok_text(&args);
+    assert!(out.contains("created"), "{out}");
+    assert!(
+        out.contains(&s.dir.path().join("nvm").display().to_string()),
+        "{out}"
+    );
+    assert!(s.path.join("cairn.toml").is_file());
+
+    let err = s.fail(&args, 1);
+    assert!(err.contains("--force"), "{err}");
+
+    // The store still works after the refusal, and keeps its files.
+    s.ok(&["mkdir", "/kept"]);
+    s.ok(&["stop"]);
+    let err = s.fail(&args, 1);
+    assert!(err.contains("--force"), "{err}");
+    assert_eq!(s.ok_text(&["ls", "/"]), "kept\n");
+
+    // --force is refused while the store's daemon runs ...
+    let mut forced: Vec<&str> = args.clone();
+    forced.push("--force");
+    let err = s.fail(&forced, 1);
+    assert!(err.contains("cairn stop"), "{err}");
+    s.ok(&["stop"]);
+    // ... and then makes a new, empty store; `--store` after the subcommand works too.
+    let mut c = Command::new(BIN);
+    c.args(&forced)
+        .arg("--store")
+        .arg(&s.path)
+        .env("CAIRN_BIN", BIN);
+    let o = run_cmd(c, None);
+    check_ok(&forced, &o);
+    assert_eq!(s.ok_text(&["ls", "/"]), "");
+}
+
+#[test]
+fn mkfs_rejects_bad_sizes_as_usage_errors() {
+    let s = Store::uninit();
+    for bad in ["12X", "", "1.5G", "-3"] {
+        let o = s.run(&["mkfs", "--nvm-size", bad]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).starts_with("cairn: "),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+    assert!(!s.path.join("cairn.toml").exists());
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let s = Store::uninit();
+    for args in [
+        &[][..],
+        &["frobnicate"][..],
+        &["put", "only-one"][..],
+        &["ls", "--bogus"][..],
+        &["bench", "latency", "--iterations", "0"][..],
+    ] {
+        let o = s.run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+        assert!(!text(&o.stderr).contains("panicked"));
+    }
+    let o = s.run(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    for cmd in ["mkfs", "put", "get", "ls", "status", "bench"] {
+        assert!(text(&o.stdout).contains(cmd), "help lacks {cmd}");
+    }
+}
+
+#[test]
+fn put_get_roundtrip_of_random_data() {
+    let s = Store::new();
+    let sizes = [0usize, 1, 4095, 4096, 4097, 100_000, 1 << 20, 3 << 20];
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = random_bytes(n, i as u64);
+        let src = s.host(&format!("in-{n}"));
+        std::fs::write(&src, &data).unwrap();
+        let dst = format!("/file-{n}");
+        s.ok(&["put", src.to_str().unwrap(), &dst]);
+        let back = s.host(&format!("out-{n}"));
+        s.ok(&["get", &dst, back.to_str().unwrap()]);
+        let got = std::fs::read(&back).unwrap();
+        assert_eq!(got.len(), n, "size {n}");
+        assert!(got == data, "size {n}: contents differ");
+        assert!(s.ok_text(&["stat", &dst]).contains(&format!("Size: {n} ")));
+    }
+    // Every file is still intact after all the others were written.
+    for (i, &n) in sizes.iter().enumerate() {
+        let got = s.ok(&["cat", &format!("/file-{n}")]);
+        assert!(got == random_bytes(n, i as u64), "size {n} changed");
+    }
+    // Overwriting a file with a shorter one truncates it.
+    let short = s.host("short");
+    std::fs::write(&short, b"short").unwrap();
+    s.ok(&["put", short.to_str().unwrap(), "/file-100000"]);
+    assert_eq!(s.ok(&["cat", "/file-100000"]), b"short");
+}
+
+#[test]
+fn put_from_stdin_and_get_to_stdout() {
+    let s = Store::new();
+    let data = random_bytes((3 << 20) + 5, 99);
+    let o = s.run_stdin(&["put", "-", "/stdin.bin"], &data);
+    check_ok(&["put", "-"], &o);
+    let out = s.ok(&["get", "/stdin.bin", "-"]);
+    assert!(out == data, "stdin -> store -> stdout differs");
+    let o = s.run_stdin(&["put", "-", "/empty"], b"");
+    check_ok(&["put", "-", "/empty"], &o);
+    assert_eq!(s.ok(&["cat", "/empty"]), b"");
+    // Files from stdin get mode 0644.
+    let ls = s.ok_text(&["ls", "-l", "/empty"]);
+    assert!(ls.starts_with("-rw-r--r-- "), "{ls}");
+}
+
+#[test]
+fn put_and_get_into_directories() {
+    let s = Store::new();
+    let src = s.host("report.txt");
+    std::fs::write(&src, b"hello\n").unwrap();
+    s.ok(&["mkdir", "/docs"]);
+    s.ok(&["put", src.to_str().unwrap(), "/docs"]);
+    assert_eq!(s.ok(&["cat", "/docs/report.txt"]), b"hello\n");
+    let outdir = s.host("outdir");
+    std::fs::create_dir(&outdir).unwrap();
+    s.ok(&["get", "/docs/report.txt", outdir.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(outdir.join("report.txt")).unwrap(),
+        b"hello\n"
+    );
+    // A directory is not a file to get or cat, and `put -` needs a file name.
+    s.fail(&["get", "/docs", s.host("x").to_str().unwrap()], 1);
+    s.fail(&["cat", "/docs"], 1);
+    let o = s.run_stdin(&["put", "-", "/docs"], b"data");
+    check_fail(&["put", "-", "/docs"], &o, 1);
+    // A host directory is not a file to put.
+    s.fail(&["put", outdir.to_str().unwrap(), "/x"], 1);
+}
+
+#[test]
+fn mkdir_ls_rm_behave_like_coreutils() {
+    let s = Store::new();
+    s.ok(&["mkdir", "-p", "/a/b/c"]);
+    s.ok(&["mkdir", "-p", "/a/b/c"]); // no error when it exists
+    s.ok(&["mkdir", "/a/b2"]);
+    let err = s.fail(&["mkdir", "/x/y"], 1);
+    assert!(err.contains("/x/y"), "{err}");
+    s.fail(&["mkdir", "/a"], 1);
+    assert_eq!(s.ok_text(&["ls"]), "a\n");
+    assert_eq!(s.ok_text(&["ls", "/a"]), "b\nb2\n");
+    assert_eq!(s.ok_text(&["ls", "a/b"]), "c\n");
+
+    let f = s.host("f");
+    std::fs::write(&f, b"12345").unwrap();
+    s.ok(&["put", f.to_str().unwrap(), "/a/file"]);
+    s.ok(&["put", f.to_str().unwrap(), "/a/.hidden"]);
+    assert_eq!(s.ok_text(&["ls", "/a"]), "b\nb2\nfile\n");
+    assert_eq!(s.ok_text(&["ls", "-a", "/a"]), ".hidden\nb\nb2\nfile\n");
+    let long = s.ok_text(&["ls", "-l", "/a"]);
+    let lines: Vec<&str> = long.lines().collect();
+    assert_eq!(lines.len(), 3, "{long}");
+    assert!(
+        lines[0].starts_with('d') && lines[0].ends_with(" b"),
+        "{long}"
+    );
+    let file_line = lines[2];
+    let fields: Vec<&str> = file_line.split_whitespace().collect();
+    // mode nlink uid gid size date time name
+    assert_eq!(fields.len(), 8, "{file_line}");
+    assert!(fields[0].starts_with('-'), "{file_line}");
+    assert_eq!(fields[1], "1");
+    assert_eq!(fields[4], "5");
+    assert_eq!(fields[7], "file");
+    // ls of a file lists the file.
+    assert_eq!(s.ok_text(&["ls", "/a/file"]), "/a/file\n");
+
+    let err = s.fail(&["rm", "/a"], 1);
+    assert!(err.contains("directory"), "{err}");
+    assert_eq!(s.ok_text(&["ls", "/a/b"]), "c\n");
+    s.ok(&["rm", "/a/file"]);
+    s.fail(&["cat", "/a/file"], 1);
+    s.ok(&["rm", "-r", "/a"]);
+    s.fail(&["ls", "/a"], 1);
+    assert_eq!(s.ok_text(&["ls", "/"]), "");
+    s.fail(&["rm", "-r", "/"], 1);
+    s.fail(&["rm", "/gone"], 1);
+    s.ok(&["rm", "-f", "/gone"]);
+}
+
+#[test]
+fn links_show_in_ls_and_stat() {
+    let s = Store::new();
+    let o = s.run_stdin(&["put", "-", "/target"], b"abc");
+    check_ok(&["put"], &o);
+    s.ok(&["ln", "-s", "/target", "/sym"]);
+    s.ok(&["ln", "/target", "/hard"]);
+    let long = s.ok_text(&["ls", "-l", "/"]);
+    let sym = long.lines().find(|l| l.contains("sym")).unwrap();
+    assert!(
+        sym.starts_with('l') && sym.ends_with("sym -> /target"),
+        "{long}"
+    );
+    let target = long.lines().find(|l| l.ends_with(" target")).unwrap();
+    assert_eq!(target.split_whitespace().nth(1), Some("2"), "{long}");
+    assert_eq!(s.ok(&["cat", "/sym"]), b"abc");
+    let st = s.ok_text(&["stat", "/sym"]);
+    assert!(
+        st.contains("symbolic link") && st.contains("-> /target"),
+        "{st}"
+    );
+    let st = s.ok_text(&["stat", "-L", "/sym"]);
+    assert!(
+        st.contains("regular file") && st.contains("Links: 2"),
+        "{st}"
+    );
+}
+
+#[test]
+fn mv_renames_and_moves_into_directories() {
+    let s = Store::new();
+    let data = random_bytes(70_000, 7);
+    let o = s.run_stdin(&["put", "-", "/m1"], &data);
+    check_ok(&["put"], &o);
+    s.ok(&["mv", "/m1", "/m2"]);
+    assert!(s.ok(&["cat", "/m2"]) == data);
+    s.fail(&["cat", "/m1"], 1);
+    s.ok(&["mkdir", "/dir"]);
+    s.ok(&["mv", "/m2", "/dir"]);
+    assert!(s.ok(&["cat", "/dir/m2"]) == data);
+    // Replaces an existing file.
+    let o = s.run_stdin(&["put", "-", "/other"], b"other");
+    check_ok(&["put"], &o);
+    s.ok(&["mv", "/other", "/dir/m2"]);
+    assert_eq!(s.ok(&["cat", "/dir/m2"]), b"other");
+    // Directories move too.
+    s.ok(&["mv", "/dir", "/dir2"]);
+    assert_eq!(s.ok_text(&["ls", "/dir2"]), "m2\n");
+    let err = s.fail(&["mv", "/nope", "/x"], 1);
+    assert!(err.contains("/nope"), "{err}");
+}
+
+#[test]
+fn stat_reports_size_type_links_and_mode() {
+    let s = Store::new();
+    let o = s.run_stdin(&["put", "-", "/f"], &[7u8; 10_000]);
+    check_ok(&["put"], &o);
+    let st = s.ok_text(&["stat", "/f"]);
+    for want in [
+        "File: /f",
+        "Size: 10000 ",
+        "regular file",
+        "Links: 1",
+        "(0644/-rw-r--r--)",
+        "Inode: ",
+        "Blocks: ",
+        "Modify: ",
+        "Change: ",
+    ] {
+        assert!(st.contains(want), "missing {want:?} in\n{st}");
+    }
+    let blocks: u64 = st
+        .split("Blocks:")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(blocks * 512 >= 10_000, "{st}");
+    s.ok(&["mkdir", "/d"]);
+    let st = s.ok_text(&["stat", "/d"]);
+    assert!(st.contains("directory"), "{st}");
+    let o = s.run_stdin(&["put", "-", "/e"], b"");
+    check_ok(&["put"], &o);
+    assert!(s.ok_text(&["stat", "/e"]).contains("regular empty file"));
+}
+
+#[test]
+fn cat_concatenates() {
+    let s = Store::new();
+    check_ok(&["put"], &s.run_stdin(&["put", "-", "/1"], b"one\n"));
+    check_ok(&["put"], &s.run_stdin(&["put", "-", "/2"], b"two\n"));
+    assert_eq!(s.ok(&["cat", "/1", "/2", "/1"]), b"one\ntwo\none\n");
+}
+
+#[test]
+fn status_json_has_the_required_keys() {
+    let s = Store::new();
+    check_ok(&["put"], &s.run_stdin(&["put", "-", "/x"], &[1u8; 100_000]));
+    let out = s.ok(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("status --json is JSON");
+    let tiers = v["tiers"].as_array().expect("tiers is a list");
+    assert!(!tiers.is_empty());
+    for t in tiers {
+        assert!(t["name"].is_string(), "{t}");
+        assert!(t["capacity_bytes"].as_u64().unwrap() > 0, "{t}");
+        assert!(t["used_bytes"].as_u64().is_some(), "{t}");
+    }
+    let d = &v["digest"];
+    for k in [
+        "records_digested",
+        "records_skipped",
+        "log_bytes_written",
+        "shared_bytes_written",
+    ] {
+        assert!(d[k].as_u64().is_some(), "digest.{k} missing: {v}");
+    }
+    assert!(v["clients"].is_array(), "{v}");
+    let human = s.ok_text(&["status"]);
+    assert!(
+        human.contains("tier") && human.contains("digest"),
+        "{human}"
+    );
+    assert!(human.contains(&tiers[0]["name"].as_str().unwrap().to_string()));
+}
+
+#[test]
+fn nonexistent_paths_give_a_clear_error() {
+    let s = Store::new();
+    let host_out = s.host("out");
+    let host_missing = s.host("missing");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["cat", "/nope"],
+        vec!["get", "/nope", host_out.to_str().unwrap()],
+        vec!["stat", "/nope"],
+        vec!["ls", "/nope"],
+        vec!["ls", "-l", "/nope"],
+        vec!["rm", "/nope"],
+        vec!["rm", "-r", "/nope"],
+        vec!["mv", "/nope", "/x"],
+        vec!["put", host_missing.to_str().unwrap(), "/x"],
+        vec!["put", "/dev/null", "/nodir/x"],
+        vec!["mkdir", "/nodir/x"],
+    ];
+    for args in &cases {
+        let err = s.fail(args, 1);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("nope") || err.contains("missing") || err.contains("nodir"),
+            "{args:?}: error does not name the path: {err}"
+        );
+        assert!(
+            err.to_lowercase().contains("no such file"),
+            "{args:?}: error does not say what is wrong: {err}"
+        );
+    }
+    assert!(!host_out.exists());
+}
+
+#[test]
+fn a_missing_store_is_an_error_not_a_new_store() {
+    let s = Store::uninit();
+    s.fail(&["ls", "/"], 1);
+    s.fail(&["status"], 1);
+    assert!(!s.path.join("cairn.toml").exists());
+    // Stopping a store without a daemon is fine.
+    let o = s.run(&["stop"]);
+    check_ok(&["stop"], &o);
+}
+
+#[test]
+fn cairn_store_environment_variable_names_the_store() {
+    let s = Store::new();
+    s.ok(&["mkdir", "/via-flag"]);
+    let mut c = Command::new(BIN);
+    c.args(["ls", "/"])
+        .env("CAIRN_STORE", &s.path)
+        .env("CAIRN_BIN", BIN);
+    let o = run_cmd(c, None);
+    check_ok(&["ls", "/"], &o);
+    assert_eq!(text(&o.stdout), "via-flag\n");
+}
+
+#[test]
+fn stop_then_restart_keeps_data() {
+    let s = Store::new();
+    let data = random_bytes(300_000, 3);
+    check_ok(&["put"], &s.run_stdin(&["put", "-", "/keep"], &data));
+    let out = s.ok_text(&["stop"]);
+    assert!(out.contains("stopped"), "{out}");
+    let out = s.ok_text(&["stop"]);
+    assert!(out.contains("no daemon"), "{out}");
+    // The next command auto-starts the daemon again.
+    assert!(s.ok(&["cat", "/keep"]) == data);
+}
+
+#[test]
+fn bench_latency_json_shape() {
+    let s = Store::with_sizes("256M", "4M");
+    let hostdir = s.host("hostdir");
+    std::fs::create_dir(&hostdir).unwrap();
+    let out = s.ok(&[
+        "bench",
+        "latency",
+        "--json",
+        "--iterations",
+        "20",
+        "--dir-host",
+        hostdir.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("bench --json is JSON");
+    let host_fs = v["host_fs"].as_str().expect("host_fs").to_string();
+    assert!(!host_fs.is_empty());
+    assert!(v["store"].is_string());
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4 * 3 * 2, "{v}");
+    let mut systems: Vec<&str> = results
+        .iter()
+        .map(|r| r["system"].as_str().unwrap())
+        .collect();
+    systems.sort();
+    systems.dedup();
+    assert_eq!(systems.len(), 3, "{systems:?}");
+    assert!(systems.contains(&"cairn") && systems.contains(&"tmpfs"));
+    for r in results {
+        let keys: Vec<&String> = r.as_object().unwrap().keys().collect();
+        assert_eq!(keys.len(), 8, "{r}");
+        assert!(["write", "read"].contains(&r["op"].as_str().unwrap()));
+        assert!([1024, 4096, 65536, 1 << 20].contains(&r["size"].as_u64().unwrap()));
+        assert_eq!(r["iterations"].as_u64(), Some(20), "{r}");
+        let p50 = r["p50_ns"].as_u64().unwrap();
+        let p99 = r["p99_ns"].as_u64().unwrap();
+        let p999 = r["p999_ns"].as_u64().unwrap();
+        assert!(p50 > 0 && p50 <= p99 && p99 <= p999, "{r}");
+        assert!(r["mean_ns"].as_u64().unwrap() > 0);
+    }
+    // The benchmark removes its files.
+    assert_eq!(std::fs::read_dir(&hostdir).unwrap().count(), 0);
+    assert_eq!(s.ok_text(&["ls", "-a", "/"]), "");
+    let _ = Path::new("/");
+}

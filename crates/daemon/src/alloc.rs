@@ -1,0 +1,382 @@
+//! DRAM allocators of the shared area: a bitmap over the data region (next-fit, so
+//! consecutive allocations form sequential runs) and a bitmap over the inode table with
+//! per-client reservations.
+
+use std::collections::HashMap;
+
+/// A fixed-size bitmap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Bitmap {
+    words: Vec<u64>,
+    len: u64,
+}
+
+impl Bitmap {
+    /// `len` clear bits.
+    pub(crate) fn new(len: u64) -> Bitmap {
+        Bitmap {
+            words: vec![0; len.div_ceil(64) as usize],
+            len,
+        }
+    }
+
+    /// Number of bits.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub(crate) fn get(&self, i: u64) -> bool {
+        i < self.len && self.words[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    pub(crate) fn set(&mut self, i: u64) {
+        self.words[(i / 64) as usize] |= 1 << (i % 64);
+    }
+
+    pub(crate) fn clear(&mut self, i: u64) {
+        self.words[(i / 64) as usize] &= !(1 << (i % 64));
+    }
+
+    /// Number of set bits.
+    pub(crate) fn count_ones(&self) -> u64 {
+        self.words.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
+    /// First clear bit at or after `start`, wrapping around once.
+    pub(crate) fn find_clear_from(&self, start: u64) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let start = if start >= self.len { 0 } else { start };
+        let nwords = self.words.len();
+        let first = (start / 64) as usize;
+        for k in 0..=nwords {
+            let wi = (first + k) % nwords;
+            let mut w = self.words[wi];
+            if k == 0 {
+                // Ignore bits below `start` in the first word.
+                w |= (1u64 << (start % 64)) - 1;
+            }
+            if k == nwords {
+                // Second visit of the first word: only the bits below `start`.
+                w = self.words[wi] | !((1u64 << (start % 64)) - 1);
+            }
+            if w != u64::MAX {
+                let i = wi as u64 * 64 + (!w).trailing_zeros() as u64;
+                if i < self.len {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// Bytes, bit `i` = byte `i / 8`, bit `i % 8` (LSB first).
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let n = self.len.div_ceil(8) as usize;
+        let mut out = Vec::with_capacity(n);
+        for w in &self.words {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.truncate(n);
+        out
+    }
+
+    /// The inverse of `to_bytes` (bits beyond `len` are ignored).
+    pub(crate) fn from_bytes(b: &[u8], len: u64) -> Bitmap {
+        let mut m = Bitmap::new(len);
+        for (i, w) in m.words.iter_mut().enumerate() {
+            let mut x = [0u8; 8];
+            let s = i * 8;
+            let e = (s + 8).min(b.len());
+            if s < e {
+                x[..e - s].copy_from_slice(&b[s..e]);
+            }
+            *w = u64::from_le_bytes(x);
+        }
+        if !len.is_multiple_of(64) {
+            if let Some(last) = m.words.last_mut() {
+                *last &= (1u64 << (len % 64)) - 1;
+            }
+        }
+        m
+    }
+}
+
+/// The data-block allocator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockAlloc {
+    map: Bitmap,
+    data_start: u64,
+    free: u64,
+    cursor: u64,
+}
+
+impl BlockAlloc {
+    /// All `data_blocks` blocks from `data_start` free.
+    pub(crate) fn new(data_start: u64, data_blocks: u64) -> BlockAlloc {
+        BlockAlloc {
+            map: Bitmap::new(data_blocks),
+            data_start,
+            free: data_blocks,
+            cursor: 0,
+        }
+    }
+
+    /// From a saved bitmap.
+    pub(crate) fn from_bitmap(data_start: u64, map: Bitmap) -> BlockAlloc {
+        let free = map.len() - map.count_ones();
+        BlockAlloc {
+            map,
+            data_start,
+            free,
+            cursor: 0,
+        }
+    }
+
+    pub(crate) fn bitmap(&self) -> &Bitmap {
+        &self.map
+    }
+
+    /// Blocks in the data region.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.map.len()
+    }
+
+    /// Free blocks.
+    pub(crate) fn free_count(&self) -> u64 {
+        self.free
+    }
+
+    /// Next free block after the previous allocation (sequential runs), `None` when full.
+    pub(crate) fn alloc(&mut self) -> Option<u64> {
+        if self.free == 0 {
+            return None;
+        }
+        let i = self.map.find_clear_from(self.cursor)?;
+        self.map.set(i);
+        self.free -= 1;
+        self.cursor = i + 1;
+        Some(self.data_start + i)
+    }
+
+    fn index(&self, blk: u64) -> Option<u64> {
+        blk.checked_sub(self.data_start)
+            .filter(|&i| i < self.map.len())
+    }
+
+    /// Whether `blk` is allocated.
+    #[cfg(test)]
+    pub(crate) fn is_used(&self, blk: u64) -> bool {
+        self.index(blk).is_some_and(|i| self.map.get(i))
+    }
+
+    /// Free `blk`; false if it was not allocated (or is outside the region).
+    pub(crate) fn free(&mut self, blk: u64) -> bool {
+        match self.index(blk) {
+            Some(i) if self.map.get(i) => {
+                self.map.clear(i);
+                self.free += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Mark `blk` allocated (rebuild); false if it already was or is outside the region.
+    pub(crate) fn mark_used(&mut self, blk: u64) -> bool {
+        match self.index(blk) {
+            Some(i) if !self.map.get(i) => {
+                self.map.set(i);
+                self.free -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The inode allocator: which inode numbers are live in the shared area, and which free
+/// ones are reserved for which client (log slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InodeAlloc {
+    map: Bitmap,
+    reserved: HashMap<u64, u32>,
+    cursor: u64,
+}
+
+impl InodeAlloc {
+    /// Inode 0 (never used) and the root (1) in use.
+    pub(crate) fn new(count: u64) -> InodeAlloc {
+        let mut map = Bitmap::new(count);
+        map.set(0);
+        map.set(cairn_format::ROOT_INO);
+        InodeAlloc::from_bitmap(map)
+    }
+
+    pub(crate) fn from_bitmap(mut map: Bitmap) -> InodeAlloc {
+        if map.len() > 0 {
+            map.set(0);
+        }
+        InodeAlloc {
+            map,
+            reserved: HashMap::new(),
+            cursor: 2,
+        }
+    }
+
+    pub(crate) fn bitmap(&self) -> &Bitmap {
+        &self.map
+    }
+
+    /// Usable inode numbers (1 ..= count - 1).
+    pub(crate) fn capacity(&self) -> u64 {
+        self.map.len().saturating_sub(1)
+    }
+
+    /// Live inodes (the root included).
+    pub(crate) fn used_count(&self) -> u64 {
+        self.map.count_ones().saturating_sub(1)
+    }
+
+    pub(crate) fn is_used(&self, ino: u64) -> bool {
+        self.map.get(ino)
+    }
+
+    pub(crate) fn mark_used(&mut self, ino: u64) {
+        if ino < self.map.len() {
+            self.map.set(ino);
+            self.reserved.remove(&ino);
+        }
+    }
+
+    pub(crate) fn mark_free(&mut self, ino: u64) {
+        if ino > cairn_format::ROOT_INO && ino < self.map.len() {
+            self.map.clear(ino);
+        }
+    }
+
+    /// The slot that holds a reservation on `ino`.
+    pub(crate) fn reserved_by(&self, ino: u64) -> Option<u32> {
+        self.reserved.get(&ino).copied()
+    }
+
+    /// Reserve `ino` for `slot` if it is free and unreserved.
+    pub(crate) fn reserve_one(&mut self, slot: u32, ino: u64) -> bool {
+        if ino <= cairn_format::ROOT_INO || ino >= self.map.len() || self.map.get(ino) {
+            return false;
+        }
+        match self.reserved.get(&ino) {
+            Some(&s) => s == slot,
+            None => {
+                self.reserved.insert(ino, slot);
+                true
+            }
+        }
+    }
+
+    /// Reserve up to `count` free inode numbers for `slot`.
+    pub(crate) fn reserve(&mut self, slot: u32, count: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let len = self.map.len();
+        let mut pos = self.cursor;
+        let mut scanned = 0u64;
+        while (out.len() as u64) < count && scanned < len {
+            let Some(i) = self.map.find_clear_from(pos) else {
+                break;
+            };
+            // Distance travelled (with wrap-around) bounds the search to one lap.
+            scanned += if i >= pos {
+                i - pos + 1
+            } else {
+                len - pos + i + 1
+            };
+            pos = i + 1;
+            if i > cairn_format::ROOT_INO && !self.reserved.contains_key(&i) {
+                self.reserved.insert(i, slot);
+                out.push(i);
+            }
+        }
+        self.cursor = pos;
+        out
+    }
+
+    /// Drop every reservation of `slot`.
+    pub(crate) fn release_slot(&mut self, slot: u32) {
+        self.reserved.retain(|_, s| *s != slot);
+    }
+
+    /// Reservations held by `slot`.
+    #[cfg(test)]
+    pub(crate) fn reserved_count(&self, slot: u32) -> usize {
+        self.reserved.values().filter(|&&s| s == slot).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_find_and_bytes() {
+        let mut m = Bitmap::new(130);
+        for i in 0..130 {
+            if i != 5 && i != 129 {
+                m.set(i);
+            }
+        }
+        assert_eq!(m.find_clear_from(0), Some(5));
+        assert_eq!(m.find_clear_from(6), Some(129));
+        assert_eq!(m.find_clear_from(129), Some(129));
+        m.set(129);
+        assert_eq!(m.find_clear_from(100), Some(5), "wraps around");
+        m.set(5);
+        assert_eq!(m.find_clear_from(7), None);
+        let b = m.to_bytes();
+        assert_eq!(b.len(), 17);
+        assert_eq!(Bitmap::from_bytes(&b, 130), m);
+        assert_eq!(m.count_ones(), 130);
+    }
+
+    #[test]
+    fn block_alloc_is_sequential_and_counts() {
+        let mut a = BlockAlloc::new(1000, 200);
+        let run: Vec<u64> = (0..10).map(|_| a.alloc().unwrap()).collect();
+        assert_eq!(run, (1000..1010).collect::<Vec<_>>());
+        assert_eq!(a.free_count(), 190);
+        assert!(a.free(1003));
+        assert!(!a.free(1003), "double free is refused");
+        assert!(!a.free(5), "outside the region");
+        // Next-fit: continues after the last allocation, not at the hole.
+        assert_eq!(a.alloc(), Some(1010));
+        while a.alloc().is_some() {}
+        assert_eq!(a.free_count(), 0);
+        assert!(a.free(1100));
+        assert_eq!(a.alloc(), Some(1100));
+        assert_eq!(a.alloc(), None);
+        let b = BlockAlloc::from_bitmap(1000, a.bitmap().clone());
+        assert_eq!(b.free_count(), 0);
+        assert!(b.is_used(1003));
+    }
+
+    #[test]
+    fn inode_reservations() {
+        let mut a = InodeAlloc::new(100);
+        let r1 = a.reserve(0, 10);
+        assert_eq!(r1, (2..12).collect::<Vec<_>>());
+        let r2 = a.reserve(1, 5);
+        assert!(r2.iter().all(|i| !r1.contains(i)));
+        assert_eq!(a.reserved_by(3), Some(0));
+        assert!(!a.reserve_one(1, 3));
+        a.mark_used(3);
+        assert_eq!(a.reserved_by(3), None);
+        a.release_slot(0);
+        assert_eq!(a.reserved_count(0), 0);
+        assert_eq!(a.reserved_count(1), 5);
+        // Exhaustion: 98 usable numbers beyond the root.
+        let all = a.reserve(2, 1000);
+        assert_eq!(all.len(), 98 - 1 - 5);
+        assert_eq!(a.used_count(), 2);
+        assert_eq!(a.capacity(), 99);
+    }
+}

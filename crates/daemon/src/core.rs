@@ -1,0 +1,521 @@
+//! The daemon's state machine, independent of sockets: the shared-area writer, the
+//! client table (one entry per active log slot), registration, digests with credit
+//! accounting, dead-client recovery, status and clean shutdown. The server wraps one
+//! `Core` in a mutex.
+
+use crate::alloc::{BlockAlloc, InodeAlloc};
+use crate::digest::{self, DigestError, Mode, Outcome};
+use crate::recovery;
+use crate::shared::Shared;
+use crate::util::{einval, now_ns, Logger};
+use cairn_area::{fs_err, Area, StoreConfig, StoreDir};
+use cairn_format::slot::{client_page, SlotHead};
+use cairn_format::superblock::state;
+use cairn_media::sys;
+use cairn_proto::{ClientStatus, InodeStatus, Registration, StatusReport, TierStatus};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Inode numbers handed out at registration.
+pub(crate) const INODE_BATCH: u64 = 64;
+/// Most inode numbers handed out per `Inodes` request.
+pub(crate) const MAX_INODES_PER_REQUEST: u64 = 4096;
+/// Space credits (4 KiB blocks) offered at registration.
+pub(crate) const INITIAL_CREDITS: u64 = 2048;
+/// Delay before retrying the recovery of a dead client's log that failed (e.g. `ENOSPC`).
+const RETRY_FAILED: Duration = Duration::from_secs(5);
+
+/// A client owning a log slot.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub slot_gen: u64,
+    /// Credits granted and not yet charged by a digest.
+    pub credits: u64,
+    /// The connection serving it; `None` after the connection closed or the daemon
+    /// restarted (the owner may re-attach, or is dead: recovered once its lock is free).
+    pub conn: Option<u64>,
+    /// Earliest time to try recovering it (when `conn` is `None`).
+    pub retry_at: Instant,
+}
+
+/// How the allocation state was obtained at start, and what recovery did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StartReport {
+    pub rebuilt: bool,
+    pub recovered_slots: Vec<u32>,
+    pub live_slots: Vec<u32>,
+}
+
+/// The daemon state.
+pub(crate) struct Core {
+    pub sh: Shared,
+    pub store: StoreDir,
+    pub cfg: StoreConfig,
+    pub clients: Vec<Option<Client>>,
+    pub stopped: bool,
+}
+
+/// `Ok(Some(lock))` if nobody holds `slots/<slot>.lock` (we now do), `Ok(None)` if held.
+pub(crate) fn try_lock_slot(store: &StoreDir, slot: u32) -> io::Result<Option<File>> {
+    let _ = std::fs::create_dir_all(store.slots_dir());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(store.slot_lock_path(slot))?;
+    match sys::flock_exclusive(&f, true) {
+        Ok(()) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn estale(msg: impl Into<String>) -> io::Error {
+    fs_err(libc::ESTALE, msg)
+}
+
+impl Core {
+    /// Open the store's tier, get the allocation state (load after a clean stop, else
+    /// rebuild), mark the store in use (`clean = 0`, `mounts + 1`) and recover every
+    /// active slot whose owner is dead.
+    pub(crate) fn open(store: &StoreDir, log: &Logger) -> io::Result<(Core, StartReport)> {
+        let cfg = store.load_config()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&cfg.nvm_path)
+            .map_err(|e| {
+                fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!(
+                        "cannot open the NVM file {} of store {}: {e} (a reboot clears /dev/shm)",
+                        cfg.nvm_path.display(),
+                        store.path.display()
+                    ),
+                )
+            })?;
+        let area = Area::open(&file, true)?;
+        let l = *area.layout();
+        let clean = area.state_field(state::CLEAN)? == 1;
+        let mut sh = Shared::new(
+            area,
+            BlockAlloc::new(l.data_start, l.data_blocks),
+            InodeAlloc::new(l.inode_count),
+        );
+        let mut report = StartReport::default();
+        let loaded = if clean {
+            match recovery::load(&sh.area) {
+                Ok((b, i)) => {
+                    sh.blocks = b;
+                    sh.inodes = i;
+                    true
+                }
+                Err(e) => {
+                    log.log(format!(
+                        "allocation state unusable ({e}); rebuilding it from the inodes"
+                    ));
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        // From here on the shared area changes: the saved allocation state is stale.
+        sh.set_state(state::CLEAN, 0)?;
+        let mounts = sh.area.state_field(state::MOUNTS)? + 1;
+        sh.set_state(state::MOUNTS, mounts)?;
+        if !loaded {
+            let r = recovery::rebuild(&mut sh)?;
+            report.rebuilt = true;
+            log.log(format!(
+                "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} orphan inodes freed, {} inode locks repaired",
+                r.inodes, r.blocks, r.orphans_freed, r.seqlocks_fixed
+            ));
+            for w in r.warnings {
+                log.log(format!("rebuild warning: {w}"));
+            }
+        }
+        let mut core = Core {
+            sh,
+            store: store.clone(),
+            cfg,
+            clients: vec![None; l.nslots as usize],
+            stopped: false,
+        };
+        for slot in 0..l.nslots {
+            let (h, _) = core.sh.slot_head(slot)?;
+            if !h.active {
+                continue;
+            }
+            let pid_off = (l.client_page_off(slot) + client_page::PID) as usize;
+            let pid = core.sh.map().load_u64(pid_off).unwrap_or(0) as u32;
+            core.clients[slot as usize] = Some(Client {
+                pid,
+                uid: 0,
+                gid: 0,
+                slot_gen: h.slot_gen,
+                credits: 0,
+                conn: None,
+                retry_at: Instant::now(),
+            });
+            match try_lock_slot(store, slot)? {
+                Some(_lock) => {
+                    core.recover_slot(slot, log);
+                    report.recovered_slots.push(slot);
+                }
+                None => {
+                    for ino in digest::logged_new_inodes(&core.sh, slot)? {
+                        core.sh.inodes.reserve_one(slot, ino);
+                    }
+                    report.live_slots.push(slot);
+                }
+            }
+        }
+        log.log(format!(
+            "store {} mounted (mount {mounts}): {} dead clients recovered, {} live clients may re-attach; {} of {} data blocks and {} of {} inodes in use",
+            store.path.display(),
+            report.recovered_slots.len(),
+            report.live_slots.len(),
+            core.sh.blocks.capacity() - core.sh.blocks.free_count(),
+            core.sh.blocks.capacity(),
+            core.sh.inodes.used_count(),
+            core.sh.inodes.capacity(),
+        ));
+        Ok((core, report))
+    }
+
+    /// Slots with a client (their readers' epochs hold back reclamation).
+    fn reader_slots(&self) -> Vec<u32> {
+        (0..self.clients.len() as u32)
+            .filter(|&s| self.clients[s as usize].is_some())
+            .collect()
+    }
+
+    /// Free retired blocks no reader can see any more.
+    pub(crate) fn reclaim(&mut self) -> u64 {
+        let r = self.reader_slots();
+        self.sh.reclaim(&r, false)
+    }
+
+    /// Data blocks that can still be promised to clients.
+    pub(crate) fn available_credits(&self) -> u64 {
+        let promised: u64 = self.clients.iter().flatten().map(|c| c.credits).sum();
+        let reserve = (self.sh.layout.data_blocks / 64).max(256);
+        self.sh
+            .blocks
+            .free_count()
+            .saturating_sub(promised)
+            .saturating_sub(reserve)
+    }
+
+    /// Grant up to `want` credits to the client of `slot`.
+    pub(crate) fn grant(&mut self, slot: u32, want: u64) -> u64 {
+        let g = want.min(self.available_credits());
+        if let Some(c) = self.clients[slot as usize].as_mut() {
+            c.credits += g;
+        }
+        g
+    }
+
+    fn registration(&mut self, slot: u32, h: SlotHead, uid: u32, gid: u32) -> Registration {
+        let inodes = self.sh.inodes.reserve(slot, INODE_BATCH);
+        let credits = self.grant(slot, INITIAL_CREDITS);
+        Registration {
+            slot,
+            slot_gen: h.slot_gen,
+            head_lsn: h.head_lsn,
+            head_seq: h.head_seq,
+            nvm_path: self.cfg.nvm_path.to_string_lossy().into_owned(),
+            digest_threshold_pct: self.cfg.digest_threshold_pct,
+            inodes,
+            credits,
+            uid,
+            gid,
+        }
+    }
+
+    /// A new client: an inactive slot whose lock nobody holds, an inode batch, credits.
+    pub(crate) fn register(
+        &mut self,
+        pid: u32,
+        uid: u32,
+        gid: u32,
+        conn: u64,
+    ) -> io::Result<Registration> {
+        if self.stopped {
+            return Err(fs_err(libc::ESHUTDOWN, "the daemon is stopping"));
+        }
+        for slot in 0..self.clients.len() as u32 {
+            if self.clients[slot as usize].is_some() {
+                continue;
+            }
+            let (h, _) = self.sh.slot_head(slot)?;
+            if h.active {
+                continue;
+            }
+            if try_lock_slot(&self.store, slot)?.is_none() {
+                continue; // a previous owner still holds its lock
+            }
+            let h = self.sh.set_slot_head(
+                slot,
+                SlotHead {
+                    active: true,
+                    slot_gen: h.slot_gen + 1,
+                    ..h
+                },
+            )?;
+            self.sh.reset_client_page(slot, pid)?;
+            self.clients[slot as usize] = Some(Client {
+                pid,
+                uid,
+                gid,
+                slot_gen: h.slot_gen,
+                credits: 0,
+                conn: Some(conn),
+                retry_at: Instant::now(),
+            });
+            return Ok(self.registration(slot, h, uid, gid));
+        }
+        Err(fs_err(
+            libc::EMFILE,
+            format!(
+                "too many clients: all {} log slots are in use",
+                self.clients.len()
+            ),
+        ))
+    }
+
+    /// A client that owned `slot` before the daemon restarted.
+    pub(crate) fn reattach(
+        &mut self,
+        pid: u32,
+        uid: u32,
+        gid: u32,
+        slot: u32,
+        slot_gen: u64,
+        conn: u64,
+    ) -> io::Result<Registration> {
+        if self.stopped {
+            return Err(fs_err(libc::ESHUTDOWN, "the daemon is stopping"));
+        }
+        if slot as usize >= self.clients.len() {
+            return Err(einval(format!("slot {slot} out of range")));
+        }
+        match &self.clients[slot as usize] {
+            Some(c) if c.conn.is_none() && c.slot_gen == slot_gen => {}
+            _ => {
+                return Err(estale(format!(
+                    "slot {slot} generation {slot_gen} is not waiting for its owner"
+                )))
+            }
+        }
+        let (h, _) = self.sh.slot_head(slot)?;
+        if !h.active || h.slot_gen != slot_gen {
+            return Err(estale(format!(
+                "slot {slot} generation {slot_gen} is not active"
+            )));
+        }
+        if try_lock_slot(&self.store, slot)?.is_some() {
+            return Err(estale(format!(
+                "nobody holds the lock of slot {slot}: its owner is gone"
+            )));
+        }
+        self.sh.inodes.release_slot(slot);
+        for ino in digest::logged_new_inodes(&self.sh, slot)? {
+            self.sh.inodes.reserve_one(slot, ino);
+        }
+        if let Some(c) = self.clients[slot as usize].as_mut() {
+            c.pid = pid;
+            c.uid = uid;
+            c.gid = gid;
+            c.credits = 0;
+            c.conn = Some(conn);
+        }
+        Ok(self.registration(slot, h, uid, gid))
+    }
+
+    /// Digest `slot`'s log up to `upto` for its client (credits are returned).
+    pub(crate) fn digest_client(&mut self, slot: u32, upto: u64) -> Result<Outcome, DigestError> {
+        if self.stopped {
+            return Err(DigestError::Failed(fs_err(
+                libc::ESHUTDOWN,
+                "the daemon is stopping",
+            )));
+        }
+        let o = digest::digest(&mut self.sh, slot, Mode::Upto(upto))?;
+        if let Some(c) = self.clients[slot as usize].as_mut() {
+            c.credits = c.credits.saturating_sub(o.charge);
+        }
+        self.reclaim();
+        Ok(o)
+    }
+
+    /// Release `slot`: inactive, reservations and credits returned. With `discard`,
+    /// the log up to that LSN is dropped (malformed log) and the sequence numbers move
+    /// past anything the ring may still hold.
+    pub(crate) fn release(&mut self, slot: u32, discard: Option<u64>) -> io::Result<()> {
+        let (h, _) = self.sh.slot_head(slot)?;
+        let mut nh = SlotHead { active: false, ..h };
+        if let Some(d) = discard {
+            nh.head_lsn = d.max(h.head_lsn);
+            nh.head_seq = h.head_seq + self.sh.layout.ring_bytes() / 64 + 1;
+        }
+        self.sh.set_slot_head(slot, nh)?;
+        self.sh.inodes.release_slot(slot);
+        self.clients[slot as usize] = None;
+        self.reclaim();
+        Ok(())
+    }
+
+    /// Digest a dead client's committed transactions and release its slot. Failures are
+    /// logged; a batch that cannot be applied (`ENOSPC`) is retried later.
+    pub(crate) fn recover_slot(&mut self, slot: u32, log: &Logger) {
+        let pid = self.clients[slot as usize].as_ref().map_or(0, |c| c.pid);
+        match digest::digest(&mut self.sh, slot, Mode::Committed) {
+            Ok(o) => {
+                if let Err(e) = self.release(slot, None) {
+                    log.log(format!("slot {slot}: cannot release: {e}"));
+                    return;
+                }
+                log.log(format!(
+                    "slot {slot} (pid {pid}): dead client recovered: {} transactions, {} records digested, log head at {}",
+                    o.txns, o.records, o.head_lsn
+                ));
+            }
+            Err(DigestError::Malformed { msg, discard_lsn }) => {
+                log.log(format!(
+                    "slot {slot} (pid {pid}): dead client's log is malformed and discarded: {msg}"
+                ));
+                if let Err(e) = self.release(slot, Some(discard_lsn)) {
+                    log.log(format!("slot {slot}: cannot release: {e}"));
+                }
+            }
+            Err(DigestError::Failed(e)) => {
+                log.log(format!(
+                    "slot {slot} (pid {pid}): cannot digest the dead client's log yet: {e}"
+                ));
+                if let Some(c) = self.clients[slot as usize].as_mut() {
+                    c.retry_at = Instant::now() + RETRY_FAILED;
+                }
+            }
+        }
+    }
+
+    /// Recover every slot whose connection is gone and whose lock nobody holds.
+    pub(crate) fn recover_dead(&mut self, log: &Logger) {
+        if self.stopped {
+            return;
+        }
+        let now = Instant::now();
+        for slot in 0..self.clients.len() as u32 {
+            let due = matches!(&self.clients[slot as usize],
+                Some(c) if c.conn.is_none() && c.retry_at <= now);
+            if !due {
+                continue;
+            }
+            match try_lock_slot(&self.store, slot) {
+                Ok(Some(_lock)) => self.recover_slot(slot, log),
+                Ok(None) => {}
+                Err(e) => log.log(format!("slot {slot}: cannot check its lock: {e}")),
+            }
+        }
+    }
+
+    /// The connection of `slot`'s client closed without `Goodbye`.
+    pub(crate) fn disconnected(&mut self, slot: u32, conn: u64) -> bool {
+        match self.clients[slot as usize].as_mut() {
+            Some(c) if c.conn == Some(conn) => {
+                c.conn = None;
+                c.retry_at = Instant::now();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The status report.
+    pub(crate) fn status(&self) -> io::Result<StatusReport> {
+        let l = &self.sh.layout;
+        let b = &self.sh.blocks;
+        let ring = l.ring_bytes();
+        let mut clients = Vec::new();
+        for (slot, c) in self.clients.iter().enumerate() {
+            let Some(c) = c else { continue };
+            let slot = slot as u32;
+            let (h, _) = self.sh.slot_head(slot)?;
+            let end = digest::log_end_estimate(&self.sh, slot)?;
+            let used = end.saturating_sub(h.head_lsn);
+            clients.push(ClientStatus {
+                slot,
+                pid: c.pid,
+                uid: c.uid,
+                log_capacity_bytes: ring,
+                log_used_bytes: used,
+                log_fill: used as f64 / ring as f64,
+            });
+        }
+        Ok(StatusReport {
+            store: self.store.path.display().to_string(),
+            tiers: vec![TierStatus {
+                name: "nvm".into(),
+                capacity_bytes: b.capacity() * cairn_format::BLOCK_SIZE_U64,
+                used_bytes: (b.capacity() - b.free_count()) * cairn_format::BLOCK_SIZE_U64,
+            }],
+            inodes: InodeStatus {
+                capacity: self.sh.inodes.capacity(),
+                used: self.sh.inodes.used_count(),
+            },
+            clients,
+            digest: self.sh.counters.clone(),
+        })
+    }
+
+    /// Clean stop: digest every active slot's committed transactions (dead owners'
+    /// slots are released, live ones stay active for `Reattach`), free every retired
+    /// block, save the allocation state and set `clean = 1`. Idempotent.
+    pub(crate) fn shutdown(&mut self, log: &Logger) -> io::Result<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        for slot in 0..self.clients.len() as u32 {
+            if self.clients[slot as usize].is_none() {
+                continue;
+            }
+            let lock = try_lock_slot(&self.store, slot).unwrap_or(None);
+            match digest::digest(&mut self.sh, slot, Mode::Committed) {
+                Ok(_) => {
+                    if lock.is_some() {
+                        self.release(slot, None)?;
+                    }
+                }
+                Err(DigestError::Malformed { msg, discard_lsn }) => {
+                    log.log(format!(
+                        "slot {slot}: malformed log discarded at shutdown: {msg}"
+                    ));
+                    self.release(slot, Some(discard_lsn))?;
+                }
+                Err(DigestError::Failed(e)) => {
+                    log.log(format!(
+                        "slot {slot}: cannot digest at shutdown ({e}); the log stays authoritative"
+                    ));
+                }
+            }
+        }
+        self.sh.reclaim(&[], true);
+        recovery::save(&self.sh)?;
+        self.sh.persist_counters()?;
+        self.sh.set_state(state::LAST_CLEAN_NS, now_ns() as u64)?;
+        self.sh.set_state(state::CLEAN, 1)?;
+        self.stopped = true;
+        log.log(format!(
+            "clean stop: {} digests, {} records digested so far",
+            self.sh.counters.digests, self.sh.counters.records_digested
+        ));
+        Ok(())
+    }
+}

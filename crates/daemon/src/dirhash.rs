@@ -1,0 +1,183 @@
+//! Directory updates by linear hashing (`cairn_format::dir`). A batch of name changes
+//! for one directory is applied to DRAM copies of the touched buckets, buckets are split
+//! while the load exceeds `SPLIT_LOAD`, and every touched bucket is rewritten into new
+//! blocks (its chain packed by `pack_chain`); the directory's map is then updated copy-on-
+//! write. Empty buckets are holes in the map (bucket blocks are created lazily).
+
+use crate::maptree;
+use crate::shared::{Shared, Work};
+use cairn_format::dir::{self, BucketBlock, Entry, SPLIT_LOAD};
+use cairn_format::inode::{Inode, Kind};
+use cairn_format::BLOCK_SIZE_U64;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+
+/// One name change: `ino == 0` removes the name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NameChange<'a> {
+    pub name: &'a [u8],
+    pub ino: u64,
+    pub kind: Kind,
+}
+
+struct Bucket {
+    entries: Vec<Entry>,
+    old_chain: Vec<u64>,
+    dirty: bool,
+}
+
+/// Apply `changes` to directory `old` (the published inode; a default inode for a new,
+/// empty directory). `new` carries the attributes to publish; its map, level, split,
+/// entry count, size (bucket blocks × 4 KiB) and block count are set here. Returns the
+/// number of changes that had no effect (removing an absent name, setting an identical
+/// entry).
+pub(crate) fn apply(
+    sh: &mut Shared,
+    w: &mut Work,
+    old: &Inode,
+    new: &mut Inode,
+    changes: &[NameChange<'_>],
+) -> io::Result<u64> {
+    let mut noops = 0u64;
+    let mut level = old.dir_level;
+    let mut split = old.dir_split;
+    let mut entries = old.dir_entries;
+    let mut bucket_blocks = old.attrs.size / BLOCK_SIZE_U64;
+    if level >= 62 || split >= (1u64 << level) {
+        return Err(crate::util::eio(format!(
+            "directory with bad linear-hashing state (level {level}, split {split})"
+        )));
+    }
+    let mut cache: HashMap<u64, Bucket> = HashMap::new();
+    let load = |cache: &mut HashMap<u64, Bucket>, b: u64| -> io::Result<()> {
+        if let std::collections::hash_map::Entry::Vacant(v) = cache.entry(b) {
+            let (entries, chain) = if old.map_root == 0 {
+                (Vec::new(), Vec::new())
+            } else {
+                sh.area.dir_bucket(old, b)?
+            };
+            v.insert(Bucket {
+                entries,
+                old_chain: chain,
+                dirty: false,
+            });
+        }
+        Ok(())
+    };
+    for c in changes {
+        let b = dir::bucket_of(dir::hash(c.name), level, split);
+        load(&mut cache, b)?;
+        let bk = cache.get_mut(&b).unwrap();
+        let pos = bk.entries.iter().position(|e| e.name == c.name);
+        match (pos, c.ino) {
+            (Some(p), 0) => {
+                bk.entries.swap_remove(p);
+                entries = entries.saturating_sub(1);
+                bk.dirty = true;
+            }
+            (Some(p), ino) => {
+                let e = &mut bk.entries[p];
+                if e.ino != ino || e.kind != c.kind {
+                    e.ino = ino;
+                    e.kind = c.kind;
+                    bk.dirty = true;
+                } else {
+                    noops += 1;
+                }
+            }
+            (None, 0) => noops += 1,
+            (None, ino) => {
+                bk.entries.push(Entry {
+                    name: c.name.to_vec(),
+                    ino,
+                    kind: c.kind,
+                });
+                entries += 1;
+                bk.dirty = true;
+            }
+        }
+    }
+    while entries > SPLIT_LOAD.saturating_mul(dir::bucket_count(level, split)) && level < 62 {
+        let b = split;
+        let nb = b + (1u64 << level);
+        load(&mut cache, b)?;
+        load(&mut cache, nb)?;
+        split += 1;
+        if split == 1u64 << level {
+            level += 1;
+            split = 0;
+        }
+        let moving = std::mem::take(&mut cache.get_mut(&b).unwrap().entries);
+        let (stay, go): (Vec<Entry>, Vec<Entry>) = moving
+            .into_iter()
+            .partition(|e| dir::bucket_of(dir::hash(&e.name), level, split) == b);
+        let bk = cache.get_mut(&b).unwrap();
+        bk.entries = stay;
+        bk.dirty = true;
+        let nk = cache.get_mut(&nb).unwrap();
+        nk.entries.extend(go);
+        nk.dirty = true;
+    }
+    // Rewrite the touched buckets, in bucket order (deterministic placement).
+    let dirty: BTreeMap<u64, Bucket> = cache.into_iter().filter(|(_, b)| b.dirty).collect();
+    let mut map_changes = Vec::with_capacity(dirty.len());
+    let mut delta: i64 = 0;
+    for (b, bk) in dirty {
+        for &blk in &bk.old_chain {
+            w.retired.push(blk);
+        }
+        delta -= bk.old_chain.len() as i64;
+        bucket_blocks = bucket_blocks.saturating_sub(bk.old_chain.len() as u64);
+        if bk.entries.is_empty() {
+            map_changes.push((b, 0));
+            continue;
+        }
+        let parts = dir::pack_chain(bk.entries);
+        let mut blks = Vec::with_capacity(parts.len());
+        for _ in 0..parts.len() {
+            blks.push(sh.alloc_block(w)?);
+        }
+        for (i, part) in parts.into_iter().enumerate() {
+            let next = blks.get(i + 1).copied().unwrap_or(0);
+            let data = BucketBlock {
+                entries: part,
+                next,
+            }
+            .encode();
+            sh.write_block(w, blks[i], &data, false)?;
+        }
+        delta += blks.len() as i64;
+        bucket_blocks += blks.len() as u64;
+        map_changes.push((b, blks[0]));
+    }
+    let r = maptree::update(
+        sh,
+        w,
+        old.map_root,
+        old.map_height,
+        &map_changes,
+        u64::MAX,
+        false,
+    )?;
+    new.map_root = r.root;
+    new.map_height = r.height;
+    new.dir_level = level;
+    new.dir_split = split;
+    new.dir_entries = entries;
+    new.attrs.size = bucket_blocks * BLOCK_SIZE_U64;
+    new.blocks = (old.blocks as i64 + delta + r.delta).max(0) as u64;
+    Ok(noops)
+}
+
+/// Every block of directory `d`'s buckets (all chains).
+pub(crate) fn bucket_blocks(sh: &Shared, d: &Inode) -> io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    let mut firsts = Vec::new();
+    maptree::walk(sh, d.map_root, d.map_height, &mut |_| {}, &mut |fb, _| {
+        firsts.push(fb)
+    })?;
+    for b in firsts {
+        out.extend(sh.area.dir_bucket(d, b)?.1);
+    }
+    Ok(out)
+}

@@ -1,0 +1,289 @@
+//! Copy-on-write updates of file maps (the radix tree of `cairn_format::map`).
+//!
+//! A batch of changes (file block -> new block, or 0 for a hole) and a truncation point
+//! are applied in one pass: every node on a changed path is copied once, changed, written
+//! and written back; untouched subtrees are shared with the old tree; the tree grows when
+//! a change lies beyond its coverage. Replaced nodes and (for files) replaced or dropped
+//! data blocks are retired in the digest's `Work`, never modified in place.
+
+use crate::shared::{Shared, Work};
+use cairn_format::map::{coverage, height_for_blocks, FANOUT, MAX_HEIGHT};
+use std::io;
+
+/// The new root of an updated map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MapResult {
+    pub root: u64,
+    pub height: u8,
+    /// Change in blocks owned through the map: new nodes − retired nodes, and for maps
+    /// that own their leaves also new leaf entries − retired leaf blocks.
+    pub delta: i64,
+}
+
+/// Where a node's old entries come from.
+#[derive(Debug, Clone, Copy)]
+enum Src {
+    /// No node (all holes).
+    Empty,
+    /// A published node.
+    Node(u64),
+    /// A node above the old root, created because the tree grows: entry 0 leads down to
+    /// the old root of height `height`.
+    Wrap { root: u64, height: u8 },
+}
+
+struct Ctx<'a> {
+    sh: &'a mut Shared,
+    w: &'a mut Work,
+    /// File blocks `>= keep` are dropped unless a change sets them.
+    keep: u64,
+    /// Whether leaf entries are blocks owned by the map (files), retired when replaced.
+    leaf_owned: bool,
+    delta: i64,
+}
+
+/// Apply `changes` (sorted by file block, unique; 0 = hole) and drop file blocks `>= keep`
+/// (`u64::MAX`: no truncation) on the map `root`/`height`.
+pub(crate) fn update(
+    sh: &mut Shared,
+    w: &mut Work,
+    root: u64,
+    height: u8,
+    changes: &[(u64, u64)],
+    keep: u64,
+    leaf_owned: bool,
+) -> io::Result<MapResult> {
+    debug_assert!(changes.windows(2).all(|p| p[0].0 < p[1].0));
+    let (root, height) = if root == 0 || height == 0 {
+        (0, 0)
+    } else {
+        (root, height.min(MAX_HEIGHT))
+    };
+    let need = changes
+        .iter()
+        .filter(|c| c.1 != 0)
+        .map(|c| height_for_blocks(c.0 + 1))
+        .max()
+        .unwrap_or(0);
+    if need > MAX_HEIGHT {
+        return Err(crate::util::einval(
+            "file block beyond the largest file size",
+        ));
+    }
+    let h = need.max(height);
+    if h == 0 {
+        return Ok(MapResult {
+            root: 0,
+            height: 0,
+            delta: 0,
+        });
+    }
+    let src = if root == 0 {
+        Src::Empty
+    } else if h > height {
+        Src::Wrap { root, height }
+    } else {
+        Src::Node(root)
+    };
+    // Holes beyond the coverage are already holes.
+    let cov = coverage(h);
+    let end = changes.partition_point(|c| c.0 < cov);
+    let mut ctx = Ctx {
+        sh,
+        w,
+        keep,
+        leaf_owned,
+        delta: 0,
+    };
+    let new_root = ctx.cow(src, h, 0, &changes[..end])?;
+    Ok(MapResult {
+        root: new_root,
+        height: if new_root == 0 { 0 } else { h },
+        delta: ctx.delta,
+    })
+}
+
+impl Ctx<'_> {
+    fn retire(&mut self, blk: u64) {
+        self.w.retired.push(blk);
+    }
+
+    /// Retire a whole subtree (nodes and, if owned, leaves).
+    fn retire_src(&mut self, src: Src, level: u8) -> io::Result<()> {
+        match src {
+            Src::Empty => Ok(()),
+            Src::Wrap { root, height } => self.retire_src(Src::Node(root), height),
+            Src::Node(b) => {
+                let b = self.sh.check_ptr(b, "map node")?;
+                let n = self.sh.read_node(b)?;
+                for &e in n.iter().filter(|&&e| e != 0) {
+                    if level == 1 {
+                        if self.leaf_owned {
+                            let e = self.sh.check_ptr(e, "map entry")?;
+                            self.retire(e);
+                            self.delta -= 1;
+                        }
+                    } else {
+                        self.retire_src(Src::Node(e), level - 1)?;
+                    }
+                }
+                self.retire(b);
+                self.delta -= 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn cow(&mut self, src: Src, level: u8, base: u64, changes: &[(u64, u64)]) -> io::Result<u64> {
+        let span = coverage(level);
+        let trunc_here = self.keep < base.saturating_add(span);
+        let cur = match src {
+            Src::Node(b) => self.sh.check_ptr(b, "map node")?,
+            _ => 0,
+        };
+        let wrap = matches!(src, Src::Wrap { .. });
+        if changes.is_empty() && !trunc_here && !wrap {
+            return Ok(cur);
+        }
+        let mut ents = match src {
+            Src::Node(b) => self.sh.read_node(b)?,
+            _ => Box::new([0u64; FANOUT as usize]),
+        };
+        let mut changed = wrap;
+        let child_span = coverage(level - 1);
+        let mut ci = 0usize;
+        for idx in 0..FANOUT as usize {
+            let child_base = base + idx as u64 * child_span;
+            let child_end = child_base + child_span;
+            let end = ci + changes[ci..].partition_point(|c| c.0 < child_end);
+            let cs = &changes[ci..end];
+            ci = end;
+            let beyond = child_base >= self.keep;
+            let partial = !beyond && self.keep < child_end;
+            if level == 1 {
+                let old = ents[idx];
+                let new = match cs.last() {
+                    Some(c) => c.1,
+                    None if beyond => 0,
+                    None => old,
+                };
+                if new != old {
+                    if old != 0 && self.leaf_owned {
+                        let old = self.sh.check_ptr(old, "map entry")?;
+                        self.retire(old);
+                        self.delta -= 1;
+                    }
+                    if new != 0 && self.leaf_owned {
+                        self.delta += 1;
+                    }
+                    ents[idx] = new;
+                    changed = true;
+                }
+                continue;
+            }
+            let child = match src {
+                Src::Empty => Src::Empty,
+                Src::Node(_) => match ents[idx] {
+                    0 => Src::Empty,
+                    e => Src::Node(e),
+                },
+                Src::Wrap { root, height } => {
+                    if idx != 0 {
+                        Src::Empty
+                    } else if level - 1 == height {
+                        Src::Node(root)
+                    } else {
+                        Src::Wrap { root, height }
+                    }
+                }
+            };
+            let child_ptr = match child {
+                Src::Node(b) => b,
+                _ => 0,
+            };
+            let forced = matches!(child, Src::Wrap { .. });
+            if cs.is_empty() && !beyond && !partial && !forced {
+                if ents[idx] != child_ptr {
+                    ents[idx] = child_ptr;
+                    changed = true;
+                }
+                continue;
+            }
+            if cs.is_empty() && beyond {
+                self.retire_src(child, level - 1)?;
+                if ents[idx] != 0 {
+                    ents[idx] = 0;
+                    changed = true;
+                }
+                continue;
+            }
+            let new = self.cow(child, level - 1, child_base, cs)?;
+            if new != ents[idx] {
+                ents[idx] = new;
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(cur);
+        }
+        if ents.iter().all(|&e| e == 0) {
+            if cur != 0 {
+                self.retire(cur);
+                self.delta -= 1;
+            }
+            return Ok(0);
+        }
+        let data = Shared::encode_node(&ents);
+        let nb = self.sh.new_block(self.w, &data, false)?;
+        self.delta += 1;
+        if cur != 0 {
+            self.retire(cur);
+            self.delta -= 1;
+        }
+        Ok(nb)
+    }
+}
+
+/// Visit every node (`on_node(block)`) and every leaf entry (`on_leaf(file_block, block)`)
+/// of a map, checking every pointer.
+pub(crate) fn walk(
+    sh: &Shared,
+    root: u64,
+    height: u8,
+    on_node: &mut dyn FnMut(u64),
+    on_leaf: &mut dyn FnMut(u64, u64),
+) -> io::Result<()> {
+    if root == 0 || height == 0 {
+        return Ok(());
+    }
+    if height > MAX_HEIGHT {
+        return Err(crate::util::eio("map height out of range"));
+    }
+    walk_node(sh, root, height, 0, on_node, on_leaf)
+}
+
+fn walk_node(
+    sh: &Shared,
+    blk: u64,
+    level: u8,
+    base: u64,
+    on_node: &mut dyn FnMut(u64),
+    on_leaf: &mut dyn FnMut(u64, u64),
+) -> io::Result<()> {
+    let blk = sh.check_ptr(blk, "map node")?;
+    on_node(blk);
+    let n = sh.read_node(blk)?;
+    let child_span = coverage(level - 1);
+    for (i, &e) in n.iter().enumerate() {
+        if e == 0 {
+            continue;
+        }
+        let fb = base + i as u64 * child_span;
+        if level == 1 {
+            on_leaf(fb, sh.check_ptr(e, "map entry")?);
+        } else {
+            walk_node(sh, e, level - 1, fb, on_node, on_leaf)?;
+        }
+    }
+    Ok(())
+}

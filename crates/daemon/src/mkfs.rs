@@ -1,0 +1,284 @@
+//! `mkfs`: create a store directory and format its NVM tier file.
+
+use crate::util::{einval, hex, now_ns, random_bytes};
+use cairn_area::{fs_err, StoreConfig, StoreDir};
+use cairn_format::inode::{Attrs, Inode, Kind};
+use cairn_format::slot::{SlotHead, PUBLISHED_HEAD_OFF};
+use cairn_format::superblock::{encode_state, Layout, Params, Superblock};
+use cairn_format::{alloc, BLOCK_SIZE, BLOCK_SIZE_U64, ROOT_INO};
+use cairn_media::{sys, Mapping};
+use std::fs::OpenOptions;
+use std::io;
+use std::path::PathBuf;
+
+/// Options of [`mkfs`]. `Default` gives the `StoreConfig` defaults (2 GiB tier, 32 MiB
+/// logs, 8 clients, one inode per 8 KiB, digest at 30%) for the store `./cairn-store`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MkfsOptions {
+    /// The store directory (created if missing).
+    pub store: PathBuf,
+    /// The NVM tier file; `None`: `/dev/shm/cairn-<random hex>.nvm`.
+    pub nvm_path: Option<PathBuf>,
+    /// Bytes of the NVM tier (a multiple of 4 KiB).
+    pub nvm_size: u64,
+    /// Bytes of each client's log ring (a multiple of 4 KiB, at least 64 KiB).
+    pub log_size: u64,
+    /// Log slots: clients registered at once (1..=4096).
+    pub max_clients: u32,
+    /// Inode table entries; 0: one per 8 KiB of the tier.
+    pub inodes: u64,
+    /// Log fill (percent, 1..=99) at which LibFS asks for a digest.
+    pub digest_threshold_pct: u32,
+    /// Replace an existing store (its NVM file is deleted).
+    pub force: bool,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        let d = StoreConfig::with_defaults(PathBuf::new());
+        MkfsOptions {
+            store: PathBuf::from("cairn-store"),
+            nvm_path: None,
+            nvm_size: d.nvm_size,
+            log_size: d.log_size,
+            max_clients: d.max_clients,
+            inodes: d.inodes,
+            digest_threshold_pct: d.digest_threshold_pct,
+            force: false,
+        }
+    }
+}
+
+impl MkfsOptions {
+    /// Default options for the store `store`.
+    pub fn new(store: impl Into<PathBuf>) -> MkfsOptions {
+        MkfsOptions {
+            store: store.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The layout `opts` give, or `EINVAL` saying why they do not fit.
+fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
+    if !opts.nvm_size.is_multiple_of(BLOCK_SIZE_U64) || opts.nvm_size < (1 << 20) {
+        return Err(einval(format!(
+            "NVM size {} must be a multiple of 4096 and at least 1 MiB",
+            opts.nvm_size
+        )));
+    }
+    if !opts.log_size.is_multiple_of(BLOCK_SIZE_U64) || opts.log_size < (64 << 10) {
+        return Err(einval(format!(
+            "log size {} must be a multiple of 4096 and at least 64 KiB",
+            opts.log_size
+        )));
+    }
+    if opts.max_clients == 0 || opts.max_clients > 4096 {
+        return Err(einval(format!(
+            "max clients {} must be between 1 and 4096",
+            opts.max_clients
+        )));
+    }
+    if opts.digest_threshold_pct == 0 || opts.digest_threshold_pct > 99 {
+        return Err(einval(format!(
+            "digest threshold {}% must be between 1 and 99",
+            opts.digest_threshold_pct
+        )));
+    }
+    let inodes = if opts.inodes == 0 {
+        opts.nvm_size / 8192
+    } else {
+        opts.inodes
+    };
+    if !(16..=(1u64 << 40)).contains(&inodes) {
+        return Err(einval(format!(
+            "inode count {inodes} must be between 16 and 2^40"
+        )));
+    }
+    Layout::compute(Params {
+        total_bytes: opts.nvm_size,
+        nslots: opts.max_clients,
+        log_bytes: opts.log_size,
+        inode_count: inodes,
+    })
+    .map_err(|e| einval(format!("cannot lay out the NVM tier: {}", e.0)))
+}
+
+/// Create a store: the directory, the NVM tier file (fully allocated, so stores through a
+/// mapping can never fault for lack of space), the superblock, the daemon state, the slot
+/// heads, the root directory, the allocation state, a lock file per slot, and
+/// `cairn.toml`. Refuses an existing store unless `force` (`EEXIST`), and a store whose
+/// daemon runs (`EBUSY`).
+pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
+    let layout = layout_of(opts)?;
+    let store = StoreDir::new(&opts.store);
+    std::fs::create_dir_all(&store.path).map_err(|e| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!(
+                "cannot create the store directory {}: {e}",
+                store.path.display()
+            ),
+        )
+    })?;
+    if store.exists() {
+        if !opts.force {
+            return Err(fs_err(
+                libc::EEXIST,
+                format!(
+                    "a Cairn store already exists at {} (use --force to replace it)",
+                    store.path.display()
+                ),
+            ));
+        }
+        if let Ok(f) = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(store.daemon_lock_path())
+        {
+            if sys::flock_exclusive(&f, true).is_err() {
+                return Err(fs_err(
+                    libc::EBUSY,
+                    format!(
+                        "a daemon is serving the store at {}; stop it first",
+                        store.path.display()
+                    ),
+                ));
+            }
+        }
+        if let Ok(old) = store.load_config() {
+            match std::fs::remove_file(&old.nvm_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(fs_err(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!(
+                            "cannot remove the old NVM file {}: {e}",
+                            old.nvm_path.display()
+                        ),
+                    ))
+                }
+            }
+        }
+        let _ = std::fs::remove_file(store.socket_path());
+    }
+    let nvm_path = opts
+        .nvm_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/cairn-{}.nvm", hex(&random_bytes(8)))));
+    let mut oo = OpenOptions::new();
+    oo.read(true).write(true);
+    if opts.force {
+        oo.create(true).truncate(true);
+    } else {
+        oo.create_new(true);
+    }
+    let file = oo.open(&nvm_path).map_err(|e| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("cannot create the NVM file {}: {e}", nvm_path.display()),
+        )
+    })?;
+    let r = format_file(&file, &layout, opts).and_then(|()| {
+        std::fs::create_dir_all(store.slots_dir())?;
+        for s in 0..layout.nslots {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(store.slot_lock_path(s))?;
+        }
+        let cfg = StoreConfig {
+            format_version: 1,
+            nvm_path: nvm_path.clone(),
+            nvm_size: opts.nvm_size,
+            log_size: opts.log_size,
+            max_clients: opts.max_clients,
+            inodes: layout.inode_count,
+            digest_threshold_pct: opts.digest_threshold_pct,
+        };
+        store.save_config(&cfg)?;
+        Ok(cfg)
+    });
+    if r.is_err() {
+        drop(file);
+        let _ = std::fs::remove_file(&nvm_path);
+    }
+    r
+}
+
+fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Result<()> {
+    sys::fallocate(file, opts.nvm_size).map_err(|e| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!(
+                "cannot allocate {} bytes for the NVM file: {e}",
+                opts.nvm_size
+            ),
+        )
+    })?;
+    // Stale contents (force over an existing file) are cleared by the truncate above;
+    // fallocate gives zeros.
+    let m = Mapping::new(file, 0, opts.nvm_size as usize, true, false)?;
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&random_bytes(16));
+    let now = now_ns();
+    let sb = Superblock {
+        layout: *l,
+        uuid,
+        created_ns: now,
+    };
+    let persist = |off: usize, data: &[u8]| -> io::Result<()> {
+        m.write(off, data)?;
+        m.flush(off, data.len())
+    };
+    persist(BLOCK_SIZE, &encode_state(true))?;
+    for s in 0..l.nslots {
+        let h = SlotHead {
+            gen: 1,
+            active: false,
+            head_lsn: 0,
+            head_seq: 1,
+            slot_gen: 0,
+        };
+        let off = l.slot_entry_off(s) as usize;
+        persist(off, &h.encode())?;
+        m.store_u64(off + PUBLISHED_HEAD_OFF as usize, 0)?;
+    }
+    let (uid, gid) = sys::ids();
+    let root = Inode {
+        attrs: Attrs {
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid,
+            gid,
+            nlink: 2,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            parent: ROOT_INO,
+        },
+        generation: 1,
+        ..Default::default()
+    };
+    persist(l.inode_off(ROOT_INO) as usize, &root.encode())?;
+    // Allocation state: no data block used; inodes 0 and 1 used.
+    let mut bm = vec![0u8; alloc::bitmap_bytes(l.data_blocks, l.inode_count)];
+    let ib = l.data_blocks.div_ceil(8) as usize;
+    bm[ib] |= 0b11;
+    persist(((l.alloc_start + 1) * BLOCK_SIZE_U64) as usize, &bm)?;
+    persist(
+        (l.alloc_start * BLOCK_SIZE_U64) as usize,
+        &alloc::encode_header(l.data_blocks, l.inode_count, &bm),
+    )?;
+    cairn_media::fence();
+    // The superblock last: a tier without a valid superblock is not a store.
+    persist(0, &sb.encode())?;
+    cairn_media::fence();
+    Ok(())
+}

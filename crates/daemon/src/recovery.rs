@@ -1,0 +1,190 @@
+//! Allocation state at start and stop: load the saved bitmaps after a clean stop, or
+//! rebuild them by walking every inode reachable from the root (and free the orphans);
+//! save them at a clean stop.
+
+use crate::alloc::{Bitmap, BlockAlloc, InodeAlloc};
+use crate::dirhash;
+use crate::maptree;
+use crate::shared::Shared;
+use crate::util::eio;
+use cairn_area::Area;
+use cairn_format::inode::{Inode, Kind, INODE_BYTES};
+use cairn_format::{alloc, BLOCK_SIZE_U64, ROOT_INO};
+use std::io;
+
+/// What a rebuild found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct RebuildReport {
+    pub inodes: u64,
+    pub blocks: u64,
+    pub orphans_freed: u64,
+    pub seqlocks_fixed: u64,
+    pub warnings: Vec<String>,
+}
+
+/// Load the allocation state saved at the last clean stop.
+pub(crate) fn load(area: &Area) -> io::Result<(BlockAlloc, InodeAlloc)> {
+    let l = area.layout();
+    let m = area.map();
+    let mut hdr = vec![0u8; cairn_format::BLOCK_SIZE];
+    m.read((l.alloc_start * BLOCK_SIZE_U64) as usize, &mut hdr)?;
+    let mut bm = vec![0u8; alloc::bitmap_bytes(l.data_blocks, l.inode_count)];
+    m.read(((l.alloc_start + 1) * BLOCK_SIZE_U64) as usize, &mut bm)?;
+    alloc::check(&hdr, l.data_blocks, l.inode_count, &bm).map_err(|e| eio(e.0))?;
+    let db = l.data_blocks.div_ceil(8) as usize;
+    let blocks =
+        BlockAlloc::from_bitmap(l.data_start, Bitmap::from_bytes(&bm[..db], l.data_blocks));
+    let inodes = InodeAlloc::from_bitmap(Bitmap::from_bytes(&bm[db..], l.inode_count));
+    Ok((blocks, inodes))
+}
+
+/// Save the allocation state (bitmaps first, then the header that checks them).
+pub(crate) fn save(sh: &Shared) -> io::Result<()> {
+    let l = &sh.layout;
+    let mut bm = sh.blocks.bitmap().to_bytes();
+    bm.extend_from_slice(&sh.inodes.bitmap().to_bytes());
+    let m = sh.map();
+    let boff = ((l.alloc_start + 1) * BLOCK_SIZE_U64) as usize;
+    m.write(boff, &bm)?;
+    m.flush(boff, bm.len())?;
+    cairn_media::fence();
+    let hoff = (l.alloc_start * BLOCK_SIZE_U64) as usize;
+    let hdr = alloc::encode_header(l.data_blocks, l.inode_count, &bm);
+    m.write(hoff, &hdr)?;
+    m.persist(hoff, hdr.len())
+}
+
+/// Make every inode seqlock even (a daemon that died inside an update leaves it odd, and
+/// readers would wait for it forever).
+pub(crate) fn fix_seqlocks(area: &Area) -> io::Result<u64> {
+    let l = area.layout();
+    let mut fixed = 0;
+    for ino in 1..l.inode_count {
+        let off = l.inode_off(ino) as usize;
+        let s = area.map().load_u64(off)?;
+        if s & 1 == 1 {
+            area.map().store_u64(off, s + 1)?;
+            area.map().persist(off, 8)?;
+            fixed += 1;
+        }
+    }
+    Ok(fixed)
+}
+
+/// Rebuild the allocation state by walking every inode reachable from the root: inodes,
+/// map nodes, data blocks and directory bucket chains are in use, everything else is
+/// free. Live inodes that are not reachable (orphans of a crash) are freed in place
+/// (keeping their generation).
+pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
+    let l = sh.layout;
+    let mut rep = RebuildReport {
+        seqlocks_fixed: fix_seqlocks(&sh.area)?,
+        ..Default::default()
+    };
+    let mut blocks = BlockAlloc::new(l.data_start, l.data_blocks);
+    let mut inodes = InodeAlloc::new(l.inode_count);
+    let mut visited = Bitmap::new(l.inode_count);
+    let root = sh.inode(ROOT_INO)?;
+    if root.attrs.kind != Kind::Dir {
+        return Err(eio("the root inode is not a directory"));
+    }
+    let mut stack = vec![ROOT_INO];
+    visited.set(ROOT_INO);
+    let mut dup = 0u64;
+    while let Some(ino) = stack.pop() {
+        let inode = match sh.inode(ino) {
+            Ok(i) => i,
+            Err(e) => {
+                rep.warnings
+                    .push(format!("inode {ino}: {e} (its blocks are not accounted)"));
+                inodes.mark_used(ino);
+                continue;
+            }
+        };
+        if inode.attrs.kind == Kind::Free {
+            rep.warnings
+                .push(format!("a directory entry names free inode {ino}"));
+            continue;
+        }
+        inodes.mark_used(ino);
+        rep.inodes += 1;
+        let mut mark = |b: u64| {
+            if !blocks.mark_used(b) {
+                dup += 1;
+            }
+        };
+        let r = match inode.attrs.kind {
+            Kind::Dir => maptree::walk(
+                sh,
+                inode.map_root,
+                inode.map_height,
+                &mut mark,
+                &mut |_, _| {},
+            )
+            .and_then(|()| {
+                for b in dirhash::bucket_blocks(sh, &inode)? {
+                    mark(b);
+                }
+                for e in sh.area.dir_list(&inode)? {
+                    if l.ino_valid(e.ino) && !visited.get(e.ino) {
+                        visited.set(e.ino);
+                        stack.push(e.ino);
+                    }
+                }
+                Ok(())
+            }),
+            _ => {
+                let mut leaves = Vec::new();
+                let r = maptree::walk(
+                    sh,
+                    inode.map_root,
+                    inode.map_height,
+                    &mut mark,
+                    &mut |_, b| leaves.push(b),
+                );
+                for b in leaves {
+                    mark(b);
+                }
+                r
+            }
+        };
+        if let Err(e) = r {
+            rep.warnings.push(format!("inode {ino}: {e}"));
+        }
+    }
+    if dup > 0 {
+        rep.warnings
+            .push(format!("{dup} blocks are referenced twice"));
+    }
+    // Orphans: live inodes nobody reaches.
+    let mut raw = [0u8; INODE_BYTES];
+    for ino in 2..l.inode_count {
+        if visited.get(ino) {
+            continue;
+        }
+        sh.area.read_inode_raw(ino, &mut raw)?;
+        if Inode::is_zero(&raw) {
+            continue;
+        }
+        let (live, generation) = match Inode::decode(&raw) {
+            Ok(i) => (i.attrs.kind != Kind::Free, i.generation),
+            Err(_) => (true, 0),
+        };
+        if live {
+            sh.write_inode(
+                ino,
+                &Inode {
+                    generation,
+                    ..Default::default()
+                },
+            )?;
+            rep.orphans_freed += 1;
+        }
+    }
+    cairn_media::fence();
+    rep.blocks = blocks.capacity() - blocks.free_count();
+    sh.blocks = blocks;
+    sh.inodes = inodes;
+    sh.retired.clear();
+    Ok(rep)
+}

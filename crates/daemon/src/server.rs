@@ -1,0 +1,478 @@
+//! The server: `run_daemon` takes the store's daemon lock, opens and recovers the tier,
+//! listens on `cairnd.sock` and serves each connection on its own thread. A 100 ms timer
+//! thread reclaims retired blocks and recovers dead clients. SIGTERM/SIGINT and the
+//! `Shutdown` request stop the daemon cleanly.
+
+use crate::core::{Core, MAX_INODES_PER_REQUEST};
+use crate::digest::DigestError;
+use crate::mkfs::{mkfs, MkfsOptions};
+use crate::util::Logger;
+use cairn_area::{errno_of, fs_err, StoreDir};
+use cairn_media::sys;
+use cairn_proto::{recv, send, Request, Response};
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Options of [`run_daemon`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonOptions {
+    /// The store directory.
+    pub store: PathBuf,
+    /// Detach once the socket is listening: `fork`, new session, stdio to `cairnd.log`;
+    /// the starting process exits with status 0. Requires a single-threaded caller.
+    pub background: bool,
+    /// Create the store with the default configuration if it does not exist.
+    pub create: bool,
+}
+
+impl DaemonOptions {
+    /// Foreground daemon for `store`, no creation.
+    pub fn new(store: impl Into<PathBuf>) -> DaemonOptions {
+        DaemonOptions {
+            store: store.into(),
+            background: false,
+            create: false,
+        }
+    }
+}
+
+struct Daemon {
+    core: Mutex<Core>,
+    stop: AtomicBool,
+    log: Logger,
+    next_conn: AtomicU64,
+    uid: u32,
+}
+
+impl Daemon {
+    fn core(&self) -> MutexGuard<'_, Core> {
+        // A panic while serving one client must not stop the others.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn err_response(e: &io::Error) -> Response {
+    let message = match e
+        .get_ref()
+        .and_then(|x| x.downcast_ref::<cairn_area::error::FsError>())
+    {
+        Some(fe) => fe.message.clone(),
+        None => e.to_string(),
+    };
+    Response::Error {
+        errno: errno_of(e),
+        message,
+    }
+}
+
+/// What to do after a request.
+enum Reply {
+    Send(Response),
+    Nothing,
+    /// Answer (if any) and close the connection.
+    Close(Option<Response>),
+}
+
+struct Conn {
+    id: u64,
+    pid: u32,
+    uid: u32,
+    gid: u32,
+    slot: Option<u32>,
+}
+
+/// Run the daemon for `opts.store` until SIGTERM, SIGINT or a `Shutdown` request.
+///
+/// Errors: `ENOENT` when the store does not exist (without `create`), `EBUSY` when
+/// another daemon serves it, and any error opening or recovering the tier.
+pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
+    let store = StoreDir::new(&opts.store);
+    if !store.exists() {
+        if !opts.create {
+            return Err(fs_err(
+                libc::ENOENT,
+                format!(
+                    "no Cairn store at {} (create one with `cairn mkfs --store {}`)",
+                    store.path.display(),
+                    store.path.display()
+                ),
+            ));
+        }
+        match mkfs(&MkfsOptions::new(&store.path)) {
+            Ok(_) => {}
+            Err(e) if errno_of(&e) == libc::EEXIST && store.exists() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(store.daemon_lock_path())?;
+    if let Err(e) = sys::flock_exclusive(&lock, true) {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Err(fs_err(
+                libc::EBUSY,
+                format!(
+                    "another cairnd already serves the store at {}",
+                    store.path.display()
+                ),
+            ));
+        }
+        return Err(e);
+    }
+    let mut log = Logger::open(&store.daemon_log_path(), !opts.background);
+    log.log(format!(
+        "starting for store {} (pid {})",
+        store.path.display(),
+        std::process::id()
+    ));
+    let (core, _report) = Core::open(&store, &log).inspect_err(|e| {
+        log.log(format!("cannot start: {e}"));
+    })?;
+    let sock = store.socket_path();
+    match std::fs::remove_file(&sock) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(&sock).map_err(|e| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("cannot bind {}: {e}", sock.display()),
+        )
+    })?;
+    if opts.background {
+        let logf = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(store.daemon_log_path())?;
+        match sys::fork_detach(&logf) {
+            Ok(Some(_child)) => std::process::exit(0),
+            Ok(None) => log.set_echo(false),
+            Err(e) => {
+                let _ = std::fs::remove_file(&sock);
+                return Err(fs_err(
+                    errno_of(&e),
+                    format!("cannot detach into the background: {e}"),
+                ));
+            }
+        }
+    }
+    sys::install_termination_flag()?;
+    log.log(format!("listening on {}", sock.display()));
+    let d = Arc::new(Daemon {
+        core: Mutex::new(core),
+        stop: AtomicBool::new(false),
+        log,
+        next_conn: AtomicU64::new(1),
+        uid: sys::ids().0,
+    });
+    let timer = {
+        let d = d.clone();
+        std::thread::Builder::new()
+            .name("cairnd-timer".into())
+            .spawn(move || timer_loop(&d))?
+    };
+    listener.set_nonblocking(true)?;
+    while !d.stop.load(Ordering::SeqCst) && !sys::termination_requested() {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let d2 = d.clone();
+                let spawned = s.set_nonblocking(false).and_then(|()| {
+                    std::thread::Builder::new()
+                        .name("cairnd-conn".into())
+                        .spawn(move || serve(&d2, s))
+                });
+                if let Err(e) = spawned {
+                    d.log.log(format!("cannot serve a connection: {e}"));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => {
+                d.log.log(format!("accept failed: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    if sys::termination_requested() {
+        d.log.log("termination signal: stopping");
+    }
+    let r = d.core().shutdown(&d.log);
+    d.stop.store(true, Ordering::SeqCst);
+    let _ = std::fs::remove_file(&sock);
+    let _ = timer.join();
+    if let Err(e) = &r {
+        d.log.log(format!("unclean stop: {e}"));
+    }
+    d.log.log("stopped");
+    drop(lock);
+    r
+}
+
+fn timer_loop(d: &Daemon) {
+    while !d.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut core = d.core();
+        if core.stopped {
+            break;
+        }
+        core.reclaim();
+        core.recover_dead(&d.log);
+    }
+}
+
+fn serve(d: &Daemon, mut s: UnixStream) {
+    let (pid, uid, gid) = match sys::peer_cred(&s) {
+        Ok(c) => c,
+        Err(e) => {
+            d.log
+                .log(format!("connection without credentials refused: {e}"));
+            return;
+        }
+    };
+    let mut c = Conn {
+        id: d.next_conn.fetch_add(1, Ordering::SeqCst),
+        pid,
+        uid,
+        gid,
+        slot: None,
+    };
+    loop {
+        let req: Request = match recv(&mut s) {
+            Ok(r) => r,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::UnexpectedEof {
+                    d.log.log(format!("pid {pid}: bad message, closing: {e}"));
+                }
+                break;
+            }
+        };
+        let reply =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(d, &mut c, req)))
+                .unwrap_or_else(|_| {
+                    d.log.log(format!(
+                        "pid {pid}: internal error (panic) while serving a request"
+                    ));
+                    Reply::Close(Some(Response::Error {
+                        errno: libc::EIO,
+                        message: "internal daemon error".into(),
+                    }))
+                });
+        let (resp, close) = match reply {
+            Reply::Send(r) => (Some(r), false),
+            Reply::Nothing => (None, false),
+            Reply::Close(r) => (r, true),
+        };
+        if let Some(r) = resp {
+            if send(&mut s, &r).is_err() {
+                break;
+            }
+        }
+        if close || d.stop.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    if let Some(slot) = c.slot {
+        let mut core = d.core();
+        if core.disconnected(slot, c.id) {
+            d.log.log(format!(
+                "slot {slot} (pid {}): connection closed without goodbye; its log is recovered once the client is gone",
+                c.pid
+            ));
+            core.recover_dead(&d.log);
+        }
+    }
+}
+
+fn not_registered() -> Response {
+    Response::Error {
+        errno: libc::EINVAL,
+        message: "not registered (send Register first)".into(),
+    }
+}
+
+fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
+    match req {
+        Request::Register { pid: claimed } => {
+            if c.slot.is_some() {
+                return Reply::Send(Response::Error {
+                    errno: libc::EINVAL,
+                    message: "this connection is already registered".into(),
+                });
+            }
+            let mut core = d.core();
+            match core.register(c.pid, c.uid, c.gid, c.id) {
+                Ok(r) => {
+                    c.slot = Some(r.slot);
+                    d.log.log(format!(
+                        "slot {} (pid {}, claimed {claimed}, uid {}): client registered, generation {}",
+                        r.slot, c.pid, c.uid, r.slot_gen
+                    ));
+                    Reply::Send(Response::Registered(r))
+                }
+                Err(e) => {
+                    d.log
+                        .log(format!("pid {}: registration refused: {e}", c.pid));
+                    Reply::Send(err_response(&e))
+                }
+            }
+        }
+        Request::Reattach {
+            pid: _,
+            slot,
+            slot_gen,
+        } => {
+            if c.slot.is_some() {
+                return Reply::Send(Response::Error {
+                    errno: libc::EINVAL,
+                    message: "this connection is already registered".into(),
+                });
+            }
+            let mut core = d.core();
+            match core.reattach(c.pid, c.uid, c.gid, slot, slot_gen, c.id) {
+                Ok(r) => {
+                    c.slot = Some(slot);
+                    d.log.log(format!(
+                        "slot {slot} (pid {}): client re-attached, generation {slot_gen}",
+                        c.pid
+                    ));
+                    Reply::Send(Response::Registered(r))
+                }
+                Err(e) => {
+                    d.log.log(format!(
+                        "pid {}: re-attach to slot {slot} refused: {e}",
+                        c.pid
+                    ));
+                    Reply::Send(err_response(&e))
+                }
+            }
+        }
+        Request::Digest { upto_lsn, wait } => {
+            let Some(slot) = c.slot else {
+                return if wait {
+                    Reply::Send(not_registered())
+                } else {
+                    Reply::Nothing
+                };
+            };
+            let mut core = d.core();
+            match core.digest_client(slot, upto_lsn) {
+                Ok(o) => {
+                    if wait {
+                        Reply::Send(Response::Digested {
+                            head_lsn: o.head_lsn,
+                            head_seq: o.head_seq,
+                        })
+                    } else {
+                        Reply::Nothing
+                    }
+                }
+                Err(e) => digest_failed(d, &mut core, c, slot, e, wait, "digest"),
+            }
+        }
+        Request::Inodes { count } => {
+            let Some(slot) = c.slot else {
+                return Reply::Send(not_registered());
+            };
+            let mut core = d.core();
+            let n = (count as u64).min(MAX_INODES_PER_REQUEST);
+            Reply::Send(Response::Inodes(core.sh.inodes.reserve(slot, n)))
+        }
+        Request::Credits { blocks } => {
+            let Some(slot) = c.slot else {
+                return Reply::Send(not_registered());
+            };
+            let mut core = d.core();
+            core.reclaim();
+            let granted = core.grant(slot, blocks);
+            Reply::Send(Response::Credits { granted })
+        }
+        Request::Status => match d.core().status() {
+            Ok(r) => Reply::Send(Response::Status(r)),
+            Err(e) => Reply::Send(err_response(&e)),
+        },
+        Request::Goodbye { tail_lsn } => {
+            let Some(slot) = c.slot else {
+                return Reply::Close(Some(Response::Ok));
+            };
+            let mut core = d.core();
+            match core.digest_client(slot, tail_lsn) {
+                Ok(_) => match core.release(slot, None) {
+                    Ok(()) => {
+                        c.slot = None;
+                        d.log
+                            .log(format!("slot {slot} (pid {}): client left", c.pid));
+                        Reply::Close(Some(Response::Ok))
+                    }
+                    Err(e) => Reply::Send(err_response(&e)),
+                },
+                Err(e) => digest_failed(d, &mut core, c, slot, e, true, "goodbye"),
+            }
+        }
+        Request::Shutdown => {
+            if c.uid != d.uid && c.uid != 0 {
+                return Reply::Send(Response::Error {
+                    errno: libc::EPERM,
+                    message: "only the daemon's user can stop it".into(),
+                });
+            }
+            d.log.log(format!("shutdown requested by pid {}", c.pid));
+            let r = d.core().shutdown(&d.log);
+            d.stop.store(true, Ordering::SeqCst);
+            match r {
+                Ok(()) => Reply::Close(Some(Response::Ok)),
+                Err(e) => Reply::Close(Some(err_response(&e))),
+            }
+        }
+    }
+}
+
+/// A digest for a client failed: a malformed log refuses the client (its log is
+/// discarded, the slot released, the connection closed); other failures are reported.
+fn digest_failed(
+    d: &Daemon,
+    core: &mut Core,
+    c: &mut Conn,
+    slot: u32,
+    e: DigestError,
+    wait: bool,
+    what: &str,
+) -> Reply {
+    match e {
+        DigestError::Malformed { msg, discard_lsn } => {
+            d.log.log(format!(
+                "slot {slot} (pid {}): malformed log refused ({what}): {msg}; log discarded up to {discard_lsn}, slot released",
+                c.pid
+            ));
+            if let Err(e) = core.release(slot, Some(discard_lsn)) {
+                d.log.log(format!("slot {slot}: cannot release: {e}"));
+            }
+            c.slot = None;
+            let resp = wait.then(|| Response::Error {
+                errno: libc::EBADMSG,
+                message: format!("malformed log: {msg}"),
+            });
+            Reply::Close(resp)
+        }
+        DigestError::Failed(e) => {
+            d.log.log(format!(
+                "slot {slot} (pid {}): {what} failed: {e}; the log stays authoritative",
+                c.pid
+            ));
+            if wait {
+                Reply::Send(err_response(&e))
+            } else {
+                Reply::Nothing
+            }
+        }
+    }
+}

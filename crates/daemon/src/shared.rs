@@ -1,0 +1,282 @@
+//! The write side of the shared area. Only the daemon writes the shared area, and only
+//! through this state: the mapping, the DRAM allocators, the epoch retire lists and the
+//! digest counters.
+
+use crate::alloc::{BlockAlloc, InodeAlloc};
+use crate::util::eio;
+use cairn_area::{fs_err, Area};
+use cairn_format::inode::{Inode, INODE_BYTES};
+use cairn_format::map::{ENTRY_FLAGS, FANOUT};
+use cairn_format::slot::{client_page, SlotHead, OWNER_PID_OFF, PUBLISHED_HEAD_OFF};
+use cairn_format::superblock::{state, Layout};
+use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
+use cairn_media::Mapping;
+use cairn_proto::DigestCounters;
+use std::collections::VecDeque;
+use std::io;
+
+/// The blocks one digest (or one freeing) allocated and retired. On failure the
+/// allocated blocks go straight back to the allocator (they were never published); on
+/// success the retired ones go to the epoch retire list.
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    pub allocated: Vec<u64>,
+    pub retired: Vec<u64>,
+    /// Bytes written to the shared area (blocks and inodes).
+    pub bytes: u64,
+}
+
+/// A map node's 512 entries.
+pub(crate) type Node = Box<[u64; FANOUT as usize]>;
+
+/// The daemon's writable view of the shared area.
+pub(crate) struct Shared {
+    pub area: Area,
+    pub layout: Layout,
+    pub blocks: BlockAlloc,
+    pub inodes: InodeAlloc,
+    /// Blocks unlinked from published structures, by the epoch they were retired in.
+    pub retired: VecDeque<(u64, Vec<u64>)>,
+    /// Digest counters (mirrored in the daemon state block).
+    pub counters: DigestCounters,
+}
+
+impl Shared {
+    /// Wrap an opened area with its allocators.
+    pub(crate) fn new(area: Area, blocks: BlockAlloc, inodes: InodeAlloc) -> Shared {
+        let layout = *area.layout();
+        let f = |o| area.state_field(o).unwrap_or(0);
+        let counters = DigestCounters {
+            records_digested: f(state::RECORDS_DIGESTED),
+            records_skipped: f(state::RECORDS_SKIPPED),
+            log_bytes_written: f(state::LOG_BYTES_WRITTEN),
+            shared_bytes_written: f(state::SHARED_BYTES_WRITTEN),
+            digests: f(state::DIGESTS),
+        };
+        Shared {
+            area,
+            layout,
+            blocks,
+            inodes,
+            retired: VecDeque::new(),
+            counters,
+        }
+    }
+
+    pub(crate) fn map(&self) -> &Mapping {
+        self.area.map()
+    }
+
+    /// Allocate one data block for `w`.
+    pub(crate) fn alloc_block(&mut self, w: &mut Work) -> io::Result<u64> {
+        match self.blocks.alloc() {
+            Some(b) => {
+                w.allocated.push(b);
+                Ok(b)
+            }
+            None => Err(fs_err(
+                libc::ENOSPC,
+                "the NVM tier is full (no free data block)",
+            )),
+        }
+    }
+
+    /// Write one whole block `blk` (allocated by this digest) and write it back (no fence).
+    /// Data blocks use non-temporal stores, metadata plain stores + write-back.
+    pub(crate) fn write_block(
+        &self,
+        w: &mut Work,
+        blk: u64,
+        data: &[u8],
+        nt: bool,
+    ) -> io::Result<()> {
+        debug_assert_eq!(data.len(), BLOCK_SIZE);
+        let off = (blk * BLOCK_SIZE_U64) as usize;
+        if nt {
+            self.map().write_nt(off, data)?;
+        } else {
+            self.map().write(off, data)?;
+            self.map().flush(off, data.len())?;
+        }
+        w.bytes += BLOCK_SIZE_U64;
+        Ok(())
+    }
+
+    /// Allocate and write a new block.
+    pub(crate) fn new_block(&mut self, w: &mut Work, data: &[u8], nt: bool) -> io::Result<u64> {
+        let b = self.alloc_block(w)?;
+        self.write_block(w, b, data, nt)?;
+        Ok(b)
+    }
+
+    /// Check a block pointer read from the media.
+    pub(crate) fn check_ptr(&self, blk: u64, what: &str) -> io::Result<u64> {
+        if blk & ENTRY_FLAGS != 0 || !self.layout.data_block_valid(blk) {
+            return Err(eio(format!(
+                "{what}: block pointer {blk:#x} outside the data region"
+            )));
+        }
+        Ok(blk)
+    }
+
+    /// The entries of map node `blk`.
+    pub(crate) fn read_node(&self, blk: u64) -> io::Result<Node> {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        self.area.read_block(blk, &mut b)?;
+        let mut n: Node = Box::new([0u64; FANOUT as usize]);
+        for (i, e) in n.iter_mut().enumerate() {
+            *e = u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        Ok(n)
+    }
+
+    /// Encode node entries into a block.
+    pub(crate) fn encode_node(n: &[u64; FANOUT as usize]) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        for (i, e) in n.iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&e.to_le_bytes());
+        }
+        b
+    }
+
+    /// The inode as published (for the daemon, the only writer, no retry is needed; a
+    /// corrupt inode is `EIO`).
+    pub(crate) fn inode(&self, ino: u64) -> io::Result<Inode> {
+        let mut b = [0u8; INODE_BYTES];
+        self.area.read_inode_raw(ino, &mut b)?;
+        Inode::decode(&b).map_err(|e| eio(format!("inode {ino}: {e}")))
+    }
+
+    /// Publish inode `ino` under its seqlock: odd, bytes 8..256, write-back, even.
+    pub(crate) fn write_inode(&self, ino: u64, inode: &Inode) -> io::Result<()> {
+        if !self.layout.ino_valid(ino) {
+            return Err(eio(format!("inode number {ino} out of range")));
+        }
+        let off = self.layout.inode_off(ino) as usize;
+        let m = self.map();
+        let seq = m.load_u64(off)?;
+        let seq = seq | 1; // odd: update in progress (an odd leftover just stays odd)
+        m.store_u64(off, seq)?;
+        m.flush(off, 8)?;
+        cairn_media::fence();
+        let b = inode.encode();
+        m.write(off + 8, &b[8..])?;
+        m.flush(off + 8, INODE_BYTES - 8)?;
+        m.store_u64(off, seq + 1)?;
+        m.flush(off, 8)?;
+        Ok(())
+    }
+
+    /// Give every block `w` allocated back (nothing of it was published).
+    pub(crate) fn rollback(&mut self, w: &Work) {
+        for &b in &w.allocated {
+            self.blocks.free(b);
+        }
+    }
+
+    /// The current global epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.area.global_epoch().unwrap_or(1).max(1)
+    }
+
+    /// Retire `blocks` in the current epoch, then advance the epoch (after a publish).
+    pub(crate) fn retire_and_advance(&mut self, blocks: Vec<u64>) -> io::Result<()> {
+        let e = self.epoch();
+        if !blocks.is_empty() {
+            self.retired.push_back((e, blocks));
+        }
+        let off = BLOCK_SIZE + state::EPOCH;
+        self.map().store_u64(off, e + 1)?;
+        self.map().persist(off, 8)?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Free every retired list no reader can still be using: every slot in `readers`
+    /// publishes 0 or an epoch greater than the list's. With `force`, free everything.
+    pub(crate) fn reclaim(&mut self, readers: &[u32], force: bool) -> u64 {
+        let mut min_reader = u64::MAX;
+        if !force {
+            for &s in readers {
+                let off = (self.layout.client_page_off(s) + client_page::READER_EPOCH) as usize;
+                let e = self.map().load_u64(off).unwrap_or(0);
+                if e != 0 {
+                    min_reader = min_reader.min(e);
+                }
+            }
+        }
+        let mut freed = 0;
+        while let Some((e, _)) = self.retired.front() {
+            if *e >= min_reader {
+                break;
+            }
+            let (_, blocks) = self.retired.pop_front().unwrap();
+            for b in blocks {
+                if self.blocks.free(b) {
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
+    /// The current head of `slot` (an unreadable entry is `EIO`).
+    pub(crate) fn slot_head(&self, slot: u32) -> io::Result<(SlotHead, usize)> {
+        self.area
+            .slot_head(slot)?
+            .ok_or_else(|| eio(format!("slot {slot}: both head records are corrupt")))
+    }
+
+    /// Durably replace the head of `slot` (A/B: the non-current copy), then publish
+    /// `published_head`.
+    pub(crate) fn set_slot_head(&self, slot: u32, mut h: SlotHead) -> io::Result<SlotHead> {
+        let (cur, copy) = match self.area.slot_head(slot)? {
+            Some(x) => x,
+            None => (SlotHead::default(), 1),
+        };
+        h.gen = cur.gen + 1;
+        let base = self.layout.slot_entry_off(slot) as usize;
+        let off = base + SlotHead::next_copy_off(copy) as usize;
+        self.map().write(off, &h.encode())?;
+        self.map().persist(off, cairn_format::slot::HEAD_BYTES)?;
+        let ph = base + PUBLISHED_HEAD_OFF as usize;
+        self.map().store_u64(ph, h.head_lsn)?;
+        self.map().persist(ph, 8)?;
+        Ok(h)
+    }
+
+    /// Record the owner pid of a slot (informational) and reset its client page.
+    pub(crate) fn reset_client_page(&self, slot: u32, pid: u32) -> io::Result<()> {
+        let cp = self.layout.client_page_off(slot) as usize;
+        self.map()
+            .store_u64(cp + client_page::READER_EPOCH as usize, 0)?;
+        self.map()
+            .store_u64(cp + client_page::PID as usize, pid as u64)?;
+        self.map().persist(cp, 16)?;
+        let o = (self.layout.slot_entry_off(slot) + OWNER_PID_OFF) as usize;
+        self.map().store_u64(o, pid as u64)?;
+        self.map().persist(o, 8)
+    }
+
+    /// Store the counters in the daemon state block.
+    pub(crate) fn persist_counters(&self) -> io::Result<()> {
+        let c = &self.counters;
+        let m = self.map();
+        for (f, v) in [
+            (state::RECORDS_DIGESTED, c.records_digested),
+            (state::RECORDS_SKIPPED, c.records_skipped),
+            (state::LOG_BYTES_WRITTEN, c.log_bytes_written),
+            (state::SHARED_BYTES_WRITTEN, c.shared_bytes_written),
+            (state::DIGESTS, c.digests),
+        ] {
+            m.store_u64(BLOCK_SIZE + f, v)?;
+        }
+        m.persist(BLOCK_SIZE + state::RECORDS_DIGESTED, 40)
+    }
+
+    /// Set a daemon state field durably.
+    pub(crate) fn set_state(&self, field: usize, v: u64) -> io::Result<()> {
+        self.map().store_u64(BLOCK_SIZE + field, v)?;
+        self.map().persist(BLOCK_SIZE + field, 8)
+    }
+}

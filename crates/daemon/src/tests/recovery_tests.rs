@@ -1,0 +1,203 @@
+//! Recovery: dead clients, unclean starts, clean stops.
+
+use super::*;
+use crate::digest::{digest, Mode};
+use cairn_format::slot::SlotHead;
+use cairn_format::superblock::state;
+
+fn write<'a>(ino: u64, offset: u64, data: &'a [u8]) -> Record<'a> {
+    Record::Write {
+        ino,
+        offset,
+        size: offset + data.len() as u64,
+        mtime: 5,
+        data,
+    }
+}
+
+/// Some files and directories, digested; returns the writer.
+fn populate(core: &mut Core) -> LogWriter {
+    let mut lw = LogWriter::register(core);
+    let sh = &mut core.sh;
+    let data = vec![3u8; 70_000];
+    lw.append(sh, &mkdir(10, ROOT_INO, b"dir"));
+    for i in 0..20u64 {
+        let name = format!("file{i}");
+        lw.append(sh, &create_file(11 + i, 10, name.as_bytes()));
+        lw.append(
+            sh,
+            &[write(11 + i, i * 1000, &data[..(i as usize + 1) * 3000])],
+        );
+    }
+    lw.append(
+        sh,
+        &[Record::DirentSet {
+            dir: 10,
+            name: b"file3",
+            ino: 0,
+            kind: Kind::Free,
+        }],
+    );
+    lw.append(
+        sh,
+        &[Record::InodeSet {
+            ino: 14,
+            generation: 1,
+            attrs: attrs(Kind::File, 0, 0, 0),
+        }],
+    );
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    lw
+}
+
+#[test]
+fn unclean_start_rebuild_equals_incremental_state() {
+    let ts = TestStore::small();
+    let (blocks, inodes, snap) = {
+        let mut core = ts.core();
+        populate(&mut core);
+        reclaim_all(&mut core.sh);
+        (
+            core.sh.blocks.clone(),
+            core.sh.inodes.bitmap().clone(),
+            snapshot(&core.sh),
+        )
+        // dropped without shutdown: clean stays 0
+    };
+    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    assert!(rep.rebuilt);
+    assert_eq!(core.sh.blocks.bitmap(), blocks.bitmap());
+    assert_eq!(core.sh.inodes.bitmap(), &inodes);
+    assert_eq!(snapshot(&core.sh), snap);
+    // Without a client, the writer's slot (lock free) was recovered and released.
+    assert_eq!(rep.recovered_slots, vec![0]);
+    assert!(!core.sh.slot_head(0).unwrap().0.active);
+}
+
+#[test]
+fn clean_stop_saves_and_reloads_the_allocation_state() {
+    let ts = TestStore::small();
+    let (blocks, inodes, snap) = {
+        let mut core = ts.core();
+        let lw = populate(&mut core);
+        core.release(lw.slot, None).unwrap();
+        core.shutdown(&Logger::null()).unwrap();
+        assert_eq!(core.sh.area.state_field(state::CLEAN).unwrap(), 1);
+        (
+            core.sh.blocks.clone(),
+            core.sh.inodes.bitmap().clone(),
+            snapshot(&core.sh),
+        )
+    };
+    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    assert!(!rep.rebuilt, "loaded, not rebuilt");
+    assert_eq!(core.sh.blocks.bitmap(), blocks.bitmap());
+    assert_eq!(core.sh.inodes.bitmap(), &inodes);
+    assert_eq!(snapshot(&core.sh), snap);
+    assert_eq!(core.sh.area.state_field(state::CLEAN).unwrap(), 0);
+    assert_eq!(core.sh.area.state_field(state::MOUNTS).unwrap(), 2);
+    assert_eq!(core.sh.counters.digests, 1, "counters persist");
+}
+
+#[test]
+fn dead_client_log_is_digested_at_start() {
+    let ts = TestStore::small();
+    let data = vec![8u8; 12_345];
+    {
+        let mut core = ts.core();
+        let mut lw = LogWriter::register(&mut core);
+        let sh = &mut core.sh;
+        lw.append(sh, &create_file(10, ROOT_INO, b"survivor"));
+        lw.append(sh, &[write(10, 0, &data)]);
+        // A torn last transaction (an unacknowledged call).
+        let mut t = log::build_txn(lw.seq, &create_file(11, ROOT_INO, b"torn"));
+        t[40] ^= 1;
+        lw.put(sh, &t);
+        // The daemon and the client die here: nothing digested.
+    }
+    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    assert_eq!(rep.recovered_slots, vec![0]);
+    let snap = snapshot(&core.sh);
+    assert_eq!(snap["/survivor"].3, data);
+    assert!(!snap.contains_key("/torn"));
+    let (h, _) = core.sh.slot_head(0).unwrap();
+    assert!(!h.active);
+}
+
+#[test]
+fn crash_after_publish_before_head_is_repaired_by_replay() {
+    let ts = TestStore::small();
+    let snap = {
+        let mut core = ts.core();
+        let mut lw = LogWriter::register(&mut core);
+        let sh = &mut core.sh;
+        let (h0, _) = sh.slot_head(lw.slot).unwrap();
+        lw.append(sh, &mkdir(10, ROOT_INO, b"d"));
+        lw.append(sh, &create_file(11, 10, b"f"));
+        lw.append(sh, &[write(11, 0, b"hello")]);
+        digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        let snap = snapshot(sh);
+        // Undo the head: the crash hit between publishing inodes and persisting the head.
+        sh.set_slot_head(lw.slot, SlotHead { active: true, ..h0 })
+            .unwrap();
+        // Also leave an inode seqlock odd, as a crash inside an inode update would.
+        let off = sh.layout.inode_off(11) as usize;
+        let s = sh.map().load_u64(off).unwrap();
+        sh.map().store_u64(off, s + 1).unwrap();
+        snap
+    };
+    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    assert!(rep.rebuilt);
+    assert_eq!(rep.recovered_slots, vec![0]);
+    assert_eq!(snapshot(&core.sh), snap);
+}
+
+#[test]
+fn orphans_are_freed_by_the_rebuild() {
+    let ts = TestStore::small();
+    {
+        let core = ts.core();
+        // A live inode no directory names (its creation was published, its dirent not).
+        let orphan = Inode {
+            attrs: attrs(Kind::File, 0, 1, 0),
+            generation: 4,
+            ..Default::default()
+        };
+        core.sh.write_inode(40, &orphan).unwrap();
+    }
+    let (core, _) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let i = core.sh.area.read_inode(40).unwrap();
+    assert_eq!((i.attrs.kind, i.generation), (Kind::Free, 4));
+    assert!(!core.sh.inodes.is_used(40));
+}
+
+#[test]
+fn live_client_is_kept_for_reattach_and_its_new_inodes_reserved() {
+    let ts = TestStore::small();
+    let lock;
+    {
+        let mut core = ts.core();
+        let mut lw = LogWriter::register(&mut core);
+        lock = crate::core::try_lock_slot(&ts.store, lw.slot)
+            .unwrap()
+            .unwrap();
+        lw.append(&core.sh, &create_file(10, ROOT_INO, b"pending"));
+    }
+    let (mut core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    assert_eq!(rep.live_slots, vec![0]);
+    assert_eq!(core.sh.inodes.reserved_by(10), Some(0));
+    let gen = core.clients[0].as_ref().unwrap().slot_gen;
+    assert!(
+        core.reattach(1, 0, 0, 0, gen + 1, 7).is_err(),
+        "wrong generation"
+    );
+    let r = core.reattach(1, 0, 0, 0, gen, 7).unwrap();
+    assert_eq!(r.head_lsn, 0);
+    assert!(!r.inodes.contains(&10));
+    drop(lock);
+    // After the owner is gone, the timer path recovers the slot.
+    assert!(core.disconnected(0, 7));
+    core.recover_dead(&Logger::null());
+    assert!(core.clients[0].is_none());
+    assert!(snapshot(&core.sh).contains_key("/pending"));
+}

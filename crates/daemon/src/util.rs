@@ -1,0 +1,138 @@
+//! Small helpers: errors, time, randomness, the daemon log.
+
+use cairn_area::fs_err;
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// `EINVAL` with a message.
+pub(crate) fn einval(msg: impl Into<String>) -> io::Error {
+    fs_err(libc::EINVAL, msg)
+}
+
+/// `EIO` with a message.
+pub(crate) fn eio(msg: impl Into<String>) -> io::Error {
+    fs_err(libc::EIO, msg)
+}
+
+/// Nanoseconds since the Unix epoch.
+pub(crate) fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// `n` random bytes from the kernel (falls back to time and pid mixing).
+pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut b))
+        .is_ok();
+    if !ok {
+        let mut x = now_ns() as u64 ^ ((std::process::id() as u64) << 32);
+        for v in b.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *v = x as u8;
+        }
+    }
+    b
+}
+
+/// Lower-case hex of `b`.
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for nanoseconds since the epoch (UTC).
+pub(crate) fn timestamp(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// The daemon's log: timestamped lines appended to `cairnd.log`, and echoed to stderr
+/// when the daemon runs in the foreground.
+pub(crate) struct Logger {
+    file: Mutex<Option<std::fs::File>>,
+    echo: bool,
+}
+
+impl Logger {
+    /// Open (append) the log file; `echo` also prints every line to stderr.
+    pub(crate) fn open(path: &Path, echo: bool) -> Logger {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok();
+        Logger {
+            file: Mutex::new(file),
+            echo,
+        }
+    }
+
+    /// A logger that writes nowhere (tests of internals).
+    #[cfg(test)]
+    pub(crate) fn null() -> Logger {
+        Logger {
+            file: Mutex::new(None),
+            echo: false,
+        }
+    }
+
+    /// Stop echoing (after the daemon detached: stderr is the log file itself).
+    pub(crate) fn set_echo(&mut self, echo: bool) {
+        self.echo = echo;
+    }
+
+    /// Append one line.
+    pub(crate) fn log(&self, msg: impl AsRef<str>) {
+        let line = format!(
+            "{} cairnd[{}]: {}\n",
+            timestamp(now_ns()),
+            std::process::id(),
+            msg.as_ref()
+        );
+        if let Ok(mut g) = self.file.lock() {
+            if let Some(f) = g.as_mut() {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+        if self.echo {
+            let _ = io::stderr().write_all(line.as_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps() {
+        assert_eq!(super::timestamp(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            super::timestamp(1_700_000_000_123_000_000),
+            "2023-11-14T22:13:20.123Z"
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! The connection to the store's daemon, and starting the daemon when none runs
+//! (PROTOCOL.md, "Daemon start and auto-start").
+
+use cairn_area::{fs_err, StoreDir};
+use cairn_proto::{recv, send, Request, Response};
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long LibFS keeps trying to connect after starting a daemon.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One connection to `cairnd`.
+pub struct Conn {
+    stream: UnixStream,
+}
+
+impl Conn {
+    /// Connect without starting a daemon.
+    pub fn connect_only(store: &StoreDir) -> io::Result<Conn> {
+        let stream = UnixStream::connect(store.socket_path())?;
+        Ok(Conn { stream })
+    }
+
+    /// Connect, starting the daemon if none answers. `create`: this is the default store,
+    /// which the daemon creates on first use.
+    pub fn connect(store: &StoreDir, create: bool) -> io::Result<Conn> {
+        if let Ok(c) = Conn::connect_only(store) {
+            return Ok(c);
+        }
+        if !create && !store.exists() {
+            // Gives the "no Cairn store at ..." error with its errno.
+            store.load_config()?;
+        }
+        let started = start_daemon(store, create)?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last;
+        loop {
+            match Conn::connect_only(store) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let detail = started
+            .stderr()
+            .map(|s| format!(": {s}"))
+            .unwrap_or_default();
+        Err(fs_err(
+            libc::ECONNREFUSED,
+            format!(
+                "cannot connect to the daemon of {} ({last}); started `{}` but it did not \
+                 answer within {} s (see {}){detail}",
+                store.path.display(),
+                started.command,
+                START_TIMEOUT.as_secs(),
+                store.daemon_log_path().display()
+            ),
+        ))
+    }
+
+    /// Send a request and wait for its response (transport errors only; a daemon's
+    /// `Response::Error` is returned as a response).
+    pub fn roundtrip(&mut self, req: &Request) -> io::Result<Response> {
+        send(&mut self.stream, req)?;
+        recv(&mut self.stream)
+    }
+
+    /// Send a request that gets no response (`Digest { wait: false }`).
+    pub fn send_only(&mut self, req: &Request) -> io::Result<()> {
+        send(&mut self.stream, req)
+    }
+}
+
+/// Turn a daemon's error response into an `io::Error`.
+pub fn response_error(op: &str, r: Response) -> io::Error {
+    match r {
+        Response::Error { errno, message } => fs_err(errno, format!("{op}: {message}")),
+        other => fs_err(
+            libc::EPROTO,
+            format!("{op}: unexpected answer from the daemon: {other:?}"),
+        ),
+    }
+}
+
+/// A daemon start in progress: the command run and what it printed on stderr.
+struct Started {
+    command: String,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Started {
+    fn stderr(&self) -> Option<String> {
+        self.stderr
+            .recv_timeout(Duration::from_millis(200))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// The `cairn` binary: `$CAIRN_BIN`, else `cairn` next to the current executable or in
+/// its parent directory (test binaries live in `target/*/deps`), else `cairn` on `PATH`.
+pub fn cairn_bin() -> PathBuf {
+    if let Some(b) = std::env::var_os("CAIRN_BIN").filter(|b| !b.is_empty()) {
+        return PathBuf::from(b);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            for d in [Some(dir), dir.parent()].into_iter().flatten() {
+                let c = d.join("cairn");
+                if c.is_file() {
+                    return c;
+                }
+            }
+        }
+    }
+    PathBuf::from("cairn")
+}
+
+fn start_daemon(store: &StoreDir, create: bool) -> io::Result<Started> {
+    let bin = cairn_bin();
+    let mut cmd = Command::new(&bin);
+    cmd.arg("daemon")
+        .arg("--store")
+        .arg(&store.path)
+        .arg("--background");
+    if create {
+        cmd.arg("--create");
+    }
+    let command = format!("{cmd:?}").replace('"', "");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::ENOENT),
+            format!(
+                "no daemon answers on {} and starting one failed: cannot run {} ({e}); \
+                 set CAIRN_BIN or put `cairn` on PATH",
+                store.socket_path().display(),
+                bin.display()
+            ),
+        )
+    })?;
+    // The detached daemon may keep the pipe open: read it on a thread, never block on it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut err) = child.stderr.take() {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+    }
+    let _ = child.wait()?;
+    Ok(Started {
+        command,
+        stderr: rx,
+    })
+}

@@ -1,0 +1,294 @@
+//! Open files: [`File`] and [`OpenOptions`], mirroring `std::fs`.
+//!
+//! Every write is one or more `WRITE` transactions, durable when the call returns, so
+//! `sync_all`/`sync_data`/`flush` have nothing to do. Reads copy from the log ring (for
+//! undigested data) or from the shared area straight into the caller's buffer.
+
+use crate::fs::Inner;
+use crate::{Fs, Metadata};
+use cairn_area::fs_err;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Options for opening a file, like `std::fs::OpenOptions`.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    mode: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions::new()
+    }
+}
+
+impl OpenOptions {
+    /// All options off; mode `0o666` (before the umask).
+    pub fn new() -> OpenOptions {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            mode: 0o666,
+        }
+    }
+    /// Open for reading.
+    pub fn read(&mut self, v: bool) -> &mut Self {
+        self.read = v;
+        self
+    }
+    /// Open for writing.
+    pub fn write(&mut self, v: bool) -> &mut Self {
+        self.write = v;
+        self
+    }
+    /// Every write goes to the end of the file (implies write access).
+    pub fn append(&mut self, v: bool) -> &mut Self {
+        self.append = v;
+        self
+    }
+    /// Truncate an existing file to 0 bytes.
+    pub fn truncate(&mut self, v: bool) -> &mut Self {
+        self.truncate = v;
+        self
+    }
+    /// Create the file if it does not exist.
+    pub fn create(&mut self, v: bool) -> &mut Self {
+        self.create = v;
+        self
+    }
+    /// Create the file; fail with `EEXIST` if it exists (even as a dangling symlink).
+    pub fn create_new(&mut self, v: bool) -> &mut Self {
+        self.create_new = v;
+        self
+    }
+    /// Permission bits of a created file (the process umask is applied).
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Open `path` in `fs` with these options.
+    pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
+        let path = path.as_ref();
+        let writable = self.write || self.append;
+        let invalid = |what: &str| {
+            Err(fs_err(
+                libc::EINVAL,
+                format!("open {}: {what}", path.display()),
+            ))
+        };
+        if !self.read && !writable {
+            return invalid("neither read nor write access requested");
+        }
+        if (self.truncate || self.create || self.create_new) && !writable {
+            return invalid("create or truncate without write access");
+        }
+        if self.truncate && self.append && !self.create_new {
+            return invalid("truncate together with append");
+        }
+        let ino = fs.inner.open_inode(
+            path,
+            self.read,
+            writable,
+            self.create || self.create_new,
+            self.create_new,
+            self.truncate,
+            self.mode,
+        )?;
+        Ok(File {
+            fs: fs.inner.clone(),
+            ino,
+            read: self.read,
+            write: writable,
+            append: self.append,
+            pos: AtomicU64::new(0),
+        })
+    }
+}
+
+/// An open file of a Cairn store.
+///
+/// Like a Unix file descriptor: reading a handle opened without read access, or writing
+/// one opened without write access, fails with `EBADF`. The position is shared by `Read`,
+/// `Write` and `Seek` (also through `&File`); `read_at`/`write_at` do not use it. Writes
+/// on an append handle always go to the end of the file (also `write_at`, as on Linux).
+#[derive(Debug)]
+pub struct File {
+    fs: Arc<Inner>,
+    ino: u64,
+    read: bool,
+    write: bool,
+    append: bool,
+    pos: AtomicU64,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fs")
+            .field("store", &self.store_dir())
+            .finish()
+    }
+}
+
+impl File {
+    /// Open an existing file for reading.
+    pub fn open(fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
+        OpenOptions::new().read(true).open(fs, path)
+    }
+
+    /// Create a file (or truncate an existing one) for writing.
+    pub fn create(fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(fs, path)
+    }
+
+    /// Inode number of the open file.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// Read at `offset` without moving the position; returns the bytes read (0 at or
+    /// beyond the end).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if !self.read {
+            return Err(fs_err(libc::EBADF, "read: file not open for reading"));
+        }
+        let st = self.fs.begin()?;
+        self.fs.read_data(&st, self.ino, offset, buf)
+    }
+
+    /// Write all of `buf` at `offset` (at the end for an append handle) without moving
+    /// the position; durable when it returns. Returns `buf.len()`.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "write: file not open for writing"));
+        }
+        let mut st = self.fs.begin()?;
+        let pos = (!self.append).then_some(offset);
+        self.fs.write_data(&mut st, self.ino, pos, buf)?;
+        Ok(buf.len())
+    }
+
+    /// Truncate or extend the file to `size` bytes (extension reads as zeros).
+    pub fn set_len(&self, size: u64) -> io::Result<()> {
+        if !self.write {
+            return Err(fs_err(libc::EINVAL, "set_len: file not open for writing"));
+        }
+        let mut st = self.fs.begin()?;
+        self.fs.set_len(&mut st, self.ino, size)
+    }
+
+    /// Metadata of the open file (`nlink` 0 once it was unlinked).
+    pub fn metadata(&self) -> io::Result<Metadata> {
+        let st = self.fs.begin()?;
+        self.fs.metadata_of(&st, self.ino)
+    }
+
+    /// Nothing to do: every call is durable when it returns.
+    pub fn sync_all(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Nothing to do: every call is durable when it returns.
+    pub fn sync_data(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn read_pos(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let pos = self.pos.load(Ordering::Acquire);
+        let n = self.read_at(buf, pos)?;
+        self.pos.store(pos + n as u64, Ordering::Release);
+        Ok(n)
+    }
+
+    fn write_pos(&self, buf: &[u8]) -> io::Result<usize> {
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "write: file not open for writing"));
+        }
+        let mut st = self.fs.begin()?;
+        let pos = (!self.append).then(|| self.pos.load(Ordering::Acquire));
+        let end = self.fs.write_data(&mut st, self.ino, pos, buf)?;
+        self.pos.store(end, Ordering::Release);
+        Ok(buf.len())
+    }
+
+    fn seek_pos(&self, to: SeekFrom) -> io::Result<u64> {
+        let base = match to {
+            SeekFrom::Start(n) => {
+                self.pos.store(n, Ordering::Release);
+                return Ok(n);
+            }
+            SeekFrom::Current(d) => (self.pos.load(Ordering::Acquire), d),
+            SeekFrom::End(d) => (self.metadata()?.len(), d),
+        };
+        let new = base
+            .0
+            .checked_add_signed(base.1)
+            .ok_or_else(|| fs_err(libc::EINVAL, "seek: to a negative or overflowing position"))?;
+        self.pos.store(new, Ordering::Release);
+        Ok(new)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        self.fs.close(self.ino);
+    }
+}
+
+impl Read for File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_pos(buf)
+    }
+}
+
+impl Read for &File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_pos(buf)
+    }
+}
+
+impl Write for File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_pos(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for &File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_pos(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seek for File {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        self.seek_pos(pos)
+    }
+}
+
+impl Seek for &File {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        self.seek_pos(pos)
+    }
+}

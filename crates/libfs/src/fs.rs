@@ -1,0 +1,1629 @@
+//! The LibFS client: registration with the daemon, the operation log, the DRAM overlay of
+//! undigested state, path resolution and every operation of the public API.
+//!
+//! All client state sits behind one mutex ([`State`]); an operation takes it once, so the
+//! threads of a process see each other's updates at once. Shared-area reads happen under
+//! that lock too, with the reader epoch published in the client page (PROTOCOL.md,
+//! "Epochs") for as long as they touch map nodes, data blocks or directory buckets.
+
+use crate::conn::{response_error, Conn};
+use crate::extents::{Extents, Src};
+use crate::meta::{groups_and_umask, now_ns, Cred, Metadata, R, W, X};
+use crate::path::{self, Comp};
+use crate::ring::{Ring, WRITE_HEAD};
+use cairn_area::{fs_err, Area, StoreDir};
+use cairn_format::inode::{Attrs, Inode, Kind};
+use cairn_format::log::{
+    seal_txn, txn_len, write_charge, write_txn_len, Record, KIND_COMMIT, TXN_HEADER,
+    WRITE_HEADER_LEN,
+};
+use cairn_format::{BLOCK_SIZE_U64, MAX_FILE_SIZE, ROOT_INO};
+use cairn_media::{fence, sys, Mapping};
+use cairn_proto::{Registration, Request, Response, StatusReport};
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Symlinks followed during one resolution before `ELOOP`.
+const MAX_SYMLINKS: u32 = 40;
+/// Inode numbers asked for at a time.
+const INODE_BATCH: u32 = 64;
+/// Smallest credit request, in 4 KiB blocks.
+const CREDIT_CHUNK: u64 = 1024;
+
+/// The undigested state of one inode.
+pub(crate) struct InodeOv {
+    gen: u64,
+    attrs: Attrs,
+    /// Tag (LSN just past the transaction) of the latest change of this inode. Every
+    /// data range and directory entry below carries a tag no larger than this one.
+    tag: u64,
+    ext: Extents,
+    /// Directory entries: name → (ino, kind), `None` for a removed name.
+    dir: HashMap<Vec<u8>, DirOv>,
+}
+
+/// A hasher for inode-number keys (multiplicative; inode numbers are not adversarial).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct InoHasher(u64);
+
+impl std::hash::Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A map keyed by inode number.
+type InoMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<InoHasher>>;
+
+/// An overlay directory entry: `(ino, kind)` or `None` (removed), and its tag.
+type DirOv = (Option<(u64, Kind)>, u64);
+
+impl InodeOv {
+    fn new(gen: u64, attrs: Attrs, tag: u64) -> InodeOv {
+        InodeOv {
+            gen,
+            attrs,
+            tag,
+            ext: Extents::new(),
+            dir: HashMap::new(),
+        }
+    }
+}
+
+/// The mutable client state.
+pub(crate) struct State {
+    conn: Option<Conn>,
+    ring: Ring,
+    /// Next transaction's LSN and sequence number.
+    tail: u64,
+    seq: u64,
+    /// The published head last seen (overlay entries up to it are dropped).
+    ph: u64,
+    /// `upto` of the outstanding asynchronous digest request.
+    digest_pending: Option<u64>,
+    credits: u64,
+    inodes: Vec<u64>,
+    ov: InoMap<InodeOv>,
+    /// Open `File` handles per inode.
+    open: InoMap<u32>,
+    /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
+    orphans: HashSet<u64>,
+    /// Reused buffer for metadata transactions.
+    buf: Vec<u8>,
+}
+
+/// The shared part of an `Fs` (also held by its `File`s and `DirEntry`s).
+pub(crate) struct Inner {
+    store: StoreDir,
+    /// The default store (auto-started with `--create`).
+    create: bool,
+    area: Area,
+    pub(crate) cred: Cred,
+    umask: u32,
+    pid: u32,
+    slot: u32,
+    slot_gen: u64,
+    threshold_pct: u64,
+    slot_lock: File,
+    st: Mutex<State>,
+}
+
+/// The result of resolving a path.
+pub(crate) struct Walk {
+    /// Directory holding the last component.
+    pub parent: u64,
+    /// The last component's name (`None` for `/`, `.` or `..`).
+    pub name: Option<Vec<u8>>,
+    /// What the name refers to; `None`: it does not exist (the parent does).
+    pub found: Option<(u64, Kind)>,
+    /// The path ended with `/`.
+    pub trailing_slash: bool,
+}
+
+/// A transaction being assembled: records of absolute post-state.
+#[derive(Default)]
+pub(crate) struct Tx {
+    inodes: Vec<(u64, u64, Attrs)>,
+    write: Option<(u64, Vec<u8>, u64, i64)>,
+    dirents: Vec<(u64, Vec<u8>, u64, Kind)>,
+    /// Overlay only: zero file ranges from this offset on (the size shrank or grew).
+    zero_from: Vec<(u64, u64)>,
+}
+
+impl Tx {
+    /// Set (or replace) the post-state of an inode.
+    fn inode(&mut self, ino: u64, gen: u64, a: Attrs) {
+        if let Some(e) = self.inodes.iter_mut().find(|e| e.0 == ino) {
+            *e = (ino, gen, a);
+        } else {
+            self.inodes.push((ino, gen, a));
+        }
+    }
+    fn get(&self, ino: u64) -> Option<(u64, Attrs)> {
+        self.inodes.iter().find(|e| e.0 == ino).map(|e| (e.1, e.2))
+    }
+    fn dirent(&mut self, dir: u64, name: &[u8], ino: u64, kind: Kind) {
+        self.dirents.push((dir, name.to_vec(), ino, kind));
+    }
+}
+
+/// Read guard for the shared area: publishes the reader epoch while alive.
+struct Pin<'a> {
+    ring: &'a Ring,
+}
+
+impl<'a> Pin<'a> {
+    fn new(area: &Area, ring: &'a Ring) -> io::Result<Pin<'a>> {
+        let e = area.global_epoch()?;
+        ring.set_reader_epoch(e)?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(Pin { ring })
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        let _ = self.ring.set_reader_epoch(0);
+    }
+}
+
+fn lock_timeout(f: &File, what: &Path) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match sys::flock_exclusive(f, true) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => {
+                return Err(fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("cannot lock {}: {e}", what.display()),
+                ))
+            }
+        }
+    }
+}
+
+fn name_str(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+impl Inner {
+    /// Connect to (or start) the daemon, register and map the slot.
+    pub(crate) fn open(store: StoreDir, create: bool) -> io::Result<Inner> {
+        let mut conn = Conn::connect(&store, create)?;
+        let pid = std::process::id();
+        let reg: Registration = match conn.roundtrip(&Request::Register { pid })? {
+            Response::Registered(r) => r,
+            r => return Err(response_error("register with the daemon", r)),
+        };
+        match Inner::attach(store, create, conn, reg, pid) {
+            Ok(i) => Ok(i),
+            Err((e, mut conn, reg)) => {
+                let _ = conn.roundtrip(&Request::Goodbye {
+                    tail_lsn: reg.head_lsn,
+                });
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn attach(
+        store: StoreDir,
+        create: bool,
+        conn: Conn,
+        reg: Registration,
+        pid: u32,
+    ) -> Result<Inner, (io::Error, Conn, Registration)> {
+        let r = (|| -> io::Result<(File, Area, Ring)> {
+            let lock_path = store.slot_lock_path(reg.slot);
+            let lock = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| {
+                    fs_err(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!("open {}: {e}", lock_path.display()),
+                    )
+                })?;
+            lock_timeout(&lock, &lock_path)?;
+            let ro = File::open(&reg.nvm_path).map_err(|e| {
+                fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("open the NVM tier {}: {e}", reg.nvm_path),
+                )
+            })?;
+            let area = Area::open(&ro, false)?;
+            let l = *area.layout();
+            if reg.slot >= l.nslots {
+                return Err(fs_err(
+                    libc::EPROTO,
+                    "daemon handed out a slot out of range",
+                ));
+            }
+            let rw = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&reg.nvm_path)?;
+            let map = Mapping::new(
+                &rw,
+                l.client_page_off(reg.slot),
+                (BLOCK_SIZE_U64 + l.ring_bytes()) as usize,
+                true,
+                true,
+            )?;
+            let ring = Ring::new(map, l.ring_bytes());
+            ring.set_pid(pid)?;
+            ring.set_reader_epoch(0)?;
+            Ok((lock, area, ring))
+        })();
+        let (lock, area, ring) = match r {
+            Ok(x) => x,
+            Err(e) => return Err((e, conn, reg)),
+        };
+        let (groups, umask) = groups_and_umask();
+        let ph = area.published_head(reg.slot).unwrap_or(reg.head_lsn);
+        Ok(Inner {
+            store,
+            create,
+            cred: Cred {
+                uid: reg.uid,
+                gid: reg.gid,
+                groups,
+            },
+            umask,
+            pid,
+            slot: reg.slot,
+            slot_gen: reg.slot_gen,
+            threshold_pct: reg.digest_threshold_pct.clamp(1, 100) as u64,
+            slot_lock: lock,
+            st: Mutex::new(State {
+                conn: Some(conn),
+                tail: reg.head_lsn,
+                seq: reg.head_seq,
+                ph: ph.max(reg.head_lsn),
+                digest_pending: None,
+                credits: reg.credits,
+                inodes: reg.inodes,
+                ov: InoMap::default(),
+                open: InoMap::default(),
+                orphans: HashSet::new(),
+                buf: Vec::new(),
+                ring,
+            }),
+            area,
+        })
+    }
+
+    pub(crate) fn store_dir(&self) -> &Path {
+        &self.store.path
+    }
+
+    /// Take the state lock and catch up with the daemon's progress.
+    pub(crate) fn begin(&self) -> io::Result<MutexGuard<'_, State>> {
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh(&mut st)?;
+        Ok(st)
+    }
+
+    /// Read the published head (one atomic load) and drop the overlay entries it passed.
+    fn refresh(&self, st: &mut State) -> io::Result<()> {
+        let ph = self.area.published_head(self.slot)?;
+        if ph > st.ph {
+            st.ph = ph;
+            st.ov.retain(|_, o| o.tag > ph);
+            for o in st.ov.values_mut() {
+                o.ext.prune(ph);
+                o.dir.retain(|_, e| e.1 > ph);
+            }
+            if st.digest_pending.is_some_and(|p| ph >= p) {
+                st.digest_pending = None;
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- daemon requests
+
+    fn reattach(&self, st: &mut State) -> io::Result<()> {
+        let mut c = Conn::connect(&self.store, self.create)?;
+        match c.roundtrip(&Request::Reattach {
+            pid: self.pid,
+            slot: self.slot,
+            slot_gen: self.slot_gen,
+        })? {
+            Response::Registered(reg) => {
+                st.inodes = reg.inodes;
+                st.credits = reg.credits;
+                st.digest_pending = None;
+                st.conn = Some(c);
+                Ok(())
+            }
+            r => Err(response_error("reattach to the restarted daemon", r)),
+        }
+    }
+
+    /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
+    fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
+        let mut last = None;
+        for _ in 0..2 {
+            if st.conn.is_none() {
+                self.reattach(st)?;
+            }
+            let c = st.conn.as_mut().expect("connected");
+            match c.roundtrip(req) {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    st.conn = None;
+                    last = Some(e);
+                }
+            }
+        }
+        let e = last.expect("an error");
+        Err(fs_err(
+            libc::EIO,
+            format!("lost the connection to the daemon: {e}"),
+        ))
+    }
+
+    /// Ask for an asynchronous digest once the log passes the threshold.
+    fn maybe_request_digest(&self, st: &mut State) {
+        if st.digest_pending.is_some() {
+            return;
+        }
+        let used = st.tail - st.ph;
+        if used * 100 <= self.threshold_pct * st.ring.bytes() {
+            return;
+        }
+        if st.conn.is_none() && self.reattach(st).is_err() {
+            return;
+        }
+        let req = Request::Digest {
+            upto_lsn: st.tail,
+            wait: false,
+        };
+        match st.conn.as_mut().expect("connected").send_only(&req) {
+            Ok(()) => st.digest_pending = Some(st.tail),
+            Err(_) => st.conn = None,
+        }
+    }
+
+    /// Digest the whole log now and wait for it.
+    pub(crate) fn digest_wait(&self, st: &mut State) -> io::Result<()> {
+        let upto = st.tail;
+        match self.request(
+            st,
+            &Request::Digest {
+                upto_lsn: upto,
+                wait: true,
+            },
+        )? {
+            Response::Digested { .. } => {}
+            r => return Err(response_error("digest", r)),
+        }
+        self.refresh(st)
+    }
+
+    fn ensure_credits(&self, st: &mut State, need: u64) -> io::Result<()> {
+        for attempt in 0..2 {
+            if st.credits >= need {
+                return Ok(());
+            }
+            let want = CREDIT_CHUNK.max(need - st.credits);
+            match self.request(st, &Request::Credits { blocks: want })? {
+                Response::Credits { granted } => st.credits += granted,
+                r => return Err(response_error("space credits", r)),
+            }
+            if st.credits >= need {
+                return Ok(());
+            }
+            if attempt == 0 {
+                self.digest_wait(st)?;
+            }
+        }
+        Err(fs_err(
+            libc::ENOSPC,
+            format!(
+                "no space left in the store {}: the daemon grants no more space ({} blocks \
+                 of 4 KiB needed, {} held)",
+                self.store.path.display(),
+                need,
+                st.credits
+            ),
+        ))
+    }
+
+    fn alloc_ino(&self, st: &mut State) -> io::Result<(u64, u64)> {
+        if st.inodes.is_empty() {
+            match self.request(st, &Request::Inodes { count: INODE_BATCH })? {
+                Response::Inodes(v) => st.inodes = v,
+                r => return Err(response_error("inode numbers", r)),
+            }
+            st.inodes.reverse();
+        }
+        let Some(ino) = st.inodes.pop() else {
+            return Err(fs_err(
+                libc::ENOSPC,
+                format!("no free inodes left in {}", self.store.path.display()),
+            ));
+        };
+        let old = self.area.read_inode(ino)?;
+        if old.attrs.kind != Kind::Free {
+            return Err(fs_err(
+                libc::EIO,
+                format!("the daemon handed out inode {ino}, which is in use"),
+            ));
+        }
+        Ok((ino, old.generation + 1))
+    }
+
+    // ---------------------------------------------------------------- the log
+
+    /// Find room for a transaction of `len` bytes: wrap to the next lap if it would
+    /// straddle the end, wait for a digest if the ring is full. Returns its LSN.
+    fn reserve(&self, st: &mut State, len: usize) -> io::Result<u64> {
+        let ring = st.ring.bytes();
+        let len = len as u64;
+        for _ in 0..3 {
+            let lap_left = ring - st.tail % ring;
+            let start = if len > lap_left {
+                st.tail + lap_left
+            } else {
+                st.tail
+            };
+            self.refresh(st)?;
+            if start + len <= st.ph + ring {
+                if start != st.tail {
+                    st.ring.put_wrap(st.tail, st.seq)?;
+                    st.seq += 1;
+                    st.tail = start;
+                }
+                return Ok(start);
+            }
+            self.digest_wait(st)?;
+        }
+        Err(fs_err(
+            libc::ENOSPC,
+            "the operation log stays full (the daemon does not digest it)",
+        ))
+    }
+
+    /// Append a metadata transaction and apply it to the overlay. Returns its tag.
+    fn commit(&self, st: &mut State, tx: Tx) -> io::Result<u64> {
+        let mut recs: Vec<Record<'_>> = Vec::new();
+        for (ino, gen, a) in &tx.inodes {
+            recs.push(Record::InodeSet {
+                ino: *ino,
+                generation: *gen,
+                attrs: *a,
+            });
+        }
+        if let Some((ino, data, size, mtime)) = &tx.write {
+            recs.push(Record::Write {
+                ino: *ino,
+                offset: 0,
+                size: *size,
+                mtime: *mtime,
+                data,
+            });
+        }
+        for (dir, name, ino, kind) in &tx.dirents {
+            recs.push(Record::DirentSet {
+                dir: *dir,
+                name,
+                ino: *ino,
+                kind: *kind,
+            });
+        }
+        let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
+        let len = txn_len(payload);
+        if len as u64 > st.ring.bytes() / 4 {
+            return Err(fs_err(
+                libc::E2BIG,
+                "transaction larger than a quarter of the log",
+            ));
+        }
+        let mut buf = std::mem::take(&mut st.buf);
+        buf.clear();
+        buf.resize(len, 0);
+        let mut off = TXN_HEADER;
+        let mut data_off = 0;
+        for r in &recs {
+            if matches!(r, Record::Write { .. }) {
+                data_off = off + WRITE_HEADER_LEN;
+            }
+            r.encode_into(&mut buf[off..]);
+            off += r.encoded_len();
+        }
+        let lsn = match self.reserve(st, len) {
+            Ok(l) => l,
+            Err(e) => {
+                st.buf = buf;
+                return Err(e);
+            }
+        };
+        seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
+        let put = st.ring.put_txn(lsn, &buf);
+        st.buf = buf;
+        put?;
+        fence();
+        st.seq += 1;
+        st.tail = lsn + len as u64;
+        let tag = st.tail;
+        // The overlay.
+        for (ino, gen, a) in &tx.inodes {
+            let o = st
+                .ov
+                .entry(*ino)
+                .or_insert_with(|| InodeOv::new(*gen, *a, tag));
+            o.gen = *gen;
+            o.attrs = *a;
+            o.tag = tag;
+            if a.nlink == 0 {
+                o.ext = Extents::new();
+                o.dir.clear();
+            }
+        }
+        for (ino, from) in &tx.zero_from {
+            if let Some(o) = st.ov.get_mut(ino) {
+                o.ext.insert(*from, MAX_FILE_SIZE, Src::Zero, tag);
+            }
+        }
+        if let Some((ino, data, _, _)) = &tx.write {
+            if let Some(o) = st.ov.get_mut(ino) {
+                o.ext
+                    .insert(0, data.len() as u64, Src::Log(lsn + data_off as u64), tag);
+            }
+        }
+        for (dir, name, ino, kind) in tx.dirents {
+            if let Some(o) = st.ov.get_mut(&dir) {
+                let e = (ino != 0).then_some((ino, kind));
+                o.dir.insert(name, (e, tag));
+                o.tag = tag;
+            }
+        }
+        self.maybe_request_digest(st);
+        Ok(tag)
+    }
+
+    /// The write path: `WRITE` transactions encoded straight into the ring. `pos`
+    /// `None` appends at the current size. Returns the offset just past the data.
+    pub(crate) fn write_data(
+        &self,
+        st: &mut State,
+        ino: u64,
+        pos: Option<u64>,
+        data: &[u8],
+    ) -> io::Result<u64> {
+        let (gen, mut attrs) = self.attrs(st, ino)?;
+        match attrs.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
+            _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
+        }
+        let mut off = pos.unwrap_or(attrs.size);
+        if data.is_empty() {
+            return Ok(off);
+        }
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > MAX_FILE_SIZE)
+        {
+            return Err(fs_err(
+                libc::EFBIG,
+                format!("write: beyond the largest file size ({MAX_FILE_SIZE} bytes)"),
+            ));
+        }
+        let max = (st.ring.bytes() / 4) as usize - 128;
+        let mut done = 0;
+        while done < data.len() {
+            let n = max.min(data.len() - done);
+            let chunk = &data[done..done + n];
+            let charge = write_charge(off, n as u64);
+            if st.credits < charge {
+                self.ensure_credits(st, charge)?;
+            }
+            let size = attrs.size.max(off + n as u64);
+            let now = now_ns();
+            let tlen = write_txn_len(n);
+            let lsn = self.reserve(st, tlen)?;
+            st.ring.put_write(lsn, st.seq, ino, off, size, now, chunk)?;
+            fence();
+            st.seq += 1;
+            st.tail = lsn + tlen as u64;
+            st.credits -= charge;
+            let tag = st.tail;
+            attrs.size = size;
+            attrs.mtime = now;
+            attrs.ctime = now;
+            let o = st
+                .ov
+                .entry(ino)
+                .or_insert_with(|| InodeOv::new(gen, attrs, tag));
+            o.attrs = attrs;
+            o.tag = tag;
+            o.ext
+                .insert(off, off + n as u64, Src::Log(lsn + WRITE_HEAD as u64), tag);
+            self.maybe_request_digest(st);
+            off += n as u64;
+            done += n;
+        }
+        Ok(off)
+    }
+
+    // ---------------------------------------------------------------- reading state
+
+    /// Generation and attributes of `ino`: the overlay, else the shared area.
+    fn attrs(&self, st: &State, ino: u64) -> io::Result<(u64, Attrs)> {
+        if let Some(o) = st.ov.get(&ino) {
+            if o.attrs.nlink == 0 && !st.orphans.contains(&ino) {
+                return Err(fs_err(libc::ENOENT, format!("inode {ino} was removed")));
+            }
+            return Ok((o.gen, o.attrs));
+        }
+        let i = self.area.read_inode(ino)?;
+        if i.attrs.kind == Kind::Free {
+            return Err(fs_err(libc::ENOENT, format!("inode {ino} was removed")));
+        }
+        Ok((i.generation, i.attrs))
+    }
+
+    pub(crate) fn metadata_of(&self, st: &State, ino: u64) -> io::Result<Metadata> {
+        let (gen, mut attrs) = self.attrs(st, ino)?;
+        let shared = self.area.read_inode(ino)?;
+        let mut blocks = if shared.generation == gen && shared.attrs.kind != Kind::Free {
+            shared.blocks * 8
+        } else {
+            0
+        };
+        if st.ov.get(&ino).is_some_and(|o| !o.ext.is_empty()) {
+            blocks = blocks.max(attrs.size.div_ceil(BLOCK_SIZE_U64) * 8);
+        }
+        if st.orphans.contains(&ino) {
+            attrs.nlink = 0;
+        }
+        Ok(Metadata { ino, attrs, blocks })
+    }
+
+    /// Look `name` up in directory `dir`.
+    fn lookup(&self, st: &State, dir: u64, name: &[u8]) -> io::Result<Option<(u64, Kind)>> {
+        let mut gen = None;
+        if let Some(o) = st.ov.get(&dir) {
+            if let Some((e, _)) = o.dir.get(name) {
+                return Ok(*e);
+            }
+            if o.attrs.kind != Kind::Dir {
+                return Err(fs_err(libc::ENOTDIR, "lookup in a non-directory"));
+            }
+            gen = Some(o.gen);
+        }
+        let _pin = Pin::new(&self.area, &st.ring)?;
+        let inode = self.area.read_inode(dir)?;
+        match gen {
+            Some(g) if g != inode.generation || inode.attrs.kind != Kind::Dir => Ok(None),
+            _ => self.area.dir_lookup(&inode, name),
+        }
+    }
+
+    /// Every entry of directory `dir`: the shared listing merged with the overlay.
+    fn list(&self, st: &State, dir: u64) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
+        let o = st.ov.get(&dir);
+        let mut out = Vec::new();
+        {
+            let _pin = Pin::new(&self.area, &st.ring)?;
+            let inode = self.area.read_inode(dir)?;
+            let fresh = o.is_some_and(|o| o.gen != inode.generation);
+            if inode.attrs.kind == Kind::Dir && !fresh {
+                for e in self.area.dir_list(&inode)? {
+                    if o.is_some_and(|o| o.dir.contains_key(&e.name)) {
+                        continue;
+                    }
+                    out.push((e.name, e.ino, e.kind));
+                }
+            }
+        }
+        if let Some(o) = o {
+            for (name, (e, _)) in &o.dir {
+                if let Some((ino, kind)) = e {
+                    out.push((name.clone(), *ino, *kind));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn dir_is_empty(&self, st: &State, dir: u64) -> io::Result<bool> {
+        Ok(self.list(st, dir)?.is_empty())
+    }
+
+    /// Read file data of `ino` at `off` into `buf`: overlay ranges from the ring, the
+    /// rest from the shared area (zeros beyond its size). Returns the bytes read.
+    pub(crate) fn read_data(
+        &self,
+        st: &State,
+        ino: u64,
+        off: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
+        let (gen, attrs) = self.attrs(st, ino)?;
+        if attrs.kind == Kind::Dir {
+            return Err(fs_err(libc::EISDIR, "read: is a directory"));
+        }
+        if off >= attrs.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(attrs.size - off) as usize;
+        let buf = &mut buf[..n];
+        let mut shared = SharedFile {
+            area: &self.area,
+            ring: &st.ring,
+            ino,
+            gen,
+            state: None,
+        };
+        match st.ov.get(&ino).filter(|o| !o.ext.is_empty()) {
+            None => shared.read(off, buf)?,
+            Some(o) => {
+                for seg in o.ext.segments(off, off + n as u64) {
+                    let dst = &mut buf[(seg.start - off) as usize..(seg.end - off) as usize];
+                    match seg.src {
+                        Some(Src::Log(l)) => st.ring.read(l, dst)?,
+                        Some(Src::Zero) => dst.fill(0),
+                        None => shared.read(seg.start, dst)?,
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    // ---------------------------------------------------------------- path resolution
+
+    /// Resolve `p` from the root. `follow_last`: follow a symlink in the last component
+    /// (a trailing `/` always does).
+    pub(crate) fn walk(
+        &self,
+        st: &State,
+        p: &Path,
+        follow_last: bool,
+        op: &str,
+    ) -> io::Result<Walk> {
+        let parsed = path::parse(p, op)?;
+        let trailing_slash = parsed.trailing_slash;
+        let mut stack: Vec<Comp> = parsed.comps;
+        stack.reverse();
+        let mut cur = ROOT_INO;
+        let mut parent = ROOT_INO;
+        let mut name: Option<Vec<u8>> = None;
+        let mut kind = Kind::Dir;
+        let mut links = 0u32;
+        while let Some(c) = stack.pop() {
+            let is_last = stack.is_empty();
+            // `cur` must be a searchable directory.
+            let (_, da) = self.attrs(st, cur)?;
+            if da.kind != Kind::Dir {
+                return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+            }
+            if !self.cred.may(&da, X) {
+                return Err(fs_err(
+                    libc::EACCES,
+                    format!("{op}: search permission denied"),
+                ));
+            }
+            match c {
+                Comp::Cur => {
+                    parent = cur;
+                    name = None;
+                    kind = Kind::Dir;
+                }
+                Comp::Parent => {
+                    let up = if cur == ROOT_INO || da.parent == 0 {
+                        ROOT_INO
+                    } else {
+                        da.parent
+                    };
+                    parent = up;
+                    cur = up;
+                    name = None;
+                    kind = Kind::Dir;
+                }
+                Comp::Name(n) => match self.lookup(st, cur, &n)? {
+                    None => {
+                        if is_last {
+                            return Ok(Walk {
+                                parent: cur,
+                                name: Some(n),
+                                found: None,
+                                trailing_slash,
+                            });
+                        }
+                        return Err(fs_err(
+                            libc::ENOENT,
+                            format!("{op}: no such file or directory ({})", name_str(&n)),
+                        ));
+                    }
+                    Some((ino, k)) => {
+                        if k == Kind::Symlink && (!is_last || follow_last || trailing_slash) {
+                            links += 1;
+                            if links > MAX_SYMLINKS {
+                                return Err(fs_err(
+                                    libc::ELOOP,
+                                    format!("{op}: too many levels of symbolic links"),
+                                ));
+                            }
+                            let target = self.read_symlink(st, ino)?;
+                            let t = path::parse_bytes(&target, op)?;
+                            if t.absolute {
+                                cur = ROOT_INO;
+                            }
+                            stack.extend(t.comps.into_iter().rev());
+                            if stack.is_empty() {
+                                // A target of "/" (or "/."-like): the root itself.
+                                parent = ROOT_INO;
+                                name = None;
+                                kind = Kind::Dir;
+                            }
+                            continue;
+                        }
+                        parent = cur;
+                        cur = ino;
+                        kind = k;
+                        name = Some(n);
+                    }
+                },
+            }
+        }
+        if trailing_slash && kind != Kind::Dir {
+            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        Ok(Walk {
+            parent,
+            name,
+            found: Some((cur, kind)),
+            trailing_slash,
+        })
+    }
+
+    /// The target of symlink `ino`.
+    fn read_symlink(&self, st: &State, ino: u64) -> io::Result<Vec<u8>> {
+        let (_, a) = self.attrs(st, ino)?;
+        if a.kind != Kind::Symlink {
+            return Err(fs_err(libc::EINVAL, "not a symbolic link"));
+        }
+        let mut v = vec![0u8; a.size.min(path::PATH_MAX as u64) as usize];
+        let n = self.read_data(st, ino, 0, &mut v)?;
+        v.truncate(n);
+        Ok(v)
+    }
+}
+
+/// Lazily pinned reads of one file from the shared area (for the gaps of the overlay).
+struct SharedFile<'a> {
+    area: &'a Area,
+    ring: &'a Ring,
+    ino: u64,
+    gen: u64,
+    /// The pin and the shared inode, once the first gap is read.
+    state: Option<(Pin<'a>, Option<Inode>)>,
+}
+
+impl SharedFile<'_> {
+    /// Fill `dst` with the shared bytes at `off`: zeros beyond the shared size, or when
+    /// the shared inode is not (yet) this file.
+    fn read(&mut self, off: u64, dst: &mut [u8]) -> io::Result<()> {
+        if self.state.is_none() {
+            let pin = Pin::new(self.area, self.ring)?;
+            let i = self.area.read_inode(self.ino)?;
+            let ok = i.generation == self.gen && i.attrs.kind != Kind::Free;
+            self.state = Some((pin, ok.then_some(i)));
+        }
+        let got = match &self.state {
+            Some((_, Some(i))) => self.area.read_file(i, off, dst)?,
+            _ => 0,
+        };
+        dst[got..].fill(0);
+        Ok(())
+    }
+}
+
+/// Options of the file-creating operations.
+pub(crate) struct CreateOpts {
+    pub kind: Kind,
+    pub perm: u32,
+}
+
+impl Inner {
+    fn check_parent_write(&self, st: &State, parent: u64, op: &str) -> io::Result<(u64, Attrs)> {
+        let (gen, pa) = self.attrs(st, parent)?;
+        if pa.kind != Kind::Dir {
+            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        if !self.cred.may(&pa, W | X) {
+            return Err(fs_err(
+                libc::EACCES,
+                format!("{op}: permission denied (no write access to the directory)"),
+            ));
+        }
+        if pa.nlink == 0 {
+            return Err(fs_err(libc::ENOENT, format!("{op}: directory was removed")));
+        }
+        Ok((gen, pa))
+    }
+
+    /// Create `name` in `parent` (which the caller resolved; the name does not exist).
+    /// Returns the new inode number.
+    fn create_in(
+        &self,
+        st: &mut State,
+        parent: u64,
+        name: &[u8],
+        o: CreateOpts,
+        symlink_target: Option<&[u8]>,
+        op: &str,
+    ) -> io::Result<u64> {
+        let (pgen, mut pa) = self.check_parent_write(st, parent, op)?;
+        if let Some(t) = symlink_target {
+            let charge = write_charge(0, t.len() as u64);
+            if st.credits < charge {
+                self.ensure_credits(st, charge)?;
+            }
+        }
+        let (ino, gen) = self.alloc_ino(st)?;
+        let now = now_ns();
+        let setgid = pa.perm & 0o2000 != 0;
+        let mut perm = o.perm & 0o7777;
+        if o.kind == Kind::Dir && setgid {
+            perm |= 0o2000;
+        }
+        let a = Attrs {
+            kind: o.kind,
+            perm,
+            uid: self.cred.uid,
+            gid: if setgid { pa.gid } else { self.cred.gid },
+            nlink: if o.kind == Kind::Dir { 2 } else { 1 },
+            size: symlink_target.map_or(0, |t| t.len() as u64),
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            parent: if o.kind == Kind::Dir { parent } else { 0 },
+        };
+        pa.mtime = now;
+        pa.ctime = now;
+        if o.kind == Kind::Dir {
+            pa.nlink += 1;
+        }
+        let mut tx = Tx::default();
+        tx.inode(ino, gen, a);
+        if let Some(t) = symlink_target {
+            tx.write = Some((ino, t.to_vec(), t.len() as u64, now));
+        }
+        tx.dirent(parent, name, ino, o.kind);
+        tx.inode(parent, pgen, pa);
+        self.commit(st, tx)?;
+        if let Some(t) = symlink_target {
+            st.credits -= write_charge(0, t.len() as u64);
+        }
+        Ok(ino)
+    }
+
+    fn need_found(w: &Walk, op: &str) -> io::Result<(u64, Kind)> {
+        w.found
+            .ok_or_else(|| fs_err(libc::ENOENT, format!("{op}: no such file or directory")))
+    }
+
+    pub(crate) fn create_dir(&self, p: &Path) -> io::Result<()> {
+        let op = format!("create_dir {}", p.display());
+        let mut st = self.begin()?;
+        let w = self.walk(&st, p, false, &op)?;
+        let Some(name) = w.name.filter(|_| w.found.is_none()) else {
+            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+        };
+        let perm = 0o777 & !self.umask;
+        self.create_in(
+            &mut st,
+            w.parent,
+            &name,
+            CreateOpts {
+                kind: Kind::Dir,
+                perm,
+            },
+            None,
+            &op,
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn create_dir_all(&self, p: &Path) -> io::Result<()> {
+        let op = format!("create_dir_all {}", p.display());
+        let parsed = path::parse(p, &op)?;
+        let mut prefix = PathBuf::from("/");
+        for c in parsed.comps {
+            match c {
+                Comp::Cur => continue,
+                Comp::Parent => prefix.push(".."),
+                Comp::Name(n) => prefix.push(std::ffi::OsStr::from_bytes_ext(&n)),
+            }
+            match self.create_dir(&prefix) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if !self.metadata(&prefix)?.is_dir() {
+                        return Err(fs_err(
+                            libc::EEXIST,
+                            format!("{op}: {} exists and is not a directory", prefix.display()),
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn metadata(&self, p: &Path) -> io::Result<Metadata> {
+        let op = format!("metadata {}", p.display());
+        let st = self.begin()?;
+        let w = self.walk(&st, p, true, &op)?;
+        let (ino, _) = Self::need_found(&w, &op)?;
+        self.metadata_of(&st, ino)
+    }
+
+    pub(crate) fn symlink_metadata(&self, p: &Path) -> io::Result<Metadata> {
+        let op = format!("symlink_metadata {}", p.display());
+        let st = self.begin()?;
+        let w = self.walk(&st, p, false, &op)?;
+        let (ino, _) = Self::need_found(&w, &op)?;
+        self.metadata_of(&st, ino)
+    }
+
+    pub(crate) fn read_dir_entries(&self, p: &Path) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
+        let op = format!("read_dir {}", p.display());
+        let st = self.begin()?;
+        let w = self.walk(&st, p, true, &op)?;
+        let (ino, kind) = Self::need_found(&w, &op)?;
+        if kind != Kind::Dir {
+            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        let (_, a) = self.attrs(&st, ino)?;
+        if !self.cred.may(&a, R) {
+            return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+        }
+        self.list(&st, ino)
+    }
+
+    /// Drop one link of `ino` (post-state into `tx`), deferring `nlink = 0` of a
+    /// file that is still open in this process to its last close.
+    fn unlink_inode(&self, st: &mut State, tx: &mut Tx, ino: u64, now: i64) -> io::Result<()> {
+        let (gen, mut a) = match tx.get(ino) {
+            Some(x) => x,
+            None => self.attrs(st, ino)?,
+        };
+        a.ctime = now;
+        if a.kind == Kind::Dir {
+            a.nlink = 0;
+        } else {
+            a.nlink = a.nlink.saturating_sub(1);
+            if a.nlink == 0 && st.open.get(&ino).copied().unwrap_or(0) > 0 {
+                st.orphans.insert(ino);
+                return Ok(());
+            }
+        }
+        tx.inode(ino, gen, a);
+        Ok(())
+    }
+
+    fn touch_dir(&self, st: &State, tx: &mut Tx, dir: u64, now: i64, dlink: i64) -> io::Result<()> {
+        let (gen, mut a) = match tx.get(dir) {
+            Some(x) => x,
+            None => self.attrs(st, dir)?,
+        };
+        a.mtime = now;
+        a.ctime = now;
+        a.nlink = (a.nlink as i64 + dlink).max(0) as u64;
+        tx.inode(dir, gen, a);
+        Ok(())
+    }
+
+    fn check_sticky(&self, st: &State, dir: u64, victim: u64, op: &str) -> io::Result<()> {
+        let (_, da) = self.attrs(st, dir)?;
+        let (_, va) = self.attrs(st, victim)?;
+        if !self.cred.sticky_ok(&da, &va) {
+            return Err(fs_err(
+                libc::EPERM,
+                format!("{op}: operation not permitted (sticky directory)"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove_file(&self, p: &Path) -> io::Result<()> {
+        let op = format!("remove_file {}", p.display());
+        let mut st = self.begin()?;
+        let w = self.walk(&st, p, false, &op)?;
+        let (ino, kind) = Self::need_found(&w, &op)?;
+        if kind == Kind::Dir {
+            return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+        }
+        let name = w.name.expect("a non-directory has a name");
+        self.check_parent_write(&st, w.parent, &op)?;
+        self.check_sticky(&st, w.parent, ino, &op)?;
+        let now = now_ns();
+        let mut tx = Tx::default();
+        self.unlink_inode(&mut st, &mut tx, ino, now)?;
+        tx.dirent(w.parent, &name, 0, Kind::Free);
+        self.touch_dir(&st, &mut tx, w.parent, now, 0)?;
+        self.commit(&mut st, tx)?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_dir(&self, p: &Path) -> io::Result<()> {
+        let op = format!("remove_dir {}", p.display());
+        let mut st = self.begin()?;
+        let w = self.walk(&st, p, false, &op)?;
+        let (ino, kind) = Self::need_found(&w, &op)?;
+        if kind != Kind::Dir {
+            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        if ino == ROOT_INO {
+            return Err(fs_err(libc::EBUSY, format!("{op}: cannot remove the root")));
+        }
+        let Some(name) = w.name else {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("{op}: invalid last component"),
+            ));
+        };
+        self.check_parent_write(&st, w.parent, &op)?;
+        self.check_sticky(&st, w.parent, ino, &op)?;
+        if !self.dir_is_empty(&st, ino)? {
+            return Err(fs_err(
+                libc::ENOTEMPTY,
+                format!("{op}: directory not empty"),
+            ));
+        }
+        let now = now_ns();
+        let mut tx = Tx::default();
+        self.unlink_inode(&mut st, &mut tx, ino, now)?;
+        tx.dirent(w.parent, &name, 0, Kind::Free);
+        self.touch_dir(&st, &mut tx, w.parent, now, -1)?;
+        self.commit(&mut st, tx)?;
+        Ok(())
+    }
+
+    pub(crate) fn remove_dir_all(&self, p: &Path) -> io::Result<()> {
+        let m = self.symlink_metadata(p)?;
+        if !m.is_dir() {
+            if m.is_symlink() {
+                return self.remove_file(p);
+            }
+            return Err(fs_err(
+                libc::ENOTDIR,
+                format!("remove_dir_all {}: not a directory", p.display()),
+            ));
+        }
+        for (name, _, kind) in self.read_dir_entries(p)? {
+            let child = p.join(std::ffi::OsStr::from_bytes_ext(&name));
+            if kind == Kind::Dir {
+                self.remove_dir_all(&child)?;
+            } else {
+                self.remove_file(&child)?;
+            }
+        }
+        self.remove_dir(p)
+    }
+
+    /// Whether `anc` is `dir` or one of its ancestors.
+    fn is_ancestor(&self, st: &State, anc: u64, mut dir: u64) -> io::Result<bool> {
+        for _ in 0..100_000 {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == ROOT_INO {
+                return Ok(false);
+            }
+            let (_, a) = self.attrs(st, dir)?;
+            dir = if a.parent == 0 { ROOT_INO } else { a.parent };
+        }
+        Err(fs_err(libc::ELOOP, "directory parent chain too long"))
+    }
+
+    pub(crate) fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let op = format!("rename {} -> {}", from.display(), to.display());
+        let mut st = self.begin()?;
+        let wf = self.walk(&st, from, false, &op)?;
+        let (src, skind) = Self::need_found(&wf, &op)?;
+        let wt = self.walk(&st, to, false, &op)?;
+        let (Some(fname), Some(tname)) = (wf.name.clone(), wt.name.clone()) else {
+            return Err(fs_err(
+                if src == ROOT_INO {
+                    libc::EBUSY
+                } else {
+                    libc::EINVAL
+                },
+                format!("{op}: invalid source or destination"),
+            ));
+        };
+        if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
+            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        if wt.found.is_some_and(|(t, _)| t == src) {
+            return Ok(()); // Same file: nothing to do (POSIX).
+        }
+        self.check_parent_write(&st, wf.parent, &op)?;
+        self.check_parent_write(&st, wt.parent, &op)?;
+        self.check_sticky(&st, wf.parent, src, &op)?;
+        if let Some((t, tkind)) = wt.found {
+            self.check_sticky(&st, wt.parent, t, &op)?;
+            if skind == Kind::Dir {
+                if tkind != Kind::Dir {
+                    return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+                }
+                if !self.dir_is_empty(&st, t)? {
+                    return Err(fs_err(
+                        libc::ENOTEMPTY,
+                        format!("{op}: directory not empty"),
+                    ));
+                }
+            } else if tkind == Kind::Dir {
+                return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+            }
+        }
+        if skind == Kind::Dir {
+            if self.is_ancestor(&st, src, wt.parent)? {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!("{op}: cannot move a directory into itself"),
+                ));
+            }
+            if wf.parent != wt.parent {
+                let (_, sa) = self.attrs(&st, src)?;
+                if !self.cred.may(&sa, W) {
+                    return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+                }
+            }
+        }
+        let now = now_ns();
+        let mut tx = Tx::default();
+        let moved_dir = skind == Kind::Dir && wf.parent != wt.parent;
+        self.touch_dir(&st, &mut tx, wf.parent, now, if moved_dir { -1 } else { 0 })?;
+        self.touch_dir(&st, &mut tx, wt.parent, now, if moved_dir { 1 } else { 0 })?;
+        if let Some((t, tkind)) = wt.found {
+            self.unlink_inode(&mut st, &mut tx, t, now)?;
+            if tkind == Kind::Dir {
+                self.touch_dir(&st, &mut tx, wt.parent, now, -1)?;
+            }
+        }
+        let (sgen, mut sa) = match tx.get(src) {
+            Some(x) => x,
+            None => self.attrs(&st, src)?,
+        };
+        sa.ctime = now;
+        if skind == Kind::Dir {
+            sa.parent = wt.parent;
+        }
+        tx.inode(src, sgen, sa);
+        tx.dirent(wf.parent, &fname, 0, Kind::Free);
+        tx.dirent(wt.parent, &tname, src, skind);
+        self.commit(&mut st, tx)?;
+        Ok(())
+    }
+
+    pub(crate) fn hard_link(&self, original: &Path, link: &Path) -> io::Result<()> {
+        let op = format!("hard_link {} -> {}", link.display(), original.display());
+        let mut st = self.begin()?;
+        let wo = self.walk(&st, original, false, &op)?;
+        let (ino, kind) = Self::need_found(&wo, &op)?;
+        if kind == Kind::Dir {
+            return Err(fs_err(
+                libc::EPERM,
+                format!("{op}: hard links to directories are not allowed"),
+            ));
+        }
+        let wl = self.walk(&st, link, false, &op)?;
+        let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
+            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+        };
+        if wl.trailing_slash {
+            return Err(fs_err(libc::ENOENT, format!("{op}: trailing slash")));
+        }
+        self.check_parent_write(&st, wl.parent, &op)?;
+        let (gen, mut a) = self.attrs(&st, ino)?;
+        if st.orphans.contains(&ino) {
+            return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
+        }
+        let now = now_ns();
+        a.nlink += 1;
+        a.ctime = now;
+        let mut tx = Tx::default();
+        tx.inode(ino, gen, a);
+        tx.dirent(wl.parent, &name, ino, kind);
+        self.touch_dir(&st, &mut tx, wl.parent, now, 0)?;
+        self.commit(&mut st, tx)?;
+        Ok(())
+    }
+
+    pub(crate) fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let op = format!("symlink {} -> {}", link.display(), target.display());
+        let t = target.as_os_str().as_bytes();
+        if t.is_empty() {
+            return Err(fs_err(libc::ENOENT, format!("{op}: empty target")));
+        }
+        if t.len() > path::PATH_MAX {
+            return Err(fs_err(libc::ENAMETOOLONG, format!("{op}: target too long")));
+        }
+        if t.contains(&0) {
+            return Err(fs_err(libc::EINVAL, format!("{op}: target contains NUL")));
+        }
+        let mut st = self.begin()?;
+        let wl = self.walk(&st, link, false, &op)?;
+        let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
+            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+        };
+        self.create_in(
+            &mut st,
+            wl.parent,
+            &name,
+            CreateOpts {
+                kind: Kind::Symlink,
+                perm: 0o777,
+            },
+            Some(t),
+            &op,
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn read_link(&self, p: &Path) -> io::Result<PathBuf> {
+        use std::os::unix::ffi::OsStringExt;
+        let op = format!("read_link {}", p.display());
+        let st = self.begin()?;
+        let w = self.walk(&st, p, false, &op)?;
+        let (ino, kind) = Self::need_found(&w, &op)?;
+        if kind != Kind::Symlink {
+            return Err(fs_err(libc::EINVAL, format!("{op}: not a symbolic link")));
+        }
+        let t = self.read_symlink(&st, ino)?;
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(t)))
+    }
+
+    pub(crate) fn set_permissions(&self, p: &Path, mode: u32) -> io::Result<()> {
+        let op = format!("set_permissions {}", p.display());
+        let mut st = self.begin()?;
+        let w = self.walk(&st, p, true, &op)?;
+        let (ino, _) = Self::need_found(&w, &op)?;
+        self.chattr(&mut st, ino, &op, |cred, a| {
+            if !cred.owns(a) {
+                return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
+            }
+            a.perm = mode & 0o7777;
+            if !cred.is_root() && !cred.in_group(a.gid) {
+                a.perm &= !0o2000;
+            }
+            Ok(())
+        })
+    }
+
+    pub(crate) fn set_times(
+        &self,
+        p: &Path,
+        atime: Option<i64>,
+        mtime: Option<i64>,
+    ) -> io::Result<()> {
+        let op = format!("set_times {}", p.display());
+        let mut st = self.begin()?;
+        let w = self.walk(&st, p, true, &op)?;
+        let (ino, _) = Self::need_found(&w, &op)?;
+        if atime.is_none() && mtime.is_none() {
+            return Ok(());
+        }
+        self.chattr(&mut st, ino, &op, |cred, a| {
+            if !cred.owns(a) {
+                return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
+            }
+            if let Some(t) = atime {
+                a.atime = t;
+            }
+            if let Some(t) = mtime {
+                a.mtime = t;
+            }
+            Ok(())
+        })
+    }
+
+    /// Change attributes of `ino` (ctime = now) in one transaction.
+    fn chattr(
+        &self,
+        st: &mut State,
+        ino: u64,
+        _op: &str,
+        f: impl FnOnce(&Cred, &mut Attrs) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let (gen, mut a) = self.attrs(st, ino)?;
+        f(&self.cred, &mut a)?;
+        a.ctime = now_ns();
+        let mut tx = Tx::default();
+        tx.inode(ino, gen, a);
+        self.commit(st, tx)?;
+        Ok(())
+    }
+
+    /// Truncate or extend `ino` to `size` (one transaction).
+    pub(crate) fn set_len(&self, st: &mut State, ino: u64, size: u64) -> io::Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(fs_err(libc::EFBIG, "set_len: beyond the largest file size"));
+        }
+        let (gen, mut a) = self.attrs(st, ino)?;
+        if a.kind != Kind::File {
+            return Err(fs_err(libc::EINVAL, "set_len: not a regular file"));
+        }
+        let now = now_ns();
+        let from = a.size.min(size);
+        a.size = size;
+        a.mtime = now;
+        a.ctime = now;
+        let mut tx = Tx::default();
+        tx.inode(ino, gen, a);
+        tx.zero_from.push((ino, from));
+        self.commit(st, tx)?;
+        Ok(())
+    }
+
+    /// Open (and maybe create) a file; returns its inode. Checks access for `read` /
+    /// `write`; `trunc` truncates an existing file to 0.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open_inode(
+        &self,
+        p: &Path,
+        read: bool,
+        write: bool,
+        create: bool,
+        create_new: bool,
+        trunc: bool,
+        mode: u32,
+    ) -> io::Result<u64> {
+        let op = format!("open {}", p.display());
+        let mut st = self.begin()?;
+        let w = self.walk(&st, p, !create_new, &op)?;
+        let ino = match (w.found, &w.name) {
+            (Some((ino, kind)), _) => {
+                if create_new {
+                    return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+                }
+                if kind == Kind::Dir && write {
+                    return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                }
+                let (_, a) = self.attrs(&st, ino)?;
+                let want = if read { R } else { 0 } | if write { W } else { 0 };
+                if !self.cred.may(&a, want) {
+                    return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+                }
+                if trunc && kind == Kind::File && a.size > 0 {
+                    self.set_len(&mut st, ino, 0)?;
+                }
+                ino
+            }
+            (None, Some(name)) => {
+                if !create {
+                    return Err(fs_err(
+                        libc::ENOENT,
+                        format!("{op}: no such file or directory"),
+                    ));
+                }
+                if w.trailing_slash {
+                    return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                }
+                self.create_in(
+                    &mut st,
+                    w.parent,
+                    name,
+                    CreateOpts {
+                        kind: Kind::File,
+                        perm: mode & !self.umask,
+                    },
+                    None,
+                    &op,
+                )?
+            }
+            (None, None) => unreachable!("a missing entry has a name"),
+        };
+        *st.open.entry(ino).or_insert(0) += 1;
+        Ok(ino)
+    }
+
+    /// A `File` handle of `ino` was closed.
+    pub(crate) fn close(&self, ino: u64) {
+        let Ok(mut st) = self.begin() else { return };
+        let left = match st.open.get_mut(&ino) {
+            Some(n) => {
+                *n -= 1;
+                *n
+            }
+            None => return,
+        };
+        if left > 0 {
+            return;
+        }
+        st.open.remove(&ino);
+        if st.orphans.remove(&ino) {
+            // The last handle of an unlinked file: free it now.
+            if let Ok((gen, mut a)) = self.attrs(&st, ino) {
+                a.nlink = 0;
+                a.ctime = now_ns();
+                let mut tx = Tx::default();
+                tx.inode(ino, gen, a);
+                let _ = self.commit(&mut st, tx);
+            }
+        }
+    }
+
+    pub(crate) fn status(&self) -> io::Result<StatusReport> {
+        let mut st = self.begin()?;
+        match self.request(&mut st, &Request::Status)? {
+            Response::Status(r) => Ok(r),
+            r => Err(response_error("status", r)),
+        }
+    }
+
+    pub(crate) fn digest(&self) -> io::Result<()> {
+        let mut st = self.begin()?;
+        self.digest_wait(&mut st)
+    }
+}
+
+/// `OsStr` from bytes (Unix).
+trait FromBytesExt {
+    fn from_bytes_ext(b: &[u8]) -> &std::ffi::OsStr;
+}
+
+impl FromBytesExt for std::ffi::OsStr {
+    fn from_bytes_ext(b: &[u8]) -> &std::ffi::OsStr {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::OsStr::from_bytes(b)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = st.ring.set_reader_epoch(0);
+        let bye = Request::Goodbye { tail_lsn: st.tail };
+        let mut done = false;
+        if let Some(c) = st.conn.as_mut() {
+            done = matches!(c.roundtrip(&bye), Ok(Response::Ok));
+        }
+        if !done {
+            // The daemon restarted since our last request: re-attach (without starting
+            // one) so that it releases the slot; otherwise the next daemon recovers the
+            // log once our slot lock is gone.
+            if let Ok(mut c) = Conn::connect_only(&self.store) {
+                let re = Request::Reattach {
+                    pid: self.pid,
+                    slot: self.slot,
+                    slot_gen: self.slot_gen,
+                };
+                if matches!(c.roundtrip(&re), Ok(Response::Registered(_))) {
+                    let _ = c.roundtrip(&bye);
+                }
+            }
+        }
+        let _ = sys::flock_unlock(&self.slot_lock);
+    }
+}

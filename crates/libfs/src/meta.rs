@@ -1,0 +1,365 @@
+//! Metadata types mirroring `std::fs`: [`Metadata`], [`FileType`], [`Permissions`],
+//! [`ReadDir`] and [`DirEntry`]; and the POSIX permission checks.
+
+use crate::fs::Inner;
+use cairn_format::inode::{Attrs, Kind};
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Convert nanoseconds since the Unix epoch to a `SystemTime`.
+pub(crate) fn system_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+/// Convert a `SystemTime` to nanoseconds since the Unix epoch (saturating).
+pub(crate) fn time_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos())
+            .map(|v| -v)
+            .unwrap_or(i64::MIN),
+    }
+}
+
+/// Now, in nanoseconds since the Unix epoch.
+pub(crate) fn now_ns() -> i64 {
+    time_ns(SystemTime::now())
+}
+
+/// The kind of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileType {
+    pub(crate) kind: Kind,
+}
+
+impl FileType {
+    /// A directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+    /// A regular file.
+    pub fn is_file(&self) -> bool {
+        self.kind == Kind::File
+    }
+    /// A symbolic link.
+    pub fn is_symlink(&self) -> bool {
+        self.kind == Kind::Symlink
+    }
+}
+
+/// Permission bits of a file (`0o7777`), like `std::fs::Permissions` on Unix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Permissions {
+    mode: u32,
+}
+
+impl Permissions {
+    /// Permissions from a mode (only the `0o7777` bits are kept).
+    pub fn from_mode(mode: u32) -> Permissions {
+        Permissions {
+            mode: mode & 0o7777,
+        }
+    }
+    /// The permission bits.
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+    /// Whether no write bit is set.
+    pub fn readonly(&self) -> bool {
+        self.mode & 0o222 == 0
+    }
+    /// Clear (`true`) or set (`false`) every write bit, as `std` does on Unix.
+    pub fn set_readonly(&mut self, readonly: bool) {
+        if readonly {
+            self.mode &= !0o222;
+        } else {
+            self.mode |= 0o222;
+        }
+    }
+}
+
+/// Metadata of a file, like `std::fs::Metadata` (plus the Unix `MetadataExt` fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    pub(crate) ino: u64,
+    pub(crate) attrs: Attrs,
+    /// 512-byte units.
+    pub(crate) blocks: u64,
+}
+
+impl Metadata {
+    /// Size in bytes (for a symlink: the length of its target).
+    pub fn len(&self) -> u64 {
+        self.attrs.size
+    }
+    /// Whether the size is 0.
+    pub fn is_empty(&self) -> bool {
+        self.attrs.size == 0
+    }
+    /// A directory.
+    pub fn is_dir(&self) -> bool {
+        self.attrs.kind == Kind::Dir
+    }
+    /// A regular file.
+    pub fn is_file(&self) -> bool {
+        self.attrs.kind == Kind::File
+    }
+    /// A symbolic link (only from `symlink_metadata`).
+    pub fn is_symlink(&self) -> bool {
+        self.attrs.kind == Kind::Symlink
+    }
+    /// The file type.
+    pub fn file_type(&self) -> FileType {
+        FileType {
+            kind: self.attrs.kind,
+        }
+    }
+    /// The permission bits.
+    pub fn permissions(&self) -> Permissions {
+        Permissions::from_mode(self.attrs.perm)
+    }
+    /// `st_mode`: file type bits and permission bits.
+    pub fn mode(&self) -> u32 {
+        self.attrs.kind.mode_bits() | self.attrs.perm
+    }
+    /// Inode number.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+    /// Number of hard links (directories: 2 + subdirectories; 0 for an open file that was
+    /// unlinked).
+    pub fn nlink(&self) -> u64 {
+        self.attrs.nlink
+    }
+    /// Owner.
+    pub fn uid(&self) -> u32 {
+        self.attrs.uid
+    }
+    /// Group.
+    pub fn gid(&self) -> u32 {
+        self.attrs.gid
+    }
+    /// Space used, in 512-byte units (an estimate while writes are not digested yet).
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+    /// Last access (Cairn does not update it on reads: `noatime`).
+    pub fn accessed(&self) -> SystemTime {
+        system_time(self.attrs.atime)
+    }
+    /// Last modification of the contents.
+    pub fn modified(&self) -> SystemTime {
+        system_time(self.attrs.mtime)
+    }
+    /// Last change of the inode (`ctime`).
+    pub fn changed(&self) -> SystemTime {
+        system_time(self.attrs.ctime)
+    }
+    /// Creation (`btime`).
+    pub fn created(&self) -> SystemTime {
+        system_time(self.attrs.btime)
+    }
+    /// `atime` in ns since the Unix epoch.
+    pub fn atime_ns(&self) -> i64 {
+        self.attrs.atime
+    }
+    /// `mtime` in ns since the Unix epoch.
+    pub fn mtime_ns(&self) -> i64 {
+        self.attrs.mtime
+    }
+    /// `ctime` in ns since the Unix epoch.
+    pub fn ctime_ns(&self) -> i64 {
+        self.attrs.ctime
+    }
+}
+
+/// Iterator over the entries of a directory (a snapshot taken by `Fs::read_dir`;
+/// `.` and `..` are not included).
+pub struct ReadDir {
+    pub(crate) entries: std::vec::IntoIter<DirEntry>,
+}
+
+impl Iterator for ReadDir {
+    type Item = io::Result<DirEntry>;
+    fn next(&mut self) -> Option<io::Result<DirEntry>> {
+        self.entries.next().map(Ok)
+    }
+}
+
+/// One entry of a directory.
+pub struct DirEntry {
+    pub(crate) fs: Arc<Inner>,
+    pub(crate) dir: PathBuf,
+    pub(crate) name: Vec<u8>,
+    pub(crate) ino: u64,
+    pub(crate) kind: Kind,
+}
+
+impl std::fmt::Debug for DirEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirEntry")
+            .field("path", &self.path())
+            .field("ino", &self.ino)
+            .finish()
+    }
+}
+
+impl DirEntry {
+    /// The entry's name.
+    pub fn file_name(&self) -> OsString {
+        OsString::from_vec(self.name.clone())
+    }
+    /// The directory's path joined with the name.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(self.file_name())
+    }
+    /// Inode number.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+    /// The entry's type (symlinks are not followed).
+    pub fn file_type(&self) -> io::Result<FileType> {
+        Ok(FileType { kind: self.kind })
+    }
+    /// The entry's metadata (symlinks are not followed, as with `std`).
+    pub fn metadata(&self) -> io::Result<crate::Metadata> {
+        self.fs.symlink_metadata(&self.path())
+    }
+}
+
+/// The credentials permission checks use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Access bits.
+pub(crate) const R: u32 = 4;
+pub(crate) const W: u32 = 2;
+pub(crate) const X: u32 = 1;
+
+impl Cred {
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+
+    /// Whether access `want` (`R|W|X` bits) to a file with `a` is allowed (POSIX: the
+    /// owner class, else the group class, else others; root may do anything except
+    /// execute a non-directory without any `x` bit).
+    pub fn may(&self, a: &Attrs, want: u32) -> bool {
+        if self.is_root() {
+            return want & X == 0 || a.kind == Kind::Dir || a.perm & 0o111 != 0;
+        }
+        let bits = if self.uid == a.uid {
+            (a.perm >> 6) & 7
+        } else if self.in_group(a.gid) {
+            (a.perm >> 3) & 7
+        } else {
+            a.perm & 7
+        };
+        bits & want == want
+    }
+
+    /// Sticky directories: only the owner of the entry or of the directory (or root) may
+    /// remove or rename it.
+    pub fn sticky_ok(&self, dir: &Attrs, victim: &Attrs) -> bool {
+        dir.perm & 0o1000 == 0 || self.is_root() || self.uid == dir.uid || self.uid == victim.uid
+    }
+
+    /// Owner or root (chmod, utimes with explicit times).
+    pub fn owns(&self, a: &Attrs) -> bool {
+        self.is_root() || self.uid == a.uid
+    }
+}
+
+/// The current process's supplementary groups and umask, from `/proc/self/status`
+/// (defaults: none and `0o022`).
+pub(crate) fn groups_and_umask() -> (Vec<u32>, u32) {
+    let mut groups = Vec::new();
+    let mut umask = 0o022;
+    if let Ok(s) = std::fs::read_to_string("/proc/self/status") {
+        for line in s.lines() {
+            if let Some(g) = line.strip_prefix("Groups:") {
+                groups = g
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+            } else if let Some(u) = line.strip_prefix("Umask:") {
+                if let Ok(v) = u32::from_str_radix(u.trim(), 8) {
+                    umask = v;
+                }
+            }
+        }
+    }
+    (groups, umask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(kind: Kind, perm: u32, uid: u32, gid: u32) -> Attrs {
+        Attrs {
+            kind,
+            perm,
+            uid,
+            gid,
+            nlink: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn permission_classes() {
+        let me = Cred {
+            uid: 1000,
+            gid: 100,
+            groups: vec![200],
+        };
+        let root = Cred {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        };
+        // Owner class wins even when it grants less than the group class.
+        let f = attrs(Kind::File, 0o070, 1000, 100);
+        assert!(!me.may(&f, R));
+        let g = attrs(Kind::File, 0o640, 5, 200);
+        assert!(me.may(&g, R) && !me.may(&g, W));
+        let o = attrs(Kind::File, 0o604, 5, 6);
+        assert!(me.may(&o, R) && !me.may(&o, W | R));
+        assert!(root.may(&o, R | W));
+        assert!(!root.may(&o, X));
+        assert!(root.may(&attrs(Kind::Dir, 0, 5, 6), X));
+        let sticky = attrs(Kind::Dir, 0o1777, 5, 6);
+        assert!(!me.sticky_ok(&sticky, &o));
+        assert!(me.sticky_ok(&sticky, &f));
+        assert!(root.sticky_ok(&sticky, &o));
+    }
+
+    #[test]
+    fn times_roundtrip() {
+        for ns in [0i64, 1, 1_700_000_000_123_456_789, -5_000_000_001] {
+            assert_eq!(time_ns(system_time(ns)), ns);
+        }
+        let mut p = Permissions::from_mode(0o100644);
+        assert_eq!(p.mode(), 0o644);
+        p.set_readonly(true);
+        assert!(p.readonly());
+        assert_eq!(p.mode(), 0o444);
+    }
+}

@@ -1,0 +1,184 @@
+//! The client's operation log ring: the mapping of its slot (client page + ring) and the
+//! encoding of transactions straight into it.
+//!
+//! A transaction is copied into the ring with plain stores, written back (`clwb`) and
+//! fenced once by the caller ([`cairn_media::fence`]); its crc32c and sequence number
+//! are the commit mark. The `WRITE` fast path never builds the transaction in a heap
+//! buffer: it encodes the 80-byte head on the stack, copies the caller's data into the
+//! ring and computes the crc incrementally over head, data and padding.
+
+use cairn_format::log::{
+    encode_write_header, seal_wrap, write_txn_len, KIND_COMMIT, TXN_HEADER, TXN_MAGIC, TXN_VERSION,
+    WRITE_HEADER_LEN,
+};
+use cairn_format::slot::client_page;
+use cairn_format::BLOCK_SIZE;
+use cairn_media::Mapping;
+use std::io;
+
+/// Bytes before the first data byte of a `WRITE` transaction.
+pub const WRITE_HEAD: usize = TXN_HEADER + WRITE_HEADER_LEN;
+/// Bytes of the wrap transaction LibFS writes (the scanner skips to the next lap).
+pub const WRAP_LEN: u64 = 64;
+
+static ZEROS: [u8; 128] = [0u8; 128];
+
+/// Data size from which `WRITE` data is copied with non-temporal stores.
+pub const NT_MIN: usize = 2048;
+
+/// The header and `WRITE` record head of a one-record `WRITE` transaction carrying
+/// `data`, with its crc filled in, and the number of zero bytes that follow the data.
+pub fn write_head(
+    seq: u64,
+    ino: u64,
+    offset: u64,
+    size: u64,
+    mtime: i64,
+    data: &[u8],
+) -> ([u8; WRITE_HEAD], usize) {
+    let len = write_txn_len(data.len());
+    let mut h = [0u8; WRITE_HEAD];
+    h[0..4].copy_from_slice(&TXN_MAGIC.to_le_bytes());
+    h[4..6].copy_from_slice(&TXN_VERSION.to_le_bytes());
+    h[6..8].copy_from_slice(&KIND_COMMIT.to_le_bytes());
+    h[8..16].copy_from_slice(&seq.to_le_bytes());
+    h[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+    h[20..24].copy_from_slice(&1u32.to_le_bytes());
+    encode_write_header(&mut h[TXN_HEADER..], ino, offset, size, mtime, data.len());
+    let pad = len - WRITE_HEAD - data.len();
+    let mut c = crc32c::crc32c(&h[..28]);
+    c = crc32c::crc32c_append(c, &h[TXN_HEADER..]);
+    c = crc32c::crc32c_append(c, data);
+    c = crc32c::crc32c_append(c, &ZEROS[..pad]);
+    h[28..32].copy_from_slice(&c.to_le_bytes());
+    (h, pad)
+}
+
+/// The mapped slot: client page (one block) followed by the ring.
+pub struct Ring {
+    map: Mapping,
+    bytes: u64,
+}
+
+impl Ring {
+    /// Wrap the read-write mapping of a slot (client page + `ring_bytes` of ring).
+    pub fn new(map: Mapping, ring_bytes: u64) -> Ring {
+        Ring {
+            map,
+            bytes: ring_bytes,
+        }
+    }
+
+    /// Bytes in the ring.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn off(&self, lsn: u64) -> usize {
+        BLOCK_SIZE + (lsn % self.bytes) as usize
+    }
+
+    /// Copy a whole encoded transaction to `lsn` and write it back (no fence).
+    pub fn put_txn(&self, lsn: u64, txn: &[u8]) -> io::Result<()> {
+        let off = self.off(lsn);
+        self.map.write(off, txn)?;
+        self.map.flush(off, txn.len())
+    }
+
+    /// Encode a `WRITE` transaction at `lsn` and write it back (no fence). Returns its
+    /// length.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_write(
+        &self,
+        lsn: u64,
+        seq: u64,
+        ino: u64,
+        offset: u64,
+        size: u64,
+        mtime: i64,
+        data: &[u8],
+    ) -> io::Result<usize> {
+        let n = data.len();
+        let len = write_txn_len(n);
+        let pad = len - WRITE_HEAD - n;
+        let off = self.off(lsn);
+        let body = off + WRITE_HEAD;
+        // 1. The data and padding. Large data: the whole cache lines after the head's two
+        //    lines are copied with non-temporal stores (no write-back needed, the
+        //    caller's fence drains them); `off` is 64-byte aligned.
+        let mut wb_from = off + 128;
+        if n >= NT_MIN {
+            let first = 128 - WRITE_HEAD;
+            let nt_end = first + (n - first) / 64 * 64;
+            self.map.write(body, &data[..first])?;
+            self.map.write_nt(off + 128, &data[first..nt_end])?;
+            self.map.write(body + nt_end, &data[nt_end..])?;
+            wb_from = body + nt_end;
+        } else {
+            self.map.write(body, data)?;
+        }
+        self.map.write(body + n, &ZEROS[..pad])?;
+        // 2. Start writing back the lines after the head, then compute the crc while
+        //    the write-backs are in flight, then store and write back the head.
+        if off + len > wb_from {
+            self.map.flush(wb_from, off + len - wb_from)?;
+        }
+        let (head, _) = write_head(seq, ino, offset, size, mtime, data);
+        self.map.write(off, &head)?;
+        self.map.flush(off, 128.min(len))?;
+        Ok(len)
+    }
+
+    /// Write a 64-byte wrap transaction at `lsn` and write it back (no fence).
+    pub fn put_wrap(&self, lsn: u64, seq: u64) -> io::Result<()> {
+        let mut t = [0u8; WRAP_LEN as usize];
+        seal_wrap(&mut t, seq);
+        self.put_txn(lsn, &t)
+    }
+
+    /// Copy log bytes at `lsn` (which must not cross the end of the ring) into `buf`.
+    pub fn read(&self, lsn: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.map.read(self.off(lsn), buf)
+    }
+
+    /// Publish the epoch this client reads the shared area under (0: not reading).
+    pub fn set_reader_epoch(&self, e: u64) -> io::Result<()> {
+        self.map.store_u64(client_page::READER_EPOCH as usize, e)
+    }
+
+    /// Write the owner pid into the client page.
+    pub fn set_pid(&self, pid: u32) -> io::Result<()> {
+        self.map.store_u64(client_page::PID as usize, pid as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::log::{build_txn, records, scan, Record};
+
+    #[test]
+    fn fast_write_encoding_equals_build_txn() {
+        for n in [0usize, 1, 7, 8, 9, 63, 64, 100, 1024, 4096, 5000] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
+            let (head, pad) = write_head(42, 9, 100, 100 + n as u64, 77, &data);
+            let mut t = head.to_vec();
+            t.extend_from_slice(&data);
+            t.extend(std::iter::repeat_n(0u8, pad));
+            let want = build_txn(
+                42,
+                &[Record::Write {
+                    ino: 9,
+                    offset: 100,
+                    size: 100 + n as u64,
+                    mtime: 77,
+                    data: &data,
+                }],
+            );
+            assert_eq!(t, want, "n = {n}");
+            let s = scan(&t, 0, 42, 1 << 20);
+            assert_eq!(s.txns.len(), 1);
+            assert_eq!(records(&t, 1).unwrap().len(), 1);
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Temporary stores for tests, and finding the `cairn` binary that runs the daemon.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The `cairn` binary: `$CAIRN_BIN`, else `target/<profile>/cairn` next to the running
+/// test binary (which lives in `target/<profile>/deps`).
+pub fn cairn_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CAIRN_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    for dir in exe.ancestors().skip(1).take(3) {
+        let c = dir.join("cairn");
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!(
+        "the cairn binary was not found next to {}; build it first (cargo build -p cairn-cli, \
+         same profile) or set CAIRN_BIN",
+        exe.display()
+    );
+}
+
+/// Make sure LibFS auto-starts daemons from the binary under test.
+pub fn export_cairn_bin() {
+    if std::env::var_os("CAIRN_BIN").is_none() {
+        std::env::set_var("CAIRN_BIN", cairn_bin());
+    }
+}
+
+/// A store in a temporary directory (NVM file inside it, so nothing leaks into
+/// /dev/shm), stopped and removed when dropped.
+pub struct TestStore {
+    pub dir: tempfile::TempDir,
+}
+
+/// Size options for a test store.
+#[derive(Debug, Clone)]
+pub struct StoreSize {
+    pub nvm: &'static str,
+    pub log: &'static str,
+    pub clients: u32,
+    pub inodes: Option<u64>,
+}
+
+impl Default for StoreSize {
+    fn default() -> Self {
+        StoreSize {
+            nvm: "256M",
+            log: "1M",
+            clients: 8,
+            inodes: None,
+        }
+    }
+}
+
+impl TestStore {
+    /// A new store with default test sizes.
+    pub fn new() -> TestStore {
+        TestStore::with_size(StoreSize::default())
+    }
+
+    /// A new store with the given sizes. Its NVM file lives in /dev/shm (tmpfs, as in
+    /// production) under the temporary directory's unique name.
+    pub fn with_size(s: StoreSize) -> TestStore {
+        export_cairn_bin();
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-test-")
+            .tempdir()
+            .expect("tempdir");
+        let nvm = Path::new("/dev/shm").join(format!(
+            "{}.nvm",
+            dir.path().file_name().unwrap().to_string_lossy()
+        ));
+        let mut cmd = Command::new(cairn_bin());
+        cmd.arg("mkfs")
+            .arg("--store")
+            .arg(dir.path())
+            .args(["--nvm-size", s.nvm, "--log-size", s.log])
+            .arg("--nvm-path")
+            .arg(&nvm)
+            .args(["--max-clients", &s.clients.to_string()]);
+        if let Some(n) = s.inodes {
+            cmd.args(["--inodes", &n.to_string()]);
+        }
+        let out = cmd.output().expect("run cairn mkfs");
+        assert!(
+            out.status.success(),
+            "cairn mkfs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TestStore { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A new client of this store (auto-starts the daemon).
+    pub fn fs(&self) -> cairn::Fs {
+        cairn::Fs::open(self.path()).expect("open store")
+    }
+
+    /// Pid of the daemon serving this store, if one runs (from /proc).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        daemon_pid(self.path())
+    }
+
+    /// Stop the daemon cleanly (if it runs).
+    pub fn stop(&self) {
+        let _ = cairn::daemon_shutdown(Some(self.path()));
+    }
+}
+
+impl Default for TestStore {
+    fn default() -> Self {
+        TestStore::new()
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(pid) = self.daemon_pid() {
+            kill9(pid);
+        }
+        if let Ok(cfg) = cairn_area::StoreDir::new(self.path()).load_config() {
+            let _ = std::fs::remove_file(cfg.nvm_path);
+        }
+    }
+}
+
+/// Find the pid of `cairn daemon --store <store>` by scanning /proc.
+pub fn daemon_pid(store: &Path) -> Option<u32> {
+    let want = store.as_os_str().as_encoded_bytes();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        if args.iter().any(|a| *a == b"daemon") && args.iter().any(|a| *a == want) {
+            // Skip zombies.
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            if stat
+                .rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('Z'))
+                == Some(true)
+            {
+                continue;
+            }
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// SIGKILL a process.
+pub fn kill9(pid: u32) {
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+}

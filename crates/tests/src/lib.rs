@@ -1,0 +1,11 @@
+//! System-test support for Cairn: a store with its daemon for the duration of a test, a
+//! common interface over Cairn and a reference file system (`std::fs` on tmpfs), a
+//! deterministic operation generator, and whole-tree snapshots to compare the two.
+
+pub mod harness;
+pub mod ops;
+pub mod snapshot;
+
+pub use harness::TestStore;
+pub use ops::{apply, gen_ops, CairnFs, FsOps, HostFs, Op, Outcome};
+pub use snapshot::{diff, snapshot, Node, Snapshot};

@@ -1,0 +1,455 @@
+//! Operations run against Cairn and against a reference file system through one
+//! interface, and a deterministic generator of operation sequences.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Kind of a node as seen by the tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// The observable attributes compared between systems (times are not compared: the two
+/// systems run at different moments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: Kind,
+    pub perm: u32,
+    pub size: u64,
+    pub nlink: u64,
+}
+
+/// What the tests can do to a file system. Paths are absolute inside it.
+pub trait FsOps {
+    fn create(&self, p: &str) -> io::Result<()>;
+    fn create_new(&self, p: &str) -> io::Result<()>;
+    fn write_at(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()>;
+    fn append(&self, p: &str, data: &[u8]) -> io::Result<()>;
+    fn truncate(&self, p: &str, len: u64) -> io::Result<()>;
+    fn read_at(&self, p: &str, off: u64, len: usize) -> io::Result<Vec<u8>>;
+    fn read_all(&self, p: &str) -> io::Result<Vec<u8>>;
+    fn mkdir(&self, p: &str) -> io::Result<()>;
+    fn remove_file(&self, p: &str) -> io::Result<()>;
+    fn remove_dir(&self, p: &str) -> io::Result<()>;
+    fn rename(&self, a: &str, b: &str) -> io::Result<()>;
+    fn hard_link(&self, a: &str, b: &str) -> io::Result<()>;
+    fn symlink(&self, target: &str, link: &str) -> io::Result<()>;
+    fn read_link(&self, p: &str) -> io::Result<String>;
+    fn chmod(&self, p: &str, mode: u32) -> io::Result<()>;
+    fn meta(&self, p: &str, follow: bool) -> io::Result<Meta>;
+    /// Sorted names in a directory.
+    fn list(&self, p: &str) -> io::Result<Vec<String>>;
+    /// Write through a handle with the cursor: seek to `off`, write `data` in two parts.
+    fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()>;
+}
+
+/// The reference: `std::fs` under a root directory.
+pub struct HostFs {
+    pub root: PathBuf,
+}
+
+impl HostFs {
+    fn p(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+}
+
+fn meta_of(m: &std::fs::Metadata) -> Meta {
+    use std::os::unix::fs::MetadataExt;
+    let ft = m.file_type();
+    let kind = if ft.is_dir() {
+        Kind::Dir
+    } else if ft.is_symlink() {
+        Kind::Symlink
+    } else {
+        Kind::File
+    };
+    Meta {
+        kind,
+        perm: m.mode() & 0o7777,
+        // Directory sizes differ between file systems by design.
+        size: if kind == Kind::Dir { 0 } else { m.len() },
+        nlink: m.nlink(),
+    }
+}
+
+impl FsOps for HostFs {
+    fn create(&self, p: &str) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.p(p))
+            .map(|_| ())
+    }
+    fn create_new(&self, p: &str) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.p(p))
+            .map(|_| ())
+    }
+    fn write_at(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.p(p))?
+            .write_all_at(data, off)
+    }
+    fn append(&self, p: &str, data: &[u8]) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.p(p))?
+            .write_all(data)
+    }
+    fn truncate(&self, p: &str, len: u64) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.p(p))?
+            .set_len(len)
+    }
+    fn read_at(&self, p: &str, off: u64, len: usize) -> io::Result<Vec<u8>> {
+        let f = std::fs::File::open(self.p(p))?;
+        let mut buf = vec![0u8; len];
+        let mut n = 0;
+        while n < len {
+            let r = f.read_at(&mut buf[n..], off + n as u64)?;
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        buf.truncate(n);
+        Ok(buf)
+    }
+    fn read_all(&self, p: &str) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        std::fs::File::open(self.p(p))?.read_to_end(&mut v)?;
+        Ok(v)
+    }
+    fn mkdir(&self, p: &str) -> io::Result<()> {
+        std::fs::create_dir(self.p(p))
+    }
+    fn remove_file(&self, p: &str) -> io::Result<()> {
+        std::fs::remove_file(self.p(p))
+    }
+    fn remove_dir(&self, p: &str) -> io::Result<()> {
+        std::fs::remove_dir(self.p(p))
+    }
+    fn rename(&self, a: &str, b: &str) -> io::Result<()> {
+        std::fs::rename(self.p(a), self.p(b))
+    }
+    fn hard_link(&self, a: &str, b: &str) -> io::Result<()> {
+        std::fs::hard_link(self.p(a), self.p(b))
+    }
+    fn symlink(&self, target: &str, link: &str) -> io::Result<()> {
+        std::os::unix::fs::symlink(target, self.p(link))
+    }
+    fn read_link(&self, p: &str) -> io::Result<String> {
+        Ok(std::fs::read_link(self.p(p))?
+            .to_string_lossy()
+            .into_owned())
+    }
+    fn chmod(&self, p: &str, mode: u32) -> io::Result<()> {
+        std::fs::set_permissions(self.p(p), std::fs::Permissions::from_mode(mode))
+    }
+    fn meta(&self, p: &str, follow: bool) -> io::Result<Meta> {
+        let m = if follow {
+            std::fs::metadata(self.p(p))?
+        } else {
+            std::fs::symlink_metadata(self.p(p))?
+        };
+        Ok(meta_of(&m))
+    }
+    fn list(&self, p: &str) -> io::Result<Vec<String>> {
+        let mut v: Vec<String> = std::fs::read_dir(self.p(p))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<io::Result<_>>()?;
+        v.sort();
+        Ok(v)
+    }
+    fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).open(self.p(p))?;
+        f.seek(SeekFrom::Start(off))?;
+        let (a, b) = data.split_at(data.len() / 2);
+        f.write_all(a)?;
+        f.write_all(b)
+    }
+}
+
+/// Cairn through its Rust API.
+pub struct CairnFs<'a> {
+    pub fs: &'a cairn::Fs,
+}
+
+fn cairn_meta(m: &cairn::Metadata) -> Meta {
+    let kind = if m.is_dir() {
+        Kind::Dir
+    } else if m.is_symlink() {
+        Kind::Symlink
+    } else {
+        Kind::File
+    };
+    Meta {
+        kind,
+        perm: m.mode() & 0o7777,
+        size: if kind == Kind::Dir { 0 } else { m.len() },
+        nlink: m.nlink(),
+    }
+}
+
+impl FsOps for CairnFs<'_> {
+    fn create(&self, p: &str) -> io::Result<()> {
+        cairn::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .open(self.fs, p)
+            .map(|_| ())
+    }
+    fn create_new(&self, p: &str) -> io::Result<()> {
+        cairn::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.fs, p)
+            .map(|_| ())
+    }
+    fn write_at(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
+        let f = cairn::OpenOptions::new().write(true).open(self.fs, p)?;
+        let mut n = 0;
+        while n < data.len() {
+            n += f.write_at(&data[n..], off + n as u64)?;
+        }
+        Ok(())
+    }
+    fn append(&self, p: &str, data: &[u8]) -> io::Result<()> {
+        cairn::OpenOptions::new()
+            .append(true)
+            .open(self.fs, p)?
+            .write_all(data)
+    }
+    fn truncate(&self, p: &str, len: u64) -> io::Result<()> {
+        cairn::OpenOptions::new()
+            .write(true)
+            .open(self.fs, p)?
+            .set_len(len)
+    }
+    fn read_at(&self, p: &str, off: u64, len: usize) -> io::Result<Vec<u8>> {
+        let f = cairn::File::open(self.fs, p)?;
+        let mut buf = vec![0u8; len];
+        let mut n = 0;
+        while n < len {
+            let r = f.read_at(&mut buf[n..], off + n as u64)?;
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        buf.truncate(n);
+        Ok(buf)
+    }
+    fn read_all(&self, p: &str) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        cairn::File::open(self.fs, p)?.read_to_end(&mut v)?;
+        Ok(v)
+    }
+    fn mkdir(&self, p: &str) -> io::Result<()> {
+        self.fs.create_dir(p)
+    }
+    fn remove_file(&self, p: &str) -> io::Result<()> {
+        self.fs.remove_file(p)
+    }
+    fn remove_dir(&self, p: &str) -> io::Result<()> {
+        self.fs.remove_dir(p)
+    }
+    fn rename(&self, a: &str, b: &str) -> io::Result<()> {
+        self.fs.rename(a, b)
+    }
+    fn hard_link(&self, a: &str, b: &str) -> io::Result<()> {
+        self.fs.hard_link(a, b)
+    }
+    fn symlink(&self, target: &str, link: &str) -> io::Result<()> {
+        self.fs.symlink(target, link)
+    }
+    fn read_link(&self, p: &str) -> io::Result<String> {
+        Ok(self.fs.read_link(p)?.to_string_lossy().into_owned())
+    }
+    fn chmod(&self, p: &str, mode: u32) -> io::Result<()> {
+        self.fs
+            .set_permissions(p, cairn::Permissions::from_mode(mode))
+    }
+    fn meta(&self, p: &str, follow: bool) -> io::Result<Meta> {
+        let m = if follow {
+            self.fs.metadata(p)?
+        } else {
+            self.fs.symlink_metadata(p)?
+        };
+        Ok(cairn_meta(&m))
+    }
+    fn list(&self, p: &str) -> io::Result<Vec<String>> {
+        let mut v: Vec<String> = self
+            .fs
+            .read_dir(p)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<io::Result<_>>()?;
+        v.sort();
+        Ok(v)
+    }
+    fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
+        let mut f = cairn::OpenOptions::new().write(true).open(self.fs, p)?;
+        f.seek(SeekFrom::Start(off))?;
+        let (a, b) = data.split_at(data.len() / 2);
+        f.write_all(a)?;
+        f.write_all(b)
+    }
+}
+
+/// One generated operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Create(String),
+    CreateNew(String),
+    WriteAt(String, u64, u32, u8),
+    SeekWrite(String, u64, u32, u8),
+    Append(String, u32, u8),
+    Truncate(String, u64),
+    ReadAt(String, u64, u32),
+    Mkdir(String),
+    RemoveFile(String),
+    RemoveDir(String),
+    Rename(String, String),
+    HardLink(String, String),
+    Symlink(String, String),
+    ReadLink(String),
+    Chmod(String, u32),
+    Stat(String, bool),
+    List(String),
+}
+
+/// Deterministic data for a write: `len` bytes from `seed`.
+pub fn data(len: u32, seed: u8) -> Vec<u8> {
+    (0..len as usize)
+        .map(|i| seed.wrapping_add((i * 7 + i / 4096) as u8))
+        .collect()
+}
+
+/// The small namespace the generator works in (so operations collide often).
+const NAMES: &[&str] = &[
+    "/a", "/b", "/d", "/d/a", "/d/b", "/d/e", "/d/e/a", "/e", "/e/b",
+];
+
+fn pick(r: &mut StdRng) -> String {
+    NAMES[r.gen_range(0..NAMES.len())].to_string()
+}
+
+/// `n` operations from `seed`, under the directory `prefix` ("" for the root).
+pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
+    let mut r = StdRng::seed_from_u64(seed);
+    let mut v = Vec::with_capacity(n);
+    let p = |s: String| format!("{prefix}{s}");
+    for _ in 0..n {
+        let len = match r.gen_range(0..10) {
+            0 => 0,
+            1..=6 => r.gen_range(1..2000),
+            7 | 8 => r.gen_range(2000..12000),
+            _ => r.gen_range(12000..70000),
+        };
+        let off = match r.gen_range(0..4) {
+            0 => 0,
+            1 => r.gen_range(0..4096),
+            2 => r.gen_range(0..20000),
+            _ => 4096 * r.gen_range(0..8),
+        };
+        let op = match r.gen_range(0..100) {
+            0..=9 => Op::Create(p(pick(&mut r))),
+            10..=12 => Op::CreateNew(p(pick(&mut r))),
+            13..=32 => Op::WriteAt(p(pick(&mut r)), off, len, r.gen()),
+            33..=37 => Op::SeekWrite(p(pick(&mut r)), off, len, r.gen()),
+            38..=44 => Op::Append(p(pick(&mut r)), len, r.gen()),
+            45..=50 => Op::Truncate(p(pick(&mut r)), off + r.gen_range(0..3) * 1000),
+            51..=56 => Op::ReadAt(p(pick(&mut r)), off, len),
+            57..=64 => Op::Mkdir(p(pick(&mut r))),
+            65..=70 => Op::RemoveFile(p(pick(&mut r))),
+            71..=74 => Op::RemoveDir(p(pick(&mut r))),
+            75..=82 => Op::Rename(p(pick(&mut r)), p(pick(&mut r))),
+            83..=85 => Op::HardLink(p(pick(&mut r)), p(pick(&mut r))),
+            86..=88 => {
+                // Relative targets only: an absolute one would leave the reference root.
+                let t = pick(&mut r).trim_start_matches('/').to_string();
+                Op::Symlink(t, p(pick(&mut r)))
+            }
+            89..=90 => Op::ReadLink(p(pick(&mut r))),
+            91..=93 => Op::Chmod(
+                p(pick(&mut r)),
+                [0o644, 0o600, 0o755, 0o700][r.gen_range(0..4)],
+            ),
+            94..=97 => Op::Stat(p(pick(&mut r)), r.gen()),
+            _ => Op::List(p(pick(&mut r))),
+        };
+        v.push(op);
+    }
+    v
+}
+
+/// What an operation returned, reduced to what must agree between systems.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Data(Vec<u8>),
+    Text(String),
+    Meta(Meta),
+    Names(Vec<String>),
+    Err(i32),
+}
+
+fn errno(e: &io::Error) -> i32 {
+    let n = cairn_area::errno_of(e);
+    // POSIX lets rename/rmdir of a non-empty directory say either.
+    if n == libc::EEXIST || n == libc::ENOTEMPTY {
+        libc::ENOTEMPTY
+    } else {
+        n
+    }
+}
+
+fn out<T>(r: io::Result<T>, f: impl FnOnce(T) -> Outcome) -> Outcome {
+    match r {
+        Ok(v) => f(v),
+        Err(e) => Outcome::Err(errno(&e)),
+    }
+}
+
+/// Run one operation.
+pub fn apply(fs: &dyn FsOps, op: &Op) -> Outcome {
+    let ok = |_| Outcome::Ok;
+    match op {
+        Op::Create(p) => out(fs.create(p), ok),
+        Op::CreateNew(p) => out(fs.create_new(p), ok),
+        Op::WriteAt(p, off, len, s) => out(fs.write_at(p, *off, &data(*len, *s)), ok),
+        Op::SeekWrite(p, off, len, s) => out(fs.seek_write(p, *off, &data(*len, *s)), ok),
+        Op::Append(p, len, s) => out(fs.append(p, &data(*len, *s)), ok),
+        Op::Truncate(p, len) => out(fs.truncate(p, *len), ok),
+        Op::ReadAt(p, off, len) => out(fs.read_at(p, *off, *len as usize), Outcome::Data),
+        Op::Mkdir(p) => out(fs.mkdir(p), ok),
+        Op::RemoveFile(p) => out(fs.remove_file(p), ok),
+        Op::RemoveDir(p) => out(fs.remove_dir(p), ok),
+        Op::Rename(a, b) => out(fs.rename(a, b), ok),
+        Op::HardLink(a, b) => out(fs.hard_link(a, b), ok),
+        Op::Symlink(t, l) => out(fs.symlink(t, l), ok),
+        Op::ReadLink(p) => out(fs.read_link(p), Outcome::Text),
+        Op::Chmod(p, m) => out(fs.chmod(p, *m), ok),
+        Op::Stat(p, follow) => out(fs.meta(p, *follow), Outcome::Meta),
+        Op::List(p) => out(fs.list(p), Outcome::Names),
+    }
+}
+
+/// Join a prefix directory and a path for the reference root.
+pub fn host_root(dir: &Path) -> HostFs {
+    HostFs {
+        root: dir.to_path_buf(),
+    }
+}

@@ -1,0 +1,281 @@
+//! Bad input never panics the daemon and never loses a committed write: a client that
+//! logs garbage is refused and the shared area is untouched; a corrupted image is
+//! refused with a clear error; a full tier gives ENOSPC and recovers when space is freed.
+
+use cairn_format::log::{self, Record};
+use cairn_format::BLOCK_SIZE;
+use cairn_proto::{Request, Response};
+use cairn_tests::harness::StoreSize;
+use cairn_tests::TestStore;
+use std::os::unix::net::UnixStream;
+
+/// A hand-rolled client that speaks the protocol and writes its ring directly.
+struct RawClient {
+    sock: UnixStream,
+    reg: cairn_proto::Registration,
+    ring: cairn_media::Mapping,
+    _lock: std::fs::File,
+}
+
+impl RawClient {
+    fn connect(store: &TestStore) -> RawClient {
+        // Make sure a daemon runs (a normal client auto-starts it).
+        drop(store.fs());
+        let dir = cairn_area::StoreDir::new(store.path());
+        let mut sock = UnixStream::connect(dir.socket_path()).unwrap();
+        cairn_proto::send(
+            &mut sock,
+            &Request::Register {
+                pid: std::process::id(),
+            },
+        )
+        .unwrap();
+        let Response::Registered(reg) = cairn_proto::recv(&mut sock).unwrap() else {
+            panic!("register refused")
+        };
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.slot_lock_path(reg.slot))
+            .unwrap();
+        cairn_media::sys::flock_exclusive(&lock, false).unwrap();
+        let nvm = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&reg.nvm_path)
+            .unwrap();
+        let area = cairn_area::Area::open(&nvm, false).unwrap();
+        let l = *area.layout();
+        let ring = cairn_media::Mapping::new(
+            &nvm,
+            l.ring_off(reg.slot),
+            l.ring_bytes() as usize,
+            true,
+            false,
+        )
+        .unwrap();
+        RawClient {
+            sock,
+            reg,
+            ring,
+            _lock: lock,
+        }
+    }
+
+    /// Write raw transaction bytes at the head and ask for a digest of them.
+    fn log_and_digest(&mut self, bytes: &[u8]) -> Response {
+        let off = (self.reg.head_lsn % self.ring.len() as u64) as usize;
+        self.ring.write(off, bytes).unwrap();
+        self.ring.persist(off, bytes.len()).unwrap();
+        let upto = self.reg.head_lsn + bytes.len() as u64;
+        cairn_proto::send(
+            &mut self.sock,
+            &Request::Digest {
+                upto_lsn: upto,
+                wait: true,
+            },
+        )
+        .unwrap();
+        cairn_proto::recv(&mut self.sock).unwrap_or(Response::Error {
+            errno: -1,
+            message: "connection closed".into(),
+        })
+    }
+}
+
+fn attrs(kind: cairn_format::inode::Kind) -> cairn_format::inode::Attrs {
+    cairn_format::inode::Attrs {
+        kind,
+        perm: 0o644,
+        nlink: 1,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn garbage_logs_are_refused_and_leave_the_shared_area_untouched() {
+    let store = TestStore::new();
+    {
+        let fs = store.fs();
+        fs.write("/keep", b"committed before the attack").unwrap();
+    }
+    let seq = |c: &RawClient| c.reg.head_seq;
+    let cases: Vec<(&str, Box<dyn Fn(&RawClient) -> Vec<u8>>)> = vec![
+        (
+            "random bytes",
+            Box::new(|_| {
+                (0..4096u32)
+                    .map(|i| (i * 2654435761u32 >> 13) as u8)
+                    .collect()
+            }),
+        ),
+        (
+            "wrong sequence",
+            Box::new(move |c| log::build_txn(seq(c) + 5, &[])),
+        ),
+        (
+            "bad crc",
+            Box::new(move |c| {
+                let mut t = log::build_txn(
+                    seq(c),
+                    &[Record::InodeSet {
+                        ino: 9,
+                        generation: 1,
+                        attrs: attrs(cairn_format::inode::Kind::File),
+                    }],
+                );
+                t[40] ^= 0xff;
+                t
+            }),
+        ),
+        (
+            "inode out of range",
+            Box::new(move |c| {
+                log::build_txn(
+                    seq(c),
+                    &[Record::InodeSet {
+                        ino: u64::MAX / 2,
+                        generation: 1,
+                        attrs: attrs(cairn_format::inode::Kind::File),
+                    }],
+                )
+            }),
+        ),
+        (
+            "entry to a missing inode",
+            Box::new(move |c| {
+                log::build_txn(
+                    seq(c),
+                    &[Record::DirentSet {
+                        dir: 1,
+                        name: b"ghost",
+                        ino: 4000,
+                        kind: cairn_format::inode::Kind::File,
+                    }],
+                )
+            }),
+        ),
+        (
+            "entry in a non-directory",
+            Box::new(move |c| {
+                log::build_txn(
+                    seq(c),
+                    &[Record::DirentSet {
+                        dir: 999_999_999,
+                        name: b"x",
+                        ino: 1,
+                        kind: cairn_format::inode::Kind::Dir,
+                    }],
+                )
+            }),
+        ),
+        (
+            "write to a free inode",
+            Box::new(move |c| {
+                log::build_txn(
+                    seq(c),
+                    &[Record::Write {
+                        ino: 3000,
+                        offset: 0,
+                        size: 3,
+                        mtime: 0,
+                        data: b"abc",
+                    }],
+                )
+            }),
+        ),
+    ];
+    for (what, make) in cases {
+        let mut c = RawClient::connect(&store);
+        let bytes = make(&c);
+        let r = c.log_and_digest(&bytes);
+        assert!(
+            matches!(r, Response::Error { .. }),
+            "{what}: expected a refusal, got {r:?}"
+        );
+        // The daemon is alive and the committed data is intact.
+        let fs = store.fs();
+        assert_eq!(
+            fs.read("/keep").unwrap(),
+            b"committed before the attack",
+            "{what}"
+        );
+        assert!(!fs.exists("/ghost"), "{what}");
+        assert!(!fs.exists("/x"), "{what}");
+        let st = fs.status().unwrap();
+        assert_eq!(st.tiers[0].name, "nvm");
+    }
+    assert!(
+        store.daemon_pid().is_some(),
+        "the daemon survived every bad log"
+    );
+}
+
+#[test]
+fn corrupted_superblock_is_refused_with_a_clear_error() {
+    let store = TestStore::new();
+    {
+        store.fs().write("/f", b"x").unwrap();
+    }
+    store.stop();
+    let cfg = cairn_area::StoreDir::new(store.path())
+        .load_config()
+        .unwrap();
+    let mut img = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg.nvm_path)
+        .unwrap();
+    use std::io::{Seek, SeekFrom, Write};
+    img.seek(SeekFrom::Start(20)).unwrap();
+    img.write_all(&[0xff; 8]).unwrap();
+    drop(img);
+    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
+        .args(["daemon", "--store"])
+        .arg(store.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+    assert!(
+        err.contains("superblock"),
+        "error names the damaged structure: {err}"
+    );
+    assert!(!err.contains("panicked"), "no panic: {err}");
+}
+
+#[test]
+fn full_tier_gives_enospc_and_recovers() {
+    let store = TestStore::with_size(StoreSize {
+        nvm: "64M",
+        log: "1M",
+        clients: 2,
+        inodes: Some(1024),
+    });
+    let fs = store.fs();
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut written = 0u64;
+    let f = cairn::File::create(&fs, "/big").unwrap();
+    let err = loop {
+        match f.write_at(&chunk, written) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 64 << 20, "wrote more than the tier holds");
+    };
+    assert_eq!(cairn_area::errno_of(&err), libc::ENOSPC, "{err}");
+    assert!(written > 16 << 20, "only {written} bytes fit");
+    // Everything acknowledged is readable, also by a new client.
+    drop(f);
+    drop(fs);
+    let fs = store.fs();
+    let data = fs.read("/big").unwrap();
+    assert_eq!(data.len() as u64, written);
+    assert!(data.iter().all(|&b| b == 0x5a));
+    // Freeing space makes the store writable again.
+    fs.remove_file("/big").unwrap();
+    fs.digest().unwrap();
+    fs.write("/after", &chunk).unwrap();
+    assert_eq!(fs.read("/after").unwrap(), chunk);
+    let _ = BLOCK_SIZE;
+}

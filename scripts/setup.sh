@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Install what building and testing Cairn needs on a fresh Debian (or Ubuntu) machine.
+# Idempotent: installs only what is missing, so running it again does nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The minimum Rust version of the workspace (Cargo.toml: rust-version).
+RUST_MIN="1.80"
+
+log() { echo "setup: $*"; }
+
+# A Rust installed by rustup lives in ~/.cargo/bin, which a non-login shell may lack.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+# ---- Debian packages --------------------------------------------------------------
+apt_missing=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+command -v cc >/dev/null 2>&1 || apt_missing+=(build-essential)
+command -v pkg-config >/dev/null 2>&1 || apt_missing+=(pkg-config)
+# FUSE front end (not built yet). When crates/fuse lands, uncomment:
+# have_pkg fuse3 || apt_missing+=(fuse3)
+# have_pkg libfuse3-dev || apt_missing+=(libfuse3-dev)
+if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
+    # No rustup toolchain: fall back to Debian's Rust (new enough on Debian 13 and later).
+    apt_missing+=(cargo rustc)
+fi
+
+if ((${#apt_missing[@]})); then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "missing ${apt_missing[*]} and there is no apt-get: install them by hand" >&2
+        exit 1
+    fi
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    log "installing ${apt_missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${apt_missing[@]}"
+else
+    log "system packages: nothing to install"
+fi
+
+# ---- Rust toolchain ----------------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1; then
+    log "cargo not found; install Rust >= $RUST_MIN (rustup or your distribution)" >&2
+    exit 1
+fi
+rust_version="$(rustc --version | awk '{print $2}')"
+if [ "$(printf '%s\n%s\n' "$RUST_MIN" "$rust_version" | sort -V | head -n1)" != "$RUST_MIN" ]; then
+    log "rustc $rust_version is older than the required $RUST_MIN" >&2
+    exit 1
+fi
+log "rustc $rust_version, $(cargo --version)"
+
+# rustfmt and clippy are needed by scripts/test.sh.
+for comp in fmt clippy; do
+    if ! cargo "$comp" --version >/dev/null 2>&1; then
+        if command -v rustup >/dev/null 2>&1; then
+            log "adding rustup component for cargo $comp"
+            rustup component add "$([ "$comp" = fmt ] && echo rustfmt || echo clippy)"
+        else
+            pkg="$([ "$comp" = fmt ] && echo rustfmt || echo rust-clippy)"
+            log "installing $pkg"
+            SUDO=""
+            if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+            DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$pkg"
+        fi
+    fi
+done
+
+# ---- Runtime ---------------------------------------------------------------------
+# The NVM tier file lives on /dev/shm by default (tmpfs).
+if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then
+    log "warning: /dev/shm is missing or not writable; give stores --nvm-path elsewhere" >&2
+fi
+
+# Fetch the crates now so that later steps need no network.
+cargo fetch --locked >/dev/null 2>&1 || cargo fetch >/dev/null
+log "done"
