@@ -34,8 +34,9 @@ impl Conn {
             // Gives the "no Cairn store at ..." error with its errno.
             store.load_config()?;
         }
-        let started = start_daemon(store, create)?;
-        let deadline = Instant::now() + START_TIMEOUT;
+        let mut started = start_daemon(store, create)?;
+        let mut started_at = Instant::now();
+        let deadline = started_at + START_TIMEOUT;
         let mut last;
         loop {
             match Conn::connect_only(store) {
@@ -44,6 +45,13 @@ impl Conn {
             }
             if Instant::now() >= deadline {
                 break;
+            }
+            // `start_daemon` returns once the new daemon listens or has failed; if it
+            // still does not answer, it died (killed while starting, say): start another
+            // (a start while one runs fails harmlessly with "already serves").
+            if started_at.elapsed() >= Duration::from_millis(500) {
+                started = start_daemon(store, create)?;
+                started_at = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(20));
         }

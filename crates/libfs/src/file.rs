@@ -180,8 +180,8 @@ impl File {
         }
         let mut st = self.fs.begin()?;
         let pos = (!self.append).then_some(offset);
-        self.fs.write_data(&mut st, self.ino, pos, buf)?;
-        Ok(buf.len())
+        let (_, n) = self.fs.write_data(&mut st, self.ino, pos, buf)?;
+        Ok(n)
     }
 
     /// Truncate or extend the file to `size` bytes (extension reads as zeros).
@@ -222,9 +222,9 @@ impl File {
         }
         let mut st = self.fs.begin()?;
         let pos = (!self.append).then(|| self.pos.load(Ordering::Acquire));
-        let end = self.fs.write_data(&mut st, self.ino, pos, buf)?;
+        let (end, n) = self.fs.write_data(&mut st, self.ino, pos, buf)?;
         self.pos.store(end, Ordering::Release);
-        Ok(buf.len())
+        Ok(n)
     }
 
     fn seek_pos(&self, to: SeekFrom) -> io::Result<u64> {

@@ -197,6 +197,17 @@ fn lock_timeout(f: &File, what: &Path) -> io::Result<()> {
     }
 }
 
+/// Transport errors that mean "the daemon went away": worth reconnecting.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
 fn name_str(name: &[u8]) -> String {
     String::from_utf8_lossy(name).into_owned()
 }
@@ -204,11 +215,21 @@ fn name_str(name: &[u8]) -> String {
 impl Inner {
     /// Connect to (or start) the daemon, register and map the slot.
     pub(crate) fn open(store: StoreDir, create: bool) -> io::Result<Inner> {
-        let mut conn = Conn::connect(&store, create)?;
         let pid = std::process::id();
-        let reg: Registration = match conn.roundtrip(&Request::Register { pid })? {
-            Response::Registered(r) => r,
-            r => return Err(response_error("register with the daemon", r)),
+        // A daemon that dies between accepting and answering (killed, or stopping) is
+        // replaced: reconnect (auto-starting a new one) for up to 10 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (conn, reg) = loop {
+            let attempt = Conn::connect(&store, create)
+                .and_then(|mut c| c.roundtrip(&Request::Register { pid }).map(|r| (c, r)));
+            match attempt {
+                Ok((c, Response::Registered(r))) => break (c, r),
+                Ok((_, r)) => return Err(response_error("register with the daemon", r)),
+                Err(e) if transient(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
         };
         match Inner::attach(store, create, conn, reg, pid) {
             Ok(i) => Ok(i),
@@ -604,14 +625,16 @@ impl Inner {
     }
 
     /// The write path: `WRITE` transactions encoded straight into the ring. `pos`
-    /// `None` appends at the current size. Returns the offset just past the data.
+    /// `None` appends at the current size. Returns the offset just past the data written
+    /// and the number of bytes written (fewer than asked only when a write split into
+    /// several transactions failed part-way).
     pub(crate) fn write_data(
         &self,
         st: &mut State,
         ino: u64,
         pos: Option<u64>,
         data: &[u8],
-    ) -> io::Result<u64> {
+    ) -> io::Result<(u64, usize)> {
         let (gen, mut attrs) = self.attrs(st, ino)?;
         match attrs.kind {
             Kind::File => {}
@@ -620,7 +643,7 @@ impl Inner {
         }
         let mut off = pos.unwrap_or(attrs.size);
         if data.is_empty() {
-            return Ok(off);
+            return Ok((off, 0));
         }
         if off
             .checked_add(data.len() as u64)
@@ -637,13 +660,21 @@ impl Inner {
             let n = max.min(data.len() - done);
             let chunk = &data[done..done + n];
             let charge = write_charge(off, n as u64);
+            // A write split into several transactions that fails part-way returns the
+            // bytes already committed (a short write), as POSIX requires.
+            let partial = |e: io::Error| if done > 0 { Ok((off, done)) } else { Err(e) };
             if st.credits < charge {
-                self.ensure_credits(st, charge)?;
+                if let Err(e) = self.ensure_credits(st, charge) {
+                    return partial(e);
+                }
             }
             let size = attrs.size.max(off + n as u64);
             let now = now_ns();
             let tlen = write_txn_len(n);
-            let lsn = self.reserve(st, tlen)?;
+            let lsn = match self.reserve(st, tlen) {
+                Ok(l) => l,
+                Err(e) => return partial(e),
+            };
             st.ring.put_write(lsn, st.seq, ino, off, size, now, chunk)?;
             fence();
             st.seq += 1;
@@ -665,7 +696,7 @@ impl Inner {
             off += n as u64;
             done += n;
         }
-        Ok(off)
+        Ok((off, done))
     }
 
     // ---------------------------------------------------------------- reading state
@@ -1247,12 +1278,15 @@ impl Inner {
     pub(crate) fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let op = format!("rename {} -> {}", from.display(), to.display());
         let mut st = self.begin()?;
+        // The order of checks follows Linux (do_renameat2, vfs_rename), so that the same
+        // call fails with the same errno: both parents, the source, the subtree traps,
+        // then permissions and types.
         let wf = self.walk(&st, from, false, &op)?;
-        let (src, skind) = Self::need_found(&wf, &op)?;
         let wt = self.walk(&st, to, false, &op)?;
         let (Some(fname), Some(tname)) = (wf.name.clone(), wt.name.clone()) else {
+            let src_is_root = wf.found.is_some_and(|(i, _)| i == ROOT_INO);
             return Err(fs_err(
-                if src == ROOT_INO {
+                if src_is_root {
                     libc::EBUSY
                 } else {
                     libc::EINVAL
@@ -1260,8 +1294,23 @@ impl Inner {
                 format!("{op}: invalid source or destination"),
             ));
         };
+        let (src, skind) = Self::need_found(&wf, &op)?;
         if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
             return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        if skind == Kind::Dir && self.is_ancestor(&st, src, wt.parent)? {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("{op}: cannot move a directory into itself"),
+            ));
+        }
+        if let Some((t, Kind::Dir)) = wt.found {
+            if t != src && self.is_ancestor(&st, t, wf.parent)? {
+                return Err(fs_err(
+                    libc::ENOTEMPTY,
+                    format!("{op}: the destination is an ancestor of the source"),
+                ));
+            }
         }
         if wt.found.is_some_and(|(t, _)| t == src) {
             return Ok(()); // Same file: nothing to do (POSIX).
@@ -1285,18 +1334,10 @@ impl Inner {
                 return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
             }
         }
-        if skind == Kind::Dir {
-            if self.is_ancestor(&st, src, wt.parent)? {
-                return Err(fs_err(
-                    libc::EINVAL,
-                    format!("{op}: cannot move a directory into itself"),
-                ));
-            }
-            if wf.parent != wt.parent {
-                let (_, sa) = self.attrs(&st, src)?;
-                if !self.cred.may(&sa, W) {
-                    return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
-                }
+        if skind == Kind::Dir && wf.parent != wt.parent {
+            let (_, sa) = self.attrs(&st, src)?;
+            if !self.cred.may(&sa, W) {
+                return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
             }
         }
         let now = now_ns();
@@ -1330,12 +1371,8 @@ impl Inner {
         let mut st = self.begin()?;
         let wo = self.walk(&st, original, false, &op)?;
         let (ino, kind) = Self::need_found(&wo, &op)?;
-        if kind == Kind::Dir {
-            return Err(fs_err(
-                libc::EPERM,
-                format!("{op}: hard links to directories are not allowed"),
-            ));
-        }
+        // Linux order (linkat): the new name must not exist, then permission, then the
+        // directory check.
         let wl = self.walk(&st, link, false, &op)?;
         let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
             return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
@@ -1344,6 +1381,12 @@ impl Inner {
             return Err(fs_err(libc::ENOENT, format!("{op}: trailing slash")));
         }
         self.check_parent_write(&st, wl.parent, &op)?;
+        if kind == Kind::Dir {
+            return Err(fs_err(
+                libc::EPERM,
+                format!("{op}: hard links to directories are not allowed"),
+            ));
+        }
         let (gen, mut a) = self.attrs(&st, ino)?;
         if st.orphans.contains(&ino) {
             return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));

@@ -123,6 +123,12 @@ impl Default for TestStore {
 impl Drop for TestStore {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            // Keep the evidence of a failed test: the store, its NVM file and cairnd.log.
+            let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+            eprintln!("test failed: store kept at {}", dir.keep().display());
+            return;
+        }
         if let Some(pid) = self.daemon_pid() {
             kill9(pid);
         }
@@ -143,7 +149,7 @@ pub fn daemon_pid(store: &Path) -> Option<u32> {
             continue;
         };
         let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        if args.iter().any(|a| *a == b"daemon") && args.iter().any(|a| *a == want) {
+        if args.iter().any(|a| *a == b"daemon") && args.contains(&want) {
             // Skip zombies.
             let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
             if stat

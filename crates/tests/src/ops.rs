@@ -45,7 +45,8 @@ pub trait FsOps {
     fn meta(&self, p: &str, follow: bool) -> io::Result<Meta>;
     /// Sorted names in a directory.
     fn list(&self, p: &str) -> io::Result<Vec<String>>;
-    /// Write through a handle with the cursor: seek to `off`, write `data` in two parts.
+    /// Write through a handle with the cursor: seek to `off`, write `data` (one call, so
+    /// that each generated operation is one system call for the crash tests).
     fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()>;
 }
 
@@ -176,9 +177,7 @@ impl FsOps for HostFs {
     fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
         let mut f = std::fs::OpenOptions::new().write(true).open(self.p(p))?;
         f.seek(SeekFrom::Start(off))?;
-        let (a, b) = data.split_at(data.len() / 2);
-        f.write_all(a)?;
-        f.write_all(b)
+        f.write_all(data)
     }
 }
 
@@ -302,9 +301,7 @@ impl FsOps for CairnFs<'_> {
     fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
         let mut f = cairn::OpenOptions::new().write(true).open(self.fs, p)?;
         f.seek(SeekFrom::Start(off))?;
-        let (a, b) = data.split_at(data.len() / 2);
-        f.write_all(a)?;
-        f.write_all(b)
+        f.write_all(data)
     }
 }
 

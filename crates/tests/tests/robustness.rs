@@ -92,6 +92,9 @@ fn attrs(kind: cairn_format::inode::Kind) -> cairn_format::inode::Attrs {
     }
 }
 
+/// Builds the bytes a malicious client logs.
+type MakeLog = Box<dyn Fn(&RawClient) -> Vec<u8>>;
+
 #[test]
 fn garbage_logs_are_refused_and_leave_the_shared_area_untouched() {
     let store = TestStore::new();
@@ -100,12 +103,12 @@ fn garbage_logs_are_refused_and_leave_the_shared_area_untouched() {
         fs.write("/keep", b"committed before the attack").unwrap();
     }
     let seq = |c: &RawClient| c.reg.head_seq;
-    let cases: Vec<(&str, Box<dyn Fn(&RawClient) -> Vec<u8>>)> = vec![
+    let cases: Vec<(&str, MakeLog)> = vec![
         (
             "random bytes",
             Box::new(|_| {
                 (0..4096u32)
-                    .map(|i| (i * 2654435761u32 >> 13) as u8)
+                    .map(|i| (i.wrapping_mul(2654435761u32) >> 13) as u8)
                     .collect()
             }),
         ),
