@@ -9,7 +9,7 @@
 
 use crate::error::fs_err;
 use cairn_format::dir::{self, Entry};
-use cairn_format::inode::{Inode, Kind, INODE_BYTES};
+use cairn_format::inode::{current_copy, read_ok, Inode, Kind, COPY_BYTES, COPY_OFF, INODE_BYTES};
 use cairn_format::map::{self, ENTRY_FLAGS};
 use cairn_format::slot::{SlotHead, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout, Superblock};
@@ -71,39 +71,34 @@ impl Area {
         self.state_field(state::EPOCH)
     }
 
-    /// Read inode `ino` consistently (retrying while the daemon updates it). A free
-    /// inode decodes with `Kind::Free`.
+    /// Read inode `ino` consistently. The daemon never writes the copy the sequence word
+    /// names, so this only retries if the daemon finished one update and started the next
+    /// while the copy was being read. A free inode decodes with `Kind::Free`.
     pub fn read_inode(&self, ino: u64) -> io::Result<Inode> {
         let l = self.layout();
         if !l.ino_valid(ino) {
             return Err(eio(format!("inode number {ino} out of range")));
         }
         let off = l.inode_off(ino) as usize;
-        let mut b = [0u8; INODE_BYTES];
+        let mut b = [0u8; COPY_BYTES];
         let start = Instant::now();
-        let mut spins = 0u32;
         loop {
             let s1 = self.map.load_u64(off)?;
-            if s1 & 1 == 0 {
-                self.map.read(off, &mut b)?;
-                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-                if self.map.load_u64(off)? == s1 {
-                    return Inode::decode(&b).map_err(|e| eio(format!("inode {ino}: {e}")));
-                }
+            self.map.read(off + COPY_OFF[current_copy(s1)], &mut b)?;
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let s2 = self.map.load_u64(off)?;
+            if read_ok(s1, s2) {
+                return Inode::decode_copy(&b).map_err(|e| eio(format!("inode {ino}: {e}")));
             }
-            spins += 1;
-            if spins > 1000 {
-                if start.elapsed() > Duration::from_secs(2) {
-                    return Err(eio(format!(
-                        "inode {ino} stays locked (daemon stopped mid-update?)"
-                    )));
-                }
-                std::thread::yield_now();
+            if start.elapsed() > Duration::from_secs(2) {
+                return Err(eio(format!("inode {ino} keeps changing under the reader")));
             }
+            std::hint::spin_loop();
         }
     }
 
-    /// Raw bytes of inode `ino` without the seqlock (for the daemon, the only writer).
+    /// Raw bytes of inode `ino` (for the daemon, the only writer; decode with
+    /// `Inode::decode`, which picks the current copy).
     pub fn read_inode_raw(&self, ino: u64, b: &mut [u8; INODE_BYTES]) -> io::Result<()> {
         let l = self.layout();
         if !l.ino_valid(ino) {

@@ -40,6 +40,8 @@ pub(crate) struct Client {
     pub conn: Option<u64>,
     /// Earliest time to try recovering it (when `conn` is `None`).
     pub retry_at: Instant,
+    /// It was alive when this daemon started and has not re-attached yet.
+    pub awaiting_reattach: bool,
 }
 
 /// How the allocation state was obtained at start, and what recovery did.
@@ -161,6 +163,7 @@ impl Core {
                 slot_gen: h.slot_gen,
                 credits: 0,
                 conn: None,
+                awaiting_reattach: true,
                 retry_at: Instant::now(),
             });
             match try_lock_slot(store, slot)? {
@@ -278,6 +281,7 @@ impl Core {
                 credits: 0,
                 conn: Some(conn),
                 retry_at: Instant::now(),
+                awaiting_reattach: false,
             });
             return Ok(self.registration(slot, h, uid, gid));
         }
@@ -335,6 +339,7 @@ impl Core {
             c.gid = gid;
             c.credits = 0;
             c.conn = Some(conn);
+            c.awaiting_reattach = false;
         }
         Ok(self.registration(slot, h, uid, gid))
     }
@@ -424,6 +429,17 @@ impl Core {
                 Err(e) => log.log(format!("slot {slot}: cannot check its lock: {e}")),
             }
         }
+    }
+
+    /// Whether a disconnected client still waits for its log to be digested (and its
+    /// last attempt did not fail: failed recoveries retry later on the timer).
+    pub(crate) fn dead_recovery_due(&self) -> bool {
+        let now = Instant::now();
+        self.clients.iter().flatten().any(|c| {
+            c.conn.is_none()
+                && c.retry_at <= now
+                && (!c.awaiting_reattach || !cairn_media::sys::pid_alive(c.pid))
+        })
     }
 
     /// The connection of `slot`'s client closed without `Goodbye`.

@@ -54,8 +54,9 @@ pub(crate) fn save(sh: &Shared) -> io::Result<()> {
     m.persist(hoff, hdr.len())
 }
 
-/// Make every inode seqlock even (a daemon that died inside an update leaves it odd, and
-/// readers would wait for it forever).
+/// Make every inode's sequence word even. A daemon that died inside an update leaves it
+/// odd; its old copy is the current one (the log replay redoes the update), so step back
+/// to it.
 pub(crate) fn fix_seqlocks(area: &Area) -> io::Result<u64> {
     let l = area.layout();
     let mut fixed = 0;
@@ -63,7 +64,7 @@ pub(crate) fn fix_seqlocks(area: &Area) -> io::Result<u64> {
         let off = l.inode_off(ino) as usize;
         let s = area.map().load_u64(off)?;
         if s & 1 == 1 {
-            area.map().store_u64(off, s + 1)?;
+            area.map().store_u64(off, s - 1)?;
             area.map().persist(off, 8)?;
             fixed += 1;
         }
@@ -163,7 +164,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
             continue;
         }
         sh.area.read_inode_raw(ino, &mut raw)?;
-        if Inode::is_zero(&raw) {
+        if raw.iter().all(|&b| b == 0) {
             continue;
         }
         let (live, generation) = match Inode::decode(&raw) {

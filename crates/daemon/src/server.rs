@@ -309,7 +309,19 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                     message: "this connection is already registered".into(),
                 });
             }
-            let mut core = d.core();
+            // A client that exited or disconnected has its log digested before another
+            // client registers. Its socket may close a moment before the kernel drops its
+            // slot lock, so wait (at most 2 s) for such clients to be recoverable.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let mut core = loop {
+                let mut core = d.core();
+                core.recover_dead(&d.log);
+                if !core.dead_recovery_due() || std::time::Instant::now() >= deadline {
+                    break core;
+                }
+                drop(core);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            };
             match core.register(c.pid, c.uid, c.gid, c.id) {
                 Ok(r) => {
                     c.slot = Some(r.slot);

@@ -5,7 +5,7 @@
 use crate::alloc::{BlockAlloc, InodeAlloc};
 use crate::util::eio;
 use cairn_area::{fs_err, Area};
-use cairn_format::inode::{Inode, INODE_BYTES};
+use cairn_format::inode::{current_copy, Inode, COPY_BYTES, COPY_OFF, INODE_BYTES};
 use cairn_format::map::{ENTRY_FLAGS, FANOUT};
 use cairn_format::slot::{client_page, SlotHead, OWNER_PID_OFF, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout};
@@ -147,22 +147,23 @@ impl Shared {
         Inode::decode(&b).map_err(|e| eio(format!("inode {ino}: {e}")))
     }
 
-    /// Publish inode `ino` under its seqlock: odd, bytes 8..256, write-back, even.
+    /// Publish inode `ino`: announce the update (odd sequence word), write and persist
+    /// the copy that is not current, then flip the word to it. The current copy is never
+    /// written, so a crash anywhere leaves a valid inode (see `cairn_format::inode`).
     pub(crate) fn write_inode(&self, ino: u64, inode: &Inode) -> io::Result<()> {
         if !self.layout.ino_valid(ino) {
             return Err(eio(format!("inode number {ino} out of range")));
         }
         let off = self.layout.inode_off(ino) as usize;
         let m = self.map();
-        let seq = m.load_u64(off)?;
-        let seq = seq | 1; // odd: update in progress (an odd leftover just stays odd)
-        m.store_u64(off, seq)?;
-        m.flush(off, 8)?;
+        // An odd word left by a crash means its old copy is current: start from there.
+        let base = m.load_u64(off)? & !1;
+        let other = COPY_OFF[1 - current_copy(base)];
+        m.store_u64(off, base + 1)?;
+        m.write(off + other, &inode.encode_copy())?;
+        m.flush(off + other, COPY_BYTES)?;
         cairn_media::fence();
-        let b = inode.encode();
-        m.write(off + 8, &b[8..])?;
-        m.flush(off + 8, INODE_BYTES - 8)?;
-        m.store_u64(off, seq + 1)?;
+        m.store_u64(off, base + 2)?;
         m.flush(off, 8)?;
         Ok(())
     }

@@ -1,14 +1,37 @@
-//! Inodes: 256 bytes each in the inode table, updated in place by the daemon under a
-//! per-inode seqlock (the `seq` word at offset 0: odd while an update is in progress).
-//! The crc32c at offset 252 covers bytes 8..252 and detects both corruption and an update
-//! torn by a crash (which recovery repairs by replaying the log).
+//! Inodes: 256 bytes each in the inode table, holding two 120-byte copies (A at 8, B at
+//! 128) and a sequence word at 0 that says which copy is current: copy
+//! `(seq >> 1) & 1`. The daemon updates an inode by storing `seq + 1` (odd: "writing the
+//! other copy"), writing and persisting the other copy, then storing `seq + 2`. The current
+//! copy is never written in place, so a crash at any instruction leaves a valid inode
+//! (the old copy, which the log replay brings up to date), and readers never wait: see
+//! [`read_ok`]. Each copy has its own crc32c.
 
 use crate::{bad, crc, le, Result};
 
 /// Bytes of an inode.
 pub const INODE_BYTES: usize = 256;
-/// Offset of the crc32c.
-const CRC_OFF: usize = 252;
+/// Bytes of one copy.
+pub const COPY_BYTES: usize = 120;
+/// Offsets of copies A and B within the inode.
+pub const COPY_OFF: [usize; 2] = [8, 128];
+/// Offset of the crc32c within a copy (it covers the bytes before it).
+const CRC_OFF: usize = 116;
+
+/// The copy a reader that saw sequence word `seq` must read (for an odd `seq`, the old
+/// copy: the other one is being written).
+pub fn current_copy(seq: u64) -> usize {
+    ((seq >> 1) & 1) as usize
+}
+
+/// Whether a copy read between sequence words `s1` (before) and `s2` (after) is intact:
+/// the writer did not start writing that copy in between.
+pub fn read_ok(s1: u64, s2: u64) -> bool {
+    if s1 & 1 == 0 {
+        s2 <= s1 + 2
+    } else {
+        s2 <= s1 + 1
+    }
+}
 /// Inode format version.
 pub const INODE_VERSION: u16 = 1;
 
@@ -80,83 +103,95 @@ pub struct Inode {
 }
 
 impl Inode {
-    /// Encode into 256 bytes; `seq` is written as 0 (the daemon manages it in place).
-    pub fn encode(&self) -> [u8; INODE_BYTES] {
-        let mut b = [0u8; INODE_BYTES];
+    /// Encode one copy (120 bytes).
+    pub fn encode_copy(&self) -> [u8; COPY_BYTES] {
+        let mut b = [0u8; COPY_BYTES];
         let a = &self.attrs;
-        le::put_u16(&mut b, 8, INODE_VERSION);
-        b[10] = a.kind as u8;
-        b[11] = self.dir_level;
-        le::put_u32(&mut b, 12, a.perm);
-        le::put_u32(&mut b, 16, a.uid);
-        le::put_u32(&mut b, 20, a.gid);
-        le::put_u64(&mut b, 24, self.generation);
-        le::put_u64(&mut b, 32, a.nlink);
-        le::put_u64(&mut b, 40, a.size);
-        le::put_i64(&mut b, 48, a.atime);
-        le::put_i64(&mut b, 56, a.mtime);
-        le::put_i64(&mut b, 64, a.ctime);
-        le::put_i64(&mut b, 72, a.btime);
-        le::put_u64(&mut b, 80, self.map_root);
-        b[88] = self.map_height;
-        le::put_u64(&mut b, 96, self.dir_split);
-        le::put_u64(&mut b, 104, self.dir_entries);
-        le::put_u64(&mut b, 112, a.parent);
-        le::put_u64(&mut b, 120, self.blocks);
-        let c = crc(&b[8..CRC_OFF]);
+        le::put_u16(&mut b, 0, INODE_VERSION);
+        b[2] = a.kind as u8;
+        b[3] = self.dir_level;
+        le::put_u32(&mut b, 4, a.perm);
+        le::put_u32(&mut b, 8, a.uid);
+        le::put_u32(&mut b, 12, a.gid);
+        le::put_u64(&mut b, 16, self.generation);
+        le::put_u64(&mut b, 24, a.nlink);
+        le::put_u64(&mut b, 32, a.size);
+        le::put_i64(&mut b, 40, a.atime);
+        le::put_i64(&mut b, 48, a.mtime);
+        le::put_i64(&mut b, 56, a.ctime);
+        le::put_i64(&mut b, 64, a.btime);
+        le::put_u64(&mut b, 72, self.map_root);
+        le::put_u64(&mut b, 80, self.dir_split);
+        le::put_u64(&mut b, 88, self.dir_entries);
+        le::put_u64(&mut b, 96, a.parent);
+        le::put_u64(&mut b, 104, self.blocks);
+        b[112] = self.map_height;
+        let c = crc(&b[..CRC_OFF]);
         le::put_u32(&mut b, CRC_OFF, c);
         b
     }
 
-    /// Whether the 256 bytes are an all-zero (never used) entry.
-    pub fn is_zero(b: &[u8]) -> bool {
-        b[8..].iter().all(|&x| x == 0)
-    }
-
-    /// Decode and validate. An all-zero entry decodes as a free inode.
-    pub fn decode(b: &[u8]) -> Result<Inode> {
-        if b.len() < INODE_BYTES {
+    /// Decode and validate one copy. An all-zero copy decodes as a never-used inode.
+    pub fn decode_copy(b: &[u8]) -> Result<Inode> {
+        if b.len() < COPY_BYTES {
             return bad("inode: short");
         }
-        if Inode::is_zero(b) {
+        if b[..COPY_BYTES].iter().all(|&x| x == 0) {
             return Ok(Inode::default());
         }
-        if crc(&b[8..CRC_OFF]) != le::u32(b, CRC_OFF) {
+        if crc(&b[..CRC_OFF]) != le::u32(b, CRC_OFF) {
             return bad("inode: checksum mismatch");
         }
-        if le::u16(b, 8) != INODE_VERSION {
+        if le::u16(b, 0) != INODE_VERSION {
             return bad("inode: unsupported version");
         }
-        let Some(kind) = Kind::from_u8(b[10]) else {
+        let Some(kind) = Kind::from_u8(b[2]) else {
             return bad("inode: bad kind");
         };
-        let perm = le::u32(b, 12);
-        let map_height = b[88];
-        if perm & !0o7777 != 0 || map_height > crate::map::MAX_HEIGHT {
+        let perm = le::u32(b, 4);
+        let map_height = b[112];
+        if perm & !0o7777 != 0 || map_height > crate::map::MAX_HEIGHT || b[113..116] != [0, 0, 0] {
             return bad("inode: bad mode or map height");
         }
         Ok(Inode {
             attrs: Attrs {
                 kind,
                 perm,
-                uid: le::u32(b, 16),
-                gid: le::u32(b, 20),
-                nlink: le::u64(b, 32),
-                size: le::u64(b, 40),
-                atime: le::i64(b, 48),
-                mtime: le::i64(b, 56),
-                ctime: le::i64(b, 64),
-                btime: le::i64(b, 72),
-                parent: le::u64(b, 112),
+                uid: le::u32(b, 8),
+                gid: le::u32(b, 12),
+                nlink: le::u64(b, 24),
+                size: le::u64(b, 32),
+                atime: le::i64(b, 40),
+                mtime: le::i64(b, 48),
+                ctime: le::i64(b, 56),
+                btime: le::i64(b, 64),
+                parent: le::u64(b, 96),
             },
-            generation: le::u64(b, 24),
-            map_root: le::u64(b, 80),
+            generation: le::u64(b, 16),
+            map_root: le::u64(b, 72),
             map_height,
-            dir_level: b[11],
-            dir_split: le::u64(b, 96),
-            dir_entries: le::u64(b, 104),
-            blocks: le::u64(b, 120),
+            dir_level: b[3],
+            dir_split: le::u64(b, 80),
+            dir_entries: le::u64(b, 88),
+            blocks: le::u64(b, 104),
         })
+    }
+
+    /// A whole 256-byte inode holding this inode as copy A with sequence word 0 (mkfs).
+    pub fn encode(&self) -> [u8; INODE_BYTES] {
+        let mut b = [0u8; INODE_BYTES];
+        b[COPY_OFF[0]..COPY_OFF[0] + COPY_BYTES].copy_from_slice(&self.encode_copy());
+        b
+    }
+
+    /// Decode a whole 256-byte inode: the copy its sequence word names (for an odd word,
+    /// left by a writer that stopped mid-update, the old copy).
+    pub fn decode(b: &[u8]) -> Result<Inode> {
+        if b.len() < INODE_BYTES {
+            return bad("inode: short");
+        }
+        let off = COPY_OFF[current_copy(le::u64(b, 0))];
+        Inode::decode_copy(&b[off..off + COPY_BYTES])
     }
 }
 
@@ -182,16 +217,30 @@ mod tests {
     #[test]
     fn zero_is_free_and_flip_is_detected() {
         assert_eq!(Inode::decode(&[0u8; 256]).unwrap().attrs.kind, Kind::Free);
-        let mut b = Inode {
+        let i = Inode {
             attrs: Attrs {
                 kind: Kind::File,
                 nlink: 1,
                 ..Default::default()
             },
             ..Default::default()
-        }
-        .encode();
+        };
+        let mut b = i.encode();
         b[40] ^= 1;
         assert!(Inode::decode(&b).is_err());
+        // Copy B is current once the sequence word says so; an odd word keeps copy A.
+        let mut b = i.encode();
+        let j = Inode { generation: 9, ..i };
+        b[128..248].copy_from_slice(&j.encode_copy());
+        b[0] = 1;
+        assert_eq!(Inode::decode(&b).unwrap(), i);
+        b[0] = 2;
+        assert_eq!(Inode::decode(&b).unwrap(), j);
+    }
+
+    #[test]
+    fn readers_accept_only_untouched_copies() {
+        assert!(read_ok(4, 4) && read_ok(4, 5) && read_ok(4, 6) && !read_ok(4, 7));
+        assert!(read_ok(5, 6) && !read_ok(5, 7));
     }
 }

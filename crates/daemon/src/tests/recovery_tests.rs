@@ -140,10 +140,13 @@ fn crash_after_publish_before_head_is_repaired_by_replay() {
         // Undo the head: the crash hit between publishing inodes and persisting the head.
         sh.set_slot_head(lw.slot, SlotHead { active: true, ..h0 })
             .unwrap();
-        // Also leave an inode seqlock odd, as a crash inside an inode update would.
+        // Also leave an inode update torn, as a crash inside it would: the sequence word
+        // odd and the copy being written half garbage.
         let off = sh.layout.inode_off(11) as usize;
         let s = sh.map().load_u64(off).unwrap();
         sh.map().store_u64(off, s + 1).unwrap();
+        let other = cairn_format::inode::COPY_OFF[1 - cairn_format::inode::current_copy(s)];
+        sh.map().write(off + other + 10, &[0xab; 40]).unwrap();
         snap
     };
     let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
