@@ -34,7 +34,8 @@ pub struct Area {
 
 impl Area {
     /// Map the whole NVM file (read-only for clients, read-write for the daemon) and
-    /// validate its superblock.
+    /// validate its superblock. The daemon's writable mapping is pre-faulted once, so that
+    /// digests do not take a page fault on every block they first touch.
     pub fn open(file: &File, writable: bool) -> io::Result<Area> {
         let len = file.metadata()?.len();
         if len < 2 * BLOCK_SIZE_U64 {
@@ -42,7 +43,7 @@ impl Area {
                 "NVM file of {len} bytes is too small to be a Cairn tier"
             )));
         }
-        let map = Mapping::new(file, 0, len as usize, writable, false)?;
+        let map = Mapping::new(file, 0, len as usize, writable, writable)?;
         let mut b = vec![0u8; BLOCK_SIZE];
         map.read(0, &mut b)?;
         let sb = Superblock::decode(&b, len).map_err(|e| eio(e.to_string()))?;

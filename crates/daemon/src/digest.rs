@@ -86,11 +86,21 @@ impl From<io::Error> for PErr {
     }
 }
 
-/// Copy `len` log bytes from LSN `lsn` out of `slot`'s ring (linearised).
-pub(crate) fn copy_ring(sh: &Shared, slot: u32, lsn: u64, len: usize) -> io::Result<Vec<u8>> {
+/// Copy `len` log bytes from LSN `lsn` out of `slot`'s ring (linearised) into `buf`
+/// (grown as needed, never shrunk); returns the `len` bytes.
+pub(crate) fn copy_ring<'b>(
+    sh: &Shared,
+    slot: u32,
+    lsn: u64,
+    len: usize,
+    buf: &'b mut Vec<u8>,
+) -> io::Result<&'b [u8]> {
     let ring = sh.layout.ring_bytes();
     let roff = sh.layout.ring_off(slot) as usize;
-    let mut buf = vec![0u8; len];
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let buf = &mut buf[..len];
     let start = (lsn % ring) as usize;
     let first = len.min(ring as usize - start);
     sh.map().read(roff + start, &mut buf[..first])?;
@@ -629,6 +639,20 @@ enum Effect {
 
 /// Digest `slot`'s log (see the module documentation).
 pub(crate) fn digest(sh: &mut Shared, slot: u32, mode: Mode) -> Result<Outcome, DigestError> {
+    // The batch is copied into a buffer kept across digests: a fresh multi-megabyte
+    // allocation per digest made the kernel fault in and zero every page of it.
+    let mut scratch = std::mem::take(&mut sh.scratch);
+    let r = digest_with(sh, slot, mode, &mut scratch);
+    sh.scratch = scratch;
+    r
+}
+
+fn digest_with(
+    sh: &mut Shared,
+    slot: u32,
+    mode: Mode,
+    scratch: &mut Vec<u8>,
+) -> Result<Outcome, DigestError> {
     if slot >= sh.layout.nslots {
         return Err(DigestError::Failed(crate::util::einval(format!(
             "slot {slot} out of range"
@@ -661,8 +685,8 @@ pub(crate) fn digest(sh: &mut Shared, slot: u32, mode: Mode) -> Result<Outcome, 
         }
         Mode::Committed => ring as usize,
     };
-    let buf = copy_ring(sh, slot, h0, len)?;
-    let s = log::scan(&buf, h0, s0, ring);
+    let buf = copy_ring(sh, slot, h0, len, scratch)?;
+    let s = log::scan(buf, h0, s0, ring);
     let mut txns = s.txns;
     let (mut end, mut end_seq) = (s.end_lsn, s.end_seq);
     match mode {
@@ -839,8 +863,9 @@ pub(crate) fn digest(sh: &mut Shared, slot: u32, mode: Mode) -> Result<Outcome, 
 pub(crate) fn logged_new_inodes(sh: &Shared, slot: u32) -> io::Result<Vec<u64>> {
     let (head, _) = sh.slot_head(slot)?;
     let ring = sh.layout.ring_bytes();
-    let buf = copy_ring(sh, slot, head.head_lsn, ring as usize)?;
-    let s = log::scan(&buf, head.head_lsn, head.head_seq, ring);
+    let mut scratch = Vec::new();
+    let buf = copy_ring(sh, slot, head.head_lsn, ring as usize, &mut scratch)?;
+    let s = log::scan(buf, head.head_lsn, head.head_seq, ring);
     let mut out = Vec::new();
     for t in s.txns.iter().filter(|t| t.kind == KIND_COMMIT) {
         let off = (t.lsn - head.head_lsn) as usize;

@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub retired: VecDeque<(u64, Vec<u64>)>,
     /// Digest counters (mirrored in the daemon state block).
     pub counters: DigestCounters,
+    /// The digest's copy of a log batch, kept between digests.
+    pub scratch: Vec<u8>,
 }
 
 impl Shared {
@@ -60,6 +62,7 @@ impl Shared {
             inodes,
             retired: VecDeque::new(),
             counters,
+            scratch: Vec::new(),
         }
     }
 
