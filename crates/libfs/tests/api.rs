@@ -10,7 +10,6 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Instant;
 
 /// The `cairn` binary (the daemon is started from it).
 fn cairn_bin() -> PathBuf {
@@ -278,28 +277,4 @@ fn daemon_restart_reattaches() {
     drop(fs);
     let fs = s.fs();
     assert_eq!(fs.read("/after").unwrap(), b"2");
-}
-
-/// Durable `write_at` latency (printed; `cargo test -p cairn --release -- --nocapture
-/// write_latency`).
-#[test]
-fn write_latency() {
-    let s = Store::new(&[]);
-    let fs = s.fs();
-    let f = File::create(&fs, "/lat").unwrap();
-    for size in [1024usize, 4096] {
-        let buf = vec![7u8; size];
-        let mut lat = Vec::with_capacity(20000);
-        for i in 0..20000u64 {
-            let t = Instant::now();
-            f.write_at(&buf, (i % 256) * size as u64).unwrap();
-            lat.push(t.elapsed().as_nanos() as u64);
-        }
-        lat.sort_unstable();
-        println!(
-            "cairn write_at {size} B: p50 {} ns, p99 {} ns",
-            lat[lat.len() / 2],
-            lat[lat.len() * 99 / 100]
-        );
-    }
 }
