@@ -11,7 +11,7 @@ use crate::error::fs_err;
 use cairn_format::dir::{self, Entry};
 use cairn_format::inode::{current_copy, read_ok, Inode, Kind, COPY_BYTES, COPY_OFF, INODE_BYTES};
 use cairn_format::map::{self, ENTRY_FLAGS};
-use cairn_format::slot::{SlotHead, PUBLISHED_HEAD_OFF};
+use cairn_format::slot::{SlotHead, LEASE_GEN_OFF, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout, Superblock};
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
 use cairn_media::Mapping;
@@ -242,5 +242,11 @@ impl Area {
     pub fn published_head(&self, slot: u32) -> io::Result<u64> {
         self.map
             .load_u64((self.layout().slot_entry_off(slot) + PUBLISHED_HEAD_OFF) as usize)
+    }
+
+    /// Offset (in the mapping) of the slot's lease generation word (PROTOCOL.md,
+    /// "Leases"): load it with `map().load_u64`.
+    pub fn lease_gen_off(&self, slot: u32) -> usize {
+        (self.layout().slot_entry_off(slot) + LEASE_GEN_OFF) as usize
     }
 }

@@ -24,6 +24,24 @@ pub struct StoreConfig {
     pub inodes: u64,
     /// Log fill (percent) at which LibFS asks for a digest.
     pub digest_threshold_pct: u32,
+    /// How long a lease holder may take to answer a revocation before it loses every
+    /// lease (milliseconds; absent in older configurations: 1000).
+    #[serde(default = "default_lease_timeout_ms")]
+    pub lease_timeout_ms: u64,
+    /// The store owner (the uid that ran mkfs and owns the store directory and the NVM
+    /// file). Absent in older configurations: the owner of the NVM file is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
+    /// Members of this group are in the trust domain too (`cairn mkfs --trusted-group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_gid: Option<u32>,
+}
+
+/// Default `lease_timeout_ms`.
+pub const DEFAULT_LEASE_TIMEOUT_MS: u64 = 1000;
+
+fn default_lease_timeout_ms() -> u64 {
+    DEFAULT_LEASE_TIMEOUT_MS
 }
 
 impl StoreConfig {
@@ -37,6 +55,9 @@ impl StoreConfig {
             max_clients: 8,
             inodes: 0, // 0: derive from nvm_size (one per 8 KiB) at mkfs
             digest_threshold_pct: 30,
+            lease_timeout_ms: default_lease_timeout_ms(),
+            owner_uid: None,
+            trusted_gid: None,
         }
     }
 }
@@ -149,5 +170,29 @@ mod tests {
         s.save_config(&c).unwrap();
         assert!(s.exists());
         assert_eq!(s.load_config().unwrap(), c);
+    }
+
+    #[test]
+    fn older_config_without_trust_fields_loads() {
+        let d = tempfile::tempdir().unwrap();
+        let s = StoreDir::new(d.path());
+        std::fs::write(
+            s.config_path(),
+            "format_version = 1\nnvm_path = \"/dev/shm/x.nvm\"\nnvm_size = 1048576\n\
+             log_size = 65536\nmax_clients = 2\ninodes = 128\ndigest_threshold_pct = 30\n",
+        )
+        .unwrap();
+        let c = s.load_config().unwrap();
+        assert_eq!((c.owner_uid, c.trusted_gid), (None, None));
+        let mut c2 = c.clone();
+        c2.owner_uid = Some(0);
+        c2.trusted_gid = Some(27);
+        s.save_config(&c2).unwrap();
+        let text = std::fs::read_to_string(s.config_path()).unwrap();
+        assert!(
+            text.contains("owner_uid = 0") && text.contains("trusted_gid = 27"),
+            "{text}"
+        );
+        assert_eq!(s.load_config().unwrap(), c2);
     }
 }

@@ -137,6 +137,10 @@ pub struct MkfsArgs {
     /// Overwrite an existing store
     #[arg(long)]
     pub force: bool,
+    /// Also trust members of this group (name or gid): they may map the store directly
+    /// [default: only root and the owner]
+    #[arg(long, value_name = "NAME|GID")]
+    pub trusted_group: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +157,12 @@ pub struct DaemonArgs {
 pub enum BenchCommand {
     /// Durable write and read latency: Cairn vs the host file system vs tmpfs
     Latency(bench::LatencyArgs),
+    /// Two processes updating a file through a lock file (Strata's sharing worst case),
+    /// and 1-2 client scaling of private writes
+    Share(bench::ShareArgs),
+    /// One worker process of `bench share` (started by it)
+    #[command(hide = true)]
+    ShareWorker(bench::ShareWorkerArgs),
 }
 
 fn main() {

@@ -5,6 +5,7 @@
 
 use crate::alloc::{BlockAlloc, InodeAlloc};
 use crate::digest::{self, DigestError, Mode, Outcome};
+use crate::leases::Leases;
 use crate::recovery;
 use crate::shared::Shared;
 use crate::util::{einval, now_ns, Logger};
@@ -15,6 +16,7 @@ use cairn_media::sys;
 use cairn_proto::{ClientStatus, InodeStatus, Registration, StatusReport, TierStatus};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Inode numbers handed out at registration.
@@ -59,6 +61,8 @@ pub(crate) struct Core {
     pub cfg: StoreConfig,
     pub clients: Vec<Option<Client>>,
     pub stopped: bool,
+    /// The lease manager (its own lock; taken after the core lock, never before).
+    pub leases: Arc<Leases>,
 }
 
 /// `Ok(Some(lock))` if nobody holds `slots/<slot>.lock` (we now do), `Ok(None)` if held.
@@ -134,6 +138,11 @@ impl Core {
         if !loaded {
             let r = recovery::rebuild(&mut sh)?;
             report.rebuilt = true;
+            for slot in 0..l.nslots {
+                if sh.slot_head(slot)?.0.active {
+                    sh.replaying.insert(slot);
+                }
+            }
             log.log(format!(
                 "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} orphan inodes freed, {} inode locks repaired",
                 r.inodes, r.blocks, r.orphans_freed, r.seqlocks_fixed
@@ -148,6 +157,7 @@ impl Core {
             cfg,
             clients: vec![None; l.nslots as usize],
             stopped: false,
+            leases: Arc::new(Leases::new(Duration::ZERO, &[])),
         };
         for slot in 0..l.nslots {
             let (h, _) = core.sh.slot_head(slot)?;
@@ -179,6 +189,12 @@ impl Core {
                 }
             }
         }
+        // No lease is granted until the live clients re-attached with theirs (or the
+        // lease timeout passed).
+        core.leases = Arc::new(Leases::new(
+            Duration::from_millis(core.cfg.lease_timeout_ms.max(1)),
+            &report.live_slots,
+        ));
         log.log(format!(
             "store {} mounted (mount {mounts}): {} dead clients recovered, {} live clients may re-attach; {} of {} data blocks and {} of {} inodes in use",
             store.path.display(),
@@ -253,6 +269,7 @@ impl Core {
         if self.stopped {
             return Err(fs_err(libc::ESHUTDOWN, "the daemon is stopping"));
         }
+        let cred = self.admit(pid, uid, gid)?;
         for slot in 0..self.clients.len() as u32 {
             if self.clients[slot as usize].is_some() {
                 continue;
@@ -264,6 +281,8 @@ impl Core {
             if try_lock_slot(&self.store, slot)?.is_none() {
                 continue; // a previous owner still holds its lock
             }
+            // The credentials are durable before the slot is active (crate::perm).
+            self.set_slot_cred(slot, cred)?;
             let h = self.sh.set_slot_head(
                 slot,
                 SlotHead {
@@ -283,6 +302,8 @@ impl Core {
                 retry_at: Instant::now(),
                 awaiting_reattach: false,
             });
+            self.leases.drop_slot(slot, true);
+            self.leases.set_live(slot);
             return Ok(self.registration(slot, h, uid, gid));
         }
         Err(fs_err(
@@ -307,6 +328,7 @@ impl Core {
         if self.stopped {
             return Err(fs_err(libc::ESHUTDOWN, "the daemon is stopping"));
         }
+        let cred = self.admit(pid, uid, gid)?;
         if slot as usize >= self.clients.len() {
             return Err(einval(format!("slot {slot} out of range")));
         }
@@ -329,6 +351,8 @@ impl Core {
                 "nobody holds the lock of slot {slot}: its owner is gone"
             )));
         }
+        self.check_reattach_cred(slot, &cred)?;
+        self.set_slot_cred(slot, cred)?;
         self.sh.inodes.release_slot(slot);
         for ino in digest::logged_new_inodes(&self.sh, slot)? {
             self.sh.inodes.reserve_one(slot, ino);
@@ -356,8 +380,69 @@ impl Core {
         if let Some(c) = self.clients[slot as usize].as_mut() {
             c.credits = c.credits.saturating_sub(o.charge);
         }
+        self.leases.record_created(slot, &o.created);
         self.reclaim();
         Ok(o)
+    }
+
+    /// Digest a live client's committed transactions (from its head for as long as they
+    /// are valid): at re-attach, and when it loses its leases.
+    pub(crate) fn digest_committed(&mut self, slot: u32) -> Result<Outcome, DigestError> {
+        if self.stopped {
+            return Err(DigestError::Failed(fs_err(
+                libc::ESHUTDOWN,
+                "the daemon is stopping",
+            )));
+        }
+        if self.clients.get(slot as usize).is_none_or(|c| c.is_none()) {
+            return Err(DigestError::Failed(einval(format!(
+                "slot {slot} has no client"
+            ))));
+        }
+        let o = digest::digest(&mut self.sh, slot, Mode::Committed)?;
+        if let Some(c) = self.clients[slot as usize].as_mut() {
+            c.credits = c.credits.saturating_sub(o.charge);
+        }
+        self.leases.record_created(slot, &o.created);
+        self.reclaim();
+        Ok(o)
+    }
+
+    /// Lease expiry (PROTOCOL.md, "Leases"): `slot`'s client did not answer a
+    /// revocation in time. Its `lease_gen` is incremented, its committed log digested and
+    /// every lease it holds removed.
+    pub(crate) fn expire_leases(&mut self, slot: u32, log: &Logger) {
+        if !self.leases.overdue(slot) {
+            return; // Another waiter expired it already.
+        }
+        let pid = self.clients[slot as usize].as_ref().map_or(0, |c| c.pid);
+        if let Err(e) = self.sh.bump_lease_gen(slot) {
+            log.log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+        }
+        match self.digest_committed(slot) {
+            Ok(o) => log.log(format!(
+                "slot {slot} (pid {pid}): did not answer a lease revocation within {} ms: every lease taken away, log digested up to {}",
+                self.cfg.lease_timeout_ms, o.head_lsn
+            )),
+            Err(e) => log.log(format!(
+                "slot {slot} (pid {pid}): lease expiry: cannot digest its log: {e}"
+            )),
+        }
+        self.leases.drop_slot(slot, false);
+    }
+
+    /// Close the restart gate once its deadline passed: slots that did not re-attach
+    /// in time lose the leases they may hold (`lease_gen` + 1).
+    pub(crate) fn lease_gate_tick(&mut self, log: &Logger) {
+        for slot in self.leases.close_gate_if_due() {
+            if let Err(e) = self.sh.bump_lease_gen(slot) {
+                log.log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+            }
+            log.log(format!(
+                "slot {slot}: did not re-attach within {} ms: its leases are void",
+                self.cfg.lease_timeout_ms
+            ));
+        }
     }
 
     /// Release `slot`: inactive, reservations and credits returned. With `discard`,
@@ -372,7 +457,9 @@ impl Core {
         }
         self.sh.set_slot_head(slot, nh)?;
         self.sh.inodes.release_slot(slot);
+        self.sh.creds.remove(&slot);
         self.clients[slot as usize] = None;
+        self.leases.drop_slot(slot, true);
         self.reclaim();
         Ok(())
     }

@@ -47,6 +47,8 @@ pub(crate) struct Outcome {
     pub skipped: u64,
     pub log_bytes: u64,
     pub shared_bytes: u64,
+    /// Inodes the batch created (their creator holds their write leases).
+    pub created: Vec<u64>,
 }
 
 /// Why a digest did not happen.
@@ -729,12 +731,21 @@ fn digest_with(
     }
     // Decode.
     let mut recs: Vec<Record<'_>> = Vec::new();
+    let mut txn_ends: Vec<usize> = Vec::new();
     for t in txns.iter().filter(|t| t.kind == KIND_COMMIT) {
         let off = (t.lsn - h0) as usize;
         let r = log::records(&buf[off..off + t.len], t.nrec)
             .map_err(|e| malformed(format!("transaction at lsn {}: {}", t.lsn, e.0)))?;
         recs.extend(r);
+        txn_ends.push(recs.len());
     }
+    // Permissions of the slot's client (crate::perm).
+    let cred = crate::perm::slot_cred(sh, slot)?;
+    let replay = sh.replaying.contains(&slot);
+    crate::perm::check_batch(sh, &cred, &recs, &txn_ends, replay).map_err(|e| match e {
+        crate::perm::Denial::Denied(m) => malformed(m),
+        crate::perm::Denial::Io(e) => DigestError::Failed(e),
+    })?;
     // Plan and validate.
     let mut plan = Plan {
         inodes: BTreeMap::new(),
@@ -846,7 +857,14 @@ fn digest_with(
         skipped,
         log_bytes: end - h0,
         shared_bytes: w.bytes,
+        created: publish
+            .iter()
+            .filter(|p| matches!(p.2, Effect::Created))
+            .map(|p| p.0)
+            .collect(),
     };
+    // The half-applied batch a crash may have left is behind the head now.
+    sh.replaying.remove(&slot);
     let c = &mut sh.counters;
     c.records_digested += records;
     c.records_skipped += skipped;

@@ -19,8 +19,12 @@ mod alloc;
 mod core;
 mod digest;
 mod dirhash;
+mod leases;
+mod lock_server;
+mod locks;
 mod maptree;
 mod mkfs;
+mod perm;
 mod recovery;
 mod server;
 mod shared;
@@ -30,4 +34,5 @@ mod util;
 mod tests;
 
 pub use mkfs::{mkfs, MkfsOptions};
+pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

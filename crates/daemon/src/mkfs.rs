@@ -31,6 +31,9 @@ pub struct MkfsOptions {
     pub digest_threshold_pct: u32,
     /// Replace an existing store (its NVM file is deleted).
     pub force: bool,
+    /// A group whose members are in the trust domain (besides root and the owner): the
+    /// NVM file and the slot lock files get mode 0660 with this group.
+    pub trusted_gid: Option<u32>,
 }
 
 impl Default for MkfsOptions {
@@ -45,6 +48,7 @@ impl Default for MkfsOptions {
             inodes: d.inodes,
             digest_threshold_pct: d.digest_threshold_pct,
             force: false,
+            trusted_gid: None,
         }
     }
 }
@@ -182,32 +186,81 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
             format!("cannot create the NVM file {}: {e}", nvm_path.display()),
         )
     })?;
-    let r = format_file(&file, &layout, opts).and_then(|()| {
-        std::fs::create_dir_all(store.slots_dir())?;
-        for s in 0..layout.nslots {
-            OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(store.slot_lock_path(s))?;
-        }
-        let cfg = StoreConfig {
-            format_version: 1,
-            nvm_path: nvm_path.clone(),
-            nvm_size: opts.nvm_size,
-            log_size: opts.log_size,
-            max_clients: opts.max_clients,
-            inodes: layout.inode_count,
-            digest_threshold_pct: opts.digest_threshold_pct,
-        };
-        store.save_config(&cfg)?;
-        Ok(cfg)
-    });
+    let tg = opts.trusted_gid;
+    let r = restrict(&nvm_path, tg, 0o600, 0o660)
+        .and_then(|()| format_file(&file, &layout, opts))
+        .and_then(|()| {
+            std::fs::create_dir_all(store.slots_dir())?;
+            for s in 0..layout.nslots {
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(store.slot_lock_path(s))?;
+                restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
+            }
+            // The trust domain may run the daemon: its lock and log files are theirs too.
+            for p in [store.daemon_lock_path(), store.daemon_log_path()] {
+                OpenOptions::new().append(true).create(true).open(&p)?;
+                restrict(&p, tg, 0o600, 0o660)?;
+            }
+            restrict(&store.slots_dir(), tg, 0o700, 0o2770)?;
+            // Everyone may reach the socket (and get a clear refusal if untrusted).
+            restrict(&store.path, tg, 0o755, 0o2775)?;
+            let cfg = StoreConfig {
+                format_version: 1,
+                nvm_path: nvm_path.clone(),
+                nvm_size: opts.nvm_size,
+                log_size: opts.log_size,
+                max_clients: opts.max_clients,
+                inodes: layout.inode_count,
+                digest_threshold_pct: opts.digest_threshold_pct,
+                lease_timeout_ms: cairn_area::store::DEFAULT_LEASE_TIMEOUT_MS,
+                owner_uid: Some(sys::ids().0),
+                trusted_gid: opts.trusted_gid,
+            };
+            store.save_config(&cfg)?;
+            Ok(cfg)
+        });
     if r.is_err() {
         drop(file);
         let _ = std::fs::remove_file(&nvm_path);
     }
     r
+}
+
+/// Give `path` the mode that lets exactly the trust domain use it: `owner_mode` without a
+/// trusted group; with one, `group_mode` and that group (docs/FORMAT.md, "The store
+/// directory").
+fn restrict(
+    path: &std::path::Path,
+    trusted_gid: Option<u32>,
+    owner_mode: u32,
+    group_mode: u32,
+) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let errno = |e: &io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let mode = match trusted_gid {
+        Some(g) => {
+            std::os::unix::fs::chown(path, None, Some(g)).map_err(|e| {
+                fs_err(
+                    errno(&e),
+                    format!(
+                        "cannot give {} to the trusted group {g}: {e} (root or a member of the group can)",
+                        path.display()
+                    ),
+                )
+            })?;
+            group_mode
+        }
+        None => owner_mode,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| {
+        fs_err(
+            errno(&e),
+            format!("cannot set the mode of {} to {mode:o}: {e}", path.display()),
+        )
+    })
 }
 
 fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Result<()> {

@@ -47,6 +47,10 @@ struct Daemon {
     log: Logger,
     next_conn: AtomicU64,
     uid: u32,
+    /// Advisory locks (their own mutex: waiting requests never hold `core`).
+    locks: crate::locks::LockService,
+    /// The lease manager (shared with `core`; its own mutex).
+    leases: Arc<crate::leases::Leases>,
 }
 
 impl Daemon {
@@ -84,6 +88,12 @@ struct Conn {
     uid: u32,
     gid: u32,
     slot: Option<u32>,
+    /// This connection is the upcall channel of that slot's client (leases).
+    upcall_of: Option<u32>,
+    /// A second handle of the socket (upcalls are written through it).
+    sock: Option<UnixStream>,
+    /// Lock-channel state (`lock_server`).
+    locks: crate::lock_server::ConnLocks,
 }
 
 /// Run the daemon for `opts.store` until SIGTERM, SIGINT or a `Shutdown` request.
@@ -148,6 +158,12 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
             format!("cannot bind {}: {e}", sock.display()),
         )
     })?;
+    // Anyone may connect: clients outside the trust domain get a clear refusal
+    // (crate::perm) instead of a bare "permission denied".
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))?;
+    }
     if opts.background {
         let logf = OpenOptions::new()
             .create(true)
@@ -167,12 +183,15 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     }
     sys::install_termination_flag()?;
     log.log(format!("listening on {}", sock.display()));
+    let leases = core.leases.clone();
     let d = Arc::new(Daemon {
+        leases,
         core: Mutex::new(core),
         stop: AtomicBool::new(false),
         log,
         next_conn: AtomicU64::new(1),
         uid: sys::ids().0,
+        locks: crate::locks::LockService::default(),
     });
     let timer = {
         let d = d.clone();
@@ -227,6 +246,7 @@ fn timer_loop(d: &Daemon) {
         }
         core.reclaim();
         core.recover_dead(&d.log);
+        core.lease_gate_tick(&d.log);
     }
 }
 
@@ -245,6 +265,9 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         uid,
         gid,
         slot: None,
+        upcall_of: None,
+        sock: s.try_clone().ok(),
+        locks: crate::lock_server::ConnLocks::new(&s),
     };
     loop {
         let req: Request = match recv(&mut s) {
@@ -280,6 +303,11 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         if close || d.stop.load(Ordering::SeqCst) {
             break;
         }
+    }
+    // A client's locks die with its registered connection (waiters proceed at once).
+    d.locks.remove_client(c.id);
+    if let Some(slot) = c.upcall_of {
+        d.leases.channel_closed(slot, c.id);
     }
     if let Some(slot) = c.slot {
         let mut core = d.core();
@@ -325,6 +353,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             match core.register(c.pid, c.uid, c.gid, c.id) {
                 Ok(r) => {
                     c.slot = Some(r.slot);
+                    d.locks.add_client(c.id, c.pid, r.slot, r.slot_gen);
                     d.log.log(format!(
                         "slot {} (pid {}, claimed {claimed}, uid {}): client registered, generation {}",
                         r.slot, c.pid, c.uid, r.slot_gen
@@ -342,6 +371,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             pid: _,
             slot,
             slot_gen,
+            leases,
         } => {
             if c.slot.is_some() {
                 return Reply::Send(Response::Error {
@@ -353,6 +383,21 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             match core.reattach(c.pid, c.uid, c.gid, slot, slot_gen, c.id) {
                 Ok(r) => {
                     c.slot = Some(slot);
+                    d.locks.add_client(c.id, c.pid, slot, slot_gen);
+                    // Revocations the previous daemon had acknowledged may not have been
+                    // digested: digest the committed log before any lease is granted.
+                    if let Err(e) = core.digest_committed(slot) {
+                        d.log.log(format!("slot {slot}: digest at re-attach: {e}"));
+                    }
+                    if !d.leases.reattached(slot, &leases) {
+                        d.log.log(format!(
+                            "slot {slot}: leases sent at re-attach conflict with granted ones: all taken away"
+                        ));
+                        if let Err(e) = core.sh.bump_lease_gen(slot) {
+                            d.log
+                                .log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+                        }
+                    }
                     d.log.log(format!(
                         "slot {slot} (pid {}): client re-attached, generation {slot_gen}",
                         c.pid
@@ -430,6 +475,25 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 Err(e) => digest_failed(d, &mut core, c, slot, e, true, "goodbye"),
             }
         }
+        Request::Lease { ino, write } => lease(d, c, ino, write),
+        Request::UpcallChannel { slot, slot_gen } => upcall_channel(d, c, slot, slot_gen),
+        Request::UpcallAck { ino, tail_lsn } => {
+            if let Some(slot) = c.upcall_of {
+                upcall_ack(d, slot, ino, tail_lsn);
+            }
+            Reply::Nothing
+        }
+        req @ (Request::LockChannel { .. }
+        | Request::Lock { .. }
+        | Request::Unlock { .. }
+        | Request::GetLock { .. }
+        | Request::ReleaseLocks { .. }) => {
+            let registered = c.slot.is_some();
+            match crate::lock_server::handle(&d.locks, &mut c.locks, c.pid, registered, req) {
+                Some(r) => Reply::Send(r),
+                None => Reply::Close(None),
+            }
+        }
         Request::Shutdown => {
             if c.uid != d.uid && c.uid != 0 {
                 return Reply::Send(Response::Error {
@@ -446,6 +510,86 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             }
         }
     }
+}
+
+/// `Lease`: wait until granted (PROTOCOL.md, "Leases"). Runs without the core lock
+/// except for the work between waits (expiring a holder, closing the restart gate).
+fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    if !d.core().sh.layout.ino_valid(ino) {
+        return Reply::Send(Response::Error {
+            errno: libc::EINVAL,
+            message: format!("lease: inode number {ino} out of range"),
+        });
+    }
+    loop {
+        match d.leases.acquire(slot, ino, write) {
+            Ok(()) => return Reply::Send(Response::Leased { ino, write }),
+            Err(crate::leases::Step::Expire(h)) => d.core().expire_leases(h, &d.log),
+            Err(crate::leases::Step::GateDue) => d.core().lease_gate_tick(&d.log),
+            Err(crate::leases::Step::NotLive) => {
+                return Reply::Send(Response::Error {
+                    errno: libc::ESTALE,
+                    message: "lease: this client's slot is no longer live".into(),
+                })
+            }
+        }
+    }
+}
+
+/// `UpcallChannel`: this connection carries `slot`'s upcalls (same process only).
+fn upcall_channel(d: &Daemon, c: &mut Conn, slot: u32, slot_gen: u64) -> Reply {
+    let refuse = |m: &str| {
+        Reply::Close(Some(Response::Error {
+            errno: libc::EINVAL,
+            message: format!("upcall channel: {m}"),
+        }))
+    };
+    if c.slot.is_some() || c.upcall_of.is_some() {
+        return refuse("this connection is already in use");
+    }
+    let ok = {
+        let core = d.core();
+        matches!(core.clients.get(slot as usize), Some(Some(cl))
+            if cl.slot_gen == slot_gen && cl.pid == c.pid && cl.conn.is_some())
+    };
+    if !ok {
+        return refuse("no such client of this process");
+    }
+    let Some(sock) = c.sock.take() else {
+        return refuse("cannot duplicate the socket");
+    };
+    c.upcall_of = Some(slot);
+    d.leases.channel_open(slot, c.id, sock);
+    Reply::Send(Response::Ok)
+}
+
+/// `UpcallAck`: `slot` gave the lease on `ino` up; a writer's log is digested up to the
+/// tail it answered before the lease counts as released.
+fn upcall_ack(d: &Daemon, slot: u32, ino: u64, tail_lsn: u64) {
+    let Some(was_writer) = d.leases.ack_begin(slot, ino) else {
+        return;
+    };
+    if was_writer {
+        let mut core = d.core();
+        match core.digest_client(slot, tail_lsn) {
+            Ok(_) => {}
+            Err(DigestError::Malformed { msg, .. }) => {
+                d.log.log(format!(
+                    "slot {slot}: revocation answer with a bad tail ({msg}): digesting its committed log instead"
+                ));
+                if let Err(e) = core.digest_committed(slot) {
+                    d.log.log(format!("slot {slot}: {e}"));
+                }
+            }
+            Err(DigestError::Failed(e)) => d.log.log(format!(
+                "slot {slot}: cannot digest its log for a revoked lease on inode {ino}: {e}"
+            )),
+        }
+    }
+    d.leases.ack_done(slot, ino);
 }
 
 /// A digest for a client failed: a malformed log refuses the client (its log is

@@ -7,7 +7,7 @@ use crate::util::eio;
 use cairn_area::{fs_err, Area};
 use cairn_format::inode::{current_copy, Inode, COPY_BYTES, COPY_OFF, INODE_BYTES};
 use cairn_format::map::{ENTRY_FLAGS, FANOUT};
-use cairn_format::slot::{client_page, SlotHead, OWNER_PID_OFF, PUBLISHED_HEAD_OFF};
+use cairn_format::slot::{client_page, SlotHead, LEASE_GEN_OFF, OWNER_PID_OFF, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout};
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
 use cairn_media::Mapping;
@@ -41,6 +41,12 @@ pub(crate) struct Shared {
     pub counters: DigestCounters,
     /// The digest's copy of a log batch, kept between digests.
     pub scratch: Vec<u8>,
+    /// Credentials of each registered slot's client (permission checks, `crate::perm`).
+    pub creds: std::collections::HashMap<u32, crate::perm::Cred>,
+    /// Slots whose next batch a crashed daemon may have half applied (set at an unclean
+    /// start, cleared by the slot's first digest): their batch is checked without the
+    /// link-count rule, which a half-applied batch cannot pass (see `perm::check_batch`).
+    pub replaying: std::collections::HashSet<u32>,
 }
 
 impl Shared {
@@ -63,6 +69,8 @@ impl Shared {
             retired: VecDeque::new(),
             counters,
             scratch: Vec::new(),
+            creds: Default::default(),
+            replaying: Default::default(),
         }
     }
 
@@ -259,6 +267,15 @@ impl Shared {
         self.map().persist(cp, 16)?;
         let o = (self.layout.slot_entry_off(slot) + OWNER_PID_OFF) as usize;
         self.map().store_u64(o, pid as u64)?;
+        self.map().persist(o, 8)
+    }
+
+    /// Increment the slot's `lease_gen` word (its client drops every lease and cached
+    /// state at its next call).
+    pub(crate) fn bump_lease_gen(&self, slot: u32) -> io::Result<()> {
+        let o = (self.layout.slot_entry_off(slot) + LEASE_GEN_OFF) as usize;
+        let g = self.map().load_u64(o)?;
+        self.map().store_u64(o, g.wrapping_add(1))?;
         self.map().persist(o, 8)
     }
 

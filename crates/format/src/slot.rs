@@ -5,7 +5,13 @@
 //! bytes with its own crc32c; the valid copy with the larger `gen` is current, and an
 //! update always overwrites the other copy, so a torn update leaves the previous one.
 //! At 96: `published_head` (u64, advisory copy of `head_lsn` that clients poll),
-//! at 104: `owner_pid` (u64, informational).
+//! at 104: `owner_pid` (u64, informational), at 112: `lease_gen` (u64, incremented by
+//! the daemon when it takes every lease of the slot's client away; LibFS loads it at the
+//! start of every call), at 120: `owner_cred` (u64: the registered client's uid in the
+//! low 32 bits, its gid in the high 32 bits; written and persisted before the slot is
+//! activated, so that recovery after a daemon restart checks the log's permissions with
+//! the credentials of the client that wrote it; 0 in entries written before the field
+//! existed, which reads as root).
 
 use crate::{crc, le};
 
@@ -13,6 +19,10 @@ use crate::{crc, le};
 pub const PUBLISHED_HEAD_OFF: u64 = 96;
 /// Offset of the owner pid in a slot-table entry.
 pub const OWNER_PID_OFF: u64 = 104;
+/// Offset of the lease generation in a slot-table entry.
+pub const LEASE_GEN_OFF: u64 = 112;
+/// Offset of the owner's credentials (`uid | gid << 32`) in a slot-table entry.
+pub const OWNER_CRED_OFF: u64 = 120;
 /// Bytes of one head copy.
 pub const HEAD_BYTES: usize = 48;
 

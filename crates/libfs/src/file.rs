@@ -114,6 +114,7 @@ impl OpenOptions {
             write: writable,
             append: self.append,
             pos: AtomicU64::new(0),
+            locks: crate::lock::FileLocks::new(&fs.inner.locks),
         })
     }
 }
@@ -132,6 +133,8 @@ pub struct File {
     write: bool,
     append: bool,
     pos: AtomicU64,
+    /// Lock identity (OFD and flock owner).
+    locks: crate::lock::FileLocks,
 }
 
 impl std::fmt::Debug for Inner {
@@ -162,14 +165,19 @@ impl File {
         self.ino
     }
 
+    /// What `lock.rs` needs: the client, inode, read and write access, lock identity.
+    pub(crate) fn lock_parts(&self) -> (&Inner, u64, bool, bool, &crate::lock::FileLocks) {
+        (&self.fs, self.ino, self.read, self.write, &self.locks)
+    }
+
     /// Read at `offset` without moving the position; returns the bytes read (0 at or
     /// beyond the end).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         if !self.read {
             return Err(fs_err(libc::EBADF, "read: file not open for reading"));
         }
-        let st = self.fs.begin()?;
-        self.fs.read_data(&st, self.ino, offset, buf)
+        self.fs
+            .run(|st| self.fs.read_data(st, self.ino, offset, buf))
     }
 
     /// Write all of `buf` at `offset` (at the end for an append handle) without moving
@@ -178,9 +186,10 @@ impl File {
         if !self.write {
             return Err(fs_err(libc::EBADF, "write: file not open for writing"));
         }
-        let mut st = self.fs.begin()?;
         let pos = (!self.append).then_some(offset);
-        let (_, n) = self.fs.write_data(&mut st, self.ino, pos, buf)?;
+        let (_, n) = self
+            .fs
+            .run(|st| self.fs.write_data(st, self.ino, pos, buf))?;
         Ok(n)
     }
 
@@ -189,14 +198,12 @@ impl File {
         if !self.write {
             return Err(fs_err(libc::EINVAL, "set_len: file not open for writing"));
         }
-        let mut st = self.fs.begin()?;
-        self.fs.set_len(&mut st, self.ino, size)
+        self.fs.run(|st| self.fs.set_len(st, self.ino, size))
     }
 
     /// Metadata of the open file (`nlink` 0 once it was unlinked).
     pub fn metadata(&self) -> io::Result<Metadata> {
-        let st = self.fs.begin()?;
-        self.fs.metadata_of(&st, self.ino)
+        self.fs.run(|st| self.fs.metadata_of(st, self.ino))
     }
 
     /// Nothing to do: every call is durable when it returns.
@@ -220,9 +227,10 @@ impl File {
         if !self.write {
             return Err(fs_err(libc::EBADF, "write: file not open for writing"));
         }
-        let mut st = self.fs.begin()?;
-        let pos = (!self.append).then(|| self.pos.load(Ordering::Acquire));
-        let (end, n) = self.fs.write_data(&mut st, self.ino, pos, buf)?;
+        let (end, n) = self.fs.run(|st| {
+            let pos = (!self.append).then(|| self.pos.load(Ordering::Acquire));
+            self.fs.write_data(st, self.ino, pos, buf)
+        })?;
         self.pos.store(end, Ordering::Release);
         Ok(n)
     }
@@ -247,6 +255,7 @@ impl File {
 
 impl Drop for File {
     fn drop(&mut self) {
+        crate::lock::on_close(&self.fs, self.ino, &self.locks);
         self.fs.close(self.ino);
     }
 }

@@ -19,12 +19,14 @@ use cairn_format::log::{
 };
 use cairn_format::{BLOCK_SIZE_U64, MAX_FILE_SIZE, ROOT_INO};
 use cairn_media::{fence, sys, Mapping};
-use cairn_proto::{Registration, Request, Response, StatusReport};
+use cairn_proto::{Registration, Request, Response, StatusReport, Upcall};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// Symlinks followed during one resolution before `ELOOP`.
@@ -82,9 +84,40 @@ impl InodeOv {
     }
 }
 
+/// An operation needs a lease this client does not hold: the operation is abandoned
+/// (nothing was changed yet), the lease acquired without the state lock, and the
+/// operation run again ([`Inner::run`]). Never returned to callers.
+#[derive(Debug)]
+struct NeedLease {
+    ino: u64,
+    write: bool,
+}
+
+impl std::fmt::Display for NeedLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "needs the {} lease on inode {}",
+            if self.write { "write" } else { "read" },
+            self.ino
+        )
+    }
+}
+
+impl std::error::Error for NeedLease {}
+
+fn need_lease(ino: u64, write: bool) -> io::Error {
+    io::Error::other(NeedLease { ino, write })
+}
+
+fn as_need_lease(e: &io::Error) -> Option<(u64, bool)> {
+    e.get_ref()
+        .and_then(|x| x.downcast_ref::<NeedLease>())
+        .map(|n| (n.ino, n.write))
+}
+
 /// The mutable client state.
 pub(crate) struct State {
-    conn: Option<Conn>,
     ring: Ring,
     /// Next transaction's LSN and sequence number.
     tail: u64,
@@ -102,6 +135,16 @@ pub(crate) struct State {
     orphans: HashSet<u64>,
     /// Reused buffer for metadata transactions.
     buf: Vec<u8>,
+    /// Leases held: inode → write (else read). PROTOCOL.md, "Leases".
+    leases: InoMap<bool>,
+    /// The slot's `lease_gen` these leases belong to.
+    lease_gen: u64,
+    /// Revocations answered so far, and per inode the count at its latest one (kept
+    /// only while acquisitions are in flight): a grant that crossed a revocation of the
+    /// same inode is not trusted.
+    revokes: u64,
+    revoked_at: InoMap<u64>,
+    acquiring: u32,
 }
 
 /// The shared part of an `Fs` (also held by its `File`s and `DirEntry`s).
@@ -118,6 +161,20 @@ pub(crate) struct Inner {
     threshold_pct: u64,
     slot_lock: File,
     st: Mutex<State>,
+    /// The daemon connection (lock order: `st` before `conn`). Lease requests wait for
+    /// their grant holding only this lock.
+    conn: Mutex<Option<Conn>>,
+    /// Incremented at each (re-)attach; `upcall_epoch`: its value when the upcall
+    /// channel was opened.
+    conn_epoch: AtomicU64,
+    upcall_epoch: AtomicU64,
+    /// A handle of the upcall channel (shut down when the client goes away).
+    upcall: Mutex<Option<UnixStream>>,
+    closing: AtomicBool,
+    /// Offset of the slot's `lease_gen` word in the read-only mapping.
+    lease_gen_off: usize,
+    /// Advisory locks: lock channels and bookkeeping (`lock.rs`).
+    pub(crate) locks: crate::lock::ClientLocks,
 }
 
 /// The result of resolving a path.
@@ -206,6 +263,50 @@ fn transient(e: &io::Error) -> bool {
             | io::ErrorKind::BrokenPipe
             | io::ErrorKind::UnexpectedEof
     )
+}
+
+/// Open the upcall channel of `slot` (PROTOCOL.md, "Leases": `UpcallChannel`).
+fn open_upcall_channel(store: &StoreDir, slot: u32, slot_gen: u64) -> io::Result<UnixStream> {
+    let mut s = UnixStream::connect(store.socket_path())?;
+    cairn_proto::send(&mut s, &Request::UpcallChannel { slot, slot_gen })?;
+    match cairn_proto::recv::<Response>(&mut s)? {
+        Response::Ok => Ok(s),
+        r => Err(response_error("open the upcall channel", r)),
+    }
+}
+
+/// The upcall thread: answers revocations; when the channel breaks, re-attaches and
+/// reopens it (with a growing delay) until the client goes away.
+fn upcall_loop(weak: Weak<Inner>, mut s: UnixStream) {
+    loop {
+        if let Ok(Upcall::Revoke { ino }) = cairn_proto::recv::<Upcall>(&mut s) {
+            let Some(inner) = weak.upgrade() else { return };
+            let tail = inner.revoke_local(ino);
+            drop(inner);
+            let ack = Request::UpcallAck {
+                ino,
+                tail_lsn: tail,
+            };
+            if cairn_proto::send(&mut s, &ack).is_ok() {
+                continue;
+            }
+        }
+        let mut delay = Duration::from_millis(20);
+        loop {
+            std::thread::sleep(delay);
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            match inner.reopen_upcall() {
+                Ok(ns) => {
+                    s = ns;
+                    break;
+                }
+                Err(_) => delay = (delay * 2).min(Duration::from_millis(500)),
+            }
+        }
+    }
 }
 
 fn name_str(name: &[u8]) -> String {
@@ -299,9 +400,22 @@ impl Inner {
             Ok(x) => x,
             Err(e) => return Err((e, conn, reg)),
         };
+        let upcall = match open_upcall_channel(&store, reg.slot, reg.slot_gen) {
+            Ok(u) => u,
+            Err(e) => return Err((e, conn, reg)),
+        };
+        let lease_gen_off = area.lease_gen_off(reg.slot);
+        let lease_gen = area.map().load_u64(lease_gen_off).unwrap_or(0);
         let (groups, umask) = groups_and_umask();
         let ph = area.published_head(reg.slot).unwrap_or(reg.head_lsn);
         Ok(Inner {
+            conn: Mutex::new(Some(conn)),
+            conn_epoch: AtomicU64::new(1),
+            upcall_epoch: AtomicU64::new(1),
+            upcall: Mutex::new(Some(upcall)),
+            closing: AtomicBool::new(false),
+            lease_gen_off,
+            locks: crate::lock::ClientLocks::new(store.clone(), reg.slot, reg.slot_gen),
             store,
             create,
             cred: Cred {
@@ -316,7 +430,11 @@ impl Inner {
             threshold_pct: reg.digest_threshold_pct.clamp(1, 100) as u64,
             slot_lock: lock,
             st: Mutex::new(State {
-                conn: Some(conn),
+                leases: InoMap::default(),
+                lease_gen,
+                revokes: 0,
+                revoked_at: InoMap::default(),
+                acquiring: 0,
                 tail: reg.head_lsn,
                 seq: reg.head_seq,
                 ph: ph.max(reg.head_lsn),
@@ -337,11 +455,174 @@ impl Inner {
         &self.store.path
     }
 
-    /// Take the state lock and catch up with the daemon's progress.
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_conn(&self) -> MutexGuard<'_, Option<Conn>> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take the state lock and catch up with the daemon's progress: the slot's
+    /// `lease_gen` (one atomic load; when it changed, every lease and cached state is
+    /// dropped) and the published head.
     pub(crate) fn begin(&self) -> io::Result<MutexGuard<'_, State>> {
-        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock_state();
+        let g = self.area.map().load_u64(self.lease_gen_off)?;
+        if g != st.lease_gen {
+            self.leases_lost(&mut st, g);
+        }
         self.refresh(&mut st)?;
         Ok(st)
+    }
+
+    /// The daemon took every lease away (expiry, or a restart we did not re-attach to
+    /// in time): have our log digested (best effort: the daemon digested its committed
+    /// part already when it expired us), then forget the leases and the overlay.
+    fn leases_lost(&self, st: &mut State, g: u64) {
+        st.lease_gen = g;
+        st.leases.clear();
+        let _ = self.digest_wait(st);
+        st.ov.clear();
+    }
+
+    /// Run an operation under the state lock. When it needs a lease this client does
+    /// not hold, the lock is released, the lease acquired (waiting for the daemon's
+    /// grant while other threads and the upcall thread proceed) and the operation run
+    /// again from the start, so every lease it uses is checked under the lock it logs
+    /// under.
+    pub(crate) fn run<T>(&self, mut f: impl FnMut(&mut State) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            let mut st = self.begin()?;
+            match f(&mut st) {
+                Err(e) => match as_need_lease(&e) {
+                    Some((ino, write)) => {
+                        let snap = st.revokes;
+                        st.acquiring += 1;
+                        drop(st);
+                        self.acquire(ino, write, snap)?;
+                    }
+                    None => return Err(e),
+                },
+                ok => return ok,
+            }
+        }
+    }
+
+    /// Check that the lease `write` (or any lease) on `ino` is held.
+    #[inline]
+    pub(crate) fn need(&self, st: &State, ino: u64, write: bool) -> io::Result<()> {
+        match st.leases.get(&ino) {
+            Some(&w) if w || !write => Ok(()),
+            _ => Err(need_lease(ino, write)),
+        }
+    }
+
+    /// Ask the daemon for a lease (without the state lock) and record the grant.
+    fn acquire(&self, ino: u64, write: bool, snap: u64) -> io::Result<()> {
+        let r = self.lease_request(ino, write);
+        let mut st = self.lock_state();
+        st.acquiring -= 1;
+        let crossed = st.revoked_at.get(&ino).is_some_and(|&r| r > snap);
+        if st.acquiring == 0 {
+            st.revoked_at.clear();
+        }
+        match r? {
+            Response::Leased { .. } => {
+                // A revocation of this inode processed after we asked may have been for
+                // this very grant: ask again rather than trust it.
+                if !crossed {
+                    *st.leases.entry(ino).or_insert(false) |= write;
+                }
+                Ok(())
+            }
+            r => Err(response_error("lease", r)),
+        }
+    }
+
+    fn lease_request(&self, ino: u64, write: bool) -> io::Result<Response> {
+        let req = Request::Lease { ino, write };
+        let mut last = None;
+        for _ in 0..2 {
+            {
+                let mut conn = self.lock_conn();
+                if let Some(c) = conn.as_mut() {
+                    match c.roundtrip(&req) {
+                        Ok(r) => return Ok(r),
+                        Err(e) => {
+                            *conn = None;
+                            last = Some(e);
+                        }
+                    }
+                }
+            }
+            // Re-attach: the state lock first, then the connection.
+            let mut st = self.lock_state();
+            let mut conn = self.lock_conn();
+            if conn.is_none() {
+                self.reattach(&mut st, &mut conn, true)?;
+            }
+        }
+        Err(fs_err(
+            libc::EIO,
+            format!(
+                "lost the connection to the daemon: {}",
+                last.map_or_else(|| "re-attach failed".to_string(), |e| e.to_string())
+            ),
+        ))
+    }
+
+    /// The upcall thread: a revocation of the lease on `ino`. Drops the lease and the
+    /// inode's overlay under the state lock (no call on it is in progress) and returns
+    /// the log tail to answer with.
+    fn revoke_local(&self, ino: u64) -> u64 {
+        let mut st = self.lock_state();
+        st.leases.remove(&ino);
+        st.ov.remove(&ino);
+        st.revokes += 1;
+        if st.acquiring > 0 {
+            let n = st.revokes;
+            st.revoked_at.insert(ino, n);
+        }
+        st.tail
+    }
+
+    /// Start the upcall thread (once, after the `Inner` is shared).
+    pub(crate) fn start_upcalls(this: &Arc<Inner>) -> io::Result<()> {
+        let Some(ch) = this
+            .upcall
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|u| u.try_clone())
+            .transpose()?
+        else {
+            return Ok(());
+        };
+        let weak = Arc::downgrade(this);
+        std::thread::Builder::new()
+            .name("cairn-upcalls".into())
+            .spawn(move || upcall_loop(weak, ch))?;
+        Ok(())
+    }
+
+    /// The upcall channel broke (the daemon stopped or died): re-attach if the main
+    /// connection has not been renewed since the channel was opened (without starting a
+    /// daemon), then open a new channel.
+    fn reopen_upcall(&self) -> io::Result<UnixStream> {
+        let mut st = self.lock_state();
+        let mut conn = self.lock_conn();
+        if conn.is_none()
+            || self.conn_epoch.load(Ordering::SeqCst) == self.upcall_epoch.load(Ordering::SeqCst)
+        {
+            *conn = None;
+            self.reattach(&mut st, &mut conn, false)?;
+        }
+        let ch = open_upcall_channel(&self.store, self.slot, self.slot_gen)?;
+        self.upcall_epoch
+            .store(self.conn_epoch.load(Ordering::SeqCst), Ordering::SeqCst);
+        *self.upcall.lock().unwrap_or_else(|p| p.into_inner()) = Some(ch.try_clone()?);
+        Ok(ch)
     }
 
     /// Read the published head (one atomic load) and drop the overlay entries it passed.
@@ -363,18 +644,32 @@ impl Inner {
 
     // ---------------------------------------------------------------- daemon requests
 
-    fn reattach(&self, st: &mut State) -> io::Result<()> {
-        let mut c = Conn::connect(&self.store, self.create)?;
+    /// Re-attach to a restarted daemon (`start`: starting one if none runs), sending
+    /// the leases held (none if `lease_gen` changed: `begin` drops them).
+    fn reattach(&self, st: &mut State, conn: &mut Option<Conn>, start: bool) -> io::Result<()> {
+        let mut c = if start {
+            Conn::connect(&self.store, self.create)?
+        } else {
+            Conn::connect_only(&self.store)?
+        };
+        let g = self.area.map().load_u64(self.lease_gen_off)?;
+        let leases = if g == st.lease_gen {
+            st.leases.iter().map(|(&i, &w)| (i, w)).collect()
+        } else {
+            Vec::new()
+        };
         match c.roundtrip(&Request::Reattach {
             pid: self.pid,
             slot: self.slot,
             slot_gen: self.slot_gen,
+            leases,
         })? {
             Response::Registered(reg) => {
                 st.inodes = reg.inodes;
                 st.credits = reg.credits;
                 st.digest_pending = None;
-                st.conn = Some(c);
+                *conn = Some(c);
+                self.conn_epoch.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             }
             r => Err(response_error("reattach to the restarted daemon", r)),
@@ -384,15 +679,16 @@ impl Inner {
     /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
     fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
         let mut last = None;
+        let mut conn = self.lock_conn();
         for _ in 0..2 {
-            if st.conn.is_none() {
-                self.reattach(st)?;
+            if conn.is_none() {
+                self.reattach(st, &mut conn, true)?;
             }
-            let c = st.conn.as_mut().expect("connected");
+            let c = conn.as_mut().expect("connected");
             match c.roundtrip(req) {
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    st.conn = None;
+                    *conn = None;
                     last = Some(e);
                 }
             }
@@ -413,16 +709,17 @@ impl Inner {
         if used * 100 <= self.threshold_pct * st.ring.bytes() {
             return;
         }
-        if st.conn.is_none() && self.reattach(st).is_err() {
+        let mut conn = self.lock_conn();
+        if conn.is_none() && self.reattach(st, &mut conn, true).is_err() {
             return;
         }
         let req = Request::Digest {
             upto_lsn: st.tail,
             wait: false,
         };
-        match st.conn.as_mut().expect("connected").send_only(&req) {
+        match conn.as_mut().expect("connected").send_only(&req) {
             Ok(()) => st.digest_pending = Some(st.tail),
-            Err(_) => st.conn = None,
+            Err(_) => *conn = None,
         }
     }
 
@@ -528,6 +825,16 @@ impl Inner {
 
     /// Append a metadata transaction and apply it to the overlay. Returns its tag.
     fn commit(&self, st: &mut State, tx: Tx) -> io::Result<u64> {
+        // Every inode the transaction logs a record about needs the write lease.
+        for (ino, _, _) in &tx.inodes {
+            self.need(st, *ino, true)?;
+        }
+        if let Some((ino, ..)) = &tx.write {
+            self.need(st, *ino, true)?;
+        }
+        for (dir, ..) in &tx.dirents {
+            self.need(st, *dir, true)?;
+        }
         let mut recs: Vec<Record<'_>> = Vec::new();
         for (ino, gen, a) in &tx.inodes {
             recs.push(Record::InodeSet {
@@ -635,7 +942,8 @@ impl Inner {
         pos: Option<u64>,
         data: &[u8],
     ) -> io::Result<(u64, usize)> {
-        let (gen, mut attrs) = self.attrs(st, ino)?;
+        self.need(st, ino, true)?;
+        let (gen, mut attrs) = self.attrs_held(st, ino)?;
         match attrs.kind {
             Kind::File => {}
             Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
@@ -701,8 +1009,15 @@ impl Inner {
 
     // ---------------------------------------------------------------- reading state
 
-    /// Generation and attributes of `ino`: the overlay, else the shared area.
+    /// Generation and attributes of `ino`: the overlay, else the shared area (a lease
+    /// on it is needed).
     fn attrs(&self, st: &State, ino: u64) -> io::Result<(u64, Attrs)> {
+        self.need(st, ino, false)?;
+        self.attrs_held(st, ino)
+    }
+
+    /// [`Inner::attrs`] when the caller checked the lease.
+    fn attrs_held(&self, st: &State, ino: u64) -> io::Result<(u64, Attrs)> {
         if let Some(o) = st.ov.get(&ino) {
             if o.attrs.nlink == 0 && !st.orphans.contains(&ino) {
                 return Err(fs_err(libc::ENOENT, format!("inode {ino} was removed")));
@@ -735,6 +1050,7 @@ impl Inner {
 
     /// Look `name` up in directory `dir`.
     fn lookup(&self, st: &State, dir: u64, name: &[u8]) -> io::Result<Option<(u64, Kind)>> {
+        self.need(st, dir, false)?;
         let mut gen = None;
         if let Some(o) = st.ov.get(&dir) {
             if let Some((e, _)) = o.dir.get(name) {
@@ -755,6 +1071,7 @@ impl Inner {
 
     /// Every entry of directory `dir`: the shared listing merged with the overlay.
     fn list(&self, st: &State, dir: u64) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
+        self.need(st, dir, false)?;
         let o = st.ov.get(&dir);
         let mut out = Vec::new();
         {
@@ -982,6 +1299,7 @@ pub(crate) struct CreateOpts {
 
 impl Inner {
     fn check_parent_write(&self, st: &State, parent: u64, op: &str) -> io::Result<(u64, Attrs)> {
+        self.need(st, parent, true)?;
         let (gen, pa) = self.attrs(st, parent)?;
         if pa.kind != Kind::Dir {
             return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
@@ -1017,6 +1335,9 @@ impl Inner {
             }
         }
         let (ino, gen) = self.alloc_ino(st)?;
+        // Nobody else can name it before its entry is digested: its write lease is ours
+        // (the daemon records it when it digests the creation).
+        st.leases.insert(ino, true);
         let now = now_ns();
         let setgid = pa.perm & 0o2000 != 0;
         let mut perm = o.perm & 0o7777;
@@ -1062,24 +1383,25 @@ impl Inner {
 
     pub(crate) fn create_dir(&self, p: &Path) -> io::Result<()> {
         let op = format!("create_dir {}", p.display());
-        let mut st = self.begin()?;
-        let w = self.walk(&st, p, false, &op)?;
-        let Some(name) = w.name.filter(|_| w.found.is_none()) else {
-            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
-        };
-        let perm = 0o777 & !self.umask;
-        self.create_in(
-            &mut st,
-            w.parent,
-            &name,
-            CreateOpts {
-                kind: Kind::Dir,
-                perm,
-            },
-            None,
-            &op,
-        )?;
-        Ok(())
+        self.run(|st| {
+            let w = self.walk(st, p, false, &op)?;
+            let Some(name) = w.name.filter(|_| w.found.is_none()) else {
+                return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+            };
+            let perm = 0o777 & !self.umask;
+            self.create_in(
+                st,
+                w.parent,
+                &name,
+                CreateOpts {
+                    kind: Kind::Dir,
+                    perm,
+                },
+                None,
+                &op,
+            )?;
+            Ok(())
+        })
     }
 
     pub(crate) fn create_dir_all(&self, p: &Path) -> io::Result<()> {
@@ -1110,38 +1432,42 @@ impl Inner {
 
     pub(crate) fn metadata(&self, p: &Path) -> io::Result<Metadata> {
         let op = format!("metadata {}", p.display());
-        let st = self.begin()?;
-        let w = self.walk(&st, p, true, &op)?;
-        let (ino, _) = Self::need_found(&w, &op)?;
-        self.metadata_of(&st, ino)
+        self.run(|st| {
+            let w = self.walk(st, p, true, &op)?;
+            let (ino, _) = Self::need_found(&w, &op)?;
+            self.metadata_of(st, ino)
+        })
     }
 
     pub(crate) fn symlink_metadata(&self, p: &Path) -> io::Result<Metadata> {
         let op = format!("symlink_metadata {}", p.display());
-        let st = self.begin()?;
-        let w = self.walk(&st, p, false, &op)?;
-        let (ino, _) = Self::need_found(&w, &op)?;
-        self.metadata_of(&st, ino)
+        self.run(|st| {
+            let w = self.walk(st, p, false, &op)?;
+            let (ino, _) = Self::need_found(&w, &op)?;
+            self.metadata_of(st, ino)
+        })
     }
 
     pub(crate) fn read_dir_entries(&self, p: &Path) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
         let op = format!("read_dir {}", p.display());
-        let st = self.begin()?;
-        let w = self.walk(&st, p, true, &op)?;
-        let (ino, kind) = Self::need_found(&w, &op)?;
-        if kind != Kind::Dir {
-            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
-        }
-        let (_, a) = self.attrs(&st, ino)?;
-        if !self.cred.may(&a, R) {
-            return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
-        }
-        self.list(&st, ino)
+        self.run(|st| {
+            let w = self.walk(st, p, true, &op)?;
+            let (ino, kind) = Self::need_found(&w, &op)?;
+            if kind != Kind::Dir {
+                return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+            }
+            let (_, a) = self.attrs(st, ino)?;
+            if !self.cred.may(&a, R) {
+                return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+            }
+            self.list(st, ino)
+        })
     }
 
     /// Drop one link of `ino` (post-state into `tx`), deferring `nlink = 0` of a
     /// file that is still open in this process to its last close.
     fn unlink_inode(&self, st: &mut State, tx: &mut Tx, ino: u64, now: i64) -> io::Result<()> {
+        self.need(st, ino, true)?;
         let (gen, mut a) = match tx.get(ino) {
             Some(x) => x,
             None => self.attrs(st, ino)?,
@@ -1161,6 +1487,7 @@ impl Inner {
     }
 
     fn touch_dir(&self, st: &State, tx: &mut Tx, dir: u64, now: i64, dlink: i64) -> io::Result<()> {
+        self.need(st, dir, true)?;
         let (gen, mut a) = match tx.get(dir) {
             Some(x) => x,
             None => self.attrs(st, dir)?,
@@ -1186,56 +1513,58 @@ impl Inner {
 
     pub(crate) fn remove_file(&self, p: &Path) -> io::Result<()> {
         let op = format!("remove_file {}", p.display());
-        let mut st = self.begin()?;
-        let w = self.walk(&st, p, false, &op)?;
-        let (ino, kind) = Self::need_found(&w, &op)?;
-        if kind == Kind::Dir {
-            return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
-        }
-        let name = w.name.expect("a non-directory has a name");
-        self.check_parent_write(&st, w.parent, &op)?;
-        self.check_sticky(&st, w.parent, ino, &op)?;
-        let now = now_ns();
-        let mut tx = Tx::default();
-        self.unlink_inode(&mut st, &mut tx, ino, now)?;
-        tx.dirent(w.parent, &name, 0, Kind::Free);
-        self.touch_dir(&st, &mut tx, w.parent, now, 0)?;
-        self.commit(&mut st, tx)?;
-        Ok(())
+        self.run(|st| {
+            let w = self.walk(st, p, false, &op)?;
+            let (ino, kind) = Self::need_found(&w, &op)?;
+            if kind == Kind::Dir {
+                return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+            }
+            let name = w.name.expect("a non-directory has a name");
+            self.check_parent_write(st, w.parent, &op)?;
+            self.check_sticky(st, w.parent, ino, &op)?;
+            let now = now_ns();
+            let mut tx = Tx::default();
+            self.unlink_inode(st, &mut tx, ino, now)?;
+            tx.dirent(w.parent, &name, 0, Kind::Free);
+            self.touch_dir(st, &mut tx, w.parent, now, 0)?;
+            self.commit(st, tx)?;
+            Ok(())
+        })
     }
 
     pub(crate) fn remove_dir(&self, p: &Path) -> io::Result<()> {
         let op = format!("remove_dir {}", p.display());
-        let mut st = self.begin()?;
-        let w = self.walk(&st, p, false, &op)?;
-        let (ino, kind) = Self::need_found(&w, &op)?;
-        if kind != Kind::Dir {
-            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
-        }
-        if ino == ROOT_INO {
-            return Err(fs_err(libc::EBUSY, format!("{op}: cannot remove the root")));
-        }
-        let Some(name) = w.name else {
-            return Err(fs_err(
-                libc::EINVAL,
-                format!("{op}: invalid last component"),
-            ));
-        };
-        self.check_parent_write(&st, w.parent, &op)?;
-        self.check_sticky(&st, w.parent, ino, &op)?;
-        if !self.dir_is_empty(&st, ino)? {
-            return Err(fs_err(
-                libc::ENOTEMPTY,
-                format!("{op}: directory not empty"),
-            ));
-        }
-        let now = now_ns();
-        let mut tx = Tx::default();
-        self.unlink_inode(&mut st, &mut tx, ino, now)?;
-        tx.dirent(w.parent, &name, 0, Kind::Free);
-        self.touch_dir(&st, &mut tx, w.parent, now, -1)?;
-        self.commit(&mut st, tx)?;
-        Ok(())
+        self.run(|st| {
+            let w = self.walk(st, p, false, &op)?;
+            let (ino, kind) = Self::need_found(&w, &op)?;
+            if kind != Kind::Dir {
+                return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+            }
+            if ino == ROOT_INO {
+                return Err(fs_err(libc::EBUSY, format!("{op}: cannot remove the root")));
+            }
+            let Some(name) = w.name else {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!("{op}: invalid last component"),
+                ));
+            };
+            self.check_parent_write(st, w.parent, &op)?;
+            self.check_sticky(st, w.parent, ino, &op)?;
+            if !self.dir_is_empty(st, ino)? {
+                return Err(fs_err(
+                    libc::ENOTEMPTY,
+                    format!("{op}: directory not empty"),
+                ));
+            }
+            let now = now_ns();
+            let mut tx = Tx::default();
+            self.unlink_inode(st, &mut tx, ino, now)?;
+            tx.dirent(w.parent, &name, 0, Kind::Free);
+            self.touch_dir(st, &mut tx, w.parent, now, -1)?;
+            self.commit(st, tx)?;
+            Ok(())
+        })
     }
 
     pub(crate) fn remove_dir_all(&self, p: &Path) -> io::Result<()> {
@@ -1277,129 +1606,136 @@ impl Inner {
 
     pub(crate) fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let op = format!("rename {} -> {}", from.display(), to.display());
-        let mut st = self.begin()?;
-        // The order of checks follows Linux (do_renameat2, vfs_rename), so that the same
-        // call fails with the same errno: both parents, the source, the subtree traps,
-        // then permissions and types.
-        let wf = self.walk(&st, from, false, &op)?;
-        let wt = self.walk(&st, to, false, &op)?;
-        let (Some(fname), Some(tname)) = (wf.name.clone(), wt.name.clone()) else {
-            let src_is_root = wf.found.is_some_and(|(i, _)| i == ROOT_INO);
-            return Err(fs_err(
-                if src_is_root {
-                    libc::EBUSY
-                } else {
-                    libc::EINVAL
-                },
-                format!("{op}: invalid source or destination"),
-            ));
-        };
-        let (src, skind) = Self::need_found(&wf, &op)?;
-        if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
-            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
-        }
-        if skind == Kind::Dir && self.is_ancestor(&st, src, wt.parent)? {
-            return Err(fs_err(
-                libc::EINVAL,
-                format!("{op}: cannot move a directory into itself"),
-            ));
-        }
-        if let Some((t, Kind::Dir)) = wt.found {
-            if t != src && self.is_ancestor(&st, t, wf.parent)? {
+        self.run(|st| {
+            // The order of checks follows Linux (do_renameat2, vfs_rename), so that the same
+            // call fails with the same errno: both parents, the source, the subtree traps,
+            // then permissions and types.
+            let wf = self.walk(st, from, false, &op)?;
+            let wt = self.walk(st, to, false, &op)?;
+            let (Some(fname), Some(tname)) = (wf.name.clone(), wt.name.clone()) else {
+                let src_is_root = wf.found.is_some_and(|(i, _)| i == ROOT_INO);
                 return Err(fs_err(
-                    libc::ENOTEMPTY,
-                    format!("{op}: the destination is an ancestor of the source"),
+                    if src_is_root {
+                        libc::EBUSY
+                    } else {
+                        libc::EINVAL
+                    },
+                    format!("{op}: invalid source or destination"),
+                ));
+            };
+            let (src, skind) = Self::need_found(&wf, &op)?;
+            if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
+                return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+            }
+            if skind == Kind::Dir && self.is_ancestor(st, src, wt.parent)? {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!("{op}: cannot move a directory into itself"),
                 ));
             }
-        }
-        if wt.found.is_some_and(|(t, _)| t == src) {
-            return Ok(()); // Same file: nothing to do (POSIX).
-        }
-        self.check_parent_write(&st, wf.parent, &op)?;
-        self.check_parent_write(&st, wt.parent, &op)?;
-        self.check_sticky(&st, wf.parent, src, &op)?;
-        if let Some((t, tkind)) = wt.found {
-            self.check_sticky(&st, wt.parent, t, &op)?;
-            if skind == Kind::Dir {
-                if tkind != Kind::Dir {
-                    return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
-                }
-                if !self.dir_is_empty(&st, t)? {
+            if let Some((t, Kind::Dir)) = wt.found {
+                if t != src && self.is_ancestor(st, t, wf.parent)? {
                     return Err(fs_err(
                         libc::ENOTEMPTY,
-                        format!("{op}: directory not empty"),
+                        format!("{op}: the destination is an ancestor of the source"),
                     ));
                 }
-            } else if tkind == Kind::Dir {
-                return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
             }
-        }
-        if skind == Kind::Dir && wf.parent != wt.parent {
-            let (_, sa) = self.attrs(&st, src)?;
-            if !self.cred.may(&sa, W) {
-                return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+            if wt.found.is_some_and(|(t, _)| t == src) {
+                return Ok(()); // Same file: nothing to do (POSIX).
             }
-        }
-        let now = now_ns();
-        let mut tx = Tx::default();
-        let moved_dir = skind == Kind::Dir && wf.parent != wt.parent;
-        self.touch_dir(&st, &mut tx, wf.parent, now, if moved_dir { -1 } else { 0 })?;
-        self.touch_dir(&st, &mut tx, wt.parent, now, if moved_dir { 1 } else { 0 })?;
-        if let Some((t, tkind)) = wt.found {
-            self.unlink_inode(&mut st, &mut tx, t, now)?;
-            if tkind == Kind::Dir {
-                self.touch_dir(&st, &mut tx, wt.parent, now, -1)?;
+            self.check_parent_write(st, wf.parent, &op)?;
+            self.check_parent_write(st, wt.parent, &op)?;
+            self.check_sticky(st, wf.parent, src, &op)?;
+            if let Some((t, tkind)) = wt.found {
+                self.check_sticky(st, wt.parent, t, &op)?;
+                if skind == Kind::Dir {
+                    if tkind != Kind::Dir {
+                        return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+                    }
+                    if !self.dir_is_empty(st, t)? {
+                        return Err(fs_err(
+                            libc::ENOTEMPTY,
+                            format!("{op}: directory not empty"),
+                        ));
+                    }
+                } else if tkind == Kind::Dir {
+                    return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                }
             }
-        }
-        let (sgen, mut sa) = match tx.get(src) {
-            Some(x) => x,
-            None => self.attrs(&st, src)?,
-        };
-        sa.ctime = now;
-        if skind == Kind::Dir {
-            sa.parent = wt.parent;
-        }
-        tx.inode(src, sgen, sa);
-        tx.dirent(wf.parent, &fname, 0, Kind::Free);
-        tx.dirent(wt.parent, &tname, src, skind);
-        self.commit(&mut st, tx)?;
-        Ok(())
+            if skind == Kind::Dir && wf.parent != wt.parent {
+                let (_, sa) = self.attrs(st, src)?;
+                if !self.cred.may(&sa, W) {
+                    return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+                }
+            }
+            // Every write lease the transaction needs, before anything changes.
+            self.need(st, src, true)?;
+            if let Some((t, _)) = wt.found {
+                self.need(st, t, true)?;
+            }
+            let now = now_ns();
+            let mut tx = Tx::default();
+            let moved_dir = skind == Kind::Dir && wf.parent != wt.parent;
+            self.touch_dir(st, &mut tx, wf.parent, now, if moved_dir { -1 } else { 0 })?;
+            self.touch_dir(st, &mut tx, wt.parent, now, if moved_dir { 1 } else { 0 })?;
+            if let Some((t, tkind)) = wt.found {
+                self.unlink_inode(st, &mut tx, t, now)?;
+                if tkind == Kind::Dir {
+                    self.touch_dir(st, &mut tx, wt.parent, now, -1)?;
+                }
+            }
+            let (sgen, mut sa) = match tx.get(src) {
+                Some(x) => x,
+                None => self.attrs(st, src)?,
+            };
+            sa.ctime = now;
+            if skind == Kind::Dir {
+                sa.parent = wt.parent;
+            }
+            tx.inode(src, sgen, sa);
+            tx.dirent(wf.parent, &fname, 0, Kind::Free);
+            tx.dirent(wt.parent, &tname, src, skind);
+            self.commit(st, tx)?;
+            Ok(())
+        })
     }
 
     pub(crate) fn hard_link(&self, original: &Path, link: &Path) -> io::Result<()> {
         let op = format!("hard_link {} -> {}", link.display(), original.display());
-        let mut st = self.begin()?;
-        let wo = self.walk(&st, original, false, &op)?;
-        let (ino, kind) = Self::need_found(&wo, &op)?;
-        // Linux order (linkat): the new name must not exist, then permission, then the
-        // directory check.
-        let wl = self.walk(&st, link, false, &op)?;
-        let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
-            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
-        };
-        if wl.trailing_slash {
-            return Err(fs_err(libc::ENOENT, format!("{op}: trailing slash")));
-        }
-        self.check_parent_write(&st, wl.parent, &op)?;
-        if kind == Kind::Dir {
-            return Err(fs_err(
-                libc::EPERM,
-                format!("{op}: hard links to directories are not allowed"),
-            ));
-        }
-        let (gen, mut a) = self.attrs(&st, ino)?;
-        if st.orphans.contains(&ino) {
-            return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
-        }
-        let now = now_ns();
-        a.nlink += 1;
-        a.ctime = now;
-        let mut tx = Tx::default();
-        tx.inode(ino, gen, a);
-        tx.dirent(wl.parent, &name, ino, kind);
-        self.touch_dir(&st, &mut tx, wl.parent, now, 0)?;
-        self.commit(&mut st, tx)?;
-        Ok(())
+        self.run(|st| {
+            let wo = self.walk(st, original, false, &op)?;
+            let (ino, kind) = Self::need_found(&wo, &op)?;
+            // Linux order (linkat): the new name must not exist, then permission, then the
+            // directory check.
+            let wl = self.walk(st, link, false, &op)?;
+            let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
+                return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+            };
+            if wl.trailing_slash {
+                return Err(fs_err(libc::ENOENT, format!("{op}: trailing slash")));
+            }
+            self.check_parent_write(st, wl.parent, &op)?;
+            if kind == Kind::Dir {
+                return Err(fs_err(
+                    libc::EPERM,
+                    format!("{op}: hard links to directories are not allowed"),
+                ));
+            }
+            let (gen, mut a) = self.attrs(st, ino)?;
+            if st.orphans.contains(&ino) {
+                return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
+            }
+            let now = now_ns();
+            a.nlink += 1;
+            a.ctime = now;
+            let mut tx = Tx::default();
+            tx.inode(ino, gen, a);
+            tx.dirent(wl.parent, &name, ino, kind);
+            self.touch_dir(st, &mut tx, wl.parent, now, 0)?;
+            self.commit(st, tx)?;
+            Ok(())
+        })
     }
 
     pub(crate) fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
@@ -1415,52 +1751,55 @@ impl Inner {
         if t.contains(&0) {
             return Err(fs_err(libc::EINVAL, format!("{op}: target contains NUL")));
         }
-        let mut st = self.begin()?;
-        let wl = self.walk(&st, link, false, &op)?;
-        let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
-            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
-        };
-        self.create_in(
-            &mut st,
-            wl.parent,
-            &name,
-            CreateOpts {
-                kind: Kind::Symlink,
-                perm: 0o777,
-            },
-            Some(t),
-            &op,
-        )?;
-        Ok(())
+        self.run(|st| {
+            let wl = self.walk(st, link, false, &op)?;
+            let Some(name) = wl.name.filter(|_| wl.found.is_none()) else {
+                return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+            };
+            self.create_in(
+                st,
+                wl.parent,
+                &name,
+                CreateOpts {
+                    kind: Kind::Symlink,
+                    perm: 0o777,
+                },
+                Some(t),
+                &op,
+            )?;
+            Ok(())
+        })
     }
 
     pub(crate) fn read_link(&self, p: &Path) -> io::Result<PathBuf> {
         use std::os::unix::ffi::OsStringExt;
         let op = format!("read_link {}", p.display());
-        let st = self.begin()?;
-        let w = self.walk(&st, p, false, &op)?;
-        let (ino, kind) = Self::need_found(&w, &op)?;
-        if kind != Kind::Symlink {
-            return Err(fs_err(libc::EINVAL, format!("{op}: not a symbolic link")));
-        }
-        let t = self.read_symlink(&st, ino)?;
-        Ok(PathBuf::from(std::ffi::OsString::from_vec(t)))
+        self.run(|st| {
+            let w = self.walk(st, p, false, &op)?;
+            let (ino, kind) = Self::need_found(&w, &op)?;
+            if kind != Kind::Symlink {
+                return Err(fs_err(libc::EINVAL, format!("{op}: not a symbolic link")));
+            }
+            let t = self.read_symlink(st, ino)?;
+            Ok(PathBuf::from(std::ffi::OsString::from_vec(t)))
+        })
     }
 
     pub(crate) fn set_permissions(&self, p: &Path, mode: u32) -> io::Result<()> {
         let op = format!("set_permissions {}", p.display());
-        let mut st = self.begin()?;
-        let w = self.walk(&st, p, true, &op)?;
-        let (ino, _) = Self::need_found(&w, &op)?;
-        self.chattr(&mut st, ino, &op, |cred, a| {
-            if !cred.owns(a) {
-                return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
-            }
-            a.perm = mode & 0o7777;
-            if !cred.is_root() && !cred.in_group(a.gid) {
-                a.perm &= !0o2000;
-            }
-            Ok(())
+        self.run(|st| {
+            let w = self.walk(st, p, true, &op)?;
+            let (ino, _) = Self::need_found(&w, &op)?;
+            self.chattr(st, ino, &op, |cred, a| {
+                if !cred.owns(a) {
+                    return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
+                }
+                a.perm = mode & 0o7777;
+                if !cred.is_root() && !cred.in_group(a.gid) {
+                    a.perm &= !0o2000;
+                }
+                Ok(())
+            })
         })
     }
 
@@ -1471,23 +1810,24 @@ impl Inner {
         mtime: Option<i64>,
     ) -> io::Result<()> {
         let op = format!("set_times {}", p.display());
-        let mut st = self.begin()?;
-        let w = self.walk(&st, p, true, &op)?;
-        let (ino, _) = Self::need_found(&w, &op)?;
-        if atime.is_none() && mtime.is_none() {
-            return Ok(());
-        }
-        self.chattr(&mut st, ino, &op, |cred, a| {
-            if !cred.owns(a) {
-                return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
+        self.run(|st| {
+            let w = self.walk(st, p, true, &op)?;
+            let (ino, _) = Self::need_found(&w, &op)?;
+            if atime.is_none() && mtime.is_none() {
+                return Ok(());
             }
-            if let Some(t) = atime {
-                a.atime = t;
-            }
-            if let Some(t) = mtime {
-                a.mtime = t;
-            }
-            Ok(())
+            self.chattr(st, ino, &op, |cred, a| {
+                if !cred.owns(a) {
+                    return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
+                }
+                if let Some(t) = atime {
+                    a.atime = t;
+                }
+                if let Some(t) = mtime {
+                    a.mtime = t;
+                }
+                Ok(())
+            })
         })
     }
 
@@ -1499,6 +1839,7 @@ impl Inner {
         _op: &str,
         f: impl FnOnce(&Cred, &mut Attrs) -> io::Result<()>,
     ) -> io::Result<()> {
+        self.need(st, ino, true)?;
         let (gen, mut a) = self.attrs(st, ino)?;
         f(&self.cred, &mut a)?;
         a.ctime = now_ns();
@@ -1513,6 +1854,7 @@ impl Inner {
         if size > MAX_FILE_SIZE {
             return Err(fs_err(libc::EFBIG, "set_len: beyond the largest file size"));
         }
+        self.need(st, ino, true)?;
         let (gen, mut a) = self.attrs(st, ino)?;
         if a.kind != Kind::File {
             return Err(fs_err(libc::EINVAL, "set_len: not a regular file"));
@@ -1543,78 +1885,83 @@ impl Inner {
         mode: u32,
     ) -> io::Result<u64> {
         let op = format!("open {}", p.display());
-        let mut st = self.begin()?;
-        let w = self.walk(&st, p, !create_new, &op)?;
-        let ino = match (w.found, &w.name) {
-            (Some((ino, kind)), _) => {
-                if create_new {
-                    return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+        self.run(|st| {
+            let w = self.walk(st, p, !create_new, &op)?;
+            let ino = match (w.found, &w.name) {
+                (Some((ino, kind)), _) => {
+                    if create_new {
+                        return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+                    }
+                    if kind == Kind::Dir && write {
+                        return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                    }
+                    let (_, a) = self.attrs(st, ino)?;
+                    let want = if read { R } else { 0 } | if write { W } else { 0 };
+                    if !self.cred.may(&a, want) {
+                        return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+                    }
+                    if trunc && kind == Kind::File && a.size > 0 {
+                        self.set_len(st, ino, 0)?;
+                    }
+                    ino
                 }
-                if kind == Kind::Dir && write {
-                    return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                (None, Some(name)) => {
+                    if !create {
+                        return Err(fs_err(
+                            libc::ENOENT,
+                            format!("{op}: no such file or directory"),
+                        ));
+                    }
+                    if w.trailing_slash {
+                        return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                    }
+                    self.create_in(
+                        st,
+                        w.parent,
+                        name,
+                        CreateOpts {
+                            kind: Kind::File,
+                            perm: mode & !self.umask,
+                        },
+                        None,
+                        &op,
+                    )?
                 }
-                let (_, a) = self.attrs(&st, ino)?;
-                let want = if read { R } else { 0 } | if write { W } else { 0 };
-                if !self.cred.may(&a, want) {
-                    return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
-                }
-                if trunc && kind == Kind::File && a.size > 0 {
-                    self.set_len(&mut st, ino, 0)?;
-                }
-                ino
-            }
-            (None, Some(name)) => {
-                if !create {
-                    return Err(fs_err(
-                        libc::ENOENT,
-                        format!("{op}: no such file or directory"),
-                    ));
-                }
-                if w.trailing_slash {
-                    return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
-                }
-                self.create_in(
-                    &mut st,
-                    w.parent,
-                    name,
-                    CreateOpts {
-                        kind: Kind::File,
-                        perm: mode & !self.umask,
-                    },
-                    None,
-                    &op,
-                )?
-            }
-            (None, None) => unreachable!("a missing entry has a name"),
-        };
-        *st.open.entry(ino).or_insert(0) += 1;
-        Ok(ino)
+                (None, None) => unreachable!("a missing entry has a name"),
+            };
+            *st.open.entry(ino).or_insert(0) += 1;
+            Ok(ino)
+        })
     }
 
     /// A `File` handle of `ino` was closed.
     pub(crate) fn close(&self, ino: u64) {
-        let Ok(mut st) = self.begin() else { return };
-        let left = match st.open.get_mut(&ino) {
-            Some(n) => {
-                *n -= 1;
-                *n
+        let _ = self.run(|st| {
+            let left = match st.open.get(&ino) {
+                Some(n) => n.saturating_sub(1),
+                None => return Ok(()),
+            };
+            if left == 0 && st.orphans.contains(&ino) {
+                // Freeing it needs its write lease: get it before changing anything.
+                self.need(st, ino, true)?;
             }
-            None => return,
-        };
-        if left > 0 {
-            return;
-        }
-        st.open.remove(&ino);
-        if st.orphans.remove(&ino) {
-            // The last handle of an unlinked file: free it now.
-            if let Ok((gen, mut a)) = self.attrs(&st, ino) {
-                a.nlink = 0;
-                a.ctime = now_ns();
-                let mut tx = Tx::default();
-                tx.inode(ino, gen, a);
-                let _ = self.commit(&mut st, tx);
+            if left > 0 {
+                st.open.insert(ino, left);
+                return Ok(());
             }
-        }
+            st.open.remove(&ino);
+            if st.orphans.remove(&ino) {
+                // The last handle of an unlinked file: free it now.
+                if let Ok((gen, mut a)) = self.attrs(st, ino) {
+                    a.nlink = 0;
+                    a.ctime = now_ns();
+                    let mut tx = Tx::default();
+                    tx.inode(ino, gen, a);
+                    let _ = self.commit(st, tx);
+                }
+            }
+            Ok(())
+        });
     }
 
     pub(crate) fn status(&self) -> io::Result<StatusReport> {
@@ -1645,11 +1992,25 @@ impl FromBytesExt for std::ffi::OsStr {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        if let Some(u) = self
+            .upcall
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = u.shutdown(std::net::Shutdown::Both);
+        }
         let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
         let _ = st.ring.set_reader_epoch(0);
         let bye = Request::Goodbye { tail_lsn: st.tail };
         let mut done = false;
-        if let Some(c) = st.conn.as_mut() {
+        if let Some(c) = self
+            .conn
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
             done = matches!(c.roundtrip(&bye), Ok(Response::Ok));
         }
         if !done {
@@ -1661,6 +2022,7 @@ impl Drop for Inner {
                     pid: self.pid,
                     slot: self.slot,
                     slot_gen: self.slot_gen,
+                    leases: Vec::new(),
                 };
                 if matches!(c.roundtrip(&re), Ok(Response::Registered(_))) {
                     let _ = c.roundtrip(&bye);

@@ -20,18 +20,25 @@
 //!   unlinked-while-open across processes and crashes).
 //! * Writes larger than a quarter of the log are split into several transactions, each
 //!   atomic on its own.
-//! * Two processes writing the same file concurrently is not supported yet (leases come
-//!   in a later stage); threads of one process see each other's updates at once.
+//! * Advisory locks across processes, held by the daemon: [`File::lock`],
+//!   [`File::unlock`], [`File::get_lock`] (POSIX or OFD record locks, [`LockKind`]) and
+//!   [`File::flock`]; see the [`lock`] module for the exact semantics (owners, the
+//!   POSIX close rule, release when a process dies, `EDEADLK`, timeouts).
+//! * Processes share files through leases taken lazily from the daemon (PROTOCOL.md,
+//!   "Leases"): a call that starts after another process's call returned sees its
+//!   effects; threads of one process see each other's updates at once.
 
 mod conn;
 pub mod extents;
 mod file;
 mod fs;
+pub mod lock;
 mod meta;
 pub mod path;
 mod ring;
 
 pub use file::{File, OpenOptions};
+pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
 
 use cairn_area::{fs_err, StoreDir};
@@ -56,20 +63,18 @@ fn is_default_store(explicit: Option<&Path>) -> bool {
 impl Fs {
     /// Open the existing store at `store`, starting its daemon if none runs.
     pub fn open(store: impl AsRef<Path>) -> io::Result<Fs> {
-        let inner = fs::Inner::open(StoreDir::new(store.as_ref()), false)?;
-        Ok(Fs {
-            inner: Arc::new(inner),
-        })
+        let inner = Arc::new(fs::Inner::open(StoreDir::new(store.as_ref()), false)?);
+        fs::Inner::start_upcalls(&inner)?;
+        Ok(Fs { inner })
     }
 
     /// Open `store` if given, else `$CAIRN_STORE`, else the default store (which is
     /// created on first use).
     pub fn open_store(store: Option<&Path>) -> io::Result<Fs> {
         let create = is_default_store(store);
-        let inner = fs::Inner::open(StoreDir::resolve(store), create)?;
-        Ok(Fs {
-            inner: Arc::new(inner),
-        })
+        let inner = Arc::new(fs::Inner::open(StoreDir::resolve(store), create)?);
+        fs::Inner::start_upcalls(&inner)?;
+        Ok(Fs { inner })
     }
 
     /// The store directory.

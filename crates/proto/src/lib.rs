@@ -14,8 +14,14 @@ pub const MAX_FRAME: u32 = 16 << 20;
 pub enum Request {
     /// Become a client: get a log slot, an inode batch and space credits.
     Register { pid: u32 },
-    /// Re-attach to a slot this process already owns (after the daemon restarted).
-    Reattach { pid: u32, slot: u32, slot_gen: u64 },
+    /// Re-attach to a slot this process already owns (after the daemon restarted),
+    /// with the leases it holds (`(ino, write)`).
+    Reattach {
+        pid: u32,
+        slot: u32,
+        slot_gen: u64,
+        leases: Vec<(u64, bool)>,
+    },
     /// Digest the log up to `upto_lsn` (exclusive). With `wait` the daemon answers
     /// `Digested` when done; without, it answers nothing.
     Digest { upto_lsn: u64, wait: bool },
@@ -29,6 +35,61 @@ pub enum Request {
     Goodbye { tail_lsn: u64 },
     /// Digest everything, write the allocation state and stop the daemon.
     Shutdown,
+    /// Make this (second) connection a lock channel of the registered client of `slot`
+    /// (same process: the daemon checks the peer's pid). Answer `Ok`.
+    LockChannel { slot: u32, slot_gen: u64 },
+    /// Take a lock (lock channels only). `start`/`len` as `fcntl` (`len` 0: to the end of
+    /// any file); ignored for `Flock`. With `wait` the answer comes when granted, on
+    /// `EDEADLK`, or after `timeout_ms` (if given) with `ETIMEDOUT`.
+    Lock {
+        ino: u64,
+        owner: LockOwner,
+        typ: LockType,
+        start: u64,
+        len: u64,
+        wait: bool,
+        timeout_ms: Option<u64>,
+    },
+    /// Remove `owner`'s locks over the range (for `Flock`: its whole-file lock).
+    Unlock {
+        ino: u64,
+        owner: LockOwner,
+        start: u64,
+        len: u64,
+    },
+    /// `F_GETLK`: the first lock of another owner that would conflict. Answer
+    /// `LockConflict`.
+    GetLock {
+        ino: u64,
+        owner: LockOwner,
+        typ: LockType,
+        start: u64,
+        len: u64,
+    },
+    /// A handle of `ino` closed: drop the OFD and flock locks of `file` (if given) and,
+    /// with `posix`, all of this client's POSIX locks on `ino`. Answer `Ok`.
+    ReleaseLocks {
+        ino: u64,
+        file: Option<u64>,
+        posix: bool,
+    },
+    /// A lease on inode `ino` (`write`: exclusive). Answered by `Leased` once granted
+    /// (after revoking conflicting leases from other clients; PROTOCOL.md, "Leases").
+    Lease { ino: u64, write: bool },
+    /// Make this (second) connection the upcall channel of the registered client of
+    /// `slot` (same process: the daemon checks the peer's pid). Answer `Ok`; then the
+    /// daemon sends [`Upcall`]s on it and the client answers them with `UpcallAck`.
+    UpcallChannel { slot: u32, slot_gen: u64 },
+    /// On the upcall channel: the lease on `ino` is given up; every record the client
+    /// logged about it lies before `tail_lsn`. No answer.
+    UpcallAck { ino: u64, tail_lsn: u64 },
+}
+
+/// A message from the daemon on a client's upcall channel.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum Upcall {
+    /// Give up the lease on `ino` (drop it and its cached state) and answer `UpcallAck`.
+    Revoke { ino: u64 },
 }
 
 /// What a registered client needs to run.
@@ -62,7 +123,14 @@ pub enum Response {
         granted: u64,
     },
     Status(StatusReport),
+    /// Answer to `GetLock`: `None` when the lock could be placed.
+    LockConflict(Option<LockInfo>),
     Ok,
+    /// The lease asked for with `Lease` is granted.
+    Leased {
+        ino: u64,
+        write: bool,
+    },
     /// A failure, with a POSIX errno and a message.
     Error {
         errno: i32,
@@ -116,6 +184,36 @@ pub struct StatusReport {
     pub inodes: InodeStatus,
     pub clients: Vec<ClientStatus>,
     pub digest: DigestCounters,
+}
+
+/// A lock's type: shared (read) or exclusive (write).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub enum LockType {
+    Read,
+    Write,
+}
+
+/// Who owns a lock, within the client that sends the request (the client itself is the
+/// connection's process).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub enum LockOwner {
+    /// A POSIX record lock (`F_SETLK`): owned by the client process.
+    Posix,
+    /// An open-file-description record lock (`F_OFD_SETLK`) of the client's handle `file`.
+    Ofd { file: u64 },
+    /// A whole-file `flock` lock of the client's handle `file`.
+    Flock { file: u64 },
+}
+
+/// A conflicting lock, as `F_GETLK` reports it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LockInfo {
+    pub typ: LockType,
+    pub start: u64,
+    /// 0: to the end of any file.
+    pub len: u64,
+    /// The holder's pid; -1 for an OFD lock (as Linux reports).
+    pub pid: i32,
 }
 
 /// Write one framed message.

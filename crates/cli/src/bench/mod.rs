@@ -2,16 +2,20 @@
 //!
 //! * [`latency`](latency::run): durable write and read latency of Cairn, the host file
 //!   system holding the store (pwrite + fdatasync) and tmpfs (pwrite, no sync).
+//! * [`share`](share::run): two processes passing 4 KiB updates through a lock file, and
+//!   1–2 client scaling of private durable writes.
 
 mod hostfs;
 mod latency;
 mod report;
+mod share;
 mod targets;
 
 use clap::Args;
 use std::path::PathBuf;
 
 pub use latency::run as latency;
+pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
 
 /// `cairn bench latency` options.
 #[derive(Debug, Args)]

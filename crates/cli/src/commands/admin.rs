@@ -45,6 +45,12 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
     if let Some(n) = args.digest_threshold {
         opts.digest_threshold_pct = n;
     }
+    if let Some(g) = &args.trusted_group {
+        opts.trusted_gid = Some(
+            cairn_daemon::resolve_group(g)
+                .map_err(|e| CliError::new(format!("--trusted-group {g}: {}", clean(&e))))?,
+        );
+    }
     let cfg = cairn_daemon::mkfs(&opts).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists && !args.force {
             CliError::new(format!(
@@ -62,7 +68,8 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
          NVM tier      {nvm} ({nvm_size})\n  \
          client logs   {slots} slots of {log}\n  \
          inodes        {inodes}\n  \
-         digest at     {pct}% log fill\n",
+         digest at     {pct}% log fill\n  \
+         trusted       {trust}\n",
         store = dir.path.display(),
         config = dir.config_path().display(),
         nvm = cfg.nvm_path.display(),
@@ -75,6 +82,12 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
             cfg.inodes.to_string()
         },
         pct = cfg.digest_threshold_pct,
+        trust = match (cfg.owner_uid, cfg.trusted_gid) {
+            (Some(u), Some(g)) => format!("root, uid {u} (owner), group {g}"),
+            (Some(u), None) => format!("root, uid {u} (owner)"),
+            (None, Some(g)) => format!("root, the owner, group {g}"),
+            (None, None) => "root, the owner".to_string(),
+        },
     );
     out.write_all(text.as_bytes())
         .map_err(crate::error::stdout_err)

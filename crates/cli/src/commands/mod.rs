@@ -37,6 +37,8 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Stat { dereference, paths } => tree::stat(store, &paths, dereference),
         Command::Bench { which } => match which {
             BenchCommand::Latency(args) => crate::bench::latency(store, &args),
+            BenchCommand::Share(args) => crate::bench::share(store, &args),
+            BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
         },
     }
 }

@@ -3,6 +3,7 @@
 mod digest_tests;
 mod dir_tests;
 mod map_tests;
+mod perm_tests;
 mod recovery_tests;
 mod server_tests;
 
@@ -42,6 +43,7 @@ impl TestStore {
             inodes,
             digest_threshold_pct: 30,
             force: false,
+            trusted_gid: None,
         })
         .unwrap();
         TestStore {

@@ -3,6 +3,15 @@
 //! knows which operations were acknowledged when it kills this process).
 //!
 //! Usage: cairn-crash-worker STORE SEED N PREFIX
+//!        cairn-crash-worker --pin-epoch STORE   (register, publish the current epoch as
+//!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
+//!        cairn-crash-worker --load STORE ID N   (N operations: private ones under /p<ID>,
+//!        and every 5th one shared: an O_APPEND record to /shared/log and a new entry in
+//!        /shared/d; exits non-zero on any unexpected error)
+//!        cairn-crash-worker --mp STORE ID N SEED   (N operations on the shared directory
+//!        /s: appends of unique records to /s/f0 and /s/f1, creates and removes of this
+//!        worker's own entries in /s/d, whole-file reads and listings; prints one line per
+//!        operation: `ID SEQ KIND TARGET START_NS END_NS RESULT`)
 //!        cairn-crash-worker --trace HOSTDIR SEED N PREFIX   (replay on a host directory,
 //!        printing every operation and its outcome: for debugging a failed run)
 
@@ -11,6 +20,20 @@ use std::io::Write;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
+    if a.len() == 3 && a[1] == "--pin-epoch" {
+        pin_epoch(&a[2]);
+    }
+    if a.len() == 5 && a[1] == "--load" {
+        load(&a[2], a[3].parse().expect("id"), a[4].parse().expect("n"));
+    }
+    if a.len() == 6 && a[1] == "--mp" {
+        multiproc(
+            &a[2],
+            a[3].parse().expect("id"),
+            a[4].parse().expect("n"),
+            a[5].parse().expect("seed"),
+        );
+    }
     if a.len() == 6 && a[1] == "--trace" {
         let host = cairn_tests::HostFs {
             root: a[2].clone().into(),
@@ -50,4 +73,168 @@ fn main() {
         out.flush().unwrap();
     }
     writeln!(out, "DONE").unwrap();
+}
+
+/// Register a client, then pin the current global epoch in its client page forever.
+fn pin_epoch(store: &str) -> ! {
+    use cairn_proto::{Request, Response};
+    let dir = cairn_area::StoreDir::new(store);
+    drop(cairn::Fs::open(store).expect("open store")); // make sure a daemon runs
+    let mut sock = std::os::unix::net::UnixStream::connect(dir.socket_path()).unwrap();
+    cairn_proto::send(
+        &mut sock,
+        &Request::Register {
+            pid: std::process::id(),
+        },
+    )
+    .unwrap();
+    let Response::Registered(reg) = cairn_proto::recv(&mut sock).unwrap() else {
+        panic!("register refused")
+    };
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.slot_lock_path(reg.slot))
+        .unwrap();
+    cairn_media::sys::flock_exclusive(&lock, false).unwrap();
+    let nvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&reg.nvm_path)
+        .unwrap();
+    let area = cairn_area::Area::open(&nvm, false).unwrap();
+    let page = area.layout().client_page_off(reg.slot);
+    let map = cairn_media::Mapping::new(&nvm, page, 4096, true, false).unwrap();
+    let epoch = area.global_epoch().unwrap();
+    map.store_u64(
+        cairn_format::slot::client_page::READER_EPOCH as usize,
+        epoch,
+    )
+    .unwrap();
+    println!("PINNED");
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// Length of one record appended to the shared log.
+pub const RECORD: usize = 32;
+
+/// The load-test worker (see the usage above).
+fn load(store: &str, id: u32, n: usize) -> ! {
+    let fs = cairn::Fs::open(store).expect("open store");
+    let c = CairnFs { fs: &fs };
+    let prefix = format!("/p{id}");
+    cairn_tests::FsOps::mkdir(&c, &prefix).expect("mkdir private dir");
+    let private = gen_ops(id as u64, n, &prefix);
+    let mut shared = 0u32;
+    for (i, op) in private.iter().enumerate() {
+        if i % 5 == 4 {
+            let rec = format!("P{id:02} S{shared:05} {:>20}\n", "");
+            assert_eq!(rec.len(), RECORD);
+            let f = cairn::OpenOptions::new()
+                .append(true)
+                .open(&fs, "/shared/log");
+            if let Err(e) = f.and_then(|mut f| std::io::Write::write_all(&mut f, rec.as_bytes())) {
+                eprintln!("worker {id}: append {shared}: {e}");
+                std::process::exit(1);
+            }
+            if let Err(e) = fs.write(format!("/shared/d/{id}-{shared}"), rec.as_bytes()) {
+                eprintln!("worker {id}: create {shared}: {e}");
+                std::process::exit(1);
+            }
+            shared += 1;
+        } else if let cairn_tests::Outcome::Err(e) = apply(&c, op) {
+            if e == libc::EIO || e == libc::ENOSPC || e == libc::EPROTO || e == libc::ECONNREFUSED {
+                eprintln!("worker {id}: op {i} {op:?} failed with errno {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    std::process::exit(0);
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The multi-process visibility worker (see the usage above).
+fn multiproc(store: &str, id: u32, n: usize, seed: u64) -> ! {
+    use rand::{Rng, SeedableRng};
+    let fs = cairn::Fs::open(store).expect("open store");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((id as u64) << 32));
+    let mut created: Vec<u32> = Vec::new();
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    for seq in 0..n as u32 {
+        let t0 = now_ns();
+        let (kind, target, result): (&str, String, String) = match rng.gen_range(0..10) {
+            0..=2 => {
+                let f = format!("/s/f{}", rng.gen_range(0..2));
+                let rec = format!("{id:02}:{seq:05};");
+                let r = cairn::OpenOptions::new()
+                    .append(true)
+                    .open(&fs, &f)
+                    .and_then(|mut h| std::io::Write::write_all(&mut h, rec.as_bytes()));
+                (
+                    "append",
+                    f,
+                    r.map(|_| rec).unwrap_or_else(|e| format!("ERR:{e}")),
+                )
+            }
+            3 | 4 => {
+                let name = format!("{id}-{seq}");
+                let r = fs.write(format!("/s/d/{name}"), b"x");
+                if r.is_ok() {
+                    created.push(seq);
+                }
+                (
+                    "create",
+                    name,
+                    r.map(|_| "ok".into())
+                        .unwrap_or_else(|e| format!("ERR:{e}")),
+                )
+            }
+            5 if !created.is_empty() => {
+                let j = created.swap_remove(rng.gen_range(0..created.len()));
+                let name = format!("{id}-{j}");
+                let r = fs.remove_file(format!("/s/d/{name}"));
+                (
+                    "remove",
+                    name,
+                    r.map(|_| "ok".into())
+                        .unwrap_or_else(|e| format!("ERR:{e}")),
+                )
+            }
+            5..=7 => {
+                let f = format!("/s/f{}", rng.gen_range(0..2));
+                let r = fs
+                    .read(&f)
+                    .map(|v| String::from_utf8_lossy(&v).into_owned());
+                ("read", f, r.unwrap_or_else(|e| format!("ERR:{e}")))
+            }
+            _ => {
+                let r = fs.read_dir("/s/d").and_then(|it| {
+                    it.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                        .collect::<std::io::Result<Vec<_>>>()
+                });
+                (
+                    "list",
+                    "/s/d".into(),
+                    r.map(|v| v.join(","))
+                        .unwrap_or_else(|e| format!("ERR:{e}")),
+                )
+            }
+        };
+        let t1 = now_ns();
+        std::io::Write::write_all(
+            &mut out,
+            format!("{id} {seq} {kind} {target} {t0} {t1} {result}\n").as_bytes(),
+        )
+        .unwrap();
+    }
+    std::process::exit(0);
 }

@@ -1,0 +1,427 @@
+//! The trust domain and the daemon's permission checks, with processes of other users
+//! (`CommandExt::uid/gid`; these tests need root, as in CI, and are skipped otherwise).
+//!
+//! * A process outside the trust domain is refused with a clear error naming the
+//!   mediated path (`cairn ls` prints it) and cannot open the NVM file.
+//! * A non-root member of the trusted group works through LibFS.
+//! * A hand-rolled malicious client in the trust domain (uid 1000) logs operations it has
+//!   no permission for: each is refused and the shared area is untouched, while its
+//!   permitted operations digest. The malicious client is this test binary re-run as uid
+//!   1000 (`malicious_client_child`, a no-op unless `CAIRN_TRUST_CHILD` is set).
+
+use cairn::Permissions;
+use cairn_format::inode::{Attrs, Kind};
+use cairn_format::log::{self, Record};
+use cairn_proto::{Request, Response};
+use cairn_tests::harness::{cairn_bin, StoreSize};
+use cairn_tests::TestStore;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+const USER: u32 = 1000;
+const GROUP: u32 = 4242;
+
+fn is_root() -> bool {
+    cairn_media::sys::ids().0 == 0
+}
+
+/// A store made by root with `--trusted-group 4242`.
+fn group_store() -> TestStore {
+    let s = TestStore::with_size(StoreSize::default());
+    // Re-make it with the trusted group (the harness has no option for it).
+    s.stop();
+    let out = Command::new(cairn_bin())
+        .args(["mkfs", "--force", "--store"])
+        .arg(s.path())
+        .args([
+            "--nvm-size",
+            "64M",
+            "--log-size",
+            "1M",
+            "--max-clients",
+            "4",
+        ])
+        .args(["--trusted-group", &GROUP.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mkfs --trusted-group: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("group 4242"));
+    s
+}
+
+fn cairn_as(store: &Path, uid: u32, gid: u32, args: &[&str]) -> std::process::Output {
+    Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .uid(uid)
+        .gid(gid)
+        .env_remove("XDG_DATA_HOME")
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn untrusted_users_are_refused_with_the_mediated_path() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run processes as another uid");
+        return;
+    }
+    let store = TestStore::new();
+    {
+        let fs = store.fs(); // starts the daemon (as root)
+        fs.write("/hello", b"hi").unwrap();
+    }
+    let out = cairn_as(store.path(), USER, USER, &["ls", "/"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ls as uid {USER} must fail: {err}");
+    assert!(
+        err.contains("uid 1000 is not in the trust domain of store"),
+        "{err}"
+    );
+    assert!(err.contains("owner uid 0, group none"), "{err}");
+    assert!(err.contains("cairn mount"), "{err}");
+    assert!(!out.stdout.windows(5).any(|w| w == b"hello"));
+    // Nor can it map the NVM file or take a slot lock itself.
+    let cfg = cairn_area::StoreDir::new(store.path())
+        .load_config()
+        .unwrap();
+    for p in [
+        cfg.nvm_path.clone(),
+        cairn_area::StoreDir::new(store.path()).slot_lock_path(0),
+    ] {
+        let out = Command::new("cat")
+            .arg(&p)
+            .uid(USER)
+            .gid(USER)
+            .stdout(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "uid {USER} opened {}", p.display());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    }
+    let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
+    assert!(log.contains("registration refused"), "{log}");
+    // Root still works.
+    assert_eq!(store.fs().read("/hello").unwrap(), b"hi");
+}
+
+#[test]
+fn a_trusted_group_member_works() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run processes as another uid");
+        return;
+    }
+    let store = group_store();
+    {
+        let fs = store.fs();
+        fs.write("/rootfile", b"root's").unwrap();
+        fs.create_dir("/shared").unwrap();
+        fs.set_permissions("/shared", Permissions::from_mode(0o777))
+            .unwrap();
+    }
+    let out = cairn_as(store.path(), USER, GROUP, &["mkdir", "/shared/d"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cairn_as(store.path(), USER, GROUP, &["cat", "/rootfile"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"root's");
+    // LibFS itself refuses what the user may not do (EACCES before anything is logged).
+    let out = cairn_as(store.path(), USER, GROUP, &["mkdir", "/nope"]);
+    assert!(!out.status.success());
+    // Every kind of change through the real LibFS, as a non-root client: each call is
+    // its own process, so each one's log is digested (and checked) when it exits.
+    let host = tempfile::tempdir().unwrap();
+    let src = host.path().join("src");
+    std::fs::write(&src, b"user data").unwrap();
+    std::fs::set_permissions(
+        host.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let src = src.to_str().unwrap();
+    for args in [
+        &["put", src, "/shared/f"][..],
+        &["put", src, "/shared/f"], // overwrite: truncate + write
+        &["mkdir", "-p", "/shared/d/e/f"],
+        &["mv", "/shared/f", "/shared/d/e/g"],
+        &["ln", "/shared/d/e/g", "/shared/h"],
+        &["ln", "-s", "/shared/h", "/shared/sym"],
+        &["ln", "/rootfile", "/shared/rootlink"],
+        &["mv", "/shared/d/e/f", "/shared/moved"],
+        &["rm", "/shared/h", "/shared/rootlink"],
+        &["rm", "-r", "/shared/d/e"],
+        &["put", src, "/shared/last"],
+    ] {
+        let out = cairn_as(store.path(), USER, GROUP, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let fs = store.fs();
+    let m = fs.metadata("/shared/d").unwrap();
+    assert!(m.is_dir());
+    assert_eq!((m.uid(), m.gid()), (USER, GROUP));
+    assert!(!fs.exists("/nope"));
+    assert!(!fs.exists("/shared/d/e"));
+    assert!(fs.metadata("/shared/moved").unwrap().is_dir());
+    assert_eq!(fs.read("/shared/last").unwrap(), b"user data");
+    assert_eq!(fs.metadata("/rootfile").unwrap().nlink(), 1);
+    assert_eq!(fs.metadata("/shared").unwrap().nlink(), 4);
+    let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
+    assert!(!log.contains("malformed"), "{log}");
+    // A user outside the group (and not the owner) is refused.
+    let out = cairn_as(store.path(), USER, USER, &["ls", "/"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("owner uid 0, group 4242"), "{err}");
+}
+
+#[test]
+fn a_malicious_trusted_client_cannot_exceed_its_permissions() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run processes as another uid");
+        return;
+    }
+    let store = group_store();
+    let fs = store.fs();
+    fs.create_dir("/locked").unwrap(); // 0755 root
+    fs.write("/rootfile", b"root's data").unwrap(); // 0644 root
+    fs.create_dir("/shared").unwrap();
+    fs.set_permissions("/shared", Permissions::from_mode(0o777))
+        .unwrap();
+    let locked = fs.metadata("/locked").unwrap().ino();
+    let shared = fs.metadata("/shared").unwrap().ino();
+    let rootfile_meta = fs.metadata("/rootfile").unwrap();
+    drop(fs);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "malicious_client_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CAIRN_TRUST_CHILD", store.path())
+        .env("LOCKED_INO", locked.to_string())
+        .env("ROOTFILE_INO", rootfile_meta.ino().to_string())
+        .env("SHARED_INO", shared.to_string())
+        .uid(USER)
+        .gid(GROUP)
+        .output()
+        .unwrap();
+    let child =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "malicious client: {child}");
+    assert!(child.contains("ALL CASES CHECKED"), "{child}");
+    // The shared area is untouched by every refused batch ...
+    let fs = store.fs();
+    assert_eq!(fs.read("/rootfile").unwrap(), b"root's data");
+    let m = fs.metadata("/rootfile").unwrap();
+    assert_eq!(m.permissions().mode(), 0o644);
+    assert_eq!(m.mtime_ns(), rootfile_meta.mtime_ns());
+    assert!(fs.read_dir("/locked").unwrap().next().is_none());
+    // ... and the permitted one digested.
+    assert_eq!(fs.read("/shared/ok").unwrap(), b"fine");
+    let m = fs.metadata("/shared/ok").unwrap();
+    assert_eq!((m.uid(), m.gid()), (USER, GROUP));
+    let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
+    assert!(log.contains("permission denied (EACCES)"), "{log}");
+    assert!(log.contains("operation not permitted (EPERM)"), "{log}");
+}
+
+/// A hand-rolled client that speaks the protocol and writes its ring directly.
+struct RawClient {
+    sock: UnixStream,
+    reg: cairn_proto::Registration,
+    ring: cairn_media::Mapping,
+    area: cairn_area::Area,
+    _lock: std::fs::File,
+}
+
+impl RawClient {
+    fn connect(store: &Path) -> RawClient {
+        let dir = cairn_area::StoreDir::new(store);
+        let mut sock = UnixStream::connect(dir.socket_path()).unwrap();
+        cairn_proto::send(
+            &mut sock,
+            &Request::Register {
+                pid: std::process::id(),
+            },
+        )
+        .unwrap();
+        let reg = match cairn_proto::recv(&mut sock).unwrap() {
+            Response::Registered(reg) => reg,
+            r => panic!("register refused: {r:?}"),
+        };
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.slot_lock_path(reg.slot))
+            .unwrap();
+        cairn_media::sys::flock_exclusive(&lock, false).unwrap();
+        let nvm = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&reg.nvm_path)
+            .unwrap();
+        let area = cairn_area::Area::open(&nvm, false).unwrap();
+        let l = *area.layout();
+        let ring = cairn_media::Mapping::new(
+            &nvm,
+            l.ring_off(reg.slot),
+            l.ring_bytes() as usize,
+            true,
+            false,
+        )
+        .unwrap();
+        RawClient {
+            sock,
+            reg,
+            ring,
+            area,
+            _lock: lock,
+        }
+    }
+
+    /// Log one transaction at the head and ask for a digest of it.
+    fn log_and_digest(&mut self, recs: &[Record<'_>]) -> Response {
+        let bytes = log::build_txn(self.reg.head_seq, recs);
+        let off = (self.reg.head_lsn % self.ring.len() as u64) as usize;
+        self.ring.write(off, &bytes).unwrap();
+        self.ring.persist(off, bytes.len()).unwrap();
+        let upto = self.reg.head_lsn + bytes.len() as u64;
+        cairn_proto::send(
+            &mut self.sock,
+            &Request::Digest {
+                upto_lsn: upto,
+                wait: true,
+            },
+        )
+        .unwrap();
+        cairn_proto::recv(&mut self.sock).unwrap_or(Response::Error {
+            errno: -1,
+            message: "connection closed".into(),
+        })
+    }
+}
+
+/// The malicious client (runs only as the child of the test above).
+#[test]
+fn malicious_client_child() {
+    let Some(store) = std::env::var_os("CAIRN_TRUST_CHILD") else {
+        return;
+    };
+    let store = Path::new(&store);
+    let env = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
+    let (locked, rootfile, shared) = (env("LOCKED_INO"), env("ROOTFILE_INO"), env("SHARED_INO"));
+    assert_eq!(cairn_media::sys::ids(), (USER, GROUP));
+    let mine = |kind: Kind| Attrs {
+        kind,
+        perm: 0o644,
+        uid: USER,
+        gid: GROUP,
+        nlink: 1,
+        atime: 5,
+        mtime: 5,
+        ctime: 5,
+        btime: 5,
+        ..Default::default()
+    };
+    type Case = (&'static str, &'static str);
+    let forbidden: [Case; 3] = [
+        ("create in root's 0755 directory", "EACCES"),
+        ("chmod of root's file", "EPERM"),
+        ("write to root's 0644 file", "EACCES"),
+    ];
+    for (i, (what, errno)) in forbidden.iter().enumerate() {
+        let mut c = RawClient::connect(store);
+        let root_attrs = c.area.read_inode(rootfile).unwrap().attrs;
+        let new = c.reg.inodes[0];
+        let recs: Vec<Record<'_>> = match i {
+            0 => vec![
+                Record::InodeSet {
+                    ino: new,
+                    generation: 1,
+                    attrs: mine(Kind::File),
+                },
+                Record::DirentSet {
+                    dir: locked,
+                    name: b"evil",
+                    ino: new,
+                    kind: Kind::File,
+                },
+            ],
+            1 => vec![Record::InodeSet {
+                ino: rootfile,
+                generation: c.area.read_inode(rootfile).unwrap().generation,
+                attrs: Attrs {
+                    perm: 0o666,
+                    ..root_attrs
+                },
+            }],
+            _ => vec![Record::Write {
+                ino: rootfile,
+                offset: 0,
+                size: root_attrs.size,
+                mtime: 77,
+                data: b"pwned",
+            }],
+        };
+        match c.log_and_digest(&recs) {
+            Response::Error { errno: e, message } => {
+                assert_eq!(e, libc::EBADMSG, "{what}: {message}");
+                assert!(message.contains(errno), "{what}: {message}");
+                println!("refused as expected: {what}: {message}");
+            }
+            r => panic!("{what}: expected a refusal, got {r:?}"),
+        }
+    }
+    // Its permitted operations digest: create and write a file in a 0777 directory.
+    let mut c = RawClient::connect(store);
+    let new = c.reg.inodes[0];
+    let recs = [
+        Record::InodeSet {
+            ino: new,
+            generation: 1,
+            attrs: mine(Kind::File),
+        },
+        Record::DirentSet {
+            dir: shared,
+            name: b"ok",
+            ino: new,
+            kind: Kind::File,
+        },
+        Record::Write {
+            ino: new,
+            offset: 0,
+            size: 4,
+            mtime: 6,
+            data: b"fine",
+        },
+    ];
+    match c.log_and_digest(&recs) {
+        Response::Digested { .. } => {}
+        r => panic!("permitted batch: {r:?}"),
+    }
+    let tail = c.reg.head_lsn + log::build_txn(0, &recs).len() as u64;
+    let _ = cairn_proto::send(&mut c.sock, &Request::Goodbye { tail_lsn: tail });
+    let _ = cairn_proto::recv::<Response>(&mut c.sock);
+    println!("ALL CASES CHECKED");
+}
