@@ -63,6 +63,8 @@ pub(crate) struct Core {
     pub stopped: bool,
     /// The lease manager (its own lock; taken after the core lock, never before).
     pub leases: Arc<Leases>,
+    /// Parallel digests in flight (`crate::pardigest`).
+    pub par: crate::pardigest::ParState,
 }
 
 /// `Ok(Some(lock))` if nobody holds `slots/<slot>.lock` (we now do), `Ok(None)` if held.
@@ -158,6 +160,7 @@ impl Core {
             clients: vec![None; l.nslots as usize],
             stopped: false,
             leases: Arc::new(Leases::new(Duration::ZERO, &[])),
+            par: Default::default(),
         };
         for slot in 0..l.nslots {
             let (h, _) = core.sh.slot_head(slot)?;

@@ -15,6 +15,11 @@
 //!
 //! Records are absolute post-state, so digesting a batch again after a crash anywhere
 //! before step 5 persisted the head gives the same shared state.
+//!
+//! The steps are separate functions (`read_batch`, `plan_batch`, `apply_batch`,
+//! `write_data`, `publish_batch`) so that `crate::pardigest` can run the reading and the
+//! data copies of different slots' digests without the core lock; [`digest`] runs them
+//! in a row.
 
 use crate::dirhash::{self, NameChange};
 use crate::maptree;
@@ -91,14 +96,14 @@ impl From<io::Error> for PErr {
 /// Copy `len` log bytes from LSN `lsn` out of `slot`'s ring (linearised) into `buf`
 /// (grown as needed, never shrunk); returns the `len` bytes.
 pub(crate) fn copy_ring<'b>(
-    sh: &Shared,
+    sh: &cairn_area::Area,
     slot: u32,
     lsn: u64,
     len: usize,
     buf: &'b mut Vec<u8>,
 ) -> io::Result<&'b [u8]> {
-    let ring = sh.layout.ring_bytes();
-    let roff = sh.layout.ring_off(slot) as usize;
+    let ring = sh.layout().ring_bytes();
+    let roff = sh.layout().ring_off(slot) as usize;
     if buf.len() < len {
         buf.resize(len, 0);
     }
@@ -557,13 +562,14 @@ fn retire_all(sh: &Shared, w: &mut Work, inode: &Inode) -> io::Result<()> {
 }
 
 /// Write a file's pending data out of place and update its map.
-fn apply_file(
+fn apply_file<'a>(
     sh: &mut Shared,
     w: &mut Work,
     old: &Inode,
     new: &mut Inode,
-    pending: &Intervals<'_>,
+    pending: &Intervals<'a>,
     keep: Option<u64>,
+    data: &mut Vec<DataWrite<'a>>,
 ) -> io::Result<()> {
     let base_size = old.attrs.size;
     let t = keep.filter(|&t| t < base_size);
@@ -609,13 +615,23 @@ fn apply_file(
                 _ => buf.fill(0),
             }
         }
+        let base = (covered < BLOCK_SIZE_U64).then(|| buf.clone());
+        let mut pieces = Vec::new();
         for (k, p) in pending.overlapping(bs, be) {
             let s = k.max(bs);
             let e = p.end.min(be);
-            buf[(s - bs) as usize..(e - bs) as usize]
-                .copy_from_slice(&p.data[(s - k) as usize..(e - k) as usize]);
+            let d: &'a [u8] = p.data;
+            pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
         }
-        let nb = sh.new_block(w, &buf, true)?;
+        // The block's content is written later (`write_data`), possibly without the core
+        // lock (`crate::pardigest`); it is unreachable until the inode is published.
+        let nb = sh.alloc_block(w)?;
+        w.bytes += BLOCK_SIZE_U64;
+        data.push(DataWrite {
+            blk: nb,
+            base,
+            pieces,
+        });
         changes.push((fb, nb));
     }
     let r = maptree::update(
@@ -633,44 +649,77 @@ fn apply_file(
     Ok(())
 }
 
-enum Effect {
+pub(crate) enum Effect {
     Created,
     Updated,
     Freed,
 }
 
-/// Digest `slot`'s log (see the module documentation).
-pub(crate) fn digest(sh: &mut Shared, slot: u32, mode: Mode) -> Result<Outcome, DigestError> {
-    // The batch is copied into a buffer kept across digests: a fresh multi-megabyte
-    // allocation per digest made the kernel fault in and zero every page of it.
-    let mut scratch = std::mem::take(&mut sh.scratch);
-    let r = digest_with(sh, slot, mode, &mut scratch);
-    sh.scratch = scratch;
-    r
+/// A new data block of a digest: its old content (`None`: zeros) overlaid with pieces of
+/// the batch (offset in the block, bytes). Written with non-temporal stores by
+/// [`write_data`] before the publishing fence.
+pub(crate) struct DataWrite<'a> {
+    blk: u64,
+    base: Option<Vec<u8>>,
+    pieces: Vec<(usize, &'a [u8])>,
 }
 
-fn digest_with(
-    sh: &mut Shared,
-    slot: u32,
-    mode: Mode,
-    scratch: &mut Vec<u8>,
-) -> Result<Outcome, DigestError> {
-    if slot >= sh.layout.nslots {
-        return Err(DigestError::Failed(crate::util::einval(format!(
-            "slot {slot} out of range"
-        ))));
+/// Write the new data blocks of a digest (no fence: the publish fence orders them, and
+/// must run on the same thread).
+pub(crate) fn write_data(map: &cairn_media::Mapping, data: &[DataWrite<'_>]) -> io::Result<()> {
+    let mut buf = vec![0u8; BLOCK_SIZE];
+    for d in data {
+        let off = (d.blk * BLOCK_SIZE_U64) as usize;
+        if let (None, [(0, whole)]) = (&d.base, &d.pieces[..]) {
+            if whole.len() == BLOCK_SIZE {
+                map.write_nt(off, whole)?;
+                continue;
+            }
+        }
+        match &d.base {
+            Some(b) => buf.copy_from_slice(b),
+            None => buf.fill(0),
+        }
+        for &(o, p) in &d.pieces {
+            buf[o..o + p.len()].copy_from_slice(p);
+        }
+        map.write_nt(off, &buf)?;
     }
-    let (head, _) = sh.slot_head(slot)?;
-    let ring = sh.layout.ring_bytes();
+    Ok(())
+}
+
+/// Where a batch ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    pub head: SlotHead,
+    pub end: u64,
+    pub end_seq: u64,
+    pub txns: u64,
+}
+
+/// A batch copied out of a ring, verified and decoded (step 1).
+pub(crate) struct Batch<'b> {
+    pub span: Span,
+    pub recs: Vec<Record<'b>>,
+    pub txn_ends: Vec<usize>,
+}
+
+/// Step 1: copy `slot`'s batch from `head` into `scratch`, verify and decode it. Reads
+/// only the slot's ring (no shared state): runs without the core lock in parallel
+/// digests. `Ok(None)`: nothing to digest.
+pub(crate) fn read_batch<'b>(
+    area: &cairn_area::Area,
+    slot: u32,
+    head: SlotHead,
+    mode: Mode,
+    scratch: &'b mut Vec<u8>,
+) -> Result<Option<Batch<'b>>, DigestError> {
+    let ring = area.layout().ring_bytes();
     let (h0, s0) = (head.head_lsn, head.head_seq);
     let len = match mode {
         Mode::Upto(u) if u <= h0 => {
             // Already digested (e.g. by a shutdown that digested a live client's log).
-            return Ok(Outcome {
-                head_lsn: h0,
-                head_seq: s0,
-                ..Default::default()
-            });
+            return Ok(None);
         }
         Mode::Upto(u) => {
             if u - h0 > ring || u % log::TXN_ALIGN != 0 {
@@ -687,7 +736,7 @@ fn digest_with(
         }
         Mode::Committed => ring as usize,
     };
-    let buf = copy_ring(sh, slot, h0, len, scratch)?;
+    let buf: &'b [u8] = copy_ring(area, slot, h0, len, scratch)?;
     let s = log::scan(buf, h0, s0, ring);
     let mut txns = s.txns;
     let (mut end, mut end_seq) = (s.end_lsn, s.end_seq);
@@ -720,17 +769,15 @@ fn digest_with(
             }
         }
     }
-    let discard_lsn = end;
-    let malformed = |msg: String| DigestError::Malformed { msg, discard_lsn };
+    let malformed = |msg: String| DigestError::Malformed {
+        msg,
+        discard_lsn: end,
+    };
     if txns.is_empty() {
-        return Ok(Outcome {
-            head_lsn: h0,
-            head_seq: s0,
-            ..Default::default()
-        });
+        return Ok(None);
     }
     // Decode.
-    let mut recs: Vec<Record<'_>> = Vec::new();
+    let mut recs: Vec<Record<'b>> = Vec::new();
     let mut txn_ends: Vec<usize> = Vec::new();
     for t in txns.iter().filter(|t| t.kind == KIND_COMMIT) {
         let off = (t.lsn - h0) as usize;
@@ -739,10 +786,47 @@ fn digest_with(
         recs.extend(r);
         txn_ends.push(recs.len());
     }
+    Ok(Some(Batch {
+        span: Span {
+            head,
+            end,
+            end_seq,
+            txns: txns.len() as u64,
+        },
+        recs,
+        txn_ends,
+    }))
+}
+
+/// A permission-checked, validated plan (steps 2 and 3).
+pub(crate) struct Planned<'b> {
+    plan: Plan<'b>,
+    checked: Checked<'b>,
+}
+
+impl Planned<'_> {
+    /// Every inode the batch publishes (or plans and leaves free).
+    pub(crate) fn inodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.plan.inodes.keys().copied()
+    }
+}
+
+/// Steps 2 and 3: check the batch against the client's permissions, fold it into a plan
+/// and validate the plan against the shared area. Reads the shared area only (through
+/// [`Shared::inode`], so a parallel digest can record its read set).
+pub(crate) fn plan_batch<'b>(
+    sh: &Shared,
+    slot: u32,
+    b: &Batch<'b>,
+) -> Result<Planned<'b>, DigestError> {
+    let malformed = |msg: String| DigestError::Malformed {
+        msg,
+        discard_lsn: b.span.end,
+    };
     // Permissions of the slot's client (crate::perm).
     let cred = crate::perm::slot_cred(sh, slot)?;
     let replay = sh.replaying.contains(&slot);
-    crate::perm::check_batch(sh, &cred, &recs, &txn_ends, replay).map_err(|e| match e {
+    crate::perm::check_batch(sh, &cred, &b.recs, &b.txn_ends, replay).map_err(|e| match e {
         crate::perm::Denial::Denied(m) => malformed(m),
         crate::perm::Denial::Io(e) => DigestError::Failed(e),
     })?;
@@ -750,19 +834,38 @@ fn digest_with(
     let mut plan = Plan {
         inodes: BTreeMap::new(),
         dirents: BTreeMap::new(),
-        nrec: recs.len(),
+        nrec: b.recs.len(),
         charge: 0,
     };
     let perr = |e: PErr| match e {
         PErr::Bad(m) => malformed(m),
         PErr::Io(e) => DigestError::Failed(e),
     };
-    for (i, r) in recs.into_iter().enumerate() {
+    for (i, r) in b.recs.iter().cloned().enumerate() {
         plan.fold(sh, i, r).map_err(perr)?;
     }
     let checked = validate(sh, slot, &mut plan).map_err(perr)?;
-    // Apply out of place.
+    Ok(Planned { plan, checked })
+}
+
+/// What step 4 produced: blocks allocated and retired, map nodes and buckets written
+/// and written back, the new data blocks still to write, the inodes to publish.
+pub(crate) struct Applied<'b> {
+    pub w: Work,
+    pub data: Vec<DataWrite<'b>>,
+    publish: Vec<(u64, Inode, Effect)>,
+    noops: u64,
+}
+
+/// Step 4: apply out of place (allocation, map nodes, directory buckets; data blocks are
+/// only allocated: see [`write_data`]). On failure every allocated block is given back.
+pub(crate) fn apply_batch<'b>(
+    sh: &mut Shared,
+    pl: &Planned<'b>,
+) -> Result<Applied<'b>, DigestError> {
+    let (plan, checked) = (&pl.plan, &pl.checked);
     let mut w = Work::default();
+    let mut data = Vec::new();
     let mut publish: Vec<(u64, Inode, Effect)> = Vec::new();
     let mut noops = 0u64;
     let applied = (|| -> io::Result<()> {
@@ -792,7 +895,7 @@ fn digest_with(
                         }
                         _ => {
                             let keep = if fresh { None } else { p.keep };
-                            apply_file(sh, &mut w, &old, &mut new, &p.pending, keep)?;
+                            apply_file(sh, &mut w, &old, &mut new, &p.pending, keep, &mut data)?;
                         }
                     }
                     publish.push((
@@ -822,7 +925,37 @@ fn digest_with(
         sh.rollback(&w);
         return Err(DigestError::Failed(e));
     }
-    // Publish.
+    Ok(Applied {
+        w,
+        data,
+        publish,
+        noops,
+    })
+}
+
+/// Step 5: fence, publish the inodes, persist the slot head, retire, advance the epoch,
+/// count. Every block of `a` (including its data blocks) must be written and written
+/// back by the calling thread before.
+pub(crate) fn publish_batch(
+    sh: &mut Shared,
+    slot: u32,
+    span: Span,
+    pl: &Planned<'_>,
+    a: Applied<'_>,
+) -> Result<Outcome, DigestError> {
+    let Applied {
+        mut w,
+        publish,
+        noops,
+        ..
+    } = a;
+    let (plan, checked) = (&pl.plan, &pl.checked);
+    let Span {
+        head,
+        end,
+        end_seq,
+        txns,
+    } = span;
     cairn_media::fence();
     for (ino, inode, _) in &publish {
         sh.write_inode(*ino, inode)?;
@@ -845,17 +978,18 @@ fn digest_with(
             ..head
         },
     )?;
+    let (head_lsn, head_seq) = (end, end_seq);
     sh.retire_and_advance(std::mem::take(&mut w.retired))?;
     let records = plan.nrec as u64;
     let skipped = checked.survivors.iter().filter(|s| !**s).count() as u64 + noops;
     let out = Outcome {
-        head_lsn: end,
-        head_seq: end_seq,
+        head_lsn,
+        head_seq,
         charge: plan.charge,
-        txns: txns.len() as u64,
+        txns,
         records,
         skipped,
-        log_bytes: end - h0,
+        log_bytes: end - head.head_lsn,
         shared_bytes: w.bytes,
         created: publish
             .iter()
@@ -875,6 +1009,45 @@ fn digest_with(
     Ok(out)
 }
 
+/// Digest `slot`'s log (see the module documentation).
+pub(crate) fn digest(sh: &mut Shared, slot: u32, mode: Mode) -> Result<Outcome, DigestError> {
+    // The batch is copied into a buffer kept across digests: a fresh multi-megabyte
+    // allocation per digest made the kernel fault in and zero every page of it.
+    let mut scratch = std::mem::take(&mut sh.scratch);
+    let r = digest_with(sh, slot, mode, &mut scratch);
+    sh.scratch = scratch;
+    r
+}
+
+fn digest_with(
+    sh: &mut Shared,
+    slot: u32,
+    mode: Mode,
+    scratch: &mut Vec<u8>,
+) -> Result<Outcome, DigestError> {
+    if slot >= sh.layout.nslots {
+        return Err(DigestError::Failed(crate::util::einval(format!(
+            "slot {slot} out of range"
+        ))));
+    }
+    let (head, _) = sh.slot_head(slot)?;
+    let area = sh.area.clone();
+    let Some(b) = read_batch(&area, slot, head, mode, scratch)? else {
+        return Ok(Outcome {
+            head_lsn: head.head_lsn,
+            head_seq: head.head_seq,
+            ..Default::default()
+        });
+    };
+    let pl = plan_batch(sh, slot, &b)?;
+    let a = apply_batch(sh, &pl)?;
+    if let Err(e) = write_data(area.map(), &a.data) {
+        sh.rollback(&a.w);
+        return Err(DigestError::Failed(e));
+    }
+    publish_batch(sh, slot, b.span, &pl, a)
+}
+
 /// Inode numbers `slot`'s committed log creates (`INODE_SET` with `nlink > 0`) that are
 /// free in the shared area: reserved for it so that no other client gets them before its
 /// log is digested (after a daemon restart).
@@ -882,7 +1055,7 @@ pub(crate) fn logged_new_inodes(sh: &Shared, slot: u32) -> io::Result<Vec<u64>> 
     let (head, _) = sh.slot_head(slot)?;
     let ring = sh.layout.ring_bytes();
     let mut scratch = Vec::new();
-    let buf = copy_ring(sh, slot, head.head_lsn, ring as usize, &mut scratch)?;
+    let buf = copy_ring(&sh.area, slot, head.head_lsn, ring as usize, &mut scratch)?;
     let s = log::scan(buf, head.head_lsn, head.head_seq, ring);
     let mut out = Vec::new();
     for t in s.txns.iter().filter(|t| t.kind == KIND_COMMIT) {

@@ -24,6 +24,7 @@ mod lock_server;
 mod locks;
 mod maptree;
 mod mkfs;
+mod pardigest;
 mod perm;
 mod recovery;
 mod server;

@@ -1,6 +1,8 @@
 //! The server: `run_daemon` takes the store's daemon lock, opens and recovers the tier,
 //! listens on `cairnd.sock` and serves each connection on its own thread. A 100 ms timer
-//! thread reclaims retired blocks and recovers dead clients. SIGTERM/SIGINT and the
+//! thread reclaims retired blocks and recovers dead clients. Asynchronous digest requests
+//! go to a pool of digest workers (`crate::pardigest`) so that different clients' logs
+//! are digested in parallel; everything else takes the core with `CoreLock::serial`. SIGTERM/SIGINT and the
 //! `Shutdown` request stop the daemon cleanly.
 
 use crate::core::{Core, MAX_INODES_PER_REQUEST};
@@ -15,7 +17,7 @@ use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 /// Options of [`run_daemon`].
@@ -42,7 +44,10 @@ impl DaemonOptions {
 }
 
 struct Daemon {
-    core: Mutex<Core>,
+    /// The core under its lock (`CoreLock::serial` for everything but parallel digests).
+    core: crate::pardigest::CoreLock,
+    /// Asynchronous digests of different clients run in parallel on its workers.
+    pool: crate::pardigest::Pool,
     stop: AtomicBool,
     log: Logger,
     next_conn: AtomicU64,
@@ -55,8 +60,7 @@ struct Daemon {
 
 impl Daemon {
     fn core(&self) -> MutexGuard<'_, Core> {
-        // A panic while serving one client must not stop the others.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
+        self.core.serial()
     }
 }
 
@@ -94,6 +98,8 @@ struct Conn {
     sock: Option<UnixStream>,
     /// Lock-channel state (`lock_server`).
     locks: crate::lock_server::ConnLocks,
+    /// A digest worker found this client's log malformed.
+    refusal: Arc<crate::pardigest::Refusal>,
 }
 
 /// Run the daemon for `opts.store` until SIGTERM, SIGINT or a `Shutdown` request.
@@ -186,7 +192,8 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     let leases = core.leases.clone();
     let d = Arc::new(Daemon {
         leases,
-        core: Mutex::new(core),
+        core: crate::pardigest::CoreLock::new(core),
+        pool: crate::pardigest::Pool::from_env(),
         stop: AtomicBool::new(false),
         log,
         next_conn: AtomicU64::new(1),
@@ -199,6 +206,19 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
             .name("cairnd-timer".into())
             .spawn(move || timer_loop(&d))?
     };
+    let mut workers = Vec::new();
+    for _ in 0..d.pool.threads {
+        let d = d.clone();
+        workers.push(
+            std::thread::Builder::new()
+                .name("cairnd-digest".into())
+                .spawn(move || d.pool.work(&d.core, &d.log))?,
+        );
+    }
+    d.log.log(format!(
+        "{} digest workers (CAIRN_DIGEST_THREADS; 0: digests run serially)",
+        d.pool.threads
+    ));
     listener.set_nonblocking(true)?;
     while !d.stop.load(Ordering::SeqCst) && !sys::termination_requested() {
         match listener.accept() {
@@ -229,6 +249,10 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     d.stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);
     let _ = timer.join();
+    d.pool.stop();
+    for w in workers {
+        let _ = w.join();
+    }
     if let Err(e) = &r {
         d.log.log(format!("unclean stop: {e}"));
     }
@@ -268,6 +292,7 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         upcall_of: None,
         sock: s.try_clone().ok(),
         locks: crate::lock_server::ConnLocks::new(&s),
+        refusal: Arc::new(crate::pardigest::Refusal::new(s.try_clone().ok())),
     };
     loop {
         let req: Request = match recv(&mut s) {
@@ -279,6 +304,9 @@ fn serve(d: &Daemon, mut s: UnixStream) {
                 break;
             }
         };
+        if take_refusal(d, &mut c) {
+            break;
+        }
         let reply =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(d, &mut c, req)))
                 .unwrap_or_else(|_| {
@@ -304,6 +332,7 @@ fn serve(d: &Daemon, mut s: UnixStream) {
             break;
         }
     }
+    take_refusal(d, &mut c);
     // A client's locks die with its registered connection (waiters proceed at once).
     d.locks.remove_client(c.id);
     if let Some(slot) = c.upcall_of {
@@ -421,6 +450,11 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                     Reply::Nothing
                 };
             };
+            if !wait && d.pool.threads > 0 {
+                // Digests of different clients run in parallel (crate::pardigest).
+                d.pool.submit(slot, c.id, upto_lsn, &c.refusal);
+                return Reply::Nothing;
+            }
             let mut core = d.core();
             match core.digest_client(slot, upto_lsn) {
                 Ok(o) => {
@@ -590,6 +624,20 @@ fn upcall_ack(d: &Daemon, slot: u32, ino: u64, tail_lsn: u64) {
         }
     }
     d.leases.ack_done(slot, ino);
+}
+
+/// A digest worker found the client's log malformed: refuse it (as [`digest_failed`]).
+/// True if there was such a finding (the connection closes).
+fn take_refusal(d: &Daemon, c: &mut Conn) -> bool {
+    let Some((slot, msg, discard_lsn)) = c.refusal.take() else {
+        return false;
+    };
+    if c.slot == Some(slot) {
+        let mut core = d.core();
+        let e = DigestError::Malformed { msg, discard_lsn };
+        let _ = digest_failed(d, &mut core, c, slot, e, false, "digest");
+    }
+    true
 }
 
 /// A digest for a client failed: a malformed log refuses the client (its log is

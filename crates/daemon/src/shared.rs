@@ -31,7 +31,8 @@ pub(crate) type Node = Box<[u64; FANOUT as usize]>;
 
 /// The daemon's writable view of the shared area.
 pub(crate) struct Shared {
-    pub area: Area,
+    /// Shared with parallel digests' unlocked phases (`crate::pardigest`).
+    pub area: std::sync::Arc<Area>,
     pub layout: Layout,
     pub blocks: BlockAlloc,
     pub inodes: InodeAlloc,
@@ -47,6 +48,9 @@ pub(crate) struct Shared {
     /// start, cleared by the slot's first digest): their batch is checked without the
     /// link-count rule, which a half-applied batch cannot pass (see `perm::check_batch`).
     pub replaying: std::collections::HashSet<u32>,
+    /// While `Some`, every inode number read through [`Shared::inode`] is recorded
+    /// (the read set of a parallel digest's plan, `crate::pardigest`).
+    pub reads: std::cell::RefCell<Option<std::collections::HashSet<u64>>>,
 }
 
 impl Shared {
@@ -62,7 +66,7 @@ impl Shared {
             digests: f(state::DIGESTS),
         };
         Shared {
-            area,
+            area: std::sync::Arc::new(area),
             layout,
             blocks,
             inodes,
@@ -71,6 +75,7 @@ impl Shared {
             scratch: Vec::new(),
             creds: Default::default(),
             replaying: Default::default(),
+            reads: Default::default(),
         }
     }
 
@@ -153,6 +158,9 @@ impl Shared {
     /// The inode as published (for the daemon, the only writer, no retry is needed; a
     /// corrupt inode is `EIO`).
     pub(crate) fn inode(&self, ino: u64) -> io::Result<Inode> {
+        if let Some(r) = self.reads.borrow_mut().as_mut() {
+            r.insert(ino);
+        }
         let mut b = [0u8; INODE_BYTES];
         self.area.read_inode_raw(ino, &mut b)?;
         Inode::decode(&b).map_err(|e| eio(format!("inode {ino}: {e}")))

@@ -678,26 +678,44 @@ impl Inner {
 
     /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
     fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
-        let mut last = None;
+        // A daemon that is stopping answers ESHUTDOWN: wait for it to go and re-attach
+        // to the next one (started on demand), for up to 10 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let stopping =
+            |errno: i32| errno == libc::ESHUTDOWN && std::time::Instant::now() < deadline;
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut lost = 0;
         let mut conn = self.lock_conn();
-        for _ in 0..2 {
+        loop {
             if conn.is_none() {
-                self.reattach(st, &mut conn, true)?;
+                match self.reattach(st, &mut conn, true) {
+                    Ok(()) => {}
+                    Err(e) if stopping(cairn_area::errno_of(&e)) => {
+                        pause();
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             let c = conn.as_mut().expect("connected");
             match c.roundtrip(req) {
+                Ok(Response::Error { errno, .. }) if stopping(errno) => {
+                    *conn = None;
+                    pause();
+                }
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     *conn = None;
-                    last = Some(e);
+                    lost += 1;
+                    if lost >= 2 {
+                        return Err(fs_err(
+                            libc::EIO,
+                            format!("lost the connection to the daemon: {e}"),
+                        ));
+                    }
                 }
             }
         }
-        let e = last.expect("an error");
-        Err(fs_err(
-            libc::EIO,
-            format!("lost the connection to the daemon: {e}"),
-        ))
     }
 
     /// Ask for an asynchronous digest once the log passes the threshold.

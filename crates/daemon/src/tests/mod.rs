@@ -3,6 +3,7 @@
 mod digest_tests;
 mod dir_tests;
 mod map_tests;
+mod par_tests;
 mod perm_tests;
 mod recovery_tests;
 mod server_tests;
