@@ -42,18 +42,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::Path;
 
-/// Access bits.
-pub(crate) const W: u32 = 2;
-pub(crate) const X: u32 = 1;
-
-/// The credentials a client's log is checked with.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Cred {
-    pub uid: u32,
-    pub gid: u32,
-    /// Supplementary groups.
-    pub groups: Vec<u32>,
-}
+pub(crate) use cairn_format::perm::{Cred, W, X};
 
 /// The `Groups:` line of `/proc/<pid>/status` (empty if the process is gone).
 fn proc_groups(pid: u32) -> Vec<u32> {
@@ -115,56 +104,23 @@ pub fn resolve_group(name_or_gid: &str) -> io::Result<u32> {
         })
 }
 
-impl Cred {
-    /// A connected process: ids from `SO_PEERCRED`, supplementary groups from /proc.
-    pub fn of_process(pid: u32, uid: u32, gid: u32) -> Cred {
-        Cred {
-            uid,
-            gid,
-            groups: proc_groups(pid),
-        }
+/// A connected process's credentials: ids from `SO_PEERCRED`, supplementary groups
+/// from /proc.
+pub(crate) fn cred_of_process(pid: u32, uid: u32, gid: u32) -> Cred {
+    Cred {
+        uid,
+        gid,
+        groups: proc_groups(pid),
     }
+}
 
-    /// A client known only by its uid and gid (recovery after a daemon restart): its
-    /// supplementary groups are those of the group database.
-    pub fn of_user(uid: u32, gid: u32) -> Cred {
-        Cred {
-            uid,
-            gid,
-            groups: if uid == 0 { Vec::new() } else { db_groups(uid) },
-        }
-    }
-
-    pub fn is_root(&self) -> bool {
-        self.uid == 0
-    }
-
-    pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || self.groups.contains(&gid)
-    }
-
-    /// POSIX access check (owner class, else group class, else others; root may do
-    /// anything but execute is irrelevant here).
-    pub fn may(&self, a: &Attrs, want: u32) -> bool {
-        if self.is_root() {
-            return true;
-        }
-        let bits = if self.uid == a.uid {
-            (a.perm >> 6) & 7
-        } else if self.in_group(a.gid) {
-            (a.perm >> 3) & 7
-        } else {
-            a.perm & 7
-        };
-        bits & want == want
-    }
-
-    pub fn owns(&self, a: &Attrs) -> bool {
-        self.is_root() || self.uid == a.uid
-    }
-
-    fn owns_or_writes(&self, a: &Attrs) -> bool {
-        self.owns(a) || self.may(a, W)
+/// A client known only by its uid and gid (recovery after a daemon restart): its
+/// supplementary groups are those of the group database.
+pub(crate) fn cred_of_user(uid: u32, gid: u32) -> Cred {
+    Cred {
+        uid,
+        gid,
+        groups: if uid == 0 { Vec::new() } else { db_groups(uid) },
     }
 }
 
@@ -232,7 +188,7 @@ pub(crate) fn slot_cred(sh: &Shared, slot: u32) -> io::Result<Cred> {
     }
     let off = (sh.layout.slot_entry_off(slot) + OWNER_CRED_OFF) as usize;
     let v = sh.map().load_u64(off)?;
-    Ok(Cred::of_user(v as u32, (v >> 32) as u32))
+    Ok(cred_of_user(v as u32, (v >> 32) as u32))
 }
 
 /// Why a batch fails the permission checks.
@@ -626,7 +582,7 @@ impl crate::core::Core {
     /// The credentials of a connecting process (`SO_PEERCRED` ids, groups from /proc),
     /// if the store trusts them; else `EACCES` naming the mediated path.
     pub(crate) fn admit(&self, pid: u32, uid: u32, gid: u32) -> io::Result<Cred> {
-        let cred = Cred::of_process(pid, uid, gid);
+        let cred = cred_of_process(pid, uid, gid);
         TrustDomain::of(&self.cfg)?.check(&cred, &self.store.path)?;
         Ok(cred)
     }

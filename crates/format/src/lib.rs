@@ -7,6 +7,7 @@ pub mod dir;
 pub mod inode;
 pub mod log;
 pub mod map;
+pub mod perm;
 pub mod slot;
 pub mod superblock;
 

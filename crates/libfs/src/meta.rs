@@ -235,56 +235,7 @@ impl DirEntry {
     }
 }
 
-/// The credentials permission checks use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Cred {
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
-}
-
-/// Access bits.
-pub(crate) const R: u32 = 4;
-pub(crate) const W: u32 = 2;
-pub(crate) const X: u32 = 1;
-
-impl Cred {
-    pub fn is_root(&self) -> bool {
-        self.uid == 0
-    }
-
-    pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || self.groups.contains(&gid)
-    }
-
-    /// Whether access `want` (`R|W|X` bits) to a file with `a` is allowed (POSIX: the
-    /// owner class, else the group class, else others; root may do anything except
-    /// execute a non-directory without any `x` bit).
-    pub fn may(&self, a: &Attrs, want: u32) -> bool {
-        if self.is_root() {
-            return want & X == 0 || a.kind == Kind::Dir || a.perm & 0o111 != 0;
-        }
-        let bits = if self.uid == a.uid {
-            (a.perm >> 6) & 7
-        } else if self.in_group(a.gid) {
-            (a.perm >> 3) & 7
-        } else {
-            a.perm & 7
-        };
-        bits & want == want
-    }
-
-    /// Sticky directories: only the owner of the entry or of the directory (or root) may
-    /// remove or rename it.
-    pub fn sticky_ok(&self, dir: &Attrs, victim: &Attrs) -> bool {
-        dir.perm & 0o1000 == 0 || self.is_root() || self.uid == dir.uid || self.uid == victim.uid
-    }
-
-    /// Owner or root (chmod, utimes with explicit times).
-    pub fn owns(&self, a: &Attrs) -> bool {
-        self.is_root() || self.uid == a.uid
-    }
-}
+pub(crate) use cairn_format::perm::{Cred, R, W, X};
 
 /// The current process's supplementary groups and umask, from `/proc/self/status`
 /// (defaults: none and `0o022`).

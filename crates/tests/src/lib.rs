@@ -4,6 +4,7 @@
 
 pub mod harness;
 pub mod ops;
+pub mod raw;
 pub mod snapshot;
 
 pub use harness::TestStore;

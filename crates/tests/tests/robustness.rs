@@ -4,84 +4,10 @@
 
 use cairn_format::log::{self, Record};
 use cairn_format::BLOCK_SIZE;
-use cairn_proto::{Request, Response};
+use cairn_proto::Response;
 use cairn_tests::harness::StoreSize;
+use cairn_tests::raw::RawClient;
 use cairn_tests::TestStore;
-use std::os::unix::net::UnixStream;
-
-/// A hand-rolled client that speaks the protocol and writes its ring directly.
-struct RawClient {
-    sock: UnixStream,
-    reg: cairn_proto::Registration,
-    ring: cairn_media::Mapping,
-    _lock: std::fs::File,
-}
-
-impl RawClient {
-    fn connect(store: &TestStore) -> RawClient {
-        // Make sure a daemon runs (a normal client auto-starts it).
-        drop(store.fs());
-        let dir = cairn_area::StoreDir::new(store.path());
-        let mut sock = UnixStream::connect(dir.socket_path()).unwrap();
-        cairn_proto::send(
-            &mut sock,
-            &Request::Register {
-                pid: std::process::id(),
-            },
-        )
-        .unwrap();
-        let Response::Registered(reg) = cairn_proto::recv(&mut sock).unwrap() else {
-            panic!("register refused")
-        };
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.slot_lock_path(reg.slot))
-            .unwrap();
-        cairn_media::sys::flock_exclusive(&lock, false).unwrap();
-        let nvm = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&reg.nvm_path)
-            .unwrap();
-        let area = cairn_area::Area::open(&nvm, false).unwrap();
-        let l = *area.layout();
-        let ring = cairn_media::Mapping::new(
-            &nvm,
-            l.ring_off(reg.slot),
-            l.ring_bytes() as usize,
-            true,
-            false,
-        )
-        .unwrap();
-        RawClient {
-            sock,
-            reg,
-            ring,
-            _lock: lock,
-        }
-    }
-
-    /// Write raw transaction bytes at the head and ask for a digest of them.
-    fn log_and_digest(&mut self, bytes: &[u8]) -> Response {
-        let off = (self.reg.head_lsn % self.ring.len() as u64) as usize;
-        self.ring.write(off, bytes).unwrap();
-        self.ring.persist(off, bytes.len()).unwrap();
-        let upto = self.reg.head_lsn + bytes.len() as u64;
-        cairn_proto::send(
-            &mut self.sock,
-            &Request::Digest {
-                upto_lsn: upto,
-                wait: true,
-            },
-        )
-        .unwrap();
-        cairn_proto::recv(&mut self.sock).unwrap_or(Response::Error {
-            errno: -1,
-            message: "connection closed".into(),
-        })
-    }
-}
 
 fn attrs(kind: cairn_format::inode::Kind) -> cairn_format::inode::Attrs {
     cairn_format::inode::Attrs {
@@ -189,9 +115,10 @@ fn garbage_logs_are_refused_and_leave_the_shared_area_untouched() {
         ),
     ];
     for (what, make) in cases {
-        let mut c = RawClient::connect(&store);
+        drop(store.fs()); // make sure a daemon runs
+        let mut c = RawClient::connect(store.path());
         let bytes = make(&c);
-        let r = c.log_and_digest(&bytes);
+        let r = c.log_bytes_and_digest(&bytes);
         assert!(
             matches!(r, Response::Error { .. }),
             "{what}: expected a refusal, got {r:?}"

@@ -14,8 +14,8 @@ use cairn_format::inode::{Attrs, Kind};
 use cairn_format::log::{self, Record};
 use cairn_proto::{Request, Response};
 use cairn_tests::harness::{cairn_bin, StoreSize};
+use cairn_tests::raw::RawClient;
 use cairn_tests::TestStore;
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
@@ -244,82 +244,6 @@ fn a_malicious_trusted_client_cannot_exceed_its_permissions() {
     let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
     assert!(log.contains("permission denied (EACCES)"), "{log}");
     assert!(log.contains("operation not permitted (EPERM)"), "{log}");
-}
-
-/// A hand-rolled client that speaks the protocol and writes its ring directly.
-struct RawClient {
-    sock: UnixStream,
-    reg: cairn_proto::Registration,
-    ring: cairn_media::Mapping,
-    area: cairn_area::Area,
-    _lock: std::fs::File,
-}
-
-impl RawClient {
-    fn connect(store: &Path) -> RawClient {
-        let dir = cairn_area::StoreDir::new(store);
-        let mut sock = UnixStream::connect(dir.socket_path()).unwrap();
-        cairn_proto::send(
-            &mut sock,
-            &Request::Register {
-                pid: std::process::id(),
-            },
-        )
-        .unwrap();
-        let reg = match cairn_proto::recv(&mut sock).unwrap() {
-            Response::Registered(reg) => reg,
-            r => panic!("register refused: {r:?}"),
-        };
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.slot_lock_path(reg.slot))
-            .unwrap();
-        cairn_media::sys::flock_exclusive(&lock, false).unwrap();
-        let nvm = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&reg.nvm_path)
-            .unwrap();
-        let area = cairn_area::Area::open(&nvm, false).unwrap();
-        let l = *area.layout();
-        let ring = cairn_media::Mapping::new(
-            &nvm,
-            l.ring_off(reg.slot),
-            l.ring_bytes() as usize,
-            true,
-            false,
-        )
-        .unwrap();
-        RawClient {
-            sock,
-            reg,
-            ring,
-            area,
-            _lock: lock,
-        }
-    }
-
-    /// Log one transaction at the head and ask for a digest of it.
-    fn log_and_digest(&mut self, recs: &[Record<'_>]) -> Response {
-        let bytes = log::build_txn(self.reg.head_seq, recs);
-        let off = (self.reg.head_lsn % self.ring.len() as u64) as usize;
-        self.ring.write(off, &bytes).unwrap();
-        self.ring.persist(off, bytes.len()).unwrap();
-        let upto = self.reg.head_lsn + bytes.len() as u64;
-        cairn_proto::send(
-            &mut self.sock,
-            &Request::Digest {
-                upto_lsn: upto,
-                wait: true,
-            },
-        )
-        .unwrap();
-        cairn_proto::recv(&mut self.sock).unwrap_or(Response::Error {
-            errno: -1,
-            message: "connection closed".into(),
-        })
-    }
 }
 
 /// The malicious client (runs only as the child of the test above).

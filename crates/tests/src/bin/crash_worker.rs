@@ -77,40 +77,9 @@ fn main() {
 
 /// Register a client, then pin the current global epoch in its client page forever.
 fn pin_epoch(store: &str) -> ! {
-    use cairn_proto::{Request, Response};
-    let dir = cairn_area::StoreDir::new(store);
     drop(cairn::Fs::open(store).expect("open store")); // make sure a daemon runs
-    let mut sock = std::os::unix::net::UnixStream::connect(dir.socket_path()).unwrap();
-    cairn_proto::send(
-        &mut sock,
-        &Request::Register {
-            pid: std::process::id(),
-        },
-    )
-    .unwrap();
-    let Response::Registered(reg) = cairn_proto::recv(&mut sock).unwrap() else {
-        panic!("register refused")
-    };
-    let lock = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.slot_lock_path(reg.slot))
-        .unwrap();
-    cairn_media::sys::flock_exclusive(&lock, false).unwrap();
-    let nvm = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&reg.nvm_path)
-        .unwrap();
-    let area = cairn_area::Area::open(&nvm, false).unwrap();
-    let page = area.layout().client_page_off(reg.slot);
-    let map = cairn_media::Mapping::new(&nvm, page, 4096, true, false).unwrap();
-    let epoch = area.global_epoch().unwrap();
-    map.store_u64(
-        cairn_format::slot::client_page::READER_EPOCH as usize,
-        epoch,
-    )
-    .unwrap();
+    let c = cairn_tests::raw::RawClient::connect(std::path::Path::new(store));
+    c.pin_epoch(c.area.global_epoch().unwrap());
     println!("PINNED");
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));

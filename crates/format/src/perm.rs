@@ -1,0 +1,107 @@
+//! POSIX permission rules over inode attributes, shared by LibFS (checking its caller)
+//! and the daemon (checking every logged operation against the client's credentials).
+
+use crate::inode::{Attrs, Kind};
+
+/// Access bits.
+pub const R: u32 = 4;
+pub const W: u32 = 2;
+pub const X: u32 = 1;
+
+/// The credentials permission checks use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+
+    /// Whether access `want` (`R|W|X` bits) to a file with `a` is allowed (POSIX: the
+    /// owner class, else the group class, else others; root may do anything except
+    /// execute a non-directory without any `x` bit).
+    pub fn may(&self, a: &Attrs, want: u32) -> bool {
+        if self.is_root() {
+            return want & X == 0 || a.kind == Kind::Dir || a.perm & 0o111 != 0;
+        }
+        let bits = if self.uid == a.uid {
+            (a.perm >> 6) & 7
+        } else if self.in_group(a.gid) {
+            (a.perm >> 3) & 7
+        } else {
+            a.perm & 7
+        };
+        bits & want == want
+    }
+
+    /// Owner or root (chmod, utimes with explicit times).
+    pub fn owns(&self, a: &Attrs) -> bool {
+        self.is_root() || self.uid == a.uid
+    }
+
+    /// Owner, root, or allowed to write.
+    pub fn owns_or_writes(&self, a: &Attrs) -> bool {
+        self.owns(a) || self.may(a, W)
+    }
+
+    /// Sticky directories: only the owner of the entry or of the directory (or root) may
+    /// remove or rename it.
+    pub fn sticky_ok(&self, dir: &Attrs, victim: &Attrs) -> bool {
+        dir.perm & 0o1000 == 0 || self.is_root() || self.uid == dir.uid || self.uid == victim.uid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(perm: u32, uid: u32, gid: u32) -> Attrs {
+        Attrs {
+            kind: Kind::File,
+            perm,
+            uid,
+            gid,
+            nlink: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn classes_and_root() {
+        let me = Cred {
+            uid: 1000,
+            gid: 100,
+            groups: vec![200],
+        };
+        assert!(me.may(&file(0o600, 1000, 0), R | W));
+        assert!(
+            !me.may(&file(0o060, 1000, 100), R),
+            "owner class applies even if narrower"
+        );
+        assert!(me.may(&file(0o040, 5, 200), R), "supplementary group");
+        assert!(!me.may(&file(0o604, 5, 300), W));
+        let root = Cred::default();
+        assert!(root.may(&file(0, 5, 5), R | W));
+        assert!(
+            !root.may(&file(0o644, 5, 5), X),
+            "root needs some x bit to execute"
+        );
+        let sticky = Attrs {
+            kind: Kind::Dir,
+            perm: 0o1777,
+            uid: 0,
+            ..Default::default()
+        };
+        assert!(!me.sticky_ok(&sticky, &file(0o644, 5, 5)));
+        assert!(me.sticky_ok(&sticky, &file(0o644, 1000, 5)));
+    }
+}
