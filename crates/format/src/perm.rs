@@ -64,9 +64,9 @@ impl Cred {
 mod tests {
     use super::*;
 
-    fn file(perm: u32, uid: u32, gid: u32) -> Attrs {
+    fn attrs(kind: Kind, perm: u32, uid: u32, gid: u32) -> Attrs {
         Attrs {
-            kind: Kind::File,
+            kind,
             perm,
             uid,
             gid,
@@ -76,32 +76,30 @@ mod tests {
     }
 
     #[test]
-    fn classes_and_root() {
+    fn permission_classes() {
         let me = Cred {
             uid: 1000,
             gid: 100,
             groups: vec![200],
         };
-        assert!(me.may(&file(0o600, 1000, 0), R | W));
-        assert!(
-            !me.may(&file(0o060, 1000, 100), R),
-            "owner class applies even if narrower"
-        );
-        assert!(me.may(&file(0o040, 5, 200), R), "supplementary group");
-        assert!(!me.may(&file(0o604, 5, 300), W));
-        let root = Cred::default();
-        assert!(root.may(&file(0, 5, 5), R | W));
-        assert!(
-            !root.may(&file(0o644, 5, 5), X),
-            "root needs some x bit to execute"
-        );
-        let sticky = Attrs {
-            kind: Kind::Dir,
-            perm: 0o1777,
+        let root = Cred {
             uid: 0,
-            ..Default::default()
+            gid: 0,
+            groups: vec![],
         };
-        assert!(!me.sticky_ok(&sticky, &file(0o644, 5, 5)));
-        assert!(me.sticky_ok(&sticky, &file(0o644, 1000, 5)));
+        // Owner class wins even when it grants less than the group class.
+        let f = attrs(Kind::File, 0o070, 1000, 100);
+        assert!(!me.may(&f, R));
+        let g = attrs(Kind::File, 0o640, 5, 200);
+        assert!(me.may(&g, R) && !me.may(&g, W));
+        let o = attrs(Kind::File, 0o604, 5, 6);
+        assert!(me.may(&o, R) && !me.may(&o, W | R));
+        assert!(root.may(&o, R | W));
+        assert!(!root.may(&o, X));
+        assert!(root.may(&attrs(Kind::Dir, 0, 5, 6), X));
+        let sticky = attrs(Kind::Dir, 0o1777, 5, 6);
+        assert!(!me.sticky_ok(&sticky, &o));
+        assert!(me.sticky_ok(&sticky, &f));
+        assert!(root.sticky_ok(&sticky, &o));
     }
 }

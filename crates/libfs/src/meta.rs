@@ -263,45 +263,6 @@ pub(crate) fn groups_and_umask() -> (Vec<u32>, u32) {
 mod tests {
     use super::*;
 
-    fn attrs(kind: Kind, perm: u32, uid: u32, gid: u32) -> Attrs {
-        Attrs {
-            kind,
-            perm,
-            uid,
-            gid,
-            nlink: 1,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn permission_classes() {
-        let me = Cred {
-            uid: 1000,
-            gid: 100,
-            groups: vec![200],
-        };
-        let root = Cred {
-            uid: 0,
-            gid: 0,
-            groups: vec![],
-        };
-        // Owner class wins even when it grants less than the group class.
-        let f = attrs(Kind::File, 0o070, 1000, 100);
-        assert!(!me.may(&f, R));
-        let g = attrs(Kind::File, 0o640, 5, 200);
-        assert!(me.may(&g, R) && !me.may(&g, W));
-        let o = attrs(Kind::File, 0o604, 5, 6);
-        assert!(me.may(&o, R) && !me.may(&o, W | R));
-        assert!(root.may(&o, R | W));
-        assert!(!root.may(&o, X));
-        assert!(root.may(&attrs(Kind::Dir, 0, 5, 6), X));
-        let sticky = attrs(Kind::Dir, 0o1777, 5, 6);
-        assert!(!me.sticky_ok(&sticky, &o));
-        assert!(me.sticky_ok(&sticky, &f));
-        assert!(root.sticky_ok(&sticky, &o));
-    }
-
     #[test]
     fn times_roundtrip() {
         for ns in [0i64, 1, 1_700_000_000_123_456_789, -5_000_000_001] {
