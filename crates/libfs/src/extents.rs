@@ -66,6 +66,19 @@ impl Extents {
         self.map.len()
     }
 
+    /// Keep the part beyond `end` of range `old`, which started at `s` (cut by a new
+    /// range ending at `end`).
+    fn keep_tail(&mut self, s: u64, old: Ext, end: u64) {
+        if old.end > end {
+            let tail = Ext {
+                end: old.end,
+                src: old.src.advance(end - s),
+                tag: old.tag,
+            };
+            self.map.insert(end, tail);
+        }
+    }
+
     /// Map `[start, end)` to `src` (tagged `tag`), overwriting whatever overlapped it.
     pub fn insert(&mut self, start: u64, end: u64, src: Src, tag: u64) {
         if start >= end {
@@ -85,31 +98,13 @@ impl Extents {
             if e.end > start {
                 let old = *e;
                 e.end = start;
-                if old.end > end {
-                    self.map.insert(
-                        end,
-                        Ext {
-                            end: old.end,
-                            src: old.src.advance(end - s),
-                            tag: old.tag,
-                        },
-                    );
-                }
+                self.keep_tail(s, old, end);
             }
         }
         // Ranges starting inside the new one: remove, keeping a tail beyond `end`.
         while let Some((&s, _)) = self.map.range(start..end).next() {
             let old = self.map.remove(&s).expect("present");
-            if old.end > end {
-                self.map.insert(
-                    end,
-                    Ext {
-                        end: old.end,
-                        src: old.src.advance(end - s),
-                        tag: old.tag,
-                    },
-                );
-            }
+            self.keep_tail(s, old, end);
         }
         self.map.insert(start, Ext { end, src, tag });
     }
