@@ -39,7 +39,7 @@ struct Worker {
 
 impl Worker {
     fn spawn(store: &TestStore, seed: u64, n: usize, prefix: &str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-crash-worker"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-test-worker"))
             .arg(store.path())
             .args([seed.to_string(), n.to_string(), prefix.to_string()])
             .stdout(Stdio::piped())

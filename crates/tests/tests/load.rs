@@ -29,7 +29,7 @@ fn thirty_two_processes_share_a_store() {
     let start = Instant::now();
     let children: Vec<_> = (0..PROCS)
         .map(|id| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_cairn-crash-worker"))
+            std::process::Command::new(env!("CARGO_BIN_EXE_cairn-test-worker"))
                 .arg("--load")
                 .arg(store.path())
                 .args([id.to_string(), OPS.to_string()])

@@ -47,7 +47,7 @@ fn run(procs: u32, n: usize, seed: u64) {
     }
     let children: Vec<_> = (0..procs)
         .map(|id| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_cairn-crash-worker"))
+            std::process::Command::new(env!("CARGO_BIN_EXE_cairn-test-worker"))
                 .arg("--mp")
                 .arg(store.path())
                 .args([id.to_string(), n.to_string(), seed.to_string()])

@@ -13,7 +13,7 @@ fn used(store: &TestStore) -> u64 {
 /// A process that registers, pins the current epoch in its client page (as a reader in
 /// the middle of a long read would) and sleeps until killed.
 fn spawn_pinner(store: &TestStore) -> std::process::Child {
-    let exe = env!("CARGO_BIN_EXE_cairn-crash-worker");
+    let exe = env!("CARGO_BIN_EXE_cairn-test-worker");
     let mut child = std::process::Command::new(exe)
         .args(["--pin-epoch"])
         .arg(store.path())

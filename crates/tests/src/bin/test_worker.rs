@@ -1,18 +1,20 @@
-//! Crash-test worker: runs the deterministic operation sequence `gen_ops(seed, n, prefix)`
-//! on a Cairn store and prints `ACK <i>` after operation `i` returned (so the harness
-//! knows which operations were acknowledged when it kills this process).
+//! The system tests' worker process. Default mode (crash tests): run the deterministic
+//! operation sequence `gen_ops(seed, n, prefix)` on a Cairn store and print `ACK <i>` after
+//! operation `i` returned (so the harness knows which operations were acknowledged when
+//! it kills this process). Other modes serve the reclamation, load and multi-process
+//! tests and debugging (see the usage).
 //!
-//! Usage: cairn-crash-worker STORE SEED N PREFIX
-//!        cairn-crash-worker --pin-epoch STORE   (register, publish the current epoch as
+//! Usage: cairn-test-worker STORE SEED N PREFIX
+//!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
-//!        cairn-crash-worker --load STORE ID N   (N operations: private ones under /p<ID>,
+//!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
 //!        and every 5th one shared: an O_APPEND record to /shared/log and a new entry in
 //!        /shared/d; exits non-zero on any unexpected error)
-//!        cairn-crash-worker --mp STORE ID N SEED   (N operations on the shared directory
+//!        cairn-test-worker --mp STORE ID N SEED   (N operations on the shared directory
 //!        /s: appends of unique records to /s/f0 and /s/f1, creates and removes of this
 //!        worker's own entries in /s/d, whole-file reads and listings; prints one line per
 //!        operation: `ID SEQ KIND TARGET START_NS END_NS RESULT`)
-//!        cairn-crash-worker --trace HOSTDIR SEED N PREFIX   (replay on a host directory,
+//!        cairn-test-worker --trace HOSTDIR SEED N PREFIX   (replay on a host directory,
 //!        printing every operation and its outcome: for debugging a failed run)
 
 use cairn_tests::{apply, gen_ops, CairnFs};
@@ -46,7 +48,7 @@ fn main() {
         return;
     }
     if a.len() != 5 {
-        eprintln!("usage: cairn-crash-worker STORE SEED N PREFIX");
+        eprintln!("usage: cairn-test-worker STORE SEED N PREFIX");
         std::process::exit(2);
     }
     let seed: u64 = a[2].parse().expect("seed");
@@ -54,7 +56,7 @@ fn main() {
     let fs = match cairn::Fs::open(&a[1]) {
         Ok(fs) => fs,
         Err(e) => {
-            eprintln!("cairn-crash-worker: open {}: {e}", a[1]);
+            eprintln!("cairn-test-worker: open {}: {e}", a[1]);
             std::process::exit(1);
         }
     };
@@ -66,7 +68,7 @@ fn main() {
         // I/O or connection error would be Cairn's fault, so report it.
         if let cairn_tests::Outcome::Err(e) = apply(&c, op) {
             if e == libc::EIO || e == libc::ECONNREFUSED || e == libc::EPROTO || e == libc::ENOSPC {
-                eprintln!("cairn-crash-worker: op {i} {op:?} failed with errno {e}");
+                eprintln!("cairn-test-worker: op {i} {op:?} failed with errno {e}");
             }
         }
         writeln!(out, "ACK {i}").unwrap();
