@@ -197,14 +197,6 @@ impl Mapping {
         fence();
         Ok(())
     }
-
-    /// Raw pointer to `off` for the log fast path, which encodes transactions in place.
-    /// The caller must only write inside the ring it owns and must not create references.
-    pub fn ptr_at(&self, off: usize, len: usize) -> io::Result<*mut u8> {
-        self.check_write(off, len)?;
-        // SAFETY: in bounds.
-        Ok(unsafe { self.ptr.add(off) })
-    }
 }
 
 impl Drop for Mapping {
@@ -235,16 +227,6 @@ pub enum FlushKind {
 pub fn flush_kind() -> FlushKind {
     static KIND: OnceLock<FlushKind> = OnceLock::new();
     *KIND.get_or_init(persist::detect)
-}
-
-/// Write back a range of raw memory inside a mapping the caller owns (the log fast
-/// path). See [`Mapping::ptr_at`].
-///
-/// # Safety
-/// `ptr..ptr+len` must be inside a live mapping.
-pub unsafe fn flush_raw(ptr: *const u8, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { persist::flush_range(ptr, len) }
 }
 
 mod persist {
