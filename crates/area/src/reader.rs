@@ -98,6 +98,16 @@ impl Area {
         }
     }
 
+    /// The sequence word of inode `ino`: it grows with every update the daemon
+    /// publishes (odd while one is in progress).
+    pub fn inode_seq(&self, ino: u64) -> io::Result<u64> {
+        let l = self.layout();
+        if !l.ino_valid(ino) {
+            return Err(eio(format!("inode number {ino} out of range")));
+        }
+        self.map.load_u64(l.inode_off(ino) as usize)
+    }
+
     /// Raw bytes of inode `ino` (for the daemon, the only writer; decode with
     /// `Inode::decode`, which picks the current copy).
     pub fn read_inode_raw(&self, ino: u64, b: &mut [u8; INODE_BYTES]) -> io::Result<()> {

@@ -28,6 +28,14 @@ pub struct StoreConfig {
     /// lease (milliseconds; absent in older configurations: 1000).
     #[serde(default = "default_lease_timeout_ms")]
     pub lease_timeout_ms: u64,
+    /// A lease is not revoked sooner than this after it was granted (microseconds;
+    /// 0: at once). Absent in older configurations: 200.
+    #[serde(default = "default_lease_hold_us")]
+    pub lease_hold_us: u64,
+    /// Whether regular files written by several processes at once enter shared-write
+    /// mode. Absent in older configurations: the default.
+    #[serde(default = "default_shared_write")]
+    pub shared_write: bool,
     /// The store owner (the uid that ran mkfs and owns the store directory and the NVM
     /// file). Absent in older configurations: the owner of the NVM file is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,6 +52,20 @@ fn default_lease_timeout_ms() -> u64 {
     DEFAULT_LEASE_TIMEOUT_MS
 }
 
+/// Default `lease_hold_us`.
+pub const DEFAULT_LEASE_HOLD_US: u64 = 200;
+
+fn default_lease_hold_us() -> u64 {
+    DEFAULT_LEASE_HOLD_US
+}
+
+/// Default `shared_write`.
+pub const DEFAULT_SHARED_WRITE: bool = false;
+
+fn default_shared_write() -> bool {
+    DEFAULT_SHARED_WRITE
+}
+
 impl StoreConfig {
     /// Defaults for a new store whose NVM file will be `nvm_path`.
     pub fn with_defaults(nvm_path: PathBuf) -> StoreConfig {
@@ -56,6 +78,8 @@ impl StoreConfig {
             inodes: 0, // 0: derive from nvm_size (one per 8 KiB) at mkfs
             digest_threshold_pct: 30,
             lease_timeout_ms: default_lease_timeout_ms(),
+            lease_hold_us: default_lease_hold_us(),
+            shared_write: default_shared_write(),
             owner_uid: None,
             trusted_gid: None,
         }

@@ -194,10 +194,16 @@ impl Core {
         }
         // No lease is granted until the live clients re-attached with theirs (or the
         // lease timeout passed).
-        core.leases = Arc::new(Leases::new(
-            Duration::from_millis(core.cfg.lease_timeout_ms.max(1)),
-            &report.live_slots,
-        ));
+        core.leases = Arc::new(
+            Leases::new(
+                Duration::from_millis(core.cfg.lease_timeout_ms.max(1)),
+                &report.live_slots,
+            )
+            .with_policy(
+                Duration::from_micros(core.cfg.lease_hold_us),
+                core.cfg.shared_write,
+            ),
+        );
         log.log(format!(
             "store {} mounted (mount {mounts}): {} dead clients recovered, {} live clients may re-attach; {} of {} data blocks and {} of {} inodes in use",
             store.path.display(),
@@ -578,6 +584,7 @@ impl Core {
             },
             clients,
             digest: self.sh.counters.clone(),
+            sharing: self.leases.sharing_status(),
         })
     }
 

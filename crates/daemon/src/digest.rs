@@ -1073,3 +1073,63 @@ pub(crate) fn logged_new_inodes(sh: &Shared, slot: u32) -> io::Result<Vec<u64>> 
     }
     Ok(out)
 }
+
+/// Check the unsealed transaction a client asks the daemon to `Commit` (shared-write
+/// mode): `len` bytes at `lsn` of `slot`'s ring, at or after the head, within one lap
+/// and the ring's free space, with a zero magic and otherwise a valid commit
+/// transaction with sequence `seq`. Returns the inodes it writes (`INODE_SET` and
+/// `WRITE` inodes, `DIRENT_SET` directories), sorted and without duplicates.
+pub(crate) fn unsealed_writes(
+    sh: &Shared,
+    slot: u32,
+    lsn: u64,
+    len: u32,
+    seq: u64,
+) -> io::Result<Vec<u64>> {
+    let bad = |m: String| -> io::Result<Vec<u64>> {
+        Err(crate::util::einval(format!("commit at LSN {lsn}: {m}")))
+    };
+    let ring = sh.layout.ring_bytes();
+    let (head, _) = sh.slot_head(slot)?;
+    let len64 = len as u64;
+    if lsn < head.head_lsn || lsn + len64 > head.head_lsn + ring || len64 > ring / 4 {
+        return bad(format!(
+            "outside the log's free space (head {}, {len} bytes)",
+            head.head_lsn
+        ));
+    }
+    let mut buf = Vec::new();
+    let txn = copy_ring(&sh.area, slot, lsn, len as usize, &mut buf)?;
+    if txn.len() < TXN_HEADER || txn[..4] != [0; 4] {
+        return bad("not an unsealed transaction".into());
+    }
+    let mut txn = txn.to_vec();
+    txn[..4].copy_from_slice(&TXN_MAGIC.to_le_bytes());
+    let s = log::scan(&txn, lsn, seq, ring);
+    match (&s.stop, s.txns.as_slice()) {
+        (Stop::End, [t]) if t.kind == KIND_COMMIT && t.len == len as usize => {
+            let recs =
+                log::records(&txn, t.nrec).map_err(|e| crate::util::einval(e.to_string()))?;
+            let mut inos: Vec<u64> = recs
+                .iter()
+                .map(|r| match r {
+                    Record::InodeSet { ino, .. } | Record::Write { ino, .. } => *ino,
+                    Record::DirentSet { dir, .. } => *dir,
+                })
+                .collect();
+            inos.sort_unstable();
+            inos.dedup();
+            Ok(inos)
+        }
+        (Stop::Invalid { why, .. }, _) => bad(why.clone()),
+        _ => bad("not one commit transaction of the given length".into()),
+    }
+}
+
+/// Seal the transaction at `lsn` of `slot`'s ring (checked by [`unsealed_writes`]):
+/// write its magic and make it durable. From here the transaction is committed.
+pub(crate) fn seal(sh: &Shared, slot: u32, lsn: u64) -> io::Result<()> {
+    let off = sh.layout.ring_off(slot) as usize + (lsn % sh.layout.ring_bytes()) as usize;
+    sh.area.map().write(off, &TXN_MAGIC.to_le_bytes())?;
+    sh.area.map().persist(off, 4)
+}

@@ -18,11 +18,29 @@ use std::time::{Duration, Instant};
 /// Longest single wait before re-checking the state.
 const POLL: Duration = Duration::from_millis(50);
 
+/// An inode enters shared-write mode at its second lease conflict within this time.
+pub(crate) const MEDIATE_WITHIN: Duration = Duration::from_millis(5);
+/// It leaves the mode after this long with changes from one client only.
+pub(crate) const LEAVE_AFTER: Duration = Duration::from_millis(100);
+
+/// Shared-write mode of an inode (ARCHITECTURE.md, "Shared-write mode"): nobody holds
+/// its write lease; its holders (recorded as readers) read it from the shared area and
+/// change it through `Commit`, which the daemon applies at once.
+#[derive(Debug, Clone)]
+struct Mediated {
+    /// Start of the current observation window, and the slots that committed in it.
+    window: Instant,
+    writers: BTreeSet<u32>,
+}
+
 /// The holders of one inode's leases.
 #[derive(Debug, Default, Clone)]
 struct Holders {
     writer: Option<u32>,
     readers: BTreeSet<u32>,
+    mediated: Option<Mediated>,
+    /// When the latest lease on the inode was granted.
+    granted: Option<Instant>,
 }
 
 impl Holders {
@@ -67,9 +85,22 @@ struct Gate {
     awaiting: HashSet<u32>,
 }
 
+/// What [`Leases::acquire`] granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// The lease asked for.
+    Lease,
+    /// The inode is in shared-write mode.
+    Mediated,
+}
+
 #[derive(Default)]
 struct State {
     table: HashMap<u64, Holders>,
+    /// Time of each inode's latest lease conflict (entries older than
+    /// [`MEDIATE_WITHIN`] are pruned now and then).
+    conflicted: HashMap<u64, Instant>,
+    counters: cairn_proto::SharingStatus,
     /// Revocations in progress: (holder slot, ino).
     pending: HashMap<(u32, u64), Revoking>,
     /// Upcall channel per slot: (connection id, write half).
@@ -87,6 +118,10 @@ pub(crate) struct Leases {
     cv: Condvar,
     /// `lease_timeout_ms`.
     pub timeout: Duration,
+    /// `lease_hold_us`: a lease is not revoked sooner than this after its grant.
+    hold: Duration,
+    /// `shared_write`: regular files may enter shared-write mode.
+    shared_write: bool,
 }
 
 fn send_revoke(ch: &mut UnixStream, ino: u64) -> bool {
@@ -112,7 +147,16 @@ impl Leases {
             st: Mutex::new(st),
             cv: Condvar::new(),
             timeout,
+            hold: Duration::ZERO,
+            shared_write: true,
         }
+    }
+
+    /// Set the hold time and whether shared-write mode is used.
+    pub(crate) fn with_policy(mut self, hold: Duration, shared_write: bool) -> Leases {
+        self.hold = hold;
+        self.shared_write = shared_write;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -159,7 +203,7 @@ impl Leases {
                 ino,
                 Holders {
                     writer: Some(slot),
-                    readers: BTreeSet::new(),
+                    ..Holders::default()
                 },
             );
             g.pending.retain(|(_, i), _| *i != ino);
@@ -251,8 +295,18 @@ impl Leases {
     /// Wait until `slot` can be granted the lease on `ino`, revoking conflicting leases
     /// (upcalls) meanwhile. `Ok` once granted; `Err(step)` when the caller has work to do
     /// first. Never called with the core lock held.
-    pub(crate) fn acquire(&self, slot: u32, ino: u64, write: bool) -> Result<(), Step> {
+    pub(crate) fn acquire(
+        &self,
+        slot: u32,
+        ino: u64,
+        write: bool,
+        mediable: bool,
+    ) -> Result<Grant, Step> {
         let mut g = self.lock();
+        // Whether this acquisition met a conflict yet (counted once), and whether it
+        // decided to put the inode in shared-write mode.
+        let mut counted = false;
+        let mut mediate = false;
         loop {
             if !g.live.contains(&slot) {
                 return Err(Step::NotLive);
@@ -280,6 +334,13 @@ impl Leases {
                     .0;
                 continue;
             }
+            let now = Instant::now();
+            if let Some(e) = g.table.get_mut(&ino) {
+                if e.mediated.is_some() {
+                    e.readers.insert(slot);
+                    return Ok(Grant::Mediated);
+                }
+            }
             let h = g.table.get(&ino).cloned().unwrap_or_default();
             let mut conflicts: Vec<u32> = Vec::new();
             if let Some(w) = h.writer.filter(|&w| w != slot) {
@@ -288,20 +349,59 @@ impl Leases {
             if write {
                 conflicts.extend(h.readers.iter().copied().filter(|&r| r != slot));
             }
+            if !conflicts.is_empty()
+                && !counted
+                && mediable
+                && self.shared_write
+                && h.writer != Some(slot)
+            {
+                counted = true;
+                // A second conflict soon after the first: shared-write mode. Only a
+                // writer stands in its way (readers become its members).
+                mediate = g
+                    .conflicted
+                    .insert(ino, now)
+                    .is_some_and(|t| now.duration_since(t) < MEDIATE_WITHIN);
+                if g.conflicted.len() > 4096 {
+                    g.conflicted
+                        .retain(|_, t| now.duration_since(*t) < MEDIATE_WITHIN);
+                }
+            }
+            if mediate {
+                conflicts.retain(|&c| h.writer == Some(c));
+            }
             if conflicts.is_empty() {
+                if mediate {
+                    g.counters.mode_entries += 1;
+                    let e = g.table.entry(ino).or_default();
+                    e.writer = None;
+                    e.readers.insert(slot);
+                    e.mediated = Some(Mediated {
+                        window: now,
+                        writers: BTreeSet::new(),
+                    });
+                    return Ok(Grant::Mediated);
+                }
                 let e = g.table.entry(ino).or_default();
+                // Only write leases are held (revoking a reader digests nothing).
+                if write {
+                    e.granted = Some(now);
+                }
                 if write {
                     e.readers.remove(&slot);
                     e.writer = Some(slot);
                 } else if e.writer != Some(slot) {
                     e.readers.insert(slot);
                 }
-                return Ok(());
+                return Ok(Grant::Lease);
             }
-            let now = Instant::now();
             let mut next = now + POLL;
+            let hold_until = h.writer.and(h.granted).map(|t| t + self.hold);
             for h in conflicts {
                 match g.pending.get(&(h, ino)).copied() {
+                    None if hold_until.is_some_and(|t| t > now) => {
+                        next = next.min(hold_until.expect("some"));
+                    }
                     None => {
                         let deadline = now + self.timeout;
                         g.pending.insert((h, ino), Revoking::Sent(deadline));
@@ -317,7 +417,7 @@ impl Leases {
             }
             let wait = next
                 .saturating_duration_since(now)
-                .max(Duration::from_millis(1));
+                .max(Duration::from_micros(20));
             g = self
                 .cv
                 .wait_timeout(g, wait)
@@ -354,6 +454,79 @@ impl Leases {
         self.cv.notify_all();
     }
 
+    /// Check a `Commit` of `slot` that writes the inodes of `current` (with their
+    /// sequence words now), claiming the sequence words `claimed`: every written inode
+    /// in shared-write mode must be claimed at its current word by a member of the mode,
+    /// and every claimed inode must be in the mode. `Err`: the claimed inodes that are
+    /// not in the mode (possibly none: then some claim is out of date). Called with the
+    /// core lock held, which also serialises the commits' digests.
+    pub(crate) fn check_commit(
+        &self,
+        slot: u32,
+        claimed: &[(u64, u64)],
+        current: &[(u64, u64)],
+    ) -> Result<(), Vec<u64>> {
+        let mut g = self.lock();
+        let mut ended = Vec::new();
+        let mut bad = false;
+        for &(ino, word) in current {
+            let claim = claimed.iter().find(|c| c.0 == ino).map(|c| c.1);
+            match g.table.get(&ino) {
+                Some(h) if h.mediated.is_some() => {
+                    if !h.readers.contains(&slot) {
+                        ended.push(ino);
+                    }
+                    bad |= claim != Some(word);
+                }
+                _ if claim.is_some() => ended.push(ino),
+                _ => {}
+            }
+        }
+        if bad || !ended.is_empty() {
+            g.counters.stale_commits += 1;
+            Err(ended)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `slot`'s commit writing `written` was digested. Returns the inodes whose mode
+    /// ended because only this client changed them for [`LEAVE_AFTER`] (it keeps a read
+    /// lease on them).
+    pub(crate) fn committed(&self, slot: u32, written: &[u64]) -> Vec<u64> {
+        let now = Instant::now();
+        let mut g = self.lock();
+        g.counters.commits += 1;
+        let mut ended = Vec::new();
+        for &ino in written {
+            let Some(h) = g.table.get_mut(&ino) else {
+                continue;
+            };
+            let Some(m) = h.mediated.as_mut() else {
+                continue;
+            };
+            if now.duration_since(m.window) < LEAVE_AFTER {
+                m.writers.insert(slot);
+            } else if m.writers.iter().all(|&w| w == slot) {
+                h.mediated = None;
+                ended.push(ino);
+            } else {
+                m.window = now;
+                m.writers.clear();
+                m.writers.insert(slot);
+            }
+        }
+        ended
+    }
+
+    /// Shared-write counters.
+    pub(crate) fn sharing_status(&self) -> cairn_proto::SharingStatus {
+        let g = self.lock();
+        let mut s = g.counters.clone();
+        s.mediated_inodes = g.table.values().filter(|h| h.mediated.is_some()).count() as u64;
+        s
+    }
+
     /// Leases held, for tests and the log: (ino, writer, readers).
     #[cfg(test)]
     pub(crate) fn holders(&self, ino: u64) -> (Option<u32>, Vec<u32>) {
@@ -372,19 +545,19 @@ mod tests {
         let l = Leases::new(Duration::from_millis(100), &[]);
         l.set_live(0);
         l.set_live(1);
-        assert_eq!(l.acquire(0, 5, false), Ok(()));
-        assert_eq!(l.acquire(1, 5, false), Ok(()));
+        assert_eq!(l.acquire(0, 5, false, true), Ok(Grant::Lease));
+        assert_eq!(l.acquire(1, 5, false, true), Ok(Grant::Lease));
         assert_eq!(l.holders(5), (None, vec![0, 1]));
         // A writer conflicts with the other reader: with no channel the revocation is
         // never answered and expires.
         let t = Instant::now();
-        assert_eq!(l.acquire(0, 5, true), Err(Step::Expire(1)));
+        assert_eq!(l.acquire(0, 5, true, true), Err(Step::Expire(1)));
         assert!(t.elapsed() >= Duration::from_millis(90));
         assert!(l.overdue(1));
         l.drop_slot(1, false);
-        assert_eq!(l.acquire(0, 5, true), Ok(()));
+        assert_eq!(l.acquire(0, 5, true, true), Ok(Grant::Lease));
         assert_eq!(l.holders(5), (Some(0), vec![]));
-        assert_eq!(l.acquire(2, 5, false), Err(Step::NotLive));
+        assert_eq!(l.acquire(2, 5, false, true), Err(Step::NotLive));
     }
 
     #[test]
@@ -392,23 +565,106 @@ mod tests {
         let l = std::sync::Arc::new(Leases::new(Duration::from_secs(5), &[]));
         l.set_live(0);
         l.set_live(1);
-        assert_eq!(l.acquire(0, 9, true), Ok(()));
+        assert_eq!(l.acquire(0, 9, true, true), Ok(Grant::Lease));
         let l2 = l.clone();
-        let t = std::thread::spawn(move || l2.acquire(1, 9, false));
+        let t = std::thread::spawn(move || l2.acquire(1, 9, false, true));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(l.ack_begin(0, 9), Some(true));
         l.ack_done(0, 9);
-        assert_eq!(t.join().unwrap(), Ok(()));
+        assert_eq!(t.join().unwrap(), Ok(Grant::Lease));
         assert_eq!(l.holders(9), (None, vec![1]));
         assert_eq!(l.ack_begin(0, 9), None);
 
         let g = Leases::new(Duration::from_millis(60), &[3]);
         g.set_live(4);
-        assert_eq!(g.acquire(4, 1, false), Err(Step::GateDue));
+        assert_eq!(g.acquire(4, 1, false, true), Err(Step::GateDue));
         assert_eq!(g.close_gate_if_due(), vec![3]);
-        assert_eq!(g.acquire(4, 1, false), Ok(()));
+        assert_eq!(g.acquire(4, 1, false, true), Ok(Grant::Lease));
         // Re-attaching with a conflicting lease is refused.
         assert!(!g.reattached(3, &[(1, true)]));
         assert!(g.reattached(3, &[(2, true)]));
+    }
+
+    fn wait_pending(l: &Leases, slot: u32, ino: u64) {
+        while !l.lock().pending.contains_key(&(slot, ino)) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    #[test]
+    fn second_quick_conflict_enters_shared_write_mode() {
+        let l = Leases::new(Duration::from_secs(5), &[]);
+        for s in 0..3 {
+            l.set_live(s);
+        }
+        assert_eq!(l.acquire(0, 7, false, true), Ok(Grant::Lease));
+        assert_eq!(l.acquire(1, 7, false, true), Ok(Grant::Lease));
+        // First conflict (readers 0 and 1 against a writer): revoked as usual; the
+        // revocation is answered by hand.
+        let l = std::sync::Arc::new(l);
+        let l2 = l.clone();
+        let t = std::thread::spawn(move || l2.acquire(0, 7, true, true));
+        wait_pending(&l, 1, 7);
+        assert_eq!(l.ack_begin(1, 7), Some(false));
+        l.ack_done(1, 7);
+        assert_eq!(t.join().unwrap(), Ok(Grant::Lease));
+        // Second conflict at once: the writer is revoked, then the mode starts.
+        let l2 = l.clone();
+        let t = std::thread::spawn(move || l2.acquire(1, 7, false, true));
+        wait_pending(&l, 0, 7);
+        assert_eq!(l.ack_begin(0, 7), Some(true));
+        l.ack_done(0, 7);
+        assert_eq!(t.join().unwrap(), Ok(Grant::Mediated));
+        assert_eq!(l.acquire(0, 7, true, true), Ok(Grant::Mediated));
+        assert_eq!(l.holders(7), (None, vec![0, 1]));
+        assert_eq!(l.sharing_status().mediated_inodes, 1);
+
+        // Commits: the claimed sequence word must be current; a non-member is refused.
+        assert_eq!(l.check_commit(0, &[(7, 4)], &[(7, 4), (99, 8)]), Ok(()));
+        assert!(l.committed(0, &[7, 99]).is_empty());
+        assert_eq!(l.check_commit(1, &[(7, 4)], &[(7, 6)]), Err(vec![]));
+        assert_eq!(l.check_commit(1, &[], &[(7, 6)]), Err(vec![]));
+        assert_eq!(l.check_commit(2, &[(7, 6)], &[(7, 6)]), Err(vec![7]));
+        // Claiming an inode that is not in the mode.
+        assert_eq!(l.check_commit(0, &[(99, 8)], &[(99, 8)]), Err(vec![99]));
+        assert_eq!(l.check_commit(1, &[(7, 6)], &[(7, 6)]), Ok(()));
+        l.committed(1, &[7]);
+        assert_eq!(l.sharing_status().commits, 2);
+        assert_eq!(l.sharing_status().stale_commits, 4);
+    }
+
+    #[test]
+    fn shared_write_mode_ends_with_one_writer() {
+        let l = Leases::new(Duration::from_secs(5), &[]);
+        l.set_live(0);
+        l.set_live(1);
+        {
+            let mut g = l.lock();
+            g.table.insert(
+                3,
+                Holders {
+                    readers: [0, 1].into_iter().collect(),
+                    mediated: Some(Mediated {
+                        window: Instant::now() - LEAVE_AFTER,
+                        writers: [0, 1].into_iter().collect(),
+                    }),
+                    ..Holders::default()
+                },
+            );
+        }
+        // Two writers in the last window: a new window starts with slot 0 alone.
+        assert!(l.committed(0, &[3]).is_empty());
+        l.lock()
+            .table
+            .get_mut(&3)
+            .unwrap()
+            .mediated
+            .as_mut()
+            .unwrap()
+            .window = Instant::now() - LEAVE_AFTER;
+        assert_eq!(l.committed(0, &[3]), vec![3]);
+        // Its holders keep read leases; a writer now revokes them as usual.
+        assert_eq!(l.holders(3), (None, vec![0, 1]));
+        assert_eq!(l.sharing_status().mediated_inodes, 0);
     }
 }

@@ -216,6 +216,8 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                 inodes: layout.inode_count,
                 digest_threshold_pct: opts.digest_threshold_pct,
                 lease_timeout_ms: cairn_area::store::DEFAULT_LEASE_TIMEOUT_MS,
+                lease_hold_us: cairn_area::store::DEFAULT_LEASE_HOLD_US,
+                shared_write: cairn_area::store::DEFAULT_SHARED_WRITE,
                 owner_uid: Some(sys::ids().0),
                 trusted_gid: opts.trusted_gid,
             };

@@ -7,6 +7,7 @@
 
 use crate::core::{Core, MAX_INODES_PER_REQUEST};
 use crate::digest::DigestError;
+use crate::leases::Grant;
 use crate::mkfs::{mkfs, MkfsOptions};
 use crate::util::Logger;
 use cairn_area::{errno_of, fs_err, StoreDir};
@@ -511,6 +512,12 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         }
         Request::Lease { ino, write } => lease(d, c, ino, write),
         Request::UpcallChannel { slot, slot_gen } => upcall_channel(d, c, slot, slot_gen),
+        Request::Commit {
+            lsn,
+            len,
+            seq,
+            versions,
+        } => commit(d, c, lsn, len, seq, &versions),
         Request::UpcallAck { ino, tail_lsn } => {
             if let Some(slot) = c.upcall_of {
                 upcall_ack(d, slot, ino, tail_lsn);
@@ -558,9 +565,17 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
             message: format!("lease: inode number {ino} out of range"),
         });
     }
+    // Only regular files enter shared-write mode.
+    let file = d
+        .core()
+        .sh
+        .area
+        .read_inode(ino)
+        .is_ok_and(|i| i.attrs.kind == cairn_format::inode::Kind::File);
     loop {
-        match d.leases.acquire(slot, ino, write) {
-            Ok(()) => return Reply::Send(Response::Leased { ino, write }),
+        match d.leases.acquire(slot, ino, write, file) {
+            Ok(Grant::Lease) => return Reply::Send(Response::Leased { ino, write }),
+            Ok(Grant::Mediated) => return Reply::Send(Response::Mediated { ino }),
             Err(crate::leases::Step::Expire(h)) => d.core().expire_leases(h, &d.log),
             Err(crate::leases::Step::GateDue) => d.core().lease_gate_tick(&d.log),
             Err(crate::leases::Step::NotLive) => {
@@ -571,6 +586,39 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
             }
         }
     }
+}
+
+/// `Commit` (shared-write mode, PROTOCOL.md): check the client's unsealed transaction
+/// and the inode sequence words it claims, seal it and digest the log up to its end — all under the
+/// core lock, so that commits writing one inode are applied one at a time, each to the
+/// state the previous one published.
+fn commit(d: &Daemon, c: &mut Conn, lsn: u64, len: u32, seq: u64, claimed: &[(u64, u64)]) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    let written = match crate::digest::unsealed_writes(&core.sh, slot, lsn, len, seq) {
+        Ok(w) => w,
+        Err(e) => return Reply::Send(err_response(&e)),
+    };
+    let mut current = Vec::with_capacity(written.len());
+    for &ino in &written {
+        match core.sh.area.inode_seq(ino) {
+            Ok(w) => current.push((ino, w)),
+            Err(e) => return Reply::Send(err_response(&e)),
+        }
+    }
+    if let Err(ended) = d.leases.check_commit(slot, claimed, &current) {
+        return Reply::Send(Response::Stale { ended });
+    }
+    if let Err(e) = crate::digest::seal(&core.sh, slot, lsn) {
+        return Reply::Send(err_response(&e));
+    }
+    if let Err(e) = core.digest_client(slot, lsn + len as u64) {
+        return digest_failed(d, &mut core, c, slot, e, true, "commit");
+    }
+    let ended = d.leases.committed(slot, &written);
+    Reply::Send(Response::Committed { ended })
 }
 
 /// `UpcallChannel`: this connection carries `slot`'s upcalls (same process only).

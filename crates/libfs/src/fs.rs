@@ -116,6 +116,38 @@ fn as_need_lease(e: &io::Error) -> Option<(u64, bool)> {
         .map(|n| (n.ino, n.write))
 }
 
+/// A shared-write `Commit` was refused (another client changed an inode first, or the
+/// mode ended): the operation is run again ([`Inner::run`]). Never returned to callers.
+#[derive(Debug)]
+struct Stale;
+
+impl std::fmt::Display for Stale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a shared-write inode changed meanwhile")
+    }
+}
+
+impl std::error::Error for Stale {}
+
+fn is_stale(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<Stale>())
+}
+
+/// Whether `e` only asks [`Inner::run`] to run the operation again.
+fn is_retry(e: &io::Error) -> bool {
+    as_need_lease(e).is_some() || is_stale(e)
+}
+
+/// What this client holds on an inode (PROTOCOL.md, "Leases").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lease {
+    Read,
+    Write,
+    /// Shared-write mode: read from the shared area, change through the daemon
+    /// (`Commit`).
+    Mediated,
+}
+
 /// The mutable client state.
 pub(crate) struct State {
     ring: Ring,
@@ -135,8 +167,11 @@ pub(crate) struct State {
     orphans: HashSet<u64>,
     /// Reused buffer for metadata transactions.
     buf: Vec<u8>,
-    /// Leases held: inode → write (else read). PROTOCOL.md, "Leases".
-    leases: InoMap<bool>,
+    /// Leases held. PROTOCOL.md, "Leases".
+    leases: InoMap<Lease>,
+    /// Shared-write inodes the running operation needed, with their sequence words
+    /// before it read them (its `Commit` claims these; cleared when it starts again).
+    seen: std::cell::RefCell<InoMap<u64>>,
     /// The slot's `lease_gen` these leases belong to.
     lease_gen: u64,
     /// Revocations answered so far, and per inode the count at its latest one (kept
@@ -431,6 +466,7 @@ impl Inner {
             slot_lock: lock,
             st: Mutex::new(State {
                 leases: InoMap::default(),
+                seen: Default::default(),
                 lease_gen,
                 revokes: 0,
                 revoked_at: InoMap::default(),
@@ -494,6 +530,7 @@ impl Inner {
     pub(crate) fn run<T>(&self, mut f: impl FnMut(&mut State) -> io::Result<T>) -> io::Result<T> {
         loop {
             let mut st = self.begin()?;
+            st.seen.get_mut().clear();
             match f(&mut st) {
                 Err(e) => match as_need_lease(&e) {
                     Some((ino, write)) => {
@@ -501,6 +538,10 @@ impl Inner {
                         st.acquiring += 1;
                         drop(st);
                         self.acquire(ino, write, snap)?;
+                    }
+                    None if is_stale(&e) => {
+                        drop(st);
+                        std::thread::yield_now();
                     }
                     None => return Err(e),
                 },
@@ -513,7 +554,15 @@ impl Inner {
     #[inline]
     pub(crate) fn need(&self, st: &State, ino: u64, write: bool) -> io::Result<()> {
         match st.leases.get(&ino) {
-            Some(&w) if w || !write => Ok(()),
+            Some(Lease::Write) => Ok(()),
+            Some(Lease::Read) if !write => Ok(()),
+            Some(Lease::Mediated) => {
+                let mut seen = st.seen.borrow_mut();
+                if let std::collections::hash_map::Entry::Vacant(v) = seen.entry(ino) {
+                    v.insert(self.area.inode_seq(ino)?);
+                }
+                Ok(())
+            }
             _ => Err(need_lease(ino, write)),
         }
     }
@@ -527,12 +576,21 @@ impl Inner {
         if st.acquiring == 0 {
             st.revoked_at.clear();
         }
+        // A revocation of this inode processed after we asked may have been for this
+        // very grant: ask again rather than trust it.
         match r? {
             Response::Leased { .. } => {
-                // A revocation of this inode processed after we asked may have been for
-                // this very grant: ask again rather than trust it.
                 if !crossed {
-                    *st.leases.entry(ino).or_insert(false) |= write;
+                    let l = st.leases.entry(ino).or_insert(Lease::Read);
+                    if write || *l != Lease::Write {
+                        *l = if write { Lease::Write } else { Lease::Read };
+                    }
+                }
+                Ok(())
+            }
+            Response::Mediated { .. } => {
+                if !crossed {
+                    st.leases.insert(ino, Lease::Mediated);
                 }
                 Ok(())
             }
@@ -653,8 +711,13 @@ impl Inner {
             Conn::connect_only(&self.store)?
         };
         let g = self.area.map().load_u64(self.lease_gen_off)?;
+        // Shared-write mode does not outlive the daemon: those inodes are leased anew.
+        st.leases.retain(|_, l| *l != Lease::Mediated);
         let leases = if g == st.lease_gen {
-            st.leases.iter().map(|(&i, &w)| (i, w)).collect()
+            st.leases
+                .iter()
+                .map(|(&i, &l)| (i, l == Lease::Write))
+                .collect()
         } else {
             Vec::new()
         };
@@ -690,7 +753,11 @@ impl Inner {
             if conn.is_none() {
                 match self.reattach(st, &mut conn, true) {
                     Ok(()) => {}
-                    Err(e) if stopping(cairn_area::errno_of(&e)) => {
+                    // Stopping, or dying while we re-attached (a new one is started).
+                    Err(e)
+                        if stopping(cairn_area::errno_of(&e))
+                            || (transient(&e) && std::time::Instant::now() < deadline) =>
+                    {
                         pause();
                         continue;
                     }
@@ -853,6 +920,10 @@ impl Inner {
         for (dir, ..) in &tx.dirents {
             self.need(st, *dir, true)?;
         }
+        // Inodes in shared-write mode: the daemon commits the transaction.
+        let written = tx.inodes.iter().map(|e| e.0);
+        let written = written.chain(tx.write.iter().map(|w| w.0));
+        let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
         let mut recs: Vec<Record<'_>> = Vec::new();
         for (ino, gen, a) in &tx.inodes {
             recs.push(Record::InodeSet {
@@ -906,10 +977,21 @@ impl Inner {
             }
         };
         seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
+        if !med.is_empty() {
+            buf[..4].fill(0);
+        }
         let put = st.ring.put_txn(lsn, &buf);
         st.buf = buf;
         put?;
         fence();
+        if !med.is_empty() {
+            self.commit_mediated(st, lsn, len, &med)?;
+            st.seq += 1;
+            st.tail = lsn + len as u64;
+            // Digested: nothing of it (or before it) belongs in the overlay.
+            self.refresh(st)?;
+            return Ok(st.tail);
+        }
         st.seq += 1;
         st.tail = lsn + len as u64;
         let tag = st.tail;
@@ -949,6 +1031,75 @@ impl Inner {
         Ok(tag)
     }
 
+    /// The `Commit` claims of a transaction writing `inos`: each shared-write inode with
+    /// the sequence word it had before the operation read it.
+    fn claims(st: &State, inos: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
+        let seen = st.seen.borrow();
+        let mut med: Vec<(u64, u64)> = Vec::new();
+        for ino in inos {
+            if st.leases.get(&ino) == Some(&Lease::Mediated) && !med.iter().any(|m| m.0 == ino) {
+                // `need` recorded it (0, never a published word, if it did not).
+                med.push((ino, seen.get(&ino).copied().unwrap_or(0)));
+            }
+        }
+        med
+    }
+
+    /// Shared-write mode (PROTOCOL.md, "Commit"): have the daemon seal and digest the
+    /// transaction of `len` bytes just written unsealed at `lsn`, claiming the sequence
+    /// words `med`. `Ok`: committed and digested. `Err(Stale)`: not committed (the caller
+    /// runs the operation again). If the daemon went away meanwhile, the transaction's
+    /// magic tells whether it was sealed: then it is committed (and digested at the
+    /// re-attach).
+    fn commit_mediated(
+        &self,
+        st: &mut State,
+        lsn: u64,
+        len: usize,
+        med: &[(u64, u64)],
+    ) -> io::Result<()> {
+        let req = Request::Commit {
+            lsn,
+            len: len as u32,
+            seq: st.seq,
+            versions: med.to_vec(),
+        };
+        match self.request(st, &req) {
+            Ok(Response::Committed { ended }) => {
+                for ino in ended {
+                    st.leases.insert(ino, Lease::Read);
+                }
+                Ok(())
+            }
+            Ok(Response::Stale { ended }) => {
+                for ino in ended {
+                    st.leases.remove(&ino);
+                }
+                Err(io::Error::other(Stale))
+            }
+            r => {
+                if st.ring.is_sealed(lsn)? {
+                    for (ino, _) in med {
+                        st.leases.remove(ino);
+                    }
+                    return Ok(());
+                }
+                match r {
+                    Ok(r) => Err(response_error("commit", r)),
+                    // Not sealed: not committed. The daemon went away while it was
+                    // restarting: run the operation again (it re-attaches).
+                    Err(e) if transient(&e) => {
+                        for (ino, _) in med {
+                            st.leases.remove(ino);
+                        }
+                        Err(io::Error::other(Stale))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
     /// The write path: `WRITE` transactions encoded straight into the ring. `pos`
     /// `None` appends at the current size. Returns the offset just past the data written
     /// and the number of bytes written (fewer than asked only when a write split into
@@ -983,6 +1134,8 @@ impl Inner {
         let max = (st.ring.bytes() / 4) as usize - 128;
         let mut done = 0;
         while done < data.len() {
+            let med = Self::claims(st, [ino]);
+            let med = (!med.is_empty()).then_some(med);
             let n = max.min(data.len() - done);
             let chunk = &data[done..done + n];
             let charge = write_charge(off, n as u64);
@@ -1001,8 +1154,14 @@ impl Inner {
                 Ok(l) => l,
                 Err(e) => return partial(e),
             };
-            st.ring.put_write(lsn, st.seq, ino, off, size, now, chunk)?;
+            st.ring
+                .put_write(lsn, st.seq, ino, off, size, now, chunk, med.is_none())?;
             fence();
+            if let Some(med) = &med {
+                if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
+                    return partial(e);
+                }
+            }
             st.seq += 1;
             st.tail = lsn + tlen as u64;
             st.credits -= charge;
@@ -1010,6 +1169,16 @@ impl Inner {
             attrs.size = size;
             attrs.mtime = now;
             attrs.ctime = now;
+            if med.is_some() {
+                self.refresh(st)?;
+                off += n as u64;
+                done += n;
+                // The next part is checked against what the inode is now.
+                st.seen.get_mut().remove(&ino);
+                self.need(st, ino, true)?;
+                (_, attrs) = self.attrs_held(st, ino)?;
+                continue;
+            }
             let o = st
                 .ov
                 .entry(ino)
@@ -1355,7 +1524,7 @@ impl Inner {
         let (ino, gen) = self.alloc_ino(st)?;
         // Nobody else can name it before its entry is digested: its write lease is ours
         // (the daemon records it when it digests the creation).
-        st.leases.insert(ino, true);
+        st.leases.insert(ino, Lease::Write);
         let now = now_ns();
         let setgid = pa.perm & 0o2000 != 0;
         let mut perm = o.perm & 0o7777;
@@ -1387,7 +1556,12 @@ impl Inner {
         }
         tx.dirent(parent, name, ino, o.kind);
         tx.inode(parent, pgen, pa);
-        self.commit(st, tx)?;
+        if let Err(e) = self.commit(st, tx) {
+            // Not created (a shared-write retry, or a failure): the number stays ours.
+            st.leases.remove(&ino);
+            st.inodes.push(ino);
+            return Err(e);
+        }
         if let Some(t) = symlink_target {
             st.credits -= write_charge(0, t.len() as u64);
         }
@@ -1959,25 +2133,27 @@ impl Inner {
                 Some(n) => n.saturating_sub(1),
                 None => return Ok(()),
             };
-            if left == 0 && st.orphans.contains(&ino) {
-                // Freeing it needs its write lease: get it before changing anything.
-                self.need(st, ino, true)?;
-            }
             if left > 0 {
                 st.open.insert(ino, left);
                 return Ok(());
             }
-            st.open.remove(&ino);
-            if st.orphans.remove(&ino) {
-                // The last handle of an unlinked file: free it now.
+            if st.orphans.contains(&ino) {
+                // The last handle of an unlinked file: free it now (its write lease
+                // first; the operation runs again after a lease or a shared-write retry).
+                self.need(st, ino, true)?;
                 if let Ok((gen, mut a)) = self.attrs(st, ino) {
                     a.nlink = 0;
                     a.ctime = now_ns();
                     let mut tx = Tx::default();
                     tx.inode(ino, gen, a);
-                    let _ = self.commit(st, tx);
+                    match self.commit(st, tx) {
+                        Err(e) if is_retry(&e) => return Err(e),
+                        _ => {}
+                    }
                 }
+                st.orphans.remove(&ino);
             }
+            st.open.remove(&ino);
             Ok(())
         });
     }

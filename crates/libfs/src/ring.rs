@@ -86,7 +86,7 @@ impl Ring {
     }
 
     /// Encode a `WRITE` transaction at `lsn` and write it back (no fence). Returns its
-    /// length.
+    /// length. Without `sealed` its magic is left zero: the daemon seals it (`Commit`).
     #[allow(clippy::too_many_arguments)]
     pub fn put_write(
         &self,
@@ -97,6 +97,7 @@ impl Ring {
         size: u64,
         mtime: i64,
         data: &[u8],
+        sealed: bool,
     ) -> io::Result<usize> {
         let n = data.len();
         let len = write_txn_len(n);
@@ -123,10 +124,20 @@ impl Ring {
         if off + len > wb_from {
             self.map.flush(wb_from, off + len - wb_from)?;
         }
-        let (head, _) = write_head(seq, ino, offset, size, mtime, data);
+        let (mut head, _) = write_head(seq, ino, offset, size, mtime, data);
+        if !sealed {
+            head[..4].fill(0);
+        }
         self.map.write(off, &head)?;
         self.map.flush(off, 128.min(len))?;
         Ok(len)
+    }
+
+    /// Whether the transaction at `lsn` carries its magic (was sealed).
+    pub fn is_sealed(&self, lsn: u64) -> io::Result<bool> {
+        let mut m = [0u8; 4];
+        self.map.read(self.off(lsn), &mut m)?;
+        Ok(u32::from_le_bytes(m) == TXN_MAGIC)
     }
 
     /// Write a 64-byte wrap transaction at `lsn` and write it back (no fence).

@@ -83,6 +83,19 @@ pub enum Request {
     /// On the upcall channel: the lease on `ino` is given up; every record the client
     /// logged about it lies before `tail_lsn`. No answer.
     UpcallAck { ino: u64, tail_lsn: u64 },
+    /// Shared-write mode (PROTOCOL.md, "Shared-write mode"): the transaction of `len`
+    /// bytes at `lsn` with sequence number `seq` is in the client's ring with a zero
+    /// magic. `versions`: for each inode it writes that is in shared-write mode, the
+    /// sequence word of the inode the client saw before reading it. If every one is still
+    /// current, the daemon seals the transaction (writes the magic), digests the log up
+    /// to its end and answers `Committed`; otherwise it leaves it unsealed and answers
+    /// `Stale`.
+    Commit {
+        lsn: u64,
+        len: u32,
+        seq: u64,
+        versions: Vec<(u64, u64)>,
+    },
 }
 
 /// A message from the daemon on a client's upcall channel.
@@ -130,6 +143,22 @@ pub enum Response {
     Leased {
         ino: u64,
         write: bool,
+    },
+    /// Answer to `Lease`: the inode is in shared-write mode. The client may read it from
+    /// the shared area and changes it only through `Commit`.
+    Mediated {
+        ino: u64,
+    },
+    /// Answer to `Commit`: sealed and digested. `ended`: inodes whose shared-write mode
+    /// ended (the client keeps a read lease on them).
+    Committed {
+        ended: Vec<u64>,
+    },
+    /// Answer to `Commit`: not sealed; the client runs the operation again. `ended`:
+    /// inodes it claimed that are not in shared-write mode (it drops what it held on
+    /// them and asks for a lease).
+    Stale {
+        ended: Vec<u64>,
     },
     /// A failure, with a POSIX errno and a message.
     Error {
@@ -184,6 +213,20 @@ pub struct StatusReport {
     pub inodes: InodeStatus,
     pub clients: Vec<ClientStatus>,
     pub digest: DigestCounters,
+    pub sharing: SharingStatus,
+}
+
+/// Shared-write mode since the daemon started.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct SharingStatus {
+    /// Inodes in shared-write mode now.
+    pub mediated_inodes: u64,
+    /// Times an inode entered the mode.
+    pub mode_entries: u64,
+    /// Transactions the daemon sealed for clients (`Commit`).
+    pub commits: u64,
+    /// `Commit`s answered `Stale` (run again by the client).
+    pub stale_commits: u64,
 }
 
 /// A lock's type: shared (read) or exclusive (write).

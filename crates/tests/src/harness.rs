@@ -108,6 +108,21 @@ impl TestStore {
         daemon_pid(self.path())
     }
 
+    /// Set a top-level key of `cairn.toml` (`value` in TOML syntax); it takes effect
+    /// when the next daemon starts.
+    pub fn set_config(&self, key: &str, value: &str) {
+        let p = self.path().join("cairn.toml");
+        let text = std::fs::read_to_string(&p).expect("read cairn.toml");
+        let mut out: String = text
+            .lines()
+            .filter(|l| l.split('=').next().map(str::trim) != Some(key))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        // Top-level keys must come before any table: the configuration has none.
+        out.push_str(&format!("{key} = {value}\n"));
+        std::fs::write(&p, out).expect("write cairn.toml");
+    }
+
     /// Stop the daemon cleanly (if it runs).
     pub fn stop(&self) {
         let _ = cairn::daemon_shutdown(Some(self.path()));

@@ -37,8 +37,9 @@ fn parse(line: &str) -> Op {
     }
 }
 
-fn run(procs: u32, n: usize, seed: u64) {
+fn run(procs: u32, n: usize, seed: u64, shared_write: bool) {
     let store = TestStore::new();
+    store.set_config("shared_write", &shared_write.to_string());
     {
         let fs = store.fs();
         fs.create_dir_all("/s/d").unwrap();
@@ -120,6 +121,13 @@ fn run(procs: u32, n: usize, seed: u64) {
     // Final state: every append once, in each process's order; every entry as its last
     // operation left it.
     let fs = store.fs();
+    if shared_write {
+        let s = fs.status().unwrap().sharing;
+        assert!(
+            s.mode_entries > 0 && s.commits > 0,
+            "shared-write mode unused: {s:?}"
+        );
+    }
     for f in ["/s/f0", "/s/f1"] {
         let content = String::from_utf8(fs.read(f).unwrap()).unwrap();
         let recs: Vec<&str> = content.split_terminator(';').collect();
@@ -142,6 +150,15 @@ fn run(procs: u32, n: usize, seed: u64) {
 #[test]
 fn four_processes_on_one_directory() {
     for seed in 0..3 {
-        run(4, 300, seed);
+        run(4, 300, seed, false);
+    }
+}
+
+/// The same with shared-write mode on: the files the processes write at once go
+/// through the daemon (`Commit`), which must keep every outcome explainable.
+#[test]
+fn four_processes_in_shared_write_mode() {
+    for seed in 10..12 {
+        run(4, 300, seed, true);
     }
 }

@@ -89,19 +89,6 @@ fn signal(pid: u32, sig: &str) {
     assert!(st.success(), "kill {sig} {pid}");
 }
 
-fn set_lease_timeout(store: &TestStore, ms: u64) {
-    let p = store.path().join("cairn.toml");
-    let text = std::fs::read_to_string(&p).unwrap();
-    let mut out: String = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("lease_timeout_ms"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    // Top-level keys must come before any table: the config has none.
-    out.push_str(&format!("lease_timeout_ms = {ms}\n"));
-    std::fs::write(&p, out).unwrap();
-}
-
 /// One direction of the visibility rounds: `w` changes, `r` must see it.
 fn round(w: &mut Worker, r: &mut Worker, i: usize) {
     let f = format!("/v/f{}", i % 3);
@@ -215,7 +202,7 @@ fn revocation_digests_the_holders_log() {
 #[test]
 fn stopped_holder_expires_and_recovers() {
     let store = TestStore::new();
-    set_lease_timeout(&store, 300);
+    store.set_config("lease_timeout_ms", "300");
     let mut a = Worker::start(&store, "A");
     let mut b = Worker::start(&store, "B");
     a.ok("mkdir /s");

@@ -4,8 +4,9 @@
 //! incremented, then unlinks the lock file. At the end the block's counter must equal the
 //! number of updates both processes report (a lost update means the lock did not
 //! exclude), and its contents must match its counter. The same run on the host file
-//! system and on tmpfs, and the 1–2 client scaling of 4 KiB durable writes to private
-//! files.
+//! system and on tmpfs; two processes appending 1 KiB records to one shared log file
+//! with `O_APPEND` (every record must be intact, and each writer's records in order);
+//! and the 1–2 client scaling of 4 KiB durable writes to private files.
 //!
 //! Each measurement runs in two child processes (`cairn bench share-worker`, hidden) that
 //! start together and stop at a common deadline.
@@ -22,6 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const BLOCK: usize = 4096;
+/// Record size of the shared-append measurement.
+const REC: usize = 1024;
+/// Appends per process at most (128 MiB), so that the store does not fill up.
+const MAX_APPENDS: u64 = 128 << 10;
 const TMPFS_DIR: &str = "/dev/shm";
 
 /// `cairn bench share` options.
@@ -41,7 +46,7 @@ pub struct ShareArgs {
 /// `cairn bench share-worker` (run by `bench share`, not by people).
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// `lockfile` or `private`
+    /// `lockfile`, `append` or `private`
     #[arg(long)]
     pub mode: String,
     /// `cairn`, or a host directory
@@ -57,7 +62,7 @@ pub struct WorkerArgs {
     pub start_ns: u128,
     #[arg(long)]
     pub stop_ns: u128,
-    /// fdatasync after each private write (host file system)
+    /// fdatasync after each private write or append (host file system)
     #[arg(long)]
     pub sync: bool,
 }
@@ -69,7 +74,20 @@ pub struct ShareResult {
     pub updates_per_s: f64,
     pub verified: bool,
     pub updates: u64,
+    /// Updates per process.
+    pub per_process: Vec<u64>,
     pub seconds: f64,
+}
+
+/// One system's shared-append result.
+#[derive(Debug, Clone, Serialize)]
+pub struct AppendResult {
+    pub system: String,
+    pub appends_per_s: f64,
+    pub verified: bool,
+    pub appends: u64,
+    /// Appends per process.
+    pub per_process: Vec<u64>,
 }
 
 /// Private-file write throughput with 1 or 2 clients.
@@ -83,6 +101,7 @@ pub struct ScalingResult {
 #[derive(Debug, Clone, Serialize)]
 struct Report {
     results: Vec<ShareResult>,
+    appends: Vec<AppendResult>,
     scaling: Vec<ScalingResult>,
     host_fs: String,
     store: String,
@@ -138,6 +157,41 @@ enum Data {
 }
 
 impl Data {
+    /// Open (creating) `p` for appending.
+    fn append(sys: &Sys, p: &Path) -> io::Result<Data> {
+        Ok(match sys {
+            Sys::Cairn(fs) => Data::Cairn(
+                cairn::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(fs, p)?,
+            ),
+            Sys::Host => Data::Host(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(p)?,
+            ),
+        })
+    }
+    /// Append `buf` in one write call (as a log writer does).
+    fn append_record(&mut self, buf: &[u8], sync: bool) -> io::Result<()> {
+        use std::io::Write as _;
+        let n = match self {
+            Data::Cairn(f) => f.write(buf)?,
+            Data::Host(f) => {
+                let n = f.write(buf)?;
+                if sync {
+                    f.sync_data()?;
+                }
+                n
+            }
+        };
+        if n != buf.len() {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "short append"));
+        }
+        Ok(())
+    }
     fn open(sys: &Sys, p: &Path, create: bool) -> io::Result<Data> {
         Ok(match sys {
             Sys::Cairn(fs) => Data::Cairn(
@@ -208,6 +262,33 @@ fn update_block(c: u64, id: u32) -> Vec<u8> {
     b
 }
 
+/// Record `seq` of writer `id` in the shared-append measurement.
+fn append_record(id: u32, seq: u64) -> Vec<u8> {
+    let mut b = vec![0u8; REC];
+    pattern(&mut b[16..], ((id as u64) << 40) ^ seq);
+    b[..8].copy_from_slice(&seq.to_le_bytes());
+    b[8..16].copy_from_slice(&(id as u64).to_le_bytes());
+    b
+}
+
+/// Check a shared-append log: whole records, each intact, each writer's in order from
+/// 0, as many as each counted.
+fn verify_appends(log: &[u8], counts: &[u64]) -> bool {
+    if log.len() as u64 != counts.iter().sum::<u64>() * REC as u64 {
+        return false;
+    }
+    let mut next = [0u64; 2];
+    log.chunks(REC).all(|r| {
+        let seq = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+        let id = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+        let ok = id < 2 && seq == next[id as usize] && r == append_record(id as u32, seq);
+        if ok {
+            next[id as usize] += 1;
+        }
+        ok
+    }) && next[..] == counts[..]
+}
+
 /// Run one worker; print the number of operations it completed.
 pub fn worker(store: Option<&Path>, a: &WorkerArgs) -> CliResult {
     let sys = if a.system == "cairn" {
@@ -238,6 +319,14 @@ pub fn worker(store: Option<&Path>, a: &WorkerArgs) -> CliResult {
                 count += 1;
             }
         }
+        "append" => {
+            let mut log = Data::append(&sys, &a.dir.join("log"))?;
+            sleep_until(a.start_ns);
+            while now_ns() < a.stop_ns && count < MAX_APPENDS {
+                log.append_record(&append_record(a.id, count), a.sync)?;
+                count += 1;
+            }
+        }
         "private" => {
             let data = Data::open(&sys, &a.dir.join(format!("private-{}", a.id)), true)?;
             let mut buf = vec![0u8; BLOCK];
@@ -250,7 +339,7 @@ pub fn worker(store: Option<&Path>, a: &WorkerArgs) -> CliResult {
         }
         m => return Err(CliError::new(format!("unknown worker mode {m}"))),
     }
-    println!("{count}");
+    println!("{count} {}", now_ns().min(a.stop_ns));
     Ok(())
 }
 
@@ -263,7 +352,7 @@ fn run_workers(
     n: u32,
     seconds: u64,
     sync: bool,
-) -> CliResult<(u64, f64)> {
+) -> CliResult<(Vec<u64>, f64)> {
     let exe = std::env::current_exe()?;
     let start = now_ns() + 300_000_000;
     let stop = start + seconds as u128 * 1_000_000_000;
@@ -291,7 +380,8 @@ fn run_workers(
             c.stdout(std::process::Stdio::piped()).spawn()
         })
         .collect::<io::Result<_>>()?;
-    let mut total = 0u64;
+    let mut counts = Vec::new();
+    let mut end = start;
     for c in children {
         let out = c.wait_with_output()?;
         if !out.status.success() {
@@ -300,12 +390,19 @@ fn run_workers(
                 out.status
             )));
         }
-        total += String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse::<u64>()
-            .map_err(|e| CliError::new(format!("worker output: {e}")))?;
+        // "<count> <ns when it stopped>".
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut it = text.split_whitespace();
+        let (Some(n), Some(t)) = (
+            it.next().and_then(|n| n.parse::<u64>().ok()),
+            it.next().and_then(|t| t.parse::<u128>().ok()),
+        ) else {
+            return Err(CliError::new(format!("worker output: {text:?}")));
+        };
+        counts.push(n);
+        end = end.max(t);
     }
-    Ok((total, (stop - start) as f64 / 1e9))
+    Ok((counts, (end - start) as f64 / 1e9))
 }
 
 fn progress(msg: std::fmt::Arguments) {
@@ -341,14 +438,16 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
         ("tmpfs", shm_work.display().to_string(), &shm_work, false),
     ];
     let mut results = Vec::new();
+    let mut appends = Vec::new();
     let mut scaling = Vec::new();
     for (name, system, dir, sync) in &systems {
         progress(format_args!(
             "bench share: lock-file updates on {name} ({}s)\n",
             args.seconds
         ));
-        let (updates, secs) =
+        let (per_process, secs) =
             run_workers(&store_dir, "lockfile", system, dir, 2, args.seconds, false)?;
+        let updates = per_process.iter().sum();
         // Verify: the block's counter is the number of updates, and its contents match.
         let block = if *name == "cairn" {
             cairn::Fs::open_store(Some(&store_dir))?.read(dir.join("data"))?
@@ -363,13 +462,38 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
             updates_per_s: updates as f64 / secs,
             verified,
             updates,
+            per_process,
             seconds: secs,
+        });
+        progress(format_args!(
+            "bench share: two processes appending to one file on {name} ({}s)\n",
+            args.seconds
+        ));
+        let (per_process, secs) =
+            run_workers(&store_dir, "append", system, dir, 2, args.seconds, *sync)?;
+        let n = per_process.iter().sum();
+        let log = if *name == "cairn" {
+            cairn::Fs::open_store(Some(&store_dir))?.read(dir.join("log"))?
+        } else {
+            std::fs::read(dir.join("log"))?
+        };
+        if *name == "cairn" {
+            cairn::Fs::open_store(Some(&store_dir))?.remove_file(dir.join("log"))?;
+        } else {
+            std::fs::remove_file(dir.join("log"))?;
+        }
+        appends.push(AppendResult {
+            system: name.to_string(),
+            appends_per_s: n as f64 / secs,
+            verified: verify_appends(&log, &per_process),
+            appends: n,
+            per_process,
         });
         for clients in [1u32, 2] {
             progress(format_args!(
                 "bench share: 4 KiB durable private writes on {name}, {clients} client(s)\n"
             ));
-            let (n, secs) = run_workers(
+            let (per, secs) = run_workers(
                 &store_dir,
                 "private",
                 system,
@@ -381,7 +505,7 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
             scaling.push(ScalingResult {
                 system: name.to_string(),
                 clients,
-                writes_per_s: n as f64 / secs,
+                writes_per_s: per.iter().sum::<u64>() as f64 / secs,
             });
         }
     }
@@ -391,6 +515,7 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
     let _ = std::fs::remove_dir_all(&shm_work);
     let report = Report {
         results,
+        appends,
         scaling,
         host_fs,
         store: store_dir.display().to_string(),
@@ -406,13 +531,25 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
             args.seconds
         );
         println!(
-            "{:<12} {:>14} {:>10} {:>9}",
+            "{:<12} {:>14} {:>10} {:>9}  per process",
             "system", "updates/s", "updates", "verified"
         );
         for r in &report.results {
             println!(
-                "{:<12} {:>14.0} {:>10} {:>9}",
-                r.system, r.updates_per_s, r.updates, r.verified
+                "{:<12} {:>14.0} {:>10} {:>9}  {:?}",
+                r.system, r.updates_per_s, r.updates, r.verified, r.per_process
+            );
+        }
+        println!();
+        println!("Two processes appending 1 KiB records to one file with O_APPEND ({host_name}: + fdatasync; tmpfs: no sync)");
+        println!(
+            "{:<12} {:>14} {:>10} {:>9}  per process",
+            "system", "appends/s", "appends", "verified"
+        );
+        for r in &report.appends {
+            println!(
+                "{:<12} {:>14.0} {:>10} {:>9}  {:?}",
+                r.system, r.appends_per_s, r.appends, r.verified, r.per_process
             );
         }
         println!();
@@ -422,7 +559,7 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
             println!("{:<12} {:>8} {:>14.0}", s.system, s.clients, s.writes_per_s);
         }
     }
-    if report.results.iter().any(|r| !r.verified) {
+    if report.results.iter().any(|r| !r.verified) || report.appends.iter().any(|r| !r.verified) {
         return Err(CliError::new(
             "verification failed: lost or corrupted updates (see the table)",
         ));

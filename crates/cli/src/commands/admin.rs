@@ -199,6 +199,13 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
         d.shared_bytes_written,
         human_bytes(d.shared_bytes_written)
     );
+    let sh = &r.sharing;
+    let _ = writeln!(s);
+    let _ = writeln!(s, "sharing (since the daemon started)");
+    let _ = writeln!(s, "  shared-write inodes   {}", sh.mediated_inodes);
+    let _ = writeln!(s, "  mode entries          {}", sh.mode_entries);
+    let _ = writeln!(s, "  commits               {}", sh.commits);
+    let _ = writeln!(s, "  stale commits         {}", sh.stale_commits);
     s
 }
 
@@ -252,11 +259,13 @@ mod tests {
                 log_fill: 0.25,
             }],
             digest: DigestCounters::default(),
+            sharing: SharingStatus::default(),
         };
         let s = format_status(&r);
         assert!(s.contains("nvm"), "{s}");
         assert!(s.contains("128 MiB"), "{s}");
         assert!(s.contains("25.0%"), "{s}");
         assert!(s.contains("records digested"), "{s}");
+        assert!(s.contains("shared-write inodes"), "{s}");
     }
 }
