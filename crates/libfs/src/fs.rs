@@ -618,7 +618,7 @@ impl Inner {
             let mut st = self.lock_state();
             let mut conn = self.lock_conn();
             if conn.is_none() {
-                self.reattach(&mut st, &mut conn, true)?;
+                self.reattach_patiently(&mut st, &mut conn)?;
             }
         }
         Err(fs_err(
@@ -739,36 +739,41 @@ impl Inner {
         }
     }
 
+    /// [`Inner::reattach`], starting a daemon if none runs, for up to 10 s while the
+    /// daemon is stopping (`ESHUTDOWN`) or goes away during the re-attach (killed: the
+    /// next attempt starts another).
+    fn reattach_patiently(&self, st: &mut State, conn: &mut Option<Conn>) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.reattach(st, conn, true) {
+                Err(e)
+                    if (cairn_area::errno_of(&e) == libc::ESHUTDOWN || transient(&e))
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
     fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
         // A daemon that is stopping answers ESHUTDOWN: wait for it to go and re-attach
         // to the next one (started on demand), for up to 10 s.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let stopping =
-            |errno: i32| errno == libc::ESHUTDOWN && std::time::Instant::now() < deadline;
-        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let stopping = |errno: i32| errno == libc::ESHUTDOWN && Instant::now() < deadline;
         let mut lost = 0;
         let mut conn = self.lock_conn();
         loop {
             if conn.is_none() {
-                match self.reattach(st, &mut conn, true) {
-                    Ok(()) => {}
-                    // Stopping, or dying while we re-attached (a new one is started).
-                    Err(e)
-                        if stopping(cairn_area::errno_of(&e))
-                            || (transient(&e) && std::time::Instant::now() < deadline) =>
-                    {
-                        pause();
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                }
+                self.reattach_patiently(st, &mut conn)?;
             }
             let c = conn.as_mut().expect("connected");
             match c.roundtrip(req) {
                 Ok(Response::Error { errno, .. }) if stopping(errno) => {
                     *conn = None;
-                    pause();
+                    std::thread::sleep(Duration::from_millis(20));
                 }
                 Ok(r) => return Ok(r),
                 Err(e) => {
@@ -988,8 +993,9 @@ impl Inner {
             self.commit_mediated(st, lsn, len, &med)?;
             st.seq += 1;
             st.tail = lsn + len as u64;
-            // Digested: nothing of it (or before it) belongs in the overlay.
-            self.refresh(st)?;
+            // Digested: nothing of it (or before it) belongs in the overlay. (Committed:
+            // no error may make the caller run the operation again.)
+            let _ = self.refresh(st);
             return Ok(st.tail);
         }
         st.seq += 1;
@@ -1170,13 +1176,21 @@ impl Inner {
             attrs.mtime = now;
             attrs.ctime = now;
             if med.is_some() {
-                self.refresh(st)?;
+                // Committed: from here no error may make the caller write it again.
+                let _ = self.refresh(st);
                 off += n as u64;
                 done += n;
-                // The next part is checked against what the inode is now.
-                st.seen.get_mut().remove(&ino);
-                self.need(st, ino, true)?;
-                (_, attrs) = self.attrs_held(st, ino)?;
+                if done < data.len() {
+                    // The next part is checked against what the inode is now.
+                    st.seen.get_mut().remove(&ino);
+                    match self
+                        .need(st, ino, true)
+                        .and_then(|_| self.attrs_held(st, ino))
+                    {
+                        Ok((_, a)) => attrs = a,
+                        Err(_) => return Ok((off, done)),
+                    }
+                }
                 continue;
             }
             let o = st

@@ -34,8 +34,6 @@ fn now_ns() -> u128 {
 }
 
 #[test]
-#[ignore = "known failure: a client can see ECONNRESET or ENOSPC while the daemon restarts \
-            under shared-write appends (docs/ARCHITECTURE.md, Limits); run with --ignored"]
 fn appends_survive_daemon_kills_exactly_once() {
     // Every 1 KiB append digested on its own rewrites a 4 KiB block: room for that.
     let store = TestStore::with_size(StoreSize {
@@ -61,10 +59,13 @@ fn appends_survive_daemon_kills_exactly_once() {
                 .unwrap()
         })
         .collect();
-    // Kill the daemon 1 s and 2 s into the run (the clients start a new one).
+    // Kill the daemon 1 s and 2 s into the run (the clients start a new one); just
+    // before, note how many commits it applied.
+    let mut commits = Vec::new();
     for k in 1..=2u64 {
         let at = start + k as u128 * 1_000_000_000;
         std::thread::sleep(Duration::from_nanos(at.saturating_sub(now_ns()) as u64));
+        commits.push(store.fs().status().unwrap().sharing.commits);
         let pid = daemon_pid(store.path()).expect("a daemon runs");
         kill9(pid);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -91,7 +92,6 @@ fn appends_survive_daemon_kills_exactly_once() {
         );
     }
     let fs = store.fs();
-    let sharing = fs.status().unwrap().sharing;
     let log = fs.read("/w/log").unwrap();
     assert_eq!(log.len() % REC, 0, "a torn record");
     let mut next = [0u64; 2];
@@ -108,6 +108,6 @@ fn appends_survive_daemon_kills_exactly_once() {
     }
     assert_eq!(next.to_vec(), counts, "appends lost or applied twice");
     assert!(counts.iter().all(|&c| c > 0));
-    // The last daemon ran for about a second with both writers: the mode was used.
-    assert!(sharing.commits > 0, "shared-write mode unused: {sharing:?}");
+    // The first kill hit the mode at work (after it the writers may stay on leases).
+    assert!(commits[0] > 0, "commits before the kills: {commits:?}");
 }
