@@ -214,6 +214,13 @@ impl Core {
             core.sh.inodes.used_count(),
             core.sh.inodes.capacity(),
         ));
+        if report.live_slots.is_empty() {
+            // No client can still have an unlinked file open.
+            core.sweep_orphans(log);
+        } else {
+            // Until they re-attached with their pins, unlinks keep their files.
+            core.sh.keep_unlinked = true;
+        }
         Ok((core, report))
     }
 
@@ -443,7 +450,10 @@ impl Core {
     /// Close the restart gate once its deadline passed: slots that did not re-attach
     /// in time lose the leases they may hold (`lease_gen` + 1).
     pub(crate) fn lease_gate_tick(&mut self, log: &Logger) {
-        for slot in self.leases.close_gate_if_due() {
+        let Some(missing) = self.leases.close_gate_if_due() else {
+            return;
+        };
+        for slot in missing {
             if let Err(e) = self.sh.bump_lease_gen(slot) {
                 log.log(format!("slot {slot}: cannot increment lease_gen: {e}"));
             }
@@ -452,6 +462,65 @@ impl Core {
                 self.cfg.lease_timeout_ms
             ));
         }
+        // Every client that may still have an unlinked file open has re-attached with
+        // its pins (or never will).
+        self.sh.keep_unlinked = false;
+        self.sweep_orphans(log);
+    }
+
+    /// `slot`'s client has `ino` open (it said so answering a revocation, or at
+    /// re-attach): an unlink by another client keeps the inode until it unpins.
+    pub(crate) fn pin(&mut self, slot: u32, ino: u64) {
+        if self.sh.layout.ino_valid(ino) {
+            self.sh.pins.entry(ino).or_default().insert(slot);
+        }
+    }
+
+    /// Remove `slot`'s pin of `ino` (`None`: all of its pins) and free the unlinked
+    /// inodes left without a pin. Not while the restart gate is open (a client that has
+    /// not re-attached yet may have them open): the sweep at its closing frees them.
+    pub(crate) fn unpin(&mut self, slot: u32, ino: Option<u64>) -> io::Result<()> {
+        let inos: Vec<u64> = match ino {
+            Some(i) => vec![i],
+            None => (self.sh.pins.iter())
+                .filter(|(_, s)| s.contains(&slot))
+                .map(|(&i, _)| i)
+                .collect(),
+        };
+        for i in inos {
+            let left = self.sh.pins.get_mut(&i).map_or(0, |s| {
+                s.remove(&slot);
+                s.len()
+            });
+            if left == 0 {
+                self.sh.pins.remove(&i);
+                if self.sh.layout.ino_valid(i) && !self.leases.gate_open() {
+                    digest::free_orphan(&mut self.sh, i)?;
+                }
+            }
+        }
+        self.reclaim();
+        Ok(())
+    }
+
+    /// Free every unlinked inode nobody pins (after a restart: orphans of clients that
+    /// are gone). Scans the inode table.
+    pub(crate) fn sweep_orphans(&mut self, log: &Logger) {
+        let mut freed = 0u64;
+        for ino in 1..self.sh.layout.inode_count {
+            if self.sh.pins.contains_key(&ino) {
+                continue;
+            }
+            match digest::free_orphan(&mut self.sh, ino) {
+                Ok(true) => freed += 1,
+                Ok(false) => {}
+                Err(e) => log.log(format!("cannot free unlinked inode {ino}: {e}")),
+            }
+        }
+        if freed > 0 {
+            log.log(format!("freed {freed} unlinked inodes nobody has open"));
+        }
+        self.reclaim();
     }
 
     /// Release `slot`: inactive, reservations and credits returned. With `discard`,
@@ -469,8 +538,8 @@ impl Core {
         self.sh.creds.remove(&slot);
         self.clients[slot as usize] = None;
         self.leases.drop_slot(slot, true);
-        self.reclaim();
-        Ok(())
+        // Its log is digested (or discarded): its open files close.
+        self.unpin(slot, None)
     }
 
     /// Digest a dead client's committed transactions and release its slot. Failures are

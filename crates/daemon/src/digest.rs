@@ -281,6 +281,8 @@ impl InodePlan<'_> {
 }
 
 struct Plan<'a> {
+    /// The slot whose log is digested.
+    slot: u32,
     inodes: BTreeMap<u64, InodePlan<'a>>,
     dirents: BTreeMap<(u64, &'a [u8]), (u64, Kind, usize)>,
     nrec: usize,
@@ -301,13 +303,25 @@ impl<'a> Plan<'a> {
     fn fold(&mut self, sh: &Shared, idx: usize, rec: Record<'a>) -> Result<(), PErr> {
         match rec {
             Record::InodeSet { ino, attrs, .. } => {
+                let me = self.slot;
+                let pinned = sh.keep_unlinked
+                    || sh
+                        .pins
+                        .get(&ino)
+                        .is_some_and(|s| s.iter().any(|&c| c != me));
                 let p = self.get(sh, ino)?;
                 if attrs.kind == Kind::Free {
                     return Err(PErr::Bad(format!(
                         "INODE_SET of inode {ino} with kind free"
                     )));
                 }
-                if attrs.nlink == 0 {
+                // Unlinked while another client has it open: kept (an orphan with
+                // `nlink = 0`) until the last pin goes.
+                let keep = attrs.nlink == 0
+                    && p.life == Life::Live
+                    && matches!(attrs.kind, Kind::File | Kind::Symlink)
+                    && pinned;
+                if attrs.nlink == 0 && !keep {
                     p.life = Life::Freed;
                     p.pending.clear();
                     p.attrs = attrs;
@@ -832,6 +846,7 @@ pub(crate) fn plan_batch<'b>(
     })?;
     // Plan and validate.
     let mut plan = Plan {
+        slot,
         inodes: BTreeMap::new(),
         dirents: BTreeMap::new(),
         nrec: b.recs.len(),
@@ -1132,4 +1147,26 @@ pub(crate) fn seal(sh: &Shared, slot: u32, lsn: u64) -> io::Result<()> {
     let off = sh.layout.ring_off(slot) as usize + (lsn % sh.layout.ring_bytes()) as usize;
     sh.area.map().write(off, &TXN_MAGIC.to_le_bytes())?;
     sh.area.map().persist(off, 4)
+}
+
+/// Free inode `ino` if it is an orphan: a file or symlink with `nlink = 0` that an
+/// unlink kept because another client had it open (`Shared::pins`). Its blocks are
+/// retired (reused once no reader can see them). Returns whether it was freed.
+pub(crate) fn free_orphan(sh: &mut Shared, ino: u64) -> io::Result<bool> {
+    let inode = sh.inode(ino)?;
+    if inode.attrs.nlink != 0 || !matches!(inode.attrs.kind, Kind::File | Kind::Symlink) {
+        return Ok(false);
+    }
+    let mut w = Work::default();
+    retire_all(sh, &mut w, &inode)?;
+    let free = Inode {
+        generation: inode.generation,
+        ..Default::default()
+    };
+    cairn_media::fence();
+    sh.write_inode(ino, &free)?;
+    cairn_media::fence();
+    sh.inodes.mark_free(ino);
+    sh.retire_and_advance(w.retired)?;
+    Ok(true)
 }

@@ -264,23 +264,29 @@ impl Leases {
         !conflict
     }
 
-    /// If the restart gate's deadline passed: close it and return the slots that never
-    /// re-attached (the caller increments their `lease_gen`).
-    pub(crate) fn close_gate_if_due(&self) -> Vec<u32> {
+    /// If every slot live at start re-attached or the restart gate's deadline passed:
+    /// close it and return the slots that never re-attached (the caller increments their
+    /// `lease_gen`). `None`: no gate closed now.
+    pub(crate) fn close_gate_if_due(&self) -> Option<Vec<u32>> {
         let mut g = self.lock();
         let due = match &g.gate {
             Some(gate) => gate.awaiting.is_empty() || Instant::now() >= gate.deadline,
             None => false,
         };
         if !due {
-            return Vec::new();
+            return None;
         }
         let gate = g.gate.take().expect("gate");
         drop(g);
         self.cv.notify_all();
         let mut v: Vec<u32> = gate.awaiting.into_iter().collect();
         v.sort_unstable();
-        v
+        Some(v)
+    }
+
+    /// Whether the restart gate is still open.
+    pub(crate) fn gate_open(&self) -> bool {
+        self.lock().gate.is_some()
     }
 
     /// Whether `slot` has a revocation whose deadline passed.
@@ -578,7 +584,7 @@ mod tests {
         let g = Leases::new(Duration::from_millis(60), &[3]);
         g.set_live(4);
         assert_eq!(g.acquire(4, 1, false, true), Err(Step::GateDue));
-        assert_eq!(g.close_gate_if_due(), vec![3]);
+        assert_eq!(g.close_gate_if_due(), Some(vec![3]));
         assert_eq!(g.acquire(4, 1, false, true), Ok(Grant::Lease));
         // Re-attaching with a conflicting lease is refused.
         assert!(!g.reattached(3, &[(1, true)]));

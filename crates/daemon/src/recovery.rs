@@ -75,7 +75,8 @@ pub(crate) fn fix_seqlocks(area: &Area) -> io::Result<u64> {
 /// Rebuild the allocation state by walking every inode reachable from the root: inodes,
 /// map nodes, data blocks and directory bucket chains are in use, everything else is
 /// free. Live inodes that are not reachable (orphans of a crash) are freed in place
-/// (keeping their generation).
+/// (keeping their generation), except unlinked files (`nlink = 0`), which a client may
+/// still have open: the daemon frees those when its restart gate closes.
 pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
     let l = sh.layout;
     let mut rep = RebuildReport {
@@ -168,6 +169,30 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
             continue;
         }
         let (live, generation) = match Inode::decode(&raw) {
+            Ok(i) if i.attrs.nlink == 0 && matches!(i.attrs.kind, Kind::File | Kind::Symlink) => {
+                // Unlinked while a client had it open: kept (with its blocks) until the
+                // restart gate closes; then the clients that re-attached have pinned
+                // the ones they still have open and the rest are freed (`sweep_orphans`).
+                inodes.mark_used(ino);
+                rep.inodes += 1;
+                let mut leaves = Vec::new();
+                let r = maptree::walk(
+                    sh,
+                    i.map_root,
+                    i.map_height,
+                    &mut |b| {
+                        blocks.mark_used(b);
+                    },
+                    &mut |_, b| leaves.push(b),
+                );
+                for b in leaves {
+                    blocks.mark_used(b);
+                }
+                if let Err(e) = r {
+                    rep.warnings.push(format!("unlinked inode {ino}: {e}"));
+                }
+                continue;
+            }
             Ok(i) => (i.attrs.kind != Kind::Free, i.generation),
             Err(_) => (true, 0),
         };

@@ -402,6 +402,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             slot,
             slot_gen,
             leases,
+            pinned,
         } => {
             if c.slot.is_some() {
                 return Reply::Send(Response::Error {
@@ -418,6 +419,9 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                     // digested: digest the committed log before any lease is granted.
                     if let Err(e) = core.digest_committed(slot) {
                         d.log.log(format!("slot {slot}: digest at re-attach: {e}"));
+                    }
+                    for ino in pinned {
+                        core.pin(slot, ino);
                     }
                     if !d.leases.reattached(slot, &leases) {
                         d.log.log(format!(
@@ -518,11 +522,29 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             seq,
             versions,
         } => commit(d, c, lsn, len, seq, &versions),
-        Request::UpcallAck { ino, tail_lsn } => {
+        Request::UpcallAck {
+            ino,
+            tail_lsn,
+            open,
+        } => {
             if let Some(slot) = c.upcall_of {
-                upcall_ack(d, slot, ino, tail_lsn);
+                upcall_ack(d, slot, ino, tail_lsn, open);
             }
             Reply::Nothing
+        }
+        Request::Unpin { ino, tail_lsn } => {
+            let Some(slot) = c.slot else {
+                return Reply::Send(not_registered());
+            };
+            let mut core = d.core();
+            // Its records about the inode are applied before it may be freed.
+            if let Err(e) = core.digest_client(slot, tail_lsn) {
+                return digest_failed(d, &mut core, c, slot, e, true, "unpin");
+            }
+            match core.unpin(slot, Some(ino)) {
+                Ok(()) => Reply::Send(Response::Ok),
+                Err(e) => Reply::Send(err_response(&e)),
+            }
         }
         req @ (Request::LockChannel { .. }
         | Request::Lock { .. }
@@ -640,17 +662,26 @@ fn upcall_channel(d: &Daemon, c: &mut Conn, slot: u32, slot_gen: u64) -> Reply {
     if !ok {
         return refuse("no such client of this process");
     }
-    let Some(sock) = c.sock.take() else {
+    let Some(mut sock) = c.sock.take() else {
         return refuse("cannot duplicate the socket");
     };
+    // The answer goes first: `channel_open` sends the revocations waiting for this
+    // channel on it at once, and the client reads `Ok` before any upcall.
+    if send(&mut sock, &Response::Ok).is_err() {
+        return Reply::Close(None);
+    }
     c.upcall_of = Some(slot);
     d.leases.channel_open(slot, c.id, sock);
-    Reply::Send(Response::Ok)
+    Reply::Nothing
 }
 
 /// `UpcallAck`: `slot` gave the lease on `ino` up; a writer's log is digested up to the
-/// tail it answered before the lease counts as released.
-fn upcall_ack(d: &Daemon, slot: u32, ino: u64, tail_lsn: u64) {
+/// tail it answered before the lease counts as released. An inode the client has open
+/// is pinned first, so that an unlink logged by the next holder keeps it.
+fn upcall_ack(d: &Daemon, slot: u32, ino: u64, tail_lsn: u64, open: bool) {
+    if open {
+        d.core().pin(slot, ino);
+    }
     let Some(was_writer) = d.leases.ack_begin(slot, ino) else {
         return;
     };

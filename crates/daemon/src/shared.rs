@@ -48,6 +48,13 @@ pub(crate) struct Shared {
     /// start, cleared by the slot's first digest): their batch is checked without the
     /// link-count rule, which a half-applied batch cannot pass (see `perm::check_batch`).
     pub replaying: std::collections::HashSet<u32>,
+    /// Pinned inodes: which clients (slots) have them open (learned from revocation
+    /// answers and re-attaches). An unlink of a file pinned by another client keeps it,
+    /// with `nlink = 0`, until the last pin goes (ARCHITECTURE.md, "Unlinked while open").
+    pub pins: std::collections::HashMap<u64, std::collections::BTreeSet<u32>>,
+    /// After a restart, until every live client re-attached with its pins: every unlink
+    /// keeps its file (the sweep at the gate's closing frees those nobody pinned).
+    pub keep_unlinked: bool,
     /// While `Some`, every inode number read through [`Shared::inode`] is recorded
     /// (the read set of a parallel digest's plan, `crate::pardigest`).
     pub reads: std::cell::RefCell<Option<std::collections::HashSet<u64>>>,
@@ -75,6 +82,8 @@ impl Shared {
             scratch: Vec::new(),
             creds: Default::default(),
             replaying: Default::default(),
+            pins: Default::default(),
+            keep_unlinked: false,
             reads: Default::default(),
         }
     }

@@ -165,6 +165,9 @@ pub(crate) struct State {
     open: InoMap<u32>,
     /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
     orphans: HashSet<u64>,
+    /// Open inodes the daemon pinned (we said they were open when it revoked their
+    /// lease): the last close sends `Unpin`.
+    pinned: HashSet<u64>,
     /// Reused buffer for metadata transactions.
     buf: Vec<u8>,
     /// Leases held. PROTOCOL.md, "Leases".
@@ -316,11 +319,12 @@ fn upcall_loop(weak: Weak<Inner>, mut s: UnixStream) {
     loop {
         if let Ok(Upcall::Revoke { ino }) = cairn_proto::recv::<Upcall>(&mut s) {
             let Some(inner) = weak.upgrade() else { return };
-            let tail = inner.revoke_local(ino);
+            let (tail, open) = inner.revoke_local(ino);
             drop(inner);
             let ack = Request::UpcallAck {
                 ino,
                 tail_lsn: tail,
+                open,
             };
             if cairn_proto::send(&mut s, &ack).is_ok() {
                 continue;
@@ -480,6 +484,7 @@ impl Inner {
                 ov: InoMap::default(),
                 open: InoMap::default(),
                 orphans: HashSet::new(),
+                pinned: HashSet::new(),
                 buf: Vec::new(),
                 ring,
             }),
@@ -632,9 +637,14 @@ impl Inner {
 
     /// The upcall thread: a revocation of the lease on `ino`. Drops the lease and the
     /// inode's overlay under the state lock (no call on it is in progress) and returns
-    /// the log tail to answer with.
-    fn revoke_local(&self, ino: u64) -> u64 {
+    /// the log tail to answer with, and whether the inode is open here (then the daemon
+    /// pins it, and the last close unpins it).
+    fn revoke_local(&self, ino: u64) -> (u64, bool) {
         let mut st = self.lock_state();
+        let open = st.open.contains_key(&ino);
+        if open {
+            st.pinned.insert(ino);
+        }
         st.leases.remove(&ino);
         st.ov.remove(&ino);
         st.revokes += 1;
@@ -642,7 +652,7 @@ impl Inner {
             let n = st.revokes;
             st.revoked_at.insert(ino, n);
         }
-        st.tail
+        (st.tail, open)
     }
 
     /// Start the upcall thread (once, after the `Inner` is shared).
@@ -726,6 +736,7 @@ impl Inner {
             slot: self.slot,
             slot_gen: self.slot_gen,
             leases,
+            pinned: st.pinned.iter().copied().collect(),
         })? {
             Response::Registered(reg) => {
                 st.inodes = reg.inodes;
@@ -1220,7 +1231,9 @@ impl Inner {
     /// [`Inner::attrs`] when the caller checked the lease.
     fn attrs_held(&self, st: &State, ino: u64) -> io::Result<(u64, Attrs)> {
         if let Some(o) = st.ov.get(&ino) {
-            if o.attrs.nlink == 0 && !st.orphans.contains(&ino) {
+            // Unlinked here, unless it is open here (our own orphan, or one another
+            // process unlinked while the daemon had it pinned for us).
+            if o.attrs.nlink == 0 && !st.orphans.contains(&ino) && !st.pinned.contains(&ino) {
                 return Err(fs_err(libc::ENOENT, format!("inode {ino} was removed")));
             }
             return Ok((o.gen, o.attrs));
@@ -2167,6 +2180,20 @@ impl Inner {
                 }
                 st.orphans.remove(&ino);
             }
+            if st.pinned.contains(&ino) {
+                // Another process may have unlinked it meanwhile: the daemon frees it
+                // once nobody has it open (after digesting our records about it).
+                let req = Request::Unpin {
+                    ino,
+                    tail_lsn: st.tail,
+                };
+                match self.request(st, &req) {
+                    Ok(Response::Ok) => {}
+                    Ok(r) => return Err(response_error("unpin", r)),
+                    Err(e) => return Err(e),
+                }
+                st.pinned.remove(&ino);
+            }
             st.open.remove(&ino);
             Ok(())
         });
@@ -2231,6 +2258,7 @@ impl Drop for Inner {
                     slot: self.slot,
                     slot_gen: self.slot_gen,
                     leases: Vec::new(),
+                    pinned: Vec::new(),
                 };
                 if matches!(c.roundtrip(&re), Ok(Response::Registered(_))) {
                     let _ = c.roundtrip(&bye);

@@ -15,12 +15,14 @@ pub enum Request {
     /// Become a client: get a log slot, an inode batch and space credits.
     Register { pid: u32 },
     /// Re-attach to a slot this process already owns (after the daemon restarted),
-    /// with the leases it holds (`(ino, write)`).
+    /// with the leases it holds (`(ino, write)`) and the inodes it pinned (open files it
+    /// said were open when their lease was revoked).
     Reattach {
         pid: u32,
         slot: u32,
         slot_gen: u64,
         leases: Vec<(u64, bool)>,
+        pinned: Vec<u64>,
     },
     /// Digest the log up to `upto_lsn` (exclusive). With `wait` the daemon answers
     /// `Digested` when done; without, it answers nothing.
@@ -81,8 +83,14 @@ pub enum Request {
     /// daemon sends [`Upcall`]s on it and the client answers them with `UpcallAck`.
     UpcallChannel { slot: u32, slot_gen: u64 },
     /// On the upcall channel: the lease on `ino` is given up; every record the client
-    /// logged about it lies before `tail_lsn`. No answer.
-    UpcallAck { ino: u64, tail_lsn: u64 },
+    /// logged about it lies before `tail_lsn`. `open`: the client has the inode open, so
+    /// the daemon pins it (an unlink then keeps it, with `nlink = 0`, until `Unpin`).
+    /// No answer.
+    UpcallAck { ino: u64, tail_lsn: u64, open: bool },
+    /// The client closed the last handle of pinned inode `ino`; its records about it lie
+    /// before `tail_lsn`. The daemon digests up to there, unpins, and frees the inode if
+    /// it is unlinked and nobody else pinned it. Answer `Ok`.
+    Unpin { ino: u64, tail_lsn: u64 },
     /// Shared-write mode (PROTOCOL.md, "Shared-write mode"): the transaction of `len`
     /// bytes at `lsn` with sequence number `seq` is in the client's ring with a zero
     /// magic. `versions`: for each inode it writes that is in shared-write mode, the

@@ -311,3 +311,78 @@ fn daemon_killed_while_sharing() {
         "both re-attached"
     );
 }
+
+/// Inodes in use, from the daemon.
+fn inodes_used(store: &TestStore) -> u64 {
+    store.fs().status().unwrap().inodes.used
+}
+
+/// Wait until `f` holds (the daemon frees unlinked files asynchronously to the test).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn unlinked_while_open_in_another_process() {
+    let store = TestStore::new();
+    let mut a = Worker::start(&store, "A");
+    let mut b = Worker::start(&store, "B");
+    a.ok("mkdir /u");
+    a.ok("write /u/f hello");
+    b.ok("hold /u/f");
+    let before = inodes_used(&store);
+    a.ok("unlink /u/f");
+    assert_eq!(a.ok("exists /u/f"), "false");
+    assert_eq!(a.ok("ls /u"), "");
+    // B still reads and writes it; A can no longer name it.
+    assert_eq!(b.ok("hread /u/f"), "hello");
+    b.ok("happend /u/f , world");
+    assert_eq!(b.ok("hread /u/f"), "hello, world");
+    a.ok("write /u/f new file");
+    assert_eq!(b.ok("hread /u/f"), "hello, world");
+    assert_eq!(b.ok("read /u/f"), "new file");
+    // Kept until the last close, then freed.
+    assert_eq!(
+        inodes_used(&store),
+        before + 1,
+        "the unlinked file and the new one"
+    );
+    b.ok("release /u/f");
+    eventually("the unlinked file is freed at its last close", || {
+        inodes_used(&store) == before
+    });
+}
+
+#[test]
+fn unlinked_while_open_survives_a_daemon_kill_and_goes_with_its_holder() {
+    let store = TestStore::new();
+    let mut a = Worker::start(&store, "A");
+    let mut b = Worker::start(&store, "B");
+    a.ok("mkdir /u");
+    a.ok("write /u/f kept");
+    b.ok("hold /u/f");
+    let before = inodes_used(&store);
+    a.ok("unlink /u/f");
+    // The daemon dies with the file unlinked but open: the next one keeps it for B.
+    let pid = daemon_pid(store.path()).expect("a daemon runs");
+    kill9(pid);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while daemon_pid(store.path()) == Some(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(b.ok("hread /u/f"), "kept");
+    assert_eq!(a.ok("exists /u/f"), "false");
+    b.ok("happend /u/f !");
+    assert_eq!(b.ok("hread /u/f"), "kept!");
+    assert_eq!(inodes_used(&store), before);
+    // Its holder dies: the daemon frees it once it recovered the holder's log.
+    kill9(b.pid());
+    drop(b);
+    eventually("the unlinked file is freed when its holder dies", || {
+        inodes_used(&store) == before - 1
+    });
+}

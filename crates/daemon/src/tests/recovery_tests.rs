@@ -204,3 +204,40 @@ fn live_client_is_kept_for_reattach_and_its_new_inodes_reserved() {
     assert!(core.clients[0].is_none());
     assert!(snapshot(&core.sh).contains_key("/pending"));
 }
+
+#[test]
+fn unlinked_files_wait_for_the_restart_gate() {
+    let ts = TestStore::small();
+    let lock;
+    {
+        let mut core = ts.core();
+        let lw = LogWriter::register(&mut core);
+        lock = crate::core::try_lock_slot(&ts.store, lw.slot)
+            .unwrap()
+            .unwrap();
+        // Two files unlinked while a client had them open (`nlink = 0`, no entry).
+        for ino in [41, 42] {
+            let unlinked = Inode {
+                attrs: attrs(Kind::File, 0, 0, 0),
+                generation: 2,
+                ..Default::default()
+            };
+            core.sh.write_inode(ino, &unlinked).unwrap();
+        }
+    }
+    let (mut core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    assert_eq!(rep.live_slots, vec![0]);
+    // Kept while the live client may re-attach with its pins.
+    assert!(core.sh.inodes.is_used(41) && core.sh.inodes.is_used(42));
+    let gen = core.clients[0].as_ref().unwrap().slot_gen;
+    core.reattach(1, 0, 0, 0, gen, 7).unwrap();
+    assert!(core.leases.reattached(0, &[]));
+    core.pin(0, 42);
+    core.lease_gate_tick(&Logger::null());
+    assert!(!core.sh.inodes.is_used(41), "nobody has it open: freed");
+    assert_eq!(core.sh.area.read_inode(41).unwrap().attrs.kind, Kind::Free);
+    assert!(core.sh.inodes.is_used(42), "pinned: kept");
+    core.unpin(0, Some(42)).unwrap();
+    assert!(!core.sh.inodes.is_used(42), "freed at its last unpin");
+    drop(lock);
+}

@@ -6,12 +6,20 @@
 //! `pid`, `write PATH TEXT` (create/truncate + write), `append PATH TEXT` (creates),
 //! `pwrite PATH OFF TEXT`, `read PATH`, `len PATH`, `mode PATH`, `chmod PATH OCTAL`,
 //! `mkdir PATH`, `create PATH`, `rename FROM TO`, `unlink PATH`, `rmdir PATH`,
-//! `ls DIR` (sorted names joined by `,`), `exists PATH`, `quit`.
+//! `ls DIR` (sorted names joined by `,`), `exists PATH`, `quit`; handles kept open:
+//! `hold PATH` (open read-write), `hread PATH` (its whole content through the handle),
+//! `happend PATH TEXT` (write at its end through the handle), `release PATH` (close).
 
-use cairn::{Fs, OpenOptions, Permissions};
+use cairn::{File, Fs, OpenOptions, Permissions};
+use std::collections::HashMap;
 use std::io::{BufRead, Write};
 
-fn run(fs: &Fs, line: &str) -> std::io::Result<String> {
+fn held<'a>(h: &'a HashMap<String, File>, p: &str) -> std::io::Result<&'a File> {
+    h.get(p)
+        .ok_or_else(|| std::io::Error::other(format!("{p} is not held")))
+}
+
+fn run(fs: &Fs, h: &mut HashMap<String, File>, line: &str) -> std::io::Result<String> {
     let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
     let (a, b) = rest.split_once(' ').unwrap_or((rest, ""));
     Ok(match cmd {
@@ -74,6 +82,34 @@ fn run(fs: &Fs, line: &str) -> std::io::Result<String> {
             v.join(",")
         }
         "exists" => fs.exists(a).to_string(),
+        "hold" => {
+            let f = OpenOptions::new().read(true).write(true).open(fs, a)?;
+            h.insert(a.to_string(), f);
+            String::new()
+        }
+        "hread" => {
+            let f = held(h, a)?;
+            let mut buf = vec![0u8; f.metadata()?.len() as usize];
+            let mut n = 0;
+            while n < buf.len() {
+                match f.read_at(&mut buf[n..], n as u64)? {
+                    0 => break,
+                    k => n += k,
+                }
+            }
+            buf.truncate(n);
+            String::from_utf8_lossy(&buf).into_owned()
+        }
+        "happend" => {
+            let f = held(h, a)?;
+            f.write_at(b.as_bytes(), f.metadata()?.len())?;
+            String::new()
+        }
+        "release" => {
+            h.remove(a)
+                .ok_or_else(|| std::io::Error::other(format!("{a} is not held")))?;
+            String::new()
+        }
         _ => return Err(std::io::Error::other(format!("unknown command {cmd}"))),
     })
 }
@@ -91,12 +127,13 @@ fn main() {
     };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
+    let mut handles = HashMap::new();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         if line == "quit" {
             break;
         }
-        let answer = match run(&fs, &line) {
+        let answer = match run(&fs, &mut handles, &line) {
             Ok(r) if r.is_empty() => "ok".to_string(),
             Ok(r) => format!("ok {r}"),
             Err(e) => format!("err {} {e}", cairn_area::errno_of(&e)),
