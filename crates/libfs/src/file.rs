@@ -8,7 +8,6 @@ use crate::fs::Inner;
 use crate::{Fs, Metadata};
 use cairn_area::fs_err;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -80,8 +79,8 @@ impl OpenOptions {
     }
 
     /// Open `path` in `fs` with these options.
-    pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
-        let path = path.as_ref();
+    pub fn open(&self, fs: &Fs, path: impl crate::Loc) -> io::Result<File> {
+        let path = path.at();
         let writable = self.write || self.append;
         let invalid = |what: &str| {
             Err(fs_err(
@@ -147,12 +146,12 @@ impl std::fmt::Debug for Inner {
 
 impl File {
     /// Open an existing file for reading.
-    pub fn open(fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
+    pub fn open(fs: &Fs, path: impl crate::Loc) -> io::Result<File> {
         OpenOptions::new().read(true).open(fs, path)
     }
 
     /// Create a file (or truncate an existing one) for writing.
-    pub fn create(fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
+    pub fn create(fs: &Fs, path: impl crate::Loc) -> io::Result<File> {
         OpenOptions::new()
             .write(true)
             .create(true)

@@ -215,6 +215,29 @@ pub(crate) struct Inner {
     pub(crate) locks: crate::lock::ClientLocks,
 }
 
+/// A path and the directory a relative path starts from (the `*at` calls): absolute
+/// paths start at the root whatever `dir` is.
+#[derive(Debug, Clone, Copy)]
+pub struct At<'a> {
+    pub dir: u64,
+    pub path: &'a Path,
+}
+
+impl<'a> At<'a> {
+    /// `path` from the root (relative paths too).
+    pub fn root(path: &'a Path) -> At<'a> {
+        At {
+            dir: ROOT_INO,
+            path,
+        }
+    }
+
+    /// For messages.
+    pub fn display(&self) -> std::path::Display<'a> {
+        self.path.display()
+    }
+}
+
 /// The result of resolving a path.
 pub(crate) struct Walk {
     /// Directory holding the last component.
@@ -1245,6 +1268,17 @@ impl Inner {
         Ok((i.generation, i.attrs))
     }
 
+    /// [`Inner::metadata_of`] as a call.
+    pub(crate) fn metadata_ino(&self, ino: u64) -> io::Result<Metadata> {
+        if !self.area.layout().ino_valid(ino) {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("inode number {ino} out of range"),
+            ));
+        }
+        self.run(|st| self.metadata_of(st, ino))
+    }
+
     pub(crate) fn metadata_of(&self, st: &State, ino: u64) -> io::Result<Metadata> {
         let (gen, mut attrs) = self.attrs(st, ino)?;
         let shared = self.area.read_inode(ino)?;
@@ -1363,16 +1397,16 @@ impl Inner {
     pub(crate) fn walk(
         &self,
         st: &State,
-        p: &Path,
+        p: At<'_>,
         follow_last: bool,
         op: &str,
     ) -> io::Result<Walk> {
-        let parsed = path::parse(p, op)?;
+        let parsed = path::parse(p.path, op)?;
         let trailing_slash = parsed.trailing_slash;
         let mut stack: Vec<Comp> = parsed.comps;
         stack.reverse();
-        let mut cur = ROOT_INO;
-        let mut parent = ROOT_INO;
+        let mut cur = if parsed.absolute { ROOT_INO } else { p.dir };
+        let mut parent = cur;
         let mut name: Option<Vec<u8>> = None;
         let mut kind = Kind::Dir;
         let mut links = 0u32;
@@ -1600,7 +1634,7 @@ impl Inner {
             .ok_or_else(|| fs_err(libc::ENOENT, format!("{op}: no such file or directory")))
     }
 
-    pub(crate) fn create_dir(&self, p: &Path) -> io::Result<()> {
+    pub(crate) fn create_dir(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("create_dir {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
@@ -1623,20 +1657,24 @@ impl Inner {
         })
     }
 
-    pub(crate) fn create_dir_all(&self, p: &Path) -> io::Result<()> {
+    pub(crate) fn create_dir_all(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("create_dir_all {}", p.display());
-        let parsed = path::parse(p, &op)?;
-        let mut prefix = PathBuf::from("/");
+        let parsed = path::parse(p.path, &op)?;
+        let mut prefix = PathBuf::from(if parsed.absolute { "/" } else { "." });
         for c in parsed.comps {
             match c {
                 Comp::Cur => continue,
                 Comp::Parent => prefix.push(".."),
                 Comp::Name(n) => prefix.push(std::ffi::OsStr::from_bytes_ext(&n)),
             }
-            match self.create_dir(&prefix) {
+            let at = At {
+                dir: p.dir,
+                path: &prefix,
+            };
+            match self.create_dir(at) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    if !self.metadata(&prefix)?.is_dir() {
+                    if !self.metadata(at)?.is_dir() {
                         return Err(fs_err(
                             libc::EEXIST,
                             format!("{op}: {} exists and is not a directory", prefix.display()),
@@ -1649,7 +1687,7 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn metadata(&self, p: &Path) -> io::Result<Metadata> {
+    pub(crate) fn metadata(&self, p: At<'_>) -> io::Result<Metadata> {
         let op = format!("metadata {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, true, &op)?;
@@ -1658,7 +1696,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn symlink_metadata(&self, p: &Path) -> io::Result<Metadata> {
+    pub(crate) fn symlink_metadata(&self, p: At<'_>) -> io::Result<Metadata> {
         let op = format!("symlink_metadata {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
@@ -1667,7 +1705,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn read_dir_entries(&self, p: &Path) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
+    pub(crate) fn read_dir_entries(&self, p: At<'_>) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
         let op = format!("read_dir {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, true, &op)?;
@@ -1730,7 +1768,7 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn remove_file(&self, p: &Path) -> io::Result<()> {
+    pub(crate) fn remove_file(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("remove_file {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
@@ -1751,7 +1789,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn remove_dir(&self, p: &Path) -> io::Result<()> {
+    pub(crate) fn remove_dir(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("remove_dir {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
@@ -1786,7 +1824,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn remove_dir_all(&self, p: &Path) -> io::Result<()> {
+    pub(crate) fn remove_dir_all(&self, p: At<'_>) -> io::Result<()> {
         let m = self.symlink_metadata(p)?;
         if !m.is_dir() {
             if m.is_symlink() {
@@ -1798,11 +1836,15 @@ impl Inner {
             ));
         }
         for (name, _, kind) in self.read_dir_entries(p)? {
-            let child = p.join(std::ffi::OsStr::from_bytes_ext(&name));
+            let child = p.path.join(std::ffi::OsStr::from_bytes_ext(&name));
+            let child = At {
+                dir: p.dir,
+                path: &child,
+            };
             if kind == Kind::Dir {
-                self.remove_dir_all(&child)?;
+                self.remove_dir_all(child)?;
             } else {
-                self.remove_file(&child)?;
+                self.remove_file(child)?;
             }
         }
         self.remove_dir(p)
@@ -1823,7 +1865,7 @@ impl Inner {
         Err(fs_err(libc::ELOOP, "directory parent chain too long"))
     }
 
-    pub(crate) fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+    pub(crate) fn rename(&self, from: At<'_>, to: At<'_>) -> io::Result<()> {
         let op = format!("rename {} -> {}", from.display(), to.display());
         self.run(|st| {
             // The order of checks follows Linux (do_renameat2, vfs_rename), so that the same
@@ -1920,7 +1962,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn hard_link(&self, original: &Path, link: &Path) -> io::Result<()> {
+    pub(crate) fn hard_link(&self, original: At<'_>, link: At<'_>) -> io::Result<()> {
         let op = format!("hard_link {} -> {}", link.display(), original.display());
         self.run(|st| {
             let wo = self.walk(st, original, false, &op)?;
@@ -1957,7 +1999,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
+    pub(crate) fn symlink(&self, target: &Path, link: At<'_>) -> io::Result<()> {
         use std::os::unix::ffi::OsStrExt;
         let op = format!("symlink {} -> {}", link.display(), target.display());
         let t = target.as_os_str().as_bytes();
@@ -1990,7 +2032,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn read_link(&self, p: &Path) -> io::Result<PathBuf> {
+    pub(crate) fn read_link(&self, p: At<'_>) -> io::Result<PathBuf> {
         use std::os::unix::ffi::OsStringExt;
         let op = format!("read_link {}", p.display());
         self.run(|st| {
@@ -2004,7 +2046,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn set_permissions(&self, p: &Path, mode: u32) -> io::Result<()> {
+    pub(crate) fn set_permissions(&self, p: At<'_>, mode: u32) -> io::Result<()> {
         let op = format!("set_permissions {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, true, &op)?;
@@ -2024,7 +2066,7 @@ impl Inner {
 
     pub(crate) fn set_times(
         &self,
-        p: &Path,
+        p: At<'_>,
         atime: Option<i64>,
         mtime: Option<i64>,
     ) -> io::Result<()> {
@@ -2095,7 +2137,7 @@ impl Inner {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn open_inode(
         &self,
-        p: &Path,
+        p: At<'_>,
         read: bool,
         write: bool,
         create: bool,

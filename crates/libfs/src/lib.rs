@@ -38,6 +38,7 @@ pub mod path;
 mod ring;
 
 pub use file::{File, OpenOptions};
+pub use fs::At;
 pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
 
@@ -58,6 +59,25 @@ pub struct Fs {
 
 fn is_default_store(explicit: Option<&Path>) -> bool {
     explicit.is_none() && std::env::var_os("CAIRN_STORE").is_none_or(|s| s.is_empty())
+}
+
+/// Where a path-taking call looks: a path (`&str`, `Path`, `PathBuf`, …), resolved from
+/// the store's root, or an [`At`]: a path relative to a directory given by its inode
+/// number (the `*at` calls; absolute paths still start at the root).
+pub trait Loc {
+    fn at(&self) -> At<'_>;
+}
+
+impl<P: AsRef<Path> + ?Sized> Loc for P {
+    fn at(&self) -> At<'_> {
+        At::root(self.as_ref())
+    }
+}
+
+impl Loc for At<'_> {
+    fn at(&self) -> At<'_> {
+        *self
+    }
 }
 
 impl Fs {
@@ -83,25 +103,26 @@ impl Fs {
     }
 
     /// Create a directory (mode `0o777` minus the umask).
-    pub fn create_dir(&self, p: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.create_dir(p.as_ref())
+    pub fn create_dir(&self, p: impl Loc) -> io::Result<()> {
+        self.inner.create_dir(p.at())
     }
 
     /// Create a directory and all missing parents; existing directories are fine.
-    pub fn create_dir_all(&self, p: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.create_dir_all(p.as_ref())
+    pub fn create_dir_all(&self, p: impl Loc) -> io::Result<()> {
+        self.inner.create_dir_all(p.at())
     }
 
     /// The entries of a directory (without `.` and `..`).
-    pub fn read_dir(&self, p: impl AsRef<Path>) -> io::Result<ReadDir> {
-        let p = p.as_ref();
+    pub fn read_dir(&self, p: impl Loc) -> io::Result<ReadDir> {
+        let p = p.at();
         let entries = self
             .inner
             .read_dir_entries(p)?
             .into_iter()
             .map(|(name, ino, kind)| DirEntry {
                 fs: self.inner.clone(),
-                dir: p.to_path_buf(),
+                base: p.dir,
+                dir: p.path.to_path_buf(),
                 name,
                 ino,
                 kind,
@@ -113,74 +134,71 @@ impl Fs {
     }
 
     /// Remove a file or symlink (not a directory: `EISDIR`).
-    pub fn remove_file(&self, p: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.remove_file(p.as_ref())
+    pub fn remove_file(&self, p: impl Loc) -> io::Result<()> {
+        self.inner.remove_file(p.at())
     }
 
     /// Remove an empty directory.
-    pub fn remove_dir(&self, p: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.remove_dir(p.as_ref())
+    pub fn remove_dir(&self, p: impl Loc) -> io::Result<()> {
+        self.inner.remove_dir(p.at())
     }
 
     /// Remove a directory and everything below it (symlinks are removed, not followed).
     /// Not atomic: one transaction per removed entry.
-    pub fn remove_dir_all(&self, p: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.remove_dir_all(p.as_ref())
+    pub fn remove_dir_all(&self, p: impl Loc) -> io::Result<()> {
+        self.inner.remove_dir_all(p.at())
     }
 
     /// Rename atomically; replaces a file, or an empty directory when moving a directory.
-    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.rename(from.as_ref(), to.as_ref())
+    pub fn rename(&self, from: impl Loc, to: impl Loc) -> io::Result<()> {
+        self.inner.rename(from.at(), to.at())
     }
 
     /// Make `link` a new name of `original` (not a directory; `original` is not followed
     /// if it is a symlink).
-    pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.hard_link(original.as_ref(), link.as_ref())
+    pub fn hard_link(&self, original: impl Loc, link: impl Loc) -> io::Result<()> {
+        self.inner.hard_link(original.at(), link.at())
     }
 
     /// Make `link` a symbolic link to `target` (stored as given, resolved when used).
-    pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
-        self.inner.symlink(target.as_ref(), link.as_ref())
+    pub fn symlink(&self, target: impl AsRef<Path>, link: impl Loc) -> io::Result<()> {
+        self.inner.symlink(target.as_ref(), link.at())
     }
 
     /// The target of a symbolic link.
-    pub fn read_link(&self, p: impl AsRef<Path>) -> io::Result<PathBuf> {
-        self.inner.read_link(p.as_ref())
+    pub fn read_link(&self, p: impl Loc) -> io::Result<PathBuf> {
+        self.inner.read_link(p.at())
     }
 
     /// Metadata, following symlinks.
-    pub fn metadata(&self, p: impl AsRef<Path>) -> io::Result<Metadata> {
-        self.inner.metadata(p.as_ref())
+    pub fn metadata(&self, p: impl Loc) -> io::Result<Metadata> {
+        self.inner.metadata(p.at())
     }
 
     /// Metadata of the path itself (a symlink is not followed).
-    pub fn symlink_metadata(&self, p: impl AsRef<Path>) -> io::Result<Metadata> {
-        self.inner.symlink_metadata(p.as_ref())
+    pub fn symlink_metadata(&self, p: impl Loc) -> io::Result<Metadata> {
+        self.inner.symlink_metadata(p.at())
     }
 
     /// Change the permission bits (owner or root).
-    pub fn set_permissions(&self, p: impl AsRef<Path>, perm: Permissions) -> io::Result<()> {
-        self.inner.set_permissions(p.as_ref(), perm.mode())
+    pub fn set_permissions(&self, p: impl Loc, perm: Permissions) -> io::Result<()> {
+        self.inner.set_permissions(p.at(), perm.mode())
     }
 
     /// Set the access and/or modification time (`None`: unchanged; owner or root).
     pub fn set_times(
         &self,
-        p: impl AsRef<Path>,
+        p: impl Loc,
         atime: Option<SystemTime>,
         mtime: Option<SystemTime>,
     ) -> io::Result<()> {
-        self.inner.set_times(
-            p.as_ref(),
-            atime.map(meta::time_ns),
-            mtime.map(meta::time_ns),
-        )
+        self.inner
+            .set_times(p.at(), atime.map(meta::time_ns), mtime.map(meta::time_ns))
     }
 
     /// The whole contents of a file.
-    pub fn read(&self, p: impl AsRef<Path>) -> io::Result<Vec<u8>> {
-        let p = p.as_ref();
+    pub fn read(&self, p: impl Loc) -> io::Result<Vec<u8>> {
+        let p = p.at();
         let f = File::open(self, p)?;
         let m = f.metadata()?;
         if m.is_dir() {
@@ -204,15 +222,20 @@ impl Fs {
     }
 
     /// Create (or truncate) a file and write `data` to it.
-    pub fn write(&self, p: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Result<()> {
+    pub fn write(&self, p: impl Loc, data: impl AsRef<[u8]>) -> io::Result<()> {
         let f = File::create(self, p)?;
         f.write_at(data.as_ref(), 0)?;
         Ok(())
     }
 
     /// Whether the path exists (following symlinks).
-    pub fn exists(&self, p: impl AsRef<Path>) -> bool {
+    pub fn exists(&self, p: impl Loc) -> bool {
         self.metadata(p).is_ok()
+    }
+
+    /// Metadata of inode `ino` (`ENOENT` if it is free).
+    pub fn metadata_ino(&self, ino: u64) -> io::Result<Metadata> {
+        self.inner.metadata_ino(ino)
     }
 
     /// The daemon's status report.

@@ -197,6 +197,8 @@ impl Iterator for ReadDir {
 /// One entry of a directory.
 pub struct DirEntry {
     pub(crate) fs: Arc<Inner>,
+    /// The directory a relative `dir` starts from (`read_dir` of an [`crate::At`]).
+    pub(crate) base: u64,
     pub(crate) dir: PathBuf,
     pub(crate) name: Vec<u8>,
     pub(crate) ino: u64,
@@ -231,7 +233,11 @@ impl DirEntry {
     }
     /// The entry's metadata (symlinks are not followed, as with `std`).
     pub fn metadata(&self) -> io::Result<crate::Metadata> {
-        self.fs.symlink_metadata(&self.path())
+        let p = self.path();
+        self.fs.symlink_metadata(crate::At {
+            dir: self.base,
+            path: &p,
+        })
     }
 }
 

@@ -1,0 +1,96 @@
+//! The `*at` calls (`cairn::At`): paths relative to a directory given by its inode
+//! number, as the POSIX shim's `openat`/`mkdirat`/… and the FUSE mount use them.
+
+use cairn::{At, OpenOptions};
+use cairn_tests::TestStore;
+use std::io::ErrorKind;
+use std::path::Path;
+
+fn at(dir: u64, p: &str) -> At<'_> {
+    At {
+        dir,
+        path: Path::new(p),
+    }
+}
+
+#[test]
+fn paths_relative_to_a_directory_inode() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.create_dir_all("/a/b").unwrap();
+    fs.create_dir("/c").unwrap();
+    let a = fs.metadata("/a").unwrap().ino();
+    let c = fs.metadata("/c").unwrap().ino();
+
+    fs.write(at(a, "b/f"), b"one").unwrap();
+    assert_eq!(fs.read("/a/b/f").unwrap(), b"one");
+    assert_eq!(fs.read(at(a, "./b/../b/f")).unwrap(), b"one");
+    // `..` from the base, and absolute paths from the root whatever the base.
+    assert_eq!(fs.read(at(c, "../a/b/f")).unwrap(), b"one");
+    assert_eq!(fs.read(at(c, "/a/b/f")).unwrap(), b"one");
+
+    fs.create_dir(at(a, "d")).unwrap();
+    fs.create_dir_all(at(a, "d/e/g")).unwrap();
+    assert!(fs.metadata("/a/d/e/g").unwrap().is_dir());
+    let names: Vec<String> = fs
+        .read_dir(at(a, "."))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(names, ["b", "d"]);
+    // Entries of an `At` listing know their base.
+    for e in fs.read_dir(at(a, "b")).unwrap() {
+        let e = e.unwrap();
+        assert_eq!(e.metadata().unwrap().len(), 3);
+    }
+
+    // Two bases: rename and hard link between them.
+    fs.rename(at(a, "b/f"), at(c, "f2")).unwrap();
+    assert!(!fs.exists("/a/b/f"));
+    assert_eq!(fs.read("/c/f2").unwrap(), b"one");
+    fs.hard_link(at(c, "f2"), at(a, "h")).unwrap();
+    assert_eq!(fs.metadata(at(a, "h")).unwrap().nlink(), 2);
+    // A relative symlink resolves from its own directory, not from the base.
+    fs.symlink("f2", at(c, "s")).unwrap();
+    assert_eq!(fs.read_link(at(c, "s")).unwrap(), Path::new("f2"));
+    assert_eq!(fs.read(at(a, "../c/s")).unwrap(), b"one");
+    assert!(fs
+        .symlink_metadata(at(c, "s"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, at(c, "f2"))
+        .unwrap();
+    f.write_at(b"ONE", 0).unwrap();
+    assert_eq!(fs.read("/c/f2").unwrap(), b"ONE");
+    let ino = f.ino();
+    assert_eq!(fs.metadata_ino(ino).unwrap().len(), 3);
+    assert_eq!(fs.metadata_ino(c).unwrap().ino(), c);
+
+    fs.set_permissions(at(c, "f2"), cairn::Permissions::from_mode(0o600))
+        .unwrap();
+    assert_eq!(
+        fs.metadata("/c/f2").unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    fs.remove_file(at(a, "h")).unwrap();
+    fs.remove_dir_all(at(a, "d")).unwrap();
+    assert!(!fs.exists("/a/d"));
+    fs.remove_dir(at(a, "b")).unwrap();
+    assert_eq!(fs.read_dir("/a").unwrap().count(), 0);
+
+    // A base that is not a directory, or that was removed.
+    let e = fs.read(at(ino, "x")).unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::ENOTDIR, "{e}");
+    fs.remove_dir("/a").unwrap();
+    let e = fs.write(at(a, "x"), b"").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let e = fs.metadata_ino(a).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+}
