@@ -16,12 +16,14 @@ fi
 
 # ---- Debian packages --------------------------------------------------------------
 apt_missing=()
-have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 command -v cc >/dev/null 2>&1 || apt_missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || apt_missing+=(pkg-config)
-# FUSE front end (not built yet). When crates/fuse lands, uncomment:
-# have_pkg fuse3 || apt_missing+=(fuse3)
-# have_pkg libfuse3-dev || apt_missing+=(libfuse3-dev)
+# The FUSE mount (crates/fuse) mounts through fusermount3; libfuse is not linked.
+command -v fusermount3 >/dev/null 2>&1 || apt_missing+=(fuse3)
+# Real programs the system tests run on the mount (crates/tests/tests/fuse.rs).
+command -v sqlite3 >/dev/null 2>&1 || apt_missing+=(sqlite3)
+command -v git >/dev/null 2>&1 || apt_missing+=(git)
+command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
 if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
     # No rustup toolchain: fall back to Debian's Rust (new enough on Debian 13 and later).
     apt_missing+=(cargo rustc)

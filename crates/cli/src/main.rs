@@ -107,6 +107,15 @@ pub enum Command {
     },
     /// Stop the store's daemon cleanly (digests every log first)
     Stop,
+    /// Mount the store with FUSE at MOUNTPOINT, so that every program can use it
+    Mount {
+        /// Serve in this process until unmounted (default: in the background)
+        #[arg(long)]
+        foreground: bool,
+        mountpoint: PathBuf,
+    },
+    /// Unmount a FUSE mount of a store
+    Umount { mountpoint: PathBuf },
     /// Benchmarks
     Bench {
         #[command(subcommand)]

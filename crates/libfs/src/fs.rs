@@ -216,7 +216,8 @@ pub(crate) struct Inner {
 }
 
 /// A path and the directory a relative path starts from (the `*at` calls): absolute
-/// paths start at the root whatever `dir` is.
+/// paths start at the root whatever `dir` is. An empty path names `dir` itself, which
+/// may then be any inode (as `AT_EMPTY_PATH`): [`At::inode`].
 #[derive(Debug, Clone, Copy)]
 pub struct At<'a> {
     pub dir: u64,
@@ -230,6 +231,29 @@ impl<'a> At<'a> {
             dir: ROOT_INO,
             path,
         }
+    }
+
+    /// Inode `ino` itself (an empty path from it), for the calls that act on an
+    /// existing inode: metadata, permissions, owner, times, `read_link`, opening it,
+    /// the source of a hard link. Calls that create or remove a name refuse it
+    /// (`ENOENT`, as an empty path does).
+    pub fn inode(ino: u64) -> At<'static> {
+        At {
+            dir: ino,
+            path: Path::new(""),
+        }
+    }
+
+    fn is_inode(&self) -> bool {
+        self.path.as_os_str().is_empty()
+    }
+
+    /// `ENOENT` for [`At::inode`] (the calls that create or remove a name).
+    fn named(&self, op: &str) -> io::Result<()> {
+        if self.is_inode() {
+            return Err(fs_err(libc::ENOENT, format!("{op}: empty path")));
+        }
+        Ok(())
     }
 
     /// For messages.
@@ -1401,6 +1425,21 @@ impl Inner {
         follow_last: bool,
         op: &str,
     ) -> io::Result<Walk> {
+        if p.is_inode() {
+            if !self.area.layout().ino_valid(p.dir) {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!("{op}: inode number {} out of range", p.dir),
+                ));
+            }
+            let (_, a) = self.attrs(st, p.dir)?;
+            return Ok(Walk {
+                parent: p.dir,
+                name: None,
+                found: Some((p.dir, a.kind)),
+                trailing_slash: false,
+            });
+        }
         let parsed = path::parse(p.path, op)?;
         let trailing_slash = parsed.trailing_slash;
         let mut stack: Vec<Comp> = parsed.comps;
@@ -1636,6 +1675,7 @@ impl Inner {
 
     pub(crate) fn create_dir(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("create_dir {}", p.display());
+        p.named(&op)?;
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
             let Some(name) = w.name.filter(|_| w.found.is_none()) else {
@@ -1659,6 +1699,7 @@ impl Inner {
 
     pub(crate) fn create_dir_all(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("create_dir_all {}", p.display());
+        p.named(&op)?;
         let parsed = path::parse(p.path, &op)?;
         let mut prefix = PathBuf::from(if parsed.absolute { "/" } else { "." });
         for c in parsed.comps {
@@ -1770,13 +1811,16 @@ impl Inner {
 
     pub(crate) fn remove_file(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("remove_file {}", p.display());
+        p.named(&op)?;
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
             let (ino, kind) = Self::need_found(&w, &op)?;
             if kind == Kind::Dir {
                 return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
             }
-            let name = w.name.expect("a non-directory has a name");
+            let Some(name) = w.name else {
+                return Err(fs_err(libc::ENOENT, format!("{op}: empty path")));
+            };
             self.check_parent_write(st, w.parent, &op)?;
             self.check_sticky(st, w.parent, ino, &op)?;
             let now = now_ns();
@@ -1791,6 +1835,7 @@ impl Inner {
 
     pub(crate) fn remove_dir(&self, p: At<'_>) -> io::Result<()> {
         let op = format!("remove_dir {}", p.display());
+        p.named(&op)?;
         self.run(|st| {
             let w = self.walk(st, p, false, &op)?;
             let (ino, kind) = Self::need_found(&w, &op)?;
@@ -1867,6 +1912,8 @@ impl Inner {
 
     pub(crate) fn rename(&self, from: At<'_>, to: At<'_>) -> io::Result<()> {
         let op = format!("rename {} -> {}", from.display(), to.display());
+        from.named(&op)?;
+        to.named(&op)?;
         self.run(|st| {
             // The order of checks follows Linux (do_renameat2, vfs_rename), so that the same
             // call fails with the same errno: both parents, the source, the subtree traps,
@@ -1964,6 +2011,7 @@ impl Inner {
 
     pub(crate) fn hard_link(&self, original: At<'_>, link: At<'_>) -> io::Result<()> {
         let op = format!("hard_link {} -> {}", link.display(), original.display());
+        link.named(&op)?;
         self.run(|st| {
             let wo = self.walk(st, original, false, &op)?;
             let (ino, kind) = Self::need_found(&wo, &op)?;
@@ -2002,6 +2050,7 @@ impl Inner {
     pub(crate) fn symlink(&self, target: &Path, link: At<'_>) -> io::Result<()> {
         use std::os::unix::ffi::OsStrExt;
         let op = format!("symlink {} -> {}", link.display(), target.display());
+        link.named(&op)?;
         let t = target.as_os_str().as_bytes();
         if t.is_empty() {
             return Err(fs_err(libc::ENOENT, format!("{op}: empty target")));
@@ -2058,6 +2107,55 @@ impl Inner {
                 a.perm = mode & 0o7777;
                 if !cred.is_root() && !cred.in_group(a.gid) {
                     a.perm &= !0o2000;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// `chown`: a new owner needs root; a new group needs root, or the owner and
+    /// membership of the group. A regular file loses its setuid bit, and its setgid bit
+    /// if group-executable (as on Linux); `None` keeps a field.
+    pub(crate) fn set_owner(
+        &self,
+        p: At<'_>,
+        follow: bool,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> io::Result<()> {
+        let op = format!("set_owner {}", p.display());
+        self.run(|st| {
+            let w = self.walk(st, p, follow, &op)?;
+            let (ino, _) = Self::need_found(&w, &op)?;
+            self.chattr(st, ino, &op, |cred, a| {
+                let uid_change = uid.is_some_and(|u| u != a.uid);
+                let gid_change = gid.is_some_and(|g| g != a.gid);
+                if uid_change && !cred.is_root() {
+                    return Err(fs_err(
+                        libc::EPERM,
+                        format!("{op}: only root changes the owner"),
+                    ));
+                }
+                if gid_change
+                    && !cred.is_root()
+                    && !(cred.owns(a) && gid.is_some_and(|g| cred.in_group(g)))
+                {
+                    return Err(fs_err(
+                        libc::EPERM,
+                        format!("{op}: not the owner, or not a member of the group"),
+                    ));
+                }
+                if (uid.is_some() || gid.is_some()) && a.kind == Kind::File {
+                    a.perm &= !0o4000;
+                    if a.perm & 0o010 != 0 {
+                        a.perm &= !0o2000;
+                    }
+                }
+                if let Some(u) = uid {
+                    a.uid = u;
+                }
+                if let Some(g) = gid {
+                    a.gid = g;
                 }
                 Ok(())
             })

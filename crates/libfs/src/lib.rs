@@ -185,6 +185,22 @@ impl Fs {
         self.inner.set_permissions(p.at(), perm.mode())
     }
 
+    /// Change the owner and/or group (`chown`; `None`: unchanged): the owner needs root,
+    /// the group root or the owner being a member of it. Symlinks are followed.
+    pub fn set_owner(&self, p: impl Loc, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+        self.inner.set_owner(p.at(), true, uid, gid)
+    }
+
+    /// [`Fs::set_owner`] of a symlink itself (`lchown`).
+    pub fn set_symlink_owner(
+        &self,
+        p: impl Loc,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> io::Result<()> {
+        self.inner.set_owner(p.at(), false, uid, gid)
+    }
+
     /// Set the access and/or modification time (`None`: unchanged; owner or root).
     pub fn set_times(
         &self,

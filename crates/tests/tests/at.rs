@@ -94,3 +94,49 @@ fn paths_relative_to_a_directory_inode() {
     let e = fs.metadata_ino(a).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 }
+
+#[test]
+fn an_inode_itself_and_chown() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.create_dir("/d").unwrap();
+    fs.write("/d/f", b"data").unwrap();
+    fs.symlink("f", "/d/s").unwrap();
+    let f = fs.metadata("/d/f").unwrap().ino();
+    let s = fs.symlink_metadata("/d/s").unwrap().ino();
+    let d = fs.metadata("/d").unwrap().ino();
+    // Calls on the inode itself.
+    assert_eq!(fs.metadata(At::inode(f)).unwrap().len(), 4);
+    assert_eq!(fs.read(At::inode(f)).unwrap(), b"data");
+    assert_eq!(fs.read_link(At::inode(s)).unwrap(), Path::new("f"));
+    fs.set_permissions(At::inode(f), cairn::Permissions::from_mode(0o4755))
+        .unwrap();
+    fs.hard_link(At::inode(f), at(d, "g")).unwrap();
+    assert_eq!(fs.metadata("/d/g").unwrap().nlink(), 2);
+    // Calls that create or remove a name refuse it.
+    for e in [
+        fs.remove_file(At::inode(f)).unwrap_err(),
+        fs.create_dir(At::inode(d)).unwrap_err(),
+        fs.rename(At::inode(f), at(d, "x")).unwrap_err(),
+        fs.symlink("f", At::inode(d)).unwrap_err(),
+    ] {
+        assert_eq!(cairn_area::errno_of(&e), libc::ENOENT, "{e}");
+    }
+    // chown (the tests run as root): the owner, the group, and the setuid bit goes.
+    fs.set_owner(At::inode(f), Some(1234), Some(5678)).unwrap();
+    let m = fs.metadata("/d/f").unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
+    assert_eq!(m.permissions().mode() & 0o7777, 0o755);
+    fs.set_owner("/d/f", None, Some(42)).unwrap();
+    assert_eq!(fs.metadata("/d/f").unwrap().uid(), 1234);
+    assert_eq!(fs.metadata("/d/f").unwrap().gid(), 42);
+    // lchown changes the symlink, chown its target.
+    fs.set_symlink_owner("/d/s", Some(7), None).unwrap();
+    assert_eq!(fs.symlink_metadata("/d/s").unwrap().uid(), 7);
+    assert_eq!(fs.metadata("/d/s").unwrap().uid(), 1234);
+    drop(fs);
+    // It is durable like everything else: after a daemon restart.
+    store.stop();
+    let m = store.fs().metadata("/d/g").unwrap();
+    assert_eq!((m.uid(), m.gid(), m.nlink()), (1234, 42, 2));
+}

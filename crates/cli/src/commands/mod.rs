@@ -2,6 +2,7 @@
 
 mod admin;
 mod files;
+mod mount;
 mod tree;
 
 use crate::error::CliResult;
@@ -35,6 +36,11 @@ pub fn run(cli: Cli) -> CliResult {
             link,
         } => tree::ln(store, &target, &link, symbolic),
         Command::Stat { dereference, paths } => tree::stat(store, &paths, dereference),
+        Command::Mount {
+            mountpoint,
+            foreground,
+        } => mount::mount(store, &mountpoint, foreground),
+        Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench { which } => match which {
             BenchCommand::Latency(args) => crate::bench::latency(store, &args),
             BenchCommand::Share(args) => crate::bench::share(store, &args),

@@ -1,0 +1,119 @@
+//! `cairn mount` and `cairn umount`: the FUSE mount (crates/fuse).
+
+use crate::error::{CliError, CliResult};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Whether a Cairn FUSE file system is mounted at `mp` (from /proc/self/mountinfo).
+pub fn is_mounted(mp: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = mp.to_string_lossy();
+    info.lines().any(|l| {
+        // ID parent major:minor root MOUNTPOINT options ... - FSTYPE SOURCE options
+        let f: Vec<&str> = l.split(' ').collect();
+        let mut tail = l.split(" - ").nth(1).unwrap_or("").split(' ');
+        let (fstype, source) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
+        f.get(4).is_some_and(|m| *m == want) && fstype.starts_with("fuse") && source == "cairn"
+    })
+}
+
+fn canonical(mp: &Path) -> CliResult<PathBuf> {
+    let c = std::fs::canonicalize(mp)
+        .map_err(|e| CliError::new(format!("mount point {}: {e}", mp.display())))?;
+    if !c.is_dir() {
+        return Err(CliError::new(format!(
+            "mount point {}: not a directory",
+            mp.display()
+        )));
+    }
+    Ok(c)
+}
+
+/// `cairn mount`: serve the store at `mp`; in the background unless `foreground`.
+pub fn mount(store: Option<&Path>, mp: &Path, foreground: bool) -> CliResult {
+    let mp = canonical(mp)?;
+    if is_mounted(&mp) {
+        return Err(CliError::new(format!(
+            "{}: a Cairn store is already mounted there",
+            mp.display()
+        )));
+    }
+    if foreground {
+        let fs = super::open_fs(store)?;
+        return cairn_fuse::serve(fs, &mp)
+            .map_err(|e| CliError::new(format!("mount {}: {e}", mp.display())));
+    }
+    // Background: the same command in the foreground, in its own process group, logging
+    // to a file next to the store's daemon log; wait until the mount appears.
+    let dir = cairn_area::StoreDir::resolve(store);
+    let log_path = dir.path.join("mount.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| CliError::new(format!("{}: {e}", log_path.display())))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    if let Some(s) = store {
+        cmd.arg("--store").arg(s);
+    }
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .args(["mount", "--foreground"])
+        .arg(&mp)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if is_mounted(&mp) {
+            println!("mounted {} at {}", dir.path.display(), mp.display());
+            return Ok(());
+        }
+        if let Some(st) = child.try_wait()? {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(3).collect();
+            return Err(CliError::new(format!(
+                "mount {}: the mount process exited ({st}): {}",
+                mp.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            )));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            return Err(CliError::new(format!(
+                "mount {}: not mounted after 15 s (see {})",
+                mp.display(),
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `cairn umount`: unmount (the mount process then says goodbye to the daemon and exits).
+pub fn umount(mp: &Path) -> CliResult {
+    let mp = canonical(mp)?;
+    if !is_mounted(&mp) {
+        return Err(CliError::new(format!(
+            "{}: no Cairn store is mounted there",
+            mp.display()
+        )));
+    }
+    let out = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mp)
+        .output()
+        .map_err(|e| CliError::new(format!("run fusermount3 (package fuse3): {e}")))?;
+    if !out.status.success() {
+        return Err(CliError::new(format!(
+            "umount {}: {}",
+            mp.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}

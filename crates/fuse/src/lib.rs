@@ -1,0 +1,621 @@
+//! The FUSE mount of a Cairn store (`cairn mount`, ARCHITECTURE.md "FUSE mount"): one
+//! Cairn client that serves the kernel's FUSE requests, so that every program can use
+//! the store. FUSE inode numbers are Cairn's (the root is 1 in both); names resolve with
+//! `cairn::At` relative to the parent's inode, and calls on an inode use `At::inode`.
+//!
+//! Permissions are checked by the kernel (`default_permissions`) against the attributes
+//! returned here; the mount's own client runs with its credentials (normally root) and
+//! gives new files to the calling user. Attributes and entries are not cached by the
+//! kernel (TTL 0), so that changes other clients make are seen at once.
+
+use cairn::{At, File, Fs, Metadata, OpenOptions};
+use fuser::{
+    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// How long the kernel may cache attributes and entries: not at all (other clients
+/// change the store too).
+const TTL: Duration = Duration::ZERO;
+const BLOCK: u32 = 4096;
+
+/// The errno of a Cairn error.
+fn errno(e: &io::Error) -> i32 {
+    match cairn_area::errno_of(e) {
+        0 => libc::EIO,
+        n => n,
+    }
+}
+
+fn kind_of(m: &Metadata) -> FileType {
+    let t = m.file_type();
+    if t.is_dir() {
+        FileType::Directory
+    } else if t.is_symlink() {
+        FileType::Symlink
+    } else {
+        FileType::RegularFile
+    }
+}
+
+fn attr_of(m: &Metadata) -> FileAttr {
+    FileAttr {
+        ino: m.ino(),
+        size: m.len(),
+        blocks: m.blocks(),
+        atime: m.accessed(),
+        mtime: m.modified(),
+        ctime: m.changed(),
+        crtime: m.created(),
+        kind: kind_of(m),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink().min(u32::MAX as u64) as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: 0,
+        blksize: BLOCK,
+        flags: 0,
+    }
+}
+
+fn name_at(parent: u64, name: &OsStr) -> At<'_> {
+    At {
+        dir: parent,
+        path: Path::new(name),
+    }
+}
+
+fn time_of(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+/// What a `setattr` changes.
+struct Change {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+}
+
+/// A directory listing taken at `opendir` (served by offset to `readdir`).
+struct Listing {
+    entries: Vec<(u64, FileType, Vec<u8>)>,
+}
+
+/// The FUSE file system over one Cairn client.
+pub struct CairnFuse {
+    fs: Fs,
+    /// Whether new files go to the calling user (the mount runs as root).
+    chown_new: bool,
+    files: HashMap<u64, File>,
+    dirs: HashMap<u64, Listing>,
+    next_fh: u64,
+}
+
+impl CairnFuse {
+    pub fn new(fs: Fs) -> CairnFuse {
+        CairnFuse {
+            fs,
+            chown_new: euid() == 0,
+            files: HashMap::new(),
+            dirs: HashMap::new(),
+            next_fh: 1,
+        }
+    }
+
+    fn fh(&mut self) -> u64 {
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        fh
+    }
+
+    /// Give a new inode to the caller: its uid, and its gid unless the directory is
+    /// setgid (then the directory's group was inherited).
+    fn own(&self, req: &Request<'_>, parent: u64, at: At<'_>, symlink: bool) -> io::Result<()> {
+        if !self.chown_new || (req.uid() == 0 && req.gid() == 0) {
+            return Ok(());
+        }
+        let setgid = self.fs.metadata(At::inode(parent))?.mode() & 0o2000 != 0;
+        let gid = (!setgid).then_some(req.gid());
+        if symlink {
+            self.fs.set_symlink_owner(at, Some(req.uid()), gid)
+        } else {
+            self.fs.set_owner(at, Some(req.uid()), gid)
+        }
+    }
+
+    fn entry(&self, at: At<'_>, reply: ReplyEntry) {
+        match self.fs.symlink_metadata(at) {
+            Ok(m) => reply.entry(&TTL, &attr_of(&m), 0),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr_inner(&mut self, ino: u64, c: Change, fh: Option<u64>) -> io::Result<Metadata> {
+        let Change {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+        } = c;
+        let me = At::inode(ino);
+        if uid.is_some() || gid.is_some() {
+            self.fs.set_symlink_owner(me, uid, gid)?;
+        }
+        if let Some(m) = mode {
+            self.fs
+                .set_permissions(me, cairn::Permissions::from_mode(m & 0o7777))?;
+        }
+        if let Some(sz) = size {
+            match fh.and_then(|h| self.files.get(&h)) {
+                Some(f) => f.set_len(sz)?,
+                None => OpenOptions::new()
+                    .write(true)
+                    .open(&self.fs, me)?
+                    .set_len(sz)?,
+            }
+        }
+        if atime.is_some() || mtime.is_some() {
+            self.fs
+                .set_times(me, atime.map(time_of), mtime.map(time_of))?;
+        }
+        self.fs.symlink_metadata(me)
+    }
+}
+
+/// The effective uid of this process.
+fn euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self is owned by the process's effective uid.
+    std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+}
+
+impl Filesystem for CairnFuse {
+    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        self.entry(name_at(parent, name), reply);
+    }
+
+    fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        match self.fs.symlink_metadata(At::inode(ino)) {
+            Ok(m) => reply.attr(&TTL, &attr_of(&m)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        let c = Change {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+        };
+        match self.setattr_inner(ino, c, fh) {
+            Ok(m) => reply.attr(&TTL, &attr_of(&m)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
+        match self.fs.read_link(At::inode(ino)) {
+            Ok(t) => reply.data(t.as_os_str().as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            // Devices, FIFOs and sockets are not stored (ARCHITECTURE.md, Limits).
+            return reply.error(libc::ENOTSUP);
+        }
+        let at = name_at(parent, name);
+        let r = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode & !umask & 0o7777)
+            .open(&self.fs, at)
+            .and_then(|_| self.own(req, parent, at, false));
+        match r {
+            Ok(()) => self.entry(at, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let at = name_at(parent, name);
+        let perm = cairn::Permissions::from_mode(mode & !umask & 0o7777);
+        let r = self
+            .fs
+            .create_dir(at)
+            .and_then(|()| self.fs.set_permissions(at, perm))
+            .and_then(|()| self.own(req, parent, at, false));
+        match r {
+            Ok(()) => self.entry(at, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.remove_file(name_at(parent, name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.remove_dir(name_at(parent, name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let at = name_at(parent, link_name);
+        let r = self
+            .fs
+            .symlink(target, at)
+            .and_then(|()| self.own(req, parent, at, true));
+        match r {
+            Ok(()) => self.entry(at, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (from, to) = (name_at(parent, name), name_at(newparent, newname));
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            // Not built yet (ARCHITECTURE.md, Limits).
+            return reply.error(libc::ENOTSUP);
+        }
+        if flags & !libc::RENAME_NOREPLACE != 0 {
+            return reply.error(libc::EINVAL);
+        }
+        if flags & libc::RENAME_NOREPLACE != 0 && self.fs.symlink_metadata(to).is_ok() {
+            return reply.error(libc::EEXIST);
+        }
+        match self.fs.rename(from, to) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        newparent: u64,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let at = name_at(newparent, newname);
+        match self.fs.hard_link(At::inode(ino), at) {
+            Ok(()) => self.entry(at, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let acc = flags & libc::O_ACCMODE;
+        let r = OpenOptions::new()
+            .read(acc != libc::O_WRONLY)
+            .write(acc != libc::O_RDONLY && flags & libc::O_APPEND == 0)
+            .append(flags & libc::O_APPEND != 0)
+            .open(&self.fs, At::inode(ino));
+        match r {
+            Ok(f) => {
+                let fh = self.fh();
+                self.files.insert(fh, f);
+                reply.opened(fh, 0);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyData,
+    ) {
+        let Some(f) = self.files.get(&fh) else {
+            return reply.error(libc::EBADF);
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut n = 0;
+        while n < buf.len() {
+            match f.read_at(&mut buf[n..], offset as u64 + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
+        reply.data(&buf[..n]);
+    }
+
+    fn write(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        data: &[u8],
+        _write_flags: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        let Some(f) = self.files.get(&fh) else {
+            return reply.error(libc::EBADF);
+        };
+        match f.write_at(data, offset as u64) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lo: u64, reply: ReplyEmpty) {
+        // Every write is durable when it returns.
+        reply.ok();
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.files.remove(&fh);
+        reply.ok();
+    }
+
+    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _ds: bool, reply: ReplyEmpty) {
+        match self.files.get(&fh).map(|f| f.sync_all()) {
+            Some(Err(e)) => reply.error(errno(&e)),
+            _ => reply.ok(),
+        }
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        let listing = (|| -> io::Result<Listing> {
+            let dotdot = self
+                .fs
+                .metadata(At {
+                    dir: ino,
+                    path: Path::new(".."),
+                })?
+                .ino();
+            let mut entries = vec![
+                (ino, FileType::Directory, b".".to_vec()),
+                (dotdot, FileType::Directory, b"..".to_vec()),
+            ];
+            for e in self.fs.read_dir(At::inode(ino))? {
+                let e = e?;
+                let t = e.file_type()?;
+                let kind = if t.is_dir() {
+                    FileType::Directory
+                } else if t.is_symlink() {
+                    FileType::Symlink
+                } else {
+                    FileType::RegularFile
+                };
+                entries.push((e.ino(), kind, e.file_name().as_bytes().to_vec()));
+            }
+            Ok(Listing { entries })
+        })();
+        match listing {
+            Ok(l) => {
+                let fh = self.fh();
+                self.dirs.insert(fh, l);
+                reply.opened(fh, 0);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(l) = self.dirs.get(&fh) else {
+            return reply.error(libc::EBADF);
+        };
+        for (i, (ino, kind, name)) in l.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(*ino, i as i64 + 1, *kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _f: i32, reply: ReplyEmpty) {
+        self.dirs.remove(&fh);
+        reply.ok();
+    }
+
+    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        match self.fs.status() {
+            Ok(s) => {
+                let (cap, used) = s
+                    .tiers
+                    .iter()
+                    .fold((0, 0), |a, t| (a.0 + t.capacity_bytes, a.1 + t.used_bytes));
+                let blocks = cap / BLOCK as u64;
+                let free = cap.saturating_sub(used) / BLOCK as u64;
+                let files_free = s.inodes.capacity.saturating_sub(s.inodes.used);
+                reply.statfs(
+                    blocks,
+                    free,
+                    free,
+                    s.inodes.capacity,
+                    files_free,
+                    BLOCK,
+                    255,
+                    BLOCK,
+                );
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&mut self, _r: &Request<'_>, _ino: u64, _n: &OsStr, _s: u32, reply: ReplyXattr) {
+        // Extended attributes are not stored (ARCHITECTURE.md, Limits).
+        reply.error(libc::ENODATA);
+    }
+
+    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn setxattr(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(libc::ENOTSUP);
+    }
+
+    fn removexattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(libc::ENODATA);
+    }
+
+    fn create(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let at = name_at(parent, name);
+        let acc = flags & libc::O_ACCMODE;
+        let r = OpenOptions::new()
+            .read(acc != libc::O_WRONLY)
+            .write(flags & libc::O_APPEND == 0)
+            .append(flags & libc::O_APPEND != 0)
+            .create(true)
+            .create_new(flags & libc::O_EXCL != 0)
+            .truncate(flags & libc::O_TRUNC != 0 && flags & libc::O_APPEND == 0)
+            .mode(mode & !umask & 0o7777)
+            .open(&self.fs, at);
+        let r = r.and_then(|f| {
+            self.own(req, parent, at, false)?;
+            Ok((f, self.fs.symlink_metadata(at)?))
+        });
+        match r {
+            Ok((f, m)) => {
+                let fh = self.fh();
+                self.files.insert(fh, f);
+                reply.created(&TTL, &attr_of(&m), 0, fh, 0);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// Mount options: the kernel checks permissions; other users may use the mount when it
+/// runs as root.
+pub fn mount_options() -> Vec<MountOption> {
+    let mut o = vec![
+        MountOption::FSName("cairn".into()),
+        MountOption::Subtype("cairn".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+    ];
+    if euid() == 0 {
+        o.push(MountOption::AllowOther);
+    }
+    o
+}
+
+/// Serve `fs` at `mountpoint` until it is unmounted.
+pub fn serve(fs: Fs, mountpoint: &Path) -> io::Result<()> {
+    fuser::mount2(CairnFuse::new(fs), mountpoint, &mount_options())
+}
