@@ -8,16 +8,18 @@
 //! gives new files to the calling user. Attributes and entries are not cached by the
 //! kernel (TTL 0), so that changes other clients make are seen at once.
 
-use cairn::{At, File, Fs, Metadata, OpenOptions};
+use cairn::{At, File, Fs, LockKind, LockType, Metadata, OpenOptions};
 use fuser::{
-    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How long the kernel may cache attributes and entries: not at all (other clients
@@ -101,6 +103,10 @@ pub struct CairnFuse {
     files: HashMap<u64, File>,
     dirs: HashMap<u64, Listing>,
     next_fh: u64,
+    /// POSIX record locks: per (inode, FUSE lock owner) a handle whose OFD locks stand
+    /// for that owner's locks; dropped (its locks released) when the owner closes a
+    /// descriptor of the file (`flush`), as POSIX releases a process's locks then.
+    locks: HashMap<(u64, u64), Arc<File>>,
 }
 
 impl CairnFuse {
@@ -111,6 +117,29 @@ impl CairnFuse {
             files: HashMap::new(),
             dirs: HashMap::new(),
             next_fh: 1,
+            locks: HashMap::new(),
+        }
+    }
+
+    /// The lock handle of `owner` on `ino`.
+    fn lock_handle(&mut self, ino: u64, owner: u64) -> io::Result<Arc<File>> {
+        if let Some(h) = self.locks.get(&(ino, owner)) {
+            return Ok(h.clone());
+        }
+        let h = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&self.fs, At::inode(ino))?,
+        );
+        self.locks.insert((ino, owner), h.clone());
+        Ok(h)
+    }
+
+    /// `owner` closed a descriptor of `ino`: its locks on it go.
+    fn drop_locks(&mut self, ino: u64, owner: u64) {
+        if let Some(h) = self.locks.remove(&(ino, owner)) {
+            let _ = h.unlock(LockKind::Ofd, 0, 0);
         }
     }
 
@@ -183,7 +212,106 @@ fn euid() -> u32 {
     std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
 }
 
+/// A FUSE lock range (`end` inclusive, `OFFSET_MAX`: to the end) as start and length
+/// (0: to the end).
+fn lock_range(start: u64, end: u64) -> (u64, u64) {
+    if end >= i64::MAX as u64 {
+        (start, 0)
+    } else {
+        (start, end.saturating_sub(start) + 1)
+    }
+}
+
+fn lock_type(typ: i32) -> Option<LockType> {
+    match typ {
+        libc::F_RDLCK => Some(LockType::Read),
+        libc::F_WRLCK => Some(LockType::Write),
+        _ => None,
+    }
+}
+
 impl Filesystem for CairnFuse {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), i32> {
+        // POSIX locks go to the daemon (shared with every client), not the kernel.
+        let _ = config.add_capabilities(fuser::consts::FUSE_POSIX_LOCKS);
+        Ok(())
+    }
+
+    fn getlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(t) = lock_type(typ) else {
+            return reply.error(libc::EINVAL);
+        };
+        let (start, len) = lock_range(start, end);
+        let r = self
+            .lock_handle(ino, lock_owner)
+            .and_then(|h| h.get_lock(LockKind::Ofd, t, start, len));
+        match r {
+            Ok(None) => reply.locked(0, 0, libc::F_UNLCK, 0),
+            Ok(Some(l)) => {
+                let end = if l.len == 0 {
+                    i64::MAX as u64
+                } else {
+                    l.start + l.len - 1
+                };
+                let typ = match l.typ {
+                    LockType::Read => libc::F_RDLCK,
+                    LockType::Write => libc::F_WRLCK,
+                };
+                reply.locked(l.start, end, typ, l.pid.max(0) as u32);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let (start, len) = lock_range(start, end);
+        let h = match self.lock_handle(ino, lock_owner) {
+            Ok(h) => h,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let Some(t) = lock_type(typ) else {
+            return match h.unlock(LockKind::Ofd, start, len) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            };
+        };
+        if sleep {
+            // Waiting must not stop the other requests: the answer comes from a thread.
+            std::thread::spawn(move || match h.lock(LockKind::Ofd, t, start, len, true) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            });
+            return;
+        }
+        match h.lock(LockKind::Ofd, t, start, len, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         self.entry(name_at(parent, name), reply);
     }
@@ -422,21 +550,25 @@ impl Filesystem for CairnFuse {
         }
     }
 
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lo: u64, reply: ReplyEmpty) {
-        // Every write is durable when it returns.
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
+        // Every write is durable when it returns; a close releases the owner's locks.
+        self.drop_locks(ino, owner);
         reply.ok();
     }
 
     fn release(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
+        ino: u64,
         fh: u64,
         _flags: i32,
-        _lock_owner: Option<u64>,
+        lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if let Some(o) = lock_owner {
+            self.drop_locks(ino, o);
+        }
         self.files.remove(&fh);
         reply.ok();
     }

@@ -52,8 +52,9 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
+        // Lazily: a program a failed test left running may still use it.
         let _ = Command::new("fusermount3")
-            .arg("-u")
+            .arg("-uz")
             .arg(self.dir.path())
             .output();
     }
@@ -175,4 +176,176 @@ print(open('py/a/final').read(), sorted(os.listdir('py/a')), os.stat('py/a/final
     assert_eq!(fs.read("/py/a/final").unwrap(), b"v1+v2");
     assert!(fs.metadata("/db.sqlite").unwrap().len() > 100_000);
     assert!(fs.metadata("/repo/.git/HEAD").unwrap().is_file());
+}
+
+/// Pid of the process serving the mount at `mp` (`cairn mount --foreground MP`).
+fn mount_pid(mp: &Path) -> u32 {
+    let want = mp.to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "--foreground") && args.last() == Some(&want) {
+            return pid;
+        }
+    }
+    panic!("no mount process for {want}");
+}
+
+#[test]
+fn killed_programs_and_a_killed_mount_leave_a_consistent_store() {
+    let m = Mount::new();
+    let root = m.dir.path().to_path_buf();
+    // SQLite killed with SIGKILL in the middle of committing transactions.
+    sh(
+        &root,
+        "sqlite3 db 'PRAGMA journal_mode=DELETE; CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT)'",
+    );
+    let mut sql = String::from("PRAGMA synchronous=FULL;\n");
+    for i in 0..200_000 {
+        sql.push_str(&format!("INSERT INTO t VALUES({i}, 'row {i}');\n"));
+    }
+    let script = std::env::temp_dir().join("cairn-fuse-kill.sql");
+    std::fs::write(&script, &sql).unwrap();
+    let mut child = Command::new("sqlite3")
+        .arg(root.join("db"))
+        .stdin(std::fs::File::open(&script).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = sh(
+        &root,
+        "sqlite3 db 'PRAGMA integrity_check; SELECT count(*) FROM t;'",
+    );
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("ok"), "{out}");
+    let rows: u64 = lines.next().unwrap().parse().unwrap();
+    assert!(rows > 0 && rows < 200_000, "killed mid-way: {rows} rows");
+
+    // The mount process itself killed while a program appends records and syncs each:
+    // every record whose write returned is in the store after a remount.
+    let writer = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys
+fd = os.open('log', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+n = 0
+try:
+    while n < 1000000:
+        os.write(fd, b'%08d' % n + b'x' * 56)
+        os.fsync(fd)
+        n += 1
+except OSError:
+    pass
+print(n)",
+        )
+        .current_dir(&root)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let pid = mount_pid(&root);
+    let st = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    assert!(st.unwrap().success());
+    let out = writer.wait_with_output().unwrap();
+    let acked: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(acked > 0, "the writer wrote nothing before the kill");
+    let _ = Command::new("fusermount3").arg("-u").arg(&root).output();
+    // The store (through the API, as another client) has every acknowledged record,
+    // whole and in order.
+    let log = m.store.fs().read("/log").unwrap();
+    assert!(
+        log.len() >= acked * 64,
+        "{} bytes for {acked} records",
+        log.len()
+    );
+    for (i, r) in log.chunks(64).enumerate() {
+        assert_eq!(r.len(), 64, "a torn record at {i}");
+        assert_eq!(&r[..8], format!("{i:08}").as_bytes(), "record {i}");
+    }
+}
+
+/// A Python process on the mount: runs `code`, which reads lines from stdin to go on.
+fn python(dir: &Path, code: &str) -> std::process::Child {
+    Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn line(c: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut s = String::new();
+    std::io::BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut s)
+        .unwrap();
+    s.trim().to_string()
+}
+
+#[test]
+fn posix_locks_on_the_mount_are_the_stores() {
+    use std::io::Write;
+    let m = Mount::new();
+    let root = m.dir.path().to_path_buf();
+    std::fs::write(m.path("lk"), b"x").unwrap();
+    let take = "import fcntl, sys
+f = open('lk', 'r+')
+fcntl.lockf(f, fcntl.LOCK_EX)
+print('locked', flush=True)
+sys.stdin.readline()";
+    let mut p = python(&root, take);
+    assert_eq!(line(&mut p), "locked");
+    // Another process on the mount: refused without waiting.
+    let try_lock = "import fcntl
+f = open('lk', 'r+')
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print('got')
+except OSError:
+    print('busy')";
+    assert_eq!(
+        sh(&root, &format!("python3 -c \"{try_lock}\"")).trim(),
+        "busy"
+    );
+    // An API client: the same lock table (the daemon's).
+    let fs = m.store.fs();
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "/lk")
+        .unwrap();
+    let e = f
+        .lock(cairn::LockKind::Posix, cairn::LockType::Write, 0, 0, false)
+        .unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::EAGAIN, "{e}");
+    // A waiter on the mount gets it when the holder lets go (by exiting).
+    let mut w = python(
+        &root,
+        "import fcntl
+f = open('lk', 'r+')
+fcntl.lockf(f, fcntl.LOCK_EX)
+print('got', flush=True)",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    writeln!(p.stdin.as_mut().unwrap()).unwrap();
+    p.wait().unwrap();
+    assert_eq!(line(&mut w), "got");
+    w.wait().unwrap();
+    // Everyone closed the file: the API client gets it.
+    f.lock(cairn::LockKind::Posix, cairn::LockType::Write, 0, 0, false)
+        .unwrap();
 }

@@ -2,7 +2,7 @@
 
 mod admin;
 mod files;
-mod mount;
+pub(crate) mod mount;
 mod tree;
 
 use crate::error::CliResult;
