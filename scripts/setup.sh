@@ -24,6 +24,10 @@ command -v fusermount3 >/dev/null 2>&1 || apt_missing+=(fuse3)
 command -v sqlite3 >/dev/null 2>&1 || apt_missing+=(sqlite3)
 command -v git >/dev/null 2>&1 || apt_missing+=(git)
 command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
+# `cairn bench apps`: RocksDB's db_bench and Redis.
+command -v db_bench >/dev/null 2>&1 || apt_missing+=(rocksdb-tools)
+command -v redis-server >/dev/null 2>&1 || apt_missing+=(redis-server)
+command -v redis-benchmark >/dev/null 2>&1 || apt_missing+=(redis-tools)
 if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
     # No rustup toolchain: fall back to Debian's Rust (new enough on Debian 13 and later).
     apt_missing+=(cargo rustc)

@@ -112,6 +112,11 @@ pub enum Command {
         /// Serve in this process until unmounted (default: in the background)
         #[arg(long)]
         foreground: bool,
+        /// Seconds the kernel may cache attributes and entries (0: changes by other
+        /// clients are seen at once; more: fewer round trips)
+        #[arg(long, value_name = "SECS", default_value_t = 0.0,
+              value_parser = parse_timeout)]
+        attr_timeout: f64,
         mountpoint: PathBuf,
     },
     /// Unmount a FUSE mount of a store
@@ -169,9 +174,18 @@ pub enum BenchCommand {
     /// Two processes updating a file through a lock file (Strata's sharing worst case),
     /// and 1-2 client scaling of private writes
     Share(bench::ShareArgs),
+    /// SQLite, RocksDB and Redis on Cairn (FUSE mount), the host file system and tmpfs
+    Apps(bench::AppsArgs),
     /// One worker process of `bench share` (started by it)
     #[command(hide = true)]
     ShareWorker(bench::ShareWorkerArgs),
+}
+
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s}: a number of seconds from 0 to 3600")),
+    }
 }
 
 fn main() {

@@ -5,8 +5,8 @@
 //!
 //! Permissions are checked by the kernel (`default_permissions`) against the attributes
 //! returned here; the mount's own client runs with its credentials (normally root) and
-//! gives new files to the calling user. Attributes and entries are not cached by the
-//! kernel (TTL 0), so that changes other clients make are seen at once.
+//! gives new files to the calling user. By default attributes and entries are not
+//! cached by the kernel (TTL 0), so that changes other clients make are seen at once.
 
 use cairn::{At, File, Fs, LockKind, LockType, Metadata, OpenOptions};
 use fuser::{
@@ -22,9 +22,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// How long the kernel may cache attributes and entries: not at all (other clients
-/// change the store too).
-const TTL: Duration = Duration::ZERO;
 const BLOCK: u32 = 4096;
 
 /// The errno of a Cairn error.
@@ -35,8 +32,7 @@ fn errno(e: &io::Error) -> i32 {
     }
 }
 
-fn kind_of(m: &Metadata) -> FileType {
-    let t = m.file_type();
+fn kind_of(t: cairn::FileType) -> FileType {
     if t.is_dir() {
         FileType::Directory
     } else if t.is_symlink() {
@@ -55,7 +51,7 @@ fn attr_of(m: &Metadata) -> FileAttr {
         mtime: m.modified(),
         ctime: m.changed(),
         crtime: m.created(),
-        kind: kind_of(m),
+        kind: kind_of(m.file_type()),
         perm: (m.mode() & 0o7777) as u16,
         nlink: m.nlink().min(u32::MAX as u64) as u32,
         uid: m.uid(),
@@ -98,6 +94,9 @@ struct Listing {
 /// The FUSE file system over one Cairn client.
 pub struct CairnFuse {
     fs: Fs,
+    /// How long the kernel may cache attributes and entries (`--attr-timeout`; 0: not
+    /// at all, so that changes of other clients are seen at once).
+    ttl: Duration,
     /// Whether new files go to the calling user (the mount runs as root).
     chown_new: bool,
     files: HashMap<u64, File>,
@@ -110,9 +109,10 @@ pub struct CairnFuse {
 }
 
 impl CairnFuse {
-    pub fn new(fs: Fs) -> CairnFuse {
+    pub fn new(fs: Fs, ttl: Duration) -> CairnFuse {
         CairnFuse {
             fs,
+            ttl,
             chown_new: euid() == 0,
             files: HashMap::new(),
             dirs: HashMap::new(),
@@ -166,7 +166,7 @@ impl CairnFuse {
 
     fn entry(&self, at: At<'_>, reply: ReplyEntry) {
         match self.fs.symlink_metadata(at) {
-            Ok(m) => reply.entry(&TTL, &attr_of(&m), 0),
+            Ok(m) => reply.entry(&self.ttl, &attr_of(&m), 0),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -318,7 +318,7 @@ impl Filesystem for CairnFuse {
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         match self.fs.symlink_metadata(At::inode(ino)) {
-            Ok(m) => reply.attr(&TTL, &attr_of(&m)),
+            Ok(m) => reply.attr(&self.ttl, &attr_of(&m)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -350,7 +350,7 @@ impl Filesystem for CairnFuse {
             mtime,
         };
         match self.setattr_inner(ino, c, fh) {
-            Ok(m) => reply.attr(&TTL, &attr_of(&m)),
+            Ok(m) => reply.attr(&self.ttl, &attr_of(&m)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -595,14 +595,7 @@ impl Filesystem for CairnFuse {
             ];
             for e in self.fs.read_dir(At::inode(ino))? {
                 let e = e?;
-                let t = e.file_type()?;
-                let kind = if t.is_dir() {
-                    FileType::Directory
-                } else if t.is_symlink() {
-                    FileType::Symlink
-                } else {
-                    FileType::RegularFile
-                };
+                let kind = kind_of(e.file_type()?);
                 entries.push((e.ino(), kind, e.file_name().as_bytes().to_vec()));
             }
             Ok(Listing { entries })
@@ -725,7 +718,7 @@ impl Filesystem for CairnFuse {
             Ok((f, m)) => {
                 let fh = self.fh();
                 self.files.insert(fh, f);
-                reply.created(&TTL, &attr_of(&m), 0, fh, 0);
+                reply.created(&self.ttl, &attr_of(&m), 0, fh, 0);
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -747,7 +740,8 @@ pub fn mount_options() -> Vec<MountOption> {
     o
 }
 
-/// Serve `fs` at `mountpoint` until it is unmounted.
-pub fn serve(fs: Fs, mountpoint: &Path) -> io::Result<()> {
-    fuser::mount2(CairnFuse::new(fs), mountpoint, &mount_options())
+/// Serve `fs` at `mountpoint` until it is unmounted; the kernel may cache attributes
+/// and entries for `ttl`.
+pub fn serve(fs: Fs, mountpoint: &Path, ttl: Duration) -> io::Result<()> {
+    fuser::mount2(CairnFuse::new(fs, ttl), mountpoint, &mount_options())
 }

@@ -349,3 +349,88 @@ print('got', flush=True)",
     f.lock(cairn::LockKind::Posix, cairn::LockType::Write, 0, 0, false)
         .unwrap();
 }
+
+#[test]
+fn rocksdb_redis_and_fio_on_the_mount() {
+    let m = Mount::new();
+    let root = m.dir.path().to_path_buf();
+    // RocksDB: fillrandom, then fillseq (each fill starts a new database) and
+    // readrandom, with synced writes: every key is found.
+    let out = sh(
+        &root,
+        "db_bench --benchmarks=fillrandom,fillseq,readrandom --num=2000 --sync=1 \
+         --value_size=100 --threads=1 --db=rdb 2>&1",
+    );
+    let rr = out
+        .lines()
+        .find(|l| l.starts_with("readrandom"))
+        .unwrap_or_else(|| panic!("no readrandom line: {out}"));
+    assert!(rr.contains("(2000 of 2000 found)"), "{rr}");
+
+    // Redis with appendfsync always: SETs, a restart, the keys are still there.
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock = sock_dir.path().join("r.sock");
+    let start = || {
+        let c = Command::new("redis-server")
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&sock)
+            .arg("--dir")
+            .arg(root.join("redis"))
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !sock.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        c
+    };
+    std::fs::create_dir(root.join("redis")).unwrap();
+    let mut server = start();
+    let cli = |args: &str| sh(&root, &format!("redis-cli -s {} {args}", sock.display()));
+    sh(
+        &root,
+        &format!(
+            "redis-benchmark -s {} -t set -n 2000 -r 1000 -q >/dev/null",
+            sock.display()
+        ),
+    );
+    for i in 0..100 {
+        cli(&format!("set key{i} value{i}"));
+    }
+    let _ = Command::new("redis-cli")
+        .arg("-s")
+        .arg(&sock)
+        .args(["shutdown", "nosave"])
+        .output();
+    server.wait().unwrap();
+    let _ = std::fs::remove_file(&sock);
+    let mut server = start();
+    assert_eq!(cli("get key42").trim(), "value42");
+    assert_eq!(cli("get key99").trim(), "value99");
+    let _ = Command::new("redis-cli")
+        .arg("-s")
+        .arg(&sock)
+        .args(["shutdown", "nosave"])
+        .output();
+    server.wait().unwrap();
+
+    // fio: random 4 KiB writes with an fsync after each, then verification.
+    sh(
+        &root,
+        "fio --name=rw --directory=. --rw=randwrite --bs=4k --size=4m --ioengine=psync \
+         --fsync=1 --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/dev/null",
+    );
+}

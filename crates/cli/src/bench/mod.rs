@@ -4,7 +4,10 @@
 //!   system holding the store (pwrite + fdatasync) and tmpfs (pwrite, no sync).
 //! * [`share`](share::run): two processes passing 4 KiB updates through a lock file, and
 //!   1–2 client scaling of private durable writes.
+//! * [`apps`](apps::run): SQLite, RocksDB and Redis on the FUSE mount, the host file
+//!   system and tmpfs.
 
+mod apps;
 mod hostfs;
 mod latency;
 mod report;
@@ -14,6 +17,7 @@ mod targets;
 use clap::Args;
 use std::path::PathBuf;
 
+pub use apps::{run as apps, AppsArgs};
 pub use latency::run as latency;
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
 

@@ -39,11 +39,13 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Mount {
             mountpoint,
             foreground,
-        } => mount::mount(store, &mountpoint, foreground),
+            attr_timeout,
+        } => mount::mount(store, &mountpoint, foreground, attr_timeout, false),
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench { which } => match which {
             BenchCommand::Latency(args) => crate::bench::latency(store, &args),
             BenchCommand::Share(args) => crate::bench::share(store, &args),
+            BenchCommand::Apps(args) => crate::bench::apps(store, &args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
         },
     }

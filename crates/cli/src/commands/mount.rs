@@ -31,8 +31,16 @@ fn canonical(mp: &Path) -> CliResult<PathBuf> {
     Ok(c)
 }
 
-/// `cairn mount`: serve the store at `mp`; in the background unless `foreground`.
-pub fn mount(store: Option<&Path>, mp: &Path, foreground: bool) -> CliResult {
+/// `cairn mount`: serve the store at `mp`; in the background unless `foreground`. The
+/// kernel may cache attributes and entries for `attr_timeout` seconds. `quiet`: no
+/// "mounted" line (for `bench apps`, whose stdout may be JSON).
+pub fn mount(
+    store: Option<&Path>,
+    mp: &Path,
+    foreground: bool,
+    attr_timeout: f64,
+    quiet: bool,
+) -> CliResult {
     let mp = canonical(mp)?;
     if is_mounted(&mp) {
         return Err(CliError::new(format!(
@@ -42,7 +50,7 @@ pub fn mount(store: Option<&Path>, mp: &Path, foreground: bool) -> CliResult {
     }
     if foreground {
         let fs = super::open_fs(store)?;
-        return cairn_fuse::serve(fs, &mp)
+        return cairn_fuse::serve(fs, &mp, Duration::from_secs_f64(attr_timeout))
             .map_err(|e| CliError::new(format!("mount {}: {e}", mp.display())));
     }
     // Background: the same command in the foreground, in its own process group, logging
@@ -60,7 +68,8 @@ pub fn mount(store: Option<&Path>, mp: &Path, foreground: bool) -> CliResult {
     }
     use std::os::unix::process::CommandExt;
     let mut child = cmd
-        .args(["mount", "--foreground"])
+        .args(["mount", "--foreground", "--attr-timeout"])
+        .arg(attr_timeout.to_string())
         .arg(&mp)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -70,7 +79,9 @@ pub fn mount(store: Option<&Path>, mp: &Path, foreground: bool) -> CliResult {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         if is_mounted(&mp) {
-            println!("mounted {} at {}", dir.path.display(), mp.display());
+            if !quiet {
+                println!("mounted {} at {}", dir.path.display(), mp.display());
+            }
             return Ok(());
         }
         if let Some(st) = child.try_wait()? {
