@@ -20,10 +20,12 @@ command -v cc >/dev/null 2>&1 || apt_missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || apt_missing+=(pkg-config)
 # The FUSE mount (crates/fuse) mounts through fusermount3; libfuse is not linked.
 command -v fusermount3 >/dev/null 2>&1 || apt_missing+=(fuse3)
-# Real programs the system tests run on the mount (crates/tests/tests/fuse.rs).
+# Real programs the system tests run on the mount (crates/tests/tests/fuse.rs), some
+# also used by `cairn bench apps`.
 command -v sqlite3 >/dev/null 2>&1 || apt_missing+=(sqlite3)
 command -v git >/dev/null 2>&1 || apt_missing+=(git)
 command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
+command -v fio >/dev/null 2>&1 || apt_missing+=(fio)
 # `cairn bench apps`: RocksDB's db_bench and Redis.
 command -v db_bench >/dev/null 2>&1 || apt_missing+=(rocksdb-tools)
 command -v redis-server >/dev/null 2>&1 || apt_missing+=(redis-server)
