@@ -39,7 +39,7 @@ struct Holders {
     writer: Option<u32>,
     readers: BTreeSet<u32>,
     mediated: Option<Mediated>,
-    /// When the latest lease on the inode was granted.
+    /// When the latest write lease on the inode was granted (its hold starts then).
     granted: Option<Instant>,
 }
 
@@ -118,7 +118,7 @@ pub(crate) struct Leases {
     cv: Condvar,
     /// `lease_timeout_ms`.
     pub timeout: Duration,
-    /// `lease_hold_us`: a lease is not revoked sooner than this after its grant.
+    /// `lease_hold_us`: a write lease is not revoked sooner than this after its grant.
     hold: Duration,
     /// `shared_write`: regular files may enter shared-write mode.
     shared_write: bool,
@@ -150,6 +150,11 @@ impl Leases {
             hold: Duration::ZERO,
             shared_write: true,
         }
+    }
+
+    /// Whether regular files may enter shared-write mode (`shared_write`).
+    pub(crate) fn shared_write(&self) -> bool {
+        self.shared_write
     }
 
     /// Set the hold time and whether shared-write mode is used.

@@ -587,13 +587,13 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
             message: format!("lease: inode number {ino} out of range"),
         });
     }
-    // Only regular files enter shared-write mode.
-    let file = d
-        .core()
-        .sh
-        .area
-        .read_inode(ino)
-        .is_ok_and(|i| i.attrs.kind == cairn_format::inode::Kind::File);
+    // Only regular files enter shared-write mode (when it is on at all).
+    let file = d.leases.shared_write()
+        && d.core()
+            .sh
+            .area
+            .read_inode(ino)
+            .is_ok_and(|i| i.attrs.kind == cairn_format::inode::Kind::File);
     loop {
         match d.leases.acquire(slot, ino, write, file) {
             Ok(Grant::Lease) => return Reply::Send(Response::Leased { ino, write }),
@@ -611,9 +611,9 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
 }
 
 /// `Commit` (shared-write mode, PROTOCOL.md): check the client's unsealed transaction
-/// and the inode sequence words it claims, seal it and digest the log up to its end — all under the
-/// core lock, so that commits writing one inode are applied one at a time, each to the
-/// state the previous one published.
+/// and the inode sequence words it claims, seal it and digest the log up to its end,
+/// all under the core lock, so that commits writing one inode are applied one at a
+/// time, each to the state the previous one published.
 fn commit(d: &Daemon, c: &mut Conn, lsn: u64, len: u32, seq: u64, claimed: &[(u64, u64)]) -> Reply {
     let Some(slot) = c.slot else {
         return Reply::Send(not_registered());

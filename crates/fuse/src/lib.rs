@@ -19,7 +19,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 const BLOCK: u32 = 4096;
@@ -76,6 +77,10 @@ fn time_of(t: TimeOrNow) -> SystemTime {
     }
 }
 
+/// The caller's uid and gid.
+#[derive(Clone, Copy)]
+struct Caller(u32, u32);
+
 /// What a `setattr` changes.
 struct Change {
     mode: Option<u32>,
@@ -91,39 +96,87 @@ struct Listing {
     entries: Vec<(u64, FileType, Vec<u8>)>,
 }
 
-/// The FUSE file system over one Cairn client.
-pub struct CairnFuse {
+/// The state the request handlers share (they run on the pool's threads).
+struct Inner {
     fs: Fs,
     /// How long the kernel may cache attributes and entries (`--attr-timeout`; 0: not
     /// at all, so that changes of other clients are seen at once).
     ttl: Duration,
     /// Whether new files go to the calling user (the mount runs as root).
     chown_new: bool,
-    files: HashMap<u64, File>,
-    dirs: HashMap<u64, Listing>,
-    next_fh: u64,
+    files: Mutex<HashMap<u64, Arc<File>>>,
+    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
+    next_fh: AtomicU64,
     /// POSIX record locks: per (inode, FUSE lock owner) a handle whose OFD locks stand
     /// for that owner's locks; dropped (its locks released) when the owner closes a
     /// descriptor of the file (`flush`), as POSIX releases a process's locks then.
-    locks: HashMap<(u64, u64), Arc<File>>,
+    locks: Mutex<HashMap<(u64, u64), Arc<File>>>,
+}
+
+/// The FUSE file system over one Cairn client: each request is handled on a thread of
+/// a pool (so that one waiting for a lease or a lock does not hold up the others) and
+/// answered from there.
+pub struct CairnFuse {
+    inner: Arc<Inner>,
+    pool: Pool,
+}
+
+/// Threads that run request handlers.
+struct Pool {
+    tx: mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Pool {
+    fn new(threads: usize) -> Pool {
+        let (tx, rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads {
+            let rx = rx.clone();
+            let _ = std::thread::Builder::new()
+                .name(format!("cairn-fuse-{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    };
+                    job();
+                });
+        }
+        Pool { tx }
+    }
+
+    fn run(&self, f: impl FnOnce() + Send + 'static) {
+        let _ = self.tx.send(Box::new(f));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl CairnFuse {
+    /// Serve `fs`; the kernel may cache attributes and entries for `ttl`.
     pub fn new(fs: Fs, ttl: Duration) -> CairnFuse {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) * 4;
         CairnFuse {
-            fs,
-            ttl,
-            chown_new: euid() == 0,
-            files: HashMap::new(),
-            dirs: HashMap::new(),
-            next_fh: 1,
-            locks: HashMap::new(),
+            inner: Arc::new(Inner {
+                fs,
+                ttl,
+                chown_new: euid() == 0,
+                files: Mutex::new(HashMap::new()),
+                dirs: Mutex::new(HashMap::new()),
+                next_fh: AtomicU64::new(1),
+                locks: Mutex::new(HashMap::new()),
+            }),
+            pool: Pool::new(threads),
         }
     }
+}
 
+impl Inner {
     /// The lock handle of `owner` on `ino`.
-    fn lock_handle(&mut self, ino: u64, owner: u64) -> io::Result<Arc<File>> {
-        if let Some(h) = self.locks.get(&(ino, owner)) {
+    fn lock_handle(&self, ino: u64, owner: u64) -> io::Result<Arc<File>> {
+        if let Some(h) = lock(&self.locks).get(&(ino, owner)) {
             return Ok(h.clone());
         }
         let h = Arc::new(
@@ -132,35 +185,38 @@ impl CairnFuse {
                 .write(true)
                 .open(&self.fs, At::inode(ino))?,
         );
-        self.locks.insert((ino, owner), h.clone());
-        Ok(h)
+        Ok(lock(&self.locks).entry((ino, owner)).or_insert(h).clone())
     }
 
     /// `owner` closed a descriptor of `ino`: its locks on it go.
-    fn drop_locks(&mut self, ino: u64, owner: u64) {
-        if let Some(h) = self.locks.remove(&(ino, owner)) {
+    fn drop_locks(&self, ino: u64, owner: u64) {
+        let h = lock(&self.locks).remove(&(ino, owner));
+        if let Some(h) = h {
             let _ = h.unlock(LockKind::Ofd, 0, 0);
         }
     }
 
-    fn fh(&mut self) -> u64 {
-        let fh = self.next_fh;
-        self.next_fh += 1;
-        fh
+    fn fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn file(&self, fh: u64) -> Option<Arc<File>> {
+        lock(&self.files).get(&fh).cloned()
     }
 
     /// Give a new inode to the caller: its uid, and its gid unless the directory is
     /// setgid (then the directory's group was inherited).
-    fn own(&self, req: &Request<'_>, parent: u64, at: At<'_>, symlink: bool) -> io::Result<()> {
-        if !self.chown_new || (req.uid() == 0 && req.gid() == 0) {
+    fn own(&self, req: Caller, parent: u64, at: At<'_>, symlink: bool) -> io::Result<()> {
+        let Caller(uid, gid) = req;
+        if !self.chown_new || (uid == 0 && gid == 0) {
             return Ok(());
         }
         let setgid = self.fs.metadata(At::inode(parent))?.mode() & 0o2000 != 0;
-        let gid = (!setgid).then_some(req.gid());
+        let gid = (!setgid).then_some(gid);
         if symlink {
-            self.fs.set_symlink_owner(at, Some(req.uid()), gid)
+            self.fs.set_symlink_owner(at, Some(uid), gid)
         } else {
-            self.fs.set_owner(at, Some(req.uid()), gid)
+            self.fs.set_owner(at, Some(uid), gid)
         }
     }
 
@@ -171,7 +227,7 @@ impl CairnFuse {
         }
     }
 
-    fn setattr_inner(&mut self, ino: u64, c: Change, fh: Option<u64>) -> io::Result<Metadata> {
+    fn setattr_inner(&self, ino: u64, c: Change, fh: Option<u64>) -> io::Result<Metadata> {
         let Change {
             mode,
             uid,
@@ -189,7 +245,7 @@ impl CairnFuse {
                 .set_permissions(me, cairn::Permissions::from_mode(m & 0o7777))?;
         }
         if let Some(sz) = size {
-            match fh.and_then(|h| self.files.get(&h)) {
+            match fh.and_then(|h| self.file(h)) {
                 Some(f) => f.set_len(sz)?,
                 None => OpenOptions::new()
                     .write(true)
@@ -249,29 +305,32 @@ impl Filesystem for CairnFuse {
         _pid: u32,
         reply: ReplyLock,
     ) {
-        let Some(t) = lock_type(typ) else {
-            return reply.error(libc::EINVAL);
-        };
-        let (start, len) = lock_range(start, end);
-        let r = self
-            .lock_handle(ino, lock_owner)
-            .and_then(|h| h.get_lock(LockKind::Ofd, t, start, len));
-        match r {
-            Ok(None) => reply.locked(0, 0, libc::F_UNLCK, 0),
-            Ok(Some(l)) => {
-                let end = if l.len == 0 {
-                    i64::MAX as u64
-                } else {
-                    l.start + l.len - 1
-                };
-                let typ = match l.typ {
-                    LockType::Read => libc::F_RDLCK,
-                    LockType::Write => libc::F_WRLCK,
-                };
-                reply.locked(l.start, end, typ, l.pid.max(0) as u32);
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let Some(t) = lock_type(typ) else {
+                return reply.error(libc::EINVAL);
+            };
+            let (start, len) = lock_range(start, end);
+            let r = s
+                .lock_handle(ino, lock_owner)
+                .and_then(|h| h.get_lock(LockKind::Ofd, t, start, len));
+            match r {
+                Ok(None) => reply.locked(0, 0, libc::F_UNLCK, 0),
+                Ok(Some(l)) => {
+                    let end = if l.len == 0 {
+                        i64::MAX as u64
+                    } else {
+                        l.start + l.len - 1
+                    };
+                    let typ = match l.typ {
+                        LockType::Read => libc::F_RDLCK,
+                        LockType::Write => libc::F_WRLCK,
+                    };
+                    reply.locked(l.start, end, typ, l.pid.max(0) as u32);
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn setlk(
@@ -287,40 +346,50 @@ impl Filesystem for CairnFuse {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let (start, len) = lock_range(start, end);
-        let h = match self.lock_handle(ino, lock_owner) {
-            Ok(h) => h,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let Some(t) = lock_type(typ) else {
-            return match h.unlock(LockKind::Ofd, start, len) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let (start, len) = lock_range(start, end);
+            let h = match s.lock_handle(ino, lock_owner) {
+                Ok(h) => h,
+                Err(e) => return reply.error(errno(&e)),
             };
-        };
-        if sleep {
-            // Waiting must not stop the other requests: the answer comes from a thread.
-            std::thread::spawn(move || match h.lock(LockKind::Ofd, t, start, len, true) {
+            let Some(t) = lock_type(typ) else {
+                return match h.unlock(LockKind::Ofd, start, len) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            };
+            if sleep {
+                // Waiting must not stop the other requests: the answer comes from a thread.
+                std::thread::spawn(move || match h.lock(LockKind::Ofd, t, start, len, true) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                });
+                return;
+            }
+            match h.lock(LockKind::Ofd, t, start, len, false) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
-            });
-            return;
-        }
-        match h.lock(LockKind::Ofd, t, start, len, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+            }
+        });
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        self.entry(name_at(parent, name), reply);
+        let name = name.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            s.entry(name_at(parent, name), reply);
+        });
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
-        match self.fs.symlink_metadata(At::inode(ino)) {
-            Ok(m) => reply.attr(&self.ttl, &attr_of(&m)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let s = self.inner.clone();
+        self.pool
+            .run(move || match s.fs.symlink_metadata(At::inode(ino)) {
+                Ok(m) => reply.attr(&s.ttl, &attr_of(&m)),
+                Err(e) => reply.error(errno(&e)),
+            });
     }
 
     fn setattr(
@@ -341,25 +410,29 @@ impl Filesystem for CairnFuse {
         _flags: Option<u32>,
         reply: ReplyAttr,
     ) {
-        let c = Change {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-        };
-        match self.setattr_inner(ino, c, fh) {
-            Ok(m) => reply.attr(&self.ttl, &attr_of(&m)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let c = Change {
+                mode,
+                uid,
+                gid,
+                size,
+                atime,
+                mtime,
+            };
+            match s.setattr_inner(ino, c, fh) {
+                Ok(m) => reply.attr(&s.ttl, &attr_of(&m)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
-        match self.fs.read_link(At::inode(ino)) {
+        let s = self.inner.clone();
+        self.pool.run(move || match s.fs.read_link(At::inode(ino)) {
             Ok(t) => reply.data(t.as_os_str().as_bytes()),
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn mknod(
@@ -372,21 +445,27 @@ impl Filesystem for CairnFuse {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Devices, FIFOs and sockets are not stored (ARCHITECTURE.md, Limits).
-            return reply.error(libc::ENOTSUP);
-        }
-        let at = name_at(parent, name);
-        let r = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode & !umask & 0o7777)
-            .open(&self.fs, at)
-            .and_then(|_| self.own(req, parent, at, false));
-        match r {
-            Ok(()) => self.entry(at, reply),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let req = Caller(req.uid(), req.gid());
+        let name = name.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            if mode & libc::S_IFMT != libc::S_IFREG {
+                // Devices, FIFOs and sockets are not stored (ARCHITECTURE.md, Limits).
+                return reply.error(libc::ENOTSUP);
+            }
+            let at = name_at(parent, name);
+            let r = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode & !umask & 0o7777)
+                .open(&s.fs, at)
+                .and_then(|_| s.own(req, parent, at, false));
+            match r {
+                Ok(()) => s.entry(at, reply),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn mkdir(
@@ -398,31 +477,46 @@ impl Filesystem for CairnFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let at = name_at(parent, name);
-        let perm = cairn::Permissions::from_mode(mode & !umask & 0o7777);
-        let r = self
-            .fs
-            .create_dir(at)
-            .and_then(|()| self.fs.set_permissions(at, perm))
-            .and_then(|()| self.own(req, parent, at, false));
-        match r {
-            Ok(()) => self.entry(at, reply),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let req = Caller(req.uid(), req.gid());
+        let name = name.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            let at = name_at(parent, name);
+            let perm = cairn::Permissions::from_mode(mode & !umask & 0o7777);
+            let r =
+                s.fs.create_dir(at)
+                    .and_then(|()| s.fs.set_permissions(at, perm))
+                    .and_then(|()| s.own(req, parent, at, false));
+            match r {
+                Ok(()) => s.entry(at, reply),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.remove_file(name_at(parent, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let name = name.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            match s.fs.remove_file(name_at(parent, name)) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.remove_dir(name_at(parent, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let name = name.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            match s.fs.remove_dir(name_at(parent, name)) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn symlink(
@@ -433,15 +527,22 @@ impl Filesystem for CairnFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let at = name_at(parent, link_name);
-        let r = self
-            .fs
-            .symlink(target, at)
-            .and_then(|()| self.own(req, parent, at, true));
-        match r {
-            Ok(()) => self.entry(at, reply),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let req = Caller(req.uid(), req.gid());
+        let link_name = link_name.to_os_string();
+        let target = target.to_path_buf();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let link_name = link_name.as_os_str();
+            let target = target.as_path();
+            let at = name_at(parent, link_name);
+            let r =
+                s.fs.symlink(target, at)
+                    .and_then(|()| s.own(req, parent, at, true));
+            match r {
+                Ok(()) => s.entry(at, reply),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn rename(
@@ -454,21 +555,28 @@ impl Filesystem for CairnFuse {
         flags: u32,
         reply: ReplyEmpty,
     ) {
-        let (from, to) = (name_at(parent, name), name_at(newparent, newname));
-        if flags & libc::RENAME_EXCHANGE != 0 {
-            // Not built yet (ARCHITECTURE.md, Limits).
-            return reply.error(libc::ENOTSUP);
-        }
-        if flags & !libc::RENAME_NOREPLACE != 0 {
-            return reply.error(libc::EINVAL);
-        }
-        if flags & libc::RENAME_NOREPLACE != 0 && self.fs.symlink_metadata(to).is_ok() {
-            return reply.error(libc::EEXIST);
-        }
-        match self.fs.rename(from, to) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let name = name.to_os_string();
+        let newname = newname.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            let newname = newname.as_os_str();
+            let (from, to) = (name_at(parent, name), name_at(newparent, newname));
+            if flags & libc::RENAME_EXCHANGE != 0 {
+                // Not built yet (ARCHITECTURE.md, Limits).
+                return reply.error(libc::ENOTSUP);
+            }
+            if flags & !libc::RENAME_NOREPLACE != 0 {
+                return reply.error(libc::EINVAL);
+            }
+            if flags & libc::RENAME_NOREPLACE != 0 && s.fs.symlink_metadata(to).is_ok() {
+                return reply.error(libc::EEXIST);
+            }
+            match s.fs.rename(from, to) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn link(
@@ -479,28 +587,36 @@ impl Filesystem for CairnFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let at = name_at(newparent, newname);
-        match self.fs.hard_link(At::inode(ino), at) {
-            Ok(()) => self.entry(at, reply),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let newname = newname.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let newname = newname.as_os_str();
+            let at = name_at(newparent, newname);
+            match s.fs.hard_link(At::inode(ino), at) {
+                Ok(()) => s.entry(at, reply),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
-        let acc = flags & libc::O_ACCMODE;
-        let r = OpenOptions::new()
-            .read(acc != libc::O_WRONLY)
-            .write(acc != libc::O_RDONLY && flags & libc::O_APPEND == 0)
-            .append(flags & libc::O_APPEND != 0)
-            .open(&self.fs, At::inode(ino));
-        match r {
-            Ok(f) => {
-                let fh = self.fh();
-                self.files.insert(fh, f);
-                reply.opened(fh, 0);
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let acc = flags & libc::O_ACCMODE;
+            let r = OpenOptions::new()
+                .read(acc != libc::O_WRONLY)
+                .write(acc != libc::O_RDONLY && flags & libc::O_APPEND == 0)
+                .append(flags & libc::O_APPEND != 0)
+                .open(&s.fs, At::inode(ino));
+            match r {
+                Ok(f) => {
+                    let fh = s.fh();
+                    lock(&s.files).insert(fh, Arc::new(f));
+                    reply.opened(fh, 0);
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn read(
@@ -514,19 +630,22 @@ impl Filesystem for CairnFuse {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        let Some(f) = self.files.get(&fh) else {
-            return reply.error(libc::EBADF);
-        };
-        let mut buf = vec![0u8; size as usize];
-        let mut n = 0;
-        while n < buf.len() {
-            match f.read_at(&mut buf[n..], offset as u64 + n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) => return reply.error(errno(&e)),
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let Some(f) = s.file(fh) else {
+                return reply.error(libc::EBADF);
+            };
+            let mut buf = vec![0u8; size as usize];
+            let mut n = 0;
+            while n < buf.len() {
+                match f.read_at(&mut buf[n..], offset as u64 + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) => return reply.error(errno(&e)),
+                }
             }
-        }
-        reply.data(&buf[..n]);
+            reply.data(&buf[..n]);
+        });
     }
 
     fn write(
@@ -541,19 +660,27 @@ impl Filesystem for CairnFuse {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        let Some(f) = self.files.get(&fh) else {
-            return reply.error(libc::EBADF);
-        };
-        match f.write_at(data, offset as u64) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
+        let data = data.to_vec();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let data = &data[..];
+            let Some(f) = s.file(fh) else {
+                return reply.error(libc::EBADF);
+            };
+            match f.write_at(data, offset as u64) {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
-        // Every write is durable when it returns; a close releases the owner's locks.
-        self.drop_locks(ino, owner);
-        reply.ok();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            // Every write is durable when it returns; a close releases the owner's locks.
+            s.drop_locks(ino, owner);
+            reply.ok();
+        });
     }
 
     fn release(
@@ -566,48 +693,55 @@ impl Filesystem for CairnFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some(o) = lock_owner {
-            self.drop_locks(ino, o);
-        }
-        self.files.remove(&fh);
-        reply.ok();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            if let Some(o) = lock_owner {
+                s.drop_locks(ino, o);
+            }
+            lock(&s.files).remove(&fh);
+            reply.ok();
+        });
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _ds: bool, reply: ReplyEmpty) {
-        match self.files.get(&fh).map(|f| f.sync_all()) {
-            Some(Err(e)) => reply.error(errno(&e)),
-            _ => reply.ok(),
-        }
+        let s = self.inner.clone();
+        self.pool
+            .run(move || match s.file(fh).map(|f| f.sync_all()) {
+                Some(Err(e)) => reply.error(errno(&e)),
+                _ => reply.ok(),
+            });
     }
 
     fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
-        let listing = (|| -> io::Result<Listing> {
-            let dotdot = self
-                .fs
-                .metadata(At {
-                    dir: ino,
-                    path: Path::new(".."),
-                })?
-                .ino();
-            let mut entries = vec![
-                (ino, FileType::Directory, b".".to_vec()),
-                (dotdot, FileType::Directory, b"..".to_vec()),
-            ];
-            for e in self.fs.read_dir(At::inode(ino))? {
-                let e = e?;
-                let kind = kind_of(e.file_type()?);
-                entries.push((e.ino(), kind, e.file_name().as_bytes().to_vec()));
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let listing = (|| -> io::Result<Listing> {
+                let dotdot =
+                    s.fs.metadata(At {
+                        dir: ino,
+                        path: Path::new(".."),
+                    })?
+                    .ino();
+                let mut entries = vec![
+                    (ino, FileType::Directory, b".".to_vec()),
+                    (dotdot, FileType::Directory, b"..".to_vec()),
+                ];
+                for e in s.fs.read_dir(At::inode(ino))? {
+                    let e = e?;
+                    let kind = kind_of(e.file_type()?);
+                    entries.push((e.ino(), kind, e.file_name().as_bytes().to_vec()));
+                }
+                Ok(Listing { entries })
+            })();
+            match listing {
+                Ok(l) => {
+                    let fh = s.fh();
+                    lock(&s.dirs).insert(fh, Arc::new(l));
+                    reply.opened(fh, 0);
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Ok(Listing { entries })
-        })();
-        match listing {
-            Ok(l) => {
-                let fh = self.fh();
-                self.dirs.insert(fh, l);
-                reply.opened(fh, 0);
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn readdir(
@@ -618,24 +752,31 @@ impl Filesystem for CairnFuse {
         offset: i64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(l) = self.dirs.get(&fh) else {
-            return reply.error(libc::EBADF);
-        };
-        for (i, (ino, kind, name)) in l.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(*ino, i as i64 + 1, *kind, OsStr::from_bytes(name)) {
-                break;
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let Some(l) = lock(&s.dirs).get(&fh).cloned() else {
+                return reply.error(libc::EBADF);
+            };
+            for (i, (ino, kind, name)) in l.entries.iter().enumerate().skip(offset as usize) {
+                if reply.add(*ino, i as i64 + 1, *kind, OsStr::from_bytes(name)) {
+                    break;
+                }
             }
-        }
-        reply.ok();
+            reply.ok();
+        });
     }
 
     fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _f: i32, reply: ReplyEmpty) {
-        self.dirs.remove(&fh);
-        reply.ok();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            lock(&s.dirs).remove(&fh);
+            reply.ok();
+        });
     }
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
-        match self.fs.status() {
+        let s = self.inner.clone();
+        self.pool.run(move || match s.fs.status() {
             Ok(s) => {
                 let (cap, used) = s
                     .tiers
@@ -656,7 +797,7 @@ impl Filesystem for CairnFuse {
                 );
             }
             Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn getxattr(&mut self, _r: &Request<'_>, _ino: u64, _n: &OsStr, _s: u32, reply: ReplyXattr) {
@@ -699,29 +840,35 @@ impl Filesystem for CairnFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let at = name_at(parent, name);
-        let acc = flags & libc::O_ACCMODE;
-        let r = OpenOptions::new()
-            .read(acc != libc::O_WRONLY)
-            .write(flags & libc::O_APPEND == 0)
-            .append(flags & libc::O_APPEND != 0)
-            .create(true)
-            .create_new(flags & libc::O_EXCL != 0)
-            .truncate(flags & libc::O_TRUNC != 0 && flags & libc::O_APPEND == 0)
-            .mode(mode & !umask & 0o7777)
-            .open(&self.fs, at);
-        let r = r.and_then(|f| {
-            self.own(req, parent, at, false)?;
-            Ok((f, self.fs.symlink_metadata(at)?))
-        });
-        match r {
-            Ok((f, m)) => {
-                let fh = self.fh();
-                self.files.insert(fh, f);
-                reply.created(&self.ttl, &attr_of(&m), 0, fh, 0);
+        let req = Caller(req.uid(), req.gid());
+        let name = name.to_os_string();
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let name = name.as_os_str();
+            let at = name_at(parent, name);
+            let acc = flags & libc::O_ACCMODE;
+            let r = OpenOptions::new()
+                .read(acc != libc::O_WRONLY)
+                .write(flags & libc::O_APPEND == 0)
+                .append(flags & libc::O_APPEND != 0)
+                .create(true)
+                .create_new(flags & libc::O_EXCL != 0)
+                .truncate(flags & libc::O_TRUNC != 0 && flags & libc::O_APPEND == 0)
+                .mode(mode & !umask & 0o7777)
+                .open(&s.fs, at);
+            let r = r.and_then(|f| {
+                s.own(req, parent, at, false)?;
+                Ok((f, s.fs.symlink_metadata(at)?))
+            });
+            match r {
+                Ok((f, m)) => {
+                    let fh = s.fh();
+                    lock(&s.files).insert(fh, Arc::new(f));
+                    reply.created(&s.ttl, &attr_of(&m), 0, fh, 0);
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 }
 
