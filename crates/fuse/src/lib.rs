@@ -562,17 +562,14 @@ impl Filesystem for CairnFuse {
             let name = name.as_os_str();
             let newname = newname.as_os_str();
             let (from, to) = (name_at(parent, name), name_at(newparent, newname));
-            if flags & libc::RENAME_EXCHANGE != 0 {
-                // Not built yet (ARCHITECTURE.md, Limits).
-                return reply.error(libc::ENOTSUP);
-            }
-            if flags & !libc::RENAME_NOREPLACE != 0 {
-                return reply.error(libc::EINVAL);
-            }
-            if flags & libc::RENAME_NOREPLACE != 0 && s.fs.symlink_metadata(to).is_ok() {
-                return reply.error(libc::EEXIST);
-            }
-            match s.fs.rename(from, to) {
+            let r = match flags {
+                0 => s.fs.rename(from, to),
+                libc::RENAME_NOREPLACE => s.fs.rename_noreplace(from, to),
+                libc::RENAME_EXCHANGE => s.fs.rename_exchange(from, to),
+                // RENAME_WHITEOUT (overlayfs) and unknown flags.
+                _ => return reply.error(libc::EINVAL),
+            };
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -828,6 +825,50 @@ impl Filesystem for CairnFuse {
 
     fn removexattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(libc::ENODATA);
+    }
+
+    fn fallocate(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        length: i64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            // Space is not reserved ahead (blocks are allocated when data is digested):
+            // mode 0 only extends the size, FALLOC_FL_KEEP_SIZE does nothing; punching
+            // holes and the other modes are not supported.
+            if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+                return reply.error(libc::EOPNOTSUPP);
+            }
+            let (Ok(off), Ok(len)) = (u64::try_from(offset), u64::try_from(length)) else {
+                return reply.error(libc::EINVAL);
+            };
+            let r = (|| -> io::Result<()> {
+                if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
+                    return Ok(());
+                }
+                let f = match s.file(fh) {
+                    Some(f) => f,
+                    None => Arc::new(OpenOptions::new().write(true).open(&s.fs, At::inode(ino))?),
+                };
+                let end = off
+                    .checked_add(len)
+                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
+                if end > f.metadata()?.len() {
+                    f.set_len(end)?;
+                }
+                Ok(())
+            })();
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn create(

@@ -1910,10 +1910,27 @@ impl Inner {
         Err(fs_err(libc::ELOOP, "directory parent chain too long"))
     }
 
-    pub(crate) fn rename(&self, from: At<'_>, to: At<'_>) -> io::Result<()> {
+    /// `renameat2`: `noreplace` fails with `EEXIST` if `to` exists; `exchange` swaps two
+    /// existing entries atomically (the two are exclusive).
+    pub(crate) fn rename(
+        &self,
+        from: At<'_>,
+        to: At<'_>,
+        noreplace: bool,
+        exchange: bool,
+    ) -> io::Result<()> {
         let op = format!("rename {} -> {}", from.display(), to.display());
         from.named(&op)?;
         to.named(&op)?;
+        if noreplace && exchange {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("{op}: RENAME_NOREPLACE with RENAME_EXCHANGE"),
+            ));
+        }
+        if exchange {
+            return self.exchange(from, to, &op);
+        }
         self.run(|st| {
             // The order of checks follows Linux (do_renameat2, vfs_rename), so that the same
             // call fails with the same errno: both parents, the source, the subtree traps,
@@ -1932,6 +1949,9 @@ impl Inner {
                 ));
             };
             let (src, skind) = Self::need_found(&wf, &op)?;
+            if noreplace && wt.found.is_some() {
+                return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+            }
             if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
                 return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
             }
@@ -2004,6 +2024,72 @@ impl Inner {
             tx.inode(src, sgen, sa);
             tx.dirent(wf.parent, &fname, 0, Kind::Free);
             tx.dirent(wt.parent, &tname, src, skind);
+            self.commit(st, tx)?;
+            Ok(())
+        })
+    }
+
+    /// `RENAME_EXCHANGE`: swap the entries `a` and `b` (both must exist; they may be of
+    /// different types) in one transaction.
+    fn exchange(&self, a: At<'_>, b: At<'_>, op: &str) -> io::Result<()> {
+        self.run(|st| {
+            let wa = self.walk(st, a, false, op)?;
+            let wb = self.walk(st, b, false, op)?;
+            let (Some(aname), Some(bname)) = (wa.name.clone(), wb.name.clone()) else {
+                return Err(fs_err(libc::EINVAL, format!("{op}: invalid entry")));
+            };
+            let (ai, ak) = Self::need_found(&wa, op)?;
+            let (bi, bk) = Self::need_found(&wb, op)?;
+            // A directory cannot go below itself.
+            if (ak == Kind::Dir && self.is_ancestor(st, ai, wb.parent)?)
+                || (bk == Kind::Dir && self.is_ancestor(st, bi, wa.parent)?)
+            {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!("{op}: cannot move a directory into itself"),
+                ));
+            }
+            if ai == bi {
+                return Ok(());
+            }
+            self.check_parent_write(st, wa.parent, op)?;
+            self.check_parent_write(st, wb.parent, op)?;
+            self.check_sticky(st, wa.parent, ai, op)?;
+            self.check_sticky(st, wb.parent, bi, op)?;
+            // A directory moving to another parent rewrites its `..`.
+            if wa.parent != wb.parent {
+                for (i, k) in [(ai, ak), (bi, bk)] {
+                    if k == Kind::Dir && !self.cred.may(&self.attrs(st, i)?.1, W) {
+                        return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+                    }
+                }
+            }
+            self.need(st, ai, true)?;
+            self.need(st, bi, true)?;
+            let now = now_ns();
+            let mut tx = Tx::default();
+            let dirs = |k: Kind| (k == Kind::Dir) as i64;
+            let moved = wa.parent != wb.parent;
+            let (da, db) = if moved {
+                (dirs(bk) - dirs(ak), dirs(ak) - dirs(bk))
+            } else {
+                (0, 0)
+            };
+            self.touch_dir(st, &mut tx, wa.parent, now, da)?;
+            self.touch_dir(st, &mut tx, wb.parent, now, db)?;
+            for (i, k, parent) in [(ai, ak, wb.parent), (bi, bk, wa.parent)] {
+                let (gen, mut attrs) = match tx.get(i) {
+                    Some(x) => x,
+                    None => self.attrs(st, i)?,
+                };
+                attrs.ctime = now;
+                if k == Kind::Dir {
+                    attrs.parent = parent;
+                }
+                tx.inode(i, gen, attrs);
+            }
+            tx.dirent(wa.parent, &aname, bi, bk);
+            tx.dirent(wb.parent, &bname, ai, ak);
             self.commit(st, tx)?;
             Ok(())
         })

@@ -151,7 +151,19 @@ impl Fs {
 
     /// Rename atomically; replaces a file, or an empty directory when moving a directory.
     pub fn rename(&self, from: impl Loc, to: impl Loc) -> io::Result<()> {
-        self.inner.rename(from.at(), to.at())
+        self.inner.rename(from.at(), to.at(), false, false)
+    }
+
+    /// Rename only if `to` does not exist (`renameat2` with `RENAME_NOREPLACE`: `EEXIST`
+    /// otherwise), atomically.
+    pub fn rename_noreplace(&self, from: impl Loc, to: impl Loc) -> io::Result<()> {
+        self.inner.rename(from.at(), to.at(), true, false)
+    }
+
+    /// Swap two existing entries atomically (`renameat2` with `RENAME_EXCHANGE`); they
+    /// may be of different types.
+    pub fn rename_exchange(&self, a: impl Loc, b: impl Loc) -> io::Result<()> {
+        self.inner.rename(a.at(), b.at(), false, true)
     }
 
     /// Make `link` a new name of `original` (not a directory; `original` is not followed

@@ -140,3 +140,56 @@ fn an_inode_itself_and_chown() {
     let m = store.fs().metadata("/d/g").unwrap();
     assert_eq!((m.uid(), m.gid(), m.nlink()), (1234, 42, 2));
 }
+
+#[test]
+fn rename_noreplace_and_exchange() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.create_dir_all("/p/sub").unwrap();
+    fs.create_dir("/q").unwrap();
+    fs.write("/p/f", b"F").unwrap();
+    fs.write("/q/g", b"G").unwrap();
+    let errno = |e: std::io::Error| cairn_area::errno_of(&e);
+    // NOREPLACE: refused onto an existing name, done onto a new one.
+    assert_eq!(
+        errno(fs.rename_noreplace("/p/f", "/q/g").unwrap_err()),
+        libc::EEXIST
+    );
+    fs.rename_noreplace("/p/f", "/q/f2").unwrap();
+    assert_eq!(fs.read("/q/f2").unwrap(), b"F");
+    // EXCHANGE of two files in different directories.
+    fs.write("/p/f", b"F").unwrap();
+    fs.rename_exchange("/p/f", "/q/g").unwrap();
+    assert_eq!(fs.read("/p/f").unwrap(), b"G");
+    assert_eq!(fs.read("/q/g").unwrap(), b"F");
+    // EXCHANGE of a file and a directory across parents: link counts and `..` follow.
+    let (p_links, q_links) = (
+        fs.metadata("/p").unwrap().nlink(),
+        fs.metadata("/q").unwrap().nlink(),
+    );
+    fs.rename_exchange("/p/sub", "/q/g").unwrap();
+    assert!(fs.metadata("/q/g").unwrap().is_dir());
+    assert!(fs.metadata("/p/sub").unwrap().is_file());
+    assert_eq!(fs.metadata("/p").unwrap().nlink(), p_links - 1);
+    assert_eq!(fs.metadata("/q").unwrap().nlink(), q_links + 1);
+    fs.write("/q/g/inside", b"i").unwrap();
+    assert_eq!(fs.read("/q/g/../g/inside").unwrap(), b"i");
+    assert_eq!(fs.read("/q/g/../f2").unwrap(), b"F");
+    // Refused: a missing entry, a directory into its own subtree, both flags.
+    assert_eq!(
+        errno(fs.rename_exchange("/p/f", "/q/none").unwrap_err()),
+        libc::ENOENT
+    );
+    fs.create_dir("/q/g/deeper").unwrap();
+    assert_eq!(
+        errno(fs.rename_exchange("/q/g", "/q/g/deeper").unwrap_err()),
+        libc::EINVAL
+    );
+    // Durable and consistent after a daemon restart (the daemon checked link counts).
+    drop(fs);
+    store.stop();
+    let fs = store.fs();
+    assert_eq!(fs.read("/q/g/inside").unwrap(), b"i");
+    assert_eq!(fs.read("/p/sub").unwrap(), b"F");
+    assert_eq!(fs.metadata("/p").unwrap().nlink(), p_links - 1);
+}

@@ -434,3 +434,35 @@ fn rocksdb_redis_and_fio_on_the_mount() {
          --fsync=1 --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/dev/null",
     );
 }
+
+#[test]
+fn renameat2_flags_and_fallocate_on_the_mount() {
+    let m = Mount::new();
+    let root = m.dir.path().to_path_buf();
+    std::fs::write(m.path("a"), b"A").unwrap();
+    std::fs::write(m.path("b"), b"B").unwrap();
+    let out = sh(
+        &root,
+        "python3 -c \"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, NOREPLACE, EXCHANGE = -100, 1, 2
+def r2(a, b, f):
+    if libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), f) == 0:
+        return 'ok'
+    return os.strerror(ctypes.get_errno())
+print(r2('a', 'b', NOREPLACE), r2('a', 'c', NOREPLACE), r2('c', 'b', EXCHANGE))
+print(open('c').read(), open('b').read())
+\"",
+    );
+    assert_eq!(out, "File exists ok ok\nB A\n");
+    // fallocate: mode 0 extends the size, KEEP_SIZE keeps it, hole punching is refused.
+    sh(&root, "fallocate -l 100000 fa && fallocate -n -l 300000 fa");
+    assert_eq!(std::fs::metadata(m.path("fa")).unwrap().len(), 100000);
+    let punch = Command::new("fallocate")
+        .args(["-p", "-o", "0", "-l", "4096"])
+        .arg(m.path("fa"))
+        .output()
+        .unwrap();
+    assert!(!punch.status.success());
+}
