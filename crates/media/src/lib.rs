@@ -448,6 +448,32 @@ pub mod sys {
         }
     }
 
+    /// `renameat2(AT_FDCWD, from, AT_FDCWD, to, flags)` (`RENAME_NOREPLACE`,
+    /// `RENAME_EXCHANGE`), which `std` does not offer.
+    pub fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &std::path::Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+        };
+        let (f, t) = (c(from)?, c(to)?);
+        // SAFETY: two valid NUL-terminated strings that outlive the call.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                flags,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     /// Whether process `pid` exists (`kill(pid, 0)`).
     pub fn pid_alive(pid: u32) -> bool {
         if pid == 0 || pid > i32::MAX as u32 {

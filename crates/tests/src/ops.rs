@@ -38,6 +38,8 @@ pub trait FsOps {
     fn remove_file(&self, p: &str) -> io::Result<()>;
     fn remove_dir(&self, p: &str) -> io::Result<()>;
     fn rename(&self, a: &str, b: &str) -> io::Result<()>;
+    /// `renameat2` with `RENAME_NOREPLACE` (1) or `RENAME_EXCHANGE` (2).
+    fn rename2(&self, a: &str, b: &str, flags: u32) -> io::Result<()>;
     fn hard_link(&self, a: &str, b: &str) -> io::Result<()>;
     fn symlink(&self, target: &str, link: &str) -> io::Result<()>;
     fn read_link(&self, p: &str) -> io::Result<String>;
@@ -144,6 +146,9 @@ impl FsOps for HostFs {
     }
     fn rename(&self, a: &str, b: &str) -> io::Result<()> {
         std::fs::rename(self.p(a), self.p(b))
+    }
+    fn rename2(&self, a: &str, b: &str, flags: u32) -> io::Result<()> {
+        cairn_media::sys::renameat2(&self.p(a), &self.p(b), flags)
     }
     fn hard_link(&self, a: &str, b: &str) -> io::Result<()> {
         std::fs::hard_link(self.p(a), self.p(b))
@@ -268,6 +273,13 @@ impl FsOps for CairnFs<'_> {
     fn rename(&self, a: &str, b: &str) -> io::Result<()> {
         self.fs.rename(a, b)
     }
+    fn rename2(&self, a: &str, b: &str, flags: u32) -> io::Result<()> {
+        match flags {
+            libc::RENAME_NOREPLACE => self.fs.rename_noreplace(a, b),
+            libc::RENAME_EXCHANGE => self.fs.rename_exchange(a, b),
+            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
     fn hard_link(&self, a: &str, b: &str) -> io::Result<()> {
         self.fs.hard_link(a, b)
     }
@@ -319,6 +331,8 @@ pub enum Op {
     RemoveFile(String),
     RemoveDir(String),
     Rename(String, String),
+    /// `renameat2` with these flags.
+    Rename2(String, String, u32),
     HardLink(String, String),
     Symlink(String, String),
     ReadLink(String),
@@ -372,7 +386,12 @@ pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
             57..=64 => Op::Mkdir(p(pick(&mut r))),
             65..=70 => Op::RemoveFile(p(pick(&mut r))),
             71..=74 => Op::RemoveDir(p(pick(&mut r))),
-            75..=82 => Op::Rename(p(pick(&mut r)), p(pick(&mut r))),
+            75..=79 => Op::Rename(p(pick(&mut r)), p(pick(&mut r))),
+            80..=82 => Op::Rename2(
+                p(pick(&mut r)),
+                p(pick(&mut r)),
+                [libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][r.gen_range(0..2)],
+            ),
             83..=85 => Op::HardLink(p(pick(&mut r)), p(pick(&mut r))),
             86..=88 => {
                 // Relative targets only: an absolute one would leave the reference root.
@@ -435,6 +454,7 @@ pub fn apply(fs: &dyn FsOps, op: &Op) -> Outcome {
         Op::RemoveFile(p) => out(fs.remove_file(p), ok),
         Op::RemoveDir(p) => out(fs.remove_dir(p), ok),
         Op::Rename(a, b) => out(fs.rename(a, b), ok),
+        Op::Rename2(a, b, f) => out(fs.rename2(a, b, *f), ok),
         Op::HardLink(a, b) => out(fs.hard_link(a, b), ok),
         Op::Symlink(t, l) => out(fs.symlink(t, l), ok),
         Op::ReadLink(p) => out(fs.read_link(p), Outcome::Text),
