@@ -483,10 +483,8 @@ impl Filesystem for CairnFuse {
         self.pool.run(move || {
             let name = name.as_os_str();
             let at = name_at(parent, name);
-            let perm = cairn::Permissions::from_mode(mode & !umask & 0o7777);
             let r =
-                s.fs.create_dir(at)
-                    .and_then(|()| s.fs.set_permissions(at, perm))
+                s.fs.create_dir_mode(at, mode & !umask)
                     .and_then(|()| s.own(req, parent, at, false));
             match r {
                 Ok(()) => s.entry(at, reply),
@@ -929,7 +927,8 @@ pub fn mount_options() -> Vec<MountOption> {
 }
 
 /// Serve `fs` at `mountpoint` until it is unmounted; the kernel may cache attributes
-/// and entries for `ttl`.
+/// and entries for `ttl`. The modes requests carry already had the caller's umask
+/// applied: `fs` must be opened by a process whose umask is 0 (`cairn mount` sets it).
 pub fn serve(fs: Fs, mountpoint: &Path, ttl: Duration) -> io::Result<()> {
     fuser::mount2(CairnFuse::new(fs, ttl), mountpoint, &mount_options())
 }

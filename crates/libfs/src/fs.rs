@@ -1673,7 +1673,8 @@ impl Inner {
             .ok_or_else(|| fs_err(libc::ENOENT, format!("{op}: no such file or directory")))
     }
 
-    pub(crate) fn create_dir(&self, p: At<'_>) -> io::Result<()> {
+    /// `mkdir(p, mode)`: the directory gets `mode & 0o7777` minus the umask.
+    pub(crate) fn create_dir(&self, p: At<'_>, mode: u32) -> io::Result<()> {
         let op = format!("create_dir {}", p.display());
         p.named(&op)?;
         self.run(|st| {
@@ -1681,7 +1682,7 @@ impl Inner {
             let Some(name) = w.name.filter(|_| w.found.is_none()) else {
                 return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
             };
-            let perm = 0o777 & !self.umask;
+            let perm = mode & 0o7777 & !self.umask;
             self.create_in(
                 st,
                 w.parent,
@@ -1712,7 +1713,7 @@ impl Inner {
                 dir: p.dir,
                 path: &prefix,
             };
-            match self.create_dir(at) {
+            match self.create_dir(at, 0o777) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     if !self.metadata(at)?.is_dir() {

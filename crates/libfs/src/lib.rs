@@ -104,7 +104,12 @@ impl Fs {
 
     /// Create a directory (mode `0o777` minus the umask).
     pub fn create_dir(&self, p: impl Loc) -> io::Result<()> {
-        self.inner.create_dir(p.at())
+        self.inner.create_dir(p.at(), 0o777)
+    }
+
+    /// Create a directory with `mode` minus the umask (`mkdir(2)`), in one transaction.
+    pub fn create_dir_mode(&self, p: impl Loc, mode: u32) -> io::Result<()> {
+        self.inner.create_dir(p.at(), mode)
     }
 
     /// Create a directory and all missing parents; existing directories are fine.

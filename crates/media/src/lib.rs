@@ -474,6 +474,12 @@ pub mod sys {
         }
     }
 
+    /// Set the process's file mode creation mask (`umask(2)`); returns the previous one.
+    pub fn set_umask(mask: u32) -> u32 {
+        // SAFETY: umask cannot fail and touches no memory.
+        unsafe { libc::umask(mask as libc::mode_t) as u32 }
+    }
+
     /// Whether process `pid` exists (`kill(pid, 0)`).
     pub fn pid_alive(pid: u32) -> bool {
         if pid == 0 || pid > i32::MAX as u32 {

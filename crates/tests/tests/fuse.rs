@@ -436,7 +436,7 @@ fn rocksdb_redis_and_fio_on_the_mount() {
 }
 
 #[test]
-fn renameat2_flags_and_fallocate_on_the_mount() {
+fn renameat2_modes_and_fallocate_on_the_mount() {
     let m = Mount::new();
     let root = m.dir.path().to_path_buf();
     std::fs::write(m.path("a"), b"A").unwrap();
@@ -456,6 +456,15 @@ print(open('c').read(), open('b').read())
 \"",
     );
     assert_eq!(out, "File exists ok ok\nB A\n");
+    // Modes are the caller's (its umask, not the mount's).
+    assert_eq!(
+        sh(
+            &root,
+            "(umask 0; touch m0; mkdir d0); (umask 027; touch m1; mkdir d1); \
+             stat -c %a m0 d0 m1 d1"
+        ),
+        "666\n777\n640\n750\n"
+    );
     // fallocate: mode 0 extends the size, KEEP_SIZE keeps it, hole punching is refused.
     sh(&root, "fallocate -l 100000 fa && fallocate -n -l 300000 fa");
     assert_eq!(std::fs::metadata(m.path("fa")).unwrap().len(), 100000);

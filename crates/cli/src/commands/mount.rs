@@ -49,6 +49,9 @@ pub fn mount(
         )));
     }
     if foreground {
+        // Requests carry modes with the caller's umask applied: none of ours on top
+        // (LibFS reads the umask when the client opens).
+        cairn_media::sys::set_umask(0);
         let fs = super::open_fs(store)?;
         return cairn_fuse::serve(fs, &mp, Duration::from_secs_f64(attr_timeout))
             .map_err(|e| CliError::new(format!("mount {}: {e}", mp.display())));
