@@ -440,79 +440,85 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
     let mut results = Vec::new();
     let mut appends = Vec::new();
     let mut scaling = Vec::new();
-    for (name, system, dir, sync) in &systems {
-        progress(format_args!(
-            "bench share: lock-file updates on {name} ({}s)\n",
-            args.seconds
-        ));
-        let (per_process, secs) =
-            run_workers(&store_dir, "lockfile", system, dir, 2, args.seconds, false)?;
-        let updates = per_process.iter().sum();
-        // Verify: the block's counter is the number of updates, and its contents match.
-        let block = if *name == "cairn" {
-            cairn::Fs::open_store(Some(&store_dir))?.read(dir.join("data"))?
-        } else {
-            std::fs::read(dir.join("data"))?
-        };
-        let c = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
-        let id = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")) as u32;
-        let verified = block.len() == BLOCK && c == updates && block == update_block(c, id);
-        results.push(ShareResult {
-            system: name.to_string(),
-            updates_per_s: updates as f64 / secs,
-            verified,
-            updates,
-            per_process,
-            seconds: secs,
-        });
-        progress(format_args!(
-            "bench share: two processes appending to one file on {name} ({}s)\n",
-            args.seconds
-        ));
-        let (per_process, secs) =
-            run_workers(&store_dir, "append", system, dir, 2, args.seconds, *sync)?;
-        let n = per_process.iter().sum();
-        let log = if *name == "cairn" {
-            cairn::Fs::open_store(Some(&store_dir))?.read(dir.join("log"))?
-        } else {
-            std::fs::read(dir.join("log"))?
-        };
-        if *name == "cairn" {
-            cairn::Fs::open_store(Some(&store_dir))?.remove_file(dir.join("log"))?;
-        } else {
-            std::fs::remove_file(dir.join("log"))?;
-        }
-        appends.push(AppendResult {
-            system: name.to_string(),
-            appends_per_s: n as f64 / secs,
-            verified: verify_appends(&log, &per_process),
-            appends: n,
-            per_process,
-        });
-        for clients in [1u32, 2] {
+    // Measure; the work directories go whatever happens.
+    let measured = (|| -> CliResult {
+        for (name, system, dir, sync) in &systems {
             progress(format_args!(
-                "bench share: 4 KiB durable private writes on {name}, {clients} client(s)\n"
+                "bench share: lock-file updates on {name} ({}s)\n",
+                args.seconds
             ));
-            let (per, secs) = run_workers(
-                &store_dir,
-                "private",
-                system,
-                dir,
-                clients,
-                args.seconds,
-                *sync,
-            )?;
-            scaling.push(ScalingResult {
+            let (per_process, secs) =
+                run_workers(&store_dir, "lockfile", system, dir, 2, args.seconds, false)?;
+            let updates = per_process.iter().sum();
+            // Verify: the block's counter is the number of updates, and its contents match.
+            let block = if *name == "cairn" {
+                cairn::Fs::open_store(Some(&store_dir))?.read(dir.join("data"))?
+            } else {
+                std::fs::read(dir.join("data"))?
+            };
+            let c = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+            let id = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")) as u32;
+            let verified = block.len() == BLOCK && c == updates && block == update_block(c, id);
+            results.push(ShareResult {
                 system: name.to_string(),
-                clients,
-                writes_per_s: per.iter().sum::<u64>() as f64 / secs,
+                updates_per_s: updates as f64 / secs,
+                verified,
+                updates,
+                per_process,
+                seconds: secs,
             });
+            progress(format_args!(
+                "bench share: two processes appending to one file on {name} ({}s)\n",
+                args.seconds
+            ));
+            let (per_process, secs) =
+                run_workers(&store_dir, "append", system, dir, 2, args.seconds, *sync)?;
+            let n = per_process.iter().sum();
+            let log = if *name == "cairn" {
+                cairn::Fs::open_store(Some(&store_dir))?.read(dir.join("log"))?
+            } else {
+                std::fs::read(dir.join("log"))?
+            };
+            if *name == "cairn" {
+                cairn::Fs::open_store(Some(&store_dir))?.remove_file(dir.join("log"))?;
+            } else {
+                std::fs::remove_file(dir.join("log"))?;
+            }
+            appends.push(AppendResult {
+                system: name.to_string(),
+                appends_per_s: n as f64 / secs,
+                verified: verify_appends(&log, &per_process),
+                appends: n,
+                per_process,
+            });
+            for clients in [1u32, 2] {
+                progress(format_args!(
+                    "bench share: 4 KiB durable private writes on {name}, {clients} client(s)\n"
+                ));
+                let (per, secs) = run_workers(
+                    &store_dir,
+                    "private",
+                    system,
+                    dir,
+                    clients,
+                    args.seconds,
+                    *sync,
+                )?;
+                scaling.push(ScalingResult {
+                    system: name.to_string(),
+                    clients,
+                    writes_per_s: per.iter().sum::<u64>() as f64 / secs,
+                });
+            }
         }
-    }
-    let fs = cairn::Fs::open_store(Some(&store_dir))?;
-    let _ = fs.remove_dir_all(&cairn_dir);
+        Ok(())
+    })();
     let _ = std::fs::remove_dir_all(&host_work);
     let _ = std::fs::remove_dir_all(&shm_work);
+    if let Ok(fs) = cairn::Fs::open_store(Some(&store_dir)) {
+        let _ = fs.remove_dir_all(&cairn_dir);
+    }
+    measured?;
     let report = Report {
         results,
         appends,
