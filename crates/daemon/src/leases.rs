@@ -305,7 +305,8 @@ impl Leases {
 
     /// Wait until `slot` can be granted the lease on `ino`, revoking conflicting leases
     /// (upcalls) meanwhile. `Ok` once granted; `Err(step)` when the caller has work to do
-    /// first. Never called with the core lock held.
+    /// first. `mediable`: the inode may enter shared-write mode (a regular file, with
+    /// `shared_write` on: [`Leases::shared_write`]). Never called with the core lock held.
     pub(crate) fn acquire(
         &self,
         slot: u32,
@@ -360,12 +361,7 @@ impl Leases {
             if write {
                 conflicts.extend(h.readers.iter().copied().filter(|&r| r != slot));
             }
-            if !conflicts.is_empty()
-                && !counted
-                && mediable
-                && self.shared_write
-                && h.writer != Some(slot)
-            {
+            if !conflicts.is_empty() && !counted && mediable && h.writer != Some(slot) {
                 counted = true;
                 // A second conflict soon after the first: shared-write mode. Only a
                 // writer stands in its way (readers become its members).

@@ -633,9 +633,12 @@ impl Inner {
         match r? {
             Response::Leased { .. } => {
                 if !crossed {
+                    // A read grant does not take away a write lease we hold.
                     let l = st.leases.entry(ino).or_insert(Lease::Read);
-                    if write || *l != Lease::Write {
-                        *l = if write { Lease::Write } else { Lease::Read };
+                    if write {
+                        *l = Lease::Write;
+                    } else if *l != Lease::Write {
+                        *l = Lease::Read;
                     }
                 }
                 Ok(())

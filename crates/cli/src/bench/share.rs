@@ -405,6 +405,23 @@ fn run_workers(
     Ok((counts, (end - start) as f64 / 1e9))
 }
 
+/// A table of verified counts: system, rate, count, verified, count per process.
+fn print_counts<'a>(
+    what: &str,
+    rows: impl Iterator<Item = (&'a String, f64, u64, bool, &'a Vec<u64>)>,
+) {
+    println!(
+        "{:<12} {:>14} {:>10} {:>9}  per process",
+        "system",
+        format!("{what}/s"),
+        what,
+        "verified"
+    );
+    for (system, rate, n, verified, per) in rows {
+        println!("{system:<12} {rate:>14.0} {n:>10} {verified:>9}  {per:?}");
+    }
+}
+
 fn progress(msg: std::fmt::Arguments) {
     let _ = std::io::stderr().write_fmt(msg);
 }
@@ -536,28 +553,32 @@ pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
             "Cairn sharing benchmark (two processes, lock file + 4 KiB update; {} s each)",
             args.seconds
         );
-        println!(
-            "{:<12} {:>14} {:>10} {:>9}  per process",
-            "system", "updates/s", "updates", "verified"
+        print_counts(
+            "updates",
+            report.results.iter().map(|r| {
+                (
+                    &r.system,
+                    r.updates_per_s,
+                    r.updates,
+                    r.verified,
+                    &r.per_process,
+                )
+            }),
         );
-        for r in &report.results {
-            println!(
-                "{:<12} {:>14.0} {:>10} {:>9}  {:?}",
-                r.system, r.updates_per_s, r.updates, r.verified, r.per_process
-            );
-        }
         println!();
         println!("Two processes appending 1 KiB records to one file with O_APPEND ({host_name}: + fdatasync; tmpfs: no sync)");
-        println!(
-            "{:<12} {:>14} {:>10} {:>9}  per process",
-            "system", "appends/s", "appends", "verified"
+        print_counts(
+            "appends",
+            report.appends.iter().map(|r| {
+                (
+                    &r.system,
+                    r.appends_per_s,
+                    r.appends,
+                    r.verified,
+                    &r.per_process,
+                )
+            }),
         );
-        for r in &report.appends {
-            println!(
-                "{:<12} {:>14.0} {:>10} {:>9}  {:?}",
-                r.system, r.appends_per_s, r.appends, r.verified, r.per_process
-            );
-        }
         println!();
         println!("4 KiB durable writes to private files ({host_name}: pwrite + fdatasync; tmpfs: no sync)");
         println!("{:<12} {:>8} {:>14}", "system", "clients", "writes/s");
