@@ -142,6 +142,8 @@ fn start_daemon(store: &StoreDir, create: bool) -> io::Result<Started> {
         cmd.arg("--create");
     }
     let command = format!("{cmd:?}").replace('"', "");
+    // The daemon never runs under the interposition library of the process starting it.
+    cmd.env_remove("LD_PRELOAD");
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

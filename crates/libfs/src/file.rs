@@ -192,6 +192,19 @@ impl File {
         Ok(n)
     }
 
+    /// Append all of `buf` at the true end of the file, whatever the handle's append
+    /// flag (`O_APPEND` set later with `fcntl`); durable when it returns. Returns the new
+    /// end of the file.
+    pub fn append(&self, buf: &[u8]) -> io::Result<u64> {
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "write: file not open for writing"));
+        }
+        let (end, _) = self
+            .fs
+            .run(|st| self.fs.write_data(st, self.ino, None, buf))?;
+        Ok(end)
+    }
+
     /// Truncate or extend the file to `size` bytes (extension reads as zeros).
     pub fn set_len(&self, size: u64) -> io::Result<()> {
         if !self.write {

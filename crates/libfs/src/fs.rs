@@ -192,7 +192,8 @@ pub(crate) struct Inner {
     create: bool,
     area: Area,
     pub(crate) cred: Cred,
-    umask: u32,
+    /// The umask applied to created files (the process's at open; see `Fs::set_umask`).
+    pub(crate) umask: std::sync::atomic::AtomicU32,
     pid: u32,
     slot: u32,
     slot_gen: u64,
@@ -208,6 +209,8 @@ pub(crate) struct Inner {
     upcall_epoch: AtomicU64,
     /// A handle of the upcall channel (shut down when the client goes away).
     upcall: Mutex<Option<UnixStream>>,
+    /// The descriptor the upcall thread reads (-1: none yet), for [`Inner::abandon`].
+    upcall_thread_fd: std::sync::atomic::AtomicI32,
     closing: AtomicBool,
     /// Offset of the slot's `lease_gen` word in the read-only mapping.
     lease_gen_off: usize,
@@ -499,6 +502,7 @@ impl Inner {
             conn_epoch: AtomicU64::new(1),
             upcall_epoch: AtomicU64::new(1),
             upcall: Mutex::new(Some(upcall)),
+            upcall_thread_fd: std::sync::atomic::AtomicI32::new(-1),
             closing: AtomicBool::new(false),
             lease_gen_off,
             locks: crate::lock::ClientLocks::new(store.clone(), reg.slot, reg.slot_gen),
@@ -509,7 +513,7 @@ impl Inner {
                 gid: reg.gid,
                 groups,
             },
-            umask,
+            umask: std::sync::atomic::AtomicU32::new(umask),
             pid,
             slot: reg.slot,
             slot_gen: reg.slot_gen,
@@ -718,10 +722,32 @@ impl Inner {
             return Ok(());
         };
         let weak = Arc::downgrade(this);
+        this.upcall_thread_fd
+            .store(std::os::fd::AsRawFd::as_raw_fd(&ch), Ordering::SeqCst);
         std::thread::Builder::new()
             .name("cairn-upcalls".into())
             .spawn(move || upcall_loop(weak, ch))?;
         Ok(())
+    }
+
+    /// In a child after `fork`: close the descriptors this client shares with its parent
+    /// (daemon connections, the slot lock) without a word to the daemon, so that the
+    /// parent's death is seen when the parent dies. The caller then leaks the `Inner`.
+    /// Lock requests another thread had in flight at the fork keep their channel open.
+    pub(crate) fn abandon(&self) {
+        use std::os::fd::AsRawFd;
+        if let Ok(mut c) = self.conn.try_lock() {
+            drop(c.take());
+        }
+        if let Ok(mut u) = self.upcall.try_lock() {
+            drop(u.take());
+        }
+        let t = self.upcall_thread_fd.swap(-1, Ordering::SeqCst);
+        if t >= 0 {
+            cairn_media::sys::close_abandoned(t);
+        }
+        self.locks.abandon();
+        cairn_media::sys::close_abandoned(self.slot_lock.as_raw_fd());
     }
 
     /// The upcall channel broke (the daemon stopped or died): re-attach if the main
@@ -1685,7 +1711,7 @@ impl Inner {
             let Some(name) = w.name.filter(|_| w.found.is_none()) else {
                 return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
             };
-            let perm = mode & 0o7777 & !self.umask;
+            let perm = mode & 0o7777 & !self.umask.load(Ordering::Relaxed);
             self.create_in(
                 st,
                 w.parent,
@@ -2370,7 +2396,7 @@ impl Inner {
                         name,
                         CreateOpts {
                             kind: Kind::File,
-                            perm: mode & !self.umask,
+                            perm: mode & !self.umask.load(Ordering::Relaxed),
                         },
                         None,
                         &op,

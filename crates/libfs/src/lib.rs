@@ -97,6 +97,24 @@ impl Fs {
         Ok(Fs { inner })
     }
 
+    /// In a child process after `fork(2)`: give up this client, inherited from the
+    /// parent, without disturbing it. The descriptors it shares with the parent (daemon
+    /// connections, slot lock) are closed; nothing is said to the daemon. Afterwards
+    /// neither this `Fs` nor any of its `File`s may be used or dropped: leak them all
+    /// (`std::mem::forget`). The child opens its own `Fs` to go on.
+    pub fn abandon_after_fork(&self) {
+        self.inner.abandon();
+    }
+
+    /// Change the umask this client applies to the files and directories it creates
+    /// (read from the process when the `Fs` was opened); for callers that track
+    /// `umask(2)`, such as the `LD_PRELOAD` library.
+    pub fn set_umask(&self, mask: u32) {
+        self.inner
+            .umask
+            .store(mask & 0o777, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The store directory.
     pub fn store_dir(&self) -> &Path {
         self.inner.store_dir()

@@ -155,6 +155,13 @@ impl ClientLocks {
 
     /// One request on a lock channel (an idle one, else a new one). A reused channel that
     /// turns out dead (the daemon restarted) is replaced once.
+    /// After `fork` in the child: close the idle channels (see `Inner::abandon`).
+    pub(crate) fn abandon(&self) {
+        if let Ok(mut idle) = self.idle.try_lock() {
+            idle.clear();
+        }
+    }
+
     fn call(&self, fs: &Inner, req: &Request) -> io::Result<Response> {
         let pooled = guard(&self.idle).pop();
         let (mut conn, reused) = match pooled {

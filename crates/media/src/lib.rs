@@ -480,6 +480,14 @@ pub mod sys {
         unsafe { libc::umask(mask as libc::mode_t) as u32 }
     }
 
+    /// Close descriptor `fd`, which its owner (a structure this process abandoned after
+    /// `fork`, never to be dropped) will not use again.
+    pub fn close_abandoned(fd: std::os::fd::RawFd) {
+        // SAFETY: close touches no memory; the caller guarantees no live object uses `fd`
+        // (its owner is leaked and never runs its destructor).
+        unsafe { libc::close(fd) };
+    }
+
     /// Whether process `pid` exists (`kill(pid, 0)`).
     pub fn pid_alive(pid: u32) -> bool {
         if pid == 0 || pid > i32::MAX as u32 {

@@ -1,0 +1,223 @@
+//! The C entry points shared helpers. Every `extern "C"` function of the `abi_*`
+//! modules is called by C code under the contract of the POSIX function it stands for:
+//! pointers are valid for the sizes given, strings are NUL-terminated. That contract is
+//! the SAFETY argument for turning raw arguments into slices and strings here.
+
+use crate::ops::{self, CPath, Where};
+use crate::real::Fail;
+use crate::state::{self, err};
+use crate::table::{self, Ofd};
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// Run a Cairn operation: its value, or -1 / NULL with errno set. A panic is `EIO`.
+pub fn run<T: Fail>(op: &str, f: impl FnOnce() -> io::Result<T>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => state::fail(op, e),
+        Err(_) => state::fail(op, err(libc::EIO, "internal error (panic) in cairn-preload")),
+    }
+}
+
+/// SAFETY: `p` is NULL or a NUL-terminated string that outlives the result.
+pub unsafe fn cbytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: see the function comment.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+    }
+}
+
+/// Where a path argument goes.
+pub enum Route {
+    /// To the C library: the original pointer, or this rewritten path.
+    Host(Option<CString>),
+    Cairn(CPath),
+}
+
+impl Route {
+    /// The pointer to give the C library (`orig` unless rewritten).
+    pub fn host_ptr(&self, orig: *const c_char) -> *const c_char {
+        match self {
+            Route::Host(Some(c)) => c.as_ptr(),
+            _ => orig,
+        }
+    }
+}
+
+/// SAFETY: `p` is NULL or a NUL-terminated string.
+pub unsafe fn route(dirfd: c_int, p: *const c_char) -> io::Result<Route> {
+    // SAFETY: see the function comment.
+    let Some(b) = (unsafe { cbytes(p) }) else {
+        return Ok(Route::Host(None));
+    };
+    Ok(match ops::classify(dirfd, b)? {
+        Where::Host(None) => Route::Host(None),
+        Where::Host(Some(v)) => Route::Host(Some(CString::new(v).map_err(|_| err(libc::EINVAL, "path"))?)),
+        Where::Cairn(cp) => Route::Cairn(cp),
+    })
+}
+
+/// A path call: to the C library (`host` with the pointer to use) or to Cairn.
+///
+/// SAFETY: `p` is NULL or a NUL-terminated string.
+pub unsafe fn path_call<T: Fail>(
+    op: &str,
+    dirfd: c_int,
+    p: *const c_char,
+    host: impl FnOnce(*const c_char) -> T,
+    cairn: impl FnOnce(&CPath) -> io::Result<T>,
+) -> T {
+    // SAFETY: see the function comment.
+    match unsafe { route(dirfd, p) } {
+        Ok(Route::Cairn(cp)) => run(op, || cairn(&cp)),
+        Ok(r) => host(r.host_ptr(p)),
+        Err(e) => state::fail(op, e),
+    }
+}
+
+/// A call on a descriptor known to be Cairn's (else `host`).
+pub fn fd_call<T: Fail>(
+    op: &str,
+    fd: c_int,
+    host: impl FnOnce() -> T,
+    cairn: impl FnOnce(Arc<Ofd>) -> io::Result<T>,
+) -> T {
+    match table::get(fd) {
+        Some(o) => run(op, || cairn(o)),
+        None => host(),
+    }
+}
+
+/// `*at` calls with `AT_EMPTY_PATH` and an empty path act on `dirfd` itself.
+///
+/// SAFETY: `p` is NULL or a NUL-terminated string.
+pub unsafe fn empty_path(p: *const c_char, flags: c_int) -> bool {
+    // SAFETY: see the function comment.
+    flags & libc::AT_EMPTY_PATH != 0 && unsafe { cbytes(p) }.is_some_and(|b| b.is_empty())
+}
+
+/// A Cairn path naming the inode of a Cairn descriptor (for `f*` calls).
+pub fn inode_path(o: &Ofd) -> CPath {
+    CPath {
+        dir: o.ino,
+        path: Vec::new(),
+        host: None,
+    }
+}
+
+/// Copy `s` into a caller's buffer of `n` bytes as a C string (`ERANGE` if too small).
+///
+/// SAFETY: `buf` is valid for `n` bytes.
+pub unsafe fn copy_cstr(s: &[u8], buf: *mut c_char, n: usize) -> io::Result<()> {
+    if s.len() + 1 > n {
+        return Err(err(libc::ERANGE, "buffer too small"));
+    }
+    // SAFETY: `buf` holds `n >= s.len() + 1` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, s.len());
+        *buf.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+/// A `malloc`ed copy of `s` as a C string (the caller frees it).
+pub fn malloc_cstr(s: &[u8]) -> io::Result<*mut c_char> {
+    // SAFETY: malloc of `len + 1` bytes, checked for NULL, then filled.
+    unsafe {
+        let p = libc::malloc(s.len() + 1) as *mut c_char;
+        if p.is_null() {
+            return Err(err(libc::ENOMEM, "out of memory"));
+        }
+        copy_cstr(s, p, s.len() + 1)?;
+        Ok(p)
+    }
+}
+
+/// Both paths of a two-path call must be on the same side (`EXDEV` otherwise).
+pub fn both_cairn(a: &Route, b: &Route) -> Option<io::Result<()>> {
+    match (a, b) {
+        (Route::Cairn(_), Route::Cairn(_)) => Some(Ok(())),
+        (Route::Host(_), Route::Host(_)) => None,
+        _ => Some(Err(err(libc::EXDEV, "between Cairn and another file system"))),
+    }
+}
+
+/// SAFETY for the two below: `ptr` is valid for `len` bytes (or `len` is 0).
+pub unsafe fn slice<'a>(ptr: *const libc::c_void, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: see above.
+    unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+}
+
+pub unsafe fn slice_mut<'a>(ptr: *mut libc::c_void, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: see above.
+    unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+}
+
+/// Fill any `stat`-shaped structure (`stat`, `stat64`: one layout on x86-64).
+macro_rules! fill_stat {
+    ($st:expr, $m:expr) => {{
+        let s = crate::ops::stat_of($m);
+        let st = $st;
+        st.st_dev = crate::ops::DEV as _;
+        st.st_ino = s.ino as _;
+        st.st_mode = s.mode as _;
+        st.st_nlink = s.nlink as _;
+        st.st_uid = s.uid;
+        st.st_gid = s.gid;
+        st.st_rdev = 0;
+        st.st_size = s.size as _;
+        st.st_blksize = crate::ops::BLOCK as _;
+        st.st_blocks = s.blocks as _;
+        st.st_atime = s.atime.0 as _;
+        st.st_atime_nsec = s.atime.1 as _;
+        st.st_mtime = s.mtime.0 as _;
+        st.st_mtime_nsec = s.mtime.1 as _;
+        st.st_ctime = s.ctime.0 as _;
+        st.st_ctime_nsec = s.ctime.1 as _;
+    }};
+}
+pub(crate) use fill_stat;
+
+pub fn fill_statx(st: &mut libc::statx, m: &cairn::Metadata) {
+    let s = ops::stat_of(m);
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    *st = unsafe { std::mem::zeroed() };
+    st.stx_mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+    st.stx_blksize = ops::BLOCK as u32;
+    st.stx_nlink = s.nlink.min(u32::MAX as u64) as u32;
+    st.stx_uid = s.uid;
+    st.stx_gid = s.gid;
+    st.stx_mode = s.mode as u16;
+    st.stx_ino = s.ino;
+    st.stx_size = s.size;
+    st.stx_blocks = s.blocks;
+    let ts = |t: (i64, i64)| {
+        // SAFETY: plain old data; all-zero is a valid value.
+        let mut x: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+        x.tv_sec = t.0;
+        x.tv_nsec = t.1 as u32;
+        x
+    };
+    st.stx_atime = ts(s.atime);
+    st.stx_btime = ts(s.btime);
+    st.stx_ctime = ts(s.ctime);
+    st.stx_mtime = ts(s.mtime);
+    st.stx_dev_major = (ops::DEV >> 8) as u32 & 0xfff;
+    st.stx_dev_minor = (ops::DEV & 0xff) as u32;
+}
+
+pub fn ok0(r: io::Result<()>) -> io::Result<c_int> {
+    r.map(|()| 0)
+}
+

@@ -1,0 +1,222 @@
+//! Memory mappings of Cairn files.
+//!
+//! A mapping is anonymous memory filled from the file at `mmap` time (private mappings
+//! and read-only ones are complete then). A shared mapping of a description open for
+//! writing is tracked: at `msync`, `munmap` and process exit, the pages that differ from
+//! the file are written to it (each run of changed pages one durable write). Changes
+//! made by other processes after `mmap` are not seen through a mapping.
+//! SAFETY: see `abi.rs`; tracked ranges are memory this library mapped and that is
+//! still mapped (a range leaves the list before `munmap` unmaps it).
+
+use crate::abi::{fd_call, run, slice, slice_mut};
+use crate::maps::{dirty_runs, Mapping, MAPS};
+use crate::real;
+use crate::state::err;
+use crate::table::{self, Ofd};
+use libc::{c_int, c_void, off64_t, size_t};
+use std::cell::Cell;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const PAGE: usize = 4096;
+
+/// Tracked mappings: while 0, `munmap` and `msync` cost one load.
+static TRACKED: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread is inside the mapping code (whose allocations may `munmap`).
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+fn busy() -> bool {
+    BUSY.with(|b| b.get())
+}
+
+/// Run `f` marked busy.
+fn busy_run<T>(f: impl FnOnce() -> T) -> T {
+    BUSY.with(|b| b.set(true));
+    let r = f();
+    BUSY.with(|b| b.set(false));
+    r
+}
+
+fn map_cairn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, o: Arc<Ofd>, off: off64_t) -> io::Result<*mut c_void> {
+    if len == 0 || off < 0 || off as usize % PAGE != 0 {
+        return Err(err(libc::EINVAL, "mmap: bad length or offset"));
+    }
+    if o.dir {
+        return Err(err(libc::ENODEV, "mmap: a directory"));
+    }
+    let kind = flags & 0x3;
+    let shared = kind == libc::MAP_SHARED || kind == libc::MAP_SHARED_VALIDATE;
+    if !o.read || (shared && prot & libc::PROT_WRITE != 0 && !o.write) {
+        return Err(err(libc::EACCES, "mmap: the descriptor's access does not allow this mapping"));
+    }
+    let f = o.file()?;
+    let size = f.metadata()?.len();
+    let fl = (flags & !0x3 & !libc::MAP_SYNC) | libc::MAP_ANONYMOUS | if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    // SAFETY: anonymous memory, at `addr` only as the caller asked (MAP_FIXED).
+    let p = unsafe { real::mmap64(addr, len, libc::PROT_READ | libc::PROT_WRITE, fl, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let fill = (size.saturating_sub(off as u64)).min(len as u64) as usize;
+    // SAFETY: `p` was just mapped readable and writable for `len >= fill` bytes.
+    let mem = unsafe { slice_mut(p, fill) };
+    let mut done = 0;
+    while done < fill {
+        let n = f.read_at(&mut mem[done..], off as u64 + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    if prot != libc::PROT_READ | libc::PROT_WRITE {
+        // SAFETY: the range was mapped above.
+        unsafe { real::mprotect(p, len, prot) };
+    }
+    if shared && o.write {
+        busy_run(|| {
+            MAPS.lock().push(Mapping {
+                addr: p as usize,
+                len,
+                off: off as u64,
+                ofd: o,
+            })
+        });
+        TRACKED.fetch_add(1, Ordering::Release);
+    }
+    Ok(p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void {
+    if flags & libc::MAP_ANONYMOUS != 0 || !table::is_cairn(fd) {
+        return unsafe { real::mmap64(addr, len, prot, flags, fd, off) };
+    }
+    let r = fd_call("mmap", fd, || unsafe { real::mmap64(addr, len, prot, flags, fd, off) }, |o| {
+        map_cairn(addr, len, prot, flags, o, off)
+    });
+    if r.is_null() {
+        libc::MAP_FAILED
+    } else {
+        r
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void {
+    unsafe { mmap64(addr, len, prot, flags, fd, off) }
+}
+
+/// Write the changed pages of `[from, to)` (inside mapping `m`) to the file.
+fn write_back(m: &Mapping, from: usize, to: usize) -> io::Result<()> {
+    let f = m.ofd.file()?;
+    let size = f.metadata()?.len();
+    let foff = m.off + (from - m.addr) as u64;
+    if foff >= size || to <= from {
+        return Ok(());
+    }
+    let n = ((size - foff) as usize).min(to - from);
+    // SAFETY: `[from, from + n)` is inside a tracked mapping, which is mapped.
+    let mem = unsafe { slice(from as *const c_void, n) };
+    let mut cur = vec![0u8; n];
+    let mut done = 0;
+    while done < n {
+        let k = f.read_at(&mut cur[done..], foff + done as u64)?;
+        if k == 0 {
+            break;
+        }
+        done += k;
+    }
+    for (o, l) in dirty_runs(mem, &cur, PAGE) {
+        f.write_at(&mem[o..o + l], foff + o as u64)?;
+    }
+    Ok(())
+}
+
+/// Write back the tracked mappings overlapping `[addr, addr + len)`; with `unmap`, also
+/// stop tracking that range.
+fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
+    let end = addr.saturating_add(len);
+    busy_run(|| {
+        let mut maps = MAPS.lock();
+        let mut first_err = None;
+        for m in maps.iter() {
+            let (a, b) = (m.addr.max(addr), (m.addr + m.len).min(end));
+            if a < b {
+                if let Err(e) = write_back(m, a, b) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if unmap {
+            let mut kept = Vec::new();
+            for m in maps.drain(..) {
+                let mend = m.addr + m.len;
+                if mend <= addr || m.addr >= end {
+                    kept.push(m);
+                    continue;
+                }
+                if m.addr < addr {
+                    kept.push(Mapping { addr: m.addr, len: addr - m.addr, off: m.off, ofd: m.ofd.clone() });
+                }
+                if mend > end {
+                    kept.push(Mapping { addr: end, len: mend - end, off: m.off + (end - m.addr) as u64, ofd: m.ofd.clone() });
+                }
+            }
+            TRACKED.store(kept.len(), Ordering::Release);
+            *maps = kept;
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    if TRACKED.load(Ordering::Acquire) == 0 || busy() {
+        return unsafe { real::munmap(addr, len) };
+    }
+    let r = run("munmap", || sync_range(addr as usize, len, true).map(|()| 0));
+    let u = unsafe { real::munmap(addr, len) };
+    if r < 0 {
+        r
+    } else {
+        u
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, fl: c_int) -> c_int {
+    if TRACKED.load(Ordering::Acquire) == 0 || busy() {
+        return unsafe { real::msync(addr, len, fl) };
+    }
+    let r = run("msync", || sync_range(addr as usize, len, false).map(|()| 0));
+    if r < 0 {
+        return r;
+    }
+    unsafe { real::msync(addr, len, fl) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, fl: c_int, new_addr: *mut c_void) -> *mut c_void {
+    if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
+        let (a, e) = (old as usize, old as usize + old_len);
+        let hit = busy_run(|| MAPS.lock().iter().any(|m| m.addr < e && a < m.addr + m.len));
+        if hit {
+            let _: c_int = run("mremap", || {
+                Err(err(libc::EINVAL, "mremap of a shared mapping of a Cairn file is not supported"))
+            });
+            return libc::MAP_FAILED;
+        }
+    }
+    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, fl, new_addr) as *mut c_void }
+}
+
+/// At exit: write back every tracked mapping.
+pub extern "C" fn flush_all_at_exit() {
+    if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
+        let _ = sync_range(0, usize::MAX, false);
+    }
+}

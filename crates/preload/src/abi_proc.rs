@@ -1,0 +1,161 @@
+//! The current directory, path resolution, the umask and `exec`.
+//! SAFETY: see `abi.rs` (the POSIX contract of each function).
+
+use crate::abi::{cbytes, copy_cstr, fd_call, malloc_cstr, ok0, route, run, Route};
+use crate::ops;
+use crate::real;
+use crate::state::{self, err};
+
+use libc::{c_char, c_int, mode_t, size_t};
+use std::ffi::CString;
+
+#[no_mangle]
+pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
+    match unsafe { route(libc::AT_FDCWD, path) } {
+        Err(e) => state::fail("chdir", e),
+        Ok(Route::Cairn(cp)) => run("chdir", || ok0(ops::chdir(&cp))),
+        Ok(r) => {
+            let rc = unsafe { real::chdir(r.host_ptr(path)) };
+            if rc == 0 {
+                state::set_cwd(None);
+            }
+            rc
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
+    fd_call(
+        "fchdir",
+        fd,
+        || {
+            let rc = unsafe { real::fchdir(fd) };
+            if rc == 0 {
+                state::set_cwd(None);
+            }
+            rc
+        },
+        |o| ok0(ops::fchdir(&o)),
+    )
+}
+
+/// `getcwd` semantics for a Cairn directory `path`: into `buf`, or a `malloc`ed buffer
+/// when `buf` is NULL (of `size` bytes, or just enough when `size` is 0).
+unsafe fn give_path(path: &[u8], buf: *mut c_char, size: size_t) -> std::io::Result<*mut c_char> {
+    if buf.is_null() {
+        if size != 0 && size < path.len() + 1 {
+            return Err(err(libc::ERANGE, "getcwd: buffer too small"));
+        }
+        return malloc_cstr(path);
+    }
+    if size == 0 {
+        return Err(err(libc::EINVAL, "getcwd: zero size"));
+    }
+    unsafe { copy_cstr(path, buf, size) }?;
+    Ok(buf)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
+    match state::cwd() {
+        None => unsafe { real::getcwd(buf, size) },
+        Some(c) => run("getcwd", || unsafe { give_path(&c.path, buf, size) }),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __getcwd_chk(buf: *mut c_char, size: size_t, _l: size_t) -> *mut c_char {
+    unsafe { getcwd(buf, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
+    match state::cwd() {
+        None => unsafe { real::get_current_dir_name() },
+        Some(c) => run("get_current_dir_name", || malloc_cstr(&c.path)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn realpath(path: *const c_char, out: *mut c_char) -> *mut c_char {
+    match unsafe { route(libc::AT_FDCWD, path) } {
+        Err(e) => state::fail("realpath", e),
+        Ok(Route::Cairn(cp)) => run("realpath", || {
+            let p = ops::realpath(&cp)?;
+            if out.is_null() {
+                malloc_cstr(&p)
+            } else {
+                unsafe { copy_cstr(&p, out, libc::PATH_MAX as usize) }?;
+                Ok(out)
+            }
+        }),
+        Ok(r) => unsafe { real::realpath(r.host_ptr(path), out) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __realpath_chk(path: *const c_char, out: *mut c_char, _l: size_t) -> *mut c_char {
+    unsafe { realpath(path, out) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
+    unsafe { realpath(path, std::ptr::null_mut()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
+    let old = unsafe { real::umask(mask) };
+    state::umask_changed(mask & 0o777);
+    old
+}
+
+/// `execve`: the Cairn current directory goes to the new program in `CAIRN_CWD` (its
+/// open Cairn descriptors carry themselves: see `table.rs`). Programs stored on Cairn
+/// cannot be executed through this library (`EACCES`): the kernel reads them.
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let r = unsafe { route(libc::AT_FDCWD, path) };
+    if let Ok(Route::Cairn(_)) = r {
+        return run("execve", || {
+            Err(err(libc::EACCES, "execve: programs stored on Cairn cannot be run through the LD_PRELOAD library; use the FUSE mount"))
+        });
+    }
+    let host = match &r {
+        Ok(r) => r.host_ptr(path),
+        Err(_) => path,
+    };
+    let key = format!("{}=", state::CWD_ENV);
+    let mut env: Vec<*const c_char> = Vec::new();
+    let mut p = envp;
+    // SAFETY: `envp` is NULL or a NULL-terminated array of C strings.
+    unsafe {
+        while !p.is_null() && !(*p).is_null() {
+            if !cbytes(*p).is_some_and(|b| b.starts_with(key.as_bytes())) {
+                env.push(*p);
+            }
+            p = p.add(1);
+        }
+    }
+    let extra = state::cwd().and_then(|c| {
+        let mut v = key.into_bytes();
+        v.extend_from_slice(&c.path);
+        CString::new(v).ok()
+    });
+    if let Some(e) = &extra {
+        env.push(e.as_ptr());
+    }
+    env.push(std::ptr::null());
+    unsafe { real::execve(host, argv, env.as_ptr()) }
+}
+
+/// The Cairn current directory inherited through `exec`.
+pub fn cwd_from_env() {
+    let Some(v) = std::env::var_os(state::CWD_ENV) else { return };
+    let b = std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec();
+    if crate::paths::strip_prefix(&b, state::config().prefix()).is_some() {
+        state::set_cwd(Some(state::Cwd { path: b, ino: 0 }));
+    }
+}
+

@@ -1,0 +1,798 @@
+//! What each interposed call does to a Cairn file, in safe Rust over LibFS. The C entry
+//! points (`abi_*.rs`) decide which paths and descriptors are Cairn's, convert the raw
+//! arguments and call these.
+
+use crate::paths;
+use crate::state::{self, bytes_path, err};
+use crate::table::{self, Dent, Ofd};
+use cairn::{At, Fs, Metadata};
+use std::io;
+use std::os::raw::c_int;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The device number Cairn files report (`st_dev`): fixed, and unlike any block device.
+pub const DEV: u64 = 0xca100; // major 0xca1, minor 0
+pub const BLOCK: u64 = 4096;
+
+/// A path inside Cairn: relative paths start at directory inode `dir`.
+#[derive(Debug, Clone)]
+pub struct CPath {
+    pub dir: u64,
+    pub path: Vec<u8>,
+    /// Its host-visible absolute path, when known (for `chdir`, `realpath`).
+    pub host: Option<Vec<u8>>,
+}
+
+impl CPath {
+    pub fn at(&self) -> At<'_> {
+        At {
+            dir: self.dir,
+            path: bytes_path(&self.path),
+        }
+    }
+}
+
+/// Where a path argument goes.
+#[derive(Debug)]
+pub enum Where {
+    /// To the C library, as given (`None`) or rewritten to an absolute path (a relative
+    /// path that climbs out of a Cairn current directory).
+    Host(Option<Vec<u8>>),
+    Cairn(CPath),
+}
+
+fn root_ino() -> u64 {
+    At::root(bytes_path(b"/")).dir
+}
+
+/// Classify `path` relative to `dirfd` (`AT_FDCWD`: the current directory).
+pub fn classify(dirfd: c_int, path: &[u8]) -> io::Result<Where> {
+    let prefix = state::config().prefix();
+    if path.starts_with(b"/") {
+        return Ok(match paths::strip_prefix(path, prefix) {
+            Some(rest) => Where::Cairn(CPath {
+                dir: root_ino(),
+                path: rest.to_vec(),
+                host: Some(paths::join_lexical(b"/", path)),
+            }),
+            None => Where::Host(None),
+        });
+    }
+    let (dir, base) = if dirfd == libc::AT_FDCWD {
+        match state::cwd() {
+            None => return Ok(Where::Host(None)),
+            Some(c) => (state::cwd_ino(&c)?, Some(c.path)),
+        }
+    } else {
+        match table::get(dirfd) {
+            None => return Ok(Where::Host(None)),
+            Some(o) if !o.dir => return Err(err(libc::ENOTDIR, "not a directory")),
+            Some(o) => (o.ino, o.path.clone()),
+        }
+    };
+    if let Some(b) = &base {
+        if paths::climbs_out(b, path, prefix) {
+            return Ok(Where::Host(Some(paths::join_lexical(b, path))));
+        }
+    }
+    Ok(Where::Cairn(CPath {
+        dir,
+        path: path.to_vec(),
+        host: base.map(|b| paths::join_lexical(&b, path)),
+    }))
+}
+
+fn fs() -> io::Result<Arc<Fs>> {
+    state::fs()
+}
+
+fn ofd_meta(o: &Ofd) -> io::Result<Metadata> {
+    if o.dir || (!o.read && !o.write) {
+        fs()?.metadata_ino(o.ino)
+    } else {
+        o.file()?.metadata()
+    }
+}
+
+// ---- open / close ---------------------------------------------------------------
+
+/// `open(path, flags, mode)` of a Cairn path: the new descriptor.
+pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
+    let acc = flags & libc::O_ACCMODE;
+    if acc == libc::O_ACCMODE {
+        return Err(err(libc::EINVAL, "open: invalid access mode"));
+    }
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return Err(err(libc::EOPNOTSUPP, "open: O_TMPFILE is not supported on Cairn"));
+    }
+    let path_only = flags & libc::O_PATH != 0;
+    let (read, write) = if path_only {
+        (false, false)
+    } else {
+        (acc != libc::O_WRONLY, acc != libc::O_RDONLY)
+    };
+    let create = flags & libc::O_CREAT != 0 && !path_only;
+    let excl = create && flags & libc::O_EXCL != 0;
+    let nofollow = flags & libc::O_NOFOLLOW != 0;
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    let fs = fs()?;
+    let at = cp.at();
+    if !excl {
+        let m = if nofollow || path_only && nofollow {
+            fs.symlink_metadata(at)
+        } else {
+            fs.metadata(at)
+        };
+        match m {
+            Ok(m) if m.is_dir() => {
+                if write {
+                    return Err(err(libc::EISDIR, "open: is a directory"));
+                }
+                let host = match &cp.host {
+                    Some(h) => Some(h.clone()),
+                    None => path_of_dir(&fs, m.ino()).ok(),
+                };
+                let fd = table::placeholder(m.ino(), true, false, true, cloexec)?;
+                table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host)));
+                return Ok(fd);
+            }
+            Ok(m) if m.is_symlink() && !path_only => {
+                return Err(err(libc::ELOOP, "open: the last component is a symbolic link (O_NOFOLLOW)"))
+            }
+            Ok(_) if flags & libc::O_DIRECTORY != 0 => {
+                return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"))
+            }
+            Ok(m) if path_only => {
+                let fd = table::placeholder(m.ino(), false, false, false, cloexec)?;
+                table::insert(fd, Arc::new(Ofd::path_only(m.ino())));
+                return Ok(fd);
+            }
+            Ok(_) => {}
+            Err(e) if !create => return Err(e),
+            Err(_) => {}
+        }
+    }
+    let perm = mode & 0o7777;
+    let f = if create && !write {
+        // O_RDONLY | O_CREAT creates the file, then the handle reads.
+        drop(
+            cairn::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .create_new(excl)
+                .mode(perm)
+                .open(&fs, at)?,
+        );
+        cairn::OpenOptions::new().read(true).open(&fs, at)?
+    } else {
+        cairn::OpenOptions::new()
+            .read(read)
+            .write(write)
+            .truncate(write && flags & libc::O_TRUNC != 0)
+            .create(create)
+            .create_new(excl)
+            .mode(perm)
+            .open(&fs, at)?
+    };
+    let fd = table::placeholder(f.ino(), read, write, false, cloexec)?;
+    let append = flags & libc::O_APPEND != 0;
+    table::insert(fd, Arc::new(Ofd::new_file(f, read, write, append)));
+    Ok(fd)
+}
+
+/// After the placeholder of `fd` was closed: POSIX locks of the process on the inode
+/// go with any close of it (the description itself closes with its last descriptor).
+pub fn closed(o: Arc<Ofd>) {
+    if !o.dir && table::posix_locked(o.ino) && table::still_open(&o) {
+        if let Ok(f) = o.file() {
+            let _ = f.unlock(cairn::LockKind::Posix, 0, 0);
+        }
+    }
+    drop(o);
+}
+
+// ---- data ------------------------------------------------------------------------
+
+fn readable(o: &Ofd) -> io::Result<&cairn::File> {
+    if o.dir {
+        return Err(err(libc::EISDIR, "read: is a directory"));
+    }
+    if !o.read {
+        return Err(err(libc::EBADF, "read: not open for reading"));
+    }
+    o.file()
+}
+
+fn writable(o: &Ofd) -> io::Result<&cairn::File> {
+    if !o.write {
+        return Err(err(libc::EBADF, "write: not open for writing"));
+    }
+    o.file()
+}
+
+pub fn read(fd: c_int, o: &Ofd, buf: &mut [u8]) -> io::Result<usize> {
+    let f = readable(o)?;
+    o.with_pos(fd, |p| {
+        let n = f.read_at(buf, p)?;
+        Ok((n, p + n as u64))
+    })
+}
+
+pub fn pread(o: &Ofd, buf: &mut [u8], off: i64) -> io::Result<usize> {
+    let f = readable(o)?;
+    let off = u64::try_from(off).map_err(|_| err(libc::EINVAL, "pread: negative offset"))?;
+    f.read_at(buf, off)
+}
+
+/// Scatter read into `bufs` at `off` (`None`: the position).
+pub fn readv(fd: c_int, o: &Ofd, bufs: &mut [&mut [u8]], off: Option<i64>) -> io::Result<usize> {
+    let f = readable(o)?;
+    let scatter = |start: u64, bufs: &mut [&mut [u8]]| -> io::Result<usize> {
+        let mut total = 0usize;
+        for b in bufs.iter_mut() {
+            let n = f.read_at(b, start + total as u64)?;
+            total += n;
+            if n < b.len() {
+                break;
+            }
+        }
+        Ok(total)
+    };
+    match off {
+        Some(off) => {
+            let off = u64::try_from(off).map_err(|_| err(libc::EINVAL, "preadv: negative offset"))?;
+            scatter(off, bufs)
+        }
+        None => o.with_pos(fd, |p| {
+            let n = scatter(p, bufs)?;
+            Ok((n, p + n as u64))
+        }),
+    }
+}
+
+pub fn write(fd: c_int, o: &Ofd, buf: &[u8]) -> io::Result<usize> {
+    let f = writable(o)?;
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    o.with_pos(fd, |p| {
+        if o.append.load(std::sync::atomic::Ordering::Relaxed) {
+            let end = f.append(buf)?;
+            Ok((buf.len(), end))
+        } else {
+            let n = f.write_at(buf, p)?;
+            Ok((n, p + n as u64))
+        }
+    })
+}
+
+/// `pwrite`: at `off`, or at the end on an `O_APPEND` description (as Linux).
+pub fn pwrite(o: &Ofd, buf: &[u8], off: i64) -> io::Result<usize> {
+    let f = writable(o)?;
+    let off = u64::try_from(off).map_err(|_| err(libc::EINVAL, "pwrite: negative offset"))?;
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    if o.append.load(std::sync::atomic::Ordering::Relaxed) {
+        f.append(buf)?;
+        Ok(buf.len())
+    } else {
+        f.write_at(buf, off)
+    }
+}
+
+pub fn lseek(fd: c_int, o: &Ofd, off: i64, whence: c_int) -> io::Result<u64> {
+    if o.dir {
+        if whence != libc::SEEK_SET || off < 0 {
+            return Err(err(libc::EINVAL, "lseek: a directory seeks to a saved position only"));
+        }
+        if off == 0 {
+            *o.entries.lock() = None;
+        }
+        return o.with_pos(fd, |_| Ok((off as u64, off as u64)));
+    }
+    let size = || -> io::Result<u64> { Ok(ofd_meta(o)?.len()) };
+    let to = |base: u64| -> io::Result<u64> {
+        base.checked_add_signed(off)
+            .filter(|&n| n <= i64::MAX as u64)
+            .ok_or_else(|| err(libc::EINVAL, "lseek: to a negative or overflowing position"))
+    };
+    o.with_pos(fd, |p| {
+        let new = match whence {
+            libc::SEEK_SET => to(0)?,
+            libc::SEEK_CUR => to(p)?,
+            libc::SEEK_END => to(size()?)?,
+            // The whole file is data: no holes are reported (docs/SHIM.md).
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                let s = size()?;
+                if off < 0 || off as u64 >= s {
+                    return Err(err(libc::ENXIO, "lseek: offset at or beyond the end"));
+                }
+                if whence == libc::SEEK_DATA {
+                    off as u64
+                } else {
+                    s
+                }
+            }
+            _ => return Err(err(libc::EINVAL, "lseek: bad whence")),
+        };
+        Ok((new, new))
+    })
+}
+
+pub fn ftruncate(o: &Ofd, len: i64) -> io::Result<()> {
+    let len = u64::try_from(len).map_err(|_| err(libc::EINVAL, "ftruncate: negative length"))?;
+    if o.dir || !o.write {
+        return Err(err(libc::EINVAL, "ftruncate: not open for writing"));
+    }
+    o.file()?.set_len(len)
+}
+
+/// `fallocate`: blocks are allocated when data is digested, so mode 0 only extends the
+/// size and `FALLOC_FL_KEEP_SIZE` does nothing; other modes are `EOPNOTSUPP`.
+pub fn fallocate(o: &Ofd, mode: c_int, off: i64, len: i64) -> io::Result<()> {
+    if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+        return Err(err(libc::EOPNOTSUPP, "fallocate: only modes 0 and FALLOC_FL_KEEP_SIZE are supported on Cairn"));
+    }
+    if off < 0 || len <= 0 {
+        return Err(err(libc::EINVAL, "fallocate: bad offset or length"));
+    }
+    let f = writable(o)?;
+    if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
+        return Ok(());
+    }
+    let end = (off as u64)
+        .checked_add(len as u64)
+        .filter(|&e| e <= i64::MAX as u64)
+        .ok_or_else(|| err(libc::EFBIG, "fallocate: too large"))?;
+    if end > f.metadata()?.len() {
+        f.set_len(end)?;
+    }
+    Ok(())
+}
+
+// ---- metadata --------------------------------------------------------------------
+
+pub fn fstat(o: &Ofd) -> io::Result<Metadata> {
+    ofd_meta(o)
+}
+
+pub fn stat(cp: &CPath, follow: bool) -> io::Result<Metadata> {
+    let fs = fs()?;
+    if follow {
+        fs.metadata(cp.at())
+    } else {
+        fs.symlink_metadata(cp.at())
+    }
+}
+
+/// The `stat` fields of `m`, in a form the C entry points copy into any `stat` layout.
+pub struct Stat {
+    pub ino: u64,
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: (i64, i64),
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+    pub btime: (i64, i64),
+}
+
+fn split_ns(ns: i64) -> (i64, i64) {
+    (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+}
+
+pub fn stat_of(m: &Metadata) -> Stat {
+    let kind = if m.is_dir() {
+        libc::S_IFDIR
+    } else if m.is_symlink() {
+        libc::S_IFLNK
+    } else {
+        libc::S_IFREG
+    };
+    let btime = m
+        .created()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| (d.as_secs() as i64, d.subsec_nanos() as i64))
+        .unwrap_or((0, 0));
+    Stat {
+        ino: m.ino(),
+        mode: kind | (m.mode() & 0o7777),
+        nlink: m.nlink(),
+        uid: m.uid(),
+        gid: m.gid(),
+        size: m.len(),
+        blocks: m.blocks(),
+        atime: split_ns(m.atime_ns()),
+        mtime: split_ns(m.mtime_ns()),
+        ctime: split_ns(m.ctime_ns()),
+        btime,
+    }
+}
+
+/// `access`/`faccessat`: `mode` is `F_OK` or a mask of `R_OK`, `W_OK`, `X_OK`, checked
+/// for the real (or, with `effective`, the effective) user and groups.
+pub fn access(cp: &CPath, mode: c_int, effective: bool, follow: bool) -> io::Result<()> {
+    let m = stat(cp, follow)?;
+    if mode == libc::F_OK {
+        return Ok(());
+    }
+    let (uid, gid) = ids(effective);
+    let perm = m.mode() & 0o7777;
+    let want = (mode & 7) as u32;
+    if uid == 0 {
+        // Root may read and write anything, and execute what anyone may (or a dir).
+        if want & 1 != 0 && !m.is_dir() && perm & 0o111 == 0 {
+            return Err(err(libc::EACCES, "access: no execute permission"));
+        }
+        return Ok(());
+    }
+    let bits = if m.uid() == uid {
+        (perm >> 6) & 7
+    } else if m.gid() == gid || in_groups(m.gid()) {
+        (perm >> 3) & 7
+    } else {
+        perm & 7
+    };
+    if bits & want != want {
+        return Err(err(libc::EACCES, "access: permission denied"));
+    }
+    Ok(())
+}
+
+fn ids(effective: bool) -> (u32, u32) {
+    // SAFETY: these calls cannot fail and take no arguments.
+    unsafe {
+        if effective {
+            (libc::geteuid(), libc::getegid())
+        } else {
+            (libc::getuid(), libc::getgid())
+        }
+    }
+}
+
+fn in_groups(g: u32) -> bool {
+    let mut groups = [0 as libc::gid_t; 256];
+    // SAFETY: the buffer holds `groups.len()` entries.
+    let n = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&g)
+}
+
+pub fn chmod(cp: &CPath, mode: u32, follow: bool) -> io::Result<()> {
+    let fs = fs()?;
+    if !follow && fs.symlink_metadata(cp.at())?.is_symlink() {
+        return Err(err(libc::EOPNOTSUPP, "chmod: symbolic links have no mode of their own"));
+    }
+    fs.set_permissions(cp.at(), cairn::Permissions::from_mode(mode & 0o7777))
+}
+
+pub fn chown(cp: &CPath, uid: u32, gid: u32, follow: bool) -> io::Result<()> {
+    let id = |v: u32| (v != u32::MAX).then_some(v);
+    let fs = fs()?;
+    if follow {
+        fs.set_owner(cp.at(), id(uid), id(gid))
+    } else {
+        fs.set_symlink_owner(cp.at(), id(uid), id(gid))
+    }
+}
+
+/// A time of `utimensat`: `None` is `UTIME_OMIT`.
+pub fn time_arg(sec: i64, nsec: i64) -> io::Result<Option<SystemTime>> {
+    match nsec {
+        libc::UTIME_OMIT => Ok(None),
+        libc::UTIME_NOW => Ok(Some(SystemTime::now())),
+        0..=999_999_999 => {
+            let t = if sec >= 0 {
+                UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+            } else {
+                UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs()) + Duration::from_nanos(nsec as u64)
+            };
+            Ok(Some(t))
+        }
+        _ => Err(err(libc::EINVAL, "utimensat: bad nanoseconds")),
+    }
+}
+
+pub fn set_times(cp: &CPath, a: Option<SystemTime>, m: Option<SystemTime>, follow: bool) -> io::Result<()> {
+    let fs = fs()?;
+    if !follow && fs.symlink_metadata(cp.at())?.is_symlink() {
+        // LibFS sets the times of what a path names after following links.
+        return Err(err(libc::EOPNOTSUPP, "utimensat: times of a symbolic link itself are not supported on Cairn"));
+    }
+    if a.is_none() && m.is_none() {
+        return fs.metadata(cp.at()).map(drop);
+    }
+    fs.set_times(cp.at(), a, m)
+}
+
+pub fn truncate(cp: &CPath, len: i64) -> io::Result<()> {
+    let len = u64::try_from(len).map_err(|_| err(libc::EINVAL, "truncate: negative length"))?;
+    let fs = fs()?;
+    cairn::OpenOptions::new().write(true).open(&fs, cp.at())?.set_len(len)
+}
+
+/// `statfs` numbers: (total blocks, free blocks, total inodes, free inodes).
+pub fn statfs() -> io::Result<(u64, u64, u64, u64)> {
+    let s = fs()?.status()?;
+    let (cap, used) = s
+        .tiers
+        .iter()
+        .fold((0, 0), |a, t| (a.0 + t.capacity_bytes, a.1 + t.used_bytes));
+    Ok((
+        cap / BLOCK,
+        cap.saturating_sub(used) / BLOCK,
+        s.inodes.capacity,
+        s.inodes.capacity.saturating_sub(s.inodes.used),
+    ))
+}
+
+// ---- names -------------------------------------------------------------------------
+
+pub fn unlink(cp: &CPath, dir: bool) -> io::Result<()> {
+    let fs = fs()?;
+    if dir {
+        fs.remove_dir(cp.at())
+    } else {
+        fs.remove_file(cp.at())
+    }
+}
+
+pub fn rename(a: &CPath, b: &CPath, flags: u32) -> io::Result<()> {
+    let fs = fs()?;
+    match flags {
+        0 => fs.rename(a.at(), b.at()),
+        libc::RENAME_NOREPLACE => fs.rename_noreplace(a.at(), b.at()),
+        libc::RENAME_EXCHANGE => fs.rename_exchange(a.at(), b.at()),
+        _ => Err(err(libc::EINVAL, "renameat2: unsupported flags")),
+    }
+}
+
+pub fn mkdir(cp: &CPath, mode: u32) -> io::Result<()> {
+    fs()?.create_dir_mode(cp.at(), mode & 0o7777)
+}
+
+/// `mknod` of a regular file (`S_IFREG` or type 0); other types are `EPERM`.
+pub fn mknod(cp: &CPath, mode: u32) -> io::Result<()> {
+    let kind = mode & libc::S_IFMT;
+    if kind != 0 && kind != libc::S_IFREG {
+        return Err(err(libc::EPERM, "mknod: Cairn stores regular files, directories and symbolic links only"));
+    }
+    let fs = fs()?;
+    cairn::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode & 0o7777)
+        .open(&fs, cp.at())
+        .map(drop)
+}
+
+pub fn link(a: &CPath, b: &CPath, follow: bool) -> io::Result<()> {
+    let fs = fs()?;
+    if follow {
+        let ino = fs.metadata(a.at())?.ino();
+        fs.hard_link(At::inode(ino), b.at())
+    } else {
+        fs.hard_link(a.at(), b.at())
+    }
+}
+
+pub fn symlink(target: &[u8], cp: &CPath) -> io::Result<()> {
+    fs()?.symlink(bytes_path(target), cp.at())
+}
+
+pub fn readlink(cp: &CPath) -> io::Result<Vec<u8>> {
+    let t = fs()?.read_link(cp.at())?;
+    Ok(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec())
+}
+
+// ---- directories -------------------------------------------------------------------
+
+fn kind_byte(t: cairn::FileType) -> u8 {
+    if t.is_dir() {
+        libc::DT_DIR
+    } else if t.is_symlink() {
+        libc::DT_LNK
+    } else {
+        libc::DT_REG
+    }
+}
+
+/// The entries of directory `ino`, with `.` and `..` first.
+pub fn list(ino: u64) -> io::Result<Vec<Dent>> {
+    let fs = fs()?;
+    let parent = fs
+        .metadata(At {
+            dir: ino,
+            path: bytes_path(b".."),
+        })?
+        .ino();
+    let mut v = vec![
+        Dent {
+            ino,
+            kind: libc::DT_DIR,
+            name: b".".to_vec(),
+        },
+        Dent {
+            ino: parent,
+            kind: libc::DT_DIR,
+            name: b"..".to_vec(),
+        },
+    ];
+    for e in fs.read_dir(At::inode(ino))? {
+        let e = e?;
+        v.push(Dent {
+            ino: e.ino(),
+            kind: e.file_type().map(kind_byte).unwrap_or(libc::DT_UNKNOWN),
+            name: std::os::unix::ffi::OsStrExt::as_bytes(e.file_name().as_os_str()).to_vec(),
+        });
+    }
+    Ok(v)
+}
+
+/// The host-visible absolute path of directory `ino`, found by walking `..` up to the
+/// root and looking each directory up in its parent.
+pub fn path_of_dir(fs: &Fs, mut ino: u64) -> io::Result<Vec<u8>> {
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..4096 {
+        let parent = fs
+            .metadata(At {
+                dir: ino,
+                path: bytes_path(b".."),
+            })?
+            .ino();
+        if parent == ino {
+            let mut out = state::config().prefix().to_vec();
+            for n in names.iter().rev() {
+                out.push(b'/');
+                out.extend_from_slice(n);
+            }
+            return Ok(out);
+        }
+        let name = fs
+            .read_dir(At::inode(parent))?
+            .filter_map(Result::ok)
+            .find(|e| e.ino() == ino)
+            .map(|e| std::os::unix::ffi::OsStrExt::as_bytes(e.file_name().as_os_str()).to_vec())
+            .ok_or_else(|| err(libc::ENOENT, "getcwd: the directory was removed"))?;
+        names.push(name);
+        ino = parent;
+    }
+    Err(err(libc::ENAMETOOLONG, "getcwd: too deep"))
+}
+
+/// `chdir` into a Cairn directory.
+pub fn chdir(cp: &CPath) -> io::Result<()> {
+    let fs = fs()?;
+    let m = fs.metadata(cp.at())?;
+    if !m.is_dir() {
+        return Err(err(libc::ENOTDIR, "chdir: not a directory"));
+    }
+    access(cp, libc::X_OK, true, true)?;
+    let path = path_of_dir(&fs, m.ino())?;
+    state::set_cwd(Some(state::Cwd { path, ino: m.ino() }));
+    Ok(())
+}
+
+pub fn fchdir(o: &Ofd) -> io::Result<()> {
+    if !o.dir {
+        return Err(err(libc::ENOTDIR, "fchdir: not a directory"));
+    }
+    let path = path_of_dir(&*fs()?, o.ino)?;
+    state::set_cwd(Some(state::Cwd { path, ino: o.ino }));
+    Ok(())
+}
+
+/// `realpath` of a Cairn path: absolute, host-visible, no symlinks, `.` or `..`.
+pub fn realpath(cp: &CPath) -> io::Result<Vec<u8>> {
+    let fs = fs()?;
+    let mut cur = cp.clone();
+    for _ in 0..40 {
+        let p = cur.path.clone();
+        let trimmed: &[u8] = {
+            let mut t = &p[..];
+            while t.len() > 1 && t.ends_with(b"/") {
+                t = &t[..t.len() - 1];
+            }
+            t
+        };
+        let (parent, name): (&[u8], &[u8]) = match trimmed.iter().rposition(|&b| b == b'/') {
+            Some(0) => (b"/", &trimmed[1..]),
+            Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+            None => (b".", trimmed),
+        };
+        if name.is_empty() || name == b"." || name == b".." {
+            let m = fs.metadata(cur.at())?;
+            return if m.is_dir() {
+                path_of_dir(&fs, m.ino())
+            } else {
+                Err(err(libc::ENOTDIR, "realpath: not a directory"))
+            };
+        }
+        let pm = fs.metadata(At {
+            dir: cur.dir,
+            path: bytes_path(parent),
+        })?;
+        if !pm.is_dir() {
+            return Err(err(libc::ENOTDIR, "realpath: not a directory"));
+        }
+        let last = At {
+            dir: pm.ino(),
+            path: bytes_path(name),
+        };
+        let m = fs.symlink_metadata(last)?;
+        if m.is_symlink() {
+            let t = fs.read_link(last)?;
+            let t = std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec();
+            cur = CPath {
+                dir: pm.ino(),
+                path: t,
+                host: None,
+            };
+            continue;
+        }
+        if m.is_dir() {
+            return path_of_dir(&fs, m.ino());
+        }
+        if trimmed.len() != p.len() {
+            return Err(err(libc::ENOTDIR, "realpath: not a directory"));
+        }
+        let mut out = path_of_dir(&fs, pm.ino())?;
+        out.push(b'/');
+        out.extend_from_slice(name);
+        return Ok(out);
+    }
+    Err(err(libc::ELOOP, "realpath: too many symbolic links"))
+}
+
+/// `open(2)` flags of an `fopen` mode (`r`, `w`, `a`, `+`, and `x`, `e`).
+pub fn mode_flags(mode: &[u8]) -> io::Result<c_int> {
+    let mut it = mode.iter();
+    let mut fl = match it.next() {
+        Some(b'r') => libc::O_RDONLY,
+        Some(b'w') => libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        Some(b'a') => libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+        _ => return Err(err(libc::EINVAL, "fopen: bad mode")),
+    };
+    for &c in it {
+        match c {
+            b'+' => fl = (fl & !libc::O_ACCMODE) | libc::O_RDWR,
+            b'x' => fl |= libc::O_EXCL,
+            b'e' => fl |= libc::O_CLOEXEC,
+            b',' => break,
+            _ => {}
+        }
+    }
+    Ok(fl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(split_ns(1_500_000_000), (1, 500_000_000));
+        assert_eq!(split_ns(-1), (-1, 999_999_999));
+        assert!(time_arg(0, libc::UTIME_OMIT).unwrap().is_none());
+        assert!(time_arg(0, 1_000_000_000).is_err());
+        assert_eq!(time_arg(5, 7).unwrap().unwrap(), UNIX_EPOCH + Duration::new(5, 7));
+        assert_eq!(time_arg(-2, 500).unwrap().unwrap(), UNIX_EPOCH - Duration::new(1, 999_999_500));
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(mode_flags(b"r").unwrap(), libc::O_RDONLY);
+        assert_eq!(mode_flags(b"rb+").unwrap(), libc::O_RDWR);
+        assert_eq!(mode_flags(b"w").unwrap(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC);
+        assert_eq!(
+            mode_flags(b"a+e").unwrap(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC
+        );
+        assert_eq!(mode_flags(b"wx").unwrap() & libc::O_EXCL, libc::O_EXCL);
+        assert!(mode_flags(b"q").is_err());
+    }
+}

@@ -1,0 +1,212 @@
+//! Process-wide state: configuration, the LibFS client, the Cairn current directory,
+//! error reporting, and what `fork(2)` does to all of it.
+
+use crate::paths;
+use crate::real;
+use crate::table;
+use cairn::Fs;
+use parking_lot::Mutex;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+/// `CAIRN_PREFIX` (default `/cairn`) and `CAIRN_PRELOAD_LOG`.
+///
+/// Read without allocating: an allocator that opens files while it initializes
+/// (jemalloc reads `/proc`) calls into this library before anything else works.
+pub struct Config {
+    prefix: [u8; 256],
+    prefix_len: usize,
+    pub log: bool,
+    /// `CAIRN_PREFIX` was set but unusable (reported when the client opens).
+    pub bad_prefix: bool,
+}
+
+impl Config {
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix[..self.prefix_len]
+    }
+}
+
+pub const DEFAULT_PREFIX: &str = "/cairn";
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+fn getenv(k: &std::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: getenv with a NUL-terminated name; the value lives in the environment.
+    let p = unsafe { libc::getenv(k.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returns a NUL-terminated string.
+    Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes()).filter(|v| !v.is_empty())
+}
+
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let mut c = Config {
+            prefix: [0; 256],
+            prefix_len: 0,
+            log: getenv(c"CAIRN_PRELOAD_LOG").is_some(),
+            bad_prefix: false,
+        };
+        let want = getenv(c"CAIRN_PREFIX");
+        match want.and_then(|p| paths::canonical_prefix(p, &mut c.prefix)) {
+            Some(n) => c.prefix_len = n,
+            None => {
+                c.bad_prefix = want.is_some();
+                let d = DEFAULT_PREFIX.as_bytes();
+                c.prefix[..d.len()].copy_from_slice(d);
+                c.prefix_len = d.len();
+            }
+        }
+        c
+    })
+}
+
+/// The LibFS client, opened on first use (and again in a child after `fork`).
+static FS: Mutex<Option<Arc<Fs>>> = Mutex::new(None);
+
+pub fn fs() -> io::Result<Arc<Fs>> {
+    if let Some(f) = FS.lock().as_ref() {
+        return Ok(f.clone());
+    }
+    // Opened without the lock held: opening may start the daemon.
+    if config().bad_prefix {
+        eprintln!(
+            "cairn-preload: CAIRN_PREFIX must be an absolute path other than `/`, without \
+             `..`, of at most 255 bytes; using {DEFAULT_PREFIX}"
+        );
+    }
+    let store = std::env::var_os("CAIRN_STORE").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let f = Arc::new(Fs::open_store(store.as_deref()).map_err(|e| {
+        eprintln!("cairn-preload: cannot use the Cairn store: {e}");
+        e
+    })?);
+    f.set_umask(current_umask());
+    let mut g = FS.lock();
+    Ok(g.get_or_insert(f).clone())
+}
+
+fn current_umask() -> u32 {
+    // SAFETY: umask(2) cannot fail; the old mask is put back at once.
+    unsafe {
+        let m = real::umask(0o022);
+        real::umask(m);
+        m
+    }
+}
+
+/// `umask(2)` was called: tell the client, if there is one.
+pub fn umask_changed(mask: u32) {
+    if let Some(f) = FS.lock().as_ref() {
+        f.set_umask(mask);
+    }
+}
+
+/// The current directory when it is inside Cairn: its host-visible path (absolute,
+/// canonical, under the prefix) and inode (0: not looked up yet, after `exec`).
+#[derive(Clone)]
+pub struct Cwd {
+    pub path: Vec<u8>,
+    pub ino: u64,
+}
+
+static CWD: Mutex<Option<Cwd>> = Mutex::new(None);
+
+/// The environment variable carrying a Cairn current directory across `exec`.
+pub const CWD_ENV: &str = "CAIRN_CWD";
+
+pub fn cwd() -> Option<Cwd> {
+    CWD.lock().clone()
+}
+
+pub fn set_cwd(c: Option<Cwd>) {
+    match &c {
+        Some(c) => std::env::set_var(
+            CWD_ENV,
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&c.path),
+        ),
+        None => std::env::remove_var(CWD_ENV),
+    }
+    *CWD.lock() = c;
+}
+
+/// The inode of the Cairn current directory, looked up if needed.
+pub fn cwd_ino(c: &Cwd) -> io::Result<u64> {
+    if c.ino != 0 {
+        return Ok(c.ino);
+    }
+    let inner = paths::strip_prefix(&c.path, config().prefix()).unwrap_or(b"/");
+    let ino = fs()?.metadata(bytes_path(inner))?.ino();
+    if let Some(cur) = CWD.lock().as_mut() {
+        if cur.path == c.path {
+            cur.ino = ino;
+        }
+    }
+    Ok(ino)
+}
+
+pub fn bytes_path(b: &[u8]) -> &std::path::Path {
+    std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b))
+}
+
+/// The POSIX errno of a LibFS error.
+pub fn errno_of(e: &io::Error) -> i32 {
+    match cairn_area::errno_of(e) {
+        0 => libc::EIO,
+        n => n,
+    }
+}
+
+/// Report a failed call: set errno (and print the message with `CAIRN_PRELOAD_LOG`).
+pub fn fail<T: real::Fail>(op: &str, e: io::Error) -> T {
+    let n = errno_of(&e);
+    if config().log {
+        eprintln!("cairn-preload: {op}: {e} (errno {n})");
+    }
+    real::set_errno(n);
+    T::FAIL
+}
+
+pub fn err(n: i32, msg: impl Into<String>) -> io::Error {
+    cairn_area::fs_err(n, msg.into())
+}
+
+// ---- fork -------------------------------------------------------------------------
+
+/// Before `fork`: move the offsets of open Cairn files into their placeholders (so that
+/// parent and child share them, as POSIX wants), then hold every lock across the fork.
+pub extern "C" fn before_fork() {
+    table::share_offsets();
+    std::mem::forget(FS.lock());
+    std::mem::forget(CWD.lock());
+    table::lock_all();
+}
+
+/// After `fork`, in the parent: release the locks.
+pub extern "C" fn after_fork_parent() {
+    table::unlock_all();
+    // SAFETY: `before_fork` locked both and forgot the guards; this thread owns them.
+    unsafe {
+        CWD.force_unlock();
+        FS.force_unlock();
+    }
+}
+
+/// After `fork`, in the child: release the locks; give up the parent's client (its
+/// connection is the parent's) and make every open file and mapping reopen its inode
+/// through a client of the child's own, on first use.
+pub extern "C" fn after_fork_child() {
+    // SAFETY: as in `after_fork_parent`; the child has only this thread.
+    unsafe {
+        CWD.force_unlock();
+        FS.force_unlock();
+    }
+    table::unlock_all();
+    if let Some(f) = FS.lock().take() {
+        f.abandon_after_fork();
+        std::mem::forget(f);
+    }
+    table::reborn_after_fork();
+}
