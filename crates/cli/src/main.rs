@@ -121,6 +121,17 @@ pub enum Command {
     },
     /// Unmount a FUSE mount of a store
     Umount { mountpoint: PathBuf },
+    /// Run a command with libcairn_preload.so, so that its file calls under PREFIX go to
+    /// the store (starts the daemon if needed)
+    Run {
+        /// Paths under this directory are the store's root
+        #[arg(long, value_name = "PREFIX", default_value = "/cairn")]
+        prefix: PathBuf,
+        /// The command and its arguments (after `--`)
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true,
+              value_name = "CMD")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Benchmarks
     Bench {
         #[command(subcommand)]

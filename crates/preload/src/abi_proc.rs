@@ -147,6 +147,7 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char,
         env.push(e.as_ptr());
     }
     env.push(std::ptr::null());
+    state::publish();
     unsafe { real::execve(host, argv, env.as_ptr()) }
 }
 

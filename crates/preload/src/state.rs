@@ -175,9 +175,26 @@ pub fn err(n: i32, msg: impl Into<String>) -> io::Error {
 
 // ---- fork -------------------------------------------------------------------------
 
-/// Before `fork`: move the offsets of open Cairn files into their placeholders (so that
+/// Before another process may use inode numbers of this one (`fork`, `exec`): digest
+/// this client's log. Files this client created are known to the daemon only once
+/// digested; until then another client could open one by inode number (an inherited
+/// descriptor) and find nothing. After the digest the daemon knows this client holds
+/// them and revokes as usual.
+pub fn publish() {
+    let f = FS.lock().clone();
+    if let Some(f) = f {
+        if let Err(e) = f.digest() {
+            if config().log {
+                eprintln!("cairn-preload: digest before fork/exec: {e}");
+            }
+        }
+    }
+}
+
+/// Before `fork`: publish (see [`publish`]), move the offsets of open Cairn files into their placeholders (so that
 /// parent and child share them, as POSIX wants), then hold every lock across the fork.
 pub extern "C" fn before_fork() {
+    publish();
     table::share_offsets();
     std::mem::forget(FS.lock());
     std::mem::forget(CWD.lock());

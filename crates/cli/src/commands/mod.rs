@@ -3,6 +3,7 @@
 mod admin;
 mod files;
 pub(crate) mod mount;
+pub(crate) mod run;
 mod tree;
 
 use crate::error::CliResult;
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> CliResult {
             attr_timeout,
         } => mount::mount(store, &mountpoint, foreground, attr_timeout, false),
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
+        Command::Run { prefix, command } => run::run(store, &prefix, &command),
         Command::Bench { which } => match which {
             BenchCommand::Latency(args) => crate::bench::latency(store, &args),
             BenchCommand::Share(args) => crate::bench::share(store, &args),
