@@ -128,8 +128,12 @@ pub enum Command {
         #[arg(long, value_name = "PREFIX", default_value = "/cairn")]
         prefix: PathBuf,
         /// The command and its arguments (after `--`)
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true,
-              value_name = "CMD")]
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         command: Vec<std::ffi::OsString>,
     },
     /// Benchmarks

@@ -18,7 +18,10 @@ pub fn run<T: Fail>(op: &str, f: impl FnOnce() -> io::Result<T>) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => state::fail(op, e),
-        Err(_) => state::fail(op, err(libc::EIO, "internal error (panic) in cairn-preload")),
+        Err(_) => state::fail(
+            op,
+            err(libc::EIO, "internal error (panic) in cairn-preload"),
+        ),
     }
 }
 
@@ -57,7 +60,9 @@ pub unsafe fn route(dirfd: c_int, p: *const c_char) -> io::Result<Route> {
     };
     Ok(match ops::classify(dirfd, b)? {
         Where::Host(None) => Route::Host(None),
-        Where::Host(Some(v)) => Route::Host(Some(CString::new(v).map_err(|_| err(libc::EINVAL, "path"))?)),
+        Where::Host(Some(v)) => Route::Host(Some(
+            CString::new(v).map_err(|_| err(libc::EINVAL, "path"))?,
+        )),
         Where::Cairn(cp) => Route::Cairn(cp),
     })
 }
@@ -143,7 +148,10 @@ pub fn both_cairn(a: &Route, b: &Route) -> Option<io::Result<()>> {
     match (a, b) {
         (Route::Cairn(_), Route::Cairn(_)) => Some(Ok(())),
         (Route::Host(_), Route::Host(_)) => None,
-        _ => Some(Err(err(libc::EXDEV, "between Cairn and another file system"))),
+        _ => Some(Err(err(
+            libc::EXDEV,
+            "between Cairn and another file system",
+        ))),
     }
 }
 
@@ -220,4 +228,3 @@ pub fn fill_statx(st: &mut libc::statx, m: &cairn::Metadata) {
 pub fn ok0(r: io::Result<()>) -> io::Result<c_int> {
     r.map(|()| 0)
 }
-

@@ -11,7 +11,11 @@ use libc::{c_char, c_int, c_long, c_void, dirent64, size_t, ssize_t, DIR};
 use std::io;
 
 fn is_ours(d: *mut DIR) -> bool {
-    !d.is_null() && DIRS.lock().as_ref().is_some_and(|m| m.contains_key(&(d as usize)))
+    !d.is_null()
+        && DIRS
+            .lock()
+            .as_ref()
+            .is_some_and(|m| m.contains_key(&(d as usize)))
 }
 
 /// A stream over Cairn directory descriptor `fd` (which it owns from now on).
@@ -30,7 +34,9 @@ fn new_stream(fd: c_int) -> io::Result<*mut DIR> {
         ent,
     });
     let p = &*b as *const Stream as usize;
-    DIRS.lock().get_or_insert_with(Default::default).insert(p, b);
+    DIRS.lock()
+        .get_or_insert_with(Default::default)
+        .insert(p, b);
     Ok(p as *mut DIR)
 }
 
@@ -96,7 +102,11 @@ pub unsafe extern "C" fn readdir(d: *mut DIR) -> *mut dirent64 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn readdir64_r(d: *mut DIR, e: *mut dirent64, r: *mut *mut dirent64) -> c_int {
+pub unsafe extern "C" fn readdir64_r(
+    d: *mut DIR,
+    e: *mut dirent64,
+    r: *mut *mut dirent64,
+) -> c_int {
     if !is_ours(d) {
         return unsafe { real::readdir64_r(d, e, r) };
     }
@@ -132,7 +142,10 @@ pub unsafe extern "C" fn rewinddir(d: *mut DIR) {
         unsafe { real::rewinddir(d) };
         return;
     }
-    let fd = DIRS.lock().as_ref().and_then(|m| m.get(&(d as usize)).map(|s| s.fd));
+    let fd = DIRS
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&(d as usize)).map(|s| s.fd));
     let Some(fd) = fd else { return };
     let ino = table::get(fd).map(|o| o.ino);
     let fresh = ino.and_then(|i| ops::list(i).ok());
@@ -184,38 +197,43 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> s
     if !table::is_cairn(fd) {
         return unsafe { real::getdents64(fd, buf, n) };
     }
-    fd_call("getdents64", fd, || unsafe { real::getdents64(fd, buf, n) }, |o| {
-        if !o.dir {
-            return Err(err(libc::ENOTDIR, "getdents64: not a directory"));
-        }
-        let out = unsafe { crate::abi::slice_mut(buf, n) };
-        o.with_pos(fd, |pos| {
-            let mut g = o.entries.lock();
-            if pos == 0 || g.is_none() {
-                *g = Some(ops::list(o.ino)?);
+    fd_call(
+        "getdents64",
+        fd,
+        || unsafe { real::getdents64(fd, buf, n) },
+        |o| {
+            if !o.dir {
+                return Err(err(libc::ENOTDIR, "getdents64: not a directory"));
             }
-            let entries = g.as_ref().expect("listed above");
-            let mut used = 0usize;
-            let mut i = pos as usize;
-            while let Some(e) = entries.get(i) {
-                let reclen = (19 + e.name.len() + 1).next_multiple_of(8);
-                if used + reclen > out.len() {
-                    if used == 0 {
-                        return Err(err(libc::EINVAL, "getdents64: buffer too small"));
-                    }
-                    break;
+            let out = unsafe { crate::abi::slice_mut(buf, n) };
+            o.with_pos(fd, |pos| {
+                let mut g = o.entries.lock();
+                if pos == 0 || g.is_none() {
+                    *g = Some(ops::list(o.ino)?);
                 }
-                let r = &mut out[used..used + reclen];
-                r.fill(0);
-                r[0..8].copy_from_slice(&e.ino.to_ne_bytes());
-                r[8..16].copy_from_slice(&((i + 1) as i64).to_ne_bytes());
-                r[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
-                r[18] = e.kind;
-                r[19..19 + e.name.len()].copy_from_slice(&e.name);
-                used += reclen;
-                i += 1;
-            }
-            Ok((used as ssize_t, i as u64))
-        })
-    })
+                let entries = g.as_ref().expect("listed above");
+                let mut used = 0usize;
+                let mut i = pos as usize;
+                while let Some(e) = entries.get(i) {
+                    let reclen = (19 + e.name.len() + 1).next_multiple_of(8);
+                    if used + reclen > out.len() {
+                        if used == 0 {
+                            return Err(err(libc::EINVAL, "getdents64: buffer too small"));
+                        }
+                        break;
+                    }
+                    let r = &mut out[used..used + reclen];
+                    r.fill(0);
+                    r[0..8].copy_from_slice(&e.ino.to_ne_bytes());
+                    r[8..16].copy_from_slice(&((i + 1) as i64).to_ne_bytes());
+                    r[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
+                    r[18] = e.kind;
+                    r[19..19 + e.name.len()].copy_from_slice(&e.name);
+                    used += reclen;
+                    i += 1;
+                }
+                Ok((used as ssize_t, i as u64))
+            })
+        },
+    )
 }

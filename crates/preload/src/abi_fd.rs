@@ -33,13 +33,21 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     if !table::is_cairn(fd) {
         return unsafe { real::read(fd, buf, n) };
     }
-    fd_call("read", fd, || unsafe { real::read(fd, buf, n) }, |o| {
-        ops::read(fd, &o, unsafe { slice_mut(buf, n) }).map(|n| n as ssize_t)
-    })
+    fd_call(
+        "read",
+        fd,
+        || unsafe { real::read(fd, buf, n) },
+        |o| ops::read(fd, &o, unsafe { slice_mut(buf, n) }).map(|n| n as ssize_t),
+    )
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, _buflen: size_t) -> ssize_t {
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+) -> ssize_t {
     unsafe { read(fd, buf, n) }
 }
 
@@ -48,9 +56,12 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     if !table::is_cairn(fd) {
         return unsafe { real::write(fd, buf, n) };
     }
-    fd_call("write", fd, || unsafe { real::write(fd, buf, n) }, |o| {
-        ops::write(fd, &o, unsafe { slice(buf, n) }).map(|n| n as ssize_t)
-    })
+    fd_call(
+        "write",
+        fd,
+        || unsafe { real::write(fd, buf, n) },
+        |o| ops::write(fd, &o, unsafe { slice(buf, n) }).map(|n| n as ssize_t),
+    )
 }
 
 #[no_mangle]
@@ -58,9 +69,12 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
     if !table::is_cairn(fd) {
         return unsafe { real::pread64(fd, buf, n, off) };
     }
-    fd_call("pread", fd, || unsafe { real::pread64(fd, buf, n, off) }, |o| {
-        ops::pread(&o, unsafe { slice_mut(buf, n) }, off).map(|n| n as ssize_t)
-    })
+    fd_call(
+        "pread",
+        fd,
+        || unsafe { real::pread64(fd, buf, n, off) },
+        |o| ops::pread(&o, unsafe { slice_mut(buf, n) }, off).map(|n| n as ssize_t),
+    )
 }
 
 #[no_mangle]
@@ -69,23 +83,43 @@ pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off6
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, _l: size_t) -> ssize_t {
+pub unsafe extern "C" fn __pread64_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    off: off64_t,
+    _l: size_t,
+) -> ssize_t {
     unsafe { pread64(fd, buf, n, off) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, _l: size_t) -> ssize_t {
+pub unsafe extern "C" fn __pread_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    off: off64_t,
+    _l: size_t,
+) -> ssize_t {
     unsafe { pread64(fd, buf, n, off) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t {
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    off: off64_t,
+) -> ssize_t {
     if !table::is_cairn(fd) {
         return unsafe { real::pwrite64(fd, buf, n, off) };
     }
-    fd_call("pwrite", fd, || unsafe { real::pwrite64(fd, buf, n, off) }, |o| {
-        ops::pwrite(&o, unsafe { slice(buf, n) }, off).map(|n| n as ssize_t)
-    })
+    fd_call(
+        "pwrite",
+        fd,
+        || unsafe { real::pwrite64(fd, buf, n, off) },
+        |o| ops::pwrite(&o, unsafe { slice(buf, n) }, off).map(|n| n as ssize_t),
+    )
 }
 
 #[no_mangle]
@@ -99,7 +133,9 @@ unsafe fn iovecs<'a>(iov: *const iovec, cnt: c_int) -> io::Result<Vec<&'a mut [u
         return Err(err(libc::EINVAL, "bad iovec count"));
     }
     let v = unsafe { std::slice::from_raw_parts(iov, cnt as usize) };
-    Ok(v.iter().map(|e| unsafe { slice_mut(e.iov_base, e.iov_len) }).collect())
+    Ok(v.iter()
+        .map(|e| unsafe { slice_mut(e.iov_base, e.iov_len) })
+        .collect())
 }
 
 /// Gather an iovec array into one buffer (one atomic write); a single buffer is used
@@ -113,7 +149,13 @@ unsafe fn gathered<'a>(iov: *const iovec, cnt: c_int) -> io::Result<std::borrow:
     Ok(std::borrow::Cow::Owned(bufs.concat()))
 }
 
-unsafe fn readv_any(op: &str, fd: c_int, iov: *const iovec, cnt: c_int, off: Option<off64_t>) -> ssize_t {
+unsafe fn readv_any(
+    op: &str,
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: Option<off64_t>,
+) -> ssize_t {
     fd_call(
         op,
         fd,
@@ -130,7 +172,13 @@ unsafe fn readv_any(op: &str, fd: c_int, iov: *const iovec, cnt: c_int, off: Opt
     )
 }
 
-unsafe fn writev_any(op: &str, fd: c_int, iov: *const iovec, cnt: c_int, off: Option<off64_t>) -> ssize_t {
+unsafe fn writev_any(
+    op: &str,
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: Option<off64_t>,
+) -> ssize_t {
     fd_call(
         op,
         fd,
@@ -162,7 +210,12 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t) -> ssize_t {
+pub unsafe extern "C" fn preadv64(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
     unsafe { readv_any("preadv", fd, iov, cnt, Some(off)) }
 }
 
@@ -172,19 +225,35 @@ pub unsafe extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: o
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev64(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t) -> ssize_t {
+pub unsafe extern "C" fn pwritev64(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
     unsafe { writev_any("pwritev", fd, iov, cnt, Some(off)) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t) -> ssize_t {
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
     unsafe { pwritev64(fd, iov, cnt, off) }
 }
 
 /// `preadv2`/`pwritev2`: offset -1 means the position; the flags (hints such as
 /// `RWF_DSYNC`) change nothing on Cairn, where every write is durable at return.
 #[no_mangle]
-pub unsafe extern "C" fn preadv64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t, fl: c_int) -> ssize_t {
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+    fl: c_int,
+) -> ssize_t {
     if !table::is_cairn(fd) {
         return unsafe { real::preadv64v2(fd, iov, cnt, off, fl) };
     }
@@ -192,12 +261,24 @@ pub unsafe extern "C" fn preadv64v2(fd: c_int, iov: *const iovec, cnt: c_int, of
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn preadv2(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t, fl: c_int) -> ssize_t {
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+    fl: c_int,
+) -> ssize_t {
     unsafe { preadv64v2(fd, iov, cnt, off, fl) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t, fl: c_int) -> ssize_t {
+pub unsafe extern "C" fn pwritev64v2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+    fl: c_int,
+) -> ssize_t {
     if !table::is_cairn(fd) {
         return unsafe { real::pwritev64v2(fd, iov, cnt, off, fl) };
     }
@@ -205,7 +286,13 @@ pub unsafe extern "C" fn pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, o
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev2(fd: c_int, iov: *const iovec, cnt: c_int, off: off64_t, fl: c_int) -> ssize_t {
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+    fl: c_int,
+) -> ssize_t {
     unsafe { pwritev64v2(fd, iov, cnt, off, fl) }
 }
 
@@ -214,9 +301,12 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off6
     if !table::is_cairn(fd) {
         return unsafe { real::lseek64(fd, off, whence) };
     }
-    fd_call("lseek", fd, || unsafe { real::lseek64(fd, off, whence) }, |o| {
-        ops::lseek(fd, &o, off, whence).map(|p| p as off64_t)
-    })
+    fd_call(
+        "lseek",
+        fd,
+        || unsafe { real::lseek64(fd, off, whence) },
+        |o| ops::lseek(fd, &o, off, whence).map(|p| p as off64_t),
+    )
 }
 
 #[no_mangle]
@@ -262,9 +352,12 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
     if !table::is_cairn(fd) {
         return unsafe { real::ftruncate64(fd, len) };
     }
-    fd_call("ftruncate", fd, || unsafe { real::ftruncate64(fd, len) }, |o| {
-        ok0(ops::ftruncate(&o, len))
-    })
+    fd_call(
+        "ftruncate",
+        fd,
+        || unsafe { real::ftruncate64(fd, len) },
+        |o| ok0(ops::ftruncate(&o, len)),
+    )
 }
 
 #[no_mangle]
@@ -277,9 +370,12 @@ pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: 
     if !table::is_cairn(fd) {
         return unsafe { real::fallocate64(fd, mode, off, len) };
     }
-    fd_call("fallocate", fd, || unsafe { real::fallocate64(fd, mode, off, len) }, |o| {
-        ok0(ops::fallocate(&o, mode, off, len))
-    })
+    fd_call(
+        "fallocate",
+        fd,
+        || unsafe { real::fallocate64(fd, mode, off, len) },
+        |o| ok0(ops::fallocate(&o, mode, off, len)),
+    )
 }
 
 #[no_mangle]
@@ -307,7 +403,12 @@ pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off64_t, len: off64_t) 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int {
+pub unsafe extern "C" fn posix_fadvise64(
+    fd: c_int,
+    off: off64_t,
+    len: off64_t,
+    advice: c_int,
+) -> c_int {
     if table::is_cairn(fd) {
         return 0;
     }
@@ -315,7 +416,12 @@ pub unsafe extern "C" fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn posix_fadvise(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int {
+pub unsafe extern "C" fn posix_fadvise(
+    fd: c_int,
+    off: off64_t,
+    len: off64_t,
+    advice: c_int,
+) -> c_int {
     unsafe { posix_fadvise64(fd, off, len, advice) }
 }
 
@@ -332,11 +438,16 @@ pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat64) -> c_int {
     if !table::is_cairn(fd) {
         return unsafe { real::fstat64(fd, st) };
     }
-    fd_call("fstat", fd, || unsafe { real::fstat64(fd, st) }, |o| {
-        let m = ops::fstat(&o)?;
-        fill_stat!(unsafe { &mut *st }, &m);
-        Ok(0)
-    })
+    fd_call(
+        "fstat",
+        fd,
+        || unsafe { real::fstat64(fd, st) },
+        |o| {
+            let m = ops::fstat(&o)?;
+            fill_stat!(unsafe { &mut *st }, &m);
+            Ok(0)
+        },
+    )
 }
 
 #[no_mangle]
@@ -363,7 +474,9 @@ pub unsafe extern "C" fn fstatfs64(fd: c_int, st: *mut libc::statfs64) -> c_int 
     if !table::is_cairn(fd) {
         return unsafe { real::fstatfs64(fd, st) };
     }
-    run("fstatfs", || crate::abi_path::fill_statfs(unsafe { &mut *st }))
+    run("fstatfs", || {
+        crate::abi_path::fill_statfs(unsafe { &mut *st })
+    })
 }
 
 #[no_mangle]
@@ -376,7 +489,9 @@ pub unsafe extern "C" fn fstatvfs64(fd: c_int, st: *mut libc::statvfs64) -> c_in
     if !table::is_cairn(fd) {
         return unsafe { real::fstatvfs64(fd, st) };
     }
-    run("fstatvfs", || crate::abi_path::fill_statvfs(unsafe { &mut *st }))
+    run("fstatvfs", || {
+        crate::abi_path::fill_statvfs(unsafe { &mut *st })
+    })
 }
 
 #[no_mangle]
@@ -389,9 +504,12 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int {
     if !table::is_cairn(fd) {
         return unsafe { real::fchmod(fd, mode) };
     }
-    fd_call("fchmod", fd, || unsafe { real::fchmod(fd, mode) }, |o| {
-        ok0(ops::chmod(&inode_path(&o), mode, true))
-    })
+    fd_call(
+        "fchmod",
+        fd,
+        || unsafe { real::fchmod(fd, mode) },
+        |o| ok0(ops::chmod(&inode_path(&o), mode, true)),
+    )
 }
 
 #[no_mangle]
@@ -399,9 +517,12 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -
     if !table::is_cairn(fd) {
         return unsafe { real::fchown(fd, uid, gid) };
     }
-    fd_call("fchown", fd, || unsafe { real::fchown(fd, uid, gid) }, |o| {
-        ok0(ops::chown(&inode_path(&o), uid, gid, true))
-    })
+    fd_call(
+        "fchown",
+        fd,
+        || unsafe { real::fchown(fd, uid, gid) },
+        |o| ok0(ops::chown(&inode_path(&o), uid, gid, true)),
+    )
 }
 
 #[no_mangle]
@@ -409,10 +530,15 @@ pub unsafe extern "C" fn futimens(fd: c_int, ts: *const libc::timespec) -> c_int
     if !table::is_cairn(fd) {
         return unsafe { real::futimens(fd, ts) };
     }
-    fd_call("futimens", fd, || unsafe { real::futimens(fd, ts) }, |o| {
-        let (a, m) = unsafe { crate::abi_path::times_of(ts) }?;
-        ok0(ops::set_times(&inode_path(&o), a, m, true))
-    })
+    fd_call(
+        "futimens",
+        fd,
+        || unsafe { real::futimens(fd, ts) },
+        |o| {
+            let (a, m) = unsafe { crate::abi_path::times_of(ts) }?;
+            ok0(ops::set_times(&inode_path(&o), a, m, true))
+        },
+    )
 }
 
 #[no_mangle]
@@ -425,19 +551,37 @@ pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fgetxattr(fd: c_int, name: *const libc::c_char, v: *mut c_void, n: size_t) -> ssize_t {
+pub unsafe extern "C" fn fgetxattr(
+    fd: c_int,
+    name: *const libc::c_char,
+    v: *mut c_void,
+    n: size_t,
+) -> ssize_t {
     if !table::is_cairn(fd) {
         return unsafe { real::fgetxattr(fd, name, v, n) };
     }
-    run("fgetxattr", || Err(err(libc::ENODATA, "no extended attributes on Cairn")))
+    run("fgetxattr", || {
+        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
+    })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fsetxattr(fd: c_int, name: *const libc::c_char, v: *const c_void, n: size_t, fl: c_int) -> c_int {
+pub unsafe extern "C" fn fsetxattr(
+    fd: c_int,
+    name: *const libc::c_char,
+    v: *const c_void,
+    n: size_t,
+    fl: c_int,
+) -> c_int {
     if !table::is_cairn(fd) {
         return unsafe { real::fsetxattr(fd, name, v, n, fl) };
     }
-    run("fsetxattr", || Err(err(libc::ENOTSUP, "extended attributes are not supported on Cairn")))
+    run("fsetxattr", || {
+        Err(err(
+            libc::ENOTSUP,
+            "extended attributes are not supported on Cairn",
+        ))
+    })
 }
 
 #[no_mangle]
@@ -453,7 +597,9 @@ pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const libc::c_char) -> c
     if !table::is_cairn(fd) {
         return unsafe { real::fremovexattr(fd, name) };
     }
-    run("fremovexattr", || Err(err(libc::ENODATA, "no extended attributes on Cairn")))
+    run("fremovexattr", || {
+        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
+    })
 }
 
 // ---- dup and fcntl --------------------------------------------------------------------
@@ -540,10 +686,14 @@ fn fcntl_lock(fd: c_int, o: &Arc<Ofd>, cmd: c_int, arg: usize) -> io::Result<c_i
         libc::F_SETLK | libc::F_SETLKW | libc::F_GETLK => cairn::LockKind::Posix,
         _ => cairn::LockKind::Ofd,
     };
-    let typ = lock_type(fl.l_type as c_int).ok_or_else(|| err(libc::EINVAL, "fcntl: bad l_type"))?;
+    let typ =
+        lock_type(fl.l_type as c_int).ok_or_else(|| err(libc::EINVAL, "fcntl: bad l_type"))?;
     let (start, len) = lock_range(fd, o, fl)?;
     if o.dir || (!o.read && !o.write) {
-        return Err(err(libc::EBADF, "fcntl: locks need a regular file open for reading or writing"));
+        return Err(err(
+            libc::EBADF,
+            "fcntl: locks need a regular file open for reading or writing",
+        ));
     }
     let f = o.file()?;
     if kind == cairn::LockKind::Posix {
@@ -601,22 +751,35 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
                 (false, false) => libc::O_PATH,
                 _ => libc::O_RDONLY,
             };
-            let append = if o.append.load(Ordering::Relaxed) { libc::O_APPEND } else { 0 };
+            let append = if o.append.load(Ordering::Relaxed) {
+                libc::O_APPEND
+            } else {
+                0
+            };
             let dir = if o.dir { libc::O_DIRECTORY } else { 0 };
             acc | append | dir | libc::O_LARGEFILE
         }
         libc::F_SETFL => {
             // O_APPEND is the flag that matters; O_NONBLOCK, O_DIRECT, O_NOATIME are
             // accepted and change nothing (the placeholder keeps them for F_GETFL users).
-            o.append.store(arg as c_int & libc::O_APPEND != 0, Ordering::Relaxed);
+            o.append
+                .store(arg as c_int & libc::O_APPEND != 0, Ordering::Relaxed);
             unsafe { real::fcntl64(fd, cmd, arg) }
         }
-        libc::F_SETLK | libc::F_SETLKW | libc::F_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+        libc::F_SETLK
+        | libc::F_SETLKW
+        | libc::F_GETLK
+        | libc::F_OFD_SETLK
+        | libc::F_OFD_SETLKW
         | libc::F_OFD_GETLK => run("fcntl", || fcntl_lock(fd, &o, cmd, arg)),
         libc::F_GETFD | libc::F_SETFD => unsafe { real::fcntl64(fd, cmd, arg) },
-        libc::F_ADD_SEALS | libc::F_GET_SEALS | libc::F_SETLEASE | libc::F_GETLEASE | libc::F_NOTIFY => {
-            run("fcntl", || Err(err(libc::EINVAL, "fcntl: not supported on a Cairn file")))
-        }
+        libc::F_ADD_SEALS
+        | libc::F_GET_SEALS
+        | libc::F_SETLEASE
+        | libc::F_GETLEASE
+        | libc::F_NOTIFY => run("fcntl", || {
+            Err(err(libc::EINVAL, "fcntl: not supported on a Cairn file"))
+        }),
         _ => unsafe { real::fcntl64(fd, cmd, arg) },
     }
 }
@@ -631,28 +794,44 @@ pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
     if !table::is_cairn(fd) {
         return unsafe { real::flock(fd, op) };
     }
-    fd_call("flock", fd, || unsafe { real::flock(fd, op) }, |o| {
-        let nb = op & libc::LOCK_NB != 0;
-        let op = match op & !libc::LOCK_NB {
-            libc::LOCK_SH => cairn::FlockOp::Shared,
-            libc::LOCK_EX => cairn::FlockOp::Exclusive,
-            libc::LOCK_UN => cairn::FlockOp::Unlock,
-            _ => return Err(err(libc::EINVAL, "flock: bad operation")),
-        };
-        if o.dir || (!o.read && !o.write) {
-            return Err(err(libc::EBADF, "flock: not supported on this descriptor"));
-        }
-        ok0(o.file()?.flock(op, nb))
-    })
+    fd_call(
+        "flock",
+        fd,
+        || unsafe { real::flock(fd, op) },
+        |o| {
+            let nb = op & libc::LOCK_NB != 0;
+            let op = match op & !libc::LOCK_NB {
+                libc::LOCK_SH => cairn::FlockOp::Shared,
+                libc::LOCK_EX => cairn::FlockOp::Exclusive,
+                libc::LOCK_UN => cairn::FlockOp::Unlock,
+                _ => return Err(err(libc::EINVAL, "flock: bad operation")),
+            };
+            if o.dir || (!o.read && !o.write) {
+                return Err(err(libc::EBADF, "flock: not supported on this descriptor"));
+            }
+            ok0(o.file()?.flock(op, nb))
+        },
+    )
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn statx(dirfd: c_int, path: *const libc::c_char, flags: c_int, mask: c_uint, st: *mut libc::statx) -> c_int {
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: *const libc::c_char,
+    flags: c_int,
+    mask: c_uint,
+    st: *mut libc::statx,
+) -> c_int {
     if unsafe { crate::abi::empty_path(path, flags) } && table::is_cairn(dirfd) {
-        return fd_call("statx", dirfd, || unsafe { real::statx(dirfd, path, flags, mask, st) }, |o| {
-            fill_statx(unsafe { &mut *st }, &ops::fstat(&o)?);
-            Ok(0)
-        });
+        return fd_call(
+            "statx",
+            dirfd,
+            || unsafe { real::statx(dirfd, path, flags, mask, st) },
+            |o| {
+                fill_statx(unsafe { &mut *st }, &ops::fstat(&o)?);
+                Ok(0)
+            },
+        );
     }
     unsafe {
         crate::abi::path_call(
@@ -674,7 +853,14 @@ pub unsafe extern "C" fn statx(dirfd: c_int, path: *const libc::c_char, flags: c
 /// Copies between descriptors in the kernel cannot involve Cairn files: `EXDEV` or
 /// `EINVAL` makes callers (cp, Python's shutil) fall back to read and write.
 #[no_mangle]
-pub unsafe extern "C" fn copy_file_range(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t {
+pub unsafe extern "C" fn copy_file_range(
+    fd1: c_int,
+    o1: *mut off64_t,
+    fd2: c_int,
+    o2: *mut off64_t,
+    n: size_t,
+    fl: c_uint,
+) -> ssize_t {
     if table::is_cairn(fd1) || table::is_cairn(fd2) {
         set_errno(libc::EXDEV);
         return -1;
@@ -683,7 +869,12 @@ pub unsafe extern "C" fn copy_file_range(fd1: c_int, o1: *mut off64_t, fd2: c_in
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    inp: c_int,
+    off: *mut off64_t,
+    n: size_t,
+) -> ssize_t {
     if table::is_cairn(out) || table::is_cairn(inp) {
         set_errno(libc::EINVAL);
         return -1;
@@ -697,7 +888,14 @@ pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off64_t, n: 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn splice(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t {
+pub unsafe extern "C" fn splice(
+    fd1: c_int,
+    o1: *mut off64_t,
+    fd2: c_int,
+    o2: *mut off64_t,
+    n: size_t,
+    fl: c_uint,
+) -> ssize_t {
     if table::is_cairn(fd1) || table::is_cairn(fd2) {
         set_errno(libc::EINVAL);
         return -1;

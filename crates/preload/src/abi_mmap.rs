@@ -41,8 +41,15 @@ fn busy_run<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
-fn map_cairn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, o: Arc<Ofd>, off: off64_t) -> io::Result<*mut c_void> {
-    if len == 0 || off < 0 || off as usize % PAGE != 0 {
+fn map_cairn(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    o: Arc<Ofd>,
+    off: off64_t,
+) -> io::Result<*mut c_void> {
+    if len == 0 || off < 0 || !(off as usize).is_multiple_of(PAGE) {
         return Err(err(libc::EINVAL, "mmap: bad length or offset"));
     }
     if o.dir {
@@ -51,11 +58,20 @@ fn map_cairn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, o: Arc<O
     let kind = flags & 0x3;
     let shared = kind == libc::MAP_SHARED || kind == libc::MAP_SHARED_VALIDATE;
     if !o.read || (shared && prot & libc::PROT_WRITE != 0 && !o.write) {
-        return Err(err(libc::EACCES, "mmap: the descriptor's access does not allow this mapping"));
+        return Err(err(
+            libc::EACCES,
+            "mmap: the descriptor's access does not allow this mapping",
+        ));
     }
     let f = o.file()?;
     let size = f.metadata()?.len();
-    let fl = (flags & !0x3 & !libc::MAP_SYNC) | libc::MAP_ANONYMOUS | if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    let fl = (flags & !0x3 & !libc::MAP_SYNC)
+        | libc::MAP_ANONYMOUS
+        | if shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        };
     // SAFETY: anonymous memory, at `addr` only as the caller asked (MAP_FIXED).
     let p = unsafe { real::mmap64(addr, len, libc::PROT_READ | libc::PROT_WRITE, fl, -1, 0) };
     if p == libc::MAP_FAILED {
@@ -91,13 +107,23 @@ fn map_cairn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, o: Arc<O
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off64_t,
+) -> *mut c_void {
     if flags & libc::MAP_ANONYMOUS != 0 || !table::is_cairn(fd) {
         return unsafe { real::mmap64(addr, len, prot, flags, fd, off) };
     }
-    let r = fd_call("mmap", fd, || unsafe { real::mmap64(addr, len, prot, flags, fd, off) }, |o| {
-        map_cairn(addr, len, prot, flags, o, off)
-    });
+    let r = fd_call(
+        "mmap",
+        fd,
+        || unsafe { real::mmap64(addr, len, prot, flags, fd, off) },
+        |o| map_cairn(addr, len, prot, flags, o, off),
+    );
     if r.is_null() {
         libc::MAP_FAILED
     } else {
@@ -106,7 +132,14 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, fla
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off64_t,
+) -> *mut c_void {
     unsafe { mmap64(addr, len, prot, flags, fd, off) }
 }
 
@@ -160,10 +193,20 @@ fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
                     continue;
                 }
                 if m.addr < addr {
-                    kept.push(Mapping { addr: m.addr, len: addr - m.addr, off: m.off, ofd: m.ofd.clone() });
+                    kept.push(Mapping {
+                        addr: m.addr,
+                        len: addr - m.addr,
+                        off: m.off,
+                        ofd: m.ofd.clone(),
+                    });
                 }
                 if mend > end {
-                    kept.push(Mapping { addr: end, len: mend - end, off: m.off + (end - m.addr) as u64, ofd: m.ofd.clone() });
+                    kept.push(Mapping {
+                        addr: end,
+                        len: mend - end,
+                        off: m.off + (end - m.addr) as u64,
+                        ofd: m.ofd.clone(),
+                    });
                 }
             }
             TRACKED.store(kept.len(), Ordering::Release);
@@ -178,7 +221,9 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     if TRACKED.load(Ordering::Acquire) == 0 || busy() {
         return unsafe { real::munmap(addr, len) };
     }
-    let r = run("munmap", || sync_range(addr as usize, len, true).map(|()| 0));
+    let r = run("munmap", || {
+        sync_range(addr as usize, len, true).map(|()| 0)
+    });
     let u = unsafe { real::munmap(addr, len) };
     if r < 0 {
         r
@@ -192,7 +237,9 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, fl: c_int) -> c_i
     if TRACKED.load(Ordering::Acquire) == 0 || busy() {
         return unsafe { real::msync(addr, len, fl) };
     }
-    let r = run("msync", || sync_range(addr as usize, len, false).map(|()| 0));
+    let r = run("msync", || {
+        sync_range(addr as usize, len, false).map(|()| 0)
+    });
     if r < 0 {
         return r;
     }
@@ -200,13 +247,22 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, fl: c_int) -> c_i
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, fl: c_int, new_addr: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    fl: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
         let (a, e) = (old as usize, old as usize + old_len);
         let hit = busy_run(|| MAPS.lock().iter().any(|m| m.addr < e && a < m.addr + m.len));
         if hit {
             let _: c_int = run("mremap", || {
-                Err(err(libc::EINVAL, "mremap of a shared mapping of a Cairn file is not supported"))
+                Err(err(
+                    libc::EINVAL,
+                    "mremap of a shared mapping of a Cairn file is not supported",
+                ))
             });
             return libc::MAP_FAILED;
         }

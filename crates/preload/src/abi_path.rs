@@ -23,16 +23,30 @@ fn mode_of(flags: c_int, mode: c_uint) -> u32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+pub unsafe extern "C" fn openat64(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
     unsafe {
-        path_call("open", dirfd, path, |p| real::openat64(dirfd, p, flags, mode), |cp| {
-            ops::open(cp, flags, mode_of(flags, mode))
-        })
+        path_call(
+            "open",
+            dirfd,
+            path,
+            |p| real::openat64(dirfd, p, flags, mode),
+            |cp| ops::open(cp, flags, mode_of(flags, mode)),
+        )
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+pub unsafe extern "C" fn openat(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
     unsafe { openat64(dirfd, path, flags, mode) }
 }
 
@@ -68,7 +82,14 @@ pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: 
 
 #[no_mangle]
 pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
-    unsafe { openat64(FDCWD, path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, mode) }
+    unsafe {
+        openat64(
+            FDCWD,
+            path,
+            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+            mode,
+        )
+    }
 }
 
 #[no_mangle]
@@ -78,29 +99,56 @@ pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
 
 // ---- stat ---------------------------------------------------------------------------------
 
-unsafe fn stat_at(op: &str, dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
+unsafe fn stat_at(
+    op: &str,
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
     if unsafe { empty_path(path, flags) } && table::is_cairn(dirfd) {
-        return fd_call(op, dirfd, || unsafe { real::fstatat64(dirfd, path, st, flags) }, |o| {
-            fill_stat!(unsafe { &mut *st }, &ops::fstat(&o)?);
-            Ok(0)
-        });
+        return fd_call(
+            op,
+            dirfd,
+            || unsafe { real::fstatat64(dirfd, path, st, flags) },
+            |o| {
+                fill_stat!(unsafe { &mut *st }, &ops::fstat(&o)?);
+                Ok(0)
+            },
+        );
     }
     unsafe {
-        path_call(op, dirfd, path, |p| real::fstatat64(dirfd, p, st, flags), |cp| {
-            let m = ops::stat(cp, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
-            fill_stat!(&mut *st, &m);
-            Ok(0)
-        })
+        path_call(
+            op,
+            dirfd,
+            path,
+            |p| real::fstatat64(dirfd, p, st, flags),
+            |cp| {
+                let m = ops::stat(cp, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+                fill_stat!(&mut *st, &m);
+                Ok(0)
+            },
+        )
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fstatat64(dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
+pub unsafe extern "C" fn fstatat64(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
     unsafe { stat_at("fstatat", dirfd, path, st, flags) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
+pub unsafe extern "C" fn fstatat(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
     unsafe { stat_at("fstatat", dirfd, path, st, flags) }
 }
 
@@ -136,7 +184,11 @@ pub unsafe extern "C" fn __xstat(_v: c_int, path: *const c_char, st: *mut libc::
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __lxstat64(_v: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int {
+pub unsafe extern "C" fn __lxstat64(
+    _v: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+) -> c_int {
     unsafe { stat_at("lstat", FDCWD, path, st, libc::AT_SYMLINK_NOFOLLOW) }
 }
 
@@ -146,12 +198,24 @@ pub unsafe extern "C" fn __lxstat(_v: c_int, path: *const c_char, st: *mut libc:
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __fxstatat64(_v: c_int, dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
+pub unsafe extern "C" fn __fxstatat64(
+    _v: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
     unsafe { stat_at("fstatat", dirfd, path, st, flags) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __fxstatat(_v: c_int, dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
+pub unsafe extern "C" fn __fxstatat(
+    _v: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
     unsafe { stat_at("fstatat", dirfd, path, st, flags) }
 }
 
@@ -190,10 +254,16 @@ pub fn fill_statvfs(st: &mut libc::statvfs64) -> io::Result<c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn statfs64(path: *const c_char, st: *mut libc::statfs64) -> c_int {
     unsafe {
-        path_call("statfs", FDCWD, path, |p| real::statfs64(p, st), |cp| {
-            ops::stat(cp, true)?;
-            fill_statfs(&mut *st)
-        })
+        path_call(
+            "statfs",
+            FDCWD,
+            path,
+            |p| real::statfs64(p, st),
+            |cp| {
+                ops::stat(cp, true)?;
+                fill_statfs(&mut *st)
+            },
+        )
     }
 }
 
@@ -205,10 +275,16 @@ pub unsafe extern "C" fn statfs(path: *const c_char, st: *mut libc::statfs64) ->
 #[no_mangle]
 pub unsafe extern "C" fn statvfs64(path: *const c_char, st: *mut libc::statvfs64) -> c_int {
     unsafe {
-        path_call("statvfs", FDCWD, path, |p| real::statvfs64(p, st), |cp| {
-            ops::stat(cp, true)?;
-            fill_statvfs(&mut *st)
-        })
+        path_call(
+            "statvfs",
+            FDCWD,
+            path,
+            |p| real::statvfs64(p, st),
+            |cp| {
+                ops::stat(cp, true)?;
+                fill_statvfs(&mut *st)
+            },
+        )
     }
 }
 
@@ -218,12 +294,23 @@ pub unsafe extern "C" fn statvfs(path: *const c_char, st: *mut libc::statvfs64) 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
+pub unsafe extern "C" fn faccessat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: c_int,
+    flags: c_int,
+) -> c_int {
     unsafe {
-        path_call("access", dirfd, path, |p| real::faccessat(dirfd, p, mode, flags), |cp| {
-            let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-            ok0(ops::access(cp, mode, flags & libc::AT_EACCESS != 0, follow))
-        })
+        path_call(
+            "access",
+            dirfd,
+            path,
+            |p| real::faccessat(dirfd, p, mode, flags),
+            |cp| {
+                let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+                ok0(ops::access(cp, mode, flags & libc::AT_EACCESS != 0, follow))
+            },
+        )
     }
 }
 
@@ -235,9 +322,13 @@ pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn euidaccess(path: *const c_char, mode: c_int) -> c_int {
     unsafe {
-        path_call("euidaccess", FDCWD, path, |p| real::euidaccess(p, mode), |cp| {
-            ok0(ops::access(cp, mode, true, true))
-        })
+        path_call(
+            "euidaccess",
+            FDCWD,
+            path,
+            |p| real::euidaccess(p, mode),
+            |cp| ok0(ops::access(cp, mode, true, true)),
+        )
     }
 }
 
@@ -251,9 +342,13 @@ pub unsafe extern "C" fn eaccess(path: *const c_char, mode: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     unsafe {
-        path_call("unlink", dirfd, path, |p| real::unlinkat(dirfd, p, flags), |cp| {
-            ok0(ops::unlink(cp, flags & libc::AT_REMOVEDIR != 0))
-        })
+        path_call(
+            "unlink",
+            dirfd,
+            path,
+            |p| real::unlinkat(dirfd, p, flags),
+            |cp| ok0(ops::unlink(cp, flags & libc::AT_REMOVEDIR != 0)),
+        )
     }
 }
 
@@ -271,10 +366,16 @@ pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn remove(path: *const c_char) -> c_int {
     unsafe {
-        path_call("remove", FDCWD, path, |p| real::remove(p), |cp| {
-            let dir = ops::stat(cp, false)?.is_dir();
-            ok0(ops::unlink(cp, dir))
-        })
+        path_call(
+            "remove",
+            FDCWD,
+            path,
+            |p| real::remove(p),
+            |cp| {
+                let dir = ops::stat(cp, false)?.is_dir();
+                ok0(ops::unlink(cp, dir))
+            },
+        )
     }
 }
 
@@ -303,57 +404,115 @@ unsafe fn two_paths(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn renameat2(fd1: c_int, from: *const c_char, fd2: c_int, to: *const c_char, fl: c_uint) -> c_int {
+pub unsafe extern "C" fn renameat2(
+    fd1: c_int,
+    from: *const c_char,
+    fd2: c_int,
+    to: *const c_char,
+    fl: c_uint,
+) -> c_int {
     unsafe {
-        two_paths("rename", fd1, from, fd2, to, |a, b| real::renameat2(fd1, a, fd2, b, fl), |a, b| {
-            ops::rename(a, b, fl)
-        })
+        two_paths(
+            "rename",
+            fd1,
+            from,
+            fd2,
+            to,
+            |a, b| real::renameat2(fd1, a, fd2, b, fl),
+            |a, b| ops::rename(a, b, fl),
+        )
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn renameat(fd1: c_int, from: *const c_char, fd2: c_int, to: *const c_char) -> c_int {
+pub unsafe extern "C" fn renameat(
+    fd1: c_int,
+    from: *const c_char,
+    fd2: c_int,
+    to: *const c_char,
+) -> c_int {
     unsafe {
-        two_paths("rename", fd1, from, fd2, to, |a, b| real::renameat(fd1, a, fd2, b), |a, b| {
-            ops::rename(a, b, 0)
-        })
+        two_paths(
+            "rename",
+            fd1,
+            from,
+            fd2,
+            to,
+            |a, b| real::renameat(fd1, a, fd2, b),
+            |a, b| ops::rename(a, b, 0),
+        )
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
     unsafe {
-        two_paths("rename", FDCWD, from, FDCWD, to, |a, b| real::rename(a, b), |a, b| {
-            ops::rename(a, b, 0)
-        })
+        two_paths(
+            "rename",
+            FDCWD,
+            from,
+            FDCWD,
+            to,
+            |a, b| real::rename(a, b),
+            |a, b| ops::rename(a, b, 0),
+        )
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn linkat(fd1: c_int, from: *const c_char, fd2: c_int, to: *const c_char, fl: c_int) -> c_int {
+pub unsafe extern "C" fn linkat(
+    fd1: c_int,
+    from: *const c_char,
+    fd2: c_int,
+    to: *const c_char,
+    fl: c_int,
+) -> c_int {
     unsafe {
-        two_paths("link", fd1, from, fd2, to, |a, b| real::linkat(fd1, a, fd2, b, fl), |a, b| {
-            ops::link(a, b, fl & libc::AT_SYMLINK_FOLLOW != 0)
-        })
+        two_paths(
+            "link",
+            fd1,
+            from,
+            fd2,
+            to,
+            |a, b| real::linkat(fd1, a, fd2, b, fl),
+            |a, b| ops::link(a, b, fl & libc::AT_SYMLINK_FOLLOW != 0),
+        )
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn link(from: *const c_char, to: *const c_char) -> c_int {
     unsafe {
-        two_paths("link", FDCWD, from, FDCWD, to, |a, b| real::link(a, b), |a, b| {
-            ops::link(a, b, false)
-        })
+        two_paths(
+            "link",
+            FDCWD,
+            from,
+            FDCWD,
+            to,
+            |a, b| real::link(a, b),
+            |a, b| ops::link(a, b, false),
+        )
     }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
+pub unsafe extern "C" fn symlinkat(
+    target: *const c_char,
+    dirfd: c_int,
+    path: *const c_char,
+) -> c_int {
     unsafe {
-        path_call("symlink", dirfd, path, |p| real::symlinkat(target, dirfd, p), |cp| {
-            let t = crate::abi::cbytes(target).ok_or_else(|| err(libc::EFAULT, "symlink: NULL target"))?;
-            ok0(ops::symlink(t, cp))
-        })
+        path_call(
+            "symlink",
+            dirfd,
+            path,
+            |p| real::symlinkat(target, dirfd, p),
+            |cp| {
+                let t = crate::abi::cbytes(target)
+                    .ok_or_else(|| err(libc::EFAULT, "symlink: NULL target"))?;
+                ok0(ops::symlink(t, cp))
+            },
+        )
     }
 }
 
@@ -363,14 +522,25 @@ pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t {
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    n: size_t,
+) -> ssize_t {
     unsafe {
-        path_call("readlink", dirfd, path, |p| real::readlinkat(dirfd, p, buf, n), |cp| {
-            let t = ops::readlink(cp)?;
-            let k = t.len().min(n);
-            std::ptr::copy_nonoverlapping(t.as_ptr(), buf as *mut u8, k);
-            Ok(k as ssize_t)
-        })
+        path_call(
+            "readlink",
+            dirfd,
+            path,
+            |p| real::readlinkat(dirfd, p, buf, n),
+            |cp| {
+                let t = ops::readlink(cp)?;
+                let k = t.len().min(n);
+                std::ptr::copy_nonoverlapping(t.as_ptr(), buf as *mut u8, k);
+                Ok(k as ssize_t)
+            },
+        )
     }
 }
 
@@ -380,18 +550,37 @@ pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, n: size
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __readlink_chk(path: *const c_char, buf: *mut c_char, n: size_t, _l: size_t) -> ssize_t {
+pub unsafe extern "C" fn __readlink_chk(
+    path: *const c_char,
+    buf: *mut c_char,
+    n: size_t,
+    _l: size_t,
+) -> ssize_t {
     unsafe { readlinkat(FDCWD, path, buf, n) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __readlinkat_chk(dirfd: c_int, path: *const c_char, buf: *mut c_char, n: size_t, _l: size_t) -> ssize_t {
+pub unsafe extern "C" fn __readlinkat_chk(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    n: size_t,
+    _l: size_t,
+) -> ssize_t {
     unsafe { readlinkat(dirfd, path, buf, n) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-    unsafe { path_call("mkdir", dirfd, path, |p| real::mkdirat(dirfd, p, mode), |cp| ok0(ops::mkdir(cp, mode))) }
+    unsafe {
+        path_call(
+            "mkdir",
+            dirfd,
+            path,
+            |p| real::mkdirat(dirfd, p, mode),
+            |cp| ok0(ops::mkdir(cp, mode)),
+        )
+    }
 }
 
 #[no_mangle]
@@ -400,8 +589,21 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
-    unsafe { path_call("mknod", dirfd, path, |p| real::mknodat(dirfd, p, mode, dev), |cp| ok0(ops::mknod(cp, mode))) }
+pub unsafe extern "C" fn mknodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: libc::dev_t,
+) -> c_int {
+    unsafe {
+        path_call(
+            "mknod",
+            dirfd,
+            path,
+            |p| real::mknodat(dirfd, p, mode, dev),
+            |cp| ok0(ops::mknod(cp, mode)),
+        )
+    }
 }
 
 #[no_mangle]
@@ -412,9 +614,18 @@ pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev
 #[no_mangle]
 pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
     unsafe {
-        path_call("mkfifo", dirfd, path, |p| real::mkfifoat(dirfd, p, mode), |_| {
-            Err(err(libc::EPERM, "mkfifo: Cairn stores regular files, directories and symbolic links only"))
-        })
+        path_call(
+            "mkfifo",
+            dirfd,
+            path,
+            |p| real::mkfifoat(dirfd, p, mode),
+            |_| {
+                Err(err(
+                    libc::EPERM,
+                    "mkfifo: Cairn stores regular files, directories and symbolic links only",
+                ))
+            },
+        )
     }
 }
 
@@ -426,11 +637,20 @@ pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
 // ---- attributes -------------------------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, fl: c_int) -> c_int {
+pub unsafe extern "C" fn fchmodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    fl: c_int,
+) -> c_int {
     unsafe {
-        path_call("chmod", dirfd, path, |p| real::fchmodat(dirfd, p, mode, fl), |cp| {
-            ok0(ops::chmod(cp, mode, fl & libc::AT_SYMLINK_NOFOLLOW == 0))
-        })
+        path_call(
+            "chmod",
+            dirfd,
+            path,
+            |p| real::fchmodat(dirfd, p, mode, fl),
+            |cp| ok0(ops::chmod(cp, mode, fl & libc::AT_SYMLINK_NOFOLLOW == 0)),
+        )
     }
 }
 
@@ -440,14 +660,31 @@ pub unsafe extern "C" fn chmod(path: *const c_char, mode: mode_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fchownat(dirfd: c_int, path: *const c_char, uid: libc::uid_t, gid: libc::gid_t, fl: c_int) -> c_int {
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: *const c_char,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    fl: c_int,
+) -> c_int {
     if unsafe { empty_path(path, fl) } && table::is_cairn(dirfd) {
         return unsafe { crate::abi_fd::fchown(dirfd, uid, gid) };
     }
     unsafe {
-        path_call("chown", dirfd, path, |p| real::fchownat(dirfd, p, uid, gid, fl), |cp| {
-            ok0(ops::chown(cp, uid, gid, fl & libc::AT_SYMLINK_NOFOLLOW == 0))
-        })
+        path_call(
+            "chown",
+            dirfd,
+            path,
+            |p| real::fchownat(dirfd, p, uid, gid, fl),
+            |cp| {
+                ok0(ops::chown(
+                    cp,
+                    uid,
+                    gid,
+                    fl & libc::AT_SYMLINK_NOFOLLOW == 0,
+                ))
+            },
+        )
     }
 }
 
@@ -470,7 +707,10 @@ pub unsafe fn times_of(ts: *const libc::timespec) -> io::Result<Times> {
         return Ok((Some(now), Some(now)));
     }
     let t = unsafe { std::slice::from_raw_parts(ts, 2) };
-    Ok((ops::time_arg(t[0].tv_sec, t[0].tv_nsec)?, ops::time_arg(t[1].tv_sec, t[1].tv_nsec)?))
+    Ok((
+        ops::time_arg(t[0].tv_sec, t[0].tv_nsec)?,
+        ops::time_arg(t[1].tv_sec, t[1].tv_nsec)?,
+    ))
 }
 
 /// `timeval[2]` as `timespec[2]` (NULL stays NULL).
@@ -487,59 +727,101 @@ pub unsafe fn timespecs_of(tv: *const libc::timeval) -> Option<[libc::timespec; 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn utimensat(dirfd: c_int, path: *const c_char, ts: *const libc::timespec, fl: c_int) -> c_int {
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    ts: *const libc::timespec,
+    fl: c_int,
+) -> c_int {
     if path.is_null() && table::is_cairn(dirfd) {
         // Linux's utimensat(fd, NULL, ...) is futimens(fd, ...).
         return unsafe { crate::abi_fd::futimens(dirfd, ts) };
     }
     unsafe {
-        path_call("utimensat", dirfd, path, |p| real::utimensat(dirfd, p, ts, fl), |cp| {
-            let (a, m) = times_of(ts)?;
-            ok0(ops::set_times(cp, a, m, fl & libc::AT_SYMLINK_NOFOLLOW == 0))
-        })
+        path_call(
+            "utimensat",
+            dirfd,
+            path,
+            |p| real::utimensat(dirfd, p, ts, fl),
+            |cp| {
+                let (a, m) = times_of(ts)?;
+                ok0(ops::set_times(
+                    cp,
+                    a,
+                    m,
+                    fl & libc::AT_SYMLINK_NOFOLLOW == 0,
+                ))
+            },
+        )
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     unsafe {
-        path_call("utimes", FDCWD, path, |p| real::utimes(p, tv), |cp| {
-            let ts = timespecs_of(tv);
-            let (a, m) = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
-            ok0(ops::set_times(cp, a, m, true))
-        })
+        path_call(
+            "utimes",
+            FDCWD,
+            path,
+            |p| real::utimes(p, tv),
+            |cp| {
+                let ts = timespecs_of(tv);
+                let (a, m) = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
+                ok0(ops::set_times(cp, a, m, true))
+            },
+        )
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     unsafe {
-        path_call("lutimes", FDCWD, path, |p| real::lutimes(p, tv), |cp| {
-            let ts = timespecs_of(tv);
-            let (a, m) = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
-            ok0(ops::set_times(cp, a, m, false))
-        })
+        path_call(
+            "lutimes",
+            FDCWD,
+            path,
+            |p| real::lutimes(p, tv),
+            |cp| {
+                let ts = timespecs_of(tv);
+                let (a, m) = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
+                ok0(ops::set_times(cp, a, m, false))
+            },
+        )
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn utime(path: *const c_char, t: *const libc::utimbuf) -> c_int {
     unsafe {
-        path_call("utime", FDCWD, path, |p| real::utime(p, t), |cp| {
-            let (a, m) = if t.is_null() {
-                times_of(std::ptr::null())?
-            } else {
-                let t = &*t;
-                (ops::time_arg(t.actime, 0)?, ops::time_arg(t.modtime, 0)?)
-            };
-            ok0(ops::set_times(cp, a, m, true))
-        })
+        path_call(
+            "utime",
+            FDCWD,
+            path,
+            |p| real::utime(p, t),
+            |cp| {
+                let (a, m) = if t.is_null() {
+                    times_of(std::ptr::null())?
+                } else {
+                    let t = &*t;
+                    (ops::time_arg(t.actime, 0)?, ops::time_arg(t.modtime, 0)?)
+                };
+                ok0(ops::set_times(cp, a, m, true))
+            },
+        )
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn truncate64(path: *const c_char, len: libc::off64_t) -> c_int {
-    unsafe { path_call("truncate", FDCWD, path, |p| real::truncate64(p, len), |cp| ok0(ops::truncate(cp, len))) }
+    unsafe {
+        path_call(
+            "truncate",
+            FDCWD,
+            path,
+            |p| real::truncate64(p, len),
+            |cp| ok0(ops::truncate(cp, len)),
+        )
+    }
 }
 
 #[no_mangle]
@@ -552,12 +834,23 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: libc::off64_t) -> c_
 macro_rules! xattr_get {
     ($name:ident, $follow:expr) => {
         #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char, n: *const c_char, v: *mut c_void, sz: size_t) -> ssize_t {
+        pub unsafe extern "C" fn $name(
+            path: *const c_char,
+            n: *const c_char,
+            v: *mut c_void,
+            sz: size_t,
+        ) -> ssize_t {
             unsafe {
-                path_call(stringify!($name), FDCWD, path, |p| real::$name(p, n, v, sz), |cp| {
-                    ops::stat(cp, $follow)?;
-                    Err(err(libc::ENODATA, "no extended attributes on Cairn"))
-                })
+                path_call(
+                    stringify!($name),
+                    FDCWD,
+                    path,
+                    |p| real::$name(p, n, v, sz),
+                    |cp| {
+                        ops::stat(cp, $follow)?;
+                        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
+                    },
+                )
             }
         }
     };
@@ -568,12 +861,27 @@ xattr_get!(lgetxattr, false);
 macro_rules! xattr_set {
     ($name:ident, $follow:expr) => {
         #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char, n: *const c_char, v: *const c_void, sz: size_t, fl: c_int) -> c_int {
+        pub unsafe extern "C" fn $name(
+            path: *const c_char,
+            n: *const c_char,
+            v: *const c_void,
+            sz: size_t,
+            fl: c_int,
+        ) -> c_int {
             unsafe {
-                path_call(stringify!($name), FDCWD, path, |p| real::$name(p, n, v, sz, fl), |cp| {
-                    ops::stat(cp, $follow)?;
-                    Err(err(libc::ENOTSUP, "extended attributes are not supported on Cairn"))
-                })
+                path_call(
+                    stringify!($name),
+                    FDCWD,
+                    path,
+                    |p| real::$name(p, n, v, sz, fl),
+                    |cp| {
+                        ops::stat(cp, $follow)?;
+                        Err(err(
+                            libc::ENOTSUP,
+                            "extended attributes are not supported on Cairn",
+                        ))
+                    },
+                )
             }
         }
     };
@@ -586,10 +894,16 @@ macro_rules! xattr_list {
         #[no_mangle]
         pub unsafe extern "C" fn $name(path: *const c_char, l: *mut c_char, sz: size_t) -> ssize_t {
             unsafe {
-                path_call(stringify!($name), FDCWD, path, |p| real::$name(p, l, sz), |cp| {
-                    ops::stat(cp, $follow)?;
-                    Ok(0)
-                })
+                path_call(
+                    stringify!($name),
+                    FDCWD,
+                    path,
+                    |p| real::$name(p, l, sz),
+                    |cp| {
+                        ops::stat(cp, $follow)?;
+                        Ok(0)
+                    },
+                )
             }
         }
     };
@@ -602,10 +916,16 @@ macro_rules! xattr_remove {
         #[no_mangle]
         pub unsafe extern "C" fn $name(path: *const c_char, n: *const c_char) -> c_int {
             unsafe {
-                path_call(stringify!($name), FDCWD, path, |p| real::$name(p, n), |cp| {
-                    ops::stat(cp, $follow)?;
-                    Err(err(libc::ENODATA, "no extended attributes on Cairn"))
-                })
+                path_call(
+                    stringify!($name),
+                    FDCWD,
+                    path,
+                    |p| real::$name(p, n),
+                    |cp| {
+                        ops::stat(cp, $follow)?;
+                        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
+                    },
+                )
             }
         }
     };
@@ -617,7 +937,11 @@ xattr_remove!(lremovexattr, false);
 
 /// Fill the `XXXXXX` before the last `suffix` bytes of `tmpl` and create it exclusively
 /// with `create` (`EEXIST`: try another name).
-unsafe fn mktemp_with(tmpl: *mut c_char, suffix: usize, mut create: impl FnMut(*const c_char) -> c_int) -> c_int {
+unsafe fn mktemp_with(
+    tmpl: *mut c_char,
+    suffix: usize,
+    mut create: impl FnMut(*const c_char) -> c_int,
+) -> c_int {
     let len = unsafe { libc::strlen(tmpl) };
     if len < 6 + suffix {
         crate::real::set_errno(libc::EINVAL);
@@ -662,7 +986,11 @@ pub unsafe extern "C" fn mkostemps64(tmpl: *mut c_char, sfx: c_int, fl: c_int) -
         return unsafe { real::mkostemps64(tmpl, sfx, fl) };
     }
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | (fl & !libc::O_ACCMODE);
-    unsafe { mktemp_with(tmpl, sfx.max(0) as usize, |p| openat64(FDCWD, p, flags, 0o600)) }
+    unsafe {
+        mktemp_with(tmpl, sfx.max(0) as usize, |p| {
+            openat64(FDCWD, p, flags, 0o600)
+        })
+    }
 }
 
 #[no_mangle]
@@ -724,7 +1052,9 @@ fn pathconf_value(name: c_int) -> io::Result<libc::c_long> {
         libc::_PC_FILESIZEBITS => 64,
         libc::_PC_SYMLINK_MAX => 4095,
         libc::_PC_NO_TRUNC | libc::_PC_CHOWN_RESTRICTED => 1,
-        libc::_PC_REC_XFER_ALIGN | libc::_PC_ALLOC_SIZE_MIN | libc::_PC_REC_MIN_XFER_SIZE => ops::BLOCK as _,
+        libc::_PC_REC_XFER_ALIGN | libc::_PC_ALLOC_SIZE_MIN | libc::_PC_REC_MIN_XFER_SIZE => {
+            ops::BLOCK as _
+        }
         _ => return Err(err(libc::EINVAL, "pathconf: not known for Cairn")),
     })
 }
@@ -732,10 +1062,16 @@ fn pathconf_value(name: c_int) -> io::Result<libc::c_long> {
 #[no_mangle]
 pub unsafe extern "C" fn pathconf(path: *const c_char, name: c_int) -> libc::c_long {
     unsafe {
-        path_call("pathconf", FDCWD, path, |p| real::pathconf(p, name), |cp| {
-            ops::stat(cp, true)?;
-            pathconf_value(name)
-        })
+        path_call(
+            "pathconf",
+            FDCWD,
+            path,
+            |p| real::pathconf(p, name),
+            |cp| {
+                ops::stat(cp, true)?;
+                pathconf_value(name)
+            },
+        )
     }
 }
 
@@ -746,4 +1082,3 @@ pub unsafe extern "C" fn fpathconf(fd: c_int, name: c_int) -> libc::c_long {
     }
     run("fpathconf", || pathconf_value(name))
 }
-

@@ -95,7 +95,11 @@ pub unsafe extern "C" fn realpath(path: *const c_char, out: *mut c_char) -> *mut
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __realpath_chk(path: *const c_char, out: *mut c_char, _l: size_t) -> *mut c_char {
+pub unsafe extern "C" fn __realpath_chk(
+    path: *const c_char,
+    out: *mut c_char,
+    _l: size_t,
+) -> *mut c_char {
     unsafe { realpath(path, out) }
 }
 
@@ -115,7 +119,11 @@ pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
 /// open Cairn descriptors carry themselves: see `table.rs`). Programs stored on Cairn
 /// cannot be executed through this library (`EACCES`): the kernel reads them.
 #[no_mangle]
-pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     let r = unsafe { route(libc::AT_FDCWD, path) };
     if let Ok(Route::Cairn(_)) = r {
         return run("execve", || {
@@ -153,10 +161,48 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char,
 
 /// The Cairn current directory inherited through `exec`.
 pub fn cwd_from_env() {
-    let Some(v) = std::env::var_os(state::CWD_ENV) else { return };
+    let Some(v) = std::env::var_os(state::CWD_ENV) else {
+        return;
+    };
     let b = std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec();
     if crate::paths::strip_prefix(&b, state::config().prefix()).is_some() {
         state::set_cwd(Some(state::Cwd { path: b, ino: 0 }));
     }
 }
 
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// `execv`: `execve` with this process's environment (glibc's calls its own internally).
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    unsafe { execve(path, argv, environ) }
+}
+
+/// `execvp`/`execvpe`: a name with a slash is `execv`/`execve`; a bare name is searched
+/// on `PATH` by the C library (the environment carries the current directory).
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    if unsafe { cbytes(file) }.is_some_and(|f| f.contains(&b'/')) {
+        return unsafe { execve(file, argv, envp) };
+    }
+    state::publish();
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    unsafe { execvpe(file, argv, environ) }
+}
+
+/// `vfork` is `fork` here: a child sharing the parent's memory would use the parent's
+/// client, and `fork` lets the parent publish its log and share its offsets first.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    unsafe { libc::fork() }
+}

@@ -82,7 +82,10 @@ unsafe fn cookie_stream(fd: c_int, mode: *const c_char, borrowed: bool) -> *mut 
     let cookie = (fd as u32 as usize | if borrowed { BORROWED } else { 0 }) as *mut c_void;
     let f = unsafe { fopencookie(cookie, mode, io) };
     if !f.is_null() {
-        FILES.lock().get_or_insert_with(Default::default).insert(f as usize, fd);
+        FILES
+            .lock()
+            .get_or_insert_with(Default::default)
+            .insert(f as usize, fd);
     }
     f
 }
@@ -120,10 +123,17 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn freopen64(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE {
+pub unsafe extern "C" fn freopen64(
+    path: *const c_char,
+    mode: *const c_char,
+    f: *mut FILE,
+) -> *mut FILE {
     match unsafe { route(libc::AT_FDCWD, path) } {
         Ok(Route::Cairn(_)) => run("freopen", || {
-            Err(err(libc::ENOTSUP, "freopen onto a Cairn path is not supported (use fopen)"))
+            Err(err(
+                libc::ENOTSUP,
+                "freopen onto a Cairn path is not supported (use fopen)",
+            ))
         }),
         Ok(r) => {
             if let Some(m) = FILES.lock().as_mut() {
@@ -136,12 +146,19 @@ pub unsafe extern "C" fn freopen64(path: *const c_char, mode: *const c_char, f: 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn freopen(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE {
+pub unsafe extern "C" fn freopen(
+    path: *const c_char,
+    mode: *const c_char,
+    f: *mut FILE,
+) -> *mut FILE {
     unsafe { freopen64(path, mode, f) }
 }
 
 fn cookie_fd(f: *mut FILE) -> Option<c_int> {
-    FILES.lock().as_ref().and_then(|m| m.get(&(f as usize)).copied())
+    FILES
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&(f as usize)).copied())
 }
 
 #[no_mangle]

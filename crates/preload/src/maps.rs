@@ -61,7 +61,7 @@ pub fn reborn_after_fork(renew: &mut dyn FnMut(&Arc<Ofd>) -> Arc<Ofd>) {
 /// whole pages (the last one cut at `limit`, the mapping's bytes that are inside the
 /// file). `mem` is the mapping's memory, `file` the file's bytes at the same offsets.
 pub fn dirty_runs(mem: &[u8], file: &[u8], page: usize) -> Vec<(usize, usize)> {
-    let limit = mem.len().min(file.len().max(0));
+    let limit = mem.len().min(file.len());
     let mut runs: Vec<(usize, usize)> = Vec::new();
     let mut p = 0;
     while p < limit {

@@ -104,7 +104,10 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
         return Err(err(libc::EINVAL, "open: invalid access mode"));
     }
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
-        return Err(err(libc::EOPNOTSUPP, "open: O_TMPFILE is not supported on Cairn"));
+        return Err(err(
+            libc::EOPNOTSUPP,
+            "open: O_TMPFILE is not supported on Cairn",
+        ));
     }
     let path_only = flags & libc::O_PATH != 0;
     let (read, write) = if path_only {
@@ -119,7 +122,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
     let fs = fs()?;
     let at = cp.at();
     if !excl {
-        let m = if nofollow || path_only && nofollow {
+        let m = if nofollow {
             fs.symlink_metadata(at)
         } else {
             fs.metadata(at)
@@ -138,7 +141,10 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
                 return Ok(fd);
             }
             Ok(m) if m.is_symlink() && !path_only => {
-                return Err(err(libc::ELOOP, "open: the last component is a symbolic link (O_NOFOLLOW)"))
+                return Err(err(
+                    libc::ELOOP,
+                    "open: the last component is a symbolic link (O_NOFOLLOW)",
+                ))
             }
             Ok(_) if flags & libc::O_DIRECTORY != 0 => {
                 return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"))
@@ -241,7 +247,8 @@ pub fn readv(fd: c_int, o: &Ofd, bufs: &mut [&mut [u8]], off: Option<i64>) -> io
     };
     match off {
         Some(off) => {
-            let off = u64::try_from(off).map_err(|_| err(libc::EINVAL, "preadv: negative offset"))?;
+            let off =
+                u64::try_from(off).map_err(|_| err(libc::EINVAL, "preadv: negative offset"))?;
             scatter(off, bufs)
         }
         None => o.with_pos(fd, |p| {
@@ -285,7 +292,10 @@ pub fn pwrite(o: &Ofd, buf: &[u8], off: i64) -> io::Result<usize> {
 pub fn lseek(fd: c_int, o: &Ofd, off: i64, whence: c_int) -> io::Result<u64> {
     if o.dir {
         if whence != libc::SEEK_SET || off < 0 {
-            return Err(err(libc::EINVAL, "lseek: a directory seeks to a saved position only"));
+            return Err(err(
+                libc::EINVAL,
+                "lseek: a directory seeks to a saved position only",
+            ));
         }
         if off == 0 {
             *o.entries.lock() = None;
@@ -333,7 +343,10 @@ pub fn ftruncate(o: &Ofd, len: i64) -> io::Result<()> {
 /// size and `FALLOC_FL_KEEP_SIZE` does nothing; other modes are `EOPNOTSUPP`.
 pub fn fallocate(o: &Ofd, mode: c_int, off: i64, len: i64) -> io::Result<()> {
     if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
-        return Err(err(libc::EOPNOTSUPP, "fallocate: only modes 0 and FALLOC_FL_KEEP_SIZE are supported on Cairn"));
+        return Err(err(
+            libc::EOPNOTSUPP,
+            "fallocate: only modes 0 and FALLOC_FL_KEEP_SIZE are supported on Cairn",
+        ));
     }
     if off < 0 || len <= 0 {
         return Err(err(libc::EINVAL, "fallocate: bad offset or length"));
@@ -465,7 +478,10 @@ fn in_groups(g: u32) -> bool {
 pub fn chmod(cp: &CPath, mode: u32, follow: bool) -> io::Result<()> {
     let fs = fs()?;
     if !follow && fs.symlink_metadata(cp.at())?.is_symlink() {
-        return Err(err(libc::EOPNOTSUPP, "chmod: symbolic links have no mode of their own"));
+        return Err(err(
+            libc::EOPNOTSUPP,
+            "chmod: symbolic links have no mode of their own",
+        ));
     }
     fs.set_permissions(cp.at(), cairn::Permissions::from_mode(mode & 0o7777))
 }
@@ -489,7 +505,8 @@ pub fn time_arg(sec: i64, nsec: i64) -> io::Result<Option<SystemTime>> {
             let t = if sec >= 0 {
                 UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
             } else {
-                UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs()) + Duration::from_nanos(nsec as u64)
+                UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs())
+                    + Duration::from_nanos(nsec as u64)
             };
             Ok(Some(t))
         }
@@ -497,11 +514,19 @@ pub fn time_arg(sec: i64, nsec: i64) -> io::Result<Option<SystemTime>> {
     }
 }
 
-pub fn set_times(cp: &CPath, a: Option<SystemTime>, m: Option<SystemTime>, follow: bool) -> io::Result<()> {
+pub fn set_times(
+    cp: &CPath,
+    a: Option<SystemTime>,
+    m: Option<SystemTime>,
+    follow: bool,
+) -> io::Result<()> {
     let fs = fs()?;
     if !follow && fs.symlink_metadata(cp.at())?.is_symlink() {
         // LibFS sets the times of what a path names after following links.
-        return Err(err(libc::EOPNOTSUPP, "utimensat: times of a symbolic link itself are not supported on Cairn"));
+        return Err(err(
+            libc::EOPNOTSUPP,
+            "utimensat: times of a symbolic link itself are not supported on Cairn",
+        ));
     }
     if a.is_none() && m.is_none() {
         return fs.metadata(cp.at()).map(drop);
@@ -512,7 +537,10 @@ pub fn set_times(cp: &CPath, a: Option<SystemTime>, m: Option<SystemTime>, follo
 pub fn truncate(cp: &CPath, len: i64) -> io::Result<()> {
     let len = u64::try_from(len).map_err(|_| err(libc::EINVAL, "truncate: negative length"))?;
     let fs = fs()?;
-    cairn::OpenOptions::new().write(true).open(&fs, cp.at())?.set_len(len)
+    cairn::OpenOptions::new()
+        .write(true)
+        .open(&fs, cp.at())?
+        .set_len(len)
 }
 
 /// `statfs` numbers: (total blocks, free blocks, total inodes, free inodes).
@@ -559,7 +587,10 @@ pub fn mkdir(cp: &CPath, mode: u32) -> io::Result<()> {
 pub fn mknod(cp: &CPath, mode: u32) -> io::Result<()> {
     let kind = mode & libc::S_IFMT;
     if kind != 0 && kind != libc::S_IFREG {
-        return Err(err(libc::EPERM, "mknod: Cairn stores regular files, directories and symbolic links only"));
+        return Err(err(
+            libc::EPERM,
+            "mknod: Cairn stores regular files, directories and symbolic links only",
+        ));
     }
     let fs = fs()?;
     cairn::OpenOptions::new()
@@ -779,15 +810,24 @@ mod tests {
         assert_eq!(split_ns(-1), (-1, 999_999_999));
         assert!(time_arg(0, libc::UTIME_OMIT).unwrap().is_none());
         assert!(time_arg(0, 1_000_000_000).is_err());
-        assert_eq!(time_arg(5, 7).unwrap().unwrap(), UNIX_EPOCH + Duration::new(5, 7));
-        assert_eq!(time_arg(-2, 500).unwrap().unwrap(), UNIX_EPOCH - Duration::new(1, 999_999_500));
+        assert_eq!(
+            time_arg(5, 7).unwrap().unwrap(),
+            UNIX_EPOCH + Duration::new(5, 7)
+        );
+        assert_eq!(
+            time_arg(-2, 500).unwrap().unwrap(),
+            UNIX_EPOCH - Duration::new(1, 999_999_500)
+        );
     }
 
     #[test]
     fn modes() {
         assert_eq!(mode_flags(b"r").unwrap(), libc::O_RDONLY);
         assert_eq!(mode_flags(b"rb+").unwrap(), libc::O_RDWR);
-        assert_eq!(mode_flags(b"w").unwrap(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC);
+        assert_eq!(
+            mode_flags(b"w").unwrap(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC
+        );
         assert_eq!(
             mode_flags(b"a+e").unwrap(),
             libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC

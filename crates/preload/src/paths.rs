@@ -8,7 +8,8 @@
 
 /// The components of an absolute or relative path, without empty and `.` ones.
 fn comps(p: &[u8]) -> impl Iterator<Item = &[u8]> {
-    p.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".")
+    p.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
 }
 
 /// Write `p` in canonical prefix form into `out` (absolute, no trailing slash, not `/`
@@ -44,9 +45,7 @@ pub fn strip_prefix<'a>(path: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
         loop {
             let t = rest.iter().position(|&b| b != b'/').unwrap_or(rest.len());
             rest = &rest[t..];
-            if rest.starts_with(b"./") {
-                rest = &rest[1..];
-            } else if rest == b"." {
+            if rest.starts_with(b"./") || rest == b"." {
                 rest = &rest[1..];
             } else {
                 break;

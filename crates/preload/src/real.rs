@@ -173,6 +173,7 @@ next_fns! {
     fn fileno_unlocked(f: *mut FILE) -> c_int;
     fn msync(addr: *mut c_void, n: size_t, fl: c_int) -> c_int;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn umask(mask: mode_t) -> mode_t;
     fn copy_file_range(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t;
     fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t;

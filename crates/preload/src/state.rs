@@ -66,6 +66,8 @@ pub fn config() -> &'static Config {
 
 /// The LibFS client, opened on first use (and again in a child after `fork`).
 static FS: Mutex<Option<Arc<Fs>>> = Mutex::new(None);
+/// The process that opened `FS`.
+static FS_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 pub fn fs() -> io::Result<Arc<Fs>> {
     if let Some(f) = FS.lock().as_ref() {
@@ -78,13 +80,20 @@ pub fn fs() -> io::Result<Arc<Fs>> {
              `..`, of at most 255 bytes; using {DEFAULT_PREFIX}"
         );
     }
-    let store = std::env::var_os("CAIRN_STORE").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let store = std::env::var_os("CAIRN_STORE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
     let f = Arc::new(Fs::open_store(store.as_deref()).map_err(|e| {
         eprintln!("cairn-preload: cannot use the Cairn store: {e}");
         e
     })?);
     f.set_umask(current_umask());
     let mut g = FS.lock();
+    // SAFETY: getpid cannot fail.
+    FS_PID.store(
+        unsafe { libc::getpid() } as u32,
+        std::sync::atomic::Ordering::Release,
+    );
     Ok(g.get_or_insert(f).clone())
 }
 
@@ -181,6 +190,12 @@ pub fn err(n: i32, msg: impl Into<String>) -> io::Error {
 /// descriptor) and find nothing. After the digest the daemon knows this client holds
 /// them and revokes as usual.
 pub fn publish() {
+    // Not in a child sharing the parent's memory (`vfork`, `posix_spawn`): the client
+    // is the parent's, and the parent published before the `fork` if it could.
+    // SAFETY: getpid cannot fail.
+    if FS_PID.load(std::sync::atomic::Ordering::Acquire) != unsafe { libc::getpid() } as u32 {
+        return;
+    }
     let f = FS.lock().clone();
     if let Some(f) = f {
         if let Err(e) = f.digest() {

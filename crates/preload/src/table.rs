@@ -63,7 +63,14 @@ impl Ofd {
         Ofd::blank(ino, false, false, false, false, None)
     }
 
-    fn blank(ino: u64, dir: bool, read: bool, write: bool, append: bool, path: Option<Vec<u8>>) -> Ofd {
+    fn blank(
+        ino: u64,
+        dir: bool,
+        read: bool,
+        write: bool,
+        append: bool,
+        path: Option<Vec<u8>>,
+    ) -> Ofd {
         Ofd {
             ino,
             dir,
@@ -115,7 +122,11 @@ impl Ofd {
 
     /// Run `f` with the position (read from descriptor `fd` when shared); `f` returns
     /// the new position.
-    pub fn with_pos<R>(&self, fd: c_int, f: impl FnOnce(u64) -> io::Result<(R, u64)>) -> io::Result<R> {
+    pub fn with_pos<R>(
+        &self,
+        fd: c_int,
+        f: impl FnOnce(u64) -> io::Result<(R, u64)>,
+    ) -> io::Result<R> {
         let mut pos = self.pos.lock();
         if self.shared.load(Ordering::Acquire) {
             let cur = kernel_pos(fd, 0, libc::SEEK_CUR)?;
@@ -160,7 +171,9 @@ static TABLE: Mutex<Vec<Option<Arc<Ofd>>>> = Mutex::new(Vec::new());
 /// Whether `fd` is a Cairn descriptor: one atomic load, the cost every other call pays.
 #[inline]
 pub fn is_cairn(fd: c_int) -> bool {
-    let Ok(i) = usize::try_from(fd) else { return false };
+    let Ok(i) = usize::try_from(fd) else {
+        return false;
+    };
     i < MAX_FD && BITS[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
 }
 
@@ -228,7 +241,13 @@ pub fn posix_locked(ino: u64) -> bool {
 }
 
 /// A new placeholder descriptor for inode `ino`.
-pub fn placeholder(ino: u64, read: bool, write: bool, dir: bool, cloexec: bool) -> io::Result<c_int> {
+pub fn placeholder(
+    ino: u64,
+    read: bool,
+    write: bool,
+    dir: bool,
+    cloexec: bool,
+) -> io::Result<c_int> {
     let acc = match (dir, read, write) {
         (true, _, _) => "dir",
         (_, true, true) => "rw",
@@ -240,11 +259,12 @@ pub fn placeholder(ino: u64, read: bool, write: bool, dir: bool, cloexec: bool) 
     // SAFETY: plain descriptor calls; `name` and `proc` are NUL-terminated and live
     // across the calls.
     unsafe {
-        let m = real::memfd_create(name.as_ptr(), (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) as u32);
+        let m = real::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
         if m < 0 {
             return Err(io::Error::last_os_error());
         }
-        let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+        let seals =
+            libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
         real::fcntl64(m, libc::F_ADD_SEALS, seals as usize);
         let proc = CString::new(format!("/proc/self/fd/{m}")).expect("no NUL");
         let fd = real::open64(proc.as_ptr(), libc::O_WRONLY | cx, 0);
@@ -255,7 +275,10 @@ pub fn placeholder(ino: u64, read: bool, write: bool, dir: bool, cloexec: bool) 
         }
         if fd as usize >= MAX_FD {
             real::close(fd);
-            return Err(err(libc::EMFILE, "descriptor number too large for a Cairn file"));
+            return Err(err(
+                libc::EMFILE,
+                "descriptor number too large for a Cairn file",
+            ));
         }
         Ok(fd)
     }
@@ -279,12 +302,16 @@ pub fn parse_placeholder(link: &[u8]) -> Option<(u64, bool, bool, bool)> {
 
 /// At start-up: adopt the placeholders inherited through `exec`.
 pub fn adopt_inherited() {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<c_int>().ok()) else {
             continue;
         };
-        let Ok(link) = std::fs::read_link(e.path()) else { continue };
+        let Ok(link) = std::fs::read_link(e.path()) else {
+            continue;
+        };
         let Some((ino, read, write, dir)) =
             parse_placeholder(std::os::unix::ffi::OsStrExt::as_bytes(link.as_os_str()))
         else {
@@ -298,7 +325,14 @@ pub fn adopt_inherited() {
         let o = if dir {
             Ofd::new_dir(ino, None)
         } else {
-            Ofd::blank(ino, false, read, write, fl >= 0 && fl & libc::O_APPEND != 0, None)
+            Ofd::blank(
+                ino,
+                false,
+                read,
+                write,
+                fl >= 0 && fl & libc::O_APPEND != 0,
+                None,
+            )
         };
         o.shared.store(true, Ordering::Relaxed);
         insert(fd, Arc::new(o));
@@ -357,9 +391,18 @@ mod tests {
 
     #[test]
     fn placeholder_names() {
-        assert_eq!(parse_placeholder(b"/memfd:cairn:42:rw (deleted)"), Some((42, true, true, false)));
-        assert_eq!(parse_placeholder(b"/memfd:cairn:7:r"), Some((7, true, false, false)));
-        assert_eq!(parse_placeholder(b"/memfd:cairn:7:dir (deleted)"), Some((7, true, false, true)));
+        assert_eq!(
+            parse_placeholder(b"/memfd:cairn:42:rw (deleted)"),
+            Some((42, true, true, false))
+        );
+        assert_eq!(
+            parse_placeholder(b"/memfd:cairn:7:r"),
+            Some((7, true, false, false))
+        );
+        assert_eq!(
+            parse_placeholder(b"/memfd:cairn:7:dir (deleted)"),
+            Some((7, true, false, true))
+        );
         assert_eq!(parse_placeholder(b"/memfd:cairn:x:r"), None);
         assert_eq!(parse_placeholder(b"/memfd:other:1:r"), None);
         assert_eq!(parse_placeholder(b"/tmp/cairn:1:r"), None);

@@ -19,7 +19,10 @@ pub fn library() -> CliResult<PathBuf> {
         if p.is_file() {
             return Ok(p);
         }
-        return Err(CliError::new(format!("CAIRN_PRELOAD={}: no such file", p.display())));
+        return Err(CliError::new(format!(
+            "CAIRN_PRELOAD={}: no such file",
+            p.display()
+        )));
     }
     let exe = std::env::current_exe()
         .map_err(|e| CliError::new(format!("cannot find the cairn executable: {e}")))?;
@@ -81,7 +84,9 @@ pub fn check_prefix(prefix: &Path) -> CliResult {
 pub fn run(store: Option<&Path>, prefix: &Path, cmd: &[OsString]) -> CliResult {
     check_prefix(prefix)?;
     let Some((prog, args)) = cmd.split_first() else {
-        return Err(CliError::new("run: no command given (cairn run -- CMD [ARGS...])"));
+        return Err(CliError::new(
+            "run: no command given (cairn run -- CMD [ARGS...])",
+        ));
     };
     // Opening a client starts the daemon (and creates the default store) if needed.
     let fs = super::open_fs(store)?;

@@ -1,0 +1,551 @@
+//! The LD_PRELOAD library (`cairn run`): real programs on the store through
+//! `libcairn_preload.so`, descriptor semantics (placeholders, dup, fork, exec,
+//! `O_CLOEXEC`), `mmap`, stdio, directory streams, locks, and kills mid-work.
+//! Needs sqlite3, git, tar, python3, db_bench, redis and fio (scripts/setup.sh).
+
+use cairn_tests::harness::{cairn_bin, daemon_pid, kill9};
+use cairn_tests::TestStore;
+use std::io::BufRead;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `cairn run -- sh -c script` on `store`: the command.
+fn run_cmd(store: &TestStore, script: &str) -> Command {
+    let mut c = Command::new(cairn_bin());
+    c.arg("--store")
+        .arg(store.path())
+        .args(["run", "--", "sh", "-c", script]);
+    c
+}
+
+/// Run `script` through the shim; its stdout. Fails the test with stderr on failure.
+fn sh(store: &TestStore, script: &str) -> String {
+    let out = run_cmd(store, script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{script}` failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Run a Python program through the shim; its stdout.
+fn python(store: &TestStore, code: &str) -> String {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), code).unwrap();
+    sh(store, &format!("python3 {}", file.path().display()))
+}
+
+#[test]
+fn programs_through_the_shim_and_one_file_system_with_the_api() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.write("/from-api", b"written by the API").unwrap();
+    assert_eq!(sh(&store, "cat /cairn/from-api"), "written by the API");
+    sh(&store, "printf 'through the shim' > /cairn/from-shim");
+    assert_eq!(fs.read("/from-shim").unwrap(), b"through the shim");
+
+    // SQLite: 10,000 inserts with synchronous=FULL, integrity check, reopen and count.
+    let mut sql = String::from(
+        "PRAGMA synchronous=FULL; PRAGMA journal_mode=DELETE; \
+         CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT);\n",
+    );
+    for i in 0..10_000 {
+        sql.push_str(&format!("INSERT INTO t VALUES({i}, 'row {i}');\n"));
+    }
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), &sql).unwrap();
+    sh(
+        &store,
+        &format!("sqlite3 /cairn/db.sqlite < {}", script.path().display()),
+    );
+    assert_eq!(
+        sh(
+            &store,
+            "sqlite3 /cairn/db.sqlite 'PRAGMA integrity_check; SELECT count(*) FROM t;'"
+        ),
+        "ok\n10000\n"
+    );
+
+    // git: init, add, commit, log, fsck, in a Cairn current directory.
+    sh(
+        &store,
+        "cd /cairn && git init -q repo && cd repo && printf 'a\\n' > a && mkdir -p s \
+         && printf 'b\\n' > s/b && git add -A \
+         && git -c user.email=t@e -c user.name=t commit -qm first \
+         && printf 'c\\n' >> a && git -c user.email=t@e -c user.name=t commit -qam second \
+         && git fsck --strict 2>&1",
+    );
+    assert_eq!(
+        sh(&store, "cd /cairn/repo && git log --format=%s"),
+        "second\nfirst\n"
+    );
+
+    // tar: create from the host, extract on Cairn, compare checksums.
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..50 {
+        let d = src.path().join(format!("d{}", i % 5));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}")), vec![i as u8; i * 997]).unwrap();
+    }
+    std::os::unix::fs::symlink("d0/f0", src.path().join("link")).unwrap();
+    sh(
+        &store,
+        &format!(
+            "mkdir /cairn/x && tar cf - -C {} . | tar xf - -C /cairn/x",
+            src.path().display()
+        ),
+    );
+    let sums = "find . -type f -exec sha256sum {} + | sort";
+    let host = Command::new("sh")
+        .args(["-c", sums])
+        .current_dir(src.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        sh(&store, &format!("cd /cairn/x && {sums}")),
+        String::from_utf8_lossy(&host.stdout)
+    );
+    assert_eq!(sh(&store, "readlink /cairn/x/link"), "d0/f0\n");
+    // ... and back out with tar, read by the host.
+    let back = tempfile::tempdir().unwrap();
+    sh(
+        &store,
+        &format!(
+            "tar cf - -C /cairn/x . | tar xf - -C {}",
+            back.path().display()
+        ),
+    );
+    let back_sums = Command::new("sh")
+        .args(["-c", sums])
+        .current_dir(back.path())
+        .output()
+        .unwrap();
+    assert_eq!(back_sums.stdout, host.stdout);
+
+    // Python: files, directories, os.replace, a listing, walk, realpath, getcwd.
+    let out = python(
+        &store,
+        "import os
+os.makedirs('/cairn/py/a/b', exist_ok=True)
+os.chdir('/cairn/py')
+with open('a/tmp', 'w') as f:
+    f.write('v1')
+os.replace('a/tmp', 'a/final')
+with open('a/final', 'a') as f:
+    f.write('+v2')
+os.rmdir('a/b')
+os.symlink('a/final', 'ln')
+print(open('ln').read(), sorted(os.listdir('a')), os.stat('a/final').st_size)
+print(os.getcwd(), os.path.realpath('ln'), [sorted(f) for _, _, f in os.walk('/cairn/py')])
+",
+    );
+    assert_eq!(
+        out,
+        "v1+v2 ['final'] 5\n/cairn/py /cairn/py/a/final [['ln'], ['final']]\n"
+    );
+    assert_eq!(fs.read("/py/a/final").unwrap(), b"v1+v2");
+    assert!(fs.metadata("/db.sqlite").unwrap().len() > 100_000);
+    assert!(fs.metadata("/repo/.git/HEAD").unwrap().is_file());
+}
+
+#[test]
+fn descriptors_fork_exec_mmap_stdio_and_directories() {
+    let store = TestStore::new();
+    let out = python(
+        &store,
+        r#"import os, select, subprocess, mmap, errno
+d = '/cairn/t'
+os.mkdir(d)
+fd = os.open(d + '/f', os.O_RDWR | os.O_CREAT, 0o644)
+# A real descriptor number: select and poll see it ready.
+r, w, _ = select.select([fd], [fd], [], 0)
+assert w == [fd], w
+p = select.poll(); p.register(fd, select.POLLOUT); assert p.poll(0)
+os.write(fd, b'hello')
+# dup shares the description and its offset.
+fd2 = os.dup(fd)
+os.write(fd2, b' world')
+assert os.lseek(fd, 0, os.SEEK_CUR) == 11
+os.close(fd2)
+# fork: the child writes through the inherited descriptor; the offset is shared.
+pid = os.fork()
+if pid == 0:
+    os.write(fd, b'!child')
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+assert os.lseek(fd, 0, os.SEEK_CUR) == 17, os.lseek(fd, 0, os.SEEK_CUR)
+os.lseek(fd, 0, 0)
+assert os.read(fd, 100) == b'hello world!child'
+# exec: a descriptor without O_CLOEXEC stays usable in the new program.
+os.set_inheritable(fd, True)
+subprocess.run(['sh', '-c', 'echo exec >&%d' % fd], pass_fds=[fd], check=True)
+os.lseek(fd, 0, 0)
+assert os.read(fd, 100) == b'hello world!childexec\n'
+# ... and one with O_CLOEXEC is closed by exec.
+cfd = os.open(d + '/f', os.O_RDONLY | os.O_CLOEXEC)
+r = subprocess.run(['sh', '-c', 'cat <&%d' % cfd], close_fds=False, stderr=subprocess.DEVNULL)
+assert r.returncode != 0
+# Files created just before a fork are there for the child.
+pid = os.fork()
+if pid == 0:
+    g = os.open(d + '/new', os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(g, b'from the child')
+    os._exit(0)
+os.waitpid(pid, 0)
+assert open(d + '/new').read() == 'from the child'
+# mmap: a shared mapping's changes reach the file at flush and at unmap.
+with open(d + '/m', 'wb') as f:
+    f.write(b'a' * 10000)
+with open(d + '/m', 'r+b') as f:
+    m = mmap.mmap(f.fileno(), 10000)
+    assert m[9999:] == b'a'
+    m[0:5] = b'HELLO'
+    m.flush()
+    assert os.pread(f.fileno(), 5, 0) == b'HELLO'
+    m[8192:8197] = b'TAIL!'
+    m.close()
+assert open(d + '/m', 'rb').read()[8192:8197] == b'TAIL!'
+# A private mapping's changes do not.
+with open(d + '/m', 'r+b') as f:
+    m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE)
+    m[0:5] = b'-----'
+    m.close()
+assert open(d + '/m', 'rb').read(5) == b'HELLO'
+# Directories: listing, scandir types, getdents through fd, rename, unlink, errors.
+os.mkdir(d + '/sub')
+names = sorted(e.name + ('/' if e.is_dir() else '') for e in os.scandir(d))
+assert names == ['f', 'm', 'new', 'sub/'], names
+dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+assert sorted(os.listdir(dfd)) == ['f', 'm', 'new', 'sub']
+os.rename('new', 'renamed', src_dir_fd=dfd, dst_dir_fd=dfd)
+assert os.stat('renamed', dir_fd=dfd).st_size == 14
+os.unlink('renamed', dir_fd=dfd)
+try:
+    os.rmdir(d)
+except OSError as e:
+    assert e.errno == errno.ENOTEMPTY
+try:
+    os.open(d + '/missing', os.O_RDONLY)
+except OSError as e:
+    assert e.errno == errno.ENOENT
+try:
+    os.link(d + '/f', '/tmp/cairn-cross-link-test')
+except OSError as e:
+    assert e.errno == errno.EXDEV
+st = os.stat(d + '/f')
+assert st.st_size == 22 and st.st_nlink == 1 and oct(st.st_mode) == '0o100644', st
+os.truncate(d + '/f', 5)
+assert open(d + '/f').read() == 'hello'
+os.utime(d + '/f', (1000, 2000))
+assert os.stat(d + '/f').st_mtime == 2000
+os.chmod(d + '/f', 0o600)
+assert os.stat(d + '/f').st_mode & 0o777 == 0o600
+print('ok')
+"#,
+    );
+    assert_eq!(out, "ok\n");
+
+    // Shell redirections and stdio: builtins and external programs, both directions.
+    let out = sh(
+        &store,
+        "cd /cairn/t && echo one > s && echo two >> s && cat s && sort -r < s \
+         && ls / > /dev/null && ls /cairn/t > listing && cat listing \
+         && bash -c 'echo builtin > b; printf \"%s\\n\" more >> b' && cat b \
+         && awk '{ print toupper($0) > \"/cairn/t/awk\" }' s && cat awk",
+    );
+    assert_eq!(
+        out,
+        "one\ntwo\ntwo\none\nf\nlisting\nm\ns\nsub\nbuiltin\nmore\nONE\nTWO\n"
+    );
+    let fs = store.fs();
+    assert_eq!(fs.read("/t/b").unwrap(), b"builtin\nmore\n");
+}
+
+#[test]
+fn locks_through_the_shim_are_the_stores() {
+    let store = TestStore::new();
+    store.fs().write("/lockfile", b"x").unwrap();
+    // A process holds a POSIX lock; another (through the shim) and an API client see it.
+    let mut holder = run_cmd(
+        &store,
+        "python3 -c \"
+import fcntl, sys
+f = open('/cairn/lockfile', 'r+')
+fcntl.lockf(f, fcntl.LOCK_EX)
+print('locked', flush=True)
+sys.stdin.readline()
+\"",
+    );
+    let mut holder = holder
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let probe = "python3 -c \"
+import fcntl
+f = open('/cairn/lockfile', 'r+')
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print('got it')
+except OSError:
+    print('busy')
+\"";
+    assert_eq!(sh(&store, probe), "busy\n");
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&store.fs(), "/lockfile")
+        .unwrap();
+    let err = f
+        .lock(cairn::LockKind::Posix, cairn::LockType::Write, 0, 0, false)
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(sh(&store, probe), "got it\n");
+    // flock: exclusive between two shim processes.
+    assert_eq!(
+        sh(
+            &store,
+            "python3 -c \"
+import fcntl, os
+a = open('/cairn/lockfile'); fcntl.flock(a, fcntl.LOCK_EX)
+pid = os.fork()
+if pid == 0:
+    b = open('/cairn/lockfile')
+    try:
+        fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB); os._exit(1)
+    except OSError:
+        os._exit(0)
+print(os.waitpid(pid, 0)[1])
+\""
+        ),
+        "0\n"
+    );
+}
+
+#[test]
+fn rocksdb_redis_and_fio_through_the_shim() {
+    let store = TestStore::new();
+    let out = sh(
+        &store,
+        "db_bench --benchmarks=fillrandom,fillseq,readrandom --num=2000 --sync=1 \
+         --value_size=100 --threads=1 --db=/cairn/rdb 2>&1",
+    );
+    let rr = out
+        .lines()
+        .find(|l| l.starts_with("readrandom"))
+        .unwrap_or_else(|| panic!("no readrandom line: {out}"));
+    assert!(rr.contains("(2000 of 2000 found)"), "{rr}");
+
+    // Redis with appendfsync always: SETs, a restart, the keys are still there.
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock = sock_dir.path().join("r.sock");
+    sh(&store, "mkdir /cairn/redis");
+    let start = || {
+        let c = run_cmd(
+            &store,
+            &format!(
+                "exec redis-server --port 0 --unixsocket {} --dir /cairn/redis \
+                 --appendonly yes --appendfsync always --save ''",
+                sock.display()
+            ),
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sock.exists() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c
+    };
+    let cli = |args: &str| {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("redis-cli -s {} {args}", sock.display()))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut server = start();
+    let bench = Command::new("redis-benchmark")
+        .arg("-s")
+        .arg(&sock)
+        .args(["-t", "set", "-n", "2000", "-r", "1000", "-q"])
+        .output()
+        .unwrap();
+    assert!(bench.status.success());
+    for i in 0..100 {
+        cli(&format!("set key{i} value{i}"));
+    }
+    cli("shutdown nosave");
+    server.wait().unwrap();
+    let _ = std::fs::remove_file(&sock);
+    let mut server = start();
+    assert_eq!(cli("get key42").trim(), "value42");
+    assert_eq!(cli("get key99").trim(), "value99");
+    cli("shutdown nosave");
+    server.wait().unwrap();
+
+    // fio: random 4 KiB writes with an fsync after each, then verification.
+    sh(
+        &store,
+        "mkdir /cairn/fio && fio --name=rw --directory=/cairn/fio --rw=randwrite --bs=4k \
+         --size=4m --ioengine=psync --fsync=1 --verify=crc32c --do_verify=1 \
+         --verify_fatal=1 --output=/dev/null",
+    );
+}
+
+/// Pids of the processes running `python3` with `marker` in their command line.
+fn pids_of(marker: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(marker) && cmd.starts_with(b"python3") {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn killed_programs_and_a_killed_daemon_lose_nothing_committed() {
+    let store = TestStore::new();
+    // SQLite killed with SIGKILL in the middle of committing transactions.
+    sh(
+        &store,
+        "sqlite3 /cairn/db 'PRAGMA journal_mode=DELETE; CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT)'",
+    );
+    let mut sql = String::from("PRAGMA synchronous=FULL;\n");
+    for i in 0..400_000 {
+        sql.push_str(&format!("INSERT INTO t VALUES({i}, 'row {i}');\n"));
+    }
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), &sql).unwrap();
+    let mut child = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .args(["run", "--", "sqlite3", "/cairn/db"])
+        .stdin(std::fs::File::open(script.path()).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = sh(
+        &store,
+        "sqlite3 /cairn/db 'PRAGMA integrity_check; SELECT count(*) FROM t;'",
+    );
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("ok"), "{out}");
+    let rows: u64 = lines.next().unwrap().parse().unwrap();
+    assert!(rows > 0 && rows < 400_000, "killed mid-way: {rows} rows");
+
+    // An appender that syncs each record and reports it; the daemon is killed twice
+    // under it (LibFS restarts it), then the appender itself. Every reported record is
+    // in the store, whole and in order.
+    let marker = format!("appender-{}", std::process::id());
+    let mut writer = run_cmd(
+        &store,
+        &format!(
+            "exec python3 -c \"
+import os, sys, time
+fd = os.open('/cairn/log', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+n = 0
+while n < 100000:
+    os.write(fd, b'%08d' % n + b'x' * 56)
+    os.fsync(fd)
+    print(n, flush=True)
+    n += 1
+    time.sleep(0.00005)
+\" {marker}"
+        ),
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let stdout = writer.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut last = None;
+        for l in std::io::BufReader::new(stdout).lines() {
+            match l {
+                Ok(l) => last = l.trim().parse::<usize>().ok(),
+                Err(_) => break,
+            }
+        }
+        last
+    });
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(700));
+        if let Some(pid) = daemon_pid(store.path()) {
+            kill9(pid);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    for pid in pids_of(&marker) {
+        kill9(pid);
+    }
+    let _ = writer.wait();
+    let acked = reader
+        .join()
+        .unwrap()
+        .expect("the appender acknowledged nothing");
+    let log = store.fs().read("/log").unwrap();
+    assert!(
+        log.len() >= (acked + 1) * 64,
+        "{} bytes for {} records",
+        log.len(),
+        acked + 1
+    );
+    for (i, r) in log.chunks(64).enumerate() {
+        assert_eq!(r.len(), 64, "a torn record at {i}");
+        assert_eq!(&r[..8], format!("{i:08}").as_bytes(), "record {i}");
+    }
+}
+
+#[test]
+fn run_reports_what_is_wrong() {
+    let store = TestStore::new();
+    let out = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .args(["run", "--prefix", "relative", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--prefix"));
+    let out = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .args(["run", "--", "/no/such/program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    // Executing a program stored on Cairn is refused with a message.
+    store.fs().write("/prog", b"#!/bin/sh\necho hi\n").unwrap();
+    let out = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .args(["run", "--", "python3", "-c"])
+        .arg("import os\ntry:\n    os.execv('/cairn/prog', ['prog'])\nexcept OSError as e:\n    print(e.errno)")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        libc::EACCES.to_string()
+    );
+}
