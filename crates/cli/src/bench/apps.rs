@@ -1,15 +1,16 @@
 //! `cairn bench apps`: real applications on Cairn and on what a user would use instead,
 //! in one run: SQLite inserts per second (`synchronous=FULL`, one transaction per
 //! insert), RocksDB `db_bench fillsync` µs per operation, Redis `SET`s per second with
-//! `appendonly yes` and `appendfsync always`. Systems: Cairn through the FUSE mount
+//! `appendonly yes` and `appendfsync always`. Systems: Cairn through the `LD_PRELOAD`
+//! library (`cairn-shim`, as `cairn run` starts programs), Cairn through the FUSE mount
 //! (`cairn-fuse`), the host file system holding the store, and tmpfs (not durable).
-//! Cairn through the `LD_PRELOAD` shim is not built yet.
 
 use super::hostfs;
 use super::latency::host_system_name;
 use crate::error::{CliError, CliResult};
 use clap::Args;
 use serde::Serialize;
+use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,6 +52,41 @@ fn progress(msg: std::fmt::Arguments) {
     let _ = std::io::stderr().write_fmt(msg);
 }
 
+/// Where a run happens: a directory, and the environment its programs get (the shim's
+/// for `cairn-shim`, whose directory exists only through it).
+struct System {
+    name: String,
+    dir: PathBuf,
+    env: Vec<(&'static str, OsString)>,
+    /// The store holds `dir` (below the prefix): made and removed through the API.
+    in_store: Option<(cairn::Fs, PathBuf)>,
+}
+
+impl System {
+    fn cmd(&self, prog: &str) -> Command {
+        let mut c = Command::new(prog);
+        c.envs(self.env.iter().cloned());
+        c
+    }
+
+    fn mkdir(&self, sub: &str) -> CliResult<PathBuf> {
+        let d = self.dir.join(sub);
+        match &self.in_store {
+            Some((fs, inner)) => fs.create_dir_all(inner.join(sub))?,
+            None => std::fs::create_dir_all(&d)?,
+        }
+        Ok(d)
+    }
+
+    fn remove(&self) -> CliResult {
+        match &self.in_store {
+            Some((fs, inner)) => fs.remove_dir_all(inner)?,
+            None => std::fs::remove_dir_all(&self.dir)?,
+        }
+        Ok(())
+    }
+}
+
 fn run_ok(cmd: &mut Command, what: &str) -> CliResult<String> {
     let out = cmd
         .output()
@@ -65,10 +101,10 @@ fn run_ok(cmd: &mut Command, what: &str) -> CliResult<String> {
 }
 
 /// SQLite: `n` single-insert transactions with `synchronous=FULL`; inserts per second.
-fn sqlite(dir: &Path, n: u64) -> CliResult<f64> {
-    let db = dir.join("bench.sqlite");
+fn sqlite(sys: &System, n: u64) -> CliResult<f64> {
+    let db = sys.dir.join("bench.sqlite");
     run_ok(
-        Command::new("sqlite3")
+        sys.cmd("sqlite3")
             .arg(&db)
             .arg("PRAGMA journal_mode=DELETE; CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT);"),
         "sqlite3",
@@ -77,7 +113,8 @@ fn sqlite(dir: &Path, n: u64) -> CliResult<f64> {
     for i in 0..n {
         sql.push_str(&format!("INSERT INTO t VALUES({i}, 'value {i}');\n"));
     }
-    let mut child = Command::new("sqlite3")
+    let mut child = sys
+        .cmd("sqlite3")
         .arg(&db)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -99,7 +136,7 @@ fn sqlite(dir: &Path, n: u64) -> CliResult<f64> {
         )));
     }
     let check = run_ok(
-        Command::new("sqlite3")
+        sys.cmd("sqlite3")
             .arg(&db)
             .arg("PRAGMA integrity_check; SELECT count(*) FROM t;"),
         "sqlite3",
@@ -113,11 +150,11 @@ fn sqlite(dir: &Path, n: u64) -> CliResult<f64> {
 }
 
 /// RocksDB: `db_bench fillsync` with `ops` synced writes; µs per operation.
-fn rocksdb(dir: &Path, ops: u64) -> CliResult<f64> {
+fn rocksdb(sys: &System, ops: u64) -> CliResult<f64> {
     let out = run_ok(
-        Command::new("db_bench")
+        sys.cmd("db_bench")
             .arg("--benchmarks=fillsync")
-            .arg(format!("--db={}", dir.join("rocksdb").display()))
+            .arg(format!("--db={}", sys.dir.join("rocksdb").display()))
             // fillsync writes num/1000 values, each synced.
             .arg(format!("--num={}", ops * 1000))
             .args(["--value_size=100", "--threads=1", "--sync=1"]),
@@ -132,13 +169,13 @@ fn rocksdb(dir: &Path, ops: u64) -> CliResult<f64> {
 }
 
 /// Redis: `n` SETs (`redis-benchmark`, one client) with `appendfsync always`; per second.
-fn redis(dir: &Path, n: u64) -> CliResult<f64> {
-    let rd = dir.join("redis");
-    std::fs::create_dir_all(&rd)?;
+fn redis(sys: &System, n: u64) -> CliResult<f64> {
+    let rd = sys.mkdir("redis")?;
     // The socket lives on the host (a FUSE file system holds no sockets).
     let sock_dir = tempfile_dir("cairn-bench-redis")?;
     let sock = sock_dir.join("redis.sock");
-    let mut server = Command::new("redis-server")
+    let mut server = sys
+        .cmd("redis-server")
         .args(["--port", "0", "--unixsocket"])
         .arg(&sock)
         .arg("--dir")
@@ -207,54 +244,68 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
     let host_fs = hostfs::fs_type(&host_dir)?;
     let host_name = host_system_name(&host_fs);
     let pid = std::process::id();
+    // The shim: programs see the store's root at PREFIX.
+    let prefix = Path::new("/cairn");
+    let shim_env = crate::commands::run::environment(&store_dir, prefix)?;
+    let shim_inner = PathBuf::from(format!("/bench-apps-{pid}"));
     // The mount, on a fresh mount point.
     let mp = tempfile_dir("cairn-bench-mnt")?;
     crate::commands::mount::mount(Some(&store_dir), &mp, false, 0.0, true)?;
-    let fuse_work = mp.join(format!("bench-apps-{pid}"));
-    let host_work = host_dir.join(format!(".cairn-bench-apps-{pid}"));
-    let shm_work = Path::new("/dev/shm").join(format!("cairn-bench-apps-{pid}"));
-    let systems: [(&str, &Path); 3] = [
-        ("cairn-fuse", &fuse_work),
-        (&host_name, &host_work),
-        ("tmpfs", &shm_work),
+    let plain = |name: &str, dir: PathBuf| System {
+        name: name.to_string(),
+        dir,
+        env: Vec::new(),
+        in_store: None,
+    };
+    let systems = [
+        System {
+            name: "cairn-shim".into(),
+            dir: prefix.join(shim_inner.strip_prefix("/").expect("absolute")),
+            env: shim_env,
+            in_store: Some((crate::commands::open_fs(Some(&store_dir))?, shim_inner)),
+        },
+        plain("cairn-fuse", mp.join(format!("bench-apps-{pid}"))),
+        plain(&host_name, host_dir.join(format!(".cairn-bench-apps-{pid}"))),
+        plain("tmpfs", Path::new("/dev/shm").join(format!("cairn-bench-apps-{pid}"))),
     ];
     let s = args.scale;
     let mut results = Vec::new();
     let r = (|| -> CliResult {
-        for (name, dir) in &systems {
-            std::fs::create_dir_all(dir)?;
+        for sys in &systems {
+            let name = &sys.name;
+            sys.mkdir("")?;
             progress(format_args!("bench apps: SQLite on {name}\n"));
             results.push(AppResult {
                 app: "sqlite".into(),
-                system: name.to_string(),
+                system: name.clone(),
                 metric: "inserts_per_s".into(),
-                value: sqlite(dir, 2000 * s)?,
+                value: sqlite(sys, 2000 * s)?,
                 higher_is_better: true,
             });
             progress(format_args!("bench apps: RocksDB fillsync on {name}\n"));
             results.push(AppResult {
                 app: "rocksdb".into(),
-                system: name.to_string(),
+                system: name.clone(),
                 metric: "fillsync_us_per_op".into(),
-                value: rocksdb(dir, 500 * s)?,
+                value: rocksdb(sys, 500 * s)?,
                 higher_is_better: false,
             });
             progress(format_args!("bench apps: Redis SET on {name}\n"));
             results.push(AppResult {
                 app: "redis".into(),
-                system: name.to_string(),
+                system: name.clone(),
                 metric: "set_per_s".into(),
-                value: redis(dir, 5000 * s)?,
+                value: redis(sys, 5000 * s)?,
                 higher_is_better: true,
             });
-            std::fs::remove_dir_all(dir)?;
+            sys.remove()?;
         }
         Ok(())
     })();
-    let _ = std::fs::remove_dir_all(&fuse_work);
+    for sys in &systems {
+        let _ = sys.remove();
+    }
     let _ = crate::commands::mount::umount(&mp);
-    let _ = std::fs::remove_dir_all(&host_work);
-    let _ = std::fs::remove_dir_all(&shm_work);
     let _ = std::fs::remove_dir(&mp);
     r?;
     let report = Report {
@@ -269,7 +320,9 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         );
         return Ok(());
     }
-    println!("Applications on Cairn (FUSE mount), {host_name} and tmpfs (not durable)");
+    println!(
+        "Applications on Cairn (LD_PRELOAD shim, FUSE mount), {host_name} and tmpfs (not durable)"
+    );
     println!(
         "{:<8} {:<20} {:<12} {:>14}",
         "app", "metric", "system", "value"
@@ -278,6 +331,32 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         println!(
             "{:<8} {:<20} {:<12} {:>14.1}",
             r.app, r.metric, r.system, r.value
+        );
+    }
+    // The targets: the shim at least 10x better than the host file system, and within
+    // 1.5x of tmpfs ("better" as each metric means it).
+    println!("\ncairn-shim against the others (x better; target: >= 10 vs {host_name}, >= 0.67 vs tmpfs)");
+    for app in ["sqlite", "rocksdb", "redis"] {
+        let get = |sys: &str| {
+            report
+                .results
+                .iter()
+                .find(|r| r.app == app && r.system == sys)
+        };
+        let Some(shim) = get("cairn-shim") else { continue };
+        let better = |o: &AppResult| {
+            if shim.higher_is_better {
+                shim.value / o.value
+            } else {
+                o.value / shim.value
+            }
+        };
+        let vs = |sys: &str| get(sys).map_or(f64::NAN, better);
+        println!(
+            "{app:<8} vs {host_name}: {:>8.2}x   vs tmpfs: {:>6.2}x   vs cairn-fuse: {:>8.2}x",
+            vs(&host_name),
+            vs("tmpfs"),
+            vs("cairn-fuse")
         );
     }
     Ok(())
