@@ -261,6 +261,13 @@ impl InodeAlloc {
         self.reserved.get(&ino).copied()
     }
 
+    /// Give up `slot`'s reservation of `ino` (a number it used and freed unpublished).
+    pub(crate) fn unreserve(&mut self, slot: u32, ino: u64) {
+        if self.reserved.get(&ino) == Some(&slot) {
+            self.reserved.remove(&ino);
+        }
+    }
+
     /// Reserve `ino` for `slot` if it is free and unreserved.
     pub(crate) fn reserve_one(&mut self, slot: u32, ino: u64) -> bool {
         if ino <= cairn_format::ROOT_INO || ino >= self.map.len() || self.map.get(ino) {

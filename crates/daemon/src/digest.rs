@@ -984,6 +984,13 @@ pub(crate) fn publish_batch(
             Effect::Updated => {}
         }
     }
+    // Inodes the batch both created and freed (a temporary file) never reach the area:
+    // their numbers go back to the free pool.
+    for (&ino, p) in &plan.inodes {
+        if p.created && !p.base_live && !matches!(p.life, Life::Live) {
+            sh.inodes.unreserve(slot, ino);
+        }
+    }
     // Persist the head, retire, advance the epoch, count.
     sh.set_slot_head(
         slot,

@@ -118,6 +118,8 @@ pub(crate) fn handle(
             len,
         } => Some(svc.get_lock(client, ino, owner, typ, start, len)),
         Request::ReleaseLocks { ino, file, posix } => Some(svc.release(client, ino, file, posix)),
+        Request::Delegate { ino } => Some(svc.delegate(client, ino)),
+        Request::ReturnLocks { ino, locks } => Some(svc.return_locks(client, ino, &locks)),
         _ => Some(einval("not a lock request")),
     }
 }

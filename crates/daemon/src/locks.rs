@@ -12,394 +12,13 @@
 //!
 //! No I/O here; the socket side is `lock_server`.
 
-use cairn_proto::{LockInfo, LockOwner, LockType, Response};
-use std::collections::{HashMap, HashSet};
+pub(crate) use cairn_proto::locktable::{
+    range, ClientId, InodeLocks, LockTable, Owner, Refusal, OFFSET_MAX,
+};
+use cairn_proto::{HeldLocks, LockOwner, LockType, Response};
+use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// The largest file offset (Linux's `OFFSET_MAX`); a lock with `len` 0 ends here.
-pub(crate) const OFFSET_MAX: u64 = i64::MAX as u64;
-
-/// A client: the id of its registered connection (unique for the daemon's lifetime).
-pub(crate) type ClientId = u64;
-
-/// The owner of a record lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Owner {
-    /// POSIX lock: the client process.
-    Posix(ClientId),
-    /// OFD lock: one handle (`file`) of the client.
-    Ofd(ClientId, u64),
-}
-
-impl Owner {
-    pub(crate) fn client(&self) -> ClientId {
-        match *self {
-            Owner::Posix(c) | Owner::Ofd(c, _) => c,
-        }
-    }
-}
-
-/// One record lock over the inclusive byte range `[start, end]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RecordLock {
-    pub owner: Owner,
-    pub typ: LockType,
-    pub start: u64,
-    pub end: u64,
-    pub pid: u32,
-}
-
-impl RecordLock {
-    /// As `F_GETLK` reports it.
-    pub(crate) fn info(&self) -> LockInfo {
-        LockInfo {
-            typ: self.typ,
-            start: self.start,
-            len: if self.end == OFFSET_MAX {
-                0
-            } else {
-                self.end - self.start + 1
-            },
-            pid: match self.owner {
-                Owner::Posix(_) => self.pid as i32,
-                Owner::Ofd(..) => -1,
-            },
-        }
-    }
-}
-
-/// One `flock` lock (whole file) of handle `file` of `client`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FlockLock {
-    pub client: ClientId,
-    pub file: u64,
-    pub typ: LockType,
-    pub pid: u32,
-}
-
-#[derive(Debug, Default, Clone)]
-struct InodeLocks {
-    records: Vec<RecordLock>,
-    flocks: Vec<FlockLock>,
-}
-
-impl InodeLocks {
-    fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.flocks.is_empty()
-    }
-}
-
-/// A record-lock request that waits (only these matter for deadlock detection).
-#[derive(Debug, Clone, Copy)]
-struct Waiter {
-    owner: Owner,
-    ino: u64,
-    typ: LockType,
-    start: u64,
-    end: u64,
-}
-
-/// Why a lock was not granted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// Another owner holds a conflicting lock.
-    Conflict,
-}
-
-/// `[start, start + len)` as an inclusive range (`len` 0: to `OFFSET_MAX`). Errors as
-/// Linux: `EINVAL` for a start beyond `OFFSET_MAX`, `EOVERFLOW` when the end is.
-pub(crate) fn range(start: u64, len: u64) -> Result<(u64, u64), i32> {
-    if start > OFFSET_MAX {
-        return Err(libc::EINVAL);
-    }
-    if len == 0 {
-        return Ok((start, OFFSET_MAX));
-    }
-    if len - 1 > OFFSET_MAX - start {
-        return Err(libc::EOVERFLOW);
-    }
-    Ok((start, start + (len - 1)))
-}
-
-fn conflicts(a: LockType, b: LockType) -> bool {
-    a == LockType::Write || b == LockType::Write
-}
-
-/// All lock state of the daemon.
-#[derive(Debug, Default)]
-pub(crate) struct LockTable {
-    inodes: HashMap<u64, InodeLocks>,
-    waiters: HashMap<u64, Waiter>,
-    next_waiter: u64,
-}
-
-impl LockTable {
-    /// The record locks on `ino` (any order).
-    pub(crate) fn records(&self, ino: u64) -> &[RecordLock] {
-        self.inodes.get(&ino).map_or(&[], |i| &i.records)
-    }
-
-    /// The `flock` locks on `ino`.
-    #[cfg(test)]
-    pub(crate) fn flocks(&self, ino: u64) -> &[FlockLock] {
-        self.inodes.get(&ino).map_or(&[], |i| &i.flocks)
-    }
-
-    /// Whether the table holds nothing at all.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.inodes.is_empty() && self.waiters.is_empty()
-    }
-
-    fn conflicting<'a>(
-        &'a self,
-        ino: u64,
-        owner: Owner,
-        typ: LockType,
-        start: u64,
-        end: u64,
-    ) -> impl Iterator<Item = &'a RecordLock> + 'a {
-        self.records(ino).iter().filter(move |l| {
-            l.owner != owner && l.start <= end && start <= l.end && conflicts(l.typ, typ)
-        })
-    }
-
-    /// `F_GETLK`: the conflicting lock of another owner with the lowest start, if any.
-    pub(crate) fn test_record(
-        &self,
-        ino: u64,
-        owner: Owner,
-        typ: LockType,
-        start: u64,
-        end: u64,
-    ) -> Option<RecordLock> {
-        self.conflicting(ino, owner, typ, start, end)
-            .min_by_key(|l| (l.start, l.end))
-            .copied()
-    }
-
-    /// `F_SETLK`: give `owner` a `typ` lock over `[start, end]` (`None`: unlock), replacing
-    /// whatever it held there (upgrade, downgrade, split) and merging it with its adjacent
-    /// or overlapping locks of the same type. A conflict changes nothing.
-    pub(crate) fn set_record(
-        &mut self,
-        ino: u64,
-        owner: Owner,
-        pid: u32,
-        typ: Option<LockType>,
-        start: u64,
-        end: u64,
-    ) -> Result<(), Refusal> {
-        debug_assert!(start <= end && end <= OFFSET_MAX);
-        if let Some(t) = typ {
-            if self.conflicting(ino, owner, t, start, end).next().is_some() {
-                return Err(Refusal::Conflict);
-            }
-        }
-        let il = self.inodes.entry(ino).or_default();
-        let mut mine = Vec::new();
-        il.records.retain(|l| {
-            if l.owner == owner {
-                mine.push(*l);
-                false
-            } else {
-                true
-            }
-        });
-        let mut kept = Vec::with_capacity(mine.len() + 2);
-        for l in mine {
-            if l.end < start || l.start > end {
-                kept.push(l);
-                continue;
-            }
-            if l.start < start {
-                kept.push(RecordLock {
-                    end: start - 1,
-                    ..l
-                });
-            }
-            if l.end > end {
-                kept.push(RecordLock {
-                    start: end + 1,
-                    ..l
-                });
-            }
-        }
-        if let Some(t) = typ {
-            kept.push(RecordLock {
-                owner,
-                typ: t,
-                start,
-                end,
-                pid,
-            });
-        }
-        kept.sort_by_key(|l| l.start);
-        let mut merged: Vec<RecordLock> = Vec::with_capacity(kept.len());
-        for l in kept {
-            match merged.last_mut() {
-                // The owner's locks are disjoint: only adjacency is left to merge.
-                Some(m) if m.typ == l.typ && m.end.checked_add(1) == Some(l.start) => {
-                    m.end = l.end;
-                    m.pid = pid;
-                }
-                _ => merged.push(l),
-            }
-        }
-        il.records.extend(merged);
-        if il.is_empty() {
-            self.inodes.remove(&ino);
-        }
-        Ok(())
-    }
-
-    /// `flock`: give handle `file` of `client` a `typ` lock on `ino` (`None`: unlock).
-    /// As on Linux, a conversion first drops the handle's current lock, so a conversion
-    /// that fails leaves the handle without a lock.
-    pub(crate) fn set_flock(
-        &mut self,
-        ino: u64,
-        client: ClientId,
-        file: u64,
-        pid: u32,
-        typ: Option<LockType>,
-    ) -> Result<(), Refusal> {
-        let il = self.inodes.entry(ino).or_default();
-        let r = (|| {
-            if let Some(i) = il
-                .flocks
-                .iter()
-                .position(|f| f.client == client && f.file == file)
-            {
-                if Some(il.flocks[i].typ) == typ {
-                    return Ok(());
-                }
-                il.flocks.remove(i);
-            }
-            let Some(t) = typ else { return Ok(()) };
-            if il.flocks.iter().any(|f| conflicts(f.typ, t)) {
-                return Err(Refusal::Conflict);
-            }
-            il.flocks.push(FlockLock {
-                client,
-                file,
-                typ: t,
-                pid,
-            });
-            Ok(())
-        })();
-        if il.is_empty() {
-            self.inodes.remove(&ino);
-        }
-        r
-    }
-
-    /// Whether `owner` (POSIX) waiting for `typ` over `[start, end]` of `ino` would close a
-    /// cycle of POSIX owners waiting for each other. OFD owners are never part of a
-    /// deadlock (as on Linux: they are not processes).
-    pub(crate) fn would_deadlock(
-        &self,
-        ino: u64,
-        owner: Owner,
-        typ: LockType,
-        start: u64,
-        end: u64,
-    ) -> bool {
-        let Owner::Posix(me) = owner else {
-            return false;
-        };
-        let posix_blockers = |ino, owner, typ, start, end| {
-            self.conflicting(ino, owner, typ, start, end)
-                .filter_map(|l| match l.owner {
-                    Owner::Posix(c) => Some(c),
-                    Owner::Ofd(..) => None,
-                })
-                .collect::<Vec<_>>()
-        };
-        let mut stack = posix_blockers(ino, owner, typ, start, end);
-        let mut seen = HashSet::new();
-        while let Some(c) = stack.pop() {
-            if c == me {
-                return true;
-            }
-            if !seen.insert(c) {
-                continue;
-            }
-            for w in self.waiters.values() {
-                if w.owner == Owner::Posix(c) {
-                    stack.extend(posix_blockers(w.ino, w.owner, w.typ, w.start, w.end));
-                }
-            }
-        }
-        false
-    }
-
-    /// Record a waiting record-lock request; returns its id.
-    fn add_waiter(&mut self, owner: Owner, ino: u64, typ: LockType, start: u64, end: u64) -> u64 {
-        self.next_waiter += 1;
-        let id = self.next_waiter;
-        self.waiters.insert(
-            id,
-            Waiter {
-                owner,
-                ino,
-                typ,
-                start,
-                end,
-            },
-        );
-        id
-    }
-
-    fn remove_waiter(&mut self, id: u64) {
-        self.waiters.remove(&id);
-    }
-
-    /// Drop every lock matching `pred` on `ino` (records) and `fpred` (flocks).
-    fn release_where(
-        &mut self,
-        ino: Option<u64>,
-        pred: impl Fn(&RecordLock) -> bool,
-        fpred: impl Fn(&FlockLock) -> bool,
-    ) {
-        let mut drop_inos = Vec::new();
-        for (&i, il) in self.inodes.iter_mut() {
-            if ino.is_some_and(|x| x != i) {
-                continue;
-            }
-            il.records.retain(|l| !pred(l));
-            il.flocks.retain(|f| !fpred(f));
-            if il.is_empty() {
-                drop_inos.push(i);
-            }
-        }
-        for i in drop_inos {
-            self.inodes.remove(&i);
-        }
-    }
-
-    /// The POSIX close rule: closing any handle of `ino` drops all of the client's POSIX
-    /// locks on it.
-    pub(crate) fn release_posix(&mut self, client: ClientId, ino: u64) {
-        self.release_where(Some(ino), |l| l.owner == Owner::Posix(client), |_| false);
-    }
-
-    /// Handle `file` of `client` closed: drop its OFD and flock locks on `ino`.
-    pub(crate) fn release_file(&mut self, client: ClientId, file: u64, ino: u64) {
-        self.release_where(
-            Some(ino),
-            |l| l.owner == Owner::Ofd(client, file),
-            |f| f.client == client && f.file == file,
-        );
-    }
-
-    /// The client is gone: drop all of its locks and waiting requests.
-    pub(crate) fn release_client(&mut self, client: ClientId) {
-        self.release_where(None, |l| l.owner.client() == client, |f| f.client == client);
-        self.waiters.retain(|_, w| w.owner.client() != client);
-    }
-}
 
 /// What a registered client is, for lock requests.
 #[derive(Debug, Clone, Copy)]
@@ -413,17 +32,44 @@ struct ClientEntry {
 struct ServiceState {
     table: LockTable,
     clients: HashMap<ClientId, ClientEntry>,
+    delegated: HashMap<u64, Delegation>,
 }
 
 /// How often a waiting request checks whether its connection was closed.
 const CANCEL_POLL: Duration = Duration::from_millis(100);
 
+/// Reaching a client to recall the locks it holds by delegation (its upcall channel).
+pub(crate) trait Recall: Send + Sync {
+    /// Whether a recall can be sent to `slot` (it has an upcall channel).
+    fn reachable(&self, slot: u32) -> bool;
+    /// Send `RecallLocks { ino }` to `slot`; false if it could not be sent.
+    fn recall(&self, slot: u32, ino: u64) -> bool;
+}
+
 /// The lock table behind its own mutex, with a condition variable for waiting requests.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct LockService {
     st: Mutex<ServiceState>,
     cv: Condvar,
+    recaller: std::sync::OnceLock<std::sync::Arc<dyn Recall>>,
 }
+
+impl std::fmt::Debug for LockService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockService").finish_non_exhaustive()
+    }
+}
+
+/// The locks of an inode are held by one client (PROTOCOL.md, "Lock delegation").
+#[derive(Debug, Clone, Copy)]
+struct Delegation {
+    client: ClientId,
+    /// When the recall was last sent (None: not recalled).
+    recalled: Option<Instant>,
+}
+
+/// How often an unanswered recall is sent again.
+const RECALL_AGAIN: Duration = Duration::from_secs(1);
 
 fn error(errno: i32, message: impl Into<String>) -> Response {
     Response::Error {
@@ -462,6 +108,7 @@ impl LockService {
         for c in stale {
             st.clients.remove(&c);
             st.table.release_client(c);
+            st.delegated.retain(|_, d| d.client != c);
         }
         st.clients.insert(
             id,
@@ -483,6 +130,8 @@ impl LockService {
             return;
         }
         st.table.release_client(id);
+        // Its delegated locks die with it (the daemon never had them).
+        st.delegated.retain(|_, d| d.client != id);
         drop(st);
         self.cv.notify_all();
     }
@@ -521,6 +170,110 @@ impl LockService {
             .ok_or_else(|| error(libc::ESTALE, "the client of this lock channel is gone"))
     }
 
+    /// Where recalls go (the daemon's lease manager); without one nothing is delegated.
+    pub(crate) fn set_recaller(&self, r: std::sync::Arc<dyn Recall>) {
+        let _ = self.recaller.set(r);
+    }
+
+    /// Before `client` acts on `ino`'s locks: if another client holds them by delegation,
+    /// recall them and wait until they are back in the table (or that client is gone).
+    /// A delegation to `client` itself that it no longer knows of (it only asks the
+    /// daemon once it gave its locks back) ends. `Err(None)`: the requester went away.
+    // The error is the ready-made answer (as `bind`'s), returned once per request.
+    #[allow(clippy::result_large_err)]
+    fn settle<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, ServiceState>,
+        client: ClientId,
+        ino: u64,
+        deadline: Option<Instant>,
+        cancelled: &mut dyn FnMut() -> bool,
+    ) -> Result<MutexGuard<'a, ServiceState>, Option<Response>> {
+        loop {
+            let Some(d) = st.delegated.get(&ino).copied() else {
+                return Ok(st);
+            };
+            if d.client == client {
+                st.delegated.remove(&ino);
+                return Ok(st);
+            }
+            if let Err(r) = Self::live(&st, client) {
+                return Err(Some(r));
+            }
+            let now = Instant::now();
+            if d.recalled
+                .is_none_or(|t| now.duration_since(t) >= RECALL_AGAIN)
+            {
+                let slot = st.clients.get(&d.client).map(|e| e.slot);
+                let sent = match (slot, self.recaller.get()) {
+                    (Some(slot), Some(r)) => r.recall(slot, ino),
+                    _ => false,
+                };
+                if let Some(e) = st.delegated.get_mut(&ino) {
+                    // Not sent: try again at the next turn.
+                    e.recalled = sent.then_some(now);
+                }
+            }
+            if deadline.is_some_and(|t| now >= t) {
+                return Err(Some(error(
+                    libc::ETIMEDOUT,
+                    "timed out waiting for the lock",
+                )));
+            }
+            st = match self.cv.wait_timeout(st, Duration::from_millis(10)) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+            if cancelled() {
+                return Err(None);
+            }
+        }
+    }
+
+    /// `Delegate`: hand `ino`'s locks to `client` if nobody else holds or waits for one
+    /// (and `client` can be recalled).
+    pub(crate) fn delegate(&self, client: ClientId, ino: u64) -> Response {
+        let mut st = self.state();
+        let slot = match st.clients.get(&client) {
+            Some(e) => e.slot,
+            None => return error(libc::ESTALE, "the client of this lock channel is gone"),
+        };
+        match st.delegated.get(&ino) {
+            Some(d) if d.client != client => {
+                return error(libc::EBUSY, "another client holds these locks")
+            }
+            _ => {}
+        }
+        if st.table.used_by_others(ino, client) {
+            return error(libc::EBUSY, "another client holds or waits for a lock");
+        }
+        if !self.recaller.get().is_some_and(|r| r.reachable(slot)) {
+            return error(libc::EBUSY, "no upcall channel to recall the locks through");
+        }
+        let held = st.table.take_inode(ino).held_by(client);
+        st.delegated.insert(
+            ino,
+            Delegation {
+                client,
+                recalled: None,
+            },
+        );
+        Response::Delegated(held)
+    }
+
+    /// `ReturnLocks`: the delegation of `ino` to `client` ends; its locks go back in the
+    /// table. A return for a delegation that already ended changes nothing.
+    pub(crate) fn return_locks(&self, client: ClientId, ino: u64, held: &HeldLocks) -> Response {
+        let mut st = self.state();
+        if st.delegated.get(&ino).is_some_and(|d| d.client == client) {
+            st.delegated.remove(&ino);
+            st.table.put_inode(ino, InodeLocks::of_client(held, client));
+        }
+        drop(st);
+        self.cv.notify_all();
+        Response::Ok
+    }
+
     /// `F_GETLK` / `F_OFD_GETLK`.
     pub(crate) fn get_lock(
         &self,
@@ -531,7 +284,10 @@ impl LockService {
         start: u64,
         len: u64,
     ) -> Response {
-        let st = self.state();
+        let st = match self.settle(self.state(), client, ino, None, &mut || false) {
+            Ok(st) => st,
+            Err(r) => return r.unwrap_or_else(|| error(libc::ESTALE, "gone")),
+        };
         if let Err(r) = Self::live(&st, client) {
             return r;
         }
@@ -563,7 +319,10 @@ impl LockService {
         start: u64,
         len: u64,
     ) -> Response {
-        let mut st = self.state();
+        let mut st = match self.settle(self.state(), client, ino, None, &mut || false) {
+            Ok(st) => st,
+            Err(r) => return r.unwrap_or_else(|| error(libc::ESTALE, "gone")),
+        };
         let pid = match Self::live(&st, client) {
             Ok(p) => p,
             Err(r) => return r,
@@ -597,7 +356,10 @@ impl LockService {
         file: Option<u64>,
         posix: bool,
     ) -> Response {
-        let mut st = self.state();
+        let mut st = match self.settle(self.state(), client, ino, None, &mut || false) {
+            Ok(st) => st,
+            Err(r) => return r.unwrap_or_else(|| error(libc::ESTALE, "gone")),
+        };
         if let Err(r) = Self::live(&st, client) {
             return r;
         }
@@ -633,6 +395,14 @@ impl LockService {
         let mut waiter = None;
         let mut st = self.state();
         let out = loop {
+            // At each turn: a delegation granted meanwhile is recalled first.
+            st = match self.settle(st, client, r.ino, deadline, cancelled) {
+                Ok(g) => g,
+                Err(resp) => {
+                    st = self.state();
+                    break resp;
+                }
+            };
             let pid = match Self::live(&st, client) {
                 Ok(p) => p,
                 Err(resp) => break Some(resp),
@@ -708,6 +478,8 @@ impl LockService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_proto::locktable::conflicts;
+    use cairn_proto::LockInfo;
     use proptest::prelude::*;
     use std::sync::Arc;
     use LockType::{Read, Write};
@@ -921,6 +693,101 @@ mod tests {
             Some(Response::Ok) => 0,
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// A recaller that plays the holder: on a recall it gives back what `held` says.
+    struct FakeHolder {
+        svc: std::sync::Weak<LockService>,
+        client: ClientId,
+        held: Mutex<HeldLocks>,
+        recalls: std::sync::atomic::AtomicU32,
+    }
+
+    impl Recall for FakeHolder {
+        fn reachable(&self, _slot: u32) -> bool {
+            true
+        }
+        fn recall(&self, _slot: u32, ino: u64) -> bool {
+            self.recalls
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (svc, client) = (self.svc.clone(), self.client);
+            let held = self.held.lock().unwrap().clone();
+            // Answered later, from another thread, as a client's upcall thread does.
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                if let Some(s) = svc.upgrade() {
+                    s.return_locks(client, ino, &held);
+                }
+            });
+            true
+        }
+    }
+
+    #[test]
+    fn delegation_recall_and_return() {
+        let s = Arc::new(LockService::default());
+        s.add_client(1, 100, 0, 1);
+        s.add_client(2, 200, 1, 1);
+        // Client 1 holds a write lock through the daemon, then takes the inode's locks.
+        assert_eq!(
+            errno(s.lock(1, req(LockOwner::Posix, Write, 0, 10, false), &mut never())),
+            0
+        );
+        // Without a way to recall, nothing is delegated.
+        assert!(matches!(
+            s.delegate(1, 7),
+            Response::Error {
+                errno: libc::EBUSY,
+                ..
+            }
+        ));
+        let fake = Arc::new(FakeHolder {
+            svc: Arc::downgrade(&s),
+            client: 1,
+            held: Mutex::new(HeldLocks::default()),
+            recalls: Default::default(),
+        });
+        s.set_recaller(fake.clone());
+        let Response::Delegated(held) = s.delegate(1, 7) else {
+            panic!("not delegated")
+        };
+        assert_eq!(held.records, vec![(LockOwner::Posix, Write, 0, 9, 100)]);
+        assert!(s.table_is_empty(), "the locks left the daemon's table");
+        // Another client cannot take the delegation; its lock request recalls it, and
+        // the holder's returned lock conflicts.
+        assert!(matches!(
+            s.delegate(2, 7),
+            Response::Error {
+                errno: libc::EBUSY,
+                ..
+            }
+        ));
+        *fake.held.lock().unwrap() = held;
+        assert_eq!(
+            errno(s.lock(2, req(LockOwner::Posix, Read, 5, 1, false), &mut never())),
+            libc::EAGAIN
+        );
+        assert_eq!(fake.recalls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Back in the table; client 1 may take the inode again (only it holds a lock),
+        // and client 2's test recalls it once more.
+        let Response::Delegated(held) = s.delegate(1, 7) else {
+            panic!("not delegated")
+        };
+        assert_eq!(held.records, vec![(LockOwner::Posix, Write, 0, 9, 100)]);
+        *fake.held.lock().unwrap() = held;
+        let Response::LockConflict(Some(c)) = s.get_lock(2, 7, LockOwner::Posix, Read, 0, 1) else {
+            panic!("no conflict")
+        };
+        assert_eq!((c.typ, c.start, c.pid), (Write, 0, 100));
+        // A holder that dies takes its delegation and locks along.
+        let Response::Delegated(_) = s.delegate(1, 7) else {
+            panic!("not delegated")
+        };
+        s.remove_client(1);
+        assert_eq!(
+            errno(s.lock(2, req(LockOwner::Posix, Write, 0, 0, false), &mut never())),
+            0
+        );
     }
 
     #[test]

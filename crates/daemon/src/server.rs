@@ -201,6 +201,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         uid: sys::ids().0,
         locks: crate::locks::LockService::default(),
     });
+    d.locks.set_recaller(d.leases.clone());
     let timer = {
         let d = d.clone();
         std::thread::Builder::new()
@@ -550,7 +551,9 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         | Request::Lock { .. }
         | Request::Unlock { .. }
         | Request::GetLock { .. }
-        | Request::ReleaseLocks { .. }) => {
+        | Request::ReleaseLocks { .. }
+        | Request::Delegate { .. }
+        | Request::ReturnLocks { .. }) => {
             let registered = c.slot.is_some();
             match crate::lock_server::handle(&d.locks, &mut c.locks, c.pid, registered, req) {
                 Some(r) => Reply::Send(r),

@@ -194,7 +194,7 @@ pub(crate) struct Inner {
     pub(crate) cred: Cred,
     /// The umask applied to created files (the process's at open; see `Fs::set_umask`).
     pub(crate) umask: std::sync::atomic::AtomicU32,
-    pid: u32,
+    pub(crate) pid: u32,
     slot: u32,
     slot_gen: u64,
     threshold_pct: u64,
@@ -367,7 +367,14 @@ fn open_upcall_channel(store: &StoreDir, slot: u32, slot_gen: u64) -> io::Result
 /// reopens it (with a growing delay) until the client goes away.
 fn upcall_loop(weak: Weak<Inner>, mut s: UnixStream) {
     loop {
-        if let Ok(Upcall::Revoke { ino }) = cairn_proto::recv::<Upcall>(&mut s) {
+        let up = cairn_proto::recv::<Upcall>(&mut s);
+        if let Ok(Upcall::RecallLocks { ino }) = up {
+            // Answered on a lock channel (`ReturnLocks`), not here.
+            let Some(inner) = weak.upgrade() else { return };
+            inner.locks.give_back(&inner, ino);
+            continue;
+        }
+        if let Ok(Upcall::Revoke { ino }) = up {
             let Some(inner) = weak.upgrade() else { return };
             let (tail, open) = inner.revoke_local(ino);
             drop(inner);
@@ -820,6 +827,7 @@ impl Inner {
                 st.digest_pending = None;
                 *conn = Some(c);
                 self.conn_epoch.fetch_add(1, Ordering::SeqCst);
+                self.locks.forget_delegations();
                 Ok(())
             }
             r => Err(response_error("reattach to the restarted daemon", r)),

@@ -28,12 +28,13 @@
 use crate::fs::Inner;
 use crate::File;
 use cairn_area::{fs_err, StoreDir};
+use cairn_proto::locktable::{range, ClientId, InodeLocks, LockTable, Owner, Refusal};
 use cairn_proto::{LockOwner, Request, Response};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::conn::{response_error, Conn};
 pub use cairn_proto::{LockInfo, LockType};
@@ -71,6 +72,68 @@ pub(crate) struct ClientLocks {
     /// them tells the daemon (the POSIX close rule); other closes cost nothing.
     posix: Mutex<HashSet<u64>>,
     next_file: AtomicU64,
+    /// Per inode: the locks this client holds by delegation, and the requests in flight.
+    local: Mutex<HashMap<u64, LocalEntry>>,
+    local_cv: Condvar,
+}
+
+/// Where the locks of one inode are, for this client.
+#[derive(Debug, Default)]
+enum Place {
+    /// In the daemon's table.
+    #[default]
+    Daemon,
+    /// Asking the daemon for them (`Delegate`).
+    Asking,
+    /// Here: every request on the inode is answered locally.
+    Held(LockTable),
+    /// Giving them back (`ReturnLocks`).
+    Returning,
+}
+
+#[derive(Debug, Default)]
+struct LocalEntry {
+    place: Place,
+    /// Requests on the inode sent to the daemon and not answered yet (no delegation is
+    /// asked for while there are any).
+    inflight: u32,
+    /// When a delegation was refused or taken back: none is asked for until
+    /// `DELEGATION_BACKOFF` later.
+    setback: Option<Instant>,
+}
+
+/// How long after a refusal or a recall no delegation is asked for.
+const DELEGATION_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The owner id of this client's locks in its local tables.
+const ME: ClientId = 0;
+
+/// Where a lock request goes.
+enum Route<'a, R> {
+    /// Answered locally.
+    Done(R),
+    /// To the daemon; the guard counts it in flight.
+    Daemon(Inflight<'a>),
+}
+
+/// A request on `ino` in flight to the daemon.
+struct Inflight<'a> {
+    locks: &'a ClientLocks,
+    ino: u64,
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        let mut m = guard(&self.locks.local);
+        if let Some(e) = m.get_mut(&self.ino) {
+            e.inflight -= 1;
+            if e.inflight == 0 && matches!(e.place, Place::Daemon) && e.setback.is_none() {
+                m.remove(&self.ino);
+            }
+        }
+        drop(m);
+        self.locks.local_cv.notify_all();
+    }
 }
 
 /// A `File`'s lock identity.
@@ -116,7 +179,111 @@ impl ClientLocks {
             idle: Mutex::new(Vec::new()),
             posix: Mutex::new(HashSet::new()),
             next_file: AtomicU64::new(1),
+            local: Mutex::new(HashMap::new()),
+            local_cv: Condvar::new(),
         }
+    }
+
+    /// Route a request on `ino`: `op` runs on the local table when this client holds the
+    /// inode's locks (asking for them first when `ask` and nothing is in flight); it
+    /// returns `None` when the request must wait for a conflict, which only the daemon
+    /// does: the locks are then given back and the request goes to the daemon.
+    fn route<R>(
+        &self,
+        fs: &Inner,
+        ino: u64,
+        ask: bool,
+        mut op: impl FnMut(&mut LockTable) -> Option<R>,
+    ) -> io::Result<Route<'_, R>> {
+        let mut m = guard(&self.local);
+        loop {
+            let e = m.entry(ino).or_default();
+            match &mut e.place {
+                Place::Asking | Place::Returning => {
+                    m = self.local_cv.wait(m).unwrap_or_else(|p| p.into_inner());
+                }
+                Place::Held(t) => {
+                    if let Some(r) = op(t) {
+                        return Ok(Route::Done(r));
+                    }
+                    drop(m);
+                    self.give_back(fs, ino);
+                    m = guard(&self.local);
+                }
+                Place::Daemon => {
+                    let backed_off = e.setback.is_none_or(|t| t.elapsed() >= DELEGATION_BACKOFF);
+                    if ask && e.inflight == 0 && backed_off {
+                        e.place = Place::Asking;
+                        drop(m);
+                        let r = self.call(fs, &Request::Delegate { ino });
+                        m = guard(&self.local);
+                        let e = m.entry(ino).or_default();
+                        match r {
+                            Ok(Response::Delegated(held)) => {
+                                let mut t = LockTable::default();
+                                t.put_inode(ino, InodeLocks::of_client(&held, ME));
+                                e.place = Place::Held(t);
+                                e.setback = None;
+                            }
+                            _ => {
+                                e.place = Place::Daemon;
+                                e.setback = Some(Instant::now());
+                            }
+                        }
+                        self.local_cv.notify_all();
+                        continue;
+                    }
+                    e.inflight += 1;
+                    return Ok(Route::Daemon(Inflight { locks: self, ino }));
+                }
+            }
+        }
+    }
+
+    /// Give the locks of `ino` back to the daemon if this client holds them (a recall,
+    /// or a request that must wait).
+    pub(crate) fn give_back(&self, fs: &Inner, ino: u64) {
+        let mut m = guard(&self.local);
+        let t = loop {
+            let Some(e) = m.get_mut(&ino) else { return };
+            match &mut e.place {
+                Place::Asking | Place::Returning => {
+                    m = self.local_cv.wait(m).unwrap_or_else(|p| p.into_inner());
+                }
+                Place::Daemon => return,
+                Place::Held(_) => {
+                    e.setback = Some(Instant::now());
+                    match std::mem::replace(&mut e.place, Place::Returning) {
+                        Place::Held(t) => break t,
+                        _ => unreachable!("held"),
+                    }
+                }
+            }
+        };
+        drop(m);
+        let mut t = t;
+        let locks = t.take_inode(ino).held_by(ME);
+        // If the daemon cannot be told (it is gone), its successor knows no locks anyway.
+        let _ = self.call(fs, &Request::ReturnLocks { ino, locks });
+        let mut m = guard(&self.local);
+        if let Some(e) = m.get_mut(&ino) {
+            e.place = Place::Daemon;
+        }
+        drop(m);
+        self.local_cv.notify_all();
+    }
+
+    /// After re-attaching to a restarted daemon: locks held here are forgotten, as the
+    /// new daemon forgot every lock (module docs, "Daemon restart").
+    pub(crate) fn forget_delegations(&self) {
+        let mut m = guard(&self.local);
+        for e in m.values_mut() {
+            if matches!(e.place, Place::Held(_)) {
+                e.place = Place::Daemon;
+            }
+        }
+        drop(m);
+        self.local_cv.notify_all();
     }
 
     /// A new lock channel. If the daemon does not know us (it restarted and this client
@@ -224,9 +391,35 @@ pub(crate) fn on_close(fs: &Inner, ino: u64, fl: &FileLocks) {
     if file.is_none() && !posix {
         return;
     }
-    let _ = fs
-        .locks
-        .call(fs, &Request::ReleaseLocks { ino, file, posix });
+    let local = fs.locks.route(fs, ino, false, |t| {
+        if let Some(f) = file {
+            t.release_file(ME, f, ino);
+        }
+        if posix {
+            t.release_posix(ME, ino);
+        }
+        Some(())
+    });
+    if let Ok(Route::Daemon(_inflight)) = local {
+        let _ = fs
+            .locks
+            .call(fs, &Request::ReleaseLocks { ino, file, posix });
+    }
+}
+
+/// The local owner standing for `owner`.
+fn local_owner(owner: LockOwner) -> Owner {
+    match owner {
+        LockOwner::Ofd { file } => Owner::Ofd(ME, file),
+        _ => Owner::Posix(ME),
+    }
+}
+
+fn conflict(what: &str) -> io::Error {
+    fs_err(
+        libc::EAGAIN,
+        format!("{what}: conflicting lock held by another owner"),
+    )
 }
 
 impl File {
@@ -272,6 +465,19 @@ impl File {
             _ => {}
         }
         let owner = self.record_owner(kind);
+        let (s, e) = range(start, len).map_err(|n| fs_err(n, "lock: bad range"))?;
+        let pid = fs.pid;
+        let route = fs.locks.route(fs, ino, true, |t| {
+            match t.set_record(ino, local_owner(owner), pid, Some(typ), s, e) {
+                Ok(()) => Some(Ok(())),
+                Err(Refusal::Conflict) if wait => None,
+                Err(Refusal::Conflict) => Some(Err(conflict("lock"))),
+            }
+        })?;
+        let _inflight = match route {
+            Route::Done(r) => return r,
+            Route::Daemon(g) => g,
+        };
         let r = fs.locks.call(
             fs,
             &Request::Lock {
@@ -327,6 +533,16 @@ impl File {
             LockKind::Posix => LockOwner::Posix,
             LockKind::Ofd => LockOwner::Ofd { file: fl.id },
         };
+        let (s, e) = range(start, len).map_err(|n| fs_err(n, "unlock: bad range"))?;
+        let pid = fs.pid;
+        let route = fs.locks.route(fs, ino, false, |t| {
+            let _ = t.set_record(ino, local_owner(owner), pid, None, s, e);
+            Some(())
+        })?;
+        let _inflight = match route {
+            Route::Done(()) => return Ok(()),
+            Route::Daemon(g) => g,
+        };
         let r = fs.locks.call(
             fs,
             &Request::Unlock {
@@ -355,6 +571,17 @@ impl File {
             LockKind::Posix => LockOwner::Posix,
             LockKind::Ofd => LockOwner::Ofd { file: fl.id },
         };
+        let (s, e) = range(start, len).map_err(|n| fs_err(n, "get_lock: bad range"))?;
+        let route = fs.locks.route(fs, ino, true, |t| {
+            Some(
+                t.test_record(ino, local_owner(owner), typ, s, e)
+                    .map(|l| l.info()),
+            )
+        })?;
+        let _inflight = match route {
+            Route::Done(c) => return Ok(c),
+            Route::Daemon(g) => g,
+        };
         match fs.locks.call(
             fs,
             &Request::GetLock {
@@ -380,6 +607,15 @@ impl File {
                 if !fl.used.load(Ordering::Acquire) {
                     return Ok(()); // never locked: nothing to ask
                 }
+                let pid = fs.pid;
+                let route = fs.locks.route(fs, ino, false, |t| {
+                    let _ = t.set_flock(ino, ME, fl.id, pid, None);
+                    Some(())
+                })?;
+                let _inflight = match route {
+                    Route::Done(()) => return Ok(()),
+                    Route::Daemon(g) => g,
+                };
                 let r = fs.locks.call(
                     fs,
                     &Request::Unlock {
@@ -393,6 +629,21 @@ impl File {
             }
         };
         fl.used.store(true, Ordering::Release);
+        let pid = fs.pid;
+        let route = fs.locks.route(fs, ino, true, |t| {
+            match t.set_flock(ino, ME, fl.id, pid, Some(typ)) {
+                Ok(()) => Some(Ok(())),
+                Err(Refusal::Conflict) if wait => None,
+                Err(Refusal::Conflict) => Some(Err(fs_err(
+                    libc::EWOULDBLOCK,
+                    "flock: conflicting flock held by another handle",
+                ))),
+            }
+        })?;
+        let _inflight = match route {
+            Route::Done(r) => return r,
+            Route::Daemon(g) => g,
+        };
         let r = fs.locks.call(
             fs,
             &Request::Lock {

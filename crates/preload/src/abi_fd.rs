@@ -14,7 +14,10 @@ use std::sync::Arc;
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     match table::remove(fd) {
-        None => unsafe { real::close(fd) },
+        None => {
+            table::template_gone(fd as usize, fd as usize);
+            unsafe { real::close(fd) }
+        }
         Some(o) => {
             let r = unsafe { real::close(fd) };
             let e = real::errno();
@@ -618,6 +621,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// After the kernel made `new` a copy of `old`: the table follows (and a Cairn file
 /// `new` referred to loses a descriptor).
 fn duped(old: c_int, new: c_int) {
+    table::template_gone(new as usize, new as usize);
     let prev = match table::get(old) {
         Some(o) => table::insert(new, o),
         None => table::remove(new),
@@ -907,6 +911,7 @@ pub unsafe extern "C" fn splice(
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, fl: c_int) -> c_int {
     let r = unsafe { real::close_range(first, last, fl) };
     if r == 0 && fl & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        table::template_gone(first as usize, last as usize);
         for o in table::remove_range(first as usize, last as usize) {
             run("close_range", || {
                 ops::closed(o);
@@ -920,6 +925,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, fl: c_int) -> 
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(first: c_int) {
     unsafe { real::closefrom(first) };
+    table::template_gone(first.max(0) as usize, usize::MAX);
     for o in table::remove_range(first.max(0) as usize, usize::MAX) {
         run("closefrom", || {
             ops::closed(o);

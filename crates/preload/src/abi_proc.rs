@@ -156,6 +156,7 @@ pub unsafe extern "C" fn execve(
     }
     env.push(std::ptr::null());
     state::publish();
+    crate::table::materialize_all();
     unsafe { real::execve(host, argv, env.as_ptr()) }
 }
 
@@ -192,6 +193,7 @@ pub unsafe extern "C" fn execvpe(
         return unsafe { execve(file, argv, envp) };
     }
     state::publish();
+    crate::table::materialize_all();
     unsafe { real::execvpe(file, argv, envp) }
 }
 

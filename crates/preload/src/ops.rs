@@ -136,7 +136,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
                     Some(h) => Some(h.clone()),
                     None => path_of_dir(&fs, m.ino()).ok(),
                 };
-                let fd = table::placeholder(m.ino(), true, false, true, cloexec)?;
+                let fd = table::placeholder(cloexec)?;
                 table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host)));
                 return Ok(fd);
             }
@@ -150,7 +150,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
                 return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"))
             }
             Ok(m) if path_only => {
-                let fd = table::placeholder(m.ino(), false, false, false, cloexec)?;
+                let fd = table::placeholder(cloexec)?;
                 table::insert(fd, Arc::new(Ofd::path_only(m.ino())));
                 return Ok(fd);
             }
@@ -181,7 +181,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
             .mode(perm)
             .open(&fs, at)?
     };
-    let fd = table::placeholder(f.ino(), read, write, false, cloexec)?;
+    let fd = table::placeholder(cloexec)?;
     let append = flags & libc::O_APPEND != 0;
     table::insert(fd, Arc::new(Ofd::new_file(f, read, write, append)));
     Ok(fd)

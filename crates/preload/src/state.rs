@@ -206,11 +206,12 @@ pub fn publish() {
     }
 }
 
-/// Before `fork`: publish (see [`publish`]), move the offsets of open Cairn files into their placeholders (so that
-/// parent and child share them, as POSIX wants), then hold every lock across the fork.
+/// Before `fork`: publish (see [`publish`]), materialize the placeholders (their kernel
+/// offsets, which parent and child share as POSIX wants, hold the positions from now
+/// on), then hold every lock across the fork.
 pub extern "C" fn before_fork() {
     publish();
-    table::share_offsets();
+    table::materialize_all();
     std::mem::forget(FS.lock());
     std::mem::forget(CWD.lock());
     table::lock_all();

@@ -2,13 +2,16 @@
 //!
 //! Each open of a Cairn file creates an open file description ([`Ofd`]) and a
 //! **placeholder**: a real kernel descriptor, so that descriptor numbers, `poll`,
-//! `select`, `close` of all descriptors, `O_CLOEXEC` and fd limits behave. The
-//! placeholder is a sealed, empty memfd reopened write-only: a program that reaches it
-//! without going through this library (a raw system call, a static binary) gets
-//! `EBADF` on read and `EPERM` on write rather than wrong data. Its name,
-//! `cairn:<inode>:<access>`, lets the program an `exec` starts adopt it, and its kernel
-//! file offset carries the position once the description may be shared with another
-//! process (after `fork` or `exec`).
+//! `select`, `close` of all descriptors, `O_CLOEXEC` and fd limits behave. A placeholder
+//! is a sealed, empty memfd reopened write-only: a program that reaches it without going
+//! through this library (a raw system call, a static binary) gets `EBADF` on read and
+//! `EPERM` on write rather than wrong data.
+//!
+//! An open duplicates one **template** placeholder (one system call). Before `fork` and
+//! `exec` every description is **materialized**: it gets a placeholder of its own, named
+//! `cairn:<inode>:<access>` so that the program an `exec` starts can adopt it, whose
+//! kernel file offset carries the position from then on (shared with the other
+//! process, as POSIX wants); `dup3` puts it in place under the same numbers.
 
 use crate::real;
 use crate::state::{self, err};
@@ -17,7 +20,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// One directory entry as `getdents64`/`readdir` give it.
@@ -141,14 +144,6 @@ impl Ofd {
             Ok(r)
         }
     }
-
-    /// Move the position into the placeholder `fd` (before a `fork`, or after `exec`).
-    fn share(&self, fd: c_int) {
-        let pos = self.pos.lock();
-        if !self.shared.load(Ordering::Acquire) && kernel_pos(fd, *pos, libc::SEEK_SET).is_ok() {
-            self.shared.store(true, Ordering::Release);
-        }
-    }
 }
 
 fn kernel_pos(fd: c_int, pos: u64, whence: c_int) -> io::Result<u64> {
@@ -210,7 +205,10 @@ pub fn remove(fd: c_int) -> Option<Arc<Ofd>> {
 /// Forget every descriptor in `[first, last]` (`close_range`, `closefrom`).
 pub fn remove_range(first: usize, last: usize) -> Vec<Arc<Ofd>> {
     let mut t = TABLE.lock();
-    let end = last.min(t.len().saturating_sub(1));
+    if t.is_empty() {
+        return Vec::new();
+    }
+    let end = last.min(t.len() - 1);
     let mut gone = Vec::new();
     for i in first..=end {
         if let Some(o) = t[i].take() {
@@ -240,21 +238,123 @@ pub fn posix_locked(ino: u64) -> bool {
     POSIX_LOCKED.lock().contains(&ino)
 }
 
-/// A new placeholder descriptor for inode `ino`.
-pub fn placeholder(
-    ino: u64,
-    read: bool,
-    write: bool,
-    dir: bool,
-    cloexec: bool,
-) -> io::Result<c_int> {
-    let acc = match (dir, read, write) {
-        (true, _, _) => "dir",
-        (_, true, true) => "rw",
-        (_, false, true) => "w",
-        _ => "r",
+/// The template placeholder (-1: not made yet).
+static TEMPLATE: AtomicI32 = AtomicI32::new(-1);
+
+/// A placeholder for a new open: a duplicate of the template.
+pub fn placeholder(cloexec: bool) -> io::Result<c_int> {
+    let mut t = TEMPLATE.load(Ordering::Acquire);
+    if t < 0 {
+        let n = named_placeholder("cairn:template", true)?;
+        t = match TEMPLATE.compare_exchange(-1, n, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => n,
+            Err(other) => {
+                // SAFETY: closing the descriptor made just above.
+                unsafe { real::close(n) };
+                other
+            }
+        };
+    }
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
     };
-    let name = CString::new(format!("cairn:{ino}:{acc}")).expect("no NUL");
+    // SAFETY: fcntl(F_DUPFD) on a descriptor.
+    let fd = unsafe { real::fcntl64(t, cmd, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if fd as usize >= MAX_FD {
+        // SAFETY: closing the descriptor made just above.
+        unsafe { real::close(fd) };
+        return Err(err(
+            libc::EMFILE,
+            "descriptor number too large for a Cairn file",
+        ));
+    }
+    Ok(fd)
+}
+
+/// The program closed or replaced descriptors `[first, last]`: if the template was
+/// among them, make a new one next time.
+pub fn template_gone(first: usize, last: usize) {
+    let t = TEMPLATE.load(Ordering::Acquire);
+    if t >= 0 && (first..=last).contains(&(t as usize)) {
+        let _ = TEMPLATE.compare_exchange(t, -1, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// Give every open description a placeholder of its own, named after its inode, whose
+/// kernel offset holds the position from now on (before `fork` and `exec`).
+pub fn materialize_all() {
+    let all: Vec<(c_int, Arc<Ofd>)> = TABLE
+        .lock()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| o.clone().map(|o| (i as c_int, o)))
+        .collect();
+    let mut seen: Vec<*const Ofd> = Vec::new();
+    for (_, o) in &all {
+        if o.shared.load(Ordering::Acquire) || seen.contains(&Arc::as_ptr(o)) {
+            continue;
+        }
+        seen.push(Arc::as_ptr(o));
+        let fds: Vec<c_int> = all
+            .iter()
+            .filter(|(_, x)| Arc::ptr_eq(x, o))
+            .map(|(fd, _)| *fd)
+            .collect();
+        let _ = o.materialize(&fds);
+    }
+}
+
+impl Ofd {
+    /// See [`materialize_all`]: `fds` are the descriptors of this description.
+    fn materialize(&self, fds: &[c_int]) -> io::Result<()> {
+        let pos = self.pos.lock();
+        if self.shared.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let acc = match (self.dir, self.read, self.write) {
+            (true, _, _) => "dir",
+            (_, true, true) => "rw",
+            (_, false, true) => "w",
+            _ => "r",
+        };
+        let u = named_placeholder(&format!("cairn:{}:{acc}", self.ino), true)?;
+        let r = (|| {
+            kernel_pos(u, *pos, libc::SEEK_SET)?;
+            // SAFETY: descriptor calls on `u` and on the program's descriptors `fds`,
+            // which dup3 replaces atomically, keeping their close-on-exec flag.
+            unsafe {
+                if self.append.load(Ordering::Relaxed) {
+                    real::fcntl64(u, libc::F_SETFL, libc::O_APPEND as usize);
+                }
+                for &fd in fds {
+                    let fl = real::fcntl64(fd, libc::F_GETFD, 0);
+                    let cx = if fl >= 0 && fl & libc::FD_CLOEXEC != 0 {
+                        libc::O_CLOEXEC
+                    } else {
+                        0
+                    };
+                    if real::dup3(u, fd, cx) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            }
+            self.shared.store(true, Ordering::Release);
+            Ok(())
+        })();
+        // SAFETY: closing the descriptor made above (its duplicates stay).
+        unsafe { real::close(u) };
+        r
+    }
+}
+
+/// A new named placeholder.
+fn named_placeholder(name: &str, cloexec: bool) -> io::Result<c_int> {
+    let name = CString::new(name).expect("no NUL");
     let cx = if cloexec { libc::O_CLOEXEC } else { 0 };
     // SAFETY: plain descriptor calls; `name` and `proc` are NUL-terminated and live
     // across the calls.
@@ -340,20 +440,6 @@ pub fn adopt_inherited() {
 }
 
 // ---- fork ---------------------------------------------------------------------------
-
-/// Descriptions open at a `fork` are shared with the child: their positions move into
-/// the placeholders.
-pub fn share_offsets() {
-    let all: Vec<(c_int, Arc<Ofd>)> = TABLE
-        .lock()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, o)| o.clone().map(|o| (i as c_int, o)))
-        .collect();
-    for (fd, o) in all {
-        o.share(fd);
-    }
-}
 
 pub fn lock_all() {
     std::mem::forget(TABLE.lock());

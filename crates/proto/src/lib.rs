@@ -3,6 +3,8 @@
 //! The daemon learns the client's credentials from the socket (`SO_PEERCRED`), never from
 //! a message.
 
+pub mod locktable;
+
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 
@@ -75,6 +77,15 @@ pub enum Request {
         file: Option<u64>,
         posix: bool,
     },
+    /// Lock channels only: hand the locks of `ino` to this client (PROTOCOL.md, "Lock
+    /// delegation"). Answered `Delegated` with the client's own locks on `ino`, which
+    /// leave the daemon's table, when nobody else holds or waits for a lock on it; else
+    /// `Error` with `EBUSY`.
+    Delegate { ino: u64 },
+    /// Lock channels only: the client gives the locks of `ino` back (recalled with
+    /// `Upcall::RecallLocks`, or on its own); the daemon puts `locks` in its table and
+    /// ends the delegation. Answer `Ok`.
+    ReturnLocks { ino: u64, locks: HeldLocks },
     /// A lease on inode `ino` (`write`: exclusive). Answered by `Leased` once granted
     /// (after revoking conflicting leases from other clients; PROTOCOL.md, "Leases").
     Lease { ino: u64, write: bool },
@@ -111,6 +122,18 @@ pub enum Request {
 pub enum Upcall {
     /// Give up the lease on `ino` (drop it and its cached state) and answer `UpcallAck`.
     Revoke { ino: u64 },
+    /// Another client wants a lock on `ino`, whose locks this client holds by delegation:
+    /// give them back with `ReturnLocks` (on a lock channel).
+    RecallLocks { ino: u64 },
+}
+
+/// The locks of one client on one inode, as they travel with a lock delegation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeldLocks {
+    /// Record locks: owner (`Posix` or `Ofd`), type, inclusive range, pid.
+    pub records: Vec<(LockOwner, LockType, u64, u64, u32)>,
+    /// `flock` locks: handle, type, pid.
+    pub flocks: Vec<(u64, LockType, u32)>,
 }
 
 /// What a registered client needs to run.
@@ -146,6 +169,9 @@ pub enum Response {
     Status(StatusReport),
     /// Answer to `GetLock`: `None` when the lock could be placed.
     LockConflict(Option<LockInfo>),
+    /// Answer to `Delegate`: the client now holds the locks of the inode itself,
+    /// starting with these (its own, taken out of the daemon's table).
+    Delegated(HeldLocks),
     Ok,
     /// The lease asked for with `Lease` is granted.
     Leased {

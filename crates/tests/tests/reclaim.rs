@@ -72,3 +72,19 @@ fn a_dead_pinning_reader_does_not_block_reclamation() {
     }
     assert_eq!(fs.read("/f").unwrap(), vec![19u8; 1 << 20]);
 }
+
+/// Temporary files (created and unlinked before a digest: SQLite's rollback journal)
+/// give their inode numbers back: more of them than the store has inodes.
+#[test]
+fn temporary_files_give_their_inode_numbers_back() {
+    let store = TestStore::with_size(cairn_tests::harness::StoreSize {
+        inodes: Some(1024),
+        ..Default::default()
+    });
+    let fs = store.fs();
+    for i in 0..5000 {
+        fs.write("/journal", format!("txn {i}")).unwrap();
+        fs.remove_file("/journal").unwrap();
+    }
+    assert!(fs.status().unwrap().inodes.used <= 2);
+}

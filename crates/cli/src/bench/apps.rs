@@ -265,8 +265,14 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
             in_store: Some((crate::commands::open_fs(Some(&store_dir))?, shim_inner)),
         },
         plain("cairn-fuse", mp.join(format!("bench-apps-{pid}"))),
-        plain(&host_name, host_dir.join(format!(".cairn-bench-apps-{pid}"))),
-        plain("tmpfs", Path::new("/dev/shm").join(format!("cairn-bench-apps-{pid}"))),
+        plain(
+            &host_name,
+            host_dir.join(format!(".cairn-bench-apps-{pid}")),
+        ),
+        plain(
+            "tmpfs",
+            Path::new("/dev/shm").join(format!("cairn-bench-apps-{pid}")),
+        ),
     ];
     let s = args.scale;
     let mut results = Vec::new();
@@ -343,7 +349,9 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
                 .iter()
                 .find(|r| r.app == app && r.system == sys)
         };
-        let Some(shim) = get("cairn-shim") else { continue };
+        let Some(shim) = get("cairn-shim") else {
+            continue;
+        };
         let better = |o: &AppResult| {
             if shim.higher_is_better {
                 shim.value / o.value
