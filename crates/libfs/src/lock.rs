@@ -22,6 +22,11 @@
 //!   bounded with the `*_timeout` calls (`ETIMEDOUT`).
 //! * **Errors.** A conflict without waiting: `EAGAIN` (`ErrorKind::WouldBlock`; it is also
 //!   `EWOULDBLOCK` for `flock`).
+//! * **Delegation.** While no other client uses an inode's locks, the daemon hands them
+//!   to this client, which then answers lock calls on it from its own table (the
+//!   daemon's code, `cairn_proto::locktable`) without a round trip; another client's
+//!   request makes the daemon recall them (an upcall answered with `ReturnLocks`), and a
+//!   request here that must wait gives them back first (PROTOCOL.md, "Lock delegation").
 //! * **Daemon restart.** Locks live in the daemon's memory: a daemon that restarts while
 //!   this process runs has forgotten its locks (requests after that work normally).
 

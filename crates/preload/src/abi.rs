@@ -111,7 +111,7 @@ pub fn inode_path(o: &Ofd) -> CPath {
     CPath {
         dir: o.ino,
         path: Vec::new(),
-        host: None,
+        base: ops::Base::Unknown,
     }
 }
 

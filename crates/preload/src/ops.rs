@@ -20,11 +20,34 @@ pub const BLOCK: u64 = 4096;
 pub struct CPath {
     pub dir: u64,
     pub path: Vec<u8>,
-    /// Its host-visible absolute path, when known (for `chdir`, `realpath`).
-    pub host: Option<Vec<u8>>,
+    /// What `path` is relative to, host-visible (for [`CPath::host`]).
+    pub base: Base,
+}
+
+/// The host-visible directory a Cairn path starts from.
+#[derive(Debug, Clone)]
+pub enum Base {
+    /// The prefix (an absolute path).
+    Prefix,
+    /// A directory at this absolute, canonical path.
+    Dir(Vec<u8>),
+    Unknown,
 }
 
 impl CPath {
+    /// The host-visible absolute path, read lexically, if its base is known (computed
+    /// only when asked: opening a directory remembers it).
+    pub fn host(&self) -> Option<Vec<u8>> {
+        match &self.base {
+            Base::Prefix => {
+                let rel = self.path.strip_prefix(b"/").unwrap_or(&self.path);
+                Some(paths::join_lexical(state::config().prefix(), rel))
+            }
+            Base::Dir(b) => Some(paths::join_lexical(b, &self.path)),
+            Base::Unknown => None,
+        }
+    }
+
     pub fn at(&self) -> At<'_> {
         At {
             dir: self.dir,
@@ -54,7 +77,7 @@ pub fn classify(dirfd: c_int, path: &[u8]) -> io::Result<Where> {
             Some(rest) => Where::Cairn(CPath {
                 dir: root_ino(),
                 path: rest.to_vec(),
-                host: Some(paths::join_lexical(b"/", path)),
+                base: Base::Prefix,
             }),
             None => Where::Host(None),
         });
@@ -79,7 +102,7 @@ pub fn classify(dirfd: c_int, path: &[u8]) -> io::Result<Where> {
     Ok(Where::Cairn(CPath {
         dir,
         path: path.to_vec(),
-        host: base.map(|b| paths::join_lexical(&b, path)),
+        base: base.map_or(Base::Unknown, Base::Dir),
     }))
 }
 
@@ -132,10 +155,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
                 if write {
                     return Err(err(libc::EISDIR, "open: is a directory"));
                 }
-                let host = match &cp.host {
-                    Some(h) => Some(h.clone()),
-                    None => path_of_dir(&fs, m.ino()).ok(),
-                };
+                let host = cp.host().or_else(|| path_of_dir(&fs, m.ino()).ok());
                 let fd = table::placeholder(cloexec)?;
                 table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host)));
                 return Ok(fd);
@@ -761,7 +781,7 @@ pub fn realpath(cp: &CPath) -> io::Result<Vec<u8>> {
             cur = CPath {
                 dir: pm.ino(),
                 path: t,
-                host: None,
+                base: Base::Unknown,
             };
             continue;
         }
