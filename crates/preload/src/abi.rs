@@ -172,10 +172,11 @@ pub unsafe fn slice_mut<'a>(ptr: *mut libc::c_void, len: usize) -> &'a mut [u8] 
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
 }
 
-/// Fill any `stat`-shaped structure (`stat`, `stat64`: one layout on x86-64).
+/// Fill any `stat`-shaped structure (`stat`, `stat64`: one layout on x86-64) from an
+/// `ops::Stat`.
 macro_rules! fill_stat {
-    ($st:expr, $m:expr) => {{
-        let s = crate::ops::stat_of($m);
+    ($st:expr, $s:expr) => {{
+        let s: &crate::ops::Stat = $s;
         let st = $st;
         st.st_dev = crate::ops::DEV as _;
         st.st_ino = s.ino as _;
@@ -197,8 +198,7 @@ macro_rules! fill_stat {
 }
 pub(crate) use fill_stat;
 
-pub fn fill_statx(st: &mut libc::statx, m: &cairn::Metadata) {
-    let s = ops::stat_of(m);
+pub fn fill_statx(st: &mut libc::statx, s: &ops::Stat) {
     // SAFETY: statx is plain old data; all-zero is a valid value.
     *st = unsafe { std::mem::zeroed() };
     st.stx_mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;

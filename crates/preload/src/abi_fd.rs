@@ -446,8 +446,7 @@ pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat64) -> c_int {
         fd,
         || unsafe { real::fstat64(fd, st) },
         |o| {
-            let m = ops::fstat(&o)?;
-            fill_stat!(unsafe { &mut *st }, &m);
+            fill_stat!(unsafe { &mut *st }, &ops::fstat(&o)?);
             Ok(0)
         },
     )
@@ -667,7 +666,7 @@ fn lock_range(fd: c_int, o: &Ofd, fl: &libc::flock64) -> io::Result<(u64, u64)> 
     let base: i64 = match fl.l_whence as c_int {
         libc::SEEK_SET => 0,
         libc::SEEK_CUR => ops::lseek(fd, o, 0, libc::SEEK_CUR)? as i64,
-        libc::SEEK_END => ops::fstat(o)?.len() as i64,
+        libc::SEEK_END => ops::fstat(o)?.size as i64,
         _ => return Err(err(libc::EINVAL, "fcntl: bad l_whence")),
     };
     let mut start = base
@@ -845,7 +844,7 @@ pub unsafe extern "C" fn statx(
             |p| real::statx(dirfd, p, flags, mask, st),
             |cp| {
                 let m = ops::stat(cp, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
-                fill_statx(&mut *st, &m);
+                fill_statx(&mut *st, &ops::stat_of(&m));
                 Ok(0)
             },
         )

@@ -125,7 +125,7 @@ unsafe fn stat_at(
             |p| real::fstatat64(dirfd, p, st, flags),
             |cp| {
                 let m = ops::stat(cp, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
-                fill_stat!(&mut *st, &m);
+                fill_stat!(&mut *st, &ops::stat_of(&m));
                 Ok(0)
             },
         )

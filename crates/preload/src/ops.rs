@@ -157,7 +157,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
                 }
                 let host = cp.host().or_else(|| path_of_dir(&fs, m.ino()).ok());
                 let fd = table::placeholder(cloexec)?;
-                table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host)));
+                table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host, Some(stat_of(&m)))));
                 return Ok(fd);
             }
             Ok(m) if m.is_symlink() && !path_only => {
@@ -311,16 +311,21 @@ pub fn pwrite(o: &Ofd, buf: &[u8], off: i64) -> io::Result<usize> {
 
 pub fn lseek(fd: c_int, o: &Ofd, off: i64, whence: c_int) -> io::Result<u64> {
     if o.dir {
-        if whence != libc::SEEK_SET || off < 0 {
-            return Err(err(
-                libc::EINVAL,
-                "lseek: a directory seeks to a saved position only",
-            ));
-        }
-        if off == 0 {
-            *o.entries.lock() = None;
-        }
-        return o.with_pos(fd, |_| Ok((off as u64, off as u64)));
+        // A directory's position is an entry index: set or moved (as tmpfs does; the
+        // end of a directory has no position).
+        return o.with_pos(fd, |p| {
+            let new = match whence {
+                libc::SEEK_SET => Some(off),
+                libc::SEEK_CUR => (p as i64).checked_add(off),
+                _ => None,
+            }
+            .filter(|&n| n >= 0)
+            .ok_or_else(|| err(libc::EINVAL, "lseek: bad position in a directory"))?;
+            if new == 0 {
+                *o.entries.lock() = None;
+            }
+            Ok((new as u64, new as u64))
+        });
     }
     let size = || -> io::Result<u64> { Ok(ofd_meta(o)?.len()) };
     let to = |base: u64| -> io::Result<u64> {
@@ -387,8 +392,20 @@ pub fn fallocate(o: &Ofd, mode: c_int, off: i64, len: i64) -> io::Result<()> {
 
 // ---- metadata --------------------------------------------------------------------
 
-pub fn fstat(o: &Ofd) -> io::Result<Metadata> {
-    ofd_meta(o)
+/// `fstat`. A directory removed while open is reported as it was when opened, with
+/// no links (as Linux does); a file removed while open stays readable in LibFS.
+pub fn fstat(o: &Ofd) -> io::Result<Stat> {
+    match ofd_meta(o) {
+        Ok(m) => Ok(stat_of(&m)),
+        Err(e) if state::errno_of(&e) == libc::ENOENT && o.dir => match &*o.opened.lock() {
+            Some(s) => Ok(Stat {
+                nlink: 0,
+                ..s.clone()
+            }),
+            None => Err(e),
+        },
+        Err(e) => Err(e),
+    }
 }
 
 pub fn stat(cp: &CPath, follow: bool) -> io::Result<Metadata> {
@@ -401,6 +418,7 @@ pub fn stat(cp: &CPath, follow: bool) -> io::Result<Metadata> {
 }
 
 /// The `stat` fields of `m`, in a form the C entry points copy into any `stat` layout.
+#[derive(Debug, Clone)]
 pub struct Stat {
     pub ino: u64,
     pub mode: u32,
@@ -583,6 +601,9 @@ pub fn statfs() -> io::Result<(u64, u64, u64, u64)> {
 pub fn unlink(cp: &CPath, dir: bool) -> io::Result<()> {
     let fs = fs()?;
     if dir {
+        if let Ok(m) = fs.symlink_metadata(cp.at()) {
+            table::dir_removing(m.ino(), &stat_of(&m));
+        }
         fs.remove_dir(cp.at())
     } else {
         fs.remove_file(cp.at())

@@ -48,6 +48,9 @@ pub struct Ofd {
     pub entries: Mutex<Option<Vec<Dent>>>,
     /// A directory's host-visible path (for `fchdir`), if known.
     pub path: Option<Vec<u8>>,
+    /// A directory's attributes when it was opened, or last seen before this process
+    /// removed it (`fstat` after it was removed).
+    pub opened: Mutex<Option<crate::ops::Stat>>,
 }
 
 impl Ofd {
@@ -57,8 +60,11 @@ impl Ofd {
         o
     }
 
-    pub fn new_dir(ino: u64, path: Option<Vec<u8>>) -> Ofd {
-        Ofd::blank(ino, true, true, false, false, path)
+    pub fn new_dir(ino: u64, path: Option<Vec<u8>>, opened: Option<crate::ops::Stat>) -> Ofd {
+        Ofd {
+            opened: Mutex::new(opened),
+            ..Ofd::blank(ino, true, true, false, false, path)
+        }
     }
 
     /// `O_PATH`: names the inode; no reading or writing.
@@ -85,6 +91,7 @@ impl Ofd {
             file: OnceLock::new(),
             entries: Mutex::new(None),
             path,
+            opened: Mutex::new(None),
         }
     }
 
@@ -99,7 +106,10 @@ impl Ofd {
             self.path.clone(),
         );
         o.shared.store(true, Ordering::Relaxed);
-        o
+        Ofd {
+            opened: Mutex::new(self.opened.lock().clone()),
+            ..o
+        }
     }
 
     /// The LibFS handle (a regular file's), opened by inode when inherited.
@@ -222,6 +232,16 @@ pub fn remove_range(first: usize, last: usize) -> Vec<Arc<Ofd>> {
 /// Whether another descriptor still refers to `ofd`.
 pub fn still_open(ofd: &Arc<Ofd>) -> bool {
     TABLE.lock().iter().flatten().any(|o| Arc::ptr_eq(o, ofd))
+}
+
+/// Directory `ino` is about to be removed by this process: its open descriptions keep
+/// these attributes for `fstat`.
+pub fn dir_removing(ino: u64, st: &crate::ops::Stat) {
+    for o in TABLE.lock().iter().flatten() {
+        if o.dir && o.ino == ino {
+            *o.opened.lock() = Some(st.clone());
+        }
+    }
 }
 
 /// Inodes on which this process asked for POSIX record locks.
@@ -423,7 +443,7 @@ pub fn adopt_inherited() {
         // SAFETY: fcntl(F_GETFL) on a descriptor.
         let fl = unsafe { real::fcntl64(fd, libc::F_GETFL, 0) };
         let o = if dir {
-            Ofd::new_dir(ino, None)
+            Ofd::new_dir(ino, None, None)
         } else {
             Ofd::blank(
                 ino,

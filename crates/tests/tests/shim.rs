@@ -549,3 +549,27 @@ fn run_reports_what_is_wrong() {
         libc::EACCES.to_string()
     );
 }
+
+/// Model-based: random sequences of POSIX calls (open with many flag sets, read, write,
+/// pread, pwrite, lseek, ftruncate, fstat, stat, lstat, mkdir, rmdir, unlink, rename,
+/// link, symlink, readlink, listdir, truncate, chmod, access, dup, fsync) applied by one
+/// process running under the library to a host directory (Linux, the reference) and to
+/// a Cairn directory; every outcome and errno, and the whole trees (kinds, sizes, modes,
+/// link counts, contents, link targets) every 50 calls, must agree
+/// (`crates/tests/scripts/shim_model.py`).
+#[test]
+fn random_call_sequences_match_linux() {
+    let store = TestStore::new();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/shim_model.py");
+    for seed in 1..=8 {
+        let reference = tempfile::tempdir().unwrap();
+        let out = sh(
+            &store,
+            &format!(
+                "mkdir /cairn/m{seed} && python3 {script} {seed} 800 {} /cairn/m{seed}",
+                reference.path().display()
+            ),
+        );
+        assert_eq!(out, "ok 800\n", "seed {seed}");
+    }
+}
