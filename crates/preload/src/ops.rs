@@ -673,15 +673,19 @@ fn kind_byte(t: cairn::FileType) -> u8 {
     }
 }
 
+/// The inode of directory `ino`'s parent (the root is its own).
+fn parent_of(fs: &Fs, ino: u64) -> io::Result<u64> {
+    let p = At {
+        dir: ino,
+        path: bytes_path(b".."),
+    };
+    Ok(fs.metadata(p)?.ino())
+}
+
 /// The entries of directory `ino`, with `.` and `..` first.
 pub fn list(ino: u64) -> io::Result<Vec<Dent>> {
     let fs = fs()?;
-    let parent = fs
-        .metadata(At {
-            dir: ino,
-            path: bytes_path(b".."),
-        })?
-        .ino();
+    let parent = parent_of(&fs, ino)?;
     let mut v = vec![
         Dent {
             ino,
@@ -710,12 +714,7 @@ pub fn list(ino: u64) -> io::Result<Vec<Dent>> {
 pub fn path_of_dir(fs: &Fs, mut ino: u64) -> io::Result<Vec<u8>> {
     let mut names: Vec<Vec<u8>> = Vec::new();
     for _ in 0..4096 {
-        let parent = fs
-            .metadata(At {
-                dir: ino,
-                path: bytes_path(b".."),
-            })?
-            .ino();
+        let parent = parent_of(fs, ino)?;
         if parent == ino {
             let mut out = state::config().prefix().to_vec();
             for n in names.iter().rev() {
