@@ -155,6 +155,14 @@ pub fn format_full(ns: i64) -> String {
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}.{sub:09} +0000")
 }
 
+/// `v` as pretty JSON with a final newline (the `--json` outputs).
+pub fn json_text<T: serde::Serialize>(v: &T, what: &str) -> crate::error::CliResult<String> {
+    let mut s = serde_json::to_string_pretty(v)
+        .map_err(|e| crate::error::CliError::new(format!("encoding {what}: {e}")))?;
+    s.push('\n');
+    Ok(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -320,10 +320,7 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         store: store_dir.display().to_string(),
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| CliError::new(e.to_string()))?
-        );
+        print!("{}", crate::util::json_text(&report, "the results")?);
         return Ok(());
     }
     println!(

@@ -234,10 +234,7 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
         store: store_dir.display().to_string(),
     };
     let text = if args.json {
-        let mut s = serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::new(format!("encoding the results: {e}")))?;
-        s.push('\n');
-        s
+        crate::util::json_text(&report, "the results")?
     } else {
         report::human(&report, &host_name, &host_dir)
     };

@@ -108,10 +108,7 @@ pub fn status(store: Option<&Path>, json: bool) -> CliResult {
     let report = cairn::daemon_status(store)?;
     let mut out = std::io::stdout().lock();
     let text = if json {
-        let mut s = serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::new(format!("encoding the status report: {e}")))?;
-        s.push('\n');
-        s
+        crate::util::json_text(&report, "the status report")?
     } else {
         format_status(&report)
     };
