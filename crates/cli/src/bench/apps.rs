@@ -29,6 +29,10 @@ pub struct AppsArgs {
     /// Redis 5,000 SETs)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub scale: u64,
+    /// Measure each application on each system N times (the systems take turns) and
+    /// report the median
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub runs: u64,
 }
 
 /// One measurement.
@@ -37,8 +41,11 @@ pub struct AppResult {
     pub app: String,
     pub system: String,
     pub metric: String,
+    /// The median of `runs`.
     pub value: f64,
     pub higher_is_better: bool,
+    /// Every measurement, in the order taken.
+    pub runs: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,8 +108,8 @@ fn run_ok(cmd: &mut Command, what: &str) -> CliResult<String> {
 }
 
 /// SQLite: `n` single-insert transactions with `synchronous=FULL`; inserts per second.
-fn sqlite(sys: &System, n: u64) -> CliResult<f64> {
-    let db = sys.dir.join("bench.sqlite");
+fn sqlite(sys: &System, sub: &str, n: u64) -> CliResult<f64> {
+    let db = sys.mkdir(sub)?.join("bench.sqlite");
     run_ok(
         sys.cmd("sqlite3")
             .arg(&db)
@@ -150,11 +157,14 @@ fn sqlite(sys: &System, n: u64) -> CliResult<f64> {
 }
 
 /// RocksDB: `db_bench fillsync` with `ops` synced writes; µs per operation.
-fn rocksdb(sys: &System, ops: u64) -> CliResult<f64> {
+fn rocksdb(sys: &System, sub: &str, ops: u64) -> CliResult<f64> {
     let out = run_ok(
         sys.cmd("db_bench")
             .arg("--benchmarks=fillsync")
-            .arg(format!("--db={}", sys.dir.join("rocksdb").display()))
+            .arg(format!(
+                "--db={}",
+                sys.mkdir(sub)?.join("rocksdb").display()
+            ))
             // fillsync writes num/1000 values, each synced.
             .arg(format!("--num={}", ops * 1000))
             .args(["--value_size=100", "--threads=1", "--sync=1"]),
@@ -169,8 +179,8 @@ fn rocksdb(sys: &System, ops: u64) -> CliResult<f64> {
 }
 
 /// Redis: `n` SETs (`redis-benchmark`, one client) with `appendfsync always`; per second.
-fn redis(sys: &System, n: u64) -> CliResult<f64> {
-    let rd = sys.mkdir("redis")?;
+fn redis(sys: &System, sub: &str, n: u64) -> CliResult<f64> {
+    let rd = sys.mkdir(&format!("{sub}/redis"))?;
     // The socket lives on the host (a FUSE file system holds no sockets).
     let sock_dir = tempfile_dir("cairn-bench-redis")?;
     let sock = sock_dir.join("redis.sock");
@@ -229,6 +239,18 @@ fn redis(sys: &System, n: u64) -> CliResult<f64> {
         .ok_or_else(|| CliError::new(format!("redis-benchmark output without SET: {out}")))
 }
 
+/// The median of `v` (not empty).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
 fn tempfile_dir(prefix: &str) -> CliResult<PathBuf> {
     let d = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
@@ -275,39 +297,57 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         ),
     ];
     let s = args.scale;
-    let mut results = Vec::new();
+    type Measure = fn(&System, &str, u64) -> CliResult<f64>;
+    let apps: [(&str, &str, &str, bool, Measure, u64); 3] = [
+        ("sqlite", "SQLite", "inserts_per_s", true, sqlite, 2000 * s),
+        (
+            "rocksdb",
+            "RocksDB fillsync",
+            "fillsync_us_per_op",
+            false,
+            rocksdb,
+            500 * s,
+        ),
+        ("redis", "Redis SET", "set_per_s", true, redis, 5000 * s),
+    ];
+    // (app, system) -> measurements; the systems take turns, run after run.
+    let mut taken: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); systems.len()]; apps.len()];
     let r = (|| -> CliResult {
-        for sys in &systems {
-            let name = &sys.name;
-            sys.mkdir("")?;
-            progress(format_args!("bench apps: SQLite on {name}\n"));
-            results.push(AppResult {
-                app: "sqlite".into(),
-                system: name.clone(),
-                metric: "inserts_per_s".into(),
-                value: sqlite(sys, 2000 * s)?,
-                higher_is_better: true,
-            });
-            progress(format_args!("bench apps: RocksDB fillsync on {name}\n"));
-            results.push(AppResult {
-                app: "rocksdb".into(),
-                system: name.clone(),
-                metric: "fillsync_us_per_op".into(),
-                value: rocksdb(sys, 500 * s)?,
-                higher_is_better: false,
-            });
-            progress(format_args!("bench apps: Redis SET on {name}\n"));
-            results.push(AppResult {
-                app: "redis".into(),
-                system: name.clone(),
-                metric: "set_per_s".into(),
-                value: redis(sys, 5000 * s)?,
-                higher_is_better: true,
-            });
-            sys.remove()?;
+        for run in 0..args.runs {
+            let sub = format!("run{run}");
+            for (si, sys) in systems.iter().enumerate() {
+                sys.mkdir("")?;
+                for (ai, (_, label, _, _, measure, n)) in apps.iter().enumerate() {
+                    progress(format_args!(
+                        "bench apps: run {}/{}: {label} on {}\n",
+                        run + 1,
+                        args.runs,
+                        sys.name
+                    ));
+                    taken[ai][si].push(measure(sys, &sub, *n)?);
+                }
+                sys.remove()?;
+            }
         }
         Ok(())
     })();
+    let mut results = Vec::new();
+    for (si, sys) in systems.iter().enumerate() {
+        for (ai, (app, _, metric, higher, _, _)) in apps.iter().enumerate() {
+            let runs = std::mem::take(&mut taken[ai][si]);
+            if runs.is_empty() {
+                continue;
+            }
+            results.push(AppResult {
+                app: app.to_string(),
+                system: sys.name.clone(),
+                metric: metric.to_string(),
+                value: median(&runs),
+                higher_is_better: *higher,
+                runs,
+            });
+        }
+    }
     for sys in &systems {
         let _ = sys.remove();
     }
@@ -324,7 +364,9 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         return Ok(());
     }
     println!(
-        "Applications on Cairn (LD_PRELOAD shim, FUSE mount), {host_name} and tmpfs (not durable)"
+        "Applications on Cairn (LD_PRELOAD shim, FUSE mount), {host_name} and tmpfs (not \
+         durable); median of {} run(s)",
+        args.runs
     );
     println!(
         "{:<8} {:<20} {:<12} {:>14}",
@@ -365,4 +407,16 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }
