@@ -205,6 +205,22 @@ impl File {
         Ok(end)
     }
 
+    /// For mapping `pages` 4 KiB pages from `off` (a multiple of 4096) in place: per page
+    /// the offset of its digested data in the NVM tier file ([`Fs::nvm_path`]), or `None`
+    /// for a page to read instead. If any page is given, the blocks are pinned until
+    /// [`File::map_unpin`] with the returned epoch (reclamation waits meanwhile).
+    pub fn map_plan(&self, off: u64, pages: usize) -> io::Result<(Vec<Option<u64>>, Option<u64>)> {
+        if !self.read {
+            return Err(fs_err(libc::EACCES, "mmap: file not open for reading"));
+        }
+        self.fs.run(|st| self.fs.map_plan(st, self.ino, off, pages))
+    }
+
+    /// The mapping pinned at epoch `e` by [`File::map_plan`] is gone.
+    pub fn map_unpin(&self, e: u64) -> io::Result<()> {
+        self.fs.run(|st| self.fs.map_unpin(st, e))
+    }
+
     /// Truncate or extend the file to `size` bytes (extension reads as zeros).
     pub fn set_len(&self, size: u64) -> io::Result<()> {
         if !self.write {

@@ -170,6 +170,9 @@ pub(crate) struct State {
     pinned: HashSet<u64>,
     /// Reused buffer for metadata transactions.
     buf: Vec<u8>,
+    /// Epochs pinned by mappings of shared-area blocks (`Inner::map_plan`): the reader
+    /// epoch never rises above the oldest while they live.
+    long_pins: Vec<u64>,
     /// Leases held. PROTOCOL.md, "Leases".
     leases: InoMap<Lease>,
     /// Shared-write inodes the running operation needed, with their sequence words
@@ -194,6 +197,8 @@ pub(crate) struct Inner {
     pub(crate) cred: Cred,
     /// The umask applied to created files (the process's at open; see `Fs::set_umask`).
     pub(crate) umask: std::sync::atomic::AtomicU32,
+    /// The NVM tier file.
+    pub(crate) nvm_path: PathBuf,
     pub(crate) pid: u32,
     slot: u32,
     slot_gen: u64,
@@ -304,23 +309,33 @@ impl Tx {
     }
 }
 
-/// Read guard for the shared area: publishes the reader epoch while alive.
+/// Read guard for the shared area: publishes the reader epoch while alive. `floor` is
+/// the oldest epoch a mapping pins (0: none), which the reader epoch never rises above
+/// and goes back to afterwards.
 struct Pin<'a> {
     ring: &'a Ring,
+    floor: u64,
 }
 
 impl<'a> Pin<'a> {
-    fn new(area: &Area, ring: &'a Ring) -> io::Result<Pin<'a>> {
+    fn new(area: &Area, ring: &'a Ring, floor: u64) -> io::Result<Pin<'a>> {
         let e = area.global_epoch()?;
-        ring.set_reader_epoch(e)?;
+        ring.set_reader_epoch(if floor != 0 { e.min(floor) } else { e })?;
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        Ok(Pin { ring })
+        Ok(Pin { ring, floor })
     }
 }
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        let _ = self.ring.set_reader_epoch(0);
+        let _ = self.ring.set_reader_epoch(self.floor);
+    }
+}
+
+impl State {
+    /// The oldest epoch a mapping pins (0: none).
+    fn pin_floor(&self) -> u64 {
+        self.long_pins.iter().copied().min().unwrap_or(0)
     }
 }
 
@@ -521,6 +536,7 @@ impl Inner {
                 groups,
             },
             umask: std::sync::atomic::AtomicU32::new(umask),
+            nvm_path: PathBuf::from(&reg.nvm_path),
             pid,
             slot: reg.slot,
             slot_gen: reg.slot_gen,
@@ -544,6 +560,7 @@ impl Inner {
                 orphans: HashSet::new(),
                 pinned: HashSet::new(),
                 buf: Vec::new(),
+                long_pins: Vec::new(),
                 ring,
             }),
             area,
@@ -1370,7 +1387,7 @@ impl Inner {
             }
             gen = Some(o.gen);
         }
-        let _pin = Pin::new(&self.area, &st.ring)?;
+        let _pin = Pin::new(&self.area, &st.ring, st.pin_floor())?;
         let inode = self.area.read_inode(dir)?;
         match gen {
             Some(g) if g != inode.generation || inode.attrs.kind != Kind::Dir => Ok(None),
@@ -1384,7 +1401,7 @@ impl Inner {
         let o = st.ov.get(&dir);
         let mut out = Vec::new();
         {
-            let _pin = Pin::new(&self.area, &st.ring)?;
+            let _pin = Pin::new(&self.area, &st.ring, st.pin_floor())?;
             let inode = self.area.read_inode(dir)?;
             let fresh = o.is_some_and(|o| o.gen != inode.generation);
             if inode.attrs.kind == Kind::Dir && !fresh {
@@ -1431,6 +1448,7 @@ impl Inner {
         let mut shared = SharedFile {
             area: &self.area,
             ring: &st.ring,
+            floor: st.pin_floor(),
             ino,
             gen,
             state: None,
@@ -1449,6 +1467,68 @@ impl Inner {
             }
         }
         Ok(n)
+    }
+
+    /// Where each 4 KiB page of `pages` pages from `off` (a multiple of 4096) of file
+    /// `ino` lies, for mapping it in place: `Some(offset in the NVM tier file)` for a
+    /// whole page of digested data inside the file, `None` for a page to read (logged
+    /// and not digested, a hole, the file's last partial page, beyond its end). When a
+    /// page is `Some`, the epoch returned is pinned — the blocks stay until
+    /// [`Inner::map_unpin`] — so the pin is taken before the map is read.
+    pub(crate) fn map_plan(
+        &self,
+        st: &mut State,
+        ino: u64,
+        off: u64,
+        pages: usize,
+    ) -> io::Result<(Vec<Option<u64>>, Option<u64>)> {
+        let (gen, attrs) = self.attrs(st, ino)?;
+        if attrs.kind != Kind::File {
+            return Err(fs_err(libc::ENODEV, "mmap: not a regular file"));
+        }
+        let e = self.area.global_epoch()?;
+        st.long_pins.push(e);
+        st.ring.set_reader_epoch(st.pin_floor())?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let plan = (|| -> io::Result<Vec<Option<u64>>> {
+            let mut plan = vec![None; pages];
+            let inode = self.area.read_inode(ino)?;
+            if inode.generation != gen || inode.attrs.kind != Kind::File {
+                return Ok(plan);
+            }
+            let ov = st.ov.get(&ino).filter(|o| !o.ext.is_empty());
+            for (i, p) in plan.iter_mut().enumerate() {
+                let start = off + (i as u64) * BLOCK_SIZE_U64;
+                let end = start + BLOCK_SIZE_U64;
+                if end > attrs.size || end > inode.attrs.size {
+                    break;
+                }
+                if ov.is_some_and(|o| o.ext.segments(start, end).any(|s| s.src.is_some())) {
+                    continue;
+                }
+                if let Some(blk) = self.area.block_of(&inode, start / BLOCK_SIZE_U64)? {
+                    *p = Some(blk * BLOCK_SIZE_U64);
+                }
+            }
+            Ok(plan)
+        })();
+        let keep = plan.as_ref().is_ok_and(|p| p.iter().any(Option::is_some));
+        if !keep {
+            self.unpin_epoch(st, e)?;
+        }
+        Ok((plan?, keep.then_some(e)))
+    }
+
+    /// A mapping pinned by [`Inner::map_plan`] at epoch `e` is gone.
+    pub(crate) fn map_unpin(&self, st: &mut State, e: u64) -> io::Result<()> {
+        self.unpin_epoch(st, e)
+    }
+
+    fn unpin_epoch(&self, st: &mut State, e: u64) -> io::Result<()> {
+        if let Some(i) = st.long_pins.iter().position(|&x| x == e) {
+            st.long_pins.swap_remove(i);
+        }
+        st.ring.set_reader_epoch(st.pin_floor())
     }
 
     // ---------------------------------------------------------------- path resolution
@@ -1590,6 +1670,7 @@ impl Inner {
 struct SharedFile<'a> {
     area: &'a Area,
     ring: &'a Ring,
+    floor: u64,
     ino: u64,
     gen: u64,
     /// The pin and the shared inode, once the first gap is read.
@@ -1601,7 +1682,7 @@ impl SharedFile<'_> {
     /// the shared inode is not (yet) this file.
     fn read(&mut self, off: u64, dst: &mut [u8]) -> io::Result<()> {
         if self.state.is_none() {
-            let pin = Pin::new(self.area, self.ring)?;
+            let pin = Pin::new(self.area, self.ring, self.floor)?;
             let i = self.area.read_inode(self.ino)?;
             let ok = i.generation == self.gen && i.attrs.kind != Kind::Free;
             self.state = Some((pin, ok.then_some(i)));

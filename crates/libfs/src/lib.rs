@@ -115,6 +115,11 @@ impl Fs {
             .store(mask & 0o777, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The NVM tier file (for mapping digested data in place: [`File::map_plan`]).
+    pub fn nvm_path(&self) -> &Path {
+        &self.inner.nvm_path
+    }
+
     /// The store directory.
     pub fn store_dir(&self) -> &Path {
         self.inner.store_dir()

@@ -1,15 +1,20 @@
 //! Memory mappings of Cairn files.
 //!
-//! A mapping is anonymous memory filled from the file at `mmap` time (private mappings
-//! and read-only ones are complete then). A shared mapping of a description open for
-//! writing is tracked: at `msync`, `munmap` and process exit, the pages that differ from
+//! A mapping is anonymous memory in which the pages whose data are digested in the
+//! shared area map the NVM tier file in place (`MAP_PRIVATE`, read-only file
+//! descriptor: writes to a private mapping are copied on write), and the other pages
+//! (logged and not digested yet, holes, the last partial page) are filled from the file.
+//! A mapping in place pins its epoch, so its blocks are not reused until it is unmapped
+//! (reclamation waits meanwhile); a child after `fork` gets copies instead, as it has
+//! no pin of its own. A shared mapping of a description open for writing is filled by
+//! copy and tracked: at `msync`, `munmap` and process exit, the pages that differ from
 //! the file are written to it (each run of changed pages one durable write). Changes
 //! made by other processes after `mmap` are not seen through a mapping.
 //! SAFETY: see `abi.rs`; tracked ranges are memory this library mapped and that is
 //! still mapped (a range leaves the list before `munmap` unmaps it).
 
 use crate::abi::{fd_call, run, slice, slice_mut};
-use crate::maps::{dirty_runs, Mapping, MAPS};
+use crate::maps::{dirty_runs, MapKind, MapPin, Mapping, MAPS};
 use crate::real;
 use crate::state::err;
 use crate::table::{self, Ofd};
@@ -39,6 +44,50 @@ fn busy_run<T>(f: impl FnOnce() -> T) -> T {
     let r = f();
     BUSY.with(|b| b.set(false));
     r
+}
+
+/// The NVM tier file, open read-only: descriptor, device and inode (checked before use:
+/// a program may have closed the descriptor).
+static NVM: parking_lot::Mutex<Option<(c_int, u64, u64)>> = parking_lot::Mutex::new(None);
+
+fn nvm_fd() -> io::Result<c_int> {
+    let mut g = NVM.lock();
+    if let Some((fd, dev, ino)) = *g {
+        // SAFETY: fstat into a local buffer.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        if unsafe { real::fstat64(fd, &mut st) } == 0 && st.st_dev == dev && st.st_ino == ino {
+            return Ok(fd);
+        }
+    }
+    let fs = crate::state::fs()?;
+    let path = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+        fs.nvm_path().as_os_str(),
+    ))
+    .map_err(|_| err(libc::EINVAL, "NVM path"))?;
+    // SAFETY: open and fstat with a NUL-terminated path and a local buffer.
+    unsafe {
+        let fd = real::open64(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut st: libc::stat64 = std::mem::zeroed();
+        real::fstat64(fd, &mut st);
+        *g = Some((fd, st.st_dev, st.st_ino));
+        Ok(fd)
+    }
+}
+
+/// Fill `mem` (the mapping's bytes from file offset `off`) from the file.
+fn fill(f: &cairn::File, mem: &mut [u8], off: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < mem.len() {
+        let n = f.read_at(&mut mem[done..], off + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(())
 }
 
 fn map_cairn(
@@ -77,28 +126,85 @@ fn map_cairn(
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    let fill = (size.saturating_sub(off as u64)).min(len as u64) as usize;
-    // SAFETY: `p` was just mapped readable and writable for `len >= fill` bytes.
-    let mem = unsafe { slice_mut(p, fill) };
-    let mut done = 0;
-    while done < fill {
-        let n = f.read_at(&mut mem[done..], off as u64 + done as u64)?;
-        if n == 0 {
-            break;
+    let filled = (size.saturating_sub(off as u64)).min(len as u64) as usize;
+    let write_back = shared && o.write;
+    // Pages in place: not for a mapping whose writes go back to the file.
+    let (plan, epoch) = if write_back || filled < PAGE {
+        (Vec::new(), None)
+    } else {
+        f.map_plan(off as u64, filled / PAGE)?
+    };
+    let mut in_place = vec![false; plan.len()];
+    if epoch.is_some() {
+        let nvm = nvm_fd()?;
+        let mut i = 0;
+        while i < plan.len() {
+            let Some(start) = plan[i] else {
+                i += 1;
+                continue;
+            };
+            let mut j = i + 1;
+            while j < plan.len() && plan[j] == Some(start + ((j - i) * PAGE) as u64) {
+                j += 1;
+            }
+            // SAFETY: replaces pages of the anonymous mapping made above, with a private
+            // mapping of the NVM tier file (read-only descriptor) at a block boundary.
+            let q = unsafe {
+                real::mmap64(
+                    (p as usize + i * PAGE) as *mut c_void,
+                    (j - i) * PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED,
+                    nvm,
+                    start as off64_t,
+                )
+            };
+            if q != libc::MAP_FAILED {
+                in_place[i..j].iter_mut().for_each(|x| *x = true);
+            }
+            i = j;
         }
-        done += n;
+    }
+    // The other pages (and the tail) are read from the file.
+    // SAFETY: `p` is mapped readable and writable for `len >= filled` bytes.
+    let mem = unsafe { slice_mut(p, filled) };
+    let mut i = 0;
+    while i * PAGE < filled {
+        if in_place.get(i).copied().unwrap_or(false) {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j * PAGE < filled && !in_place.get(j).copied().unwrap_or(false) {
+            j += 1;
+        }
+        let end = (j * PAGE).min(filled);
+        fill(f, &mut mem[i * PAGE..end], off as u64 + (i * PAGE) as u64)?;
+        i = j;
     }
     if prot != libc::PROT_READ | libc::PROT_WRITE {
         // SAFETY: the range was mapped above.
         unsafe { real::mprotect(p, len, prot) };
     }
-    if shared && o.write {
+    let kind = if write_back {
+        Some(MapKind::WriteBack)
+    } else {
+        epoch.map(|epoch| MapKind::InPlace {
+            pin: Arc::new(MapPin {
+                ofd: o.clone(),
+                epoch,
+            }),
+            prot,
+        })
+    };
+    if let Some(kind) = kind {
         busy_run(|| {
             MAPS.lock().push(Mapping {
                 addr: p as usize,
                 len,
                 off: off as u64,
                 ofd: o,
+                kind,
             })
         });
         TRACKED.fetch_add(1, Ordering::Release);
@@ -176,7 +282,7 @@ fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
     busy_run(|| {
         let mut maps = MAPS.lock();
         let mut first_err = None;
-        for m in maps.iter() {
+        for m in maps.iter().filter(|m| matches!(m.kind, MapKind::WriteBack)) {
             let (a, b) = (m.addr.max(addr), (m.addr + m.len).min(end));
             if a < b {
                 if let Err(e) = write_back(m, a, b) {
@@ -198,6 +304,7 @@ fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
                         len: addr - m.addr,
                         off: m.off,
                         ofd: m.ofd.clone(),
+                        kind: m.kind.piece(),
                     });
                 }
                 if mend > end {
@@ -206,6 +313,7 @@ fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
                         len: mend - end,
                         off: m.off + (end - m.addr) as u64,
                         ofd: m.ofd.clone(),
+                        kind: m.kind.piece(),
                     });
                 }
             }
@@ -274,5 +382,57 @@ pub unsafe extern "C" fn mremap(
 pub extern "C" fn flush_all_at_exit() {
     if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
         let _ = sync_range(0, usize::MAX, false);
+    }
+}
+
+impl MapKind {
+    /// The kind of a piece left by a partial `munmap` (sharing the pin).
+    fn piece(&self) -> MapKind {
+        match self {
+            MapKind::WriteBack => MapKind::WriteBack,
+            MapKind::InPlace { pin, prot } => MapKind::InPlace {
+                pin: pin.clone(),
+                prot: *prot,
+            },
+        }
+    }
+}
+
+/// In the child after `fork`: mappings in place become copies (the pin is the
+/// parent's: the blocks could be reused once the parent unmaps them).
+pub fn copy_in_place_mappings() {
+    let mut maps = MAPS.lock();
+    let (in_place, kept): (Vec<Mapping>, Vec<Mapping>) = std::mem::take(&mut *maps)
+        .into_iter()
+        .partition(|m| matches!(m.kind, MapKind::InPlace { .. }));
+    *maps = kept;
+    TRACKED.store(maps.len(), Ordering::Release);
+    drop(maps);
+    for m in in_place {
+        let MapKind::InPlace { prot, .. } = m.kind else {
+            continue;
+        };
+        let a = m.addr as *mut c_void;
+        // SAFETY: the range is a mapping this library made and the program still has
+        // (tracked); it is read, replaced by anonymous memory at the same address and
+        // filled again before the program runs on.
+        unsafe {
+            real::mprotect(a, m.len, libc::PROT_READ);
+            let copy = slice(a, m.len).to_vec();
+            let q = real::mmap64(
+                a,
+                m.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            if q != libc::MAP_FAILED {
+                slice_mut(a, m.len).copy_from_slice(&copy);
+            }
+            real::mprotect(a, m.len, prot);
+        }
+        // The pin and the description are the parent's client's: never released here.
+        std::mem::forget(m);
     }
 }

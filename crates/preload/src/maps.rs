@@ -22,13 +22,35 @@ pub static DIRS: Mutex<Option<HashMap<usize, Box<Stream>>>> = Mutex::new(None);
 /// Stdio streams on Cairn descriptors: `FILE *` → descriptor (for `fileno`).
 pub static FILES: Mutex<Option<HashMap<usize, c_int>>> = Mutex::new(None);
 
-/// A shared, writable mapping of a Cairn file: its pages go back to the file at
-/// `msync`, `munmap` and exit.
+/// A mapping of a Cairn file this library keeps track of.
 pub struct Mapping {
     pub addr: usize,
     pub len: usize,
     pub off: u64,
     pub ofd: Arc<Ofd>,
+    pub kind: MapKind,
+}
+
+pub enum MapKind {
+    /// Shared and writable: its pages go back to the file at `msync`, `munmap` and exit.
+    WriteBack,
+    /// Some of its pages map the NVM tier file in place; the blocks stay pinned until
+    /// every piece of it is unmapped. `prot`: the protection asked for.
+    InPlace { pin: Arc<MapPin>, prot: c_int },
+}
+
+/// The epoch a mapping in place pins; released when the last piece goes.
+pub struct MapPin {
+    pub ofd: Arc<Ofd>,
+    pub epoch: u64,
+}
+
+impl Drop for MapPin {
+    fn drop(&mut self) {
+        if let Ok(f) = self.ofd.file() {
+            let _ = f.map_unpin(self.epoch);
+        }
+    }
 }
 
 pub static MAPS: Mutex<Vec<Mapping>> = Mutex::new(Vec::new());
@@ -49,6 +71,7 @@ pub fn unlock_after_fork() {
 }
 
 /// In the child after `fork`: mappings write back through the child's descriptions.
+/// (Mappings in place are turned into copies first: `abi_mmap::copy_in_place_mappings`.)
 pub fn reborn_after_fork(renew: &mut dyn FnMut(&Arc<Ofd>) -> Arc<Ofd>) {
     let mut maps = MAPS.lock();
     for m in maps.iter_mut() {

@@ -241,5 +241,7 @@ pub extern "C" fn after_fork_child() {
         f.abandon_after_fork();
         std::mem::forget(f);
     }
+    #[cfg(not(test))]
+    crate::abi_mmap::copy_in_place_mappings();
     table::reborn_after_fork();
 }

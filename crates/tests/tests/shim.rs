@@ -573,3 +573,55 @@ fn random_call_sequences_match_linux() {
         assert_eq!(out, "ok 800\n", "seed {seed}");
     }
 }
+
+/// `mmap` of digested data maps the NVM tier file in place (read-only and private
+/// mappings); a forked child gets copies; a private mapping's writes stay private.
+#[test]
+fn mmap_maps_digested_data_in_place() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    fs.write("/r.bin", &data).unwrap();
+    fs.digest().unwrap();
+    let expect = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(expect.path(), &data).unwrap();
+    let nvm = std::fs::read_to_string(store.path().join("cairn.toml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nvm_path = \"")
+                .map(|v| v.trim_end_matches('"').to_string())
+        })
+        .expect("nvm_path in cairn.toml");
+    let out = python(
+        &store,
+        &format!(
+            r#"import mmap, os
+data = open('{expect}', 'rb').read()
+def in_place():
+    return [l for l in open('/proc/self/maps') if l.rstrip().endswith('{nvm}') and ' r--p ' in l]
+f = open('/cairn/r.bin', 'rb')
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+assert m[:] == data
+assert len(in_place()) == 1, in_place()
+lo, hi = (int(x, 16) for x in in_place()[0].split()[0].split('-'))
+assert hi - lo == 24 * 4096, hi - lo  # the whole pages; the last partial one is a copy
+pid = os.fork()
+if pid == 0:
+    ok = m[:] == data and not in_place()
+    os._exit(0 if ok else 1)
+assert os.waitpid(pid, 0)[1] == 0
+m.close()
+assert not in_place()
+p = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE)
+p[0:4] = b'XXXX'
+assert p[4:] == data[4:]
+p.close()
+assert open('/cairn/r.bin', 'rb').read() == data
+print('ok')
+"#,
+            expect = expect.path().display(),
+        ),
+    );
+    assert_eq!(out, "ok\n");
+}
