@@ -625,3 +625,86 @@ print('ok')
     );
     assert_eq!(out, "ok\n");
 }
+
+/// A mapping in place pins its blocks: another client rewriting the file and filling
+/// the store cannot make the mapping show anything but what was mapped (the store runs
+/// out of space rather than reuse them), and space comes back once it is unmapped.
+#[test]
+fn a_mapping_in_place_keeps_its_blocks() {
+    let store = TestStore::with_size(cairn_tests::harness::StoreSize {
+        nvm: "48M",
+        log: "1M",
+        clients: 4,
+        inodes: Some(1024),
+    });
+    let fs = store.fs();
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i / 4096) as u8 ^ 0x5a).collect();
+    fs.write("/r.bin", &data).unwrap();
+    fs.digest().unwrap();
+    let expect = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(expect.path(), &data).unwrap();
+    let mut mapper = run_cmd(
+        &store,
+        &format!(
+            "exec python3 -c \"
+import mmap, sys
+data = open('{}', 'rb').read()
+f = open('/cairn/r.bin', 'rb')
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+print('mapped', flush=True)
+sys.stdin.readline()
+print('same' if m[:] == data else 'changed', flush=True)
+m.close()
+sys.stdin.readline()
+\"",
+            expect.path().display()
+        ),
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut out = std::io::BufReader::new(mapper.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "mapped");
+    // Rewrite the file over and over: far more than the store holds, so freed blocks
+    // would be reused if the mapping did not hold them.
+    let other: Vec<u8> = vec![0xee; 4 << 20];
+    let mut full = false;
+    for _ in 0..40 {
+        match fs.write("/r.bin", &other).and_then(|()| fs.digest()) {
+            Ok(()) => {}
+            Err(e) => {
+                assert_eq!(cairn_area::errno_of(&e), libc::ENOSPC, "{e}");
+                full = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        full,
+        "the store never filled up: the mapping pinned nothing"
+    );
+    let mut stdin = mapper.stdin.take().unwrap();
+    use std::io::Write as _;
+    writeln!(stdin).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "same");
+    writeln!(stdin).unwrap();
+    drop(stdin);
+    assert!(mapper.wait().unwrap().success());
+    // Unmapped (and gone): the space comes back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match fs.write("/r.bin", &other).and_then(|()| fs.digest()) {
+            Ok(()) => break,
+            Err(e) if Instant::now() < deadline => {
+                assert_eq!(cairn_area::errno_of(&e), libc::ENOSPC, "{e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("no space came back: {e}"),
+        }
+    }
+}
