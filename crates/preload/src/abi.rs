@@ -13,9 +13,23 @@ use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+thread_local! {
+    /// This thread is inside a Cairn operation (LibFS may start a daemon from it).
+    static IN_CAIRN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is inside a Cairn operation: a process LibFS starts then (the
+/// daemon) must not make the library digest (LibFS's own locks are held).
+pub fn in_cairn() -> bool {
+    IN_CAIRN.with(|c| c.get() > 0)
+}
+
 /// Run a Cairn operation: its value, or -1 / NULL with errno set. A panic is `EIO`.
 pub fn run<T: Fail>(op: &str, f: impl FnOnce() -> io::Result<T>) -> T {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    IN_CAIRN.with(|c| c.set(c.get() + 1));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    IN_CAIRN.with(|c| c.set(c.get() - 1));
+    match r {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => state::fail(op, e),
         Err(_) => state::fail(

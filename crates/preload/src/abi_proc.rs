@@ -134,10 +134,20 @@ pub unsafe extern "C" fn execve(
         Ok(r) => r.host_ptr(path),
         Err(_) => path,
     };
+    let (env, _cwd) = unsafe { child_env(envp) };
+    before_exec();
+    unsafe { real::execve(host, argv, env.as_ptr()) }
+}
+
+/// The environment for a new program: `envp` with `CAIRN_CWD` set to the Cairn current
+/// directory (or removed). The returned string backs the added entry.
+///
+/// SAFETY: `envp` is NULL or a NULL-terminated array of C strings.
+unsafe fn child_env<T>(envp: *const *const T) -> (Vec<*const c_char>, Option<CString>) {
     let key = format!("{}=", state::CWD_ENV);
     let mut env: Vec<*const c_char> = Vec::new();
-    let mut p = envp;
-    // SAFETY: `envp` is NULL or a NULL-terminated array of C strings.
+    let mut p = envp as *const *const c_char;
+    // SAFETY: see the function comment.
     unsafe {
         while !p.is_null() && !(*p).is_null() {
             if !cbytes(*p).is_some_and(|b| b.starts_with(key.as_bytes())) {
@@ -155,9 +165,63 @@ pub unsafe extern "C" fn execve(
         env.push(e.as_ptr());
     }
     env.push(std::ptr::null());
+    (env, extra)
+}
+
+/// Before another program starts with this process's descriptors: digest the log (files
+/// created here must exist for it) and give every open description its own placeholder.
+fn before_exec() {
+    if crate::abi::in_cairn() {
+        return; // LibFS starting a daemon
+    }
     state::publish();
     crate::table::materialize_all();
-    unsafe { real::execve(host, argv, env.as_ptr()) }
+}
+
+/// `posix_spawn`/`posix_spawnp` (Rust's `Command`, for one) exec inside the C library:
+/// the same preparation as `execve`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let (env, _cwd) = unsafe { child_env(envp as *const *const c_char) };
+    before_exec();
+    unsafe { real::posix_spawn(pid, path, actions, attr, argv, env.as_ptr() as _) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let (env, _cwd) = unsafe { child_env(envp as *const *const c_char) };
+    before_exec();
+    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, env.as_ptr() as _) }
+}
+
+/// `system` and `popen` start a shell inside the C library (the environment already
+/// carries the current directory: `chdir` sets it).
+#[no_mangle]
+pub unsafe extern "C" fn system(cmd: *const c_char) -> c_int {
+    if !cmd.is_null() {
+        before_exec();
+    }
+    unsafe { real::system(cmd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    before_exec();
+    unsafe { real::popen(cmd, mode) }
 }
 
 /// The Cairn current directory inherited through `exec`.
@@ -192,8 +256,7 @@ pub unsafe extern "C" fn execvpe(
     if unsafe { cbytes(file) }.is_some_and(|f| f.contains(&b'/')) {
         return unsafe { execve(file, argv, envp) };
     }
-    state::publish();
-    crate::table::materialize_all();
+    before_exec();
     unsafe { real::execvpe(file, argv, envp) }
 }
 

@@ -174,6 +174,10 @@ next_fns! {
     fn msync(addr: *mut c_void, n: size_t, fl: c_int) -> c_int;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, fa: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, fa: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn system(cmd: *const c_char) -> c_int;
+    fn popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE;
     fn umask(mask: mode_t) -> mode_t;
     fn copy_file_range(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t;
     fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t;

@@ -210,8 +210,15 @@ pub fn publish() {
 /// offsets, which parent and child share as POSIX wants, hold the positions from now
 /// on), then hold every lock across the fork.
 pub extern "C" fn before_fork() {
-    publish();
-    table::materialize_all();
+    // Not for a fork LibFS makes itself (its locks are held): it execs at once.
+    #[cfg(not(test))]
+    let ours = crate::abi::in_cairn();
+    #[cfg(test)]
+    let ours = false;
+    if !ours {
+        publish();
+        table::materialize_all();
+    }
     std::mem::forget(FS.lock());
     std::mem::forget(CWD.lock());
     table::lock_all();

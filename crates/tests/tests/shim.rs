@@ -196,6 +196,20 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 assert open(d + '/new').read() == 'from the child'
+# posix_spawn and system start programs inside the C library: prepared as for exec
+# (the new file is digested, the descriptor named, the current directory passed on).
+g = os.open(d + '/spawned', os.O_RDWR | os.O_CREAT, 0o644)
+os.set_inheritable(g, True)
+pid = os.posix_spawn('/bin/bash', ['bash', '-c', 'echo spawned >&%d' % g], dict(os.environ))
+assert os.waitpid(pid, 0)[1] == 0
+os.chdir(d)
+assert os.system('echo system >> spawned') == 0
+os.chdir('/')
+os.lseek(g, 0, 0)
+got = os.read(g, 100)
+assert got == b'spawned\nsystem\n', got
+os.close(g)
+os.unlink(d + '/spawned')
 # mmap: a shared mapping's changes reach the file at flush and at unmap.
 with open(d + '/m', 'wb') as f:
     f.write(b'a' * 10000)
