@@ -16,8 +16,9 @@
 //! * `noatime`: reads never update the access time.
 //! * A file unlinked (or replaced by `rename`) while this process has it open keeps its
 //!   inode until the last `File` handle closes; only then is `nlink = 0` logged. If the
-//!   process dies first, the inode stays allocated without a name (a later stage handles
-//!   unlinked-while-open across processes and crashes).
+//!   process dies first, the inode stays allocated without a name. A file another
+//!   process unlinks while this one has it open is pinned by the daemon until this
+//!   process closes it or dies (ARCHITECTURE.md, "Unlinked while open").
 //! * Writes larger than a quarter of the log are split into several transactions, each
 //!   atomic on its own.
 //! * Advisory locks across processes, held by the daemon: [`File::lock`],
