@@ -178,10 +178,19 @@ fn before_exec() {
     crate::table::materialize_all();
 }
 
+type Spawn = unsafe fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *mut c_char,
+    *const *mut c_char,
+) -> c_int;
+
 /// `posix_spawn`/`posix_spawnp` (Rust's `Command`, for one) exec inside the C library:
-/// the same preparation as `execve`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
+/// the same preparation as `execve`, then `real`.
+unsafe fn spawn(
+    real: Spawn,
     pid: *mut libc::pid_t,
     path: *const c_char,
     actions: *const libc::posix_spawn_file_actions_t,
@@ -191,7 +200,19 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     let (env, _cwd) = unsafe { child_env(envp as *const *const c_char) };
     before_exec();
-    unsafe { real::posix_spawn(pid, path, actions, attr, argv, env.as_ptr() as _) }
+    unsafe { real(pid, path, actions, attr, argv, env.as_ptr() as _) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    unsafe { spawn(real::posix_spawn, pid, path, actions, attr, argv, envp) }
 }
 
 #[no_mangle]
@@ -203,9 +224,7 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let (env, _cwd) = unsafe { child_env(envp as *const *const c_char) };
-    before_exec();
-    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, env.as_ptr() as _) }
+    unsafe { spawn(real::posix_spawnp, pid, file, actions, attr, argv, envp) }
 }
 
 /// `system` and `popen` start a shell inside the C library (the environment already
