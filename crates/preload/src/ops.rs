@@ -144,29 +144,23 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
     let cloexec = flags & libc::O_CLOEXEC != 0;
     let fs = fs()?;
     let at = cp.at();
-    if !excl {
+    // O_PATH and O_NOFOLLOW are about the last component itself: looked at first.
+    // Every other open resolves the path once, in LibFS.
+    if path_only || (nofollow && !excl) {
         let m = if nofollow {
             fs.symlink_metadata(at)
         } else {
             fs.metadata(at)
         };
         match m {
-            Ok(m) if m.is_dir() => {
-                if write {
-                    return Err(err(libc::EISDIR, "open: is a directory"));
-                }
-                let host = cp.host().or_else(|| path_of_dir(&fs, m.ino()).ok());
-                let fd = table::placeholder(cloexec)?;
-                table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host, Some(stat_of(&m)))));
-                return Ok(fd);
-            }
             Ok(m) if m.is_symlink() && !path_only => {
                 return Err(err(
                     libc::ELOOP,
                     "open: the last component is a symbolic link (O_NOFOLLOW)",
                 ))
             }
-            Ok(_) if flags & libc::O_DIRECTORY != 0 => {
+            Ok(m) if path_only && m.is_dir() => return dir_fd(&fs, cp, &m, cloexec),
+            Ok(_) if path_only && flags & libc::O_DIRECTORY != 0 => {
                 return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"))
             }
             Ok(m) if path_only => {
@@ -174,9 +168,8 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
                 table::insert(fd, Arc::new(Ofd::path_only(m.ino())));
                 return Ok(fd);
             }
-            Ok(_) => {}
             Err(e) if !create => return Err(e),
-            Err(_) => {}
+            _ => {}
         }
     }
     let perm = mode & 0o7777;
@@ -192,6 +185,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
         );
         cairn::OpenOptions::new().read(true).open(&fs, at)?
     } else {
+        // LibFS opens a directory for reading (writing it is `EISDIR`).
         cairn::OpenOptions::new()
             .read(read)
             .write(write)
@@ -201,9 +195,29 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
             .mode(perm)
             .open(&fs, at)?
     };
+    let m = f.metadata()?;
+    if m.is_dir() {
+        if create {
+            return Err(err(libc::EISDIR, "open: O_CREAT on a directory"));
+        }
+        // A directory's description needs no LibFS handle.
+        drop(f);
+        return dir_fd(&fs, cp, &m, cloexec);
+    }
+    if flags & libc::O_DIRECTORY != 0 {
+        return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"));
+    }
     let fd = table::placeholder(cloexec)?;
     let append = flags & libc::O_APPEND != 0;
     table::insert(fd, Arc::new(Ofd::new_file(f, read, write, append)));
+    Ok(fd)
+}
+
+/// A descriptor for directory `m`, opened at `cp`.
+fn dir_fd(fs: &Fs, cp: &CPath, m: &Metadata, cloexec: bool) -> io::Result<c_int> {
+    let host = cp.host().or_else(|| path_of_dir(fs, m.ino()).ok());
+    let fd = table::placeholder(cloexec)?;
+    table::insert(fd, Arc::new(Ofd::new_dir(m.ino(), host, Some(stat_of(m)))));
     Ok(fd)
 }
 

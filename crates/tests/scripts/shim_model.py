@@ -25,6 +25,8 @@ FLAGS = [
     os.O_RDONLY | os.O_DIRECTORY,
     os.O_RDWR | os.O_APPEND,
     os.O_RDONLY | os.O_NOFOLLOW,
+    os.O_RDONLY | os.O_CREAT,
+    os.O_WRONLY | os.O_DIRECTORY,
 ]
 handles = [dict(), dict()]  # handle id -> descriptor, per side
 dir_handles = set()  # handles of directories (their offsets are each system's own)
