@@ -61,11 +61,14 @@ impl std::fmt::Debug for LockService {
 }
 
 /// The locks of an inode are held by one client (PROTOCOL.md, "Lock delegation").
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Delegation {
     client: ClientId,
     /// When the recall was last sent (None: not recalled).
     recalled: Option<Instant>,
+    /// The client's own locks that left the table with the grant: put back if the
+    /// client turns out never to have received it.
+    taken: HeldLocks,
 }
 
 /// How often an unanswered recall is sent again.
@@ -190,21 +193,22 @@ impl LockService {
         cancelled: &mut dyn FnMut() -> bool,
     ) -> Result<MutexGuard<'a, ServiceState>, Option<Response>> {
         loop {
-            let Some(d) = st.delegated.get(&ino).copied() else {
+            let Some(d) = st.delegated.get(&ino) else {
                 return Ok(st);
             };
-            if d.client == client {
-                st.delegated.remove(&ino);
+            let (holder, recalled) = (d.client, d.recalled);
+            if holder == client {
+                // The client never got the grant (it asks the daemon again only after
+                // giving locks back): its locks go back in the table.
+                Self::undelegate(&mut st, ino);
                 return Ok(st);
             }
             if let Err(r) = Self::live(&st, client) {
                 return Err(Some(r));
             }
             let now = Instant::now();
-            if d.recalled
-                .is_none_or(|t| now.duration_since(t) >= RECALL_AGAIN)
-            {
-                let slot = st.clients.get(&d.client).map(|e| e.slot);
+            if recalled.is_none_or(|t| now.duration_since(t) >= RECALL_AGAIN) {
+                let slot = st.clients.get(&holder).map(|e| e.slot);
                 let sent = match (slot, self.recaller.get()) {
                     (Some(slot), Some(r)) => r.recall(slot, ino),
                     _ => false,
@@ -242,7 +246,9 @@ impl LockService {
             Some(d) if d.client != client => {
                 return error(libc::EBUSY, "another client holds these locks")
             }
-            _ => {}
+            // Granted before, but the answer never arrived: start again from the table.
+            Some(_) => Self::undelegate(&mut st, ino),
+            None => {}
         }
         if st.table.used_by_others(ino, client) {
             return error(libc::EBUSY, "another client holds or waits for a lock");
@@ -256,9 +262,18 @@ impl LockService {
             Delegation {
                 client,
                 recalled: None,
+                taken: held.clone(),
             },
         );
         Response::Delegated(held)
+    }
+
+    /// End the delegation of `ino`, putting back the holder's locks taken at the grant.
+    fn undelegate(st: &mut ServiceState, ino: u64) {
+        if let Some(d) = st.delegated.remove(&ino) {
+            st.table
+                .put_inode(ino, InodeLocks::of_client(&d.taken, d.client));
+        }
     }
 
     /// `ReturnLocks`: the delegation of `ino` to `client` ends; its locks go back in the
@@ -779,6 +794,21 @@ mod tests {
             panic!("no conflict")
         };
         assert_eq!((c.typ, c.start, c.pid), (Write, 0, 100));
+        // A grant whose answer never reached the client: its next request to the daemon
+        // ends the delegation and its locks are in the table again.
+        let Response::Delegated(_) = s.delegate(1, 7) else {
+            panic!("not delegated")
+        };
+        assert_eq!(
+            errno(s.lock(1, req(LockOwner::Posix, Write, 20, 1, false), &mut never())),
+            0
+        );
+        let Response::LockConflict(Some(c)) = s.get_lock(2, 7, LockOwner::Posix, Read, 0, 1)
+        else {
+            panic!("the lock taken with the lost grant is gone")
+        };
+        assert_eq!((c.start, c.pid), (0, 100));
+        s.unlock(1, 7, LockOwner::Posix, 20, 1);
         // A holder that dies takes its delegation and locks along.
         let Response::Delegated(_) = s.delegate(1, 7) else {
             panic!("not delegated")
