@@ -803,8 +803,7 @@ mod tests {
             errno(s.lock(1, req(LockOwner::Posix, Write, 20, 1, false), &mut never())),
             0
         );
-        let Response::LockConflict(Some(c)) = s.get_lock(2, 7, LockOwner::Posix, Read, 0, 1)
-        else {
+        let Response::LockConflict(Some(c)) = s.get_lock(2, 7, LockOwner::Posix, Read, 0, 1) else {
             panic!("the lock taken with the lost grant is gone")
         };
         assert_eq!((c.start, c.pid), (0, 100));

@@ -590,6 +590,14 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
             message: format!("lease: inode number {ino} out of range"),
         });
     }
+    // An inode reserved for another live client may be one it created and has not
+    // digested yet (its number reached this client out of band: an inherited
+    // descriptor). The creator holds its write lease, so that lease is revoked — its
+    // log digested — before this one is granted.
+    let creator = d.core().sh.inodes.reserved_by(ino);
+    if let Some(s) = creator.filter(|&s| s != slot) {
+        d.leases.record_created(s, &[ino]);
+    }
     // Only regular files enter shared-write mode (when it is on at all).
     let file = d.leases.shared_write()
         && d.core()

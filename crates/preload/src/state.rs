@@ -184,11 +184,11 @@ pub fn err(n: i32, msg: impl Into<String>) -> io::Error {
 
 // ---- fork -------------------------------------------------------------------------
 
-/// Before another process may use inode numbers of this one (`fork`, `exec`): digest
-/// this client's log. Files this client created are known to the daemon only once
-/// digested; until then another client could open one by inode number (an inherited
-/// descriptor) and find nothing. After the digest the daemon knows this client holds
-/// them and revokes as usual.
+/// Before `exec`: digest this client's log. A file this client created and has not
+/// digested exists only in its log; the process that `exec` starts opens it by inode
+/// number (an inherited descriptor) while the daemon may still be recovering the log
+/// of the client that `exec` ended. (A live client, as a parent after `fork`, needs no
+/// such step: the daemon revokes the creator's lease on an inode it reserved for it.)
 pub fn publish() {
     // Not in a child sharing the parent's memory (`vfork`, `posix_spawn`): the client
     // is the parent's, and the parent published before the `fork` if it could.
@@ -206,9 +206,9 @@ pub fn publish() {
     }
 }
 
-/// Before `fork`: publish (see [`publish`]), materialize the placeholders (their kernel
-/// offsets, which parent and child share as POSIX wants, hold the positions from now
-/// on), then hold every lock across the fork.
+/// Before `fork`: materialize the placeholders (their kernel offsets, which parent and
+/// child share as POSIX wants, hold the positions from now on), then hold every lock
+/// across the fork.
 pub extern "C" fn before_fork() {
     // Not for a fork LibFS makes itself (its locks are held): it execs at once.
     #[cfg(not(test))]
@@ -216,7 +216,6 @@ pub extern "C" fn before_fork() {
     #[cfg(test)]
     let ours = false;
     if !ours {
-        publish();
         table::materialize_all();
     }
     std::mem::forget(FS.lock());
