@@ -10,7 +10,7 @@
 use crate::error::fs_err;
 use cairn_format::dir::{self, Entry};
 use cairn_format::inode::{current_copy, read_ok, Inode, Kind, COPY_BYTES, COPY_OFF, INODE_BYTES};
-use cairn_format::map::{self, ENTRY_FLAGS};
+use cairn_format::map::{self, entry_block, entry_tier, ENTRY_FLAGS};
 use cairn_format::slot::{SlotHead, LEASE_GEN_OFF, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout, Superblock};
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
@@ -26,10 +26,13 @@ fn eio(msg: impl Into<String>) -> io::Error {
     fs_err(libc::EIO, msg)
 }
 
-/// A mapped NVM tier: superblock, layout and the read operations.
+/// A mapped NVM tier: superblock, layout and the read operations; plus the lower tiers'
+/// devices, read with `pread` (see [`Area::attach_tiers`]).
 pub struct Area {
     map: Mapping,
     sb: Superblock,
+    /// SSD and HDD, when the store has them and they were attached.
+    tiers: [Option<File>; 2],
 }
 
 impl Area {
@@ -49,7 +52,65 @@ impl Area {
         let sb = Superblock::decode(&b, len).map_err(|e| eio(e.to_string()))?;
         map.read(BLOCK_SIZE, &mut b)?;
         cairn_format::superblock::check_state(&b).map_err(|e| eio(e.to_string()))?;
-        Ok(Area { map, sb })
+        Ok(Area {
+            map,
+            sb,
+            tiers: [None, None],
+        })
+    }
+
+    /// Open the store's lower tiers (`paths[0]` SSD, `paths[1]` HDD, from `cairn.toml`),
+    /// read-only or read-write, and check that each is the tier of this store the
+    /// superblock describes.
+    pub fn attach_tiers(
+        &mut self,
+        paths: [Option<&std::path::Path>; 2],
+        writable: bool,
+    ) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        for (i, path) in paths.into_iter().enumerate() {
+            let tier = i as u8 + 1;
+            let name = map::TIER_NAMES[tier as usize];
+            let Some(g) = self.sb.layout.tier(tier).copied() else {
+                continue;
+            };
+            let Some(path) = path else {
+                return Err(eio(format!(
+                    "the store has an {name} tier but cairn.toml names no {name}_path"
+                )));
+            };
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(writable)
+                .open(path)
+                .map_err(|e| {
+                    fs_err(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!("cannot open the {name} tier {}: {e}", path.display()),
+                    )
+                })?;
+            let mut h = vec![0u8; BLOCK_SIZE];
+            f.read_exact_at(&mut h, 0)
+                .map_err(|e| eio(format!("{name} tier {}: {e}", path.display())))?;
+            cairn_format::tier::check_header(&h, tier, &self.sb.uuid, &g)
+                .map_err(|e| eio(format!("{name} tier {}: {}", path.display(), e.0)))?;
+            self.tiers[i] = Some(f);
+        }
+        Ok(())
+    }
+
+    /// The device of lower tier `tier` (1 = SSD, 2 = HDD), if attached.
+    pub fn tier_file(&self, tier: u8) -> Option<&File> {
+        match tier {
+            1 | 2 => self.tiers[tier as usize - 1].as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The `gen` word of segment `seg` of lower tier `tier` (`cairn_format::tier`).
+    pub fn segment_gen(&self, tier: u8, seg: u64) -> io::Result<u64> {
+        self.map
+            .load_u64(self.layout().seg_entry_off(tier, seg) as usize)
     }
 
     pub fn map(&self) -> &Mapping {
@@ -127,6 +188,35 @@ impl Area {
         Ok(blk)
     }
 
+    fn check_leaf(&self, e: u64) -> io::Result<u64> {
+        if !self.layout().leaf_valid(e) {
+            return Err(eio(format!(
+                "map entry {e:#x} is neither an NVM data block nor a lower-tier block"
+            )));
+        }
+        Ok(e)
+    }
+
+    /// Read `buf.len()` bytes at byte `off` of lower tier `tier`.
+    pub fn read_tier(&self, tier: u8, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let name = map::TIER_NAMES[tier.min(2) as usize];
+        let f = self
+            .tier_file(tier)
+            .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
+        f.read_exact_at(buf, off)
+            .map_err(|e| eio(format!("read of the {name} tier at {off}: {e}")))
+    }
+
+    /// Copy the data block a file-map leaf entry `e` names (any tier) into `buf`.
+    pub fn read_leaf(&self, e: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check_leaf(e)?;
+        match entry_tier(e) {
+            0 => self.read_block(e, buf),
+            t => self.read_tier(t, entry_block(e) * BLOCK_SIZE_U64, &mut buf[..BLOCK_SIZE]),
+        }
+    }
+
     /// Copy block `blk` (a data-region block) into `buf` (4096 bytes).
     pub fn read_block(&self, blk: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check_ptr(blk, "read")?;
@@ -141,7 +231,8 @@ impl Area {
             .load_u64((node * BLOCK_SIZE_U64) as usize + idx * 8)
     }
 
-    /// The block holding file block `fblk` of `inode`, or `None` for a hole.
+    /// The leaf entry of file block `fblk` of `inode` (an NVM block number, or a
+    /// lower-tier entry: `cairn_format::map::entry_tier`), or `None` for a hole.
     pub fn block_of(&self, inode: &Inode, fblk: u64) -> io::Result<Option<u64>> {
         if inode.map_root == 0 || inode.map_height == 0 || fblk >= map::coverage(inode.map_height) {
             return Ok(None);
@@ -152,7 +243,11 @@ impl Area {
             if e == 0 {
                 return Ok(None);
             }
-            node = self.check_ptr(e, "map entry")?;
+            node = if level == 1 {
+                self.check_leaf(e)?
+            } else {
+                self.check_ptr(e, "map entry")?
+            };
         }
         Ok(Some(node))
     }
@@ -166,16 +261,38 @@ impl Area {
         }
         let n = (buf.len() as u64).min(size - off) as usize;
         let mut done = 0usize;
+        let mut next = None;
         while done < n {
             let pos = off + done as u64;
             let fblk = pos / BLOCK_SIZE_U64;
             let in_blk = (pos % BLOCK_SIZE_U64) as usize;
-            let chunk = (BLOCK_SIZE - in_blk).min(n - done);
-            match self.block_of(inode, fblk)? {
-                Some(b) => self.map.read(
+            let mut chunk = (BLOCK_SIZE - in_blk).min(n - done);
+            let e = match next.take() {
+                Some(e) => e,
+                None => self.block_of(inode, fblk)?,
+            };
+            match e {
+                Some(b) if entry_tier(b) == 0 => self.map.read(
                     (b * BLOCK_SIZE_U64) as usize + in_blk,
                     &mut buf[done..done + chunk],
                 )?,
+                Some(b) => {
+                    // A lower tier: one read for the run of blocks that follow each
+                    // other on the device too.
+                    let mut last = b;
+                    while done + chunk < n {
+                        let e =
+                            self.block_of(inode, fblk + ((in_blk + chunk) / BLOCK_SIZE) as u64)?;
+                        if e != Some(last + 1) {
+                            next = Some(e);
+                            break;
+                        }
+                        last += 1;
+                        chunk = (chunk + BLOCK_SIZE).min(n - done);
+                    }
+                    let at = entry_block(b) * BLOCK_SIZE_U64 + in_blk as u64;
+                    self.read_tier(entry_tier(b), at, &mut buf[done..done + chunk])?;
+                }
                 None => buf[done..done + chunk].fill(0),
             }
             done += chunk;

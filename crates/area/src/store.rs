@@ -43,6 +43,32 @@ pub struct StoreConfig {
     /// Members of this group are in the trust domain too (`cairn mkfs --trusted-group`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trusted_gid: Option<u32>,
+    /// The SSD tier's file or block device (its geometry is in the superblock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd_path: Option<PathBuf>,
+    /// The HDD tier's file or block device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hdd_path: Option<PathBuf>,
+    /// Use (percent of a tier's data blocks) above which the daemon migrates the
+    /// coldest data to the tier below.
+    #[serde(default = "default_migrate_high_pct")]
+    pub migrate_high_pct: u32,
+    /// Use a migration brings the tier down to.
+    #[serde(default = "default_migrate_low_pct")]
+    pub migrate_low_pct: u32,
+}
+
+/// Default `migrate_high_pct` (Strata's 95%).
+pub const DEFAULT_MIGRATE_HIGH_PCT: u32 = 95;
+/// Default `migrate_low_pct`.
+pub const DEFAULT_MIGRATE_LOW_PCT: u32 = 85;
+
+fn default_migrate_high_pct() -> u32 {
+    DEFAULT_MIGRATE_HIGH_PCT
+}
+
+fn default_migrate_low_pct() -> u32 {
+    DEFAULT_MIGRATE_LOW_PCT
 }
 
 /// Default `lease_timeout_ms`.
@@ -67,6 +93,15 @@ fn default_shared_write() -> bool {
 }
 
 impl StoreConfig {
+    /// The path of lower tier `tier` (1 = SSD, 2 = HDD).
+    pub fn tier_path(&self, tier: u8) -> Option<&Path> {
+        match tier {
+            1 => self.ssd_path.as_deref(),
+            2 => self.hdd_path.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Defaults for a new store whose NVM file will be `nvm_path`.
     pub fn with_defaults(nvm_path: PathBuf) -> StoreConfig {
         StoreConfig {
@@ -82,6 +117,10 @@ impl StoreConfig {
             shared_write: default_shared_write(),
             owner_uid: None,
             trusted_gid: None,
+            ssd_path: None,
+            hdd_path: None,
+            migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
+            migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
         }
     }
 }

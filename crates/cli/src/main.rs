@@ -107,6 +107,18 @@ pub enum Command {
     },
     /// Stop the store's daemon cleanly (digests every log first)
     Stop,
+    /// Move the coldest data of a tier to the tier below now (in whole segments)
+    Migrate {
+        /// The tier to drain: nvm or ssd
+        #[arg(long, value_name = "TIER")]
+        tier: String,
+        /// The tier to move to: the one below (ssd or hdd)
+        #[arg(long, value_name = "TIER")]
+        to: String,
+        /// Bytes to move [default: down to the low watermark]
+        #[arg(long, value_name = "BYTES", value_parser = util::parse_size)]
+        free: Option<u64>,
+    },
     /// Mount the store with FUSE at MOUNTPOINT, so that every program can use it
     Mount {
         /// Serve in this process until unmounted (default: in the background)
@@ -170,6 +182,22 @@ pub struct MkfsArgs {
     /// [default: only root and the owner]
     #[arg(long, value_name = "NAME|GID")]
     pub trusted_group: Option<String>,
+    /// SSD tier: a file (created) or a block device
+    #[arg(long, value_name = "PATH")]
+    pub ssd: Option<PathBuf>,
+    /// Size of the SSD tier [default: the size of the existing file or device]
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size, requires = "ssd")]
+    pub ssd_size: Option<u64>,
+    /// HDD tier: a file (created) or a block device (needs --ssd)
+    #[arg(long, value_name = "PATH", requires = "ssd")]
+    pub hdd: Option<PathBuf>,
+    /// Size of the HDD tier [default: the size of the existing file or device]
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size, requires = "hdd")]
+    pub hdd_size: Option<u64>,
+    /// Segment size of the lower tiers, the unit they are written and cleaned in
+    /// [default: 64M on the SSD, 256M on the HDD]
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size)]
+    pub segment_size: Option<u64>,
 }
 
 #[derive(Debug, Args)]

@@ -107,7 +107,8 @@ impl Core {
                     ),
                 )
             })?;
-        let area = Area::open(&file, true)?;
+        let mut area = Area::open(&file, true)?;
+        area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], true)?;
         let l = *area.layout();
         let clean = area.state_field(state::CLEAN)? == 1;
         let mut sh = Shared::new(
@@ -118,9 +119,10 @@ impl Core {
         let mut report = StartReport::default();
         let loaded = if clean {
             match recovery::load(&sh.area) {
-                Ok((b, i)) => {
+                Ok((b, i, t)) => {
                     sh.blocks = b;
                     sh.inodes = i;
+                    sh.tiers = t;
                     true
                 }
                 Err(e) => {
@@ -185,8 +187,13 @@ impl Core {
                     report.recovered_slots.push(slot);
                 }
                 None => {
-                    for ino in digest::logged_new_inodes(&core.sh, slot)? {
+                    let (new, charge) = digest::logged(&core.sh, slot)?;
+                    for ino in new {
                         core.sh.inodes.reserve_one(slot, ino);
+                    }
+                    // The space its log was promised stays promised until digested.
+                    if let Some(c) = core.clients[slot as usize].as_mut() {
+                        c.credits = charge;
                     }
                     report.live_slots.push(slot);
                 }
@@ -370,14 +377,17 @@ impl Core {
         self.check_reattach_cred(slot, &cred)?;
         self.set_slot_cred(slot, cred)?;
         self.sh.inodes.release_slot(slot);
-        for ino in digest::logged_new_inodes(&self.sh, slot)? {
+        let (new, charge) = digest::logged(&self.sh, slot)?;
+        for ino in new {
             self.sh.inodes.reserve_one(slot, ino);
         }
         if let Some(c) = self.clients[slot as usize].as_mut() {
             c.pid = pid;
             c.uid = uid;
             c.gid = gid;
-            c.credits = 0;
+            // What its undigested log used stays promised (the client's own credits
+            // are replaced by the registration's).
+            c.credits = charge;
             c.conn = Some(conn);
             c.awaiting_reattach = false;
         }
@@ -620,9 +630,61 @@ impl Core {
     }
 
     /// The status report.
+    /// Every tier's usage and traffic.
+    fn tier_status(&self) -> Vec<TierStatus> {
+        use cairn_format::BLOCK_SIZE_U64 as B;
+        let b = &self.sh.blocks;
+        let used = (b.capacity() - b.free_count()) * B;
+        let mut out = vec![TierStatus {
+            name: "nvm".into(),
+            capacity_bytes: b.capacity() * B,
+            used_bytes: used,
+            live_bytes: used,
+            live_fraction: 1.0,
+            segments_free: 0,
+            segments_used: 0,
+            segment_bytes: 0,
+            bytes_migrated_down: 0,
+            bytes_migrated_up: 0,
+            bytes_cleaned: 0,
+        }];
+        for t in &self.sh.tiers {
+            let used = t.used_blocks() * B;
+            let live = t.live_count() * B;
+            out.push(TierStatus {
+                name: cairn_format::map::TIER_NAMES[t.num as usize].into(),
+                capacity_bytes: t.capacity() * B,
+                used_bytes: used,
+                live_bytes: live,
+                live_fraction: if used == 0 {
+                    1.0
+                } else {
+                    live as f64 / used as f64
+                },
+                segments_free: t.free_segments(),
+                segments_used: t.data_segments() - t.free_segments(),
+                segment_bytes: t.geom.segment_bytes(),
+                bytes_migrated_down: 0,
+                bytes_migrated_up: 0,
+                bytes_cleaned: 0,
+            });
+        }
+        for (i, s) in out.iter_mut().enumerate() {
+            let k = if i == 0 {
+                0
+            } else {
+                self.sh.tiers[i - 1].num as usize
+            };
+            let tr = self.sh.traffic[k];
+            s.bytes_migrated_down = tr.bytes_migrated_down;
+            s.bytes_migrated_up = tr.bytes_migrated_up;
+            s.bytes_cleaned = tr.bytes_cleaned;
+        }
+        out
+    }
+
     pub(crate) fn status(&self) -> io::Result<StatusReport> {
         let l = &self.sh.layout;
-        let b = &self.sh.blocks;
         let ring = l.ring_bytes();
         let mut clients = Vec::new();
         for (slot, c) in self.clients.iter().enumerate() {
@@ -642,11 +704,7 @@ impl Core {
         }
         Ok(StatusReport {
             store: self.store.path.display().to_string(),
-            tiers: vec![TierStatus {
-                name: "nvm".into(),
-                capacity_bytes: b.capacity() * cairn_format::BLOCK_SIZE_U64,
-                used_bytes: (b.capacity() - b.free_count()) * cairn_format::BLOCK_SIZE_U64,
-            }],
+            tiers: self.tier_status(),
             inodes: InodeStatus {
                 capacity: self.sh.inodes.capacity(),
                 used: self.sh.inodes.used_count(),
@@ -654,6 +712,7 @@ impl Core {
             clients,
             digest: self.sh.counters.clone(),
             sharing: self.leases.sharing_status(),
+            migration: None,
         })
     }
 

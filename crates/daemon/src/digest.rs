@@ -576,8 +576,10 @@ fn retire_all(sh: &Shared, w: &mut Work, inode: &Inode) -> io::Result<()> {
 }
 
 /// Write a file's pending data out of place and update its map.
+#[allow(clippy::too_many_arguments)]
 fn apply_file<'a>(
     sh: &mut Shared,
+    ino: u64,
     w: &mut Work,
     old: &Inode,
     new: &mut Inode,
@@ -607,6 +609,13 @@ fn apply_file<'a>(
     if touched.is_empty() && t.is_none() {
         return Ok(());
     }
+    let mut chunk = u64::MAX;
+    for &b in &touched {
+        if b / crate::migrate::grain(0) != chunk {
+            chunk = b / crate::migrate::grain(0);
+            sh.recency.touch(0, ino, b, b);
+        }
+    }
     // Old content is kept below the truncation point (beyond the old size it is zero).
     let limit = t.unwrap_or(u64::MAX);
     let mut changes = Vec::with_capacity(touched.len());
@@ -621,7 +630,7 @@ fn apply_file<'a>(
         if covered < BLOCK_SIZE_U64 {
             match sh.area.block_of(old, fb)? {
                 Some(ob) if bs < limit => {
-                    sh.area.read_block(ob, &mut buf)?;
+                    sh.area.read_leaf(ob, &mut buf)?;
                     if limit < be {
                         buf[(limit - bs) as usize..].fill(0);
                     }
@@ -910,7 +919,9 @@ pub(crate) fn apply_batch<'b>(
                         }
                         _ => {
                             let keep = if fresh { None } else { p.keep };
-                            apply_file(sh, &mut w, &old, &mut new, &p.pending, keep, &mut data)?;
+                            apply_file(
+                                sh, ino, &mut w, &old, &mut new, &p.pending, keep, &mut data,
+                            )?;
                         }
                     }
                     publish.push((
@@ -1070,30 +1081,39 @@ fn digest_with(
     publish_batch(sh, slot, b.span, &pl, a)
 }
 
-/// Inode numbers `slot`'s committed log creates (`INODE_SET` with `nlink > 0`) that are
-/// free in the shared area: reserved for it so that no other client gets them before its
-/// log is digested (after a daemon restart).
-pub(crate) fn logged_new_inodes(sh: &Shared, slot: u32) -> io::Result<Vec<u64>> {
+/// What the committed, undigested transactions of `slot` hold (after a daemon restart):
+/// the inode numbers they create (`INODE_SET` with `nlink > 0`) that are free in the
+/// shared area, reserved for it so that no other client gets them before its log is
+/// digested; and the space they charged (the credits their `WRITE`s used), which stays
+/// promised until digested.
+pub(crate) fn logged(sh: &Shared, slot: u32) -> io::Result<(Vec<u64>, u64)> {
     let (head, _) = sh.slot_head(slot)?;
     let ring = sh.layout.ring_bytes();
     let mut scratch = Vec::new();
     let buf = copy_ring(&sh.area, slot, head.head_lsn, ring as usize, &mut scratch)?;
     let s = log::scan(buf, head.head_lsn, head.head_seq, ring);
     let mut out = Vec::new();
+    let mut charge = 0;
     for t in s.txns.iter().filter(|t| t.kind == KIND_COMMIT) {
         let off = (t.lsn - head.head_lsn) as usize;
         let Ok(recs) = log::records(&buf[off..off + t.len], t.nrec) else {
             break;
         };
         for r in recs {
-            if let Record::InodeSet { ino, attrs, .. } = r {
-                if attrs.nlink > 0 && sh.layout.ino_valid(ino) && !sh.inodes.is_used(ino) {
+            match r {
+                Record::InodeSet { ino, attrs, .. }
+                    if attrs.nlink > 0 && sh.layout.ino_valid(ino) && !sh.inodes.is_used(ino) =>
+                {
                     out.push(ino);
                 }
+                Record::Write { offset, data, .. } => {
+                    charge += log::write_charge(offset, data.len() as u64);
+                }
+                _ => {}
             }
         }
     }
-    Ok(out)
+    Ok((out, charge))
 }
 
 /// Check the unsealed transaction a client asks the daemon to `Commit` (shared-write

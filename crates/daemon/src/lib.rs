@@ -23,17 +23,19 @@ mod leases;
 mod lock_server;
 mod locks;
 mod maptree;
+mod migrate;
 mod mkfs;
 mod pardigest;
 mod perm;
 mod recovery;
 mod server;
 mod shared;
+mod tiers;
 mod util;
 
 #[cfg(test)]
 mod tests;
 
-pub use mkfs::{mkfs, MkfsOptions};
+pub use mkfs::{mkfs, MkfsOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_SSD_SEGMENT};
 pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

@@ -119,7 +119,7 @@ impl Ctx<'_> {
                 for &e in n.iter().filter(|&&e| e != 0) {
                     if level == 1 {
                         if self.leaf_owned {
-                            let e = self.sh.check_ptr(e, "map entry")?;
+                            let e = self.sh.check_leaf(e, "map entry")?;
                             self.retire(e);
                             self.delta -= 1;
                         }
@@ -169,7 +169,7 @@ impl Ctx<'_> {
                 };
                 if new != old {
                     if old != 0 && self.leaf_owned {
-                        let old = self.sh.check_ptr(old, "map entry")?;
+                        let old = self.sh.check_leaf(old, "map entry")?;
                         self.retire(old);
                         self.delta -= 1;
                     }
@@ -280,7 +280,7 @@ fn walk_node(
         }
         let fb = base + i as u64 * child_span;
         if level == 1 {
-            on_leaf(fb, sh.check_ptr(e, "map entry")?);
+            on_leaf(fb, sh.check_leaf(e, "map entry")?);
         } else {
             walk_node(sh, e, level - 1, fb, on_node, on_leaf)?;
         }

@@ -4,7 +4,7 @@ use crate::util::{einval, hex, now_ns, random_bytes};
 use cairn_area::{fs_err, StoreConfig, StoreDir};
 use cairn_format::inode::{Attrs, Inode, Kind};
 use cairn_format::slot::{SlotHead, PUBLISHED_HEAD_OFF};
-use cairn_format::superblock::{encode_state, Layout, Params, Superblock};
+use cairn_format::superblock::{encode_state, Layout, Params, Superblock, TierGeom};
 use cairn_format::{alloc, BLOCK_SIZE, BLOCK_SIZE_U64, ROOT_INO};
 use cairn_media::{sys, Mapping};
 use std::fs::OpenOptions;
@@ -34,7 +34,28 @@ pub struct MkfsOptions {
     /// A group whose members are in the trust domain (besides root and the owner): the
     /// NVM file and the slot lock files get mode 0660 with this group.
     pub trusted_gid: Option<u32>,
+    /// The SSD tier, if any.
+    pub ssd: Option<TierOptions>,
+    /// The HDD tier, if any (needs an SSD tier).
+    pub hdd: Option<TierOptions>,
+    /// Segment size of both lower tiers; `None`: [`DEFAULT_SSD_SEGMENT`] and
+    /// [`DEFAULT_HDD_SEGMENT`].
+    pub segment_size: Option<u64>,
 }
+
+/// A lower tier at mkfs: a file (created if missing) or a block device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierOptions {
+    pub path: PathBuf,
+    /// Bytes; `None`: the size of the existing file or device.
+    pub size: Option<u64>,
+}
+
+/// Default SSD segment: 64 MiB, a multiple of common flash erase blocks (Strata migrates
+/// in erase-block units; its testbed SSD's was 512 MiB).
+pub const DEFAULT_SSD_SEGMENT: u64 = 64 << 20;
+/// Default HDD segment: 256 MiB, the zone size of host-managed SMR drives.
+pub const DEFAULT_HDD_SEGMENT: u64 = 256 << 20;
 
 impl Default for MkfsOptions {
     fn default() -> Self {
@@ -49,6 +70,9 @@ impl Default for MkfsOptions {
             digest_threshold_pct: d.digest_threshold_pct,
             force: false,
             trusted_gid: None,
+            ssd: None,
+            hdd: None,
+            segment_size: None,
         }
     }
 }
@@ -61,6 +85,60 @@ impl MkfsOptions {
             ..Default::default()
         }
     }
+}
+
+/// The size of an existing file or block device (`None`: it does not exist).
+fn existing_size(path: &std::path::Path) -> io::Result<Option<u64>> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() => {
+            let f = std::fs::File::open(path)?;
+            Ok(Some(sys::block_device_size(&f)?))
+        }
+        Ok(m) if m.is_file() => Ok(Some(m.len())),
+        Ok(_) => Err(einval(format!(
+            "{} is neither a regular file nor a block device",
+            path.display()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The geometry of a lower tier from its options.
+fn tier_geom(name: &str, t: &TierOptions, segment: u64) -> io::Result<TierGeom> {
+    let size = match (t.size, existing_size(&t.path)?) {
+        (Some(s), _) => s,
+        (None, Some(s)) if s > 0 => s,
+        _ => {
+            return Err(einval(format!(
+                "the {name} tier {} does not exist: give its size (--{}-size)",
+                t.path.display(),
+                name.to_lowercase()
+            )))
+        }
+    };
+    if !segment.is_multiple_of(BLOCK_SIZE_U64) {
+        return Err(einval(format!(
+            "segment size {segment} must be a multiple of 4096"
+        )));
+    }
+    Ok(TierGeom {
+        segments: size / segment,
+        segment_blocks: segment / BLOCK_SIZE_U64,
+    })
+}
+
+/// The lower tiers' geometry `opts` give.
+fn tiers_of(opts: &MkfsOptions) -> io::Result<[TierGeom; 2]> {
+    let mut g = [TierGeom::default(); 2];
+    if let Some(t) = &opts.ssd {
+        g[0] = tier_geom("SSD", t, opts.segment_size.unwrap_or(DEFAULT_SSD_SEGMENT))?;
+    }
+    if let Some(t) = &opts.hdd {
+        g[1] = tier_geom("HDD", t, opts.segment_size.unwrap_or(DEFAULT_HDD_SEGMENT))?;
+    }
+    Ok(g)
 }
 
 /// The layout `opts` give, or `EINVAL` saying why they do not fit.
@@ -104,6 +182,7 @@ fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
         nslots: opts.max_clients,
         log_bytes: opts.log_size,
         inode_count: inodes,
+        tiers: tiers_of(opts)?,
     })
     .map_err(|e| einval(format!("cannot lay out the NVM tier: {}", e.0)))
 }
@@ -220,6 +299,10 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                 shared_write: cairn_area::store::DEFAULT_SHARED_WRITE,
                 owner_uid: Some(sys::ids().0),
                 trusted_gid: opts.trusted_gid,
+                ssd_path: opts.ssd.as_ref().map(|t| t.path.clone()),
+                hdd_path: opts.hdd.as_ref().map(|t| t.path.clone()),
+                migrate_high_pct: cairn_area::store::DEFAULT_MIGRATE_HIGH_PCT,
+                migrate_low_pct: cairn_area::store::DEFAULT_MIGRATE_LOW_PCT,
             };
             store.save_config(&cfg)?;
             Ok(cfg)
@@ -263,6 +346,55 @@ fn restrict(
             format!("cannot set the mode of {} to {mode:o}: {e}", path.display()),
         )
     })
+}
+
+/// Prepare a lower tier: create the file (or check the device), trim it whole, write its
+/// header and make it durable. An existing non-empty file or a device is overwritten
+/// only with `force`.
+fn format_tier(
+    tier: u8,
+    t: &TierOptions,
+    g: &TierGeom,
+    uuid: &[u8; 16],
+    opts: &MkfsOptions,
+) -> io::Result<()> {
+    use std::os::unix::fs::{FileExt, FileTypeExt};
+    let name = cairn_format::map::TIER_NAMES[tier as usize];
+    let ctx = |e: io::Error, what: &str| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("{what} the {name} tier {}: {e}", t.path.display()),
+        )
+    };
+    let existing = std::fs::metadata(&t.path).ok();
+    let device = existing
+        .as_ref()
+        .is_some_and(|m| m.file_type().is_block_device());
+    if existing.as_ref().is_some_and(|m| device || m.len() > 0) && !opts.force {
+        return Err(fs_err(
+            libc::EEXIST,
+            format!(
+                "the {name} tier {} exists and is not empty; --force overwrites it",
+                t.path.display()
+            ),
+        ));
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(!device)
+        .truncate(false)
+        .open(&t.path)
+        .map_err(|e| ctx(e, "cannot open"))?;
+    let bytes = g.blocks() * BLOCK_SIZE_U64;
+    if !device {
+        f.set_len(bytes).map_err(|e| ctx(e, "cannot size"))?;
+        restrict(&t.path, opts.trusted_gid, 0o600, 0o660)?;
+    }
+    sys::discard(&f, 0, bytes).map_err(|e| ctx(e, "cannot trim"))?;
+    f.write_all_at(&cairn_format::tier::encode_header(tier, uuid, g), 0)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| ctx(e, "cannot write the header of"))
 }
 
 fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Result<()> {
@@ -323,7 +455,7 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
     };
     persist(l.inode_off(ROOT_INO) as usize, &root.encode())?;
     // Allocation state: no data block used; inodes 0 and 1 used.
-    let mut bm = vec![0u8; alloc::bitmap_bytes(l.data_blocks, l.inode_count)];
+    let mut bm = vec![0u8; l.alloc_bitmap_bytes()];
     let ib = l.data_blocks.div_ceil(8) as usize;
     bm[ib] |= 0b11;
     persist(((l.alloc_start + 1) * BLOCK_SIZE_U64) as usize, &bm)?;
@@ -332,6 +464,11 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
         &alloc::encode_header(l.data_blocks, l.inode_count, &bm),
     )?;
     cairn_media::fence();
+    for (i, t) in [&opts.ssd, &opts.hdd].into_iter().enumerate() {
+        if let Some(t) = t {
+            format_tier(i as u8 + 1, t, &l.tiers[i], &uuid, opts)?;
+        }
+    }
     // The superblock last: a tier without a valid superblock is not a store.
     persist(0, &sb.encode())?;
     cairn_media::fence();

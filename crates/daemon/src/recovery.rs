@@ -6,9 +6,11 @@ use crate::alloc::{Bitmap, BlockAlloc, InodeAlloc};
 use crate::dirhash;
 use crate::maptree;
 use crate::shared::Shared;
+use crate::tiers::TierAlloc;
 use crate::util::eio;
 use cairn_area::Area;
 use cairn_format::inode::{Inode, Kind, INODE_BYTES};
+use cairn_format::map::{entry_block, entry_tier};
 use cairn_format::{alloc, BLOCK_SIZE_U64, ROOT_INO};
 use std::io;
 
@@ -22,20 +24,34 @@ pub(crate) struct RebuildReport {
     pub warnings: Vec<String>,
 }
 
+/// The allocation state saved at the last clean stop: NVM blocks, inodes, lower tiers.
+pub(crate) type Saved = (BlockAlloc, InodeAlloc, Vec<TierAlloc>);
+
 /// Load the allocation state saved at the last clean stop.
-pub(crate) fn load(area: &Area) -> io::Result<(BlockAlloc, InodeAlloc)> {
+pub(crate) fn load(area: &Area) -> io::Result<Saved> {
     let l = area.layout();
     let m = area.map();
     let mut hdr = vec![0u8; cairn_format::BLOCK_SIZE];
     m.read((l.alloc_start * BLOCK_SIZE_U64) as usize, &mut hdr)?;
-    let mut bm = vec![0u8; alloc::bitmap_bytes(l.data_blocks, l.inode_count)];
+    let mut bm = vec![0u8; l.alloc_bitmap_bytes()];
     m.read(((l.alloc_start + 1) * BLOCK_SIZE_U64) as usize, &mut bm)?;
     alloc::check(&hdr, l.data_blocks, l.inode_count, &bm).map_err(|e| eio(e.0))?;
     let db = l.data_blocks.div_ceil(8) as usize;
+    let ib = db + l.inode_count.div_ceil(8) as usize;
     let blocks =
         BlockAlloc::from_bitmap(l.data_start, Bitmap::from_bytes(&bm[..db], l.data_blocks));
-    let inodes = InodeAlloc::from_bitmap(Bitmap::from_bytes(&bm[db..], l.inode_count));
-    Ok((blocks, inodes))
+    let inodes = InodeAlloc::from_bitmap(Bitmap::from_bytes(&bm[db..ib], l.inode_count));
+    let mut tiers = Vec::new();
+    let mut at = ib;
+    for (i, g) in l.tiers.iter().enumerate() {
+        let n = g.blocks().div_ceil(8) as usize;
+        if g.present() {
+            let live = Bitmap::from_bytes(&bm[at..at + n], g.blocks());
+            tiers.push(TierAlloc::from_bitmap(i as u8 + 1, *g, live));
+        }
+        at += n;
+    }
+    Ok((blocks, inodes, tiers))
 }
 
 /// Save the allocation state (bitmaps first, then the header that checks them).
@@ -43,6 +59,9 @@ pub(crate) fn save(sh: &Shared) -> io::Result<()> {
     let l = &sh.layout;
     let mut bm = sh.blocks.bitmap().to_bytes();
     bm.extend_from_slice(&sh.inodes.bitmap().to_bytes());
+    for t in &sh.tiers {
+        bm.extend_from_slice(&t.bitmap().to_bytes());
+    }
     let m = sh.map();
     let boff = ((l.alloc_start + 1) * BLOCK_SIZE_U64) as usize;
     m.write(boff, &bm)?;
@@ -84,6 +103,11 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         ..Default::default()
     };
     let mut blocks = BlockAlloc::new(l.data_start, l.data_blocks);
+    let mut tiers: Vec<TierAlloc> = sh
+        .tiers
+        .iter()
+        .map(|t| TierAlloc::new(t.num, t.geom))
+        .collect();
     let mut inodes = InodeAlloc::new(l.inode_count);
     let mut visited = Bitmap::new(l.inode_count);
     let root = sh.inode(ROOT_INO)?;
@@ -111,7 +135,14 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         inodes.mark_used(ino);
         rep.inodes += 1;
         let mut mark = |b: u64| {
-            if !blocks.mark_used(b) {
+            let fresh = match entry_tier(b) {
+                0 => blocks.mark_used(b),
+                t => tiers
+                    .iter_mut()
+                    .find(|x| x.num == t)
+                    .is_some_and(|x| x.mark_used(entry_block(b))),
+            };
+            if !fresh {
                 dup += 1;
             }
         };
@@ -186,7 +217,13 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
                     &mut |_, b| leaves.push(b),
                 );
                 for b in leaves {
-                    blocks.mark_used(b);
+                    match entry_tier(b) {
+                        0 => blocks.mark_used(b),
+                        t => tiers
+                            .iter_mut()
+                            .find(|x| x.num == t)
+                            .is_some_and(|x| x.mark_used(entry_block(b))),
+                    };
                 }
                 if let Err(e) = r {
                     rep.warnings.push(format!("unlinked inode {ino}: {e}"));
@@ -211,6 +248,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
     rep.blocks = blocks.capacity() - blocks.free_count();
     sh.blocks = blocks;
     sh.inodes = inodes;
+    sh.tiers = tiers;
     sh.retired.clear();
     Ok(rep)
 }

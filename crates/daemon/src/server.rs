@@ -57,6 +57,8 @@ struct Daemon {
     locks: crate::locks::LockService,
     /// The lease manager (shared with `core`; its own mutex).
     leases: Arc<crate::leases::Leases>,
+    /// Migration and cleaning rounds (one at a time).
+    migrator: crate::migrate::Migrator,
 }
 
 impl Daemon {
@@ -200,6 +202,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         next_conn: AtomicU64::new(1),
         uid: sys::ids().0,
         locks: crate::locks::LockService::default(),
+        migrator: Default::default(),
     });
     d.locks.set_recaller(d.leases.clone());
     let timer = {
@@ -207,6 +210,12 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         std::thread::Builder::new()
             .name("cairnd-timer".into())
             .spawn(move || timer_loop(&d))?
+    };
+    let migrator = {
+        let d = d.clone();
+        std::thread::Builder::new()
+            .name("cairnd-migrate".into())
+            .spawn(move || migrate_loop(&d))?
     };
     let mut workers = Vec::new();
     for _ in 0..d.pool.threads {
@@ -247,10 +256,14 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     if sys::termination_requested() {
         d.log.log("termination signal: stopping");
     }
+    // No migration round is in flight while the store stops.
+    let paused = d.migrator.pause();
     let r = d.core().shutdown(&d.log);
+    drop(paused);
     d.stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);
     let _ = timer.join();
+    let _ = migrator.join();
     d.pool.stop();
     for w in workers {
         let _ = w.join();
@@ -261,6 +274,20 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     d.log.log("stopped");
     drop(lock);
     r
+}
+
+/// Blocks a migration for space credits frees at least (4 MiB).
+const CREDIT_ROOM: u64 = 1024;
+
+/// The background migration and cleaning policy (`Migrator::tick`), every 100 ms.
+fn migrate_loop(d: &Daemon) {
+    while !d.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        if d.core().stopped {
+            break;
+        }
+        d.migrator.tick(&d.core, &d.log);
+    }
 }
 
 fn timer_loop(d: &Daemon) {
@@ -462,7 +489,18 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 return Reply::Nothing;
             }
             let mut core = d.core();
-            match core.digest_client(slot, upto_lsn) {
+            let mut r = core.digest_client(slot, upto_lsn);
+            let full = matches!(&r, Err(DigestError::Failed(e)) if errno_of(e) == libc::ENOSPC);
+            if full && !core.sh.tiers.is_empty() {
+                // NVM is full (a restarted daemon may have promised space a log still
+                // needed): move cold data down and try once more.
+                let want = core.sh.layout.log_blocks.max(CREDIT_ROOM);
+                drop(core);
+                d.migrator.migrate(&d.core, 0, want, &d.log);
+                core = d.core();
+                r = core.digest_client(slot, upto_lsn);
+            }
+            match r {
                 Ok(o) => {
                     if wait {
                         Reply::Send(Response::Digested {
@@ -490,13 +528,47 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             };
             let mut core = d.core();
             core.reclaim();
-            let granted = core.grant(slot, blocks);
+            let mut granted = core.grant(slot, blocks);
+            if granted < blocks && !core.sh.tiers.is_empty() {
+                // NVM is full: move its coldest data down now, then grant again.
+                drop(core);
+                let want = (blocks - granted).max(CREDIT_ROOM);
+                d.migrator.migrate(&d.core, 0, want, &d.log);
+                let mut core = d.core();
+                core.reclaim();
+                granted += core.grant(slot, blocks - granted);
+            }
             Reply::Send(Response::Credits { granted })
         }
         Request::Status => match d.core().status() {
-            Ok(r) => Reply::Send(Response::Status(r)),
+            Ok(mut r) => {
+                r.migration = d.migrator.progress();
+                Reply::Send(Response::Status(r))
+            }
             Err(e) => Reply::Send(err_response(&e)),
         },
+        Request::Migrate {
+            from,
+            to,
+            max_bytes,
+        } => {
+            if to != from + 1 || d.core().sh.tier(to).is_none() {
+                return Reply::Send(err_response(&fs_err(
+                    libc::EINVAL,
+                    format!(
+                        "cannot migrate from tier {from} to tier {to}: data moves one tier \
+                         down, to a tier the store has"
+                    ),
+                )));
+            }
+            let max = max_bytes.div_ceil(cairn_format::BLOCK_SIZE_U64);
+            let n = d.migrator.migrate(&d.core, from, max, &d.log);
+            let (used, _) = crate::migrate::Migrator::usage(&d.core().sh, from);
+            Reply::Send(Response::Migrated {
+                bytes: n * cairn_format::BLOCK_SIZE_U64,
+                used_bytes: used * cairn_format::BLOCK_SIZE_U64,
+            })
+        }
         Request::Goodbye { tail_lsn } => {
             let Some(slot) = c.slot else {
                 return Reply::Close(Some(Response::Ok));
@@ -568,7 +640,9 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 });
             }
             d.log.log(format!("shutdown requested by pid {}", c.pid));
+            let paused = d.migrator.pause();
             let r = d.core().shutdown(&d.log);
+            drop(paused);
             d.stop.store(true, Ordering::SeqCst);
             match r {
                 Ok(()) => Reply::Close(Some(Response::Ok)),

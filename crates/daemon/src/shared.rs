@@ -3,10 +3,11 @@
 //! digest counters.
 
 use crate::alloc::{BlockAlloc, InodeAlloc};
+use crate::tiers::TierAlloc;
 use crate::util::eio;
 use cairn_area::{fs_err, Area};
 use cairn_format::inode::{current_copy, Inode, COPY_BYTES, COPY_OFF, INODE_BYTES};
-use cairn_format::map::{ENTRY_FLAGS, FANOUT};
+use cairn_format::map::{entry_block, entry_tier, ENTRY_FLAGS, FANOUT};
 use cairn_format::slot::{client_page, SlotHead, LEASE_GEN_OFF, OWNER_PID_OFF, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout};
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
@@ -20,7 +21,9 @@ use std::io;
 /// success the retired ones go to the epoch retire list.
 #[derive(Debug, Default)]
 pub(crate) struct Work {
+    /// NVM blocks.
     pub allocated: Vec<u64>,
+    /// NVM blocks and lower-tier leaf entries (`cairn_format::map::tier_entry`).
     pub retired: Vec<u64>,
     /// Bytes written to the shared area (blocks and inodes).
     pub bytes: u64,
@@ -58,6 +61,15 @@ pub(crate) struct Shared {
     /// While `Some`, every inode number read through [`Shared::inode`] is recorded
     /// (the read set of a parallel digest's plan, `crate::pardigest`).
     pub reads: std::cell::RefCell<Option<std::collections::HashSet<u64>>>,
+    /// The lower tiers the store has (SSD first).
+    pub tiers: Vec<TierAlloc>,
+    /// Epochs held by the daemon's own readers (migration rounds copying blocks without
+    /// the core lock): nothing retired in or after them is freed.
+    pub held_epochs: Vec<u64>,
+    /// Recency of file data per tier (`crate::migrate`).
+    pub recency: crate::migrate::Recency,
+    /// Migration and cleaning traffic, per tier (mirrored in the daemon state block).
+    pub traffic: [cairn_proto::TierTraffic; 3],
 }
 
 impl Shared {
@@ -65,6 +77,14 @@ impl Shared {
     pub(crate) fn new(area: Area, blocks: BlockAlloc, inodes: InodeAlloc) -> Shared {
         let layout = *area.layout();
         let f = |o| area.state_field(o).unwrap_or(0);
+        let traffic = std::array::from_fn(|t| {
+            let f = |k: usize| f(state::TRAFFIC + 24 * t + 8 * k);
+            cairn_proto::TierTraffic {
+                bytes_migrated_down: f(0),
+                bytes_migrated_up: f(1),
+                bytes_cleaned: f(2),
+            }
+        });
         let counters = DigestCounters {
             records_digested: f(state::RECORDS_DIGESTED),
             records_skipped: f(state::RECORDS_SKIPPED),
@@ -85,7 +105,61 @@ impl Shared {
             pins: Default::default(),
             keep_unlinked: false,
             reads: Default::default(),
+            tiers: (1..=2u8)
+                .filter_map(|t| layout.tier(t).map(|g| TierAlloc::new(t, *g)))
+                .collect(),
+            held_epochs: Vec::new(),
+            recency: Default::default(),
+            traffic,
         }
+    }
+
+    /// The allocation state of lower tier `tier` (1 = SSD, 2 = HDD).
+    pub(crate) fn tier_mut(&mut self, tier: u8) -> Option<&mut TierAlloc> {
+        self.tiers.iter_mut().find(|t| t.num == tier)
+    }
+
+    /// The allocation state of lower tier `tier`.
+    pub(crate) fn tier(&self, tier: u8) -> Option<&TierAlloc> {
+        self.tiers.iter().find(|t| t.num == tier)
+    }
+
+    /// Free a retired block or leaf entry of any tier; false if it was not in use.
+    fn free_entry(&mut self, e: u64) -> bool {
+        match entry_tier(e) {
+            0 => self.blocks.free(e),
+            t => self.tier_mut(t).is_some_and(|ta| ta.free(entry_block(e))),
+        }
+    }
+
+    /// Trim the lower-tier segments that became empty (whole-segment discard).
+    pub(crate) fn trim_empty_segments(&mut self) {
+        for i in 0..self.tiers.len() {
+            let segs = std::mem::take(&mut self.tiers[i].to_trim);
+            let t = &self.tiers[i];
+            let Some(f) = self.area.tier_file(t.num) else {
+                continue;
+            };
+            for s in segs {
+                let len = t.geom.segment_bytes();
+                // A failed trim wastes nothing: the segment is rewritten whole.
+                let _ = cairn_media::sys::discard(f, s * len, len);
+            }
+        }
+    }
+
+    /// Persist the migration and cleaning counters in the daemon state block.
+    pub(crate) fn persist_traffic(&self) -> io::Result<()> {
+        for (t, c) in self.traffic.iter().enumerate() {
+            for (k, v) in [c.bytes_migrated_down, c.bytes_migrated_up, c.bytes_cleaned]
+                .into_iter()
+                .enumerate()
+            {
+                self.map()
+                    .store_u64(BLOCK_SIZE + state::TRAFFIC + 24 * t + 8 * k, v)?;
+            }
+        }
+        self.map().persist(BLOCK_SIZE + state::TRAFFIC, 72)
     }
 
     pub(crate) fn map(&self) -> &Mapping {
@@ -132,6 +206,16 @@ impl Shared {
         let b = self.alloc_block(w)?;
         self.write_block(w, b, data, nt)?;
         Ok(b)
+    }
+
+    /// Check a leaf entry of a file map (a data block of any tier).
+    pub(crate) fn check_leaf(&self, e: u64, what: &str) -> io::Result<u64> {
+        if !self.layout.leaf_valid(e) {
+            return Err(eio(format!(
+                "{what}: {e:#x} is neither an NVM data block nor a lower-tier block"
+            )));
+        }
+        Ok(e)
     }
 
     /// Check a block pointer read from the media.
@@ -224,7 +308,7 @@ impl Shared {
     /// Free every retired list no reader can still be using: every slot in `readers`
     /// publishes 0 or an epoch greater than the list's. With `force`, free everything.
     pub(crate) fn reclaim(&mut self, readers: &[u32], force: bool) -> u64 {
-        let mut min_reader = u64::MAX;
+        let mut min_reader = self.held_epochs.iter().copied().min().unwrap_or(u64::MAX);
         if !force {
             for &s in readers {
                 let off = (self.layout.client_page_off(s) + client_page::READER_EPOCH) as usize;
@@ -241,11 +325,12 @@ impl Shared {
             }
             let (_, blocks) = self.retired.pop_front().unwrap();
             for b in blocks {
-                if self.blocks.free(b) {
+                if self.free_entry(b) {
                     freed += 1;
                 }
             }
         }
+        self.trim_empty_segments();
         freed
     }
 

@@ -10,6 +10,7 @@ pub mod map;
 pub mod perm;
 pub mod slot;
 pub mod superblock;
+pub mod tier;
 
 /// Size of a block in every region of the NVM tier.
 pub const BLOCK_SIZE: usize = 4096;

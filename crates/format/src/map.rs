@@ -3,7 +3,10 @@
 //! levels) or of the data block (level 1). A tree of height `h` maps file blocks
 //! `0 .. 512^h`. Nodes are never modified once published: the daemon copies a node,
 //! changes the copy and switches the parent (ultimately the inode's root) to it.
-//! Bits 56..63 of an entry are reserved (must be 0 in version 1; they will mark 2 MiB
+//! Bits 56..63 of an entry are flags. Bits 60..61 of a *leaf* entry of a regular file's
+//! map name the tier holding the data block (0 = NVM, 1 = SSD, 2 = HDD; the block number
+//! is then the tier's own block number, `entry_block`). Map nodes, directory buckets and
+//! symlink data always live in NVM. The other flag bits must be 0 (they will mark 2 MiB
 //! runs for superpage mapping).
 
 use crate::BLOCK_SIZE_U64;
@@ -16,6 +19,32 @@ pub const FANOUT_SHIFT: u32 = 9;
 pub const MAX_HEIGHT: u8 = 4;
 /// Reserved flag bits of an entry.
 pub const ENTRY_FLAGS: u64 = 0xff << 56;
+
+/// The tier bits of a leaf entry.
+pub const TIER_SHIFT: u32 = 60;
+pub const TIER_BITS: u64 = 3 << TIER_SHIFT;
+/// Tier numbers.
+pub const TIER_NVM: u8 = 0;
+pub const TIER_SSD: u8 = 1;
+pub const TIER_HDD: u8 = 2;
+/// Names of the tiers, by number.
+pub const TIER_NAMES: [&str; 3] = ["nvm", "ssd", "hdd"];
+
+/// The tier of a leaf entry.
+pub fn entry_tier(e: u64) -> u8 {
+    ((e & TIER_BITS) >> TIER_SHIFT) as u8
+}
+
+/// The block number of a leaf entry within its tier.
+pub fn entry_block(e: u64) -> u64 {
+    e & !ENTRY_FLAGS
+}
+
+/// The leaf entry for block `blk` of tier `tier`.
+pub fn tier_entry(tier: u8, blk: u64) -> u64 {
+    debug_assert!(tier <= TIER_HDD && blk & ENTRY_FLAGS == 0);
+    ((tier as u64) << TIER_SHIFT) | blk
+}
 
 /// Smallest height whose tree covers file blocks `0..nblocks` (0 for an empty file).
 pub fn height_for_blocks(nblocks: u64) -> u8 {
@@ -64,5 +93,14 @@ mod tests {
         assert_eq!(index_at(513, 1), 1);
         assert_eq!(index_at(513, 2), 1);
         assert_eq!(index_at(512 * 512 * 3 + 7, 3), 3);
+    }
+
+    #[test]
+    fn tier_entries() {
+        for t in [TIER_NVM, TIER_SSD, TIER_HDD] {
+            let e = tier_entry(t, 123_456);
+            assert_eq!((entry_tier(e), entry_block(e)), (t, 123_456));
+        }
+        assert_eq!(tier_entry(TIER_NVM, 77), 77);
     }
 }

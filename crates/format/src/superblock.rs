@@ -6,10 +6,15 @@ use crate::{align_up, bad, crc, le, Result, BLOCK_SIZE, BLOCK_SIZE_U64};
 pub const SB_MAGIC: &[u8; 8] = b"CAIRNSB\0";
 /// Magic at the start of the daemon state block.
 pub const STATE_MAGIC: &[u8; 8] = b"CAIRNST\0";
-/// Current format version.
-pub const FORMAT_VERSION: u32 = 1;
-/// Bytes of the superblock covered by its checksum (the crc sits right after).
-const SB_CRC_OFF: usize = 144;
+/// Current format version (2: lower tiers; version 1 stores, which have none, are still
+/// read).
+pub const FORMAT_VERSION: u32 = 2;
+/// Bytes of a version-1 superblock covered by its checksum (the crc sits right after).
+const SB_CRC_OFF_V1: usize = 144;
+/// Bytes of a version-2 superblock covered by its checksum.
+const SB_CRC_OFF: usize = 256;
+/// Where the lower tiers' geometry sits in a version-2 superblock.
+const SB_TIERS_OFF: usize = 144;
 
 /// Offsets of the 8-byte fields in the daemon state block (block 1). Each is written
 /// with one aligned 8-byte store, so none can be torn; the block has no checksum.
@@ -28,6 +33,75 @@ pub mod state {
     pub const LOG_BYTES_WRITTEN: usize = 56;
     pub const SHARED_BYTES_WRITTEN: usize = 64;
     pub const DIGESTS: usize = 72;
+    /// Migration and cleaning counters: per tier (NVM, SSD, HDD) three u64, bytes
+    /// migrated down out of the tier, bytes migrated up into it, bytes cleaned in it.
+    pub const TRAFFIC: usize = 80;
+}
+
+/// Number of lower tiers a store can have (SSD, HDD).
+pub const LOWER_TIERS: usize = 2;
+
+/// The geometry of a lower tier (SSD or HDD): a file or block device written only in
+/// whole segments. Tier block `b` lives at byte `b * 4096` of the device; segment 0
+/// holds the tier's header (`crate::tier`) and is never used for data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierGeom {
+    /// Segments on the device, the header segment included (0: no such tier).
+    pub segments: u64,
+    /// Blocks per segment.
+    pub segment_blocks: u64,
+}
+
+/// Smallest and largest segment, in blocks (64 KiB .. 4 GiB).
+pub const MIN_SEGMENT_BLOCKS: u64 = 16;
+pub const MAX_SEGMENT_BLOCKS: u64 = 1 << 20;
+/// Fewest segments of a lower tier: the header, one reserved for cleaning, one to use.
+pub const MIN_SEGMENTS: u64 = 3;
+
+impl TierGeom {
+    /// Whether the store has this tier.
+    pub fn present(&self) -> bool {
+        self.segments > 0
+    }
+    /// Blocks on the device (the header segment included).
+    pub fn blocks(&self) -> u64 {
+        self.segments * self.segment_blocks
+    }
+    /// Blocks that can hold data (every segment but the header).
+    pub fn data_blocks(&self) -> u64 {
+        self.blocks().saturating_sub(self.segment_blocks)
+    }
+    /// Whether tier block `b` may hold data.
+    pub fn block_valid(&self, b: u64) -> bool {
+        self.present() && b >= self.segment_blocks && b < self.blocks()
+    }
+    /// The segment holding tier block `b`.
+    pub fn segment_of(&self, b: u64) -> u64 {
+        b / self.segment_blocks
+    }
+    /// Bytes of a segment.
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_blocks * BLOCK_SIZE_U64
+    }
+    fn check(&self, name: &str) -> Result<()> {
+        if !self.present() {
+            return Ok(());
+        }
+        if !(MIN_SEGMENT_BLOCKS..=MAX_SEGMENT_BLOCKS).contains(&self.segment_blocks) {
+            return bad(format!(
+                "{name} tier: the segment size must be between 64 KiB and 4 GiB"
+            ));
+        }
+        if self.segments < MIN_SEGMENTS || self.segments > 1 << 32 {
+            return bad(format!(
+                "{name} tier: {} segments of {} KiB; at least {MIN_SEGMENTS} are needed \
+                 (one for the header, one reserved for cleaning, one for data)",
+                self.segments,
+                self.segment_blocks * 4
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Parameters chosen at mkfs.
@@ -37,6 +111,8 @@ pub struct Params {
     pub nslots: u32,
     pub log_bytes: u64,
     pub inode_count: u64,
+    /// SSD and HDD (absent: `segments == 0`).
+    pub tiers: [TierGeom; LOWER_TIERS],
 }
 
 /// Where every region lives, in blocks. Derived from `Params` by `Layout::compute`.
@@ -47,6 +123,10 @@ pub struct Layout {
     pub slot_table_start: u64,
     pub alloc_start: u64,
     pub alloc_blocks: u64,
+    /// The lower tiers' segment tables (`crate::tier::SEG_ENTRY_BYTES` per segment, one
+    /// table per present tier, SSD first); 0 blocks without lower tiers.
+    pub seg_table_start: u64,
+    pub seg_table_blocks: u64,
     pub log_start: u64,
     /// Ring blocks per slot (the client page is one more block in front of the ring).
     pub log_blocks: u64,
@@ -54,6 +134,8 @@ pub struct Layout {
     pub inode_count: u64,
     pub data_start: u64,
     pub data_blocks: u64,
+    /// SSD and HDD geometry.
+    pub tiers: [TierGeom; LOWER_TIERS],
 }
 
 /// Bytes of one slot-table entry.
@@ -73,17 +155,32 @@ impl Layout {
         if p.inode_count < 16 {
             return bad("at least 16 inodes are needed");
         }
+        p.tiers[0].check("SSD")?;
+        p.tiers[1].check("HDD")?;
+        if p.tiers[1].present() && !p.tiers[0].present() {
+            return bad("an HDD tier needs an SSD tier above it");
+        }
         let total_blocks = p.total_bytes / BLOCK_SIZE_U64;
         let slot_table_start = 2;
         let slot_table_blocks =
             align_up(p.nslots as u64 * SLOT_ENTRY_BYTES, BLOCK_SIZE_U64) / BLOCK_SIZE_U64;
         let log_blocks = p.log_bytes / BLOCK_SIZE_U64;
         let alloc_start = slot_table_start + slot_table_blocks;
-        // The allocation state covers data blocks + inodes; size it for an upper bound
-        // on data blocks (all blocks), then fix the data region.
-        let bitmap_bits = total_blocks + p.inode_count;
-        let alloc_blocks = 1 + align_up(bitmap_bits.div_ceil(8), BLOCK_SIZE_U64) / BLOCK_SIZE_U64;
-        let log_start = alloc_start + alloc_blocks;
+        // The allocation state covers data blocks + inodes + lower-tier blocks; size it
+        // for an upper bound on data blocks (all blocks), then fix the data region.
+        let tier_bytes: u64 = p.tiers.iter().map(|t| t.blocks().div_ceil(8)).sum();
+        // (The data region is smaller than `total_blocks` by far more than the two bytes
+        // rounding each bitmap to a byte can add.)
+        let bitmap_bytes = (total_blocks + p.inode_count).div_ceil(8) + tier_bytes;
+        let alloc_blocks = 1 + align_up(bitmap_bytes, BLOCK_SIZE_U64) / BLOCK_SIZE_U64;
+        let seg_table_start = alloc_start + alloc_blocks;
+        let seg_table_blocks: u64 = p
+            .tiers
+            .iter()
+            .map(|t| align_up(t.segments * crate::tier::SEG_ENTRY_BYTES, BLOCK_SIZE_U64))
+            .sum::<u64>()
+            / BLOCK_SIZE_U64;
+        let log_start = seg_table_start + seg_table_blocks;
         let inode_start = log_start + p.nslots as u64 * (1 + log_blocks);
         let inode_blocks = align_up(p.inode_count * INODE_BYTES, BLOCK_SIZE_U64) / BLOCK_SIZE_U64;
         let data_start = inode_start + inode_blocks;
@@ -100,13 +197,54 @@ impl Layout {
             slot_table_start,
             alloc_start,
             alloc_blocks,
+            seg_table_start,
+            seg_table_blocks,
             log_start,
             log_blocks,
             inode_start,
             inode_count: p.inode_count,
             data_start,
             data_blocks: total_blocks - data_start,
+            tiers: p.tiers,
         })
+    }
+
+    /// Byte offset of the segment-table entry of segment `seg` of lower tier `tier`
+    /// (1 = SSD, 2 = HDD; caller checks both).
+    pub fn seg_entry_off(&self, tier: u8, seg: u64) -> u64 {
+        let mut off = self.seg_table_start * BLOCK_SIZE_U64;
+        for t in &self.tiers[..(tier as usize - 1)] {
+            off += align_up(t.segments * crate::tier::SEG_ENTRY_BYTES, BLOCK_SIZE_U64);
+        }
+        off + seg * crate::tier::SEG_ENTRY_BYTES
+    }
+
+    /// The geometry of lower tier `tier` (1 = SSD, 2 = HDD), if the store has it.
+    pub fn tier(&self, tier: u8) -> Option<&TierGeom> {
+        match tier {
+            1 | 2 => Some(&self.tiers[tier as usize - 1]).filter(|t| t.present()),
+            _ => None,
+        }
+    }
+
+    /// Whether `e` is a valid leaf entry of a file map: an NVM data block, or a data
+    /// block of a lower tier the store has (`crate::map::entry_tier`).
+    pub fn leaf_valid(&self, e: u64) -> bool {
+        use crate::map::{entry_block, entry_tier, ENTRY_FLAGS, TIER_BITS};
+        if e & ENTRY_FLAGS & !TIER_BITS != 0 {
+            return false;
+        }
+        match entry_tier(e) {
+            0 => self.data_block_valid(e),
+            t => self.tier(t).is_some_and(|g| g.block_valid(entry_block(e))),
+        }
+    }
+
+    /// Bytes of the saved allocation bitmaps: NVM data blocks, inodes, then each lower
+    /// tier's blocks, each bitmap starting on a byte.
+    pub fn alloc_bitmap_bytes(&self) -> usize {
+        let t: u64 = self.tiers.iter().map(|t| t.blocks().div_ceil(8)).sum();
+        (self.data_blocks.div_ceil(8) + self.inode_count.div_ceil(8) + t) as usize
     }
 
     /// Byte offset of the slot-table entry of `slot`.
@@ -173,6 +311,10 @@ impl Superblock {
         b[104..120].copy_from_slice(&self.uuid);
         le::put_i64(&mut b, 120, self.created_ns);
         le::put_u64(&mut b, 128, crate::ROOT_INO);
+        for (i, t) in l.tiers.iter().enumerate() {
+            le::put_u64(&mut b, SB_TIERS_OFF + 16 * i, t.segments);
+            le::put_u64(&mut b, SB_TIERS_OFF + 16 * i + 8, t.segment_blocks);
+        }
         let c = crc(&b[..SB_CRC_OFF]);
         le::put_u32(&mut b, SB_CRC_OFF, c);
         b
@@ -187,11 +329,20 @@ impl Superblock {
             return bad("superblock: bad magic (not a Cairn NVM tier)");
         }
         let v = le::u32(b, 8);
-        if v != FORMAT_VERSION {
-            return bad(format!("superblock: unsupported format version {v}"));
-        }
-        if crc(&b[..SB_CRC_OFF]) != le::u32(b, SB_CRC_OFF) {
+        let crc_off = match v {
+            1 => SB_CRC_OFF_V1,
+            FORMAT_VERSION => SB_CRC_OFF,
+            _ => return bad(format!("superblock: unsupported format version {v}")),
+        };
+        if crc(&b[..crc_off]) != le::u32(b, crc_off) {
             return bad("superblock: checksum mismatch");
+        }
+        let mut tiers = [TierGeom::default(); LOWER_TIERS];
+        if v >= 2 {
+            for (i, t) in tiers.iter_mut().enumerate() {
+                t.segments = le::u64(b, SB_TIERS_OFF + 16 * i);
+                t.segment_blocks = le::u64(b, SB_TIERS_OFF + 16 * i + 8);
+            }
         }
         if le::u32(b, 12) as usize != BLOCK_SIZE {
             return bad("superblock: unsupported block size");
@@ -202,12 +353,15 @@ impl Superblock {
             slot_table_start: le::u64(b, 32),
             alloc_start: le::u64(b, 40),
             alloc_blocks: le::u64(b, 48),
+            seg_table_start: 0,
+            seg_table_blocks: 0,
             log_start: le::u64(b, 56),
             log_blocks: le::u64(b, 64),
             inode_start: le::u64(b, 72),
             inode_count: le::u64(b, 80),
             data_start: le::u64(b, 88),
             data_blocks: le::u64(b, 96),
+            tiers,
         };
         // The layout must be exactly the one its parameters give.
         let expect = Layout::compute(Params {
@@ -215,7 +369,13 @@ impl Superblock {
             nslots: layout.nslots,
             log_bytes: layout.log_blocks.saturating_mul(BLOCK_SIZE_U64),
             inode_count: layout.inode_count,
+            tiers,
         })?;
+        let layout = Layout {
+            seg_table_start: expect.seg_table_start,
+            seg_table_blocks: expect.seg_table_blocks,
+            ..layout
+        };
         if expect != layout {
             return bad("superblock: inconsistent layout");
         }
@@ -262,6 +422,7 @@ mod tests {
             nslots: 4,
             log_bytes: 1 << 20,
             inode_count: 1024,
+            tiers: [TierGeom::default(); LOWER_TIERS],
         }
     }
 
@@ -293,6 +454,67 @@ mod tests {
             c[i] ^= 0x40;
             assert!(Superblock::decode(&c, 64 << 20).is_err(), "flip at {i}");
         }
+    }
+
+    #[test]
+    fn lower_tiers_roundtrip_and_v1_layouts_are_unchanged() {
+        let v1 = Layout::compute(params()).unwrap();
+        assert_eq!(v1.seg_table_blocks, 0);
+        // A version-1 superblock (crc at 144, no tier fields) still decodes.
+        let sb = Superblock {
+            layout: v1,
+            uuid: [1; 16],
+            created_ns: 5,
+        };
+        let mut b = sb.encode();
+        le::put_u32(&mut b, 8, 1);
+        b[SB_CRC_OFF_V1..].fill(0);
+        let c = crc(&b[..SB_CRC_OFF_V1]);
+        le::put_u32(&mut b, SB_CRC_OFF_V1, c);
+        assert_eq!(Superblock::decode(&b, 64 << 20).unwrap(), sb);
+
+        let mut p = params();
+        p.tiers[0] = TierGeom {
+            segments: 40,
+            segment_blocks: 256,
+        };
+        p.tiers[1] = TierGeom {
+            segments: 8,
+            segment_blocks: 1024,
+        };
+        let l = Layout::compute(p).unwrap();
+        assert!(l.seg_table_blocks >= 1);
+        assert_eq!(l.seg_table_start, l.alloc_start + l.alloc_blocks);
+        assert_eq!(l.log_start, l.seg_table_start + l.seg_table_blocks);
+        assert!(l.seg_entry_off(2, 7) < l.log_start * BLOCK_SIZE_U64);
+        assert!(l.seg_entry_off(2, 0) >= l.seg_entry_off(1, 39) + 16);
+        let sb = Superblock {
+            layout: l,
+            uuid: [2; 16],
+            created_ns: 6,
+        };
+        assert_eq!(Superblock::decode(&sb.encode(), 64 << 20).unwrap(), sb);
+        // Leaf entries: NVM blocks of the data region, lower-tier blocks outside the
+        // header segment.
+        use crate::map::tier_entry;
+        assert!(l.leaf_valid(l.data_start));
+        assert!(!l.leaf_valid(1));
+        assert!(!l.leaf_valid(tier_entry(1, 255)));
+        assert!(l.leaf_valid(tier_entry(1, 256)));
+        assert!(!l.leaf_valid(tier_entry(1, 40 * 256)));
+        assert!(l.leaf_valid(tier_entry(2, 8 * 1024 - 1)));
+        assert!(!l.leaf_valid(tier_entry(3, 2000)));
+        assert!(!l.leaf_valid(l.data_start | 1 << 56));
+        // An HDD without an SSD, tiny segments and too few segments are refused.
+        let mut q = p;
+        q.tiers[0] = TierGeom::default();
+        assert!(Layout::compute(q).is_err());
+        q = p;
+        q.tiers[0].segment_blocks = 8;
+        assert!(Layout::compute(q).is_err());
+        q = p;
+        q.tiers[1].segments = 2;
+        assert!(Layout::compute(q).is_err());
     }
 
     #[test]

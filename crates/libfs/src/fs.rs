@@ -483,7 +483,11 @@ impl Inner {
                     format!("open the NVM tier {}: {e}", reg.nvm_path),
                 )
             })?;
-            let area = Area::open(&ro, false)?;
+            let mut area = Area::open(&ro, false)?;
+            if area.layout().tiers.iter().any(|t| t.present()) {
+                let cfg = store.load_config()?;
+                area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
+            }
             let l = *area.layout();
             if reg.slot >= l.nslots {
                 return Err(fs_err(
@@ -1506,8 +1510,12 @@ impl Inner {
                 if ov.is_some_and(|o| o.ext.segments(start, end).any(|s| s.src.is_some())) {
                     continue;
                 }
-                if let Some(blk) = self.area.block_of(&inode, start / BLOCK_SIZE_U64)? {
-                    *p = Some(blk * BLOCK_SIZE_U64);
+                // Only NVM blocks can be mapped in place; lower-tier data is read.
+                match self.area.block_of(&inode, start / BLOCK_SIZE_U64)? {
+                    Some(blk) if cairn_format::map::entry_tier(blk) == 0 => {
+                        *p = Some(blk * BLOCK_SIZE_U64)
+                    }
+                    _ => {}
                 }
             }
             Ok(plan)

@@ -278,10 +278,18 @@ impl Fs {
         Ok(buf)
     }
 
-    /// Create (or truncate) a file and write `data` to it.
+    /// Create (or truncate) a file and write all of `data` to it (a write cut short,
+    /// by `ENOSPC` for example, is continued, so the error is returned).
     pub fn write(&self, p: impl Loc, data: impl AsRef<[u8]>) -> io::Result<()> {
         let f = File::create(self, p)?;
-        f.write_at(data.as_ref(), 0)?;
+        let data = data.as_ref();
+        let mut done = 0;
+        while done < data.len() {
+            match f.write_at(&data[done..], done as u64)? {
+                0 => return Err(fs_err(libc::EIO, "write: no progress")),
+                n => done += n,
+            }
+        }
         Ok(())
     }
 
@@ -315,6 +323,22 @@ pub fn daemon_status(store: Option<&Path>) -> io::Result<StatusReport> {
     match c.roundtrip(&Request::Status)? {
         Response::Status(r) => Ok(r),
         r => Err(conn::response_error("status", r)),
+    }
+}
+
+/// Ask the daemon of `store` to move up to `max_bytes` of the coldest data of tier
+/// `from` (0 = NVM, 1 = SSD) one tier down, in whole segments, without registering as a
+/// client. Returns the bytes moved and the bytes of `from` still in use.
+pub fn daemon_migrate(store: Option<&Path>, from: u8, max_bytes: u64) -> io::Result<(u64, u64)> {
+    let dir = StoreDir::resolve(store);
+    let mut c = conn::Conn::connect(&dir, false)?;
+    match c.roundtrip(&Request::Migrate {
+        from,
+        to: from + 1,
+        max_bytes,
+    })? {
+        Response::Migrated { bytes, used_bytes } => Ok((bytes, used_bytes)),
+        r => Err(conn::response_error("migrate", r)),
     }
 }
 

@@ -448,6 +448,46 @@ pub mod sys {
         }
     }
 
+    /// Bytes of a block device (`BLKGETSIZE64`).
+    pub fn block_device_size(f: &File) -> io::Result<u64> {
+        const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+        let mut n: u64 = 0;
+        // SAFETY: the ioctl writes one u64 into `n`, which lives for the call.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut n as *mut u64) };
+        if r == 0 {
+            Ok(n)
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Trim `len` bytes at `off`: `BLKDISCARD` on a block device, else a punched hole
+    /// (`fallocate(PUNCH_HOLE | KEEP_SIZE)`), so the file system frees the space.
+    pub fn discard(f: &File, off: u64, len: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        const BLKDISCARD: libc::c_ulong = 0x1277;
+        let r = if f.metadata()?.file_type().is_block_device() {
+            let range = [off, len];
+            // SAFETY: the ioctl reads two u64 from `range`, which lives for the call.
+            unsafe { libc::ioctl(f.as_raw_fd(), BLKDISCARD, range.as_ptr()) }
+        } else {
+            // SAFETY: fallocate on a valid fd; no memory is passed.
+            unsafe {
+                libc::fallocate(
+                    f.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off as libc::off_t,
+                    len as libc::off_t,
+                )
+            }
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     /// `renameat2(AT_FDCWD, from, AT_FDCWD, to, flags)` (`RENAME_NOREPLACE`,
     /// `RENAME_EXCHANGE`), which `std` does not offer.
     pub fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> io::Result<()> {

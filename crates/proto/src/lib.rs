@@ -35,6 +35,10 @@ pub enum Request {
     Credits { blocks: u64 },
     /// Report the store's status.
     Status,
+    /// Move up to `max_bytes` of the coldest file data of tier `from` to tier `to`
+    /// (0 = NVM, 1 = SSD, 2 = HDD; `to = from + 1`), at least one segment's worth if
+    /// there is that much. Answered with `Migrated`.
+    Migrate { from: u8, to: u8, max_bytes: u64 },
     /// The client is leaving: digest up to `tail_lsn` and release the slot.
     Goodbye { tail_lsn: u64 },
     /// Digest everything, write the allocation state and stop the daemon.
@@ -167,6 +171,11 @@ pub enum Response {
         granted: u64,
     },
     Status(StatusReport),
+    /// Answer to `Migrate`: bytes moved, and the bytes of tier `from` still in use.
+    Migrated {
+        bytes: u64,
+        used_bytes: u64,
+    },
     /// Answer to `GetLock`: `None` when the lock could be placed.
     LockConflict(Option<LockInfo>),
     /// Answer to `Delegate`: the client now holds the locks of the inode itself,
@@ -206,7 +215,44 @@ pub enum Response {
 pub struct TierStatus {
     pub name: String,
     pub capacity_bytes: u64,
+    /// NVM: blocks in use; a lower tier: blocks of its segments in use (space is given
+    /// out in whole segments).
     pub used_bytes: u64,
+    /// Bytes of live data (and of replaced data waiting for its epoch).
+    pub live_bytes: u64,
+    /// `live_bytes / used_bytes` (1 when nothing is used).
+    pub live_fraction: f64,
+    /// Lower tiers: segments free and in use (0 for NVM).
+    pub segments_free: u64,
+    pub segments_used: u64,
+    pub segment_bytes: u64,
+    /// Bytes moved from this tier to the one below, into it from the one below, and
+    /// copied by the cleaner within it (`TierTraffic`).
+    pub bytes_migrated_down: u64,
+    pub bytes_migrated_up: u64,
+    pub bytes_cleaned: u64,
+}
+
+/// Migration and cleaning traffic of one tier since the store was created.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct TierTraffic {
+    /// Bytes moved from this tier to the one below.
+    pub bytes_migrated_down: u64,
+    /// Bytes moved into this tier from the one below.
+    pub bytes_migrated_up: u64,
+    /// Bytes the cleaner copied within this tier.
+    pub bytes_cleaned: u64,
+}
+
+/// A migration or cleaning in flight.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct MigrationStatus {
+    /// "migrate" or "clean".
+    pub kind: String,
+    pub from: String,
+    pub to: String,
+    pub bytes_done: u64,
+    pub bytes_planned: u64,
 }
 
 /// One client in a status report.
@@ -248,6 +294,8 @@ pub struct StatusReport {
     pub clients: Vec<ClientStatus>,
     pub digest: DigestCounters,
     pub sharing: SharingStatus,
+    /// The migration or cleaning round in flight, if any.
+    pub migration: Option<MigrationStatus>,
 }
 
 /// Shared-write mode since the daemon started.

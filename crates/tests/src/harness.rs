@@ -43,6 +43,17 @@ pub struct StoreSize {
     pub log: &'static str,
     pub clients: u32,
     pub inodes: Option<u64>,
+    /// Lower tiers: SSD and HDD sizes and the segment size (files in the store's
+    /// temporary directory).
+    pub tiers: Option<Tiers>,
+}
+
+/// Lower tiers of a test store.
+#[derive(Debug, Clone)]
+pub struct Tiers {
+    pub ssd: &'static str,
+    pub hdd: Option<&'static str>,
+    pub segment: &'static str,
 }
 
 impl Default for StoreSize {
@@ -52,6 +63,7 @@ impl Default for StoreSize {
             log: "1M",
             clients: 8,
             inodes: None,
+            tiers: None,
         }
     }
 }
@@ -84,6 +96,19 @@ impl TestStore {
             .args(["--max-clients", &s.clients.to_string()]);
         if let Some(n) = s.inodes {
             cmd.args(["--inodes", &n.to_string()]);
+        }
+        if let Some(t) = &s.tiers {
+            cmd.arg("--ssd").arg(dir.path().join("ssd.tier")).args([
+                "--ssd-size",
+                t.ssd,
+                "--segment-size",
+                t.segment,
+            ]);
+            if let Some(h) = t.hdd {
+                cmd.arg("--hdd")
+                    .arg(dir.path().join("hdd.tier"))
+                    .args(["--hdd-size", h]);
+            }
         }
         let out = cmd.output().expect("run cairn mkfs");
         assert!(
@@ -155,8 +180,18 @@ impl Drop for TestStore {
 
 /// Find the pid of `cairn daemon --store <store>` by scanning /proc.
 pub fn daemon_pid(store: &Path) -> Option<u32> {
+    daemon_pids(store).into_iter().next()
+}
+
+/// Every live process running `cairn daemon --store <store>` (a daemon that detaches
+/// runs as two processes for a moment).
+pub fn daemon_pids(store: &Path) -> Vec<u32> {
+    let mut out = Vec::new();
     let want = store.as_os_str().as_encoded_bytes();
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
@@ -175,10 +210,10 @@ pub fn daemon_pid(store: &Path) -> Option<u32> {
             {
                 continue;
             }
-            return Some(pid);
+            out.push(pid);
         }
     }
-    None
+    out
 }
 
 /// SIGKILL a process.

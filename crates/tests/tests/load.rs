@@ -20,6 +20,7 @@ fn thirty_two_processes_share_a_store() {
         log: "1M",
         clients: 40,
         inodes: None,
+        tiers: None,
     });
     {
         let fs = store.fs();

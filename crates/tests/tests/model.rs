@@ -49,7 +49,7 @@ fn run_case(store: &TestStore, seed: u64, n: usize) -> Result<(), TestCaseError>
 
 /// Generated cases against one store (dropped at the end, so its daemon stops and its
 /// NVM file goes; a failure keeps it for inspection).
-fn run_generated(store: TestStore) {
+fn run_generated(store: &TestStore) {
     let config = ProptestConfig {
         cases: 48,
         failure_persistence: None,
@@ -57,7 +57,7 @@ fn run_generated(store: TestStore) {
     };
     let mut runner = proptest::test_runner::TestRunner::new(config);
     let r = runner.run(&(any::<u64>(), 1usize..160), |(seed, n)| {
-        run_case(&store, seed, n)
+        run_case(store, seed, n)
     });
     if let Err(e) = r {
         panic!("{e}");
@@ -66,17 +66,47 @@ fn run_generated(store: TestStore) {
 
 #[test]
 fn matches_reference() {
-    run_generated(TestStore::new());
+    run_generated(&TestStore::new());
 }
 
 #[test]
 fn matches_reference_with_constant_digests() {
     // A 64 KiB log: digests happen every few operations, and writes larger than a
     // quarter of the log are split into several transactions.
-    run_generated(TestStore::with_size(StoreSize {
+    run_generated(&TestStore::with_size(StoreSize {
         log: "64K",
         ..StoreSize::default()
     }));
+}
+
+#[test]
+fn matches_reference_on_three_tiers_with_tiny_nvm() {
+    // About 6 MiB of NVM data blocks with SSD and HDD tiers of 64 KiB segments, and
+    // watermarks of 2% and 0%: every tier above 2% moves its files' data down, so
+    // migration down both levels runs all along, under the operations, and the files
+    // the cases read and rewrite are spread over the three tiers.
+    let store = TestStore::with_size(StoreSize {
+        nvm: "8M",
+        log: "64K",
+        clients: 4,
+        inodes: Some(4096),
+        tiers: Some(cairn_tests::harness::Tiers {
+            ssd: "4M",
+            hdd: Some("96M"),
+            segment: "64K",
+        }),
+    });
+    store.set_config("migrate_high_pct", "2");
+    store.set_config("migrate_low_pct", "0");
+    run_generated(&store);
+    let r = store.fs().status().unwrap();
+    let moved = |t: &str| {
+        r.tiers
+            .iter()
+            .find(|x| x.name == t)
+            .map_or(0, |x| x.bytes_migrated_down)
+    };
+    assert!(moved("nvm") > 0 && moved("ssd") > 0, "{:?}", r.tiers);
 }
 
 #[test]

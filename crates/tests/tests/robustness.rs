@@ -181,6 +181,7 @@ fn full_tier_gives_enospc_and_recovers() {
         log: "1M",
         clients: 2,
         inodes: Some(1024),
+        tiers: None,
     });
     let fs = store.fs();
     let chunk = vec![0x5au8; 1 << 20];

@@ -17,6 +17,7 @@ fn a_million_entries_in_one_directory() {
         log: "32M",
         clients: 2,
         inodes: Some(4096),
+        tiers: None,
     });
     let fs = store.fs();
     fs.create_dir("/big").unwrap();
@@ -73,6 +74,7 @@ fn a_file_nearly_as_large_as_the_tier() {
         log: "8M",
         clients: 2,
         inodes: Some(1024),
+        tiers: None,
     });
     let fs = store.fs();
     let st = fs.status().unwrap();

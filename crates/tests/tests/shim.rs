@@ -650,6 +650,7 @@ fn a_mapping_in_place_keeps_its_blocks() {
         log: "1M",
         clients: 4,
         inodes: Some(1024),
+        tiers: None,
     });
     let fs = store.fs();
     let data: Vec<u8> = (0..4u32 << 20).map(|i| (i / 4096) as u8 ^ 0x5a).collect();

@@ -45,6 +45,15 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
     if let Some(n) = args.digest_threshold {
         opts.digest_threshold_pct = n;
     }
+    let tier = |path: &Option<std::path::PathBuf>, size| {
+        path.as_ref().map(|p| cairn_daemon::TierOptions {
+            path: p.clone(),
+            size,
+        })
+    };
+    opts.ssd = tier(&args.ssd, args.ssd_size);
+    opts.hdd = tier(&args.hdd, args.hdd_size);
+    opts.segment_size = args.segment_size;
     if let Some(g) = &args.trusted_group {
         opts.trusted_gid = Some(
             cairn_daemon::resolve_group(g)
@@ -69,7 +78,7 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
          client logs   {slots} slots of {log}\n  \
          inodes        {inodes}\n  \
          digest at     {pct}% log fill\n  \
-         trusted       {trust}\n",
+         trusted       {trust}\n{lower}",
         store = dir.path.display(),
         config = dir.config_path().display(),
         nvm = cfg.nvm_path.display(),
@@ -82,6 +91,21 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
             cfg.inodes.to_string()
         },
         pct = cfg.digest_threshold_pct,
+        lower = [
+            ("SSD", &cfg.ssd_path, &opts.ssd),
+            ("HDD", &cfg.hdd_path, &opts.hdd)
+        ]
+        .into_iter()
+        .filter_map(|(n, p, o)| {
+            let p = p.as_ref()?;
+            let size = o.as_ref().and_then(|o| o.size).map(human_bytes);
+            Some(format!(
+                "  {n} tier      {}{}\n",
+                p.display(),
+                size.map(|s| format!(" ({s})")).unwrap_or_default()
+            ))
+        })
+        .collect::<String>(),
         trust = match (cfg.owner_uid, cfg.trusted_gid) {
             (Some(u), Some(g)) => format!("root, uid {u} (owner), group {g}"),
             (Some(u), None) => format!("root, uid {u} (owner)"),
@@ -90,6 +114,94 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
         },
     );
     out.write_all(text.as_bytes())
+        .map_err(crate::error::stdout_err)
+}
+
+/// The number of a tier by name.
+fn tier_num(name: &str) -> Result<u8, CliError> {
+    match name {
+        "nvm" => Ok(0),
+        "ssd" => Ok(1),
+        "hdd" => Ok(2),
+        _ => Err(CliError::new(format!(
+            "unknown tier {name:?}: use nvm, ssd or hdd"
+        ))),
+    }
+}
+
+/// `cairn migrate --tier FROM --to TO [--free BYTES]`: drain a tier now, one segment
+/// per request, with a progress bar on stderr.
+pub fn migrate(store: Option<&Path>, from: &str, to: &str, free: Option<u64>) -> CliResult {
+    let (f, t) = (tier_num(from)?, tier_num(to)?);
+    if t != f + 1 {
+        return Err(CliError::new(format!(
+            "data moves one tier down: --tier {from} --to {}",
+            ["ssd", "hdd", "(none)"][f.min(2) as usize]
+        )));
+    }
+    let status = cairn::daemon_status(store)?;
+    let (Some(src), Some(dst)) = (
+        status.tiers.iter().find(|x| x.name == from),
+        status.tiers.iter().find(|x| x.name == to),
+    ) else {
+        return Err(CliError::new(format!(
+            "the store {} has no {to} tier (see cairn mkfs --ssd/--hdd)",
+            status.store
+        )));
+    };
+    let want = match free {
+        Some(b) => b,
+        None => {
+            let cfg = StoreDir::resolve(store).load_config()?;
+            let goal = src.capacity_bytes / 100 * cfg.migrate_low_pct as u64;
+            src.used_bytes.saturating_sub(goal)
+        }
+    };
+    let step = dst.segment_bytes.max(1 << 20);
+    let mut done = 0u64;
+    let mut err = std::io::stderr().lock();
+    let bar = |done: u64| {
+        let frac = if want == 0 {
+            1.0
+        } else {
+            done.min(want) as f64 / want as f64
+        };
+        let n = (frac * 30.0) as usize;
+        format!(
+            "\rmigrating {from} -> {to} [{}{}] {:>3.0}% {} of {}",
+            "#".repeat(n),
+            " ".repeat(30 - n),
+            frac * 100.0,
+            human_bytes(done),
+            human_bytes(want)
+        )
+    };
+    let _ = write!(err, "{}", bar(0));
+    let mut used = src.used_bytes;
+    while done < want {
+        let (n, u) = cairn::daemon_migrate(store, f, step.min(want - done))?;
+        used = u;
+        if n == 0 {
+            break;
+        }
+        done += n;
+        let _ = write!(err, "{}", bar(done));
+    }
+    let _ = writeln!(err);
+    let msg = format!(
+        "moved {} from {from} to {to}; {from} now uses {} of {}{}\n",
+        human_bytes(done),
+        human_bytes(used),
+        human_bytes(src.capacity_bytes),
+        if done < want {
+            " (nothing more could move: the rest is metadata, or the tiers below are full)"
+        } else {
+            ""
+        }
+    );
+    std::io::stdout()
+        .lock()
+        .write_all(msg.as_bytes())
         .map_err(crate::error::stdout_err)
 }
 
@@ -155,6 +267,47 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
         r.inodes.capacity.saturating_sub(r.inodes.used),
         pct(r.inodes.used, r.inodes.capacity)
     );
+    if r.tiers.len() > 1 {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{:<8} {:>6} {:>14} {:>12} {:>12} {:>12} {:>12}",
+            "tier", "live", "segments", "segment", "moved down", "moved up", "cleaned"
+        );
+        for t in &r.tiers {
+            let segs = if t.segment_bytes == 0 {
+                "-".to_string()
+            } else {
+                format!("{} free/{} used", t.segments_free, t.segments_used)
+            };
+            let _ = writeln!(
+                s,
+                "{:<8} {:>5.1}% {:>14} {:>12} {:>12} {:>12} {:>12}",
+                t.name,
+                t.live_fraction * 100.0,
+                segs,
+                if t.segment_bytes == 0 {
+                    "-".to_string()
+                } else {
+                    human_bytes(t.segment_bytes)
+                },
+                human_bytes(t.bytes_migrated_down),
+                human_bytes(t.bytes_migrated_up),
+                human_bytes(t.bytes_cleaned)
+            );
+        }
+    }
+    if let Some(m) = &r.migration {
+        let _ = writeln!(
+            s,
+            "in flight: {} {} -> {}: {} of {}",
+            m.kind,
+            m.from,
+            m.to,
+            human_bytes(m.bytes_done),
+            human_bytes(m.bytes_planned)
+        );
+    }
     let _ = writeln!(s);
     if r.clients.is_empty() {
         let _ = writeln!(s, "clients: none");
@@ -238,11 +391,34 @@ mod tests {
     fn status_table() {
         let r = StatusReport {
             store: "/s".into(),
-            tiers: vec![TierStatus {
-                name: "nvm".into(),
-                capacity_bytes: 128 << 20,
-                used_bytes: 32 << 20,
-            }],
+            tiers: vec![
+                TierStatus {
+                    name: "nvm".into(),
+                    capacity_bytes: 128 << 20,
+                    used_bytes: 32 << 20,
+                    live_bytes: 32 << 20,
+                    live_fraction: 1.0,
+                    segments_free: 0,
+                    segments_used: 0,
+                    segment_bytes: 0,
+                    bytes_migrated_down: 5 << 20,
+                    bytes_migrated_up: 0,
+                    bytes_cleaned: 0,
+                },
+                TierStatus {
+                    name: "ssd".into(),
+                    capacity_bytes: 1 << 30,
+                    used_bytes: 64 << 20,
+                    live_bytes: 48 << 20,
+                    live_fraction: 0.75,
+                    segments_free: 14,
+                    segments_used: 2,
+                    segment_bytes: 64 << 20,
+                    bytes_migrated_down: 0,
+                    bytes_migrated_up: 0,
+                    bytes_cleaned: 3 << 20,
+                },
+            ],
             inodes: InodeStatus {
                 capacity: 100,
                 used: 3,
@@ -257,6 +433,13 @@ mod tests {
             }],
             digest: DigestCounters::default(),
             sharing: SharingStatus::default(),
+            migration: Some(MigrationStatus {
+                kind: "migrate".into(),
+                from: "nvm".into(),
+                to: "ssd".into(),
+                bytes_done: 0,
+                bytes_planned: 4 << 20,
+            }),
         };
         let s = format_status(&r);
         assert!(s.contains("nvm"), "{s}");
@@ -264,5 +447,8 @@ mod tests {
         assert!(s.contains("25.0%"), "{s}");
         assert!(s.contains("records digested"), "{s}");
         assert!(s.contains("shared-write inodes"), "{s}");
+        assert!(s.contains("14 free/2 used"), "{s}");
+        assert!(s.contains("75.0%"), "{s}");
+        assert!(s.contains("in flight: migrate nvm -> ssd"), "{s}");
     }
 }

@@ -18,6 +18,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Daemon(args) => admin::daemon(store, &args),
         Command::Status { json } => admin::status(store, json),
         Command::Stop => admin::stop(store),
+        Command::Migrate { tier, to, free } => admin::migrate(store, &tier, &to, free),
         Command::Put { src, dst } => files::put(store, &src, &dst),
         Command::Get { src, dst } => files::get(store, &src, &dst),
         Command::Cat { paths } => files::cat(store, &paths),

@@ -45,6 +45,7 @@ impl TestStore {
             digest_threshold_pct: 30,
             force: false,
             trusted_gid: None,
+            ..MkfsOptions::default()
         })
         .unwrap();
         TestStore {

@@ -1,0 +1,546 @@
+//! Migration and cleaning across the tiers (Strata's "migrate": NVM → SSD → HDD in whole
+//! segments).
+//!
+//! Both are *rounds* that move file blocks into one free segment of a lower tier:
+//!
+//! 1. under the core lock (serial): take a free segment of the target tier, choose the
+//!    blocks to move (a migration: the coldest chunks of the source tier; cleaning: the
+//!    live blocks of the victim segments), bump the segment's generation in its NVM
+//!    segment-table entry, and hold the current epoch so that no block retired from now
+//!    on is freed (or trimmed) while it is being copied;
+//! 2. without the lock: read the blocks and write the segment with one sequential write,
+//!    then `fdatasync` it;
+//! 3. under the core lock: for every block whose map entry still names the copied block
+//!    (a digest may have replaced it meanwhile: the newest copy wins), switch the entry
+//!    to the new copy out of place (map nodes copied, written back, fenced) and publish
+//!    the inode; retire the old blocks (freed after the epoch) and release the hold.
+//!
+//! A crash before step 3 leaves the segment unreferenced (the rebuild finds it free); a
+//! crash inside step 3 leaves each inode either switched or not. Recency is kept in DRAM
+//! only (as in Strata): per tier, the last time each chunk (1 MiB in NVM, 4 MiB in SSD)
+//! was written by a digest or moved into the tier.
+
+use crate::maptree;
+use crate::pardigest::CoreLock;
+use crate::shared::{Shared, Work};
+use crate::util::{eio, now_ns, Logger};
+use cairn_format::inode::{Inode, Kind};
+use cairn_format::map::{entry_block, entry_tier, tier_entry, TIER_NAMES};
+use cairn_format::tier::SEG_WRITTEN_NS;
+use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
+use cairn_proto::MigrationStatus;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::Mutex;
+
+/// Recency chunk of a tier, in blocks: 1 MiB in NVM, 4 MiB below.
+pub(crate) fn grain(tier: u8) -> u64 {
+    if tier == 0 {
+        256
+    } else {
+        1024
+    }
+}
+
+/// When each chunk of file data was last used, per tier (a logical clock).
+#[derive(Debug, Default)]
+pub(crate) struct Recency {
+    tick: u64,
+    last: HashMap<(u8, u64, u64), u64>,
+}
+
+impl Recency {
+    /// File blocks `first..=last` of `ino` in `tier` were just used.
+    pub(crate) fn touch(&mut self, tier: u8, ino: u64, first: u64, last: u64) {
+        self.tick += 1;
+        let g = grain(tier);
+        for c in first / g..=last / g {
+            self.last.insert((tier, ino, c), self.tick);
+        }
+    }
+
+    fn get(&self, tier: u8, ino: u64, chunk: u64) -> u64 {
+        self.last.get(&(tier, ino, chunk)).copied().unwrap_or(0)
+    }
+}
+
+/// One block to move: file block `fblk` of `ino`, whose map entry was `old`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Move {
+    ino: u64,
+    fblk: u64,
+    old: u64,
+}
+
+/// What a round does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoundKind {
+    /// The coldest data of `from` to the tier below.
+    Migrate,
+    /// The live blocks of `from`'s emptiest, oldest segments to a fresh segment of it.
+    Clean,
+}
+
+/// Every block of a regular file's map in the tier(s) `want` accepts, grouped by inode.
+fn file_blocks(
+    sh: &Shared,
+    want: &mut dyn FnMut(u64) -> bool,
+) -> io::Result<BTreeMap<u64, Vec<(u64, u64)>>> {
+    let mut out = BTreeMap::new();
+    for ino in 1..sh.layout.inode_count {
+        if !sh.inodes.is_used(ino) {
+            continue;
+        }
+        let Ok(inode) = sh.inode(ino) else { continue };
+        if inode.attrs.kind != Kind::File {
+            continue;
+        }
+        let mut v = Vec::new();
+        maptree::walk(
+            sh,
+            inode.map_root,
+            inode.map_height,
+            &mut |_| {},
+            &mut |fb, e| {
+                if want(e) {
+                    v.push((fb, e));
+                }
+            },
+        )?;
+        if !v.is_empty() {
+            out.insert(ino, v);
+        }
+    }
+    Ok(out)
+}
+
+/// The coldest blocks of tier `from`, at most `max`, whole chunks first. Forgets the
+/// recency of chunks that no longer hold blocks there.
+fn select_cold(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
+    let all = file_blocks(sh, &mut |e| entry_tier(e) == from)?;
+    let g = grain(from);
+    // (recency, inode, chunk, its blocks)
+    type Chunk = (u64, u64, u64, Vec<(u64, u64)>);
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for (ino, blocks) in all {
+        let mut cur: Option<(u64, Vec<(u64, u64)>)> = None;
+        for (fb, e) in blocks {
+            match &mut cur {
+                Some((c, v)) if *c == fb / g => v.push((fb, e)),
+                _ => {
+                    if let Some((c, v)) = cur.take() {
+                        chunks.push((sh.recency.get(from, ino, c), ino, c, v));
+                    }
+                    cur = Some((fb / g, vec![(fb, e)]));
+                }
+            }
+        }
+        if let Some((c, v)) = cur {
+            chunks.push((sh.recency.get(from, ino, c), ino, c, v));
+        }
+    }
+    let seen: std::collections::HashSet<(u64, u64)> = chunks.iter().map(|c| (c.1, c.2)).collect();
+    sh.recency
+        .last
+        .retain(|&(t, ino, c), _| t != from || seen.contains(&(ino, c)));
+    chunks.sort_by_key(|c| (c.0, c.1, c.2));
+    let mut out = Vec::new();
+    for (_, ino, _, v) in chunks {
+        for (fblk, old) in v {
+            if out.len() as u64 >= max {
+                return Ok(out);
+            }
+            out.push(Move { ino, fblk, old });
+        }
+    }
+    Ok(out)
+}
+
+/// Cleaning victims of lower tier `tier` by cost-benefit (Rosenblum and Ousterhout's
+/// `(1 - u) * age / (1 + u)`, `u` = live fraction), as many as fit in one segment
+/// together (at least one), and the live blocks they hold.
+fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
+    let Some(t) = sh.tier(tier) else {
+        return Ok(Vec::new());
+    };
+    let sb = t.geom.segment_blocks;
+    let now = now_ns().max(0) as u64;
+    let mut cands: Vec<(f64, u64)> = Vec::new();
+    for s in 1..t.geom.segments {
+        let live = t.seg_live(s);
+        if live == 0 || live >= sb {
+            continue;
+        }
+        let off = sh.layout.seg_entry_off(tier, s) + SEG_WRITTEN_NS;
+        let written = sh.map().load_u64(off as usize).unwrap_or(0);
+        let age = now.saturating_sub(written) as f64 / 1e9 + 1.0;
+        let u = live as f64 / sb as f64;
+        cands.push(((1.0 - u) * age / (1.0 + u), s));
+    }
+    cands.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut victims = std::collections::HashSet::new();
+    let mut total = 0;
+    for (_, s) in cands {
+        let live = t.seg_live(s);
+        if !victims.is_empty() && total + live > sb {
+            continue;
+        }
+        victims.insert(s);
+        total += live;
+    }
+    // Segments are written once: cleaning one victim into one new segment gains
+    // nothing, so it takes at least two whose live blocks fit in one.
+    if victims.len() < 2 {
+        return Ok(Vec::new());
+    }
+    let geom = t.geom;
+    let all = file_blocks(sh, &mut |e| {
+        entry_tier(e) == tier && victims.contains(&geom.segment_of(entry_block(e)))
+    })?;
+    Ok(all
+        .into_iter()
+        .flat_map(|(ino, v)| {
+            v.into_iter()
+                .map(move |(fblk, old)| Move { ino, fblk, old })
+        })
+        .collect())
+}
+
+/// Serializes rounds and reports the one in flight.
+#[derive(Debug, Default)]
+pub(crate) struct Migrator {
+    running: Mutex<()>,
+    progress: Mutex<Option<MigrationStatus>>,
+}
+
+/// Bytes of `n` blocks.
+fn bytes(n: u64) -> u64 {
+    n * BLOCK_SIZE_U64
+}
+
+impl Migrator {
+    /// Wait for the round in flight and keep new ones from starting while the guard
+    /// lives.
+    pub(crate) fn pause(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The round in flight, if any.
+    pub(crate) fn progress(&self) -> Option<MigrationStatus> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_progress(&self, p: Option<MigrationStatus>) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = p;
+    }
+
+    /// Run one round of `kind` from tier `from` moving at most `max` blocks (and at most
+    /// one segment). Returns the blocks moved (0: nothing to move or no free segment).
+    pub(crate) fn round(
+        &self,
+        core: &CoreLock,
+        kind: RoundKind,
+        from: u8,
+        max: u64,
+    ) -> io::Result<u64> {
+        let _one = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let to = match kind {
+            RoundKind::Migrate => from + 1,
+            RoundKind::Clean => from,
+        };
+        // Phase 1.
+        let (seg, moves, epoch, sb) = {
+            let mut c = core.serial();
+            if c.stopped {
+                return Ok(0);
+            }
+            let sh = &mut c.sh;
+            let Some(t) = sh.tier_mut(to) else {
+                return Err(eio(format!(
+                    "the store has no {} tier",
+                    TIER_NAMES[to as usize]
+                )));
+            };
+            let sb = t.geom.segment_blocks;
+            // Migration keeps one segment back, so that cleaning can always proceed.
+            let reserve = if kind == RoundKind::Migrate { 1 } else { 0 };
+            let Some(seg) = t.take_segment(reserve) else {
+                return Ok(0);
+            };
+            let moves = match kind {
+                RoundKind::Migrate => select_cold(sh, from, max.min(sb)),
+                RoundKind::Clean => select_victims(sh, from),
+            };
+            let moves = match moves {
+                Ok(m) if !m.is_empty() => m,
+                other => {
+                    sh.tier_mut(to).unwrap().release_segment(seg);
+                    sh.trim_empty_segments();
+                    return other.map(|_| 0);
+                }
+            };
+            let off = sh.layout.seg_entry_off(to, seg) as usize;
+            let gen = sh.map().load_u64(off)?;
+            sh.map().store_u64(off, gen + 1)?;
+            sh.map()
+                .store_u64(off + SEG_WRITTEN_NS as usize, now_ns().max(0) as u64)?;
+            sh.map().persist(off, 16)?;
+            let epoch = sh.epoch();
+            sh.held_epochs.push(epoch);
+            (seg, moves, epoch, sb)
+        };
+        let kind_name = match kind {
+            RoundKind::Migrate => "migrate",
+            RoundKind::Clean => "clean",
+        };
+        self.set_progress(Some(MigrationStatus {
+            kind: kind_name.into(),
+            from: TIER_NAMES[from as usize].into(),
+            to: TIER_NAMES[to as usize].into(),
+            bytes_done: 0,
+            bytes_planned: bytes(moves.len() as u64),
+        }));
+        let r = self.copy_and_switch(core, kind, from, to, seg, sb, &moves);
+        self.set_progress(None);
+        let mut c = core.serial();
+        let sh = &mut c.sh;
+        sh.held_epochs.retain(|&e| e != epoch);
+        if let Some(t) = sh.tier_mut(to) {
+            t.release_segment(seg);
+        }
+        sh.trim_empty_segments();
+        r
+    }
+
+    /// Phases 2 and 3 of a round.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_and_switch(
+        &self,
+        core: &CoreLock,
+        kind: RoundKind,
+        from: u8,
+        to: u8,
+        seg: u64,
+        sb: u64,
+        moves: &[Move],
+    ) -> io::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        // Phase 2: read every block, write the segment in one go, make it durable.
+        let area = core.serial().sh.area.clone();
+        let mut buf = vec![0u8; moves.len() * BLOCK_SIZE];
+        for (i, m) in moves.iter().enumerate() {
+            area.read_leaf(m.old, &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE])?;
+        }
+        let f = area.tier_file(to).ok_or_else(|| {
+            eio(format!(
+                "the {} tier is not attached",
+                TIER_NAMES[to as usize]
+            ))
+        })?;
+        let first = seg * sb;
+        f.write_all_at(&buf, first * BLOCK_SIZE_U64)
+            .and_then(|()| f.sync_data())
+            .map_err(|e| {
+                eio(format!(
+                    "write of segment {seg} of the {} tier: {e}",
+                    TIER_NAMES[to as usize]
+                ))
+            })?;
+        drop(buf);
+        // Phase 3: switch the entries that still name the copied blocks.
+        let mut c = core.serial();
+        if c.stopped {
+            return Ok(0);
+        }
+        let sh = &mut c.sh;
+        let mut by_ino: BTreeMap<u64, Vec<(usize, &Move)>> = BTreeMap::new();
+        for (i, m) in moves.iter().enumerate() {
+            by_ino.entry(m.ino).or_default().push((i, m));
+        }
+        let mut retired = Vec::new();
+        let mut moved = 0u64;
+        for (ino, ms) in by_ino {
+            let Ok(old) = sh.inode(ino) else { continue };
+            if old.attrs.kind != Kind::File {
+                continue;
+            }
+            let mut changes = Vec::new();
+            for &(i, m) in &ms {
+                if sh.area.block_of(&old, m.fblk)? == Some(m.old) {
+                    changes.push((m.fblk, tier_entry(to, first + i as u64)));
+                }
+            }
+            if changes.is_empty() {
+                continue;
+            }
+            let mut w = Work::default();
+            let r = match maptree::update(
+                sh,
+                &mut w,
+                old.map_root,
+                old.map_height,
+                &changes,
+                u64::MAX,
+                true,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    // No NVM block for a map node: this inode stays where it is.
+                    sh.rollback(&w);
+                    if cairn_area::errno_of(&e) == libc::ENOSPC {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            cairn_media::fence();
+            let new = Inode {
+                map_root: r.root,
+                map_height: r.height,
+                ..old
+            };
+            sh.write_inode(ino, &new)?;
+            for &(f, e) in &changes {
+                sh.tier_mut(to).unwrap().mark_used(entry_block(e));
+                sh.recency.touch(to, ino, f, f);
+            }
+            moved += changes.len() as u64;
+            sh.counters.shared_bytes_written += w.bytes;
+            retired.extend(w.retired);
+        }
+        cairn_media::fence();
+        sh.retire_and_advance(retired)?;
+        let b = bytes(moved);
+        match kind {
+            RoundKind::Migrate => {
+                sh.traffic[from as usize].bytes_migrated_down += b;
+            }
+            RoundKind::Clean => sh.traffic[to as usize].bytes_cleaned += b,
+        }
+        sh.persist_traffic()?;
+        c.reclaim();
+        Ok(moved)
+    }
+
+    /// Make tier `to` able to take a migration round (a free segment beyond the reserve):
+    /// migrate its own coldest data further down, else clean it. False if neither helped.
+    fn room_in(&self, core: &CoreLock, to: u8, log: &Logger) -> bool {
+        let has_room = |c: &CoreLock| {
+            c.serial()
+                .sh
+                .tier(to)
+                .is_some_and(|t| t.free_segments() > 1)
+        };
+        if has_room(core) {
+            return true;
+        }
+        let below = core.serial().sh.tier(to + 1).is_some();
+        if below {
+            let sb = core
+                .serial()
+                .sh
+                .tier(to)
+                .map_or(0, |t| t.geom.segment_blocks);
+            if self.run(core, RoundKind::Migrate, to, sb, log) > 0 && has_room(core) {
+                return true;
+            }
+        }
+        self.run(core, RoundKind::Clean, to, u64::MAX, log);
+        has_room(core)
+    }
+
+    /// A round, with failures logged (0 moved).
+    fn run(&self, core: &CoreLock, kind: RoundKind, from: u8, max: u64, log: &Logger) -> u64 {
+        match self.round(core, kind, from, max) {
+            Ok(n) => n,
+            Err(e) => {
+                log.log(format!(
+                    "{kind:?} round from the {} tier failed: {e}",
+                    TIER_NAMES[from as usize]
+                ));
+                0
+            }
+        }
+    }
+
+    /// Move up to `max` blocks of the coldest data of `from` one tier down, making room
+    /// below first when needed. Returns the blocks moved.
+    pub(crate) fn migrate(&self, core: &CoreLock, from: u8, max: u64, log: &Logger) -> u64 {
+        let mut moved = 0;
+        while moved < max {
+            if !self.room_in(core, from + 1, log) {
+                break;
+            }
+            let n = self.run(core, RoundKind::Migrate, from, max - moved, log);
+            if n == 0 {
+                break;
+            }
+            moved += n;
+        }
+        moved
+    }
+
+    /// Blocks of tier `tier` in use and its capacity.
+    pub(crate) fn usage(sh: &Shared, tier: u8) -> (u64, u64) {
+        match tier {
+            0 => (
+                sh.blocks.capacity() - sh.blocks.free_count(),
+                sh.blocks.capacity(),
+            ),
+            t => sh
+                .tier(t)
+                .map_or((0, 0), |t| (t.used_blocks(), t.capacity())),
+        }
+    }
+
+    /// The background policy, run periodically: every tier above the high watermark
+    /// that has a tier below moves its coldest data down to the low watermark; a lower
+    /// tier whose free segments ran out is cleaned.
+    pub(crate) fn tick(&self, core: &CoreLock, log: &Logger) {
+        let (high, low, tiers) = {
+            let c = core.serial();
+            (
+                c.cfg.migrate_high_pct.clamp(1, 100) as u64,
+                c.cfg.migrate_low_pct.clamp(0, 99) as u64,
+                c.sh.tiers.iter().map(|t| t.num).collect::<Vec<_>>(),
+            )
+        };
+        if tiers.is_empty() {
+            return;
+        }
+        for from in 0..=tiers.len() as u8 - 1 {
+            let (used, cap) = Self::usage(&core.serial().sh, from);
+            if cap == 0 || used * 100 < cap * high {
+                continue;
+            }
+            let goal = cap * low.min(high) / 100;
+            let want = used.saturating_sub(goal);
+            let n = self.migrate(core, from, want, log);
+            if n == 0 {
+                continue;
+            }
+            let (after, _) = Self::usage(&core.serial().sh, from);
+            log.log(format!(
+                "migrated {} MiB from the {} tier to the {} tier ({}% -> {}% used)",
+                bytes(n) >> 20,
+                TIER_NAMES[from as usize],
+                TIER_NAMES[from as usize + 1],
+                used * 100 / cap,
+                after * 100 / cap,
+            ));
+        }
+        for t in tiers {
+            let starved = core
+                .serial()
+                .sh
+                .tier(t)
+                .is_some_and(|ta| ta.free_segments() <= 1);
+            if starved {
+                self.run(core, RoundKind::Clean, t, u64::MAX, log);
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Cross-media tiers: data that outgrows NVM moves to the SSD and HDD tiers in whole
+//! segments and reads back intact; the daemon killed during migration and cleaning loses
+//! nothing acknowledged and leaks no space; a full store fails writes with `ENOSPC` and
+//! takes them again once space is freed.
+
+use cairn_proto::{StatusReport, TierStatus};
+use cairn_tests::harness::{daemon_pids, kill9, StoreSize, Tiers};
+
+use cairn_tests::TestStore;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Deterministic content of version `v` of file `i`: `len` bytes.
+fn content(i: u32, v: u32, len: usize) -> Vec<u8> {
+    let mut x = (i as u64) << 32 | v as u64 | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn tier<'a>(r: &'a StatusReport, name: &str) -> &'a TierStatus {
+    r.tiers.iter().find(|t| t.name == name).unwrap()
+}
+
+/// Three tiers with 1 MiB segments; NVM holds about 19 MiB of data.
+fn three_tiers(ssd: &'static str, hdd: &'static str) -> TestStore {
+    TestStore::with_size(StoreSize {
+        nvm: "24M",
+        log: "1M",
+        clients: 4,
+        inodes: Some(2048),
+        tiers: Some(Tiers {
+            ssd,
+            hdd: Some(hdd),
+            segment: "1M",
+        }),
+    })
+}
+
+/// SIGKILL the daemon and wait until its socket refuses connections (a killed process
+/// closes its files only when its last thread is gone), so that the next connection
+/// reaches a new daemon (or until a client started a new one).
+fn kill_daemon(store: &TestStore) -> bool {
+    let pids = daemon_pids(store.path());
+    for &pid in &pids {
+        kill9(pid);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sock = store.path().join("cairnd.sock");
+    let old = |p: &u32| pids.contains(p);
+    while std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        && daemon_pids(store.path()).iter().all(old)
+    {
+        assert!(Instant::now() < deadline, "the daemon does not die");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    !pids.is_empty()
+}
+
+/// Per-tier accounting as `cairn status` reports it.
+fn accounting(r: &StatusReport) -> Vec<(String, u64, u64, u64)> {
+    r.tiers
+        .iter()
+        .map(|t| (t.name.clone(), t.used_bytes, t.live_bytes, t.segments_free))
+        .collect()
+}
+
+/// The accounting after a clean restart (the saved allocation state) must equal the one
+/// after a SIGKILL (rebuilt by walking every file map): no space leaks.
+fn check_accounting_equals_full_scan(store: &TestStore) {
+    // No background migration between the two reports.
+    store.set_config("migrate_high_pct", "100");
+    store.stop();
+    let saved = cairn::daemon_status(Some(store.path())).unwrap();
+    assert!(kill_daemon(store), "no daemon runs");
+    let scanned = cairn::daemon_status(Some(store.path())).unwrap();
+    assert_eq!(
+        accounting(&saved),
+        accounting(&scanned),
+        "the saved accounting differs from a full scan"
+    );
+    store.set_config("migrate_high_pct", "95");
+    store.stop();
+}
+
+fn verify(fs: &cairn::Fs, files: &BTreeMap<u32, (u32, usize)>) {
+    for (&i, &(v, len)) in files {
+        let got = fs.read(format!("/f{i}")).unwrap();
+        assert!(
+            got == content(i, v, len),
+            "file {i} differs from version {v} ({} bytes read, {len} expected)",
+            got.len()
+        );
+    }
+}
+
+#[test]
+fn working_set_four_times_nvm_spans_three_tiers() {
+    let store = three_tiers("48M", "160M");
+    let fs = store.fs();
+    let mut files = BTreeMap::new();
+    // 96 MiB: four times the NVM tier.
+    for i in 0..48u32 {
+        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+        files.insert(i, (0, 2 << 20));
+    }
+    // Rewrite every third file (their old copies are in the lower tiers by now), and
+    // read the others back meanwhile.
+    for i in (0..48u32).step_by(3) {
+        let len = (1 << 20) + 4096 * i as usize + 100;
+        fs.write(format!("/f{i}"), content(i, 1, len)).unwrap();
+        files.insert(i, (1, len));
+    }
+    verify(&fs, &files);
+    let r = fs.status().unwrap();
+    for t in ["ssd", "hdd"] {
+        assert!(
+            tier(&r, t).live_bytes > 0,
+            "no data reached the {t} tier: {r:?}"
+        );
+    }
+    assert!(tier(&r, "nvm").bytes_migrated_down >= 64 << 20, "{r:?}");
+    assert!(tier(&r, "ssd").bytes_migrated_down > 0, "{r:?}");
+    drop(fs);
+    check_accounting_equals_full_scan(&store);
+    verify(&store.fs(), &files);
+}
+
+#[test]
+fn daemon_killed_during_migration_and_cleaning_loses_nothing() {
+    let store = three_tiers("24M", "96M");
+    let acked: Arc<Mutex<BTreeMap<u32, (u32, usize)>>> = Default::default();
+    {
+        // Cold data: it ends up below NVM and stays, so the SSD fills, cascades to the
+        // HDD and needs cleaning.
+        let fs = store.fs();
+        for i in 100..116u32 {
+            fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+            acked.lock().unwrap().insert(i, (0, 2 << 20));
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop, path) = (acked.clone(), stop.clone(), store.path().to_path_buf());
+        std::thread::spawn(move || {
+            let fs = cairn::Fs::open(&path).unwrap();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(0x71E5);
+            let mut v = 0u32;
+            // 24 files of up to 2 MiB rewritten over and over: ~3 times the NVM tier
+            // live, so migration (and cleaning of the rewritten copies) never stops.
+            while !stop.load(Ordering::SeqCst) {
+                let i = rng.gen_range(0..24u32);
+                let len = rng.gen_range(1..=512) * 4096 - rng.gen_range(0..4096);
+                v += 1;
+                fs.write(format!("/f{i}"), content(i, v, len)).unwrap();
+                acked.lock().unwrap().insert(i, (v, len));
+            }
+        })
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xD1E);
+    let runs = 12;
+    let mut kills = 0;
+    let start = Instant::now();
+    for _ in 0..runs {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(150..600)));
+        if kill_daemon(&store) {
+            kills += 1;
+        }
+        // A new daemon (the writer re-attaches to it, or starts it itself).
+        drop(store.fs());
+    }
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    assert!(
+        kills >= runs / 2,
+        "only {kills} kills in {:?}",
+        start.elapsed()
+    );
+    let fs = store.fs();
+    let files = acked.lock().unwrap().clone();
+    verify(&fs, &files);
+    let r = fs.status().unwrap();
+    // The kills landed while data moved down both levels and the SSD was cleaned.
+    assert!(tier(&r, "nvm").bytes_migrated_down > 0, "{r:?}");
+    assert!(tier(&r, "ssd").bytes_migrated_down > 0, "{r:?}");
+    assert!(tier(&r, "ssd").bytes_cleaned > 0, "{r:?}");
+    drop(fs);
+    check_accounting_equals_full_scan(&store);
+    verify(&store.fs(), &files);
+}
+
+#[test]
+fn full_store_fails_with_enospc_and_recovers() {
+    // NVM ~19 MiB + SSD 6 MiB + HDD 12 MiB of data segments (one kept for cleaning).
+    let store = three_tiers("8M", "14M");
+    let fs = store.fs();
+    let mut files = BTreeMap::new();
+    let mut err = None;
+    for i in 0..64u32 {
+        match fs.write(format!("/f{i}"), content(i, 0, 1 << 20)) {
+            Ok(()) => {
+                files.insert(i, (0, 1 << 20));
+            }
+            Err(e) => {
+                err = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (failed, e) = err.expect("the store never filled up");
+    assert_eq!(cairn_area::errno_of(&e), libc::ENOSPC, "{e}");
+    assert!(e.to_string().contains("no space"), "unclear message: {e}");
+    assert!(failed >= 24, "only {failed} MiB fit in ~37 MiB of tiers");
+    // The file that failed may hold a prefix; every acknowledged one is whole.
+    let _ = fs.remove_file(format!("/f{failed}"));
+    verify(&fs, &files);
+    let r = fs.status().unwrap();
+    for t in ["ssd", "hdd"] {
+        let t = tier(&r, t);
+        assert!(
+            t.segments_free <= 2,
+            "the {} tier is not full: {t:?}",
+            t.name
+        );
+    }
+    // Free half of it: writes are taken again.
+    for i in (0..failed).step_by(2) {
+        fs.remove_file(format!("/f{i}")).unwrap();
+        files.remove(&i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut i = 100;
+    let mut written = 0;
+    while written < 8 {
+        match fs.write(format!("/f{i}"), content(i, 0, 1 << 20)) {
+            Ok(()) => {
+                files.insert(i, (0, 1 << 20));
+                written += 1;
+                i += 1;
+            }
+            Err(e) if cairn_area::errno_of(&e) == libc::ENOSPC && Instant::now() < deadline => {
+                // Freed blocks return after the epoch; the cleaner compacts meanwhile.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("write after freeing space: {e}"),
+        }
+    }
+    verify(&fs, &files);
+    drop(fs);
+    check_accounting_equals_full_scan(&store);
+}
