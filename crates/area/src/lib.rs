@@ -4,8 +4,10 @@
 //! * [`reader`]: consistent reads of the shared area through a mapping — inodes under
 //!   their seqlock, map walks, file data with holes, directory lookup and listing. LibFS
 //!   uses it through a read-only mapping, the daemon through its read-write one.
+//! * [`cache`]: LibFS's DRAM cache of lower-tier (SSD, HDD) blocks.
 //! * [`error`]: `io::Error`s that carry a POSIX errno and a message.
 
+pub mod cache;
 pub mod error;
 pub mod reader;
 pub mod store;

@@ -7,6 +7,7 @@
 //! copy. Every pointer read from the media is checked before it is followed: a corrupt
 //! image gives `EIO`, never a panic or an out-of-bounds access.
 
+use crate::cache::BlockCache;
 use crate::error::fs_err;
 use cairn_format::dir::{self, Entry};
 use cairn_format::inode::{current_copy, read_ok, Inode, Kind, COPY_BYTES, COPY_OFF, INODE_BYTES};
@@ -33,6 +34,12 @@ pub struct Area {
     sb: Superblock,
     /// SSD and HDD, when the store has them and they were attached.
     tiers: [Option<File>; 2],
+    /// DRAM cache of lower-tier blocks ([`Area::set_cache`]).
+    cache: Option<BlockCache>,
+    /// Read-ahead, in blocks, on a sequential miss.
+    readahead: u64,
+    /// The block a sequential reader would miss next (the end of the last miss).
+    next_miss: std::sync::atomic::AtomicU64,
 }
 
 impl Area {
@@ -56,6 +63,9 @@ impl Area {
             map,
             sb,
             tiers: [None, None],
+            cache: None,
+            readahead: 1,
+            next_miss: Default::default(),
         })
     }
 
@@ -96,6 +106,60 @@ impl Area {
                 .map_err(|e| eio(format!("{name} tier {}: {}", path.display(), e.0)))?;
             self.tiers[i] = Some(f);
         }
+        Ok(())
+    }
+
+    /// Cache up to `bytes` of lower-tier data in DRAM, and read `readahead` bytes ahead
+    /// when a miss continues the previous one (0 bytes: no cache).
+    pub fn set_cache(&mut self, bytes: u64, readahead: u64) {
+        self.cache = BlockCache::new(bytes);
+        self.readahead = (readahead / BLOCK_SIZE_U64).max(1);
+    }
+
+    /// The lower-tier cache, if any (its counters).
+    pub fn cache(&self) -> Option<&BlockCache> {
+        self.cache.as_ref()
+    }
+
+    /// Copy `dst.len()` bytes at `off` of the lower-tier block entry `e` through the
+    /// cache; `want` is how many blocks the caller reads from here on. A miss reads the
+    /// blocks the caller wants, or the read-ahead window when it continues the previous
+    /// miss, within the block's segment.
+    fn read_cached(
+        &self,
+        c: &BlockCache,
+        e: u64,
+        off: usize,
+        dst: &mut [u8],
+        want: u64,
+    ) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (tier, blk) = (entry_tier(e), entry_block(e));
+        let g = self
+            .layout()
+            .tier(tier)
+            .copied()
+            .ok_or_else(|| eio(format!("map entry {e:#x}: no such tier")))?;
+        let seg = g.segment_of(blk);
+        let gen = self.segment_gen(tier, seg)?;
+        if c.get(e, gen, off, dst) {
+            return Ok(());
+        }
+        let sequential = self.next_miss.load(Relaxed) == e;
+        let window = if sequential {
+            self.readahead
+        } else {
+            want.clamp(1, self.readahead)
+        };
+        let n = window.min((seg + 1) * g.segment_blocks - blk);
+        let mut buf = vec![0u8; n as usize * BLOCK_SIZE];
+        self.read_tier(tier, blk * BLOCK_SIZE_U64, &mut buf)?;
+        for (i, b) in buf.chunks_exact(BLOCK_SIZE).enumerate() {
+            c.put(e + i as u64, gen, b);
+        }
+        c.stats.blocks_read.fetch_add(n, Relaxed);
+        self.next_miss.store(e + n, Relaxed);
+        dst.copy_from_slice(&buf[off..off + dst.len()]);
         Ok(())
     }
 
@@ -205,7 +269,9 @@ impl Area {
             .tier_file(tier)
             .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
         f.read_exact_at(buf, off)
-            .map_err(|e| eio(format!("read of the {name} tier at {off}: {e}")))
+            .map_err(|e| eio(format!("read of the {name} tier at {off}: {e}")))?;
+        cairn_media::emulate::read(tier, buf.len());
+        Ok(())
     }
 
     /// Copy the data block a file-map leaf entry `e` names (any tier) into `buf`.
@@ -276,6 +342,11 @@ impl Area {
                     (b * BLOCK_SIZE_U64) as usize + in_blk,
                     &mut buf[done..done + chunk],
                 )?,
+                Some(b) if self.cache.is_some() => {
+                    let want = ((in_blk + n - done) as u64).div_ceil(BLOCK_SIZE_U64);
+                    let c = self.cache.as_ref().unwrap();
+                    self.read_cached(c, b, in_blk, &mut buf[done..done + chunk], want)?;
+                }
                 Some(b) => {
                     // A lower tier: one read for the run of blocks that follow each
                     // other on the device too.

@@ -56,6 +56,39 @@ pub struct StoreConfig {
     /// Use a migration brings the tier down to.
     #[serde(default = "default_migrate_low_pct")]
     pub migrate_low_pct: u32,
+    /// Each client's DRAM cache of lower-tier data (MiB; 0: none).
+    #[serde(default = "default_read_cache_mib")]
+    pub read_cache_mib: u64,
+    /// Read-ahead on sequential misses of lower-tier data (KiB).
+    #[serde(default = "default_readahead_kib")]
+    pub readahead_kib: u64,
+    /// Emulated media (for experiments; all absent = off): per tier, nanoseconds added
+    /// to every read and a bandwidth cap in MB/s (10^6 bytes per second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvm_read_latency_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvm_bandwidth_mbps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd_read_latency_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd_bandwidth_mbps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hdd_read_latency_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hdd_bandwidth_mbps: Option<u64>,
+}
+
+/// Default `read_cache_mib`.
+pub const DEFAULT_READ_CACHE_MIB: u64 = 64;
+/// Default `readahead_kib` (Strata's 256 KiB).
+pub const DEFAULT_READAHEAD_KIB: u64 = 256;
+
+fn default_read_cache_mib() -> u64 {
+    DEFAULT_READ_CACHE_MIB
+}
+
+fn default_readahead_kib() -> u64 {
+    DEFAULT_READAHEAD_KIB
 }
 
 /// Default `migrate_high_pct` (Strata's 95%).
@@ -93,6 +126,19 @@ fn default_shared_write() -> bool {
 }
 
 impl StoreConfig {
+    /// Set this process's media emulation (`cairn_media::emulate`) from the
+    /// configuration (tiers without settings are not emulated).
+    pub fn apply_emulation(&self) {
+        let t = [
+            (self.nvm_read_latency_ns, self.nvm_bandwidth_mbps),
+            (self.ssd_read_latency_ns, self.ssd_bandwidth_mbps),
+            (self.hdd_read_latency_ns, self.hdd_bandwidth_mbps),
+        ];
+        for (i, (lat, bw)) in t.into_iter().enumerate() {
+            cairn_media::emulate::set(i as u8, lat.unwrap_or(0), bw.unwrap_or(0));
+        }
+    }
+
     /// The path of lower tier `tier` (1 = SSD, 2 = HDD).
     pub fn tier_path(&self, tier: u8) -> Option<&Path> {
         match tier {
@@ -121,6 +167,14 @@ impl StoreConfig {
             hdd_path: None,
             migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
             migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
+            read_cache_mib: DEFAULT_READ_CACHE_MIB,
+            readahead_kib: DEFAULT_READAHEAD_KIB,
+            nvm_read_latency_ns: None,
+            nvm_bandwidth_mbps: None,
+            ssd_read_latency_ns: None,
+            ssd_bandwidth_mbps: None,
+            hdd_read_latency_ns: None,
+            hdd_bandwidth_mbps: None,
         }
     }
 }

@@ -107,6 +107,7 @@ impl Core {
                     ),
                 )
             })?;
+        cfg.apply_emulation();
         let mut area = Area::open(&file, true)?;
         area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], true)?;
         let l = *area.layout();

@@ -341,6 +341,7 @@ impl Migrator {
             ))
         })?;
         let first = seg * sb;
+        cairn_media::emulate::write(to, buf.len());
         f.write_all_at(&buf, first * BLOCK_SIZE_U64)
             .and_then(|()| f.sync_data())
             .map_err(|e| {

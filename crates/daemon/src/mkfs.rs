@@ -301,8 +301,7 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                 trusted_gid: opts.trusted_gid,
                 ssd_path: opts.ssd.as_ref().map(|t| t.path.clone()),
                 hdd_path: opts.hdd.as_ref().map(|t| t.path.clone()),
-                migrate_high_pct: cairn_area::store::DEFAULT_MIGRATE_HIGH_PCT,
-                migrate_low_pct: cairn_area::store::DEFAULT_MIGRATE_LOW_PCT,
+                ..StoreConfig::with_defaults(nvm_path.clone())
             };
             store.save_config(&cfg)?;
             Ok(cfg)

@@ -193,7 +193,7 @@ pub(crate) struct Inner {
     store: StoreDir,
     /// The default store (auto-started with `--create`).
     create: bool,
-    area: Area,
+    pub(crate) area: Area,
     pub(crate) cred: Cred,
     /// The umask applied to created files (the process's at open; see `Fs::set_umask`).
     pub(crate) umask: std::sync::atomic::AtomicU32,
@@ -484,9 +484,11 @@ impl Inner {
                 )
             })?;
             let mut area = Area::open(&ro, false)?;
+            let cfg = store.load_config()?;
+            cfg.apply_emulation();
             if area.layout().tiers.iter().any(|t| t.present()) {
-                let cfg = store.load_config()?;
                 area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
+                area.set_cache(cfg.read_cache_mib << 20, cfg.readahead_kib << 10);
             }
             let l = *area.layout();
             if reg.slot >= l.nslots {

@@ -308,6 +308,18 @@ impl Fs {
         self.inner.status()
     }
 
+    /// This client's cache of lower-tier data: hits, misses and blocks read from the
+    /// devices (misses and read-ahead); `None` without lower tiers or cache.
+    pub fn read_cache_stats(&self) -> Option<(u64, u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.inner.area.cache()?.stats;
+        Some((
+            s.hits.load(Relaxed),
+            s.misses.load(Relaxed),
+            s.blocks_read.load(Relaxed),
+        ))
+    }
+
     /// Digest this client's log now and wait for it (never needed for durability).
     pub fn digest(&self) -> io::Result<()> {
         self.inner.digest()

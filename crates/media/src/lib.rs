@@ -11,6 +11,8 @@
 //! [`Mapping::load_u64`] (atomic, acquire) or [`Mapping::read`] (byte copy) under the
 //! protocol of the caller (seqlock or epoch) that makes the copy meaningful.
 
+pub mod emulate;
+
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -124,6 +126,7 @@ impl Mapping {
         // SAFETY: bounds checked above; the source is mapped memory of at least that
         // length and cannot overlap `buf` (a Rust-owned buffer, not inside the mapping).
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), buf.as_mut_ptr(), buf.len()) };
+        emulate::read(0, buf.len());
         Ok(())
     }
 
@@ -161,6 +164,7 @@ impl Mapping {
         // SAFETY: bounds and writability checked; `data` is a Rust buffer outside the
         // mapping, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+        emulate::write(0, data.len());
         Ok(())
     }
 
@@ -180,6 +184,7 @@ impl Mapping {
         // SAFETY: bounds and writability checked; `persist::nt_copy` writes exactly
         // `data.len()` bytes at the destination.
         unsafe { persist::nt_copy(self.ptr.add(off), data) };
+        emulate::write(0, data.len());
         Ok(())
     }
 

@@ -129,6 +129,19 @@ fn working_set_four_times_nvm_spans_three_tiers() {
     }
     assert!(tier(&r, "nvm").bytes_migrated_down >= 64 << 20, "{r:?}");
     assert!(tier(&r, "ssd").bytes_migrated_down > 0, "{r:?}");
+    // The coldest file is on the HDD by now: a second read is served by the DRAM cache,
+    // and the first one read ahead (fewer misses than blocks).
+    let _ = fs.read("/f1").unwrap();
+    let (hits, misses, read) = fs.read_cache_stats().expect("a read cache");
+    assert!(misses > 0 && read >= misses, "{hits} {misses} {read}");
+    assert!(
+        misses * 8 < read,
+        "no read-ahead: {misses} misses, {read} blocks read"
+    );
+    assert_eq!(fs.read("/f1").unwrap(), content(1, 0, 2 << 20));
+    let (hits2, misses2, read2) = fs.read_cache_stats().unwrap();
+    assert!(hits2 >= hits + 512, "{hits} -> {hits2}");
+    assert_eq!((misses2, read2), (misses, read));
     drop(fs);
     check_accounting_equals_full_scan(&store);
     verify(&store.fs(), &files);
