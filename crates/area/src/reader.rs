@@ -34,6 +34,8 @@ pub struct Area {
     sb: Superblock,
     /// SSD and HDD, when the store has them and they were attached.
     tiers: [Option<File>; 2],
+    /// The same opened with `O_DIRECT`, where the file system or device allows it.
+    direct: [Option<File>; 2],
     /// DRAM cache of lower-tier blocks ([`Area::set_cache`]).
     cache: Option<BlockCache>,
     /// Read-ahead, in blocks, on a sequential miss.
@@ -63,6 +65,7 @@ impl Area {
             map,
             sb,
             tiers: [None, None],
+            direct: [None, None],
             cache: None,
             readahead: 1,
             next_miss: Default::default(),
@@ -105,6 +108,15 @@ impl Area {
             cairn_format::tier::check_header(&h, tier, &self.sb.uuid, &g)
                 .map_err(|e| eio(format!("{name} tier {}: {}", path.display(), e.0)))?;
             self.tiers[i] = Some(f);
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                self.direct[i] = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(writable)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(path)
+                    .ok();
+            }
         }
         Ok(())
     }
@@ -152,8 +164,8 @@ impl Area {
             want.clamp(1, self.readahead)
         };
         let n = window.min((seg + 1) * g.segment_blocks - blk);
-        let mut buf = vec![0u8; n as usize * BLOCK_SIZE];
-        self.read_tier(tier, blk * BLOCK_SIZE_U64, &mut buf)?;
+        let mut buf = cairn_media::AlignedBuf::zeroed(n as usize * BLOCK_SIZE);
+        self.read_tier_aligned(tier, blk * BLOCK_SIZE_U64, &mut buf)?;
         for (i, b) in buf.chunks_exact(BLOCK_SIZE).enumerate() {
             c.put(e + i as u64, gen, b);
         }
@@ -168,6 +180,37 @@ impl Area {
         match tier {
             1 | 2 => self.tiers[tier as usize - 1].as_ref(),
             _ => None,
+        }
+    }
+
+    /// The device of lower tier `tier` opened with `O_DIRECT`, if the file system or
+    /// device allows it (buffers, offsets and lengths must then be 4 KiB aligned).
+    pub fn tier_direct(&self, tier: u8) -> Option<&File> {
+        match tier {
+            1 | 2 => self.direct[tier as usize - 1].as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Read `buf.len()` bytes at byte `off` of lower tier `tier`, with direct I/O when
+    /// the tier allows it and `buf`, `off` and the length are 4 KiB aligned.
+    pub fn read_tier_aligned(&self, tier: u8, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let aligned = |x: u64| x.is_multiple_of(BLOCK_SIZE_U64);
+        match self.tier_direct(tier) {
+            Some(f)
+                if aligned(off) && aligned(buf.len() as u64) && aligned(buf.as_ptr() as u64) =>
+            {
+                f.read_exact_at(buf, off).map_err(|e| {
+                    eio(format!(
+                        "direct read of the {} tier at {off}: {e}",
+                        map::TIER_NAMES[tier as usize]
+                    ))
+                })?;
+                cairn_media::emulate::read(tier, buf.len());
+                Ok(())
+            }
+            _ => self.read_tier(tier, off, buf),
         }
     }
 

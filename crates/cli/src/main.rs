@@ -219,6 +219,9 @@ pub enum BenchCommand {
     Share(bench::ShareArgs),
     /// SQLite, RocksDB and Redis on Cairn (FUSE mount), the host file system and tmpfs
     Apps(bench::AppsArgs),
+    /// Cairn across NVM, SSD and HDD (a three-tier store made for the run) against the
+    /// host file system: multi-layer appends, a Zipfian mix, write amplification
+    Tiers(bench::TiersArgs),
     /// One worker process of `bench share` (started by it)
     #[command(hide = true)]
     ShareWorker(bench::ShareWorkerArgs),

@@ -206,11 +206,17 @@ fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
         .collect())
 }
 
-/// Serializes rounds and reports the one in flight.
+/// Runs rounds (one at a time per target tier, so that a round into the SSD and one
+/// into the HDD overlap) and reports those in flight.
 #[derive(Debug, Default)]
 pub(crate) struct Migrator {
-    running: Mutex<()>,
-    progress: Mutex<Option<MigrationStatus>>,
+    /// By target tier.
+    running: [Mutex<()>; 3],
+    /// By target tier.
+    progress: Mutex<[Option<MigrationStatus>; 3]>,
+    /// Counts [`Migrator::kick`]s: the background policy should run now.
+    kicked: Mutex<u64>,
+    wake: std::sync::Condvar,
 }
 
 /// Bytes of `n` blocks.
@@ -219,38 +225,62 @@ fn bytes(n: u64) -> u64 {
 }
 
 impl Migrator {
-    /// Wait for the round in flight and keep new ones from starting while the guard
-    /// lives.
-    pub(crate) fn pause(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    /// Whether NVM is above the high watermark (with lower tiers): then the daemon
+    /// wakes the background policy at once instead of at its next period.
+    pub(crate) fn nvm_high(sh: &Shared, high_pct: u32) -> bool {
+        let (used, cap) = Self::usage(sh, 0);
+        !sh.tiers.is_empty() && used * 100 >= cap * high_pct as u64
+    }
+
+    /// Wake the background policy's threads.
+    pub(crate) fn kick(&self) {
+        *self.kicked.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.wake.notify_all();
+    }
+
+    /// Wait until kicked (after `seen`, the count a previous wait returned) or `period`
+    /// passed; returns the kick count.
+    pub(crate) fn wait(&self, seen: u64, period: std::time::Duration) -> u64 {
+        let g = self.kicked.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self
+            .wake
+            .wait_timeout_while(g, period, |k| *k == seen)
+            .unwrap_or_else(|e| e.into_inner());
+        *g
+    }
+
+    /// Wait for the rounds in flight and keep new ones from starting while the guards
+    /// live.
+    pub(crate) fn pause(&self) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        // Rounds take one of these at a time, so taking all in order cannot deadlock.
+        self.running
+            .iter()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect()
     }
 
     /// The round in flight, if any.
     pub(crate) fn progress(&self) -> Option<MigrationStatus> {
-        self.progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        p.iter().flatten().next().cloned()
     }
 
-    fn set_progress(&self, p: Option<MigrationStatus>) {
-        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = p;
+    fn set_progress(&self, to: u8, p: Option<MigrationStatus>) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize] = p;
     }
 
-    /// Run one round of `kind` from tier `from` moving at most `max` blocks (and at most
-    /// one segment). Returns the blocks moved (0: nothing to move or no free segment).
-    pub(crate) fn round(
-        &self,
-        core: &CoreLock,
-        kind: RoundKind,
-        from: u8,
-        max: u64,
-    ) -> io::Result<u64> {
-        let _one = self.running.lock().unwrap_or_else(|e| e.into_inner());
+    /// Run one round of `kind` from tier `from`: at most one segment of the target tier,
+    /// filled as far as there is data to move. Returns the blocks moved (0: nothing to
+    /// move or no free segment).
+    pub(crate) fn round(&self, core: &CoreLock, kind: RoundKind, from: u8) -> io::Result<u64> {
         let to = match kind {
             RoundKind::Migrate => from + 1,
             RoundKind::Clean => from,
         };
+        let Some(lock) = self.running.get(to as usize) else {
+            return Err(eio(format!("no tier {to}")));
+        };
+        let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
         // Phase 1.
         let (seg, moves, epoch, sb) = {
             let mut c = core.serial();
@@ -271,7 +301,8 @@ impl Migrator {
                 return Ok(0);
             };
             let moves = match kind {
-                RoundKind::Migrate => select_cold(sh, from, max.min(sb)),
+                // A whole segment's worth whatever `max` (segments are written once).
+                RoundKind::Migrate => select_cold(sh, from, sb),
                 RoundKind::Clean => select_victims(sh, from),
             };
             let moves = match moves {
@@ -296,15 +327,18 @@ impl Migrator {
             RoundKind::Migrate => "migrate",
             RoundKind::Clean => "clean",
         };
-        self.set_progress(Some(MigrationStatus {
-            kind: kind_name.into(),
-            from: TIER_NAMES[from as usize].into(),
-            to: TIER_NAMES[to as usize].into(),
-            bytes_done: 0,
-            bytes_planned: bytes(moves.len() as u64),
-        }));
-        let r = self.copy_and_switch(core, kind, from, to, seg, sb, &moves);
-        self.set_progress(None);
+        self.set_progress(
+            to,
+            Some(MigrationStatus {
+                kind: kind_name.into(),
+                from: TIER_NAMES[from as usize].into(),
+                to: TIER_NAMES[to as usize].into(),
+                bytes_done: 0,
+                bytes_planned: bytes(moves.len() as u64),
+            }),
+        );
+        let r = self.copy_and_switch(core, kind, from, to, (seg, sb), &moves);
+        self.set_progress(to, None);
         let mut c = core.serial();
         let sh = &mut c.sh;
         sh.held_epochs.retain(|&e| e != epoch);
@@ -316,30 +350,42 @@ impl Migrator {
     }
 
     /// Phases 2 and 3 of a round.
-    #[allow(clippy::too_many_arguments)]
     fn copy_and_switch(
         &self,
         core: &CoreLock,
         kind: RoundKind,
         from: u8,
         to: u8,
-        seg: u64,
-        sb: u64,
+        (seg, sb): (u64, u64),
         moves: &[Move],
     ) -> io::Result<u64> {
         use std::os::unix::fs::FileExt;
-        // Phase 2: read every block, write the segment in one go, make it durable.
+        // Phase 2: read every block (one read per run of blocks consecutive on a lower
+        // tier), write the segment in one go (direct I/O where the tier allows it), make
+        // it durable.
         let area = core.serial().sh.area.clone();
-        let mut buf = vec![0u8; moves.len() * BLOCK_SIZE];
-        for (i, m) in moves.iter().enumerate() {
-            area.read_leaf(m.old, &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE])?;
+        let mut buf = cairn_media::AlignedBuf::zeroed(moves.len() * BLOCK_SIZE);
+        let mut i = 0;
+        while i < moves.len() {
+            let e = moves[i].old;
+            if entry_tier(e) == 0 {
+                area.read_leaf(e, &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE])?;
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < moves.len() && moves[j].old == e + (j - i) as u64 {
+                j += 1;
+            }
+            let at = entry_block(e) * BLOCK_SIZE_U64;
+            area.read_tier_aligned(entry_tier(e), at, &mut buf[i * BLOCK_SIZE..j * BLOCK_SIZE])?;
+            i = j;
         }
-        let f = area.tier_file(to).ok_or_else(|| {
-            eio(format!(
-                "the {} tier is not attached",
-                TIER_NAMES[to as usize]
-            ))
-        })?;
+        let name = TIER_NAMES[to as usize];
+        let f = area
+            .tier_direct(to)
+            .or_else(|| area.tier_file(to))
+            .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
         let first = seg * sb;
         cairn_media::emulate::write(to, buf.len());
         f.write_all_at(&buf, first * BLOCK_SIZE_U64)
@@ -439,23 +485,16 @@ impl Migrator {
             return true;
         }
         let below = core.serial().sh.tier(to + 1).is_some();
-        if below {
-            let sb = core
-                .serial()
-                .sh
-                .tier(to)
-                .map_or(0, |t| t.geom.segment_blocks);
-            if self.run(core, RoundKind::Migrate, to, sb, log) > 0 && has_room(core) {
-                return true;
-            }
+        if below && self.run(core, RoundKind::Migrate, to, log) > 0 && has_room(core) {
+            return true;
         }
-        self.run(core, RoundKind::Clean, to, u64::MAX, log);
+        self.run(core, RoundKind::Clean, to, log);
         has_room(core)
     }
 
     /// A round, with failures logged (0 moved).
-    fn run(&self, core: &CoreLock, kind: RoundKind, from: u8, max: u64, log: &Logger) -> u64 {
-        match self.round(core, kind, from, max) {
+    fn run(&self, core: &CoreLock, kind: RoundKind, from: u8, log: &Logger) -> u64 {
+        match self.round(core, kind, from) {
             Ok(n) => n,
             Err(e) => {
                 log.log(format!(
@@ -467,15 +506,16 @@ impl Migrator {
         }
     }
 
-    /// Move up to `max` blocks of the coldest data of `from` one tier down, making room
-    /// below first when needed. Returns the blocks moved.
+    /// Move at least `max` blocks of the coldest data of `from` one tier down (in whole
+    /// segments, so up to a segment more), making room below first when needed. Returns
+    /// the blocks moved.
     pub(crate) fn migrate(&self, core: &CoreLock, from: u8, max: u64, log: &Logger) -> u64 {
         let mut moved = 0;
         while moved < max {
             if !self.room_in(core, from + 1, log) {
                 break;
             }
-            let n = self.run(core, RoundKind::Migrate, from, max - moved, log);
+            let n = self.run(core, RoundKind::Migrate, from, log);
             if n == 0 {
                 break;
             }
@@ -497,51 +537,55 @@ impl Migrator {
         }
     }
 
-    /// The background policy, run periodically: every tier above the high watermark
-    /// that has a tier below moves its coldest data down to the low watermark; a lower
-    /// tier whose free segments ran out is cleaned.
-    pub(crate) fn tick(&self, core: &CoreLock, log: &Logger) {
-        let (high, low, tiers) = {
+    /// The background policy for tier `from`, run periodically by one thread per tier
+    /// that has a tier below (so that the cascade overlaps): above the high watermark
+    /// the tier moves its coldest data down to the low watermark; a lower tier also
+    /// moves a segment down as soon as it has no free segment to spare beyond the one
+    /// reserved for cleaning (so that the tier above never waits for it), and is
+    /// cleaned when it has none beyond the reserved one. Returns whether it did work.
+    pub(crate) fn tick(&self, core: &CoreLock, from: u8, log: &Logger) -> bool {
+        let (high, low, has_below, free) = {
             let c = core.serial();
             (
                 c.cfg.migrate_high_pct.clamp(1, 100) as u64,
                 c.cfg.migrate_low_pct.clamp(0, 99) as u64,
-                c.sh.tiers.iter().map(|t| t.num).collect::<Vec<_>>(),
+                c.sh.tier(from + 1).is_some(),
+                c.sh.tier(from).map(|t| t.free_segments()),
             )
         };
-        if tiers.is_empty() {
-            return;
-        }
-        for from in 0..=tiers.len() as u8 - 1 {
+        let mut worked = false;
+        if has_below {
             let (used, cap) = Self::usage(&core.serial().sh, from);
-            if cap == 0 || used * 100 < cap * high {
-                continue;
+            let spare = free.is_none_or(|f| f > 2);
+            if cap == 0 || (used * 100 < cap * high && spare) {
+                return self.clean_if_starved(core, from, log);
             }
             let goal = cap * low.min(high) / 100;
-            let want = used.saturating_sub(goal);
+            let want = used.saturating_sub(goal).max(1);
             let n = self.migrate(core, from, want, log);
-            if n == 0 {
-                continue;
-            }
-            let (after, _) = Self::usage(&core.serial().sh, from);
-            log.log(format!(
-                "migrated {} MiB from the {} tier to the {} tier ({}% -> {}% used)",
-                bytes(n) >> 20,
-                TIER_NAMES[from as usize],
-                TIER_NAMES[from as usize + 1],
-                used * 100 / cap,
-                after * 100 / cap,
-            ));
-        }
-        for t in tiers {
-            let starved = core
-                .serial()
-                .sh
-                .tier(t)
-                .is_some_and(|ta| ta.free_segments() <= 1);
-            if starved {
-                self.run(core, RoundKind::Clean, t, u64::MAX, log);
+            if n > 0 {
+                worked = true;
+                let (after, _) = Self::usage(&core.serial().sh, from);
+                log.log(format!(
+                    "migrated {} MiB from the {} tier to the {} tier ({}% -> {}% used)",
+                    bytes(n) >> 20,
+                    TIER_NAMES[from as usize],
+                    TIER_NAMES[from as usize + 1],
+                    used * 100 / cap,
+                    after * 100 / cap,
+                ));
             }
         }
+        self.clean_if_starved(core, from, log) || worked
+    }
+
+    /// Clean lower tier `t` if it has no free segment beyond the reserved one.
+    fn clean_if_starved(&self, core: &CoreLock, t: u8, log: &Logger) -> bool {
+        let starved = core
+            .serial()
+            .sh
+            .tier(t)
+            .is_some_and(|ta| ta.free_segments() <= 1);
+        starved && self.run(core, RoundKind::Clean, t, log) > 0
     }
 }

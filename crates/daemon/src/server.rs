@@ -211,12 +211,17 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
             .name("cairnd-timer".into())
             .spawn(move || timer_loop(&d))?
     };
-    let migrator = {
+    // One policy thread per tier that can hold file data: NVM, SSD, HDD (the last one
+    // only cleans).
+    let mut migrators = Vec::new();
+    for from in 0..3u8 {
         let d = d.clone();
-        std::thread::Builder::new()
-            .name("cairnd-migrate".into())
-            .spawn(move || migrate_loop(&d))?
-    };
+        migrators.push(
+            std::thread::Builder::new()
+                .name(format!("cairnd-migrate-{from}"))
+                .spawn(move || migrate_loop(&d, from))?,
+        );
+    }
     let mut workers = Vec::new();
     for _ in 0..d.pool.threads {
         let d = d.clone();
@@ -263,7 +268,9 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     d.stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);
     let _ = timer.join();
-    let _ = migrator.join();
+    for m in migrators {
+        let _ = m.join();
+    }
     d.pool.stop();
     for w in workers {
         let _ = w.join();
@@ -279,14 +286,20 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
 /// Blocks a migration for space credits frees at least (4 MiB).
 const CREDIT_ROOM: u64 = 1024;
 
-/// The background migration and cleaning policy (`Migrator::tick`), every 100 ms.
-fn migrate_loop(d: &Daemon) {
+/// The background migration and cleaning policy of tier `from` (`Migrator::tick`), every
+/// 100 ms, when a digest or a credit request found NVM above the high watermark, and at
+/// once again while it finds work.
+fn migrate_loop(d: &Daemon, from: u8) {
+    let mut seen = 0;
+    let mut worked = false;
     while !d.stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(100));
+        if !worked {
+            seen = d.migrator.wait(seen, Duration::from_millis(100));
+        }
         if d.core().stopped {
             break;
         }
-        d.migrator.tick(&d.core, &d.log);
+        worked = d.migrator.tick(&d.core, from, &d.log);
     }
 }
 
@@ -500,6 +513,9 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 core = d.core();
                 r = core.digest_client(slot, upto_lsn);
             }
+            if crate::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
+                d.migrator.kick();
+            }
             match r {
                 Ok(o) => {
                     if wait {
@@ -528,6 +544,9 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             };
             let mut core = d.core();
             core.reclaim();
+            if crate::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
+                d.migrator.kick();
+            }
             let mut granted = core.grant(slot, blocks);
             if granted < blocks && !core.sh.tiers.is_empty() {
                 // NVM is full: move its coldest data down now, then grant again.

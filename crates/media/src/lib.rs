@@ -11,7 +11,10 @@
 //! [`Mapping::load_u64`] (atomic, acquire) or [`Mapping::read`] (byte copy) under the
 //! protocol of the caller (seqlock or epoch) that makes the copy meaningful.
 
+pub mod aligned;
 pub mod emulate;
+
+pub use aligned::AlignedBuf;
 
 use std::fs::File;
 use std::io;

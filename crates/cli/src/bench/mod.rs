@@ -6,6 +6,7 @@
 //!   1–2 client scaling of private durable writes.
 //! * [`apps`](apps::run): SQLite, RocksDB and Redis on the FUSE mount, the host file
 //!   system and tmpfs.
+//! * [`tiers`](tiers::run): NVM, SSD and HDD tiers against the host file system.
 
 mod apps;
 mod hostfs;
@@ -13,6 +14,7 @@ mod latency;
 mod report;
 mod share;
 mod targets;
+mod tiers;
 
 use clap::Args;
 use std::path::PathBuf;
@@ -20,6 +22,7 @@ use std::path::PathBuf;
 pub use apps::{run as apps, AppsArgs};
 pub use latency::run as latency;
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
+pub use tiers::{run as tiers, TiersArgs};
 
 /// `cairn bench latency` options.
 #[derive(Debug, Args)]

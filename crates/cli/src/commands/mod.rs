@@ -49,6 +49,7 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::Latency(args) => crate::bench::latency(store, &args),
             BenchCommand::Share(args) => crate::bench::share(store, &args),
             BenchCommand::Apps(args) => crate::bench::apps(store, &args),
+            BenchCommand::Tiers(args) => crate::bench::tiers(&args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
         },
     }
