@@ -364,6 +364,18 @@ impl Area {
     /// Read file data at `off` into `buf`, bounded by the inode's size; holes read as
     /// zeros. Returns the number of bytes read.
     pub fn read_file(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_file_with(inode, off, buf, &mut |_| {})
+    }
+
+    /// [`Area::read_file`], calling `on_lower(file_block)` for the first block of each
+    /// 4 MiB chunk of the file it reads from a lower tier (LibFS's read hints).
+    pub fn read_file_with(
+        &self,
+        inode: &Inode,
+        off: u64,
+        buf: &mut [u8],
+        on_lower: &mut dyn FnMut(u64),
+    ) -> io::Result<usize> {
         let size = inode.attrs.size;
         if off >= size {
             return Ok(0);
@@ -371,6 +383,7 @@ impl Area {
         let n = (buf.len() as u64).min(size - off) as usize;
         let mut done = 0usize;
         let mut next = None;
+        let mut hinted = u64::MAX;
         while done < n {
             let pos = off + done as u64;
             let fblk = pos / BLOCK_SIZE_U64;
@@ -385,6 +398,12 @@ impl Area {
                     (b * BLOCK_SIZE_U64) as usize + in_blk,
                     &mut buf[done..done + chunk],
                 )?,
+                Some(b) if entry_tier(b) != 0 && fblk / 1024 != hinted => {
+                    hinted = fblk / 1024;
+                    on_lower(fblk);
+                    next = Some(Some(b));
+                    continue;
+                }
                 Some(b) if self.cache.is_some() => {
                     let want = ((in_blk + n - done) as u64).div_ceil(BLOCK_SIZE_U64);
                     let c = self.cache.as_ref().unwrap();

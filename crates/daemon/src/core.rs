@@ -233,7 +233,7 @@ impl Core {
     }
 
     /// Slots with a client (their readers' epochs hold back reclamation).
-    fn reader_slots(&self) -> Vec<u32> {
+    pub(crate) fn reader_slots(&self) -> Vec<u32> {
         (0..self.clients.len() as u32)
             .filter(|&s| self.clients[s as usize].is_some())
             .collect()

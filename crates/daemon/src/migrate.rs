@@ -42,12 +42,135 @@ pub(crate) fn grain(tier: u8) -> u64 {
     }
 }
 
-/// When each chunk of file data was last used, per tier (a logical clock).
+/// When each chunk of file data was last used, per tier (a logical clock), and how
+/// often clients read the chunks of the lower tiers (their hints).
 #[derive(Debug, Default)]
 pub(crate) struct Recency {
     tick: u64,
     last: HashMap<(u8, u64, u64), u64>,
+    /// (tier, inode, chunk) -> (reads hinted, time of the last one in ns).
+    reads: HashMap<(u8, u64, u64), (u32, i64)>,
+    /// Per slot: how many of its hints were consumed.
+    tails: HashMap<u32, u64>,
 }
+
+/// Reads of a lower-tier chunk (within [`HEAT_WINDOW_NS`] of each other) that make it
+/// worth promoting.
+pub(crate) const PROMOTE_READS: u32 = 2;
+/// A chunk not read for this long starts counting again (30 s).
+const HEAT_WINDOW_NS: i64 = 30_000_000_000;
+
+/// Consume the read hints the clients of `slots` wrote into their client pages since
+/// the last call (`cairn_format::slot::client_page`). Hints are untrusted: each names an
+/// inode and a file block, and counts only if that block of a live regular file is in a
+/// lower tier now. A client that wrote more hints than its ring holds lost the oldest.
+pub(crate) fn drain_hints(sh: &mut Shared, slots: &[u32]) {
+    use cairn_format::slot::client_page::{HINT_BASE, HINT_HEAD, HINT_SLOTS};
+    let now = now_ns();
+    for &slot in slots {
+        let cp = sh.layout.client_page_off(slot) as usize;
+        let Ok(head) = sh.map().load_u64(cp + HINT_HEAD as usize) else {
+            continue;
+        };
+        let tail = sh.recency.tails.get(&slot).copied().unwrap_or(0);
+        // A reset client page (new client) starts again from 0.
+        let tail = if head < tail { 0 } else { tail };
+        let from = tail.max(head.saturating_sub(HINT_SLOTS));
+        for n in from..head {
+            let off = cp + (HINT_BASE + (n % HINT_SLOTS) * 16) as usize;
+            let (Ok(ino), Ok(fblk)) = (sh.map().load_u64(off), sh.map().load_u64(off + 8)) else {
+                continue;
+            };
+            if !sh.layout.ino_valid(ino) || !sh.inodes.is_used(ino) {
+                continue;
+            }
+            let Ok(inode) = sh.inode(ino) else { continue };
+            if inode.attrs.kind != Kind::File {
+                continue;
+            }
+            let Ok(Some(e)) = sh.area.block_of(&inode, fblk) else {
+                continue;
+            };
+            let tier = entry_tier(e);
+            if tier == 0 {
+                continue;
+            }
+            let r = sh
+                .recency
+                .reads
+                .entry((tier, ino, fblk / grain(tier)))
+                .or_insert((0, now));
+            if now - r.1 > HEAT_WINDOW_NS {
+                r.0 = 0;
+            }
+            *r = (r.0.saturating_add(1), now);
+            sh.recency.touch(tier, ino, fblk, fblk);
+        }
+        sh.recency.tails.insert(slot, head);
+    }
+}
+
+/// The blocks of the chunks of tier `from` clients read most (at least
+/// [`PROMOTE_READS`] times), at most `max`; their counts are forgotten.
+fn select_hot(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
+    let now = now_ns();
+    sh.recency.reads.retain(|_, v| now - v.1 <= HEAT_WINDOW_NS);
+    let mut hot: Vec<(u32, u64, u64)> = sh
+        .recency
+        .reads
+        .iter()
+        .filter(|(k, v)| k.0 == from && v.0 >= PROMOTE_READS && now - v.1 <= HEAT_WINDOW_NS)
+        .map(|(k, v)| (v.0, k.1, k.2))
+        .collect();
+    hot.sort_by(|a, b| b.cmp(a));
+    let g = grain(from);
+    let mut out = Vec::new();
+    for (_, ino, chunk) in hot {
+        if out.len() as u64 >= max {
+            break;
+        }
+        sh.recency.reads.remove(&(from, ino, chunk));
+        let Ok(inode) = sh.inode(ino) else { continue };
+        if inode.attrs.kind != Kind::File {
+            continue;
+        }
+        let range = chunk * g..(chunk + 1) * g;
+        let mut v = Vec::new();
+        maptree::walk(
+            sh,
+            inode.map_root,
+            inode.map_height,
+            &mut |_| {},
+            &mut |fb, e| {
+                if range.contains(&fb) && entry_tier(e) == from {
+                    v.push(Move {
+                        ino,
+                        fblk: fb,
+                        old: e,
+                    });
+                }
+            },
+        )?;
+        let room = (max - out.len() as u64) as usize;
+        out.extend(v.into_iter().take(room));
+    }
+    Ok(out)
+}
+
+/// Blocks tier `tier` can take by promotion without passing its high watermark (a
+/// lower tier: a segment or nothing).
+fn promotion_room(sh: &Shared, tier: u8, high_pct: u64) -> u64 {
+    let (used, cap) = Migrator::usage(sh, tier);
+    let room = (cap * high_pct / 100).saturating_sub(used);
+    match sh.tier(tier) {
+        Some(t) if room < t.geom.segment_blocks => 0,
+        Some(t) => t.geom.segment_blocks,
+        None => room.min(PROMOTE_MAX),
+    }
+}
+
+/// Fewest blocks worth a promotion round into NVM (64 KiB).
+const PROMOTE_MIN: u64 = 16;
 
 impl Recency {
     /// File blocks `first..=last` of `ino` in `tier` were just used.
@@ -79,7 +202,21 @@ pub(crate) enum RoundKind {
     Migrate,
     /// The live blocks of `from`'s emptiest, oldest segments to a fresh segment of it.
     Clean,
+    /// Data of `from` that clients read often to the tier above.
+    Promote,
 }
+
+/// Where a round writes.
+#[derive(Debug)]
+enum Dest {
+    /// A segment of a lower tier, from its block `first`.
+    Segment { seg: u64, first: u64 },
+    /// NVM blocks allocated for the round (a promotion into NVM), one per move.
+    Nvm(Vec<u64>),
+}
+
+/// Most blocks one promotion into NVM moves (4 MiB).
+pub(crate) const PROMOTE_MAX: u64 = 1024;
 
 /// Every block of a regular file's map in the tier(s) `want` accepts, grouped by inode.
 fn file_blocks(
@@ -269,63 +406,101 @@ impl Migrator {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize] = p;
     }
 
-    /// Run one round of `kind` from tier `from`: at most one segment of the target tier,
-    /// filled as far as there is data to move. Returns the blocks moved (0: nothing to
-    /// move or no free segment).
+    /// Run one round of `kind` from tier `from`: at most one segment of the target tier
+    /// (a promotion into NVM: at most [`PROMOTE_MAX`] blocks of its free space), filled
+    /// as far as there is data to move. Returns the blocks moved (0: nothing to move or
+    /// no room).
     pub(crate) fn round(&self, core: &CoreLock, kind: RoundKind, from: u8) -> io::Result<u64> {
         let to = match kind {
             RoundKind::Migrate => from + 1,
             RoundKind::Clean => from,
+            RoundKind::Promote => from.wrapping_sub(1),
         };
         let Some(lock) = self.running.get(to as usize) else {
             return Err(eio(format!("no tier {to}")));
         };
         let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
         // Phase 1.
-        let (seg, moves, epoch, sb) = {
+        let (dest, moves, epoch) = {
             let mut c = core.serial();
             if c.stopped {
                 return Ok(0);
             }
+            let high = c.cfg.migrate_high_pct.clamp(1, 100) as u64;
+            let room = c.available_credits().min(promotion_room(&c.sh, 0, high));
             let sh = &mut c.sh;
-            let Some(t) = sh.tier_mut(to) else {
-                return Err(eio(format!(
-                    "the store has no {} tier",
-                    TIER_NAMES[to as usize]
-                )));
+            let dest = if to == 0 {
+                Dest::Nvm(Vec::new())
+            } else {
+                let Some(t) = sh.tier_mut(to) else {
+                    return Err(eio(format!(
+                        "the store has no {} tier",
+                        TIER_NAMES[to as usize]
+                    )));
+                };
+                let sb = t.geom.segment_blocks;
+                // Migration keeps one segment back, so that cleaning can always proceed.
+                let reserve = if kind == RoundKind::Clean { 0 } else { 1 };
+                let Some(seg) = t.take_segment(reserve) else {
+                    return Ok(0);
+                };
+                Dest::Segment {
+                    seg,
+                    first: seg * sb,
+                }
             };
-            let sb = t.geom.segment_blocks;
-            // Migration keeps one segment back, so that cleaning can always proceed.
-            let reserve = if kind == RoundKind::Migrate { 1 } else { 0 };
-            let Some(seg) = t.take_segment(reserve) else {
-                return Ok(0);
+            let want = match dest {
+                Dest::Nvm(_) => room,
+                Dest::Segment { .. } => sh.tier(to).map_or(0, |t| t.geom.segment_blocks),
             };
             let moves = match kind {
-                // A whole segment's worth whatever `max` (segments are written once).
-                RoundKind::Migrate => select_cold(sh, from, sb),
+                // A whole segment's worth (segments are written once).
+                RoundKind::Migrate => select_cold(sh, from, want),
                 RoundKind::Clean => select_victims(sh, from),
+                RoundKind::Promote => select_hot(sh, from, want),
+            };
+            let release = |sh: &mut Shared, dest: &Dest| {
+                if let (Dest::Segment { seg, .. }, Some(t)) = (dest, sh.tier_mut(to)) {
+                    t.release_segment(*seg);
+                }
+                sh.trim_empty_segments();
             };
             let moves = match moves {
                 Ok(m) if !m.is_empty() => m,
                 other => {
-                    sh.tier_mut(to).unwrap().release_segment(seg);
-                    sh.trim_empty_segments();
+                    release(sh, &dest);
                     return other.map(|_| 0);
                 }
             };
-            let off = sh.layout.seg_entry_off(to, seg) as usize;
-            let gen = sh.map().load_u64(off)?;
-            sh.map().store_u64(off, gen + 1)?;
-            sh.map()
-                .store_u64(off + SEG_WRITTEN_NS as usize, now_ns().max(0) as u64)?;
-            sh.map().persist(off, 16)?;
+            let dest = match dest {
+                Dest::Nvm(_) => {
+                    let mut w = Work::default();
+                    for _ in &moves {
+                        if sh.alloc_block(&mut w).is_err() {
+                            sh.rollback(&w);
+                            return Ok(0);
+                        }
+                    }
+                    Dest::Nvm(w.allocated)
+                }
+                Dest::Segment { seg, first } => {
+                    let off = sh.layout.seg_entry_off(to, seg) as usize;
+                    let gen = sh.map().load_u64(off)?;
+                    sh.map().store_u64(off, gen + 1)?;
+                    sh.map()
+                        .store_u64(off + SEG_WRITTEN_NS as usize, now_ns().max(0) as u64)?;
+                    sh.map().persist(off, 16)?;
+                    Dest::Segment { seg, first }
+                }
+            };
             let epoch = sh.epoch();
             sh.held_epochs.push(epoch);
-            (seg, moves, epoch, sb)
+            (dest, moves, epoch)
         };
         let kind_name = match kind {
             RoundKind::Migrate => "migrate",
             RoundKind::Clean => "clean",
+            RoundKind::Promote => "promote",
         };
         self.set_progress(
             to,
@@ -337,32 +512,51 @@ impl Migrator {
                 bytes_planned: bytes(moves.len() as u64),
             }),
         );
-        let r = self.copy_and_switch(core, kind, from, to, (seg, sb), &moves);
+        let r = self.copy_and_switch(core, kind, from, to, &dest, &moves);
         self.set_progress(to, None);
         let mut c = core.serial();
         let sh = &mut c.sh;
         sh.held_epochs.retain(|&e| e != epoch);
-        if let Some(t) = sh.tier_mut(to) {
-            t.release_segment(seg);
+        match &dest {
+            Dest::Segment { seg, .. } => {
+                if let Some(t) = sh.tier_mut(to) {
+                    t.release_segment(*seg);
+                }
+            }
+            Dest::Nvm(blocks) => {
+                // Blocks whose switch did not happen were never published.
+                let unused: Vec<u64> = match &r {
+                    Ok((_, used)) => blocks
+                        .iter()
+                        .filter(|b| !used.contains(b))
+                        .copied()
+                        .collect(),
+                    Err(_) => blocks.clone(),
+                };
+                for b in unused {
+                    sh.blocks.free(b);
+                }
+            }
         }
         sh.trim_empty_segments();
-        r
+        r.map(|(n, _)| n)
     }
 
-    /// Phases 2 and 3 of a round.
+    /// Phases 2 and 3 of a round. Returns the blocks moved and, for NVM destinations,
+    /// the new blocks that were published.
     fn copy_and_switch(
         &self,
         core: &CoreLock,
         kind: RoundKind,
         from: u8,
         to: u8,
-        (seg, sb): (u64, u64),
+        dest: &Dest,
         moves: &[Move],
-    ) -> io::Result<u64> {
+    ) -> io::Result<(u64, std::collections::HashSet<u64>)> {
         use std::os::unix::fs::FileExt;
         // Phase 2: read every block (one read per run of blocks consecutive on a lower
-        // tier), write the segment in one go (direct I/O where the tier allows it), make
-        // it durable.
+        // tier), write them (a segment in one go, with direct I/O where the tier allows
+        // it; NVM blocks with non-temporal stores) and make them durable.
         let area = core.serial().sh.area.clone();
         let mut buf = cairn_media::AlignedBuf::zeroed(moves.len() * BLOCK_SIZE);
         let mut i = 0;
@@ -382,25 +576,34 @@ impl Migrator {
             i = j;
         }
         let name = TIER_NAMES[to as usize];
-        let f = area
-            .tier_direct(to)
-            .or_else(|| area.tier_file(to))
-            .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
-        let first = seg * sb;
-        cairn_media::emulate::write(to, buf.len());
-        f.write_all_at(&buf, first * BLOCK_SIZE_U64)
-            .and_then(|()| f.sync_data())
-            .map_err(|e| {
-                eio(format!(
-                    "write of segment {seg} of the {} tier: {e}",
-                    TIER_NAMES[to as usize]
-                ))
-            })?;
+        let new_entry = |i: usize| match dest {
+            Dest::Segment { first, .. } => tier_entry(to, first + i as u64),
+            Dest::Nvm(blocks) => blocks[i],
+        };
+        match dest {
+            Dest::Segment { seg, first } => {
+                let f = area
+                    .tier_direct(to)
+                    .or_else(|| area.tier_file(to))
+                    .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
+                cairn_media::emulate::write(to, buf.len());
+                f.write_all_at(&buf, first * BLOCK_SIZE_U64)
+                    .and_then(|()| f.sync_data())
+                    .map_err(|e| eio(format!("write of segment {seg} of the {name} tier: {e}")))?;
+            }
+            Dest::Nvm(blocks) => {
+                for (i, &b) in blocks.iter().enumerate() {
+                    let data = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                    area.map().write_nt((b * BLOCK_SIZE_U64) as usize, data)?;
+                }
+                cairn_media::fence();
+            }
+        }
         drop(buf);
         // Phase 3: switch the entries that still name the copied blocks.
         let mut c = core.serial();
         if c.stopped {
-            return Ok(0);
+            return Ok((0, Default::default()));
         }
         let sh = &mut c.sh;
         let mut by_ino: BTreeMap<u64, Vec<(usize, &Move)>> = BTreeMap::new();
@@ -408,7 +611,7 @@ impl Migrator {
             by_ino.entry(m.ino).or_default().push((i, m));
         }
         let mut retired = Vec::new();
-        let mut moved = 0u64;
+        let mut used = std::collections::HashSet::new();
         for (ino, ms) in by_ino {
             let Ok(old) = sh.inode(ino) else { continue };
             if old.attrs.kind != Kind::File {
@@ -417,7 +620,7 @@ impl Migrator {
             let mut changes = Vec::new();
             for &(i, m) in &ms {
                 if sh.area.block_of(&old, m.fblk)? == Some(m.old) {
-                    changes.push((m.fblk, tier_entry(to, first + i as u64)));
+                    changes.push((m.fblk, new_entry(i)));
                 }
             }
             if changes.is_empty() {
@@ -451,25 +654,27 @@ impl Migrator {
             };
             sh.write_inode(ino, &new)?;
             for &(f, e) in &changes {
-                sh.tier_mut(to).unwrap().mark_used(entry_block(e));
+                if let Some(t) = sh.tier_mut(to) {
+                    t.mark_used(entry_block(e));
+                }
+                used.insert(e);
                 sh.recency.touch(to, ino, f, f);
             }
-            moved += changes.len() as u64;
             sh.counters.shared_bytes_written += w.bytes;
             retired.extend(w.retired);
         }
         cairn_media::fence();
         sh.retire_and_advance(retired)?;
+        let moved = used.len() as u64;
         let b = bytes(moved);
         match kind {
-            RoundKind::Migrate => {
-                sh.traffic[from as usize].bytes_migrated_down += b;
-            }
+            RoundKind::Migrate => sh.traffic[from as usize].bytes_migrated_down += b,
             RoundKind::Clean => sh.traffic[to as usize].bytes_cleaned += b,
+            RoundKind::Promote => sh.traffic[to as usize].bytes_migrated_up += b,
         }
         sh.persist_traffic()?;
         c.reclaim();
-        Ok(moved)
+        Ok((moved, used))
     }
 
     /// Make tier `to` able to take a migration round (a free segment beyond the reserve):
@@ -544,6 +749,7 @@ impl Migrator {
     /// reserved for cleaning (so that the tier above never waits for it), and is
     /// cleaned when it has none beyond the reserved one. Returns whether it did work.
     pub(crate) fn tick(&self, core: &CoreLock, from: u8, log: &Logger) -> bool {
+        let promoted = self.promote_if_hot(core, from, log);
         let (high, low, has_below, free) = {
             let c = core.serial();
             (
@@ -558,7 +764,7 @@ impl Migrator {
             let (used, cap) = Self::usage(&core.serial().sh, from);
             let spare = free.is_none_or(|f| f > 2);
             if cap == 0 || (used * 100 < cap * high && spare) {
-                return self.clean_if_starved(core, from, log);
+                return self.clean_if_starved(core, from, log) || promoted;
             }
             let goal = cap * low.min(high) / 100;
             let want = used.saturating_sub(goal).max(1);
@@ -576,7 +782,45 @@ impl Migrator {
                 ));
             }
         }
-        self.clean_if_starved(core, from, log) || worked
+        self.clean_if_starved(core, from, log) || worked || promoted
+    }
+
+    /// Read hints first; then, for a lower tier whose data clients read often, one
+    /// round moving the hottest of it up, if the tier above stays below its low
+    /// watermark.
+    fn promote_if_hot(&self, core: &CoreLock, from: u8, log: &Logger) -> bool {
+        let room = {
+            let mut c = core.serial();
+            let slots = c.reader_slots();
+            drain_hints(&mut c.sh, &slots);
+            let high = c.cfg.migrate_high_pct.clamp(1, 100) as u64;
+            let hot =
+                c.sh.recency
+                    .reads
+                    .iter()
+                    .any(|(k, v)| k.0 == from && v.0 >= PROMOTE_READS);
+            if from == 0 || !hot {
+                return false;
+            }
+            promotion_room(&c.sh, from - 1, high)
+        };
+        if room < PROMOTE_MIN {
+            // Hot data displaces cold: the tier above moves its coldest data down
+            // (into this one) first.
+            if self.run(core, RoundKind::Migrate, from - 1, log) == 0 {
+                return false;
+            }
+        }
+        let n = self.run(core, RoundKind::Promote, from, log);
+        if n > 0 {
+            log.log(format!(
+                "promoted {} KiB read often from the {} tier to the {} tier",
+                bytes(n) >> 10,
+                TIER_NAMES[from as usize],
+                TIER_NAMES[from as usize - 1],
+            ));
+        }
+        n > 0
     }
 
     /// Clean lower tier `t` if it has no free segment beyond the reserved one.

@@ -366,7 +366,9 @@ impl Shared {
             .store_u64(cp + client_page::READER_EPOCH as usize, 0)?;
         self.map()
             .store_u64(cp + client_page::PID as usize, pid as u64)?;
-        self.map().persist(cp, 16)?;
+        self.map()
+            .store_u64(cp + client_page::HINT_HEAD as usize, 0)?;
+        self.map().persist(cp, 24)?;
         let o = (self.layout.slot_entry_off(slot) + OWNER_PID_OFF) as usize;
         self.map().store_u64(o, pid as u64)?;
         self.map().persist(o, 8)

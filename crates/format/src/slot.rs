@@ -32,6 +32,12 @@ pub mod client_page {
     pub const READER_EPOCH: u64 = 0;
     /// Client's pid (informational).
     pub const PID: u64 = 8;
+    /// Read hints (a lossy ring the client writes and the daemon reads): the number of
+    /// hints the client wrote so far; hint `n` is at `HINT_BASE + (n % HINT_SLOTS) * 16`,
+    /// two u64: inode number and file block of a read of lower-tier data.
+    pub const HINT_HEAD: u64 = 16;
+    pub const HINT_BASE: u64 = 64;
+    pub const HINT_SLOTS: u64 = 252;
 }
 
 /// The durable state of a log slot.

@@ -1697,8 +1697,12 @@ impl SharedFile<'_> {
             let ok = i.generation == self.gen && i.attrs.kind != Kind::Free;
             self.state = Some((pin, ok.then_some(i)));
         }
+        let (ring, ino) = (self.ring, self.ino);
         let got = match &self.state {
-            Some((_, Some(i))) => self.area.read_file(i, off, dst)?,
+            // Reads of lower-tier data are hinted to the daemon (promotion).
+            Some((_, Some(i))) => self.area.read_file_with(i, off, dst, &mut |fb| {
+                let _ = ring.hint(ino, fb);
+            })?,
             _ => 0,
         };
         dst[got..].fill(0);

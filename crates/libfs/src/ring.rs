@@ -157,6 +157,17 @@ impl Ring {
         self.map.store_u64(client_page::READER_EPOCH as usize, e)
     }
 
+    /// Tell the daemon that this client read file block `fblk` of `ino` from a lower
+    /// tier (the hint ring of the client page; old hints are overwritten when the daemon
+    /// is behind). The caller serializes hints (the state lock).
+    pub fn hint(&self, ino: u64, fblk: u64) -> io::Result<()> {
+        let n = self.map.load_u64(client_page::HINT_HEAD as usize)?;
+        let off = client_page::HINT_BASE + (n % client_page::HINT_SLOTS) * 16;
+        self.map.store_u64(off as usize, ino)?;
+        self.map.store_u64(off as usize + 8, fblk)?;
+        self.map.store_u64(client_page::HINT_HEAD as usize, n + 1)
+    }
+
     /// Write the owner pid into the client page.
     pub fn set_pid(&self, pid: u32) -> io::Result<()> {
         self.map.store_u64(client_page::PID as usize, pid as u64)

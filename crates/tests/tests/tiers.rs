@@ -148,6 +148,36 @@ fn working_set_four_times_nvm_spans_three_tiers() {
 }
 
 #[test]
+fn data_read_often_moves_back_up() {
+    let store = three_tiers("48M", "160M");
+    let fs = store.fs();
+    let mut files = BTreeMap::new();
+    for i in 0..40u32 {
+        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+        files.insert(i, (0, 2 << 20));
+    }
+    // The first files are the coldest: on the HDD or the SSD by now. Read them again and
+    // again (the cache serves the bytes, the hints still count the reads).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let moved_up = |r: &StatusReport| ["nvm", "ssd"].map(|t| tier(r, t).bytes_migrated_up);
+    loop {
+        for i in 0..4u32 {
+            assert_eq!(fs.read(format!("/f{i}")).unwrap(), content(i, 0, 2 << 20));
+        }
+        let r = fs.status().unwrap();
+        if moved_up(&r).iter().all(|&b| b > 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nothing moved up: {:?}", r.tiers);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    verify(&fs, &files);
+    drop(fs);
+    check_accounting_equals_full_scan(&store);
+    verify(&store.fs(), &files);
+}
+
+#[test]
 fn daemon_killed_during_migration_and_cleaning_loses_nothing() {
     let store = three_tiers("24M", "96M");
     let acked: Arc<Mutex<BTreeMap<u32, (u32, usize)>>> = Default::default();
