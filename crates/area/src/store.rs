@@ -56,6 +56,10 @@ pub struct StoreConfig {
     /// Use a migration brings the tier down to.
     #[serde(default = "default_migrate_low_pct")]
     pub migrate_low_pct: u32,
+    /// A lower tier is cleaned when fewer than this percentage of its segments are free
+    /// (and always when only the one reserved for cleaning is).
+    #[serde(default = "default_clean_free_pct")]
+    pub clean_free_pct: u32,
     /// Each client's DRAM cache of lower-tier data (MiB; 0: none).
     #[serde(default = "default_read_cache_mib")]
     pub read_cache_mib: u64,
@@ -76,6 +80,13 @@ pub struct StoreConfig {
     pub hdd_read_latency_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hdd_bandwidth_mbps: Option<u64>,
+}
+
+/// Default `clean_free_pct`.
+pub const DEFAULT_CLEAN_FREE_PCT: u32 = 5;
+
+fn default_clean_free_pct() -> u32 {
+    DEFAULT_CLEAN_FREE_PCT
 }
 
 /// Default `read_cache_mib`.
@@ -167,6 +178,7 @@ impl StoreConfig {
             hdd_path: None,
             migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
             migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
+            clean_free_pct: DEFAULT_CLEAN_FREE_PCT,
             read_cache_mib: DEFAULT_READ_CACHE_MIB,
             readahead_kib: DEFAULT_READAHEAD_KIB,
             nvm_read_latency_ns: None,

@@ -600,6 +600,11 @@ impl Migrator {
             }
         }
         drop(buf);
+        if let Some(p) =
+            self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize].as_mut()
+        {
+            p.bytes_done = p.bytes_planned;
+        }
         // Phase 3: switch the entries that still name the copied blocks.
         let mut c = core.serial();
         if c.stopped {
@@ -823,13 +828,17 @@ impl Migrator {
         n > 0
     }
 
-    /// Clean lower tier `t` if it has no free segment beyond the reserved one.
+    /// Clean lower tier `t` if fewer than `clean_free_pct` of its segments are free, or
+    /// none beyond the reserved one.
     fn clean_if_starved(&self, core: &CoreLock, t: u8, log: &Logger) -> bool {
-        let starved = core
-            .serial()
-            .sh
-            .tier(t)
-            .is_some_and(|ta| ta.free_segments() <= 1);
+        let starved = {
+            let c = core.serial();
+            let pct = c.cfg.clean_free_pct.min(100) as u64;
+            c.sh.tier(t).is_some_and(|ta| {
+                let free = ta.free_segments();
+                free <= 1 || free * 100 < ta.data_segments() * pct
+            })
+        };
         starved && self.run(core, RoundKind::Clean, t, log) > 0
     }
 }

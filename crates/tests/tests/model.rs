@@ -81,10 +81,11 @@ fn matches_reference_with_constant_digests() {
 
 #[test]
 fn matches_reference_on_three_tiers_with_tiny_nvm() {
-    // About 6 MiB of NVM data blocks with SSD and HDD tiers of 64 KiB segments, and
-    // watermarks of 2% and 0%: every tier above 2% moves its files' data down, so
-    // migration down both levels runs all along, under the operations, and the files
-    // the cases read and rewrite are spread over the three tiers.
+    // About 6 MiB of NVM data blocks with SSD and HDD tiers of 64 KiB segments,
+    // watermarks of 2% and 0% and cleaning whenever a tier has segments to compact:
+    // every tier above 2% moves its files' data down, so migration down both levels
+    // and cleaning run all along, under the operations, and the files the cases read
+    // and rewrite are spread over the three tiers.
     let store = TestStore::with_size(StoreSize {
         nvm: "8M",
         log: "64K",
@@ -98,6 +99,7 @@ fn matches_reference_on_three_tiers_with_tiny_nvm() {
     });
     store.set_config("migrate_high_pct", "2");
     store.set_config("migrate_low_pct", "0");
+    store.set_config("clean_free_pct", "100");
     run_generated(&store);
     let r = store.fs().status().unwrap();
     let moved = |t: &str| {
@@ -107,6 +109,8 @@ fn matches_reference_on_three_tiers_with_tiny_nvm() {
             .map_or(0, |x| x.bytes_migrated_down)
     };
     assert!(moved("nvm") > 0 && moved("ssd") > 0, "{:?}", r.tiers);
+    let cleaned: u64 = r.tiers.iter().map(|t| t.bytes_cleaned).sum();
+    assert!(cleaned > 0, "no cleaning: {:?}", r.tiers);
 }
 
 #[test]
