@@ -137,6 +137,33 @@ fn default_shared_write() -> bool {
 }
 
 impl StoreConfig {
+    /// Set the emulation profile `name` (ARCHITECTURE.md, "Tiers"): `strata` is the
+    /// Strata paper's NVM (300 ns added to reads, 1/8 of `dram_mbps`, this machine's
+    /// copy bandwidth) with an NVMe SSD (80 µs, 2,000 MB/s) and an HDD (5 ms, 200 MB/s);
+    /// `off` clears every knob.
+    pub fn set_emulation_profile(&mut self, name: &str, dram_mbps: u64) -> io::Result<()> {
+        let p = match name {
+            "strata" => [
+                Some((300, (dram_mbps / 8).max(1))),
+                Some((80_000, 2_000)),
+                Some((5_000_000, 200)),
+            ],
+            "off" => [None, None, None],
+            _ => {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!("unknown emulation profile {name:?}: use strata or off"),
+                ))
+            }
+        };
+        let lat = |i: usize| p[i].map(|x: (u64, u64)| x.0);
+        let bw = |i: usize| p[i].map(|x: (u64, u64)| x.1);
+        (self.nvm_read_latency_ns, self.nvm_bandwidth_mbps) = (lat(0), bw(0));
+        (self.ssd_read_latency_ns, self.ssd_bandwidth_mbps) = (lat(1), bw(1));
+        (self.hdd_read_latency_ns, self.hdd_bandwidth_mbps) = (lat(2), bw(2));
+        Ok(())
+    }
+
     /// Set this process's media emulation (`cairn_media::emulate`) from the
     /// configuration (tiers without settings are not emulated).
     pub fn apply_emulation(&self) {

@@ -198,6 +198,10 @@ pub struct MkfsArgs {
     /// [default: 64M on the SSD, 256M on the HDD]
     #[arg(long, value_name = "SIZE", value_parser = util::parse_size)]
     pub segment_size: Option<u64>,
+    /// Emulate slower media (for experiments): `strata` (NVM with 300 ns reads and 1/8
+    /// of this machine's memory bandwidth, an NVMe SSD, an HDD) [default: off]
+    #[arg(long, value_name = "PROFILE")]
+    pub emulate: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -61,6 +61,21 @@ fn charge(tier: u8, bytes: usize, is_read: bool) {
     wait(Duration::from_nanos(ns));
 }
 
+/// This machine's memory copy bandwidth in MB/s (best of a few 64 MiB copies), the
+/// base of the `strata` profile's NVM bandwidth (1/8 of DRAM's).
+pub fn dram_copy_mbps() -> u64 {
+    let src = vec![1u8; 64 << 20];
+    let mut dst = vec![0u8; 64 << 20];
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    ((64u64 << 20) as f64 / best.max(1e-9) / 1e6) as u64
+}
+
 /// Wait `d`: spin below 100 µs (sleep is far coarser), sleep above.
 fn wait(d: Duration) {
     if d.is_zero() {

@@ -56,6 +56,10 @@ pub struct TiersArgs {
     #[arg(long, value_name = "N", default_value_t = 200_000,
           value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub zipf_ops: u64,
+    /// Emulate slower media on the Cairn store (`strata`; see `cairn mkfs --emulate`).
+    /// The host runs are not slowed.
+    #[arg(long, value_name = "PROFILE")]
+    pub emulate: Option<String>,
 }
 
 /// One point of a throughput-over-time series.
@@ -126,6 +130,9 @@ struct Report {
     ssd_size: u64,
     hdd_size: u64,
     segment_size: u64,
+    files: u64,
+    /// The emulation profile of the Cairn store, if any.
+    emulate: Option<String>,
     multilayer: Vec<Multilayer>,
     zipf: Vec<Zipf>,
     write_amplification: Vec<Amplification>,
@@ -408,6 +415,13 @@ pub fn run(args: &TiersArgs) -> CliResult {
         ..Default::default()
     })
     .map_err(ctx_msg("creating the benchmark store"))?;
+    if let Some(p) = &args.emulate {
+        let sd = cairn_area::StoreDir::new(&store);
+        let mut cfg = sd.load_config()?;
+        cfg.set_emulation_profile(p, cairn_media::emulate::dram_copy_mbps())
+            .map_err(ctx_msg("--emulate"))?;
+        sd.save_config(&cfg)?;
+    }
     let fs = cairn::Fs::open(&store).map_err(ctx_msg("opening the benchmark store"))?;
     let host_dir = root.join("host");
     std::fs::create_dir_all(&host_dir).map_err(ctx("create", &host_dir))?;
@@ -531,6 +545,8 @@ pub fn run(args: &TiersArgs) -> CliResult {
         ssd_size: args.ssd_size,
         hdd_size: args.hdd_size,
         segment_size: args.segment_size,
+        files: args.files,
+        emulate: args.emulate.clone(),
         multilayer: vec![ml_cairn, ml_host],
         zipf: vec![z_cairn, z_host],
         write_amplification: amp,
@@ -559,9 +575,13 @@ fn human(r: &Report) -> String {
         r.dir,
         r.host_fs
     );
+    if let Some(p) = &r.emulate {
+        let _ = writeln!(s, "Cairn's media emulated with the {p:?} profile");
+    }
     let _ = writeln!(
         s,
-        "\nmulti-layer: 1 MiB appends (host: write + fdatasync each)"
+        "\nmulti-layer: 1 MiB appends over {} files (host: write + fdatasync each)",
+        r.files
     );
     let _ = writeln!(
         s,

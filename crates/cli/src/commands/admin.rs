@@ -70,6 +70,16 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
             CliError::new(format!("mkfs {}: {}", dir.path.display(), clean(&e)))
         }
     })?;
+    let cfg = match &args.emulate {
+        Some(p) => {
+            let mut cfg = cfg;
+            cfg.set_emulation_profile(p, cairn_media::emulate::dram_copy_mbps())
+                .map_err(|e| CliError::new(format!("--emulate: {}", clean(&e))))?;
+            dir.save_config(&cfg)?;
+            cfg
+        }
+        None => cfg,
+    };
     let mut out = std::io::stdout().lock();
     let text = format!(
         "created Cairn store {store}\n  \
@@ -78,7 +88,7 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
          client logs   {slots} slots of {log}\n  \
          inodes        {inodes}\n  \
          digest at     {pct}% log fill\n  \
-         trusted       {trust}\n{lower}",
+         trusted       {trust}\n{lower}{emulation}",
         store = dir.path.display(),
         config = dir.config_path().display(),
         nvm = cfg.nvm_path.display(),
@@ -91,6 +101,17 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
             cfg.inodes.to_string()
         },
         pct = cfg.digest_threshold_pct,
+        emulation = match (cfg.nvm_read_latency_ns, cfg.nvm_bandwidth_mbps) {
+            (Some(l), Some(b)) => format!(
+                "  emulation     NVM {l} ns + {b} MB/s, SSD {} µs + {} MB/s, HDD {} ms + {} MB/s \
+                 (cairn.toml)\n",
+                cfg.ssd_read_latency_ns.unwrap_or(0) / 1000,
+                cfg.ssd_bandwidth_mbps.unwrap_or(0),
+                cfg.hdd_read_latency_ns.unwrap_or(0) / 1_000_000,
+                cfg.hdd_bandwidth_mbps.unwrap_or(0)
+            ),
+            _ => String::new(),
+        },
         lower = [
             ("SSD", &cfg.ssd_path, &opts.ssd),
             ("HDD", &cfg.hdd_path, &opts.hdd)
