@@ -130,29 +130,16 @@ fn select_hot(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
             break;
         }
         sh.recency.reads.remove(&(from, ino, chunk));
-        let Ok(inode) = sh.inode(ino) else { continue };
-        if inode.attrs.kind != Kind::File {
-            continue;
-        }
         let range = chunk * g..(chunk + 1) * g;
-        let mut v = Vec::new();
-        maptree::walk(
-            sh,
-            inode.map_root,
-            inode.map_height,
-            &mut |_| {},
-            &mut |fb, e| {
-                if range.contains(&fb) && entry_tier(e) == from {
-                    v.push(Move {
-                        ino,
-                        fblk: fb,
-                        old: e,
-                    });
-                }
-            },
-        )?;
+        let v = leaves_of(sh, ino, &mut |fb, e| {
+            range.contains(&fb) && entry_tier(e) == from
+        })?;
         let room = (max - out.len() as u64) as usize;
-        out.extend(v.into_iter().take(room));
+        out.extend(
+            v.into_iter()
+                .take(room)
+                .map(|(fblk, old)| Move { ino, fblk, old }),
+        );
     }
     Ok(out)
 }
@@ -228,27 +215,40 @@ fn file_blocks(
         if !sh.inodes.is_used(ino) {
             continue;
         }
-        let Ok(inode) = sh.inode(ino) else { continue };
-        if inode.attrs.kind != Kind::File {
-            continue;
-        }
-        let mut v = Vec::new();
-        maptree::walk(
-            sh,
-            inode.map_root,
-            inode.map_height,
-            &mut |_| {},
-            &mut |fb, e| {
-                if want(e) {
-                    v.push((fb, e));
-                }
-            },
-        )?;
+        let v = leaves_of(sh, ino, &mut |_, e| want(e))?;
         if !v.is_empty() {
             out.insert(ino, v);
         }
     }
     Ok(out)
+}
+
+/// The (file block, entry) leaves of regular file `ino` that `want` accepts (none if
+/// it is not a readable regular file).
+fn leaves_of(
+    sh: &Shared,
+    ino: u64,
+    want: &mut dyn FnMut(u64, u64) -> bool,
+) -> io::Result<Vec<(u64, u64)>> {
+    let mut v = Vec::new();
+    let Ok(inode) = sh.inode(ino) else {
+        return Ok(v);
+    };
+    if inode.attrs.kind != Kind::File {
+        return Ok(v);
+    }
+    maptree::walk(
+        sh,
+        inode.map_root,
+        inode.map_height,
+        &mut |_| {},
+        &mut |fb, e| {
+            if want(fb, e) {
+                v.push((fb, e));
+            }
+        },
+    )?;
+    Ok(v)
 }
 
 /// The coldest blocks of tier `from`, at most `max`, whole chunks first. Forgets the
