@@ -51,7 +51,10 @@ pub struct StoreSize {
 /// Lower tiers of a test store.
 #[derive(Debug, Clone)]
 pub struct Tiers {
+    /// SSD size (ignored with `ssd_device`).
     pub ssd: &'static str,
+    /// A block device for the SSD tier instead of a file.
+    pub ssd_device: Option<PathBuf>,
     pub hdd: Option<&'static str>,
     pub segment: &'static str,
 }
@@ -98,12 +101,14 @@ impl TestStore {
             cmd.args(["--inodes", &n.to_string()]);
         }
         if let Some(t) = &s.tiers {
-            cmd.arg("--ssd").arg(dir.path().join("ssd.tier")).args([
-                "--ssd-size",
-                t.ssd,
-                "--segment-size",
-                t.segment,
-            ]);
+            match &t.ssd_device {
+                Some(d) => cmd.arg("--ssd").arg(d).arg("--force"),
+                None => cmd
+                    .arg("--ssd")
+                    .arg(dir.path().join("ssd.tier"))
+                    .args(["--ssd-size", t.ssd]),
+            };
+            cmd.args(["--segment-size", t.segment]);
             if let Some(h) = t.hdd {
                 cmd.arg("--hdd")
                     .arg(dir.path().join("hdd.tier"))

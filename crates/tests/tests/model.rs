@@ -93,6 +93,7 @@ fn matches_reference_on_three_tiers_with_tiny_nvm() {
         inodes: Some(4096),
         tiers: Some(cairn_tests::harness::Tiers {
             ssd: "4M",
+            ssd_device: None,
             hdd: Some("96M"),
             segment: "64K",
         }),

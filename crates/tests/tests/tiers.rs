@@ -39,6 +39,7 @@ fn three_tiers(ssd: &'static str, hdd: &'static str) -> TestStore {
         inodes: Some(2048),
         tiers: Some(Tiers {
             ssd,
+            ssd_device: None,
             hdd: Some(hdd),
             segment: "1M",
         }),
@@ -145,6 +146,66 @@ fn working_set_four_times_nvm_spans_three_tiers() {
     drop(fs);
     check_accounting_equals_full_scan(&store);
     verify(&store.fs(), &files);
+}
+
+/// A loop device over a file in the store's temporary directory (detached at drop).
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn a_block_device_tier_works() {
+    // Root and loop devices are needed (this machine and CI have both).
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: no /dev/loop-control");
+        return;
+    }
+    let img = tempfile::NamedTempFile::new().unwrap();
+    img.as_file().set_len(48 << 20).unwrap();
+    let out = std::process::Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(img.path())
+        .output()
+        .expect("run losetup");
+    assert!(
+        out.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dev = Loop(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let store = TestStore::with_size(StoreSize {
+        nvm: "24M",
+        log: "1M",
+        clients: 4,
+        inodes: Some(2048),
+        tiers: Some(Tiers {
+            ssd: "",
+            ssd_device: Some(dev.0.clone().into()),
+            hdd: None,
+            segment: "1M",
+        }),
+    });
+    let fs = store.fs();
+    let mut files = BTreeMap::new();
+    for i in 0..24u32 {
+        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+        files.insert(i, (0, 2 << 20));
+    }
+    verify(&fs, &files);
+    let r = fs.status().unwrap();
+    assert!(tier(&r, "ssd").live_bytes >= 16 << 20, "{:?}", r.tiers);
+    drop(fs);
+    check_accounting_equals_full_scan(&store);
+    verify(&store.fs(), &files);
+    store.stop();
+    drop(store);
+    drop(dev);
 }
 
 #[test]
