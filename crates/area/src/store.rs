@@ -56,6 +56,12 @@ pub struct StoreConfig {
     /// Use a migration brings the tier down to.
     #[serde(default = "default_migrate_low_pct")]
     pub migrate_low_pct: u32,
+    /// Recency chunk of NVM data (KiB): the unit migration ranks and moves.
+    #[serde(default = "default_recency_grain_nvm_kib")]
+    pub recency_grain_nvm_kib: u64,
+    /// Recency chunk of SSD and HDD data (KiB).
+    #[serde(default = "default_recency_grain_ssd_kib")]
+    pub recency_grain_ssd_kib: u64,
     /// A lower tier is cleaned when fewer than this percentage of its segments are free
     /// (and always when only the one reserved for cleaning is).
     #[serde(default = "default_clean_free_pct")]
@@ -80,6 +86,14 @@ pub struct StoreConfig {
     pub hdd_read_latency_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hdd_bandwidth_mbps: Option<u64>,
+}
+
+fn default_recency_grain_nvm_kib() -> u64 {
+    1024
+}
+
+fn default_recency_grain_ssd_kib() -> u64 {
+    4096
 }
 
 /// Default `clean_free_pct`.
@@ -205,6 +219,8 @@ impl StoreConfig {
             hdd_path: None,
             migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
             migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
+            recency_grain_nvm_kib: default_recency_grain_nvm_kib(),
+            recency_grain_ssd_kib: default_recency_grain_ssd_kib(),
             clean_free_pct: DEFAULT_CLEAN_FREE_PCT,
             read_cache_mib: DEFAULT_READ_CACHE_MIB,
             readahead_kib: DEFAULT_READAHEAD_KIB,

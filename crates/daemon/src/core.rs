@@ -117,6 +117,8 @@ impl Core {
             BlockAlloc::new(l.data_start, l.data_blocks),
             InodeAlloc::new(l.inode_count),
         );
+        sh.recency =
+            crate::migrate::Recency::new(cfg.recency_grain_nvm_kib, cfg.recency_grain_ssd_kib);
         let mut report = StartReport::default();
         let loaded = if clean {
             match recovery::load(&sh.area) {

@@ -611,8 +611,8 @@ fn apply_file<'a>(
     }
     let mut chunk = u64::MAX;
     for &b in &touched {
-        if b / crate::migrate::grain(0) != chunk {
-            chunk = b / crate::migrate::grain(0);
+        if b / sh.recency.grain(0) != chunk {
+            chunk = b / sh.recency.grain(0);
             sh.recency.touch(0, ino, b, b);
         }
     }

@@ -33,19 +33,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::Mutex;
 
-/// Recency chunk of a tier, in blocks: 1 MiB in NVM, 4 MiB below.
-pub(crate) fn grain(tier: u8) -> u64 {
-    if tier == 0 {
-        256
-    } else {
-        1024
-    }
-}
-
 /// When each chunk of file data was last used, per tier (a logical clock), and how
 /// often clients read the chunks of the lower tiers (their hints).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Recency {
+    /// Chunk size per tier, in blocks (`recency_grain_nvm_kib`, `recency_grain_ssd_kib`
+    /// in `cairn.toml`: 1 MiB in NVM, 4 MiB below by default).
+    grains: [u64; 3],
     tick: u64,
     last: HashMap<(u8, u64, u64), u64>,
     /// (tier, inode, chunk) -> (reads hinted, time of the last one in ns).
@@ -98,7 +92,7 @@ pub(crate) fn drain_hints(sh: &mut Shared, slots: &[u32]) {
             let r = sh
                 .recency
                 .reads
-                .entry((tier, ino, fblk / grain(tier)))
+                .entry((tier, ino, fblk / sh.recency.grain(tier)))
                 .or_insert((0, now));
             if now - r.1 > HEAT_WINDOW_NS {
                 r.0 = 0;
@@ -123,7 +117,7 @@ fn select_hot(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
         .map(|(k, v)| (v.0, k.1, k.2))
         .collect();
     hot.sort_by(|a, b| b.cmp(a));
-    let g = grain(from);
+    let g = sh.recency.grain(from);
     let mut out = Vec::new();
     for (_, ino, chunk) in hot {
         if out.len() as u64 >= max {
@@ -159,11 +153,34 @@ fn promotion_room(sh: &Shared, tier: u8, high_pct: u64) -> u64 {
 /// Fewest blocks worth a promotion round into NVM (64 KiB).
 const PROMOTE_MIN: u64 = 16;
 
+impl Default for Recency {
+    fn default() -> Recency {
+        Recency::new(1024, 4096)
+    }
+}
+
 impl Recency {
+    /// Chunks of `nvm_kib` in NVM and `lower_kib` in the lower tiers (at least 4 KiB).
+    pub(crate) fn new(nvm_kib: u64, lower_kib: u64) -> Recency {
+        let b = |kib: u64| (kib / 4).max(1);
+        Recency {
+            grains: [b(nvm_kib), b(lower_kib), b(lower_kib)],
+            tick: 0,
+            last: HashMap::new(),
+            reads: HashMap::new(),
+            tails: HashMap::new(),
+        }
+    }
+
+    /// The chunk size of `tier`, in blocks.
+    pub(crate) fn grain(&self, tier: u8) -> u64 {
+        self.grains[tier.min(2) as usize]
+    }
+
     /// File blocks `first..=last` of `ino` in `tier` were just used.
     pub(crate) fn touch(&mut self, tier: u8, ino: u64, first: u64, last: u64) {
         self.tick += 1;
-        let g = grain(tier);
+        let g = self.grain(tier);
         for c in first / g..=last / g {
             self.last.insert((tier, ino, c), self.tick);
         }
@@ -255,7 +272,7 @@ fn leaves_of(
 /// recency of chunks that no longer hold blocks there.
 fn select_cold(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
     let all = file_blocks(sh, &mut |e| entry_tier(e) == from)?;
-    let g = grain(from);
+    let g = sh.recency.grain(from);
     // (recency, inode, chunk, its blocks)
     type Chunk = (u64, u64, u64, Vec<(u64, u64)>);
     let mut chunks: Vec<Chunk> = Vec::new();
