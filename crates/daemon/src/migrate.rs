@@ -317,34 +317,18 @@ fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
     let Some(t) = sh.tier(tier) else {
         return Ok(Vec::new());
     };
-    let sb = t.geom.segment_blocks;
     let now = now_ns().max(0) as u64;
-    let mut cands: Vec<(f64, u64)> = Vec::new();
-    for s in 1..t.geom.segments {
-        let live = t.seg_live(s);
-        if live == 0 || live >= sb {
-            continue;
-        }
-        let off = sh.layout.seg_entry_off(tier, s) + SEG_WRITTEN_NS;
-        let written = sh.map().load_u64(off as usize).unwrap_or(0);
-        let age = now.saturating_sub(written) as f64 / 1e9 + 1.0;
-        let u = live as f64 / sb as f64;
-        cands.push(((1.0 - u) * age / (1.0 + u), s));
-    }
-    cands.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let mut victims = std::collections::HashSet::new();
-    let mut total = 0;
-    for (_, s) in cands {
-        let live = t.seg_live(s);
-        if !victims.is_empty() && total + live > sb {
-            continue;
-        }
-        victims.insert(s);
-        total += live;
-    }
-    // Segments are written once: cleaning one victim into one new segment gains
-    // nothing, so it takes at least two whose live blocks fit in one.
-    if victims.len() < 2 {
+    let cands: Vec<(u64, u64, f64)> = (1..t.geom.segments)
+        .map(|s| {
+            let off = sh.layout.seg_entry_off(tier, s) + SEG_WRITTEN_NS;
+            let written = sh.map().load_u64(off as usize).unwrap_or(0);
+            (s, t.seg_live(s), now.saturating_sub(written) as f64 / 1e9)
+        })
+        .collect();
+    let victims: std::collections::HashSet<u64> = pick_victims(&cands, t.geom.segment_blocks)
+        .into_iter()
+        .collect();
+    if victims.is_empty() {
         return Ok(Vec::new());
     }
     let geom = t.geom;
@@ -358,6 +342,35 @@ fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
                 .map(move |(fblk, old)| Move { ino, fblk, old })
         })
         .collect())
+}
+
+/// Cleaning victims among segments of `sb` blocks given as (segment, live blocks, age in
+/// seconds): best cost-benefit first, `(1 − u) × age / (1 + u)` with `u` the live
+/// fraction (empty and full segments are no candidates), as many as fit their live
+/// blocks into one segment. Segments are written once, so compacting one victim into
+/// one new segment gains nothing: fewer than two victims is none.
+fn pick_victims(cands: &[(u64, u64, f64)], sb: u64) -> Vec<u64> {
+    let mut scored: Vec<(f64, u64, u64)> = cands
+        .iter()
+        .filter(|c| c.1 > 0 && c.1 < sb)
+        .map(|&(s, live, age)| {
+            let u = live as f64 / sb as f64;
+            ((1.0 - u) * (age + 1.0) / (1.0 + u), s, live)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut victims = Vec::new();
+    let mut total = 0;
+    for (_, s, live) in scored {
+        if victims.is_empty() || total + live <= sb {
+            victims.push(s);
+            total += live;
+        }
+    }
+    if victims.len() < 2 {
+        victims.clear();
+    }
+    victims
 }
 
 /// Runs rounds (one at a time per target tier, so that a round into the SSD and one
@@ -857,5 +870,41 @@ impl Migrator {
             })
         };
         starved && self.run(core, RoundKind::Clean, t, log) > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn victims_by_cost_benefit_that_fit_one_segment() {
+        // 100-block segments: (segment, live, age s).
+        let c = [
+            (1, 0, 50.0),   // empty: freed without cleaning
+            (2, 100, 50.0), // full: nothing to gain
+            (3, 10, 1.0),
+            (4, 50, 100.0),
+            (5, 30, 100.0),
+            (6, 90, 1000.0),
+        ];
+        // Best first: 5 (30% live, old), then 4, 6, 3; 5 + 4 = 80 fit, 6 does not, 3 does.
+        assert_eq!(pick_victims(&c, 100), vec![5, 4, 3]);
+        // One that fits alone gains nothing.
+        assert!(pick_victims(&[(1, 60, 5.0), (2, 70, 5.0)], 100).is_empty());
+        assert!(pick_victims(&[], 100).is_empty());
+        // Age breaks the tie between equal live fractions.
+        assert_eq!(pick_victims(&[(1, 40, 1.0), (2, 40, 9.0)], 100), vec![2, 1]);
+    }
+
+    #[test]
+    fn recency_chunks() {
+        let mut r = Recency::new(1024, 4096);
+        assert_eq!((r.grain(0), r.grain(1), r.grain(2)), (256, 1024, 1024));
+        r.touch(0, 7, 0, 600);
+        assert_eq!(r.get(0, 7, 2), r.get(0, 7, 0));
+        assert_eq!(r.get(0, 7, 3), 0, "never used: the coldest");
+        r.touch(0, 7, 300, 300);
+        assert!(r.get(0, 7, 1) > r.get(0, 7, 0));
     }
 }

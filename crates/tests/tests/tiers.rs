@@ -270,7 +270,7 @@ fn daemon_killed_during_migration_and_cleaning_loses_nothing() {
         })
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xD1E);
-    let runs = 12;
+    let runs = 20;
     let mut kills = 0;
     let start = Instant::now();
     for _ in 0..runs {
