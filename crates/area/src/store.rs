@@ -56,6 +56,10 @@ pub struct StoreConfig {
     /// Use a migration brings the tier down to.
     #[serde(default = "default_migrate_low_pct")]
     pub migrate_low_pct: u32,
+    /// Whether the daemon migrates, promotes and cleans in the background (false: only
+    /// `cairn migrate` and a full NVM tier move data).
+    #[serde(default = "default_background_migration")]
+    pub background_migration: bool,
     /// Recency chunk of NVM data (KiB): the unit migration ranks and moves.
     #[serde(default = "default_recency_grain_nvm_kib")]
     pub recency_grain_nvm_kib: u64,
@@ -86,6 +90,10 @@ pub struct StoreConfig {
     pub hdd_read_latency_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hdd_bandwidth_mbps: Option<u64>,
+}
+
+fn default_background_migration() -> bool {
+    true
 }
 
 fn default_recency_grain_nvm_kib() -> u64 {
@@ -219,6 +227,7 @@ impl StoreConfig {
             hdd_path: None,
             migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
             migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
+            background_migration: default_background_migration(),
             recency_grain_nvm_kib: default_recency_grain_nvm_kib(),
             recency_grain_ssd_kib: default_recency_grain_ssd_kib(),
             clean_free_pct: DEFAULT_CLEAN_FREE_PCT,

@@ -296,10 +296,14 @@ fn migrate_loop(d: &Daemon, from: u8) {
         if !worked {
             seen = d.migrator.wait(seen, Duration::from_millis(100));
         }
-        if d.core().stopped {
+        let (stopped, background) = {
+            let c = d.core();
+            (c.stopped, c.cfg.background_migration)
+        };
+        if stopped {
             break;
         }
-        worked = d.migrator.tick(&d.core, from, &d.log);
+        worked = background && d.migrator.tick(&d.core, from, &d.log);
     }
 }
 

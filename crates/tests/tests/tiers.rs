@@ -77,8 +77,8 @@ fn accounting(r: &StatusReport) -> Vec<(String, u64, u64, u64)> {
 /// The accounting after a clean restart (the saved allocation state) must equal the one
 /// after a SIGKILL (rebuilt by walking every file map): no space leaks.
 fn check_accounting_equals_full_scan(store: &TestStore) {
-    // No background migration between the two reports.
-    store.set_config("migrate_high_pct", "100");
+    // No background migration or cleaning between the two reports.
+    store.set_config("background_migration", "false");
     store.stop();
     let saved = cairn::daemon_status(Some(store.path())).unwrap();
     assert!(kill_daemon(store), "no daemon runs");
@@ -88,7 +88,7 @@ fn check_accounting_equals_full_scan(store: &TestStore) {
         accounting(&scanned),
         "the saved accounting differs from a full scan"
     );
-    store.set_config("migrate_high_pct", "95");
+    store.set_config("background_migration", "true");
     store.stop();
 }
 
