@@ -441,6 +441,18 @@ impl Migrator {
     /// as far as there is data to move. Returns the blocks moved (0: nothing to move or
     /// no room).
     pub(crate) fn round(&self, core: &CoreLock, kind: RoundKind, from: u8) -> io::Result<u64> {
+        self.round_when(core, kind, from, &|_| true)
+    }
+
+    /// [`Migrator::round`], if `needed` still says so once the round has the target
+    /// tier to itself (a round that was in flight may have made it unnecessary).
+    fn round_when(
+        &self,
+        core: &CoreLock,
+        kind: RoundKind,
+        from: u8,
+        needed: &dyn Fn(&mut crate::core::Core) -> bool,
+    ) -> io::Result<u64> {
         let to = match kind {
             RoundKind::Migrate => from + 1,
             RoundKind::Clean => from,
@@ -453,7 +465,7 @@ impl Migrator {
         // Phase 1.
         let (dest, moves, epoch) = {
             let mut c = core.serial();
-            if c.stopped {
+            if c.stopped || !needed(&mut c) {
                 return Ok(0);
             }
             let high = c.cfg.migrate_high_pct.clamp(1, 100) as u64;
@@ -762,6 +774,30 @@ impl Migrator {
             moved += n;
         }
         moved
+    }
+
+    /// Move NVM's coldest data down while `short` says NVM lacks space (a client waits
+    /// for it): one round at a time, each started only if the rounds before (this
+    /// caller's or the background's) did not free enough.
+    pub(crate) fn free_nvm(
+        &self,
+        core: &CoreLock,
+        short: &dyn Fn(&mut crate::core::Core) -> bool,
+        log: &Logger,
+    ) {
+        loop {
+            if !short(&mut core.serial()) || !self.room_in(core, 1, log) {
+                return;
+            }
+            match self.round_when(core, RoundKind::Migrate, 0, short) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    log.log(format!("migration for a waiting client failed: {e}"));
+                    return;
+                }
+            }
+        }
     }
 
     /// Blocks of tier `tier` in use and its capacity.

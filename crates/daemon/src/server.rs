@@ -513,7 +513,14 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 // needed): move cold data down and try once more.
                 let want = core.sh.layout.log_blocks.max(CREDIT_ROOM);
                 drop(core);
-                d.migrator.migrate(&d.core, 0, want, &d.log);
+                d.migrator.free_nvm(
+                    &d.core,
+                    &|c| {
+                        c.reclaim();
+                        c.sh.blocks.free_count() < want
+                    },
+                    &d.log,
+                );
                 core = d.core();
                 r = core.digest_client(slot, upto_lsn);
             }
@@ -555,8 +562,15 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             if granted < blocks && !core.sh.tiers.is_empty() {
                 // NVM is full: move its coldest data down now, then grant again.
                 drop(core);
-                let want = (blocks - granted).max(CREDIT_ROOM);
-                d.migrator.migrate(&d.core, 0, want, &d.log);
+                let want = blocks - granted;
+                d.migrator.free_nvm(
+                    &d.core,
+                    &|c| {
+                        c.reclaim();
+                        c.available_credits() < want
+                    },
+                    &d.log,
+                );
                 let mut core = d.core();
                 core.reclaim();
                 granted += core.grant(slot, blocks - granted);
