@@ -208,6 +208,9 @@ pub(crate) enum RoundKind {
     Clean,
     /// Data of `from` that clients read often to the tier above.
     Promote,
+    /// The live blocks of `from`'s best segments (by cost-benefit) to the tier below,
+    /// which frees those segments whatever their blocks' recency.
+    Evacuate,
 }
 
 /// Where a round writes.
@@ -310,10 +313,9 @@ fn select_cold(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
     Ok(out)
 }
 
-/// Cleaning victims of lower tier `tier` by cost-benefit (Rosenblum and Ousterhout's
-/// `(1 - u) * age / (1 + u)`, `u` = live fraction), as many as fit in one segment
-/// together (at least one), and the live blocks they hold.
-fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
+/// Victim segments of lower tier `tier` ([`pick_victims`]: `room` blocks to fill, at
+/// least `min` victims) and the live blocks they hold.
+fn select_victims(sh: &Shared, tier: u8, room: u64, min: usize) -> io::Result<Vec<Move>> {
     let Some(t) = sh.tier(tier) else {
         return Ok(Vec::new());
     };
@@ -322,12 +324,13 @@ fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
         .map(|s| {
             let off = sh.layout.seg_entry_off(tier, s) + SEG_WRITTEN_NS;
             let written = sh.map().load_u64(off as usize).unwrap_or(0);
-            (s, t.seg_live(s), now.saturating_sub(written) as f64 / 1e9)
+            (s, t.seg_in_use(s), now.saturating_sub(written) as f64 / 1e9)
         })
         .collect();
-    let victims: std::collections::HashSet<u64> = pick_victims(&cands, t.geom.segment_blocks)
-        .into_iter()
-        .collect();
+    let victims: std::collections::HashSet<u64> =
+        pick_victims(&cands, t.geom.segment_blocks, room, min)
+            .into_iter()
+            .collect();
     if victims.is_empty() {
         return Ok(Vec::new());
     }
@@ -344,15 +347,18 @@ fn select_victims(sh: &Shared, tier: u8) -> io::Result<Vec<Move>> {
         .collect())
 }
 
-/// Cleaning victims among segments of `sb` blocks given as (segment, live blocks, age in
-/// seconds): best cost-benefit first, `(1 − u) × age / (1 + u)` with `u` the live
-/// fraction (empty and full segments are no candidates), as many as fit their live
-/// blocks into one segment. Segments are written once, so compacting one victim into
-/// one new segment gains nothing: fewer than two victims is none.
-fn pick_victims(cands: &[(u64, u64, f64)], sb: u64) -> Vec<u64> {
+/// Victims among segments of `sb` blocks given as (segment, live blocks, age in
+/// seconds): best cost-benefit first (Rosenblum and Ousterhout's `(1 − u) × age /
+/// (1 + u)`, `u` the live fraction), as many as fit their live blocks into `room`
+/// blocks (one segment of the tier they go to), and none unless at least `min`.
+/// Cleaning compacts into the same tier (`room = sb`, `min = 2`: segments are written
+/// once, so compacting one victim into one new segment gains nothing, and full
+/// segments are no candidates); evacuation moves victims' blocks a tier down
+/// (`min = 1`: any victim frees its segment). Empty segments are never victims.
+fn pick_victims(cands: &[(u64, u64, f64)], sb: u64, room: u64, min: usize) -> Vec<u64> {
     let mut scored: Vec<(f64, u64, u64)> = cands
         .iter()
-        .filter(|c| c.1 > 0 && c.1 < sb)
+        .filter(|c| c.1 > 0 && c.1 <= room && (min < 2 || c.1 < sb))
         .map(|&(s, live, age)| {
             let u = live as f64 / sb as f64;
             ((1.0 - u) * (age + 1.0) / (1.0 + u), s, live)
@@ -362,12 +368,12 @@ fn pick_victims(cands: &[(u64, u64, f64)], sb: u64) -> Vec<u64> {
     let mut victims = Vec::new();
     let mut total = 0;
     for (_, s, live) in scored {
-        if victims.is_empty() || total + live <= sb {
+        if total + live <= room {
             victims.push(s);
             total += live;
         }
     }
-    if victims.len() < 2 {
+    if victims.len() < min {
         victims.clear();
     }
     victims
@@ -454,7 +460,7 @@ impl Migrator {
         needed: &dyn Fn(&mut crate::core::Core) -> bool,
     ) -> io::Result<u64> {
         let to = match kind {
-            RoundKind::Migrate => from + 1,
+            RoundKind::Migrate | RoundKind::Evacuate => from + 1,
             RoundKind::Clean => from,
             RoundKind::Promote => from.wrapping_sub(1),
         };
@@ -498,7 +504,8 @@ impl Migrator {
             let moves = match kind {
                 // A whole segment's worth (segments are written once).
                 RoundKind::Migrate => select_cold(sh, from, want),
-                RoundKind::Clean => select_victims(sh, from),
+                RoundKind::Clean => select_victims(sh, from, want, 2),
+                RoundKind::Evacuate => select_victims(sh, from, want, 1),
                 RoundKind::Promote => select_hot(sh, from, want),
             };
             let release = |sh: &mut Shared, dest: &Dest| {
@@ -543,6 +550,7 @@ impl Migrator {
             RoundKind::Migrate => "migrate",
             RoundKind::Clean => "clean",
             RoundKind::Promote => "promote",
+            RoundKind::Evacuate => "evacuate",
         };
         self.set_progress(
             to,
@@ -558,7 +566,10 @@ impl Migrator {
         self.set_progress(to, None);
         let mut c = core.serial();
         let sh = &mut c.sh;
-        sh.held_epochs.retain(|&e| e != epoch);
+        // Only this round's hold (another round may hold the same epoch).
+        if let Some(i) = sh.held_epochs.iter().position(|&e| e == epoch) {
+            sh.held_epochs.swap_remove(i);
+        }
         match &dest {
             Dest::Segment { seg, .. } => {
                 if let Some(t) = sh.tier_mut(to) {
@@ -580,7 +591,9 @@ impl Migrator {
                 }
             }
         }
-        sh.trim_empty_segments();
+        // What the round replaced can go now that its hold is gone (so that the caller
+        // sees the space), and emptied segments are trimmed.
+        c.reclaim();
         r.map(|(n, _)| n)
     }
 
@@ -670,6 +683,10 @@ impl Migrator {
                     changes.push((m.fblk, new_entry(i)));
                 }
             }
+            // The map update takes its changes in file order, once each (the rounds
+            // choose blocks chunk by chunk, coldest or hottest first).
+            changes.sort_unstable_by_key(|c| c.0);
+            changes.dedup_by_key(|c| c.0);
             if changes.is_empty() {
                 continue;
             }
@@ -715,12 +732,13 @@ impl Migrator {
         let moved = used.len() as u64;
         let b = bytes(moved);
         match kind {
-            RoundKind::Migrate => sh.traffic[from as usize].bytes_migrated_down += b,
+            RoundKind::Migrate | RoundKind::Evacuate => {
+                sh.traffic[from as usize].bytes_migrated_down += b
+            }
             RoundKind::Clean => sh.traffic[to as usize].bytes_cleaned += b,
             RoundKind::Promote => sh.traffic[to as usize].bytes_migrated_up += b,
         }
         sh.persist_traffic()?;
-        c.reclaim();
         Ok((moved, used))
     }
 
@@ -728,16 +746,20 @@ impl Migrator {
     /// migrate its own coldest data further down, else clean it. False if neither helped.
     fn room_in(&self, core: &CoreLock, to: u8, log: &Logger) -> bool {
         let has_room = |c: &CoreLock| {
-            c.serial()
-                .sh
-                .tier(to)
-                .is_some_and(|t| t.free_segments() > 1)
+            let mut c = c.serial();
+            c.reclaim();
+            c.sh.tier(to).is_some_and(|t| t.free_segments() > 1)
         };
         if has_room(core) {
             return true;
         }
         let below = core.serial().sh.tier(to + 1).is_some();
         if below && self.run(core, RoundKind::Migrate, to, log) > 0 && has_room(core) {
+            return true;
+        }
+        // The coldest chunks are spread over segments that stay partly live: move whole
+        // segments down instead, or compact them in place.
+        if below && self.run(core, RoundKind::Evacuate, to, log) > 0 && has_room(core) {
             return true;
         }
         self.run(core, RoundKind::Clean, to, log);
@@ -747,7 +769,22 @@ impl Migrator {
     /// A round, with failures logged (0 moved).
     fn run(&self, core: &CoreLock, kind: RoundKind, from: u8, log: &Logger) -> u64 {
         match self.round(core, kind, from) {
-            Ok(n) => n,
+            Ok(n) => {
+                if n > 0 && matches!(kind, RoundKind::Clean | RoundKind::Evacuate) {
+                    let free = core.serial().sh.tier(from).map_or(0, |t| t.free_segments());
+                    log.log(format!(
+                        "{} the {} tier: {} KiB moved, {free} segments free",
+                        if kind == RoundKind::Clean {
+                            "cleaned"
+                        } else {
+                            "evacuated"
+                        },
+                        TIER_NAMES[from as usize],
+                        bytes(n) >> 10
+                    ));
+                }
+                n
+            }
             Err(e) => {
                 log.log(format!(
                     "{kind:?} round from the {} tier failed: {e}",
@@ -785,18 +822,37 @@ impl Migrator {
         short: &dyn Fn(&mut crate::core::Core) -> bool,
         log: &Logger,
     ) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
-            if !short(&mut core.serial()) || !self.room_in(core, 1, log) {
+            if !short(&mut core.serial()) {
                 return;
             }
-            match self.round_when(core, RoundKind::Migrate, 0, short) {
-                Ok(0) => return,
-                Ok(_) => {}
-                Err(e) => {
-                    log.log(format!("migration for a waiting client failed: {e}"));
-                    return;
-                }
+            let moved = self.room_in(core, 1, log)
+                && match self.round_when(core, RoundKind::Migrate, 0, short) {
+                    Ok(n) => n > 0,
+                    Err(e) => {
+                        log.log(format!("migration for a waiting client failed: {e}"));
+                        false
+                    }
+                };
+            if moved {
+                continue;
             }
+            // Nothing could move now. Rounds in flight hold back the blocks they and
+            // others replaced; once they end there may be room: wait for them (a while),
+            // else every tier is full.
+            let busy = !core.serial().sh.held_epochs.is_empty();
+            if !busy || std::time::Instant::now() >= deadline {
+                let c = core.serial();
+                let free: Vec<u64> = c.sh.tiers.iter().map(|t| t.free_segments()).collect();
+                log.log(format!(
+                    "no room for a waiting client: NVM {} blocks free, lower tiers' free \
+                     segments {free:?}",
+                    c.sh.blocks.free_count()
+                ));
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
 
@@ -851,6 +907,16 @@ impl Migrator {
                     used * 100 / cap,
                     after * 100 / cap,
                 ));
+            }
+            // A lower tier whose coldest chunks lie in segments that stay partly live
+            // frees segments by moving whole ones down.
+            let spare = {
+                let mut c = core.serial();
+                c.reclaim();
+                c.sh.tier(from).is_none_or(|t| t.free_segments() > 2)
+            };
+            if !spare && self.room_in(core, from + 1, log) {
+                worked |= self.run(core, RoundKind::Evacuate, from, log) > 0;
             }
         }
         self.clean_if_starved(core, from, log) || worked || promoted
@@ -924,13 +990,22 @@ mod tests {
             (5, 30, 100.0),
             (6, 90, 1000.0),
         ];
-        // Best first: 5 (30% live, old), then 4, 6, 3; 5 + 4 = 80 fit, 6 does not, 3 does.
-        assert_eq!(pick_victims(&c, 100), vec![5, 4, 3]);
-        // One that fits alone gains nothing.
-        assert!(pick_victims(&[(1, 60, 5.0), (2, 70, 5.0)], 100).is_empty());
-        assert!(pick_victims(&[], 100).is_empty());
+        // Best first: 5 (30% live, old), then 6 (90% live but very old), 4, 3; 5 + 6 do
+        // not fit in 100 blocks, 5 + 4 + 3 = 90 do.
+        assert_eq!(pick_victims(&c, 100, 100, 2), vec![5, 4, 3]);
+        // One that fits alone gains nothing by cleaning...
+        let two = [(1, 60, 5.0), (2, 70, 5.0)];
+        assert!(pick_victims(&two, 100, 100, 2).is_empty());
+        // ...but evacuating it to the tier below frees its segment.
+        assert_eq!(pick_victims(&two, 100, 100, 1), vec![1]);
+        // Evacuation takes full segments too, and fills a bigger target segment.
+        assert_eq!(pick_victims(&c, 100, 400, 1), vec![5, 6, 4, 3, 2]);
+        assert!(pick_victims(&[], 100, 100, 2).is_empty());
         // Age breaks the tie between equal live fractions.
-        assert_eq!(pick_victims(&[(1, 40, 1.0), (2, 40, 9.0)], 100), vec![2, 1]);
+        assert_eq!(
+            pick_victims(&[(1, 40, 1.0), (2, 40, 9.0)], 100, 100, 2),
+            vec![2, 1]
+        );
     }
 
     #[test]

@@ -295,6 +295,14 @@ impl Shared {
     /// Retire `blocks` in the current epoch, then advance the epoch (after a publish).
     pub(crate) fn retire_and_advance(&mut self, blocks: Vec<u64>) -> io::Result<()> {
         let e = self.epoch();
+        for &b in &blocks {
+            let t = entry_tier(b);
+            if t != 0 {
+                if let Some(ta) = self.tier_mut(t) {
+                    ta.retire(entry_block(b));
+                }
+            }
+        }
         if !blocks.is_empty() {
             self.retired.push_back((e, blocks));
         }

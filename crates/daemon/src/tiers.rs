@@ -16,6 +16,8 @@ pub(crate) struct TierAlloc {
     pub geom: TierGeom,
     live: Bitmap,
     seg_live: Vec<u32>,
+    /// Per segment: live blocks already replaced, waiting for their epoch.
+    seg_pending: Vec<u32>,
     /// Segments taken by a round in flight (not free even while they hold nothing live).
     busy: Vec<bool>,
     /// Where the next free-segment search starts (segments are used in turn).
@@ -32,6 +34,7 @@ impl TierAlloc {
             geom,
             live: Bitmap::new(geom.blocks()),
             seg_live: vec![0; geom.segments as usize],
+            seg_pending: vec![0; geom.segments as usize],
             busy: vec![false; geom.segments as usize],
             cursor: 1,
             to_trim: Vec::new(),
@@ -85,9 +88,22 @@ impl TierAlloc {
         (self.data_segments() - self.free_segments()) * self.geom.segment_blocks
     }
 
-    /// Live blocks of segment `s`.
+    /// Live blocks of segment `s` (those waiting for their epoch included).
     pub(crate) fn seg_live(&self, s: u64) -> u64 {
         self.seg_live.get(s as usize).map_or(0, |&n| n as u64)
+    }
+
+    /// Live blocks of segment `s` that are still in use (not replaced).
+    pub(crate) fn seg_in_use(&self, s: u64) -> u64 {
+        let pending = self.seg_pending.get(s as usize).map_or(0, |&n| n as u64);
+        self.seg_live(s).saturating_sub(pending)
+    }
+
+    /// Block `b` was replaced: it is freed after its epoch.
+    pub(crate) fn retire(&mut self, b: u64) {
+        if self.geom.block_valid(b) && self.live.get(b) {
+            self.seg_pending[self.geom.segment_of(b) as usize] += 1;
+        }
     }
 
     /// Take a free segment for a round, keeping `reserve` free ones back.
@@ -133,6 +149,8 @@ impl TierAlloc {
         self.live.clear(b);
         let s = self.geom.segment_of(b);
         self.seg_live[s as usize] -= 1;
+        let p = &mut self.seg_pending[s as usize];
+        *p = p.saturating_sub(1);
         if self.seg_live[s as usize] == 0 && !self.busy[s as usize] {
             self.to_trim.push(s);
         }
@@ -168,7 +186,10 @@ mod tests {
         t.release_segment(3);
         assert_eq!(t.to_trim, vec![2, 3]);
         t.to_trim.clear();
+        t.retire(16);
+        assert_eq!((t.seg_live(1), t.seg_in_use(1)), (2, 1));
         assert!(t.free(16));
+        assert_eq!((t.seg_live(1), t.seg_in_use(1)), (1, 1));
         assert!(!t.free(16));
         assert!(t.to_trim.is_empty());
         assert!(t.free(17));
