@@ -254,15 +254,20 @@ fn a_block_device_tier_works() {
 
 #[test]
 fn data_read_often_moves_back_up() {
-    let store = three_tiers("48M", "160M");
+    let store = three_tiers("96M", "160M");
     let fs = store.fs();
     let mut files = BTreeMap::new();
     for i in 0..40u32 {
         fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
         files.insert(i, (0, 2 << 20));
     }
-    // The first files are the coldest: on the HDD or the SSD by now. Read them again and
-    // again (the cache serves the bytes, the hints still count the reads).
+    // Push the coldest data on to the HDD (as `cairn migrate --tier ssd --to hdd`), so
+    // that the SSD has room to take promotions (below its low watermark).
+    let (moved, _) = cairn::daemon_migrate(Some(store.path()), 1, 48 << 20).unwrap();
+    assert!(moved >= 48 << 20, "{moved}");
+    // The first files are the coldest: on the HDD by now. Read them again and again (the
+    // cache serves the bytes, the hints still count the reads): they move to the SSD,
+    // and from there to NVM.
     let deadline = Instant::now() + Duration::from_secs(30);
     let moved_up = |r: &StatusReport| ["nvm", "ssd"].map(|t| tier(r, t).bytes_migrated_up);
     loop {

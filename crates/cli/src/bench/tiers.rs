@@ -120,6 +120,38 @@ pub struct Amplification {
     /// Sectors × 512 the block device under the host directory wrote during the run
     /// (`/sys/dev/block/M:m/stat`; everything on that device).
     pub device_bytes: Option<u64>,
+    /// Cairn: per tier, bytes migrated down out of it, up into it and cleaned in it
+    /// during the run (where the lower tiers' writes come from).
+    pub traffic: Vec<TierTraffic>,
+}
+
+/// One tier's migration traffic during a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierTraffic {
+    pub tier: String,
+    pub migrated_down: u64,
+    pub migrated_up: u64,
+    pub cleaned: u64,
+}
+
+fn traffic(
+    before: &cairn_proto::StatusReport,
+    after: &cairn_proto::StatusReport,
+) -> Vec<TierTraffic> {
+    after
+        .tiers
+        .iter()
+        .map(|a| {
+            let b = before.tiers.iter().find(|t| t.name == a.name);
+            let d = |f: fn(&cairn_proto::TierStatus) -> u64| f(a) - b.map_or(0, f);
+            TierTraffic {
+                tier: a.name.clone(),
+                migrated_down: d(|t| t.bytes_migrated_down),
+                migrated_up: d(|t| t.bytes_migrated_up),
+                cleaned: d(|t| t.bytes_cleaned),
+            }
+        })
+        .collect()
 }
 
 #[derive(Debug, Serialize)]
@@ -171,10 +203,11 @@ fn amplification(
     experiment: &str,
     system: &str,
     app_bytes: u64,
-    cairn: Option<([u64; 4], [u64; 4])>,
+    cairn: Option<(&cairn_proto::StatusReport, &cairn_proto::StatusReport)>,
     device: (Option<u64>, Option<u64>),
 ) -> Amplification {
-    let d = |i: usize| cairn.map_or(0, |(a, b)| b[i].saturating_sub(a[i]));
+    let counters = cairn.map(|(a, b)| (cairn_writes(a), cairn_writes(b)));
+    let d = |i: usize| counters.map_or(0, |(a, b)| b[i].saturating_sub(a[i]));
     Amplification {
         experiment: experiment.into(),
         system: system.into(),
@@ -187,6 +220,7 @@ fn amplification(
             (Some(a), Some(b)) => Some(b.saturating_sub(a)),
             _ => None,
         },
+        traffic: cairn.map_or(Vec::new(), |(a, b)| traffic(a, b)),
     }
 }
 
@@ -454,7 +488,7 @@ pub fn run(args: &TiersArgs) -> CliResult {
         "multilayer",
         "cairn",
         ml_cairn.bytes,
-        Some((cairn_writes(&before.0), cairn_writes(&after.0))),
+        Some((&before.0, &after.0)),
         (before.1, after.1),
     ));
     let mut hf = Vec::new();
@@ -510,7 +544,7 @@ pub fn run(args: &TiersArgs) -> CliResult {
         "zipf",
         "cairn",
         zipf_writes(&z_cairn),
-        Some((cairn_writes(&before.0), cairn_writes(&after.0))),
+        Some((&before.0, &after.0)),
         (before.1, after.1),
     ));
     let hp = host_dir.join("zipf");
