@@ -138,11 +138,11 @@ fn select_hot(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
     Ok(out)
 }
 
-/// Blocks tier `tier` can take by promotion without passing its high watermark (a
-/// lower tier: a segment or nothing).
-fn promotion_room(sh: &Shared, tier: u8, high_pct: u64) -> u64 {
+/// Blocks tier `tier` can take by promotion without passing `limit_pct` of its capacity
+/// (its low watermark; a lower tier: a segment or nothing).
+fn promotion_room(sh: &Shared, tier: u8, limit_pct: u64) -> u64 {
     let (used, cap) = Migrator::usage(sh, tier);
-    let room = (cap * high_pct / 100).saturating_sub(used);
+    let room = (cap * limit_pct / 100).saturating_sub(used);
     match sh.tier(tier) {
         Some(t) if room < t.geom.segment_blocks => 0,
         Some(t) => t.geom.segment_blocks,
@@ -474,8 +474,8 @@ impl Migrator {
             if c.stopped || !needed(&mut c) {
                 return Ok(0);
             }
-            let high = c.cfg.migrate_high_pct.clamp(1, 100) as u64;
-            let room = c.available_credits().min(promotion_room(&c.sh, 0, high));
+            let low = c.cfg.migrate_low_pct.clamp(1, 100) as u64;
+            let room = c.available_credits().min(promotion_room(&c.sh, 0, low));
             let sh = &mut c.sh;
             let dest = if to == 0 {
                 Dest::Nvm(Vec::new())
