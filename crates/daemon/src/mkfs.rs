@@ -245,6 +245,15 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                     ))
                 }
             }
+            // The old store's lower tiers, when they are files the new store does not
+            // reuse (devices are left alone; a reused path is overwritten below).
+            let keep = [&opts.ssd, &opts.hdd].map(|t| t.as_ref().map(|t| t.path.clone()));
+            for p in [old.ssd_path, old.hdd_path].into_iter().flatten() {
+                let file = std::fs::metadata(&p).is_ok_and(|m| m.is_file());
+                if file && !keep.contains(&Some(p.clone())) {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
         }
         let _ = std::fs::remove_file(store.socket_path());
     }
