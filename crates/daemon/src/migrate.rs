@@ -1,15 +1,17 @@
-//! Migration and cleaning across the tiers (Strata's "migrate": NVM → SSD → HDD in whole
-//! segments).
+//! Moves across the tiers (Strata's "migrate": NVM → SSD → HDD in whole segments, and
+//! hot data back up).
 //!
-//! Both are *rounds* that move file blocks into one free segment of a lower tier:
+//! Every move is a *round* of one [`RoundKind`] (migration of the coldest chunks,
+//! evacuation or cleaning of victim segments, promotion of chunks clients read often)
+//! that moves file blocks into one free segment of a lower tier, or, for a promotion
+//! into NVM, into newly allocated NVM blocks:
 //!
-//! 1. under the core lock (serial): take a free segment of the target tier, choose the
-//!    blocks to move (a migration: the coldest chunks of the source tier; cleaning: the
-//!    live blocks of the victim segments), bump the segment's generation in its NVM
-//!    segment-table entry, and hold the current epoch so that no block retired from now
-//!    on is freed (or trimmed) while it is being copied;
+//! 1. under the core lock (serial): take the destination, choose the blocks to move,
+//!    bump a segment's generation in its NVM segment-table entry, and hold the current
+//!    epoch so that no block retired from now on is freed (or trimmed) while it is being
+//!    copied;
 //! 2. without the lock: read the blocks and write the segment with one sequential write,
-//!    then `fdatasync` it;
+//!    then `fdatasync` it (NVM blocks: non-temporal stores and a fence);
 //! 3. under the core lock: for every block whose map entry still names the copied block
 //!    (a digest may have replaced it meanwhile: the newest copy wins), switch the entry
 //!    to the new copy out of place (map nodes copied, written back, fenced) and publish

@@ -283,8 +283,9 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     r
 }
 
-/// Blocks a migration for space credits frees at least (4 MiB).
-const CREDIT_ROOM: u64 = 1024;
+/// Free NVM blocks a digest that failed for lack of space asks the migrator for (4 MiB,
+/// or the log's size if larger).
+const DIGEST_ROOM: u64 = 1024;
 
 /// The background migration and cleaning policy of tier `from` (`Migrator::tick`), every
 /// 100 ms, when a digest or a credit request found NVM above the high watermark, and at
@@ -511,7 +512,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             if full && !core.sh.tiers.is_empty() {
                 // NVM is full (a restarted daemon may have promised space a log still
                 // needed): move cold data down and try once more.
-                let want = core.sh.layout.log_blocks.max(CREDIT_ROOM);
+                let want = core.sh.layout.log_blocks.max(DIGEST_ROOM);
                 drop(core);
                 d.migrator.free_nvm(
                     &d.core,

@@ -125,13 +125,13 @@ pub struct Amplification {
     pub traffic: Vec<TierTraffic>,
 }
 
-/// One tier's migration traffic during a run.
+/// One tier's migration traffic during a run (`bytes_migrated_down`,
+/// `bytes_migrated_up`, `bytes_cleaned`, as in `cairn status`).
 #[derive(Debug, Clone, Serialize)]
 pub struct TierTraffic {
     pub tier: String,
-    pub migrated_down: u64,
-    pub migrated_up: u64,
-    pub cleaned: u64,
+    #[serde(flatten)]
+    pub bytes: cairn_proto::TierTraffic,
 }
 
 fn traffic(
@@ -146,9 +146,11 @@ fn traffic(
             let d = |f: fn(&cairn_proto::TierStatus) -> u64| f(a) - b.map_or(0, f);
             TierTraffic {
                 tier: a.name.clone(),
-                migrated_down: d(|t| t.bytes_migrated_down),
-                migrated_up: d(|t| t.bytes_migrated_up),
-                cleaned: d(|t| t.bytes_cleaned),
+                bytes: cairn_proto::TierTraffic {
+                    bytes_migrated_down: d(|t| t.bytes_migrated_down),
+                    bytes_migrated_up: d(|t| t.bytes_migrated_up),
+                    bytes_cleaned: d(|t| t.bytes_cleaned),
+                },
             }
         })
         .collect()
