@@ -8,7 +8,7 @@
 //! gives new files to the calling user. By default attributes and entries are not
 //! cached by the kernel (TTL 0), so that changes other clients make are seen at once.
 
-use cairn::{At, File, Fs, LockKind, LockType, Metadata, OpenOptions};
+use cairn::{At, File, FlockOp, Fs, LockKind, LockType, Metadata, OpenOptions};
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
@@ -188,11 +188,14 @@ impl Inner {
         Ok(lock(&self.locks).entry((ino, owner)).or_insert(h).clone())
     }
 
-    /// `owner` closed a descriptor of `ino`: its locks on it go.
+    /// `owner` closed a descriptor of `ino` (a process's record locks) or released its
+    /// last one (an open file's `flock`): its locks on it go, even while a waiter of the
+    /// same owner still holds the handle.
     fn drop_locks(&self, ino: u64, owner: u64) {
         let h = lock(&self.locks).remove(&(ino, owner));
         if let Some(h) = h {
             let _ = h.unlock(LockKind::Ofd, 0, 0);
+            let _ = h.flock(FlockOp::Unlock, true);
         }
     }
 
@@ -288,8 +291,9 @@ fn lock_type(typ: i32) -> Option<LockType> {
 
 impl Filesystem for CairnFuse {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), i32> {
-        // POSIX locks go to the daemon (shared with every client), not the kernel.
-        let _ = config.add_capabilities(fuser::consts::FUSE_POSIX_LOCKS);
+        // POSIX and BSD locks go to the daemon (shared with every client), not the kernel.
+        let _ = config
+            .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
         Ok(())
     }
 
@@ -371,6 +375,43 @@ impl Filesystem for CairnFuse {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
+        });
+    }
+
+    /// `flock(2)`: the lock of one open file (`lock_owner`), the same lock a shim or API
+    /// client's `flock` takes, so BSD locks hold across every client of the store.
+    fn flock(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        lock_owner: u64,
+        typ: i32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let op = match typ {
+                libc::F_RDLCK => FlockOp::Shared,
+                libc::F_WRLCK => FlockOp::Exclusive,
+                libc::F_UNLCK => FlockOp::Unlock,
+                _ => return reply.error(libc::EINVAL),
+            };
+            let h = match s.lock_handle(ino, lock_owner) {
+                Ok(h) => h,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            let answer = move |r: io::Result<()>| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            };
+            if sleep && op != FlockOp::Unlock {
+                // As for setlk: a waiter must not hold up the other requests.
+                std::thread::spawn(move || answer(h.flock(op, false)));
+                return;
+            }
+            answer(h.flock(op, true));
         });
     }
 

@@ -351,6 +351,98 @@ print('got', flush=True)",
 }
 
 #[test]
+fn flock_on_the_mount_is_the_stores() {
+    use std::io::Write;
+    let m = Mount::new();
+    let root = m.dir.path().to_path_buf();
+    std::fs::write(m.path("fl"), b"x").unwrap();
+    let mut p = python(
+        &root,
+        "import fcntl, sys
+f = open('fl', 'r')
+fcntl.flock(f, fcntl.LOCK_EX)
+print('locked', flush=True)
+sys.stdin.readline()",
+    );
+    assert_eq!(line(&mut p), "locked");
+    let try_flock = |how: &str| {
+        let code = format!(
+            "import fcntl
+f = open('fl', 'r')
+try:
+    fcntl.flock(f, fcntl.{how} | fcntl.LOCK_NB)
+    print('got')
+except BlockingIOError:
+    print('busy')"
+        );
+        sh(&root, &format!("python3 -c \"{code}\""))
+            .trim()
+            .to_string()
+    };
+    // Another process on the mount is refused, for a shared lock too.
+    assert_eq!(try_flock("LOCK_EX"), "busy");
+    assert_eq!(try_flock("LOCK_SH"), "busy");
+    // An API client: the same lock table (the daemon's), not the kernel's.
+    let fs = m.store.fs();
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .open(&fs, "/fl")
+        .unwrap();
+    let e = f.flock(cairn::FlockOp::Shared, true).unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::EWOULDBLOCK, "{e}");
+    // flock and POSIX locks are independent, as on Linux.
+    let g = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "/fl")
+        .unwrap();
+    g.lock(cairn::LockKind::Posix, cairn::LockType::Write, 0, 0, false)
+        .unwrap();
+    g.unlock(cairn::LockKind::Posix, 0, 0).unwrap();
+    // A waiter on the mount gets the lock when the holder exits (its file closes).
+    let mut w = python(
+        &root,
+        "import fcntl, sys
+f = open('fl', 'r')
+fcntl.flock(f, fcntl.LOCK_SH)
+print('got', flush=True)
+sys.stdin.readline()",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    writeln!(p.stdin.as_mut().unwrap()).unwrap();
+    p.wait().unwrap();
+    assert_eq!(line(&mut w), "got");
+    // Shared with the waiter's lock: granted; exclusive: refused.
+    f.flock(cairn::FlockOp::Shared, true).unwrap();
+    assert_eq!(try_flock("LOCK_EX"), "busy");
+    writeln!(w.stdin.as_mut().unwrap()).unwrap();
+    w.wait().unwrap();
+    // The API client's shared lock still keeps an exclusive one out; unlocked, it does not.
+    assert_eq!(try_flock("LOCK_EX"), "busy");
+    f.flock(cairn::FlockOp::Unlock, true).unwrap();
+    assert_eq!(try_flock("LOCK_EX"), "got");
+    // flock(LOCK_UN) through the mount lets the API client in at once.
+    let mut q = python(
+        &root,
+        "import fcntl, sys
+f = open('fl', 'r')
+fcntl.flock(f, fcntl.LOCK_EX)
+print('locked', flush=True)
+sys.stdin.readline()
+fcntl.flock(f, fcntl.LOCK_UN)
+print('unlocked', flush=True)
+sys.stdin.readline()",
+    );
+    assert_eq!(line(&mut q), "locked");
+    assert!(f.flock(cairn::FlockOp::Exclusive, true).is_err());
+    writeln!(q.stdin.as_mut().unwrap()).unwrap();
+    assert_eq!(line(&mut q), "unlocked");
+    f.flock(cairn::FlockOp::Exclusive, true).unwrap();
+    writeln!(q.stdin.as_mut().unwrap()).unwrap();
+    q.wait().unwrap();
+}
+
+#[test]
 fn rocksdb_redis_and_fio_on_the_mount() {
     let m = Mount::new();
     let root = m.dir.path().to_path_buf();
