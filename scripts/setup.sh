@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The minimum Rust version of the workspace (Cargo.toml: rust-version).
-RUST_MIN="1.80"
+RUST_MIN="1.88"
 
 log() { echo "setup: $*"; }
 

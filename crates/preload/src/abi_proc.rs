@@ -290,3 +290,35 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 pub unsafe extern "C" fn vfork() -> libc::pid_t {
     unsafe { libc::fork() }
 }
+
+// `execl`, `execle` and `execlp` are variadic, which stable Rust cannot define: their
+// bodies are C (`c/execl.c`), which gathers the arguments and calls `execve`/`execvp`
+// above. The exported symbols are these naked Rust functions (rustc exports only Rust's
+// own symbols from a cdylib): each is one jump, which leaves the argument registers, the
+// stack and `%al` (the variadic call's vector-register count) as the caller set them.
+extern "C" {
+    fn cairn_execl(path: *const c_char, arg0: *const c_char, ...) -> c_int;
+    fn cairn_execle(path: *const c_char, arg0: *const c_char, ...) -> c_int;
+    fn cairn_execlp(file: *const c_char, arg0: *const c_char, ...) -> c_int;
+}
+
+/// `execl(path, arg0, ..., NULL)`.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn execl(_path: *const c_char, _arg0: *const c_char) -> c_int {
+    core::arch::naked_asm!("jmp {}", sym cairn_execl)
+}
+
+/// `execle(path, arg0, ..., NULL, envp)`.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn execle(_path: *const c_char, _arg0: *const c_char) -> c_int {
+    core::arch::naked_asm!("jmp {}", sym cairn_execle)
+}
+
+/// `execlp(file, arg0, ..., NULL)`.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn execlp(_file: *const c_char, _arg0: *const c_char) -> c_int {
+    core::arch::naked_asm!("jmp {}", sym cairn_execlp)
+}

@@ -723,3 +723,91 @@ sys.stdin.readline()
         }
     }
 }
+
+/// `execl`, `execle` and `execlp` (variadic: C in the library) prepare exec like
+/// `execve`: a descriptor opened since the last fork, of a file created and not yet
+/// digested, works in the new program; arguments past the registers arrive; `execle`'s
+/// environment is the one given.
+#[test]
+fn variadic_execs_are_prepared_like_execve() {
+    let store = TestStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("execs.c");
+    let bin = dir.path().join("execs");
+    std::fs::write(
+        &src,
+        r#"#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+extern char **environ;
+static void child(int which) {
+    char path[64], script[128];
+    snprintf(path, sizeof path, "/cairn/out%d", which);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0 || write(fd, "before ", 7) != 7) _exit(100);
+    snprintf(script, sizeof script, "echo \"$FOO\" \"$@\" >&%d", fd);
+    if (which == 0) {
+        execl("/bin/sh", "sh", "-c", script, "x", "1", "2", "3", "4", "5", "6", "7", (char *)0);
+    } else if (which == 1) {
+        /* The environment, with FOO changed (Cairn's own variables stay). */
+        char *env[256];
+        int n = 0;
+        for (char **e = environ; *e && n < 254; e++)
+            if (strncmp(*e, "FOO=", 4) != 0) env[n++] = *e;
+        env[n++] = "FOO=from-execle";
+        env[n] = NULL;
+        execle("/bin/sh", "sh", "-c", script, "x", "a", (char *)0, env);
+    } else {
+        execlp("sh", "sh", "-c", script, "x", "p", (char *)0);
+    }
+    _exit(101);
+}
+int main(void) {
+    for (int i = 0; i < 3; i++) {
+        pid_t p = fork();
+        if (p == 0) child(i);
+        int st;
+        if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "child %d: status %d\n", i, st);
+            return 1;
+        }
+    }
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .arg("run")
+        .arg("--")
+        .arg(&bin)
+        .env("FOO", "inherited")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fs = store.fs();
+    let read = |p: &str| String::from_utf8(fs.read(p).unwrap()).unwrap();
+    assert_eq!(read("/out0"), "before inherited 1 2 3 4 5 6 7\n");
+    assert_eq!(read("/out1"), "before from-execle a\n");
+    assert_eq!(read("/out2"), "before inherited p\n");
+}
