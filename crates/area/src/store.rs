@@ -277,6 +277,10 @@ impl StoreDir {
     pub fn daemon_log_path(&self) -> PathBuf {
         self.path.join("cairnd.log")
     }
+    /// The daemon's journal of extended attributes.
+    pub fn xattr_path(&self) -> PathBuf {
+        self.path.join("xattrs")
+    }
     pub fn slots_dir(&self) -> PathBuf {
         self.path.join("slots")
     }

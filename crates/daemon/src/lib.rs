@@ -32,6 +32,7 @@ mod server;
 mod shared;
 mod tiers;
 mod util;
+mod xattr;
 
 #[cfg(test)]
 mod tests;

@@ -287,6 +287,14 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                     .open(store.slot_lock_path(s))?;
                 restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
             }
+            // The old store's extended attributes go with it (the daemon starts a new
+            // journal).
+            for ext in ["", "tmp", "old"] {
+                match std::fs::remove_file(store.xattr_path().with_extension(ext)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
             // The trust domain may run the daemon: its lock and log files are theirs too.
             for p in [store.daemon_lock_path(), store.daemon_log_path()] {
                 OpenOptions::new().append(true).create(true).open(&p)?;
@@ -325,7 +333,7 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
 /// Give `path` the mode that lets exactly the trust domain use it: `owner_mode` without a
 /// trusted group; with one, `group_mode` and that group (docs/FORMAT.md, "The store
 /// directory").
-fn restrict(
+pub(crate) fn restrict(
     path: &std::path::Path,
     trusted_gid: Option<u32>,
     owner_mode: u32,

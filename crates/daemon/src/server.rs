@@ -59,6 +59,8 @@ struct Daemon {
     leases: Arc<crate::leases::Leases>,
     /// Migration and cleaning rounds (one at a time).
     migrator: crate::migrate::Migrator,
+    /// Extended attributes (their own mutex; taken before `core`, never while holding it).
+    xattrs: std::sync::Mutex<crate::xattr::Xattrs>,
 }
 
 impl Daemon {
@@ -190,6 +192,13 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
             }
         }
     }
+    let trusted_gid = core.cfg.trusted_gid;
+    let xattrs = crate::xattr::Xattrs::open(
+        &store.xattr_path(),
+        core.sh.area.superblock().uuid,
+        Box::new(move |p| crate::mkfs::restrict(p, trusted_gid, 0o600, 0o660)),
+        &|note| log.log(format!("extended attributes: {note}")),
+    )?;
     sys::install_termination_flag()?;
     log.log(format!("listening on {}", sock.display()));
     let leases = core.leases.clone();
@@ -203,6 +212,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         uid: sys::ids().0,
         locks: crate::locks::LockService::default(),
         migrator: Default::default(),
+        xattrs: std::sync::Mutex::new(xattrs),
     });
     d.locks.set_recaller(d.leases.clone());
     let timer = {
@@ -626,6 +636,12 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             }
         }
         Request::Lease { ino, write } => lease(d, c, ino, write),
+        Request::Xattr { ino, op } => {
+            let Some(slot) = c.slot else {
+                return Reply::Send(not_registered());
+            };
+            Reply::Send(xattr_call(d, slot, ino, op).unwrap_or_else(|e| err_response(&e)))
+        }
         Request::UpcallChannel { slot, slot_gen } => upcall_channel(d, c, slot, slot_gen),
         Request::Commit {
             lsn,
@@ -688,6 +704,92 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             }
         }
     }
+}
+
+/// `Xattr`: an extended-attribute call on `ino` by `slot`'s client, checked against the
+/// inode as published (the client digested its own records about it first, and holds a
+/// lease, so no other client has unpublished changes to it) and the client's
+/// credentials (`cairn_format::xattr` has the rules).
+fn xattr_call(d: &Daemon, slot: u32, ino: u64, op: cairn_proto::XattrOp) -> io::Result<Response> {
+    use cairn_format::inode::Kind;
+    use cairn_format::xattr::{self as rules, Access};
+    use cairn_proto::XattrOp;
+    let (inode, cred) = {
+        let core = d.core();
+        if !core.sh.layout.ino_valid(ino) {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("xattr: bad inode number {ino}"),
+            ));
+        }
+        (core.sh.inode(ino)?, crate::perm::slot_cred(&core.sh, slot)?)
+    };
+    if inode.attrs.kind == Kind::Free {
+        return Err(fs_err(
+            libc::ENOENT,
+            format!("xattr: inode {ino} does not exist"),
+        ));
+    }
+    let generation = inode.generation;
+    let checked = |name: &[u8], access: Access, what: &str| -> io::Result<()> {
+        let shown = String::from_utf8_lossy(name);
+        let ns = rules::namespace(name).map_err(|n| {
+            fs_err(
+                n,
+                format!("{what} {shown}: not a name Cairn stores (user., trusted. or security.)"),
+            )
+        })?;
+        rules::check(&cred, &inode.attrs, ns, access).map_err(|n| {
+            let why = match n {
+                libc::ENODATA => "no such attribute",
+                libc::EACCES => "permission denied",
+                _ => "not permitted for this caller or file type",
+            };
+            fs_err(n, format!("{what} {shown}: {why}"))
+        })
+    };
+    let live = |i: u64, g: u64| {
+        let core = d.core();
+        core.sh
+            .inode(i)
+            .is_ok_and(|n| n.attrs.kind != Kind::Free && n.generation == g)
+    };
+    let mut x = d.xattrs.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(match op {
+        XattrOp::List => Response::XattrNames(
+            x.of(ino, generation)
+                .into_iter()
+                .flat_map(|a| a.keys())
+                .filter(|n| rules::listed(&cred, n))
+                .cloned()
+                .collect(),
+        ),
+        XattrOp::Get { name } => {
+            checked(&name, Access::Get, "getxattr")?;
+            match x.of(ino, generation).and_then(|a| a.get(&name)) {
+                Some(v) => Response::XattrValue(v.clone()),
+                None => {
+                    return Err(fs_err(
+                        libc::ENODATA,
+                        format!(
+                            "getxattr {}: no such attribute",
+                            String::from_utf8_lossy(&name)
+                        ),
+                    ))
+                }
+            }
+        }
+        XattrOp::Set { name, value, flags } => {
+            checked(&name, Access::Change, "setxattr")?;
+            x.change(ino, generation, &name, Some(&value), flags, &live)?;
+            Response::Ok
+        }
+        XattrOp::Remove { name } => {
+            checked(&name, Access::Change, "removexattr")?;
+            x.change(ino, generation, &name, None, 0, &live)?;
+            Response::Ok
+        }
+    })
 }
 
 /// `Lease`: wait until granted (PROTOCOL.md, "Leases"). Runs without the core lock

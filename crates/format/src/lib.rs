@@ -11,6 +11,7 @@ pub mod perm;
 pub mod slot;
 pub mod superblock;
 pub mod tier;
+pub mod xattr;
 
 /// Size of a block in every region of the NVM tier.
 pub const BLOCK_SIZE: usize = 4096;

@@ -281,6 +281,18 @@ fn lock_range(start: u64, end: u64) -> (u64, u64) {
     }
 }
 
+/// Answer `getxattr`/`listxattr`: the size for a size query (`size` 0), else the bytes,
+/// or `ERANGE` if they do not fit.
+fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(v.len() as u32);
+    } else if v.len() > size as usize {
+        reply.error(libc::ERANGE);
+    } else {
+        reply.data(v);
+    }
+}
+
 fn lock_type(typ: i32) -> Option<LockType> {
     match typ {
         libc::F_RDLCK => Some(LockType::Read),
@@ -836,34 +848,63 @@ impl Filesystem for CairnFuse {
         });
     }
 
-    fn getxattr(&mut self, _r: &Request<'_>, _ino: u64, _n: &OsStr, _s: u32, reply: ReplyXattr) {
-        // Extended attributes are not stored (ARCHITECTURE.md, Limits).
-        reply.error(libc::ENODATA);
+    fn getxattr(&mut self, _r: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.as_bytes().to_vec();
+        let s = self.inner.clone();
+        self.pool
+            .run(move || match s.fs.get_xattr(At::inode(ino), &name, true) {
+                Ok(v) => xattr_reply(&v, size, reply),
+                Err(e) => reply.error(errno(&e)),
+            });
     }
 
-    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&mut self, req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
+        // The mount's client is root: `trusted.` names are for root callers only.
+        let root = req.uid() == 0;
+        let s = self.inner.clone();
+        self.pool
+            .run(move || match s.fs.list_xattr(At::inode(ino), true) {
+                Ok(names) => {
+                    let mut v = Vec::new();
+                    for n in names.iter().filter(|n| root || !n.starts_with(b"trusted.")) {
+                        v.extend_from_slice(n);
+                        v.push(0);
+                    }
+                    xattr_reply(&v, size, reply)
+                }
+                Err(e) => reply.error(errno(&e)),
+            });
     }
 
     fn setxattr(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(libc::ENOTSUP);
+        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        let s = self.inner.clone();
+        self.pool.run(
+            move || match s.fs.set_xattr(At::inode(ino), &name, &value, flags, true) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            },
+        );
     }
 
-    fn removexattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(libc::ENODATA);
+    fn removexattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes().to_vec();
+        let s = self.inner.clone();
+        self.pool.run(
+            move || match s.fs.remove_xattr(At::inode(ino), &name, true) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            },
+        );
     }
 
     fn fallocate(

@@ -19,7 +19,7 @@ use cairn_format::log::{
 };
 use cairn_format::{BLOCK_SIZE_U64, MAX_FILE_SIZE, ROOT_INO};
 use cairn_media::{fence, sys, Mapping};
-use cairn_proto::{Registration, Request, Response, StatusReport, Upcall};
+use cairn_proto::{Registration, Request, Response, StatusReport, Upcall, XattrOp};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
@@ -1876,6 +1876,69 @@ impl Inner {
             let w = self.walk(st, p, false, &op)?;
             let (ino, _) = Self::need_found(&w, &op)?;
             self.metadata_of(st, ino)
+        })
+    }
+
+    /// An extended-attribute call on the file `p` names (its symlink itself unless
+    /// `follow`): answered by the daemon, which keeps attributes (ARCHITECTURE.md,
+    /// "Extended attributes"), once this client holds a lease on the inode and its own
+    /// records are digested, so the daemon checks the caller against current attributes.
+    pub(crate) fn xattr(&self, p: At<'_>, follow: bool, op: XattrOp) -> io::Result<Response> {
+        let what = match &op {
+            XattrOp::Get { .. } => "getxattr",
+            XattrOp::List => "listxattr",
+            XattrOp::Set { .. } => "setxattr",
+            XattrOp::Remove { .. } => "removexattr",
+        };
+        let opname = format!("{what} {}", p.display());
+        // The name is checked as Linux does: its length before the path is looked up,
+        // its namespace after (a call on an inode looks nothing up).
+        let name = match &op {
+            XattrOp::Get { name } | XattrOp::Set { name, .. } | XattrOp::Remove { name } => {
+                Some(name.as_slice())
+            }
+            XattrOp::List => None,
+        };
+        let bad_name = |n: i32| {
+            let shown = String::from_utf8_lossy(name.unwrap_or_default()).into_owned();
+            let why = match n {
+                libc::ERANGE => "the name is empty or longer than 255 bytes",
+                libc::EINVAL => "the name has no part after its namespace",
+                _ => "Cairn stores user., trusted. and security. attributes only",
+            };
+            fs_err(n, format!("{opname} {shown}: {why}"))
+        };
+        let check_ns = || match name.map(cairn_format::xattr::namespace) {
+            Some(Err(n)) => Err(bad_name(n)),
+            _ => Ok(()),
+        };
+        if name.is_some_and(|n| n.is_empty() || n.len() > cairn_format::xattr::NAME_MAX) {
+            return Err(bad_name(libc::ERANGE));
+        }
+        if p.is_inode() {
+            check_ns()?;
+        }
+        self.run(|st| {
+            let w = self.walk(st, p, follow, &opname)?;
+            let (ino, _) = Self::need_found(&w, &opname)?;
+            check_ns()?;
+            self.attrs(st, ino)?;
+            if st.ph < st.tail {
+                self.digest_wait(st)?;
+            }
+            let r = self.request(
+                st,
+                &Request::Xattr {
+                    ino,
+                    op: op.clone(),
+                },
+            )?;
+            match r {
+                Response::Error { errno, message } => {
+                    Err(fs_err(errno, format!("{}: {message}", p.display())))
+                }
+                r => Ok(r),
+            }
         })
     }
 

@@ -44,7 +44,7 @@ pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
 
 use cairn_area::{fs_err, StoreDir};
-use cairn_proto::{Request, Response, StatusReport};
+use cairn_proto::{Request, Response, StatusReport, XattrOp};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -209,6 +209,64 @@ impl Fs {
     /// The target of a symbolic link.
     pub fn read_link(&self, p: impl Loc) -> io::Result<PathBuf> {
         self.inner.read_link(p.at())
+    }
+
+    /// The value of extended attribute `name` (`getxattr`; `lgetxattr` unless `follow`).
+    /// `ENODATA` if it has none. Names are `user.*`, `trusted.*` (root) or `security.*`;
+    /// the rules are Linux's (ARCHITECTURE.md, "Extended attributes").
+    pub fn get_xattr(&self, p: impl Loc, name: &[u8], follow: bool) -> io::Result<Vec<u8>> {
+        let op = XattrOp::Get {
+            name: name.to_vec(),
+        };
+        match self.inner.xattr(p.at(), follow, op)? {
+            Response::XattrValue(v) => Ok(v),
+            r => Err(conn::response_error("getxattr", r)),
+        }
+    }
+
+    /// The names of the extended attributes the caller may see (`listxattr`), sorted.
+    pub fn list_xattr(&self, p: impl Loc, follow: bool) -> io::Result<Vec<Vec<u8>>> {
+        match self.inner.xattr(p.at(), follow, XattrOp::List)? {
+            Response::XattrNames(v) => Ok(v),
+            r => Err(conn::response_error("listxattr", r)),
+        }
+    }
+
+    /// Set extended attribute `name` (`setxattr`): durable when this returns. `flags`:
+    /// 0, `libc::XATTR_CREATE` (`EEXIST` if it exists) or `libc::XATTR_REPLACE`
+    /// (`ENODATA` if it does not). Values up to 64 KiB (`E2BIG`); an inode holds up to
+    /// 68 KiB of names and values (`ENOSPC`).
+    pub fn set_xattr(
+        &self,
+        p: impl Loc,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        follow: bool,
+    ) -> io::Result<()> {
+        if flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
+            return Err(fs_err(libc::EINVAL, "setxattr: unknown flags"));
+        }
+        let op = XattrOp::Set {
+            name: name.to_vec(),
+            value: value.to_vec(),
+            flags: flags as u32,
+        };
+        match self.inner.xattr(p.at(), follow, op)? {
+            Response::Ok => Ok(()),
+            r => Err(conn::response_error("setxattr", r)),
+        }
+    }
+
+    /// Remove extended attribute `name` (`removexattr`; `ENODATA` if there is none).
+    pub fn remove_xattr(&self, p: impl Loc, name: &[u8], follow: bool) -> io::Result<()> {
+        let op = XattrOp::Remove {
+            name: name.to_vec(),
+        };
+        match self.inner.xattr(p.at(), follow, op)? {
+            Response::Ok => Ok(()),
+            r => Err(conn::response_error("removexattr", r)),
+        }
     }
 
     /// Metadata, following symlinks.

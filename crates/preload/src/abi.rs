@@ -144,6 +144,28 @@ pub unsafe fn copy_cstr(s: &[u8], buf: *mut c_char, n: usize) -> io::Result<()> 
     Ok(())
 }
 
+/// Answer a `getxattr`/`listxattr`-style call: the length of `v` when `n` is 0 (a size
+/// query), else `v` copied into `buf` (`ERANGE` if it does not fit).
+///
+/// SAFETY: `buf` is valid for `n` bytes.
+pub unsafe fn give_bytes(v: &[u8], buf: *mut libc::c_void, n: usize) -> io::Result<isize> {
+    if n != 0 {
+        if v.len() > n {
+            return Err(err(libc::ERANGE, "buffer too small for the answer"));
+        }
+        // SAFETY: `buf` holds `n >= v.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), buf as *mut u8, v.len()) };
+    }
+    Ok(v.len() as isize)
+}
+
+/// An attribute name argument (`EFAULT` if NULL).
+///
+/// SAFETY: `p` is NULL or a C string.
+pub unsafe fn xattr_name<'a>(p: *const c_char) -> io::Result<&'a [u8]> {
+    unsafe { cbytes(p) }.ok_or_else(|| err(libc::EFAULT, "NULL attribute name"))
+}
+
 /// A `malloc`ed copy of `s` as a C string (the caller frees it).
 pub fn malloc_cstr(s: &[u8]) -> io::Result<*mut c_char> {
     // SAFETY: malloc of `len + 1` bytes, checked for NULL, then filled.

@@ -1,7 +1,9 @@
 //! Calls on descriptors: data, positions, sync, sizes, metadata, dup, fcntl, locks.
 //! SAFETY: see `abi.rs` (the POSIX contract of each function).
 
-use crate::abi::{fd_call, fill_stat, fill_statx, inode_path, ok0, run, slice, slice_mut};
+use crate::abi::{
+    fd_call, fill_stat, fill_statx, give_bytes, inode_path, ok0, run, slice, slice_mut, xattr_name,
+};
 use crate::ops;
 use crate::real::{self, set_errno};
 use crate::state::err;
@@ -552,6 +554,36 @@ pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
     unsafe { futimens(fd, ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr())) }
 }
 
+/// Whether `e` says that `o` is a directory removed while open: Cairn frees its inode at
+/// once (Linux keeps it while open), and its attributes with it.
+fn removed_dir(o: &Ofd, e: &io::Error) -> bool {
+    o.dir && crate::state::errno_of(e) == libc::ENOENT
+}
+
+/// `fgetxattr`: on a directory removed while open, `ENODATA` for a valid name (as for
+/// `fstat`, which answers from what `open` saw, the descriptor stays usable; LibFS
+/// checks the name before the inode).
+fn fgetxattr_of(o: &Ofd, name: &[u8]) -> io::Result<Vec<u8>> {
+    ops::getxattr(&inode_path(o), name, true).map_err(|e| {
+        if removed_dir(o, &e) {
+            err(
+                libc::ENODATA,
+                "fgetxattr: the directory was removed, with its attributes",
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// `flistxattr`: empty on a directory removed while open.
+fn flistxattr_of(o: &Ofd) -> io::Result<Vec<u8>> {
+    match ops::listxattr(&inode_path(o), true) {
+        Err(e) if removed_dir(o, &e) => Ok(Vec::new()),
+        r => r,
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn fgetxattr(
     fd: c_int,
@@ -562,9 +594,15 @@ pub unsafe extern "C" fn fgetxattr(
     if !table::is_cairn(fd) {
         return unsafe { real::fgetxattr(fd, name, v, n) };
     }
-    run("fgetxattr", || {
-        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
-    })
+    fd_call(
+        "fgetxattr",
+        fd,
+        || unsafe { real::fgetxattr(fd, name, v, n) },
+        |o| unsafe {
+            let value = fgetxattr_of(&o, xattr_name(name)?)?;
+            give_bytes(&value, v, n)
+        },
+    )
 }
 
 #[no_mangle]
@@ -578,12 +616,20 @@ pub unsafe extern "C" fn fsetxattr(
     if !table::is_cairn(fd) {
         return unsafe { real::fsetxattr(fd, name, v, n, fl) };
     }
-    run("fsetxattr", || {
-        Err(err(
-            libc::ENOTSUP,
-            "extended attributes are not supported on Cairn",
-        ))
-    })
+    fd_call(
+        "fsetxattr",
+        fd,
+        || unsafe { real::fsetxattr(fd, name, v, n, fl) },
+        |o| unsafe {
+            ok0(ops::setxattr(
+                &inode_path(&o),
+                xattr_name(name)?,
+                slice(v, n),
+                fl,
+                true,
+            ))
+        },
+    )
 }
 
 #[no_mangle]
@@ -591,7 +637,12 @@ pub unsafe extern "C" fn flistxattr(fd: c_int, l: *mut libc::c_char, n: size_t) 
     if !table::is_cairn(fd) {
         return unsafe { real::flistxattr(fd, l, n) };
     }
-    0
+    fd_call(
+        "flistxattr",
+        fd,
+        || unsafe { real::flistxattr(fd, l, n) },
+        |o| unsafe { give_bytes(&flistxattr_of(&o)?, l as *mut c_void, n) },
+    )
 }
 
 #[no_mangle]
@@ -599,9 +650,12 @@ pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const libc::c_char) -> c
     if !table::is_cairn(fd) {
         return unsafe { real::fremovexattr(fd, name) };
     }
-    run("fremovexattr", || {
-        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
-    })
+    fd_call(
+        "fremovexattr",
+        fd,
+        || unsafe { real::fremovexattr(fd, name) },
+        |o| unsafe { ok0(ops::removexattr(&inode_path(&o), xattr_name(name)?, true)) },
+    )
 }
 
 // ---- dup and fcntl --------------------------------------------------------------------

@@ -1,6 +1,9 @@
 //! Calls that take paths. SAFETY: see `abi.rs` (the POSIX contract of each function).
 
-use crate::abi::{both_cairn, empty_path, fd_call, fill_stat, ok0, path_call, route, run, Route};
+use crate::abi::{
+    both_cairn, empty_path, fd_call, fill_stat, give_bytes, ok0, path_call, route, run, slice,
+    xattr_name, Route,
+};
 use crate::ops::{self, CPath};
 use crate::real;
 use crate::state::err;
@@ -829,7 +832,7 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: libc::off64_t) -> c_
     unsafe { truncate64(path, len) }
 }
 
-// ---- extended attributes: none are stored on Cairn -------------------------------------------
+// ---- extended attributes (kept by the daemon) ---------------------------------------------
 
 macro_rules! xattr_get {
     ($name:ident, $follow:expr) => {
@@ -846,10 +849,7 @@ macro_rules! xattr_get {
                     FDCWD,
                     path,
                     |p| real::$name(p, n, v, sz),
-                    |cp| {
-                        ops::stat(cp, $follow)?;
-                        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
-                    },
+                    |cp| give_bytes(&ops::getxattr(cp, xattr_name(n)?, $follow)?, v, sz),
                 )
             }
         }
@@ -874,13 +874,7 @@ macro_rules! xattr_set {
                     FDCWD,
                     path,
                     |p| real::$name(p, n, v, sz, fl),
-                    |cp| {
-                        ops::stat(cp, $follow)?;
-                        Err(err(
-                            libc::ENOTSUP,
-                            "extended attributes are not supported on Cairn",
-                        ))
-                    },
+                    |cp| ok0(ops::setxattr(cp, xattr_name(n)?, slice(v, sz), fl, $follow)),
                 )
             }
         }
@@ -899,10 +893,7 @@ macro_rules! xattr_list {
                     FDCWD,
                     path,
                     |p| real::$name(p, l, sz),
-                    |cp| {
-                        ops::stat(cp, $follow)?;
-                        Ok(0)
-                    },
+                    |cp| give_bytes(&ops::listxattr(cp, $follow)?, l as *mut c_void, sz),
                 )
             }
         }
@@ -921,10 +912,7 @@ macro_rules! xattr_remove {
                     FDCWD,
                     path,
                     |p| real::$name(p, n),
-                    |cp| {
-                        ops::stat(cp, $follow)?;
-                        Err(err(libc::ENODATA, "no extended attributes on Cairn"))
-                    },
+                    |cp| ok0(ops::removexattr(cp, xattr_name(n)?, $follow)),
                 )
             }
         }

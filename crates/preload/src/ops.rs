@@ -538,6 +538,37 @@ pub fn chmod(cp: &CPath, mode: u32, follow: bool) -> io::Result<()> {
     fs.set_permissions(cp.at(), cairn::Permissions::from_mode(mode & 0o7777))
 }
 
+/// Extended attributes: `Fs::get_xattr` and friends (the daemon keeps them).
+pub fn getxattr(cp: &CPath, name: &[u8], follow: bool) -> io::Result<Vec<u8>> {
+    fs()?.get_xattr(cp.at(), name, follow)
+}
+
+/// `listxattr`'s answer: the names, each ending in NUL.
+pub fn listxattr(cp: &CPath, follow: bool) -> io::Result<Vec<u8>> {
+    let names = fs()?.list_xattr(cp.at(), follow)?;
+    Ok(names
+        .into_iter()
+        .flat_map(|mut n| {
+            n.push(0);
+            n
+        })
+        .collect())
+}
+
+pub fn setxattr(
+    cp: &CPath,
+    name: &[u8],
+    value: &[u8],
+    flags: c_int,
+    follow: bool,
+) -> io::Result<()> {
+    fs()?.set_xattr(cp.at(), name, value, flags, follow)
+}
+
+pub fn removexattr(cp: &CPath, name: &[u8], follow: bool) -> io::Result<()> {
+    fs()?.remove_xattr(cp.at(), name, follow)
+}
+
 pub fn chown(cp: &CPath, uid: u32, gid: u32, follow: bool) -> io::Result<()> {
     let id = |v: u32| (v != u32::MAX).then_some(v);
     let fs = fs()?;

@@ -119,6 +119,29 @@ pub enum Request {
         seq: u64,
         versions: Vec<(u64, u64)>,
     },
+    /// An extended-attribute call on inode `ino` (PROTOCOL.md, "Extended attributes").
+    /// The client has digested its own records about the inode first. Answers:
+    /// `XattrValue` (get), `XattrNames` (list), `Ok` (set, remove), or `Error`.
+    Xattr { ino: u64, op: XattrOp },
+}
+
+/// What an `Xattr` request does.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum XattrOp {
+    Get {
+        name: Vec<u8>,
+    },
+    List,
+    /// `flags`: `XATTR_CREATE` (fail with `EEXIST` if it exists) or `XATTR_REPLACE`
+    /// (fail with `ENODATA` if it does not).
+    Set {
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    Remove {
+        name: Vec<u8>,
+    },
 }
 
 /// A message from the daemon on a client's upcall channel.
@@ -203,6 +226,10 @@ pub enum Response {
     Stale {
         ended: Vec<u64>,
     },
+    /// Answer to `Xattr` get: the value.
+    XattrValue(Vec<u8>),
+    /// Answer to `Xattr` list: the names the caller may see, sorted.
+    XattrNames(Vec<Vec<u8>>),
     /// A failure, with a POSIX errno and a message.
     Error {
         errno: i32,

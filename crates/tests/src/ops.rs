@@ -50,6 +50,32 @@ pub trait FsOps {
     /// Write through a handle with the cursor: seek to `off`, write `data` (one call, so
     /// that each generated operation is one system call for the crash tests).
     fn seek_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()>;
+    /// Extended attributes (`*xattr`, or `l*xattr` unless `follow`).
+    fn set_xattr(&self, p: &str, name: &str, v: &[u8], flags: i32, follow: bool) -> io::Result<()>;
+    fn get_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<Vec<u8>>;
+    /// Sorted `user.` names (the namespace the tests use; a host may add others).
+    fn list_xattr(&self, p: &str, follow: bool) -> io::Result<Vec<String>>;
+    fn remove_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<()>;
+}
+
+/// The `user.` names in a `listxattr` answer, sorted.
+fn user_names<I: IntoIterator<Item = Vec<u8>>>(names: I) -> Vec<String> {
+    let mut v: Vec<String> = names
+        .into_iter()
+        .filter(|n| n.starts_with(b"user."))
+        .map(|n| String::from_utf8_lossy(&n).into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A libc call's `ssize_t`/`int` result as `io::Result`.
+fn host_call(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
 }
 
 /// The reference: `std::fs` under a root directory.
@@ -184,6 +210,63 @@ impl FsOps for HostFs {
         f.seek(SeekFrom::Start(off))?;
         f.write_all(data)
     }
+    fn set_xattr(&self, p: &str, name: &str, v: &[u8], flags: i32, follow: bool) -> io::Result<()> {
+        let (p, n) = (cstr(&self.p(p)), cstr(Path::new(name)));
+        let f = if follow {
+            libc::setxattr
+        } else {
+            libc::lsetxattr
+        };
+        // SAFETY: valid C strings and a buffer of `v.len()` bytes.
+        host_call(unsafe { f(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), flags) } as isize)
+            .map(|_| ())
+    }
+    fn get_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<Vec<u8>> {
+        let (p, n) = (cstr(&self.p(p)), cstr(Path::new(name)));
+        let f = if follow {
+            libc::getxattr
+        } else {
+            libc::lgetxattr
+        };
+        let mut buf = vec![0u8; 65536];
+        // SAFETY: valid C strings and a buffer of `buf.len()` bytes.
+        let len =
+            host_call(unsafe { f(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+    fn list_xattr(&self, p: &str, follow: bool) -> io::Result<Vec<String>> {
+        let p = cstr(&self.p(p));
+        let f = if follow {
+            libc::listxattr
+        } else {
+            libc::llistxattr
+        };
+        let mut buf = vec![0u8; 65536];
+        // SAFETY: a valid C string and a buffer of `buf.len()` bytes.
+        let len = host_call(unsafe { f(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(user_names(
+            buf[..len]
+                .split(|&b| b == 0)
+                .filter(|n| !n.is_empty())
+                .map(<[u8]>::to_vec),
+        ))
+    }
+    fn remove_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<()> {
+        let (p, n) = (cstr(&self.p(p)), cstr(Path::new(name)));
+        let f = if follow {
+            libc::removexattr
+        } else {
+            libc::lremovexattr
+        };
+        // SAFETY: valid C strings.
+        host_call(unsafe { f(p.as_ptr(), n.as_ptr()) } as isize).map(|_| ())
+    }
+}
+
+fn cstr(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL in test paths")
 }
 
 /// Cairn through its Rust API.
@@ -315,6 +398,18 @@ impl FsOps for CairnFs<'_> {
         f.seek(SeekFrom::Start(off))?;
         f.write_all(data)
     }
+    fn set_xattr(&self, p: &str, name: &str, v: &[u8], flags: i32, follow: bool) -> io::Result<()> {
+        self.fs.set_xattr(p, name.as_bytes(), v, flags, follow)
+    }
+    fn get_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<Vec<u8>> {
+        self.fs.get_xattr(p, name.as_bytes(), follow)
+    }
+    fn list_xattr(&self, p: &str, follow: bool) -> io::Result<Vec<String>> {
+        Ok(user_names(self.fs.list_xattr(p, follow)?))
+    }
+    fn remove_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<()> {
+        self.fs.remove_xattr(p, name.as_bytes(), follow)
+    }
 }
 
 /// One generated operation.
@@ -339,7 +434,16 @@ pub enum Op {
     Chmod(String, u32),
     Stat(String, bool),
     List(String),
+    /// Extended attributes: name (an index into `XATTR_NAMES`), value length and seed,
+    /// `setxattr` flags, and whether a final symlink is followed.
+    SetXattr(String, usize, u32, u8, i32, bool),
+    GetXattr(String, usize, bool),
+    ListXattr(String, bool),
+    RemoveXattr(String, usize, bool),
 }
+
+/// The attribute names the generator uses.
+pub const XATTR_NAMES: &[&str] = &["user.a", "user.b", "user.mime_type"];
 
 /// Deterministic data for a write: `len` bytes from `seed`.
 pub fn data(len: u32, seed: u8) -> Vec<u8> {
@@ -357,8 +461,30 @@ fn pick(r: &mut StdRng) -> String {
     NAMES[r.gen_range(0..NAMES.len())].to_string()
 }
 
-/// `n` operations from `seed`, under the directory `prefix` ("" for the root).
+/// An extended-attribute operation drawn from `r`.
+fn gen_xattr_op(r: &mut StdRng, path: String) -> Op {
+    let name = r.gen_range(0..XATTR_NAMES.len());
+    let follow = r.gen_range(0..4) != 0;
+    match r.gen_range(0..10) {
+        0..=4 => Op::SetXattr(
+            path,
+            name,
+            r.gen_range(0..120),
+            r.gen(),
+            [0, 0, libc::XATTR_CREATE, libc::XATTR_REPLACE][r.gen_range(0..4)],
+            follow,
+        ),
+        5..=6 => Op::GetXattr(path, name, follow),
+        7 => Op::ListXattr(path, follow),
+        _ => Op::RemoveXattr(path, name, follow),
+    }
+}
+
+/// `n` operations from `seed`, under the directory `prefix` ("" for the root). About
+/// one in twelve is an extended-attribute call, drawn from a second generator so that
+/// the other operations are the same sequence they were before those existed.
 pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
+    let mut rx = StdRng::seed_from_u64(seed ^ 0x0078_6174_7472);
     let mut r = StdRng::seed_from_u64(seed);
     let mut v = Vec::with_capacity(n);
     let p = |s: String| format!("{prefix}{s}");
@@ -407,7 +533,12 @@ pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
             _ => Op::List(p(pick(&mut r))),
         };
         v.push(op);
+        if v.len() < n && rx.gen_range(0..12) == 0 {
+            let path = p(pick(&mut rx));
+            v.push(gen_xattr_op(&mut rx, path));
+        }
     }
+    v.truncate(n);
     v
 }
 
@@ -461,6 +592,17 @@ pub fn apply(fs: &dyn FsOps, op: &Op) -> Outcome {
         Op::Chmod(p, m) => out(fs.chmod(p, *m), ok),
         Op::Stat(p, follow) => out(fs.meta(p, *follow), Outcome::Meta),
         Op::List(p) => out(fs.list(p), Outcome::Names),
+        Op::SetXattr(p, name, len, s, flags, follow) => out(
+            fs.set_xattr(p, XATTR_NAMES[*name], &data(*len, *s), *flags, *follow),
+            ok,
+        ),
+        Op::GetXattr(p, name, follow) => {
+            out(fs.get_xattr(p, XATTR_NAMES[*name], *follow), Outcome::Data)
+        }
+        Op::ListXattr(p, follow) => out(fs.list_xattr(p, *follow), Outcome::Names),
+        Op::RemoveXattr(p, name, follow) => {
+            out(fs.remove_xattr(p, XATTR_NAMES[*name], *follow), ok)
+        }
     }
 }
 

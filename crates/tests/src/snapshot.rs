@@ -10,6 +10,17 @@ pub struct Node {
     pub meta: Meta,
     /// File contents, or the symlink target.
     pub content: Vec<u8>,
+    /// Extended attributes in the `user.` namespace, by name.
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+}
+
+fn xattrs_of(fs: &dyn FsOps, p: &str) -> io::Result<BTreeMap<String, Vec<u8>>> {
+    let mut m = BTreeMap::new();
+    for n in fs.list_xattr(p, false)? {
+        let v = fs.get_xattr(p, &n, false)?;
+        m.insert(n, v);
+    }
+    Ok(m)
 }
 
 /// Path → node for every node under a directory (the directory itself included).
@@ -26,6 +37,7 @@ pub fn snapshot(fs: &dyn FsOps, root: &str) -> io::Result<Snapshot> {
             Node {
                 meta,
                 content: Vec::new(),
+                xattrs: xattrs_of(fs, &dir)?,
             },
         );
         for name in fs.list(&dir)? {
@@ -39,15 +51,25 @@ pub fn snapshot(fs: &dyn FsOps, root: &str) -> io::Result<Snapshot> {
                 Kind::Dir => stack.push(p),
                 Kind::File => {
                     let content = fs.read_all(&p)?;
-                    s.insert(p, Node { meta: m, content });
+                    let xattrs = xattrs_of(fs, &p)?;
+                    s.insert(
+                        p,
+                        Node {
+                            meta: m,
+                            content,
+                            xattrs,
+                        },
+                    );
                 }
                 Kind::Symlink => {
                     let t = fs.read_link(&p)?;
+                    let xattrs = xattrs_of(fs, &p)?;
                     s.insert(
                         p,
                         Node {
                             meta: m,
                             content: t.into_bytes(),
+                            xattrs,
                         },
                     );
                 }
@@ -65,6 +87,12 @@ pub fn diff(a: &Snapshot, b: &Snapshot) -> String {
             None => out += &format!("only in cairn: {k} {:?}\n", v.meta),
             Some(w) if w.meta != v.meta => {
                 out += &format!("{k}: cairn {:?} vs reference {:?}\n", v.meta, w.meta)
+            }
+            Some(w) if w.xattrs != v.xattrs => {
+                out += &format!(
+                    "{k}: extended attributes cairn {:?} vs reference {:?}\n",
+                    v.xattrs, w.xattrs
+                )
             }
             Some(w) if w.content != v.content => {
                 let first = v.content.iter().zip(&w.content).position(|(x, y)| x != y);

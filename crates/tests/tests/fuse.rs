@@ -567,3 +567,65 @@ print(open('c').read(), open('b').read())
         .unwrap();
     assert!(!punch.status.success());
 }
+
+/// Extended attributes on the mount (`scripts/xattr_check.py`), shared with API clients,
+/// with the kernel checking other users' access.
+#[test]
+fn extended_attributes_on_the_mount() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = Mount::new();
+    let root = m.dir.path().to_path_buf();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/xattr_check.py");
+    assert_eq!(
+        sh(&root, &format!("python3 {script} {}", root.display())),
+        "ok\n"
+    );
+    let fs = m.store.fs();
+    assert_eq!(fs.get_xattr("/xf", b"user.a", true).unwrap(), b"22");
+    // Set through the API, seen on the mount.
+    fs.set_xattr("/xf", b"trusted.t", b"root only", 0, true)
+        .unwrap();
+    fs.set_xattr("/xf", b"user.api", b"from the API", 0, true)
+        .unwrap();
+    let get = format!(
+        "python3 -c \"import os; print(os.getxattr('{}', 'user.api').decode())\"",
+        m.path("xf").display()
+    );
+    assert_eq!(sh(&root, &get).trim(), "from the API");
+    // Another user (the system Python: a per-user one may be out of its reach): reads a
+    // readable file's user. attributes, does not see trusted. ones, may not change a file
+    // it cannot write.
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nobody = |code: &str| {
+        sh(
+            &root,
+            &format!(
+                "setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 -c \"{code}\""
+            ),
+        )
+    };
+    let code = format!(
+        "import errno, os
+p = '{}'
+print(sorted(os.listxattr(p)))
+print(os.getxattr(p, 'user.a').decode())
+try:
+    os.setxattr(p, 'user.a', b'x')
+except OSError as e:
+    print(errno.errorcode[e.errno])",
+        m.path("xf").display()
+    );
+    assert_eq!(
+        nobody(&code),
+        "['user.a', 'user.api', 'user.empty']\n22\nEACCES\n"
+    );
+    assert_eq!(
+        fs.list_xattr("/xf", true).unwrap(),
+        vec![
+            b"trusted.t".to_vec(),
+            b"user.a".to_vec(),
+            b"user.api".to_vec(),
+            b"user.empty".to_vec()
+        ]
+    );
+}

@@ -811,3 +811,45 @@ int main(void) {
     assert_eq!(read("/out1"), "before from-execle a\n");
     assert_eq!(read("/out2"), "before inherited p\n");
 }
+
+/// Extended attributes through the library (`scripts/xattr_check.py`, then `cp
+/// --preserve=xattr` from the host), seen by an API client and kept across a killed
+/// daemon.
+#[test]
+fn extended_attributes_through_the_shim() {
+    let store = TestStore::new();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/xattr_check.py");
+    assert_eq!(sh(&store, &format!("python3 {script} /cairn")), "ok\n");
+    let host = tempfile::tempdir().unwrap();
+    let src = host.path().join("src");
+    std::fs::write(&src, b"host data").unwrap();
+    // A host path: the library passes the call to the C library.
+    python(
+        &store,
+        &format!(
+            "import os; os.setxattr('{}', 'user.origin', b'host')",
+            src.display()
+        ),
+    );
+    sh(
+        &store,
+        &format!("cp --preserve=xattr {} /cairn/copied", src.display()),
+    );
+    let check = |fs: &cairn::Fs| {
+        assert_eq!(fs.get_xattr("/xf", b"user.a", true).unwrap(), b"22");
+        assert_eq!(
+            fs.list_xattr("/xf", true).unwrap(),
+            vec![b"user.a".to_vec(), b"user.empty".to_vec()]
+        );
+        assert_eq!(fs.get_xattr("/xd", b"user.dir", true).unwrap(), b"d");
+        assert_eq!(
+            fs.get_xattr("/copied", b"user.origin", true).unwrap(),
+            b"host"
+        );
+        assert_eq!(fs.read("/copied").unwrap(), b"host data");
+    };
+    check(&store.fs());
+    // Durable when acknowledged: a killed daemon's successor has them.
+    kill9(daemon_pid(store.path()).expect("daemon running"));
+    check(&store.fs());
+}
