@@ -643,12 +643,20 @@ pub fn statfs() -> io::Result<(u64, u64, u64, u64)> {
 
 // ---- names -------------------------------------------------------------------------
 
+/// A directory at `cp` may be about to go (removed, or replaced by a rename): its open
+/// descriptions keep its attributes as they are now, for `fstat`.
+fn dir_may_go(fs: &Fs, cp: &CPath) {
+    if let Ok(m) = fs.symlink_metadata(cp.at()) {
+        if m.is_dir() {
+            table::dir_removing(m.ino(), &stat_of(&m));
+        }
+    }
+}
+
 pub fn unlink(cp: &CPath, dir: bool) -> io::Result<()> {
     let fs = fs()?;
     if dir {
-        if let Ok(m) = fs.symlink_metadata(cp.at()) {
-            table::dir_removing(m.ino(), &stat_of(&m));
-        }
+        dir_may_go(&fs, cp);
         fs.remove_dir(cp.at())
     } else {
         fs.remove_file(cp.at())
@@ -658,7 +666,10 @@ pub fn unlink(cp: &CPath, dir: bool) -> io::Result<()> {
 pub fn rename(a: &CPath, b: &CPath, flags: u32) -> io::Result<()> {
     let fs = fs()?;
     match flags {
-        0 => fs.rename(a.at(), b.at()),
+        0 => {
+            dir_may_go(&fs, b);
+            fs.rename(a.at(), b.at())
+        }
         libc::RENAME_NOREPLACE => fs.rename_noreplace(a.at(), b.at()),
         libc::RENAME_EXCHANGE => fs.rename_exchange(a.at(), b.at()),
         _ => Err(err(libc::EINVAL, "renameat2: unsupported flags")),
