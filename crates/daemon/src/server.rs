@@ -59,7 +59,8 @@ struct Daemon {
     leases: Arc<crate::leases::Leases>,
     /// Migration and cleaning rounds (one at a time).
     migrator: crate::migrate::Migrator,
-    /// Extended attributes (their own mutex; taken before `core`, never while holding it).
+    /// Extended attributes (their own mutex: `core` may be taken while holding it, never
+    /// the other way round).
     xattrs: std::sync::Mutex<crate::xattr::Xattrs>,
 }
 

@@ -281,6 +281,24 @@ fn lock_range(start: u64, end: u64) -> (u64, u64) {
     }
 }
 
+/// Answer a lock request with what `take` returns: at once, or (`wait`: it may block)
+/// from a thread of its own, so that a waiter does not hold up the other requests.
+fn answer_lock(
+    wait: bool,
+    reply: ReplyEmpty,
+    take: impl FnOnce() -> io::Result<()> + Send + 'static,
+) {
+    let answer = move || match take() {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    };
+    if wait {
+        std::thread::spawn(answer);
+    } else {
+        answer();
+    }
+}
+
 /// Answer `getxattr`/`listxattr`: the size for a size query (`size` 0), else the bytes,
 /// or `ERANGE` if they do not fit.
 fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
@@ -369,23 +387,11 @@ impl Filesystem for CairnFuse {
                 Ok(h) => h,
                 Err(e) => return reply.error(errno(&e)),
             };
-            let Some(t) = lock_type(typ) else {
-                return match h.unlock(LockKind::Ofd, start, len) {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(errno(&e)),
-                };
-            };
-            if sleep {
-                // Waiting must not stop the other requests: the answer comes from a thread.
-                std::thread::spawn(move || match h.lock(LockKind::Ofd, t, start, len, true) {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(errno(&e)),
-                });
-                return;
-            }
-            match h.lock(LockKind::Ofd, t, start, len, false) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+            match lock_type(typ) {
+                None => answer_lock(false, reply, move || h.unlock(LockKind::Ofd, start, len)),
+                Some(t) => answer_lock(sleep, reply, move || {
+                    h.lock(LockKind::Ofd, t, start, len, sleep)
+                }),
             }
         });
     }
@@ -414,16 +420,9 @@ impl Filesystem for CairnFuse {
                 Ok(h) => h,
                 Err(e) => return reply.error(errno(&e)),
             };
-            let answer = move |r: io::Result<()>| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            };
-            if sleep && op != FlockOp::Unlock {
-                // As for setlk: a waiter must not hold up the other requests.
-                std::thread::spawn(move || answer(h.flock(op, false)));
-                return;
-            }
-            answer(h.flock(op, true));
+            answer_lock(sleep && op != FlockOp::Unlock, reply, move || {
+                h.flock(op, !sleep)
+            });
         });
     }
 
