@@ -361,6 +361,67 @@ impl Area {
         Ok(Some(node))
     }
 
+    /// The first file block in `[from, end)` of `inode` that holds data (`data`) or is a
+    /// hole (`!data`), or `None`. Absent subtrees of the map are skipped whole, so a
+    /// sparse file is searched in time proportional to its map, not its size.
+    pub fn next_block(
+        &self,
+        inode: &Inode,
+        from: u64,
+        end: u64,
+        data: bool,
+    ) -> io::Result<Option<u64>> {
+        if from >= end {
+            return Ok(None);
+        }
+        let h = inode.map_height;
+        if inode.map_root == 0 || h == 0 || from >= map::coverage(h) {
+            return Ok((!data).then_some(from));
+        }
+        let root = self.check_ptr(inode.map_root, "map root")?;
+        match self.scan_map(root, h, 0, from, end, data)? {
+            Some(b) => Ok(Some(b)),
+            // Past the map's reach everything is a hole.
+            None if !data && map::coverage(h) < end => Ok(Some(from.max(map::coverage(h)))),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Area::next_block`] within node `node` at `level`, which covers file blocks from
+    /// `base`.
+    fn scan_map(
+        &self,
+        node: u64,
+        level: u8,
+        base: u64,
+        from: u64,
+        end: u64,
+        data: bool,
+    ) -> io::Result<Option<u64>> {
+        let span = map::coverage(level - 1);
+        for idx in ((from.max(base) - base) / span) as usize..map::FANOUT as usize {
+            let first = base + idx as u64 * span;
+            if first >= end {
+                break;
+            }
+            let at = from.max(first);
+            let e = self.node_entry(node, idx)?;
+            let found = if e == 0 {
+                (!data).then_some(at)
+            } else if level == 1 {
+                self.check_leaf(e)?;
+                data.then_some(at)
+            } else {
+                let child = self.check_ptr(e, "map entry")?;
+                self.scan_map(child, level - 1, first, at, end, data)?
+            };
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
     /// Read file data at `off` into `buf`, bounded by the inode's size; holes read as
     /// zeros. Returns the number of bytes read.
     pub fn read_file(&self, inode: &Inode, off: u64, buf: &mut [u8]) -> io::Result<usize> {

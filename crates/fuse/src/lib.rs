@@ -11,8 +11,8 @@
 use cairn::{At, File, FlockOp, Fs, LockKind, LockType, Metadata, OpenOptions};
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -904,6 +904,36 @@ impl Filesystem for CairnFuse {
                 Err(e) => reply.error(errno(&e)),
             },
         );
+    }
+
+    /// `SEEK_DATA` and `SEEK_HOLE` (the kernel moves the position itself for the others).
+    fn lseek(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let Some(f) = s.file(fh) else {
+                return reply.error(libc::EBADF);
+            };
+            let Ok(off) = u64::try_from(offset) else {
+                return reply.error(libc::ENXIO);
+            };
+            let r = match whence {
+                libc::SEEK_DATA => f.next_data(off),
+                libc::SEEK_HOLE => f.next_hole(off),
+                _ => return reply.error(libc::EINVAL),
+            };
+            match r {
+                Ok(o) => reply.offset(o as i64),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn fallocate(

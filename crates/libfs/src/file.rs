@@ -229,6 +229,20 @@ impl File {
         self.fs.run(|st| self.fs.set_len(st, self.ino, size))
     }
 
+    /// `lseek(SEEK_DATA)`: the first offset at or after `off` inside a 4 KiB block that
+    /// holds data (`ENXIO` if none, or if `off` is at or beyond the end).
+    pub fn next_data(&self, off: u64) -> io::Result<u64> {
+        self.fs.run(|st| self.fs.seek_data(st, self.ino, off, true))
+    }
+
+    /// `lseek(SEEK_HOLE)`: the first offset at or after `off` inside a hole (a 4 KiB
+    /// block never written, or zeroed by a truncation), or the file's size (`ENXIO` if
+    /// `off` is at or beyond the end).
+    pub fn next_hole(&self, off: u64) -> io::Result<u64> {
+        self.fs
+            .run(|st| self.fs.seek_data(st, self.ino, off, false))
+    }
+
     /// Metadata of the open file (`nlink` 0 once it was unlinked).
     pub fn metadata(&self) -> io::Result<Metadata> {
         self.fs.run(|st| self.fs.metadata_of(st, self.ino))

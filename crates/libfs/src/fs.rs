@@ -1475,6 +1475,88 @@ impl Inner {
         Ok(n)
     }
 
+    /// `lseek`'s `SEEK_DATA` (`data`) or `SEEK_HOLE` from `off` in file `ino`, at block
+    /// granularity as ext4 reports: a 4 KiB block is data if any byte of it was written
+    /// (logged here, or digested and mapped), a hole otherwise; the end of the file counts
+    /// as a hole. `ENXIO` at or beyond the end, or when no data follows.
+    pub(crate) fn seek_data(&self, st: &State, ino: u64, off: u64, data: bool) -> io::Result<u64> {
+        const B: u64 = BLOCK_SIZE_U64;
+        let (gen, attrs) = self.attrs(st, ino)?;
+        if attrs.kind == Kind::Dir {
+            return Err(fs_err(
+                libc::EISDIR,
+                "lseek: SEEK_DATA/SEEK_HOLE on a directory",
+            ));
+        }
+        let size = attrs.size;
+        if off >= size {
+            return Err(fs_err(
+                libc::ENXIO,
+                "lseek: offset at or beyond the end of the file",
+            ));
+        }
+        let nblocks = size.div_ceil(B);
+        // The map is read under a pin: its blocks are not reused meanwhile.
+        let _pin = Pin::new(&self.area, &st.ring, st.pin_floor())?;
+        let shared = self.area.read_inode(ino)?;
+        let shared =
+            (shared.generation == gen && shared.attrs.kind != Kind::Free).then_some(shared);
+        let shared_next = |from: u64, to: u64, want: bool| match &shared {
+            Some(i) => self.area.next_block(i, from, to, want),
+            None => Ok((!want && from < to).then_some(from)),
+        };
+        let empty = Extents::new();
+        let ov = st.ov.get(&ino).map_or(&empty, |o| &o.ext);
+        let found = |b: u64| (b * B).max(off);
+        let mut b = off / B;
+        while b < nblocks {
+            // Blocks before the next one the overlay touches are the shared file's alone.
+            let seg = ov.segments(b * B, size).find(|s| s.src.is_some());
+            let touched = seg.as_ref().map_or(nblocks, |s| s.start / B);
+            if b < touched {
+                if let Some(x) = shared_next(b, touched, data)? {
+                    return Ok(found(x));
+                }
+                b = touched;
+                continue;
+            }
+            let seg = seg.expect("a block the overlay touches has a segment");
+            // Whole blocks inside one overlay piece: logged bytes are data, zeros a hole.
+            let logged = matches!(seg.src, Some(Src::Log(_)));
+            let whole_end = if logged {
+                seg.end.div_ceil(B)
+            } else {
+                seg.end / B
+            };
+            if seg.start <= b * B && whole_end > b {
+                if logged == data {
+                    return Ok(found(b));
+                }
+                b = whole_end;
+                continue;
+            }
+            // A block shared between pieces: data if any of it is logged or mapped.
+            let (bs, be) = (b * B, ((b + 1) * B).min(size));
+            let mut is_data = false;
+            for s in ov.segments(bs, be) {
+                is_data |= match s.src {
+                    Some(Src::Log(_)) => true,
+                    Some(Src::Zero) => false,
+                    None => shared_next(b, b + 1, true)?.is_some(),
+                };
+            }
+            if is_data == data {
+                return Ok(found(b));
+            }
+            b += 1;
+        }
+        if data {
+            Err(fs_err(libc::ENXIO, "lseek: no data after the offset"))
+        } else {
+            Ok(size)
+        }
+    }
+
     /// Where each 4 KiB page of `pages` pages from `off` (a multiple of 4096) of file
     /// `ino` lies, for mapping it in place: `Some(offset in the NVM tier file)` for a
     /// whole page of digested data inside the file, `None` for a page to read (logged

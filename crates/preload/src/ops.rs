@@ -352,16 +352,14 @@ pub fn lseek(fd: c_int, o: &Ofd, off: i64, whence: c_int) -> io::Result<u64> {
             libc::SEEK_SET => to(0)?,
             libc::SEEK_CUR => to(p)?,
             libc::SEEK_END => to(size()?)?,
-            // The whole file is data: no holes are reported (docs/SHIM.md).
             libc::SEEK_DATA | libc::SEEK_HOLE => {
-                let s = size()?;
-                if off < 0 || off as u64 >= s {
-                    return Err(err(libc::ENXIO, "lseek: offset at or beyond the end"));
-                }
+                let off =
+                    u64::try_from(off).map_err(|_| err(libc::ENXIO, "lseek: negative offset"))?;
+                let f = o.file()?;
                 if whence == libc::SEEK_DATA {
-                    off as u64
+                    f.next_data(off)?
                 } else {
-                    s
+                    f.next_hole(off)?
                 }
             }
             _ => return Err(err(libc::EINVAL, "lseek: bad whence")),
