@@ -167,6 +167,11 @@ impl Default for TestStore {
 
 impl Drop for TestStore {
     fn drop(&mut self) {
+        // A mount's serving process outlives a lazy unmount while any file on the mount
+        // is open (a program a test left behind), and would hold the test's output pipe.
+        for pid in store_pids(self.path(), b"mount") {
+            kill9(pid);
+        }
         self.stop();
         if std::thread::panicking() {
             // Keep the evidence of a failed test: the store, its NVM file and cairnd.log.
@@ -191,6 +196,12 @@ pub fn daemon_pid(store: &Path) -> Option<u32> {
 /// Every live process running `cairn daemon --store <store>` (a daemon that detaches
 /// runs as two processes for a moment).
 pub fn daemon_pids(store: &Path) -> Vec<u32> {
+    store_pids(store, b"daemon")
+}
+
+/// Every live process running `cairn --store <store> <command> …` or
+/// `cairn <command> --store <store> …`.
+pub fn store_pids(store: &Path, command: &[u8]) -> Vec<u32> {
     let mut out = Vec::new();
     let want = store.as_os_str().as_encoded_bytes();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -204,7 +215,7 @@ pub fn daemon_pids(store: &Path) -> Vec<u32> {
             continue;
         };
         let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        if args.iter().any(|a| *a == b"daemon") && args.contains(&want) {
+        if args.contains(&command) && args.contains(&want) {
             // Skip zombies.
             let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
             if stat
