@@ -5,6 +5,7 @@ use crate::abi::{fd_call, run};
 use crate::maps::{Stream, DIRS};
 use crate::ops;
 use crate::real;
+use crate::real::{Glob, GlobErr, ScanCompar, ScanFilter};
 use crate::state::err;
 use crate::table::{self, Dent};
 use libc::{c_char, c_int, c_long, c_void, dirent64, size_t, ssize_t, DIR};
@@ -236,4 +237,158 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> s
             })
         },
     )
+}
+
+// ---- scandir and glob: the C library's own use directory streams it does not export ----
+
+/// `scandirat`: on a Cairn directory, its entries through this library's streams (each
+/// a `malloc`ed `dirent64`, in a `malloc`ed array, as glibc returns them); otherwise the
+/// C library's.
+#[no_mangle]
+pub unsafe extern "C" fn scandirat64(
+    dirfd: c_int,
+    dir: *const c_char,
+    list: *mut *mut *mut dirent64,
+    filter: ScanFilter,
+    compar: ScanCompar,
+) -> c_int {
+    match unsafe { crate::abi::route(dirfd, dir) } {
+        Err(e) => crate::state::fail("scandir", e),
+        Ok(crate::abi::Route::Cairn(cp)) => run("scandir", || {
+            let fd = ops::open(&cp, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;
+            let d = new_stream(fd).inspect_err(|_| {
+                unsafe { crate::abi_fd::close(fd) };
+            })?;
+            let r = unsafe { scan(d, list, filter, compar) };
+            unsafe { closedir(d) };
+            r
+        }),
+        Ok(r) => unsafe { real::scandirat64(dirfd, r.host_ptr(dir), list, filter, compar) },
+    }
+}
+
+/// The entries of stream `d` that pass `filter`, sorted with `compar`, into `*list`.
+unsafe fn scan(
+    d: *mut DIR,
+    list: *mut *mut *mut dirent64,
+    filter: ScanFilter,
+    compar: ScanCompar,
+) -> io::Result<c_int> {
+    let size = std::mem::size_of::<dirent64>();
+    let mut v: Vec<*mut dirent64> = Vec::new();
+    let free_all = |v: &[*mut dirent64]| v.iter().for_each(|&p| unsafe { libc::free(p.cast()) });
+    loop {
+        let e = next_entry(d);
+        if e.is_null() {
+            break;
+        }
+        if filter.is_some_and(|f| unsafe { f(e) } == 0) {
+            continue;
+        }
+        // SAFETY: a fresh allocation of one dirent64, filled from the stream's.
+        let p = unsafe { libc::malloc(size) } as *mut dirent64;
+        if p.is_null() {
+            free_all(&v);
+            return Err(err(libc::ENOMEM, "scandir: out of memory"));
+        }
+        unsafe { std::ptr::copy_nonoverlapping(e, p, 1) };
+        v.push(p);
+    }
+    let bytes = v.len().max(1) * std::mem::size_of::<*mut dirent64>();
+    // SAFETY: an array of `v.len()` pointers, filled below.
+    let arr = unsafe { libc::malloc(bytes) } as *mut *mut dirent64;
+    if arr.is_null() {
+        free_all(&v);
+        return Err(err(libc::ENOMEM, "scandir: out of memory"));
+    }
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), arr, v.len()) };
+    if let Some(c) = compar {
+        // SAFETY: qsort over `v.len()` pointers with the caller's comparison, which takes
+        // pointers to two elements, as scandir's contract says.
+        unsafe {
+            libc::qsort(
+                arr.cast(),
+                v.len(),
+                std::mem::size_of::<*mut dirent64>(),
+                Some(std::mem::transmute::<
+                    unsafe extern "C" fn(*mut *const dirent64, *mut *const dirent64) -> c_int,
+                    unsafe extern "C" fn(*const c_void, *const c_void) -> c_int,
+                >(c)),
+            )
+        };
+    }
+    unsafe { *list = arr };
+    Ok(v.len() as c_int)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn scandirat(
+    dirfd: c_int,
+    dir: *const c_char,
+    list: *mut *mut *mut dirent64,
+    filter: ScanFilter,
+    compar: ScanCompar,
+) -> c_int {
+    unsafe { scandirat64(dirfd, dir, list, filter, compar) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn scandir64(
+    dir: *const c_char,
+    list: *mut *mut *mut dirent64,
+    filter: ScanFilter,
+    compar: ScanCompar,
+) -> c_int {
+    unsafe { scandirat64(libc::AT_FDCWD, dir, list, filter, compar) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn scandir(
+    dir: *const c_char,
+    list: *mut *mut *mut dirent64,
+    filter: ScanFilter,
+    compar: ScanCompar,
+) -> c_int {
+    unsafe { scandirat64(libc::AT_FDCWD, dir, list, filter, compar) }
+}
+
+/// glibc's `GLOB_ALTDIRFUNC`.
+const GLOB_ALTDIRFUNC: c_int = 1 << 9;
+
+/// Hand `glob` this library's directory and stat functions (unless the caller gave its
+/// own), so that patterns reach into Cairn directories; host paths pass through them to
+/// the C library unchanged.
+unsafe fn with_our_dirs(flags: c_int, pglob: *mut Glob) -> c_int {
+    if flags & GLOB_ALTDIRFUNC != 0 || pglob.is_null() {
+        return flags;
+    }
+    // SAFETY: `pglob` is the caller's glob_t.
+    unsafe {
+        (*pglob).closedir = Some(closedir);
+        (*pglob).readdir = Some(readdir64);
+        (*pglob).opendir = Some(opendir);
+        (*pglob).lstat = Some(crate::abi_path::lstat64);
+        (*pglob).stat = Some(crate::abi_path::stat64);
+    }
+    flags | GLOB_ALTDIRFUNC
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn glob(
+    pat: *const c_char,
+    flags: c_int,
+    errfunc: GlobErr,
+    pglob: *mut Glob,
+) -> c_int {
+    unsafe { real::glob(pat, with_our_dirs(flags, pglob), errfunc, pglob) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn glob64(
+    pat: *const c_char,
+    flags: c_int,
+    errfunc: GlobErr,
+    pglob: *mut Glob,
+) -> c_int {
+    unsafe { real::glob64(pat, with_our_dirs(flags, pglob), errfunc, pglob) }
 }

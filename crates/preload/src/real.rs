@@ -38,6 +38,30 @@ impl Next {
     }
 }
 
+/// `scandir`'s filter and comparison functions.
+pub type ScanFilter = Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>;
+pub type ScanCompar =
+    Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>;
+
+/// glibc's `glob_t` (x86-64; `glob64_t` has the same layout): with `GLOB_ALTDIRFUNC`,
+/// `glob` reads directories and stats paths through these five functions (which may be
+/// NULL, hence `Option`, until set).
+#[repr(C)]
+pub struct Glob {
+    pub pathc: size_t,
+    pub pathv: *mut *mut c_char,
+    pub offs: size_t,
+    pub flags: c_int,
+    pub closedir: Option<unsafe extern "C" fn(*mut DIR) -> c_int>,
+    pub readdir: Option<unsafe extern "C" fn(*mut DIR) -> *mut libc::dirent64>,
+    pub opendir: Option<unsafe extern "C" fn(*const c_char) -> *mut DIR>,
+    pub lstat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat64) -> c_int>,
+    pub stat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat64) -> c_int>,
+}
+
+/// `glob`'s error callback.
+pub type GlobErr = Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>;
+
 /// What a failed call returns.
 pub trait Fail {
     const FAIL: Self;
@@ -140,6 +164,9 @@ next_fns! {
     fn lutimes(path: *const c_char, t: *const libc::timeval) -> c_int;
     fn futimes(fd: c_int, t: *const libc::timeval) -> c_int;
     fn opendir(path: *const c_char) -> *mut DIR;
+    fn scandirat64(dirfd: c_int, dir: *const c_char, list: *mut *mut *mut libc::dirent64, filter: ScanFilter, compar: ScanCompar) -> c_int;
+    fn glob(pat: *const c_char, flags: c_int, errfunc: GlobErr, pglob: *mut Glob) -> c_int;
+    fn glob64(pat: *const c_char, flags: c_int, errfunc: GlobErr, pglob: *mut Glob) -> c_int;
     fn fdopendir(fd: c_int) -> *mut DIR;
     fn readdir64(d: *mut DIR) -> *mut libc::dirent64;
     fn readdir64_r(d: *mut DIR, e: *mut libc::dirent64, r: *mut *mut libc::dirent64) -> c_int;

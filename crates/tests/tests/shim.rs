@@ -853,3 +853,81 @@ fn extended_attributes_through_the_shim() {
     kill9(daemon_pid(store.path()).expect("daemon running"));
     check(&store.fs());
 }
+
+/// `scandir` and `glob` read directories inside the C library: the library gives them
+/// Cairn's (a sorted, filtered listing; a pattern across host and Cairn paths).
+#[test]
+fn scandir_and_glob_see_cairn_directories() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.create_dir("/g").unwrap();
+    for n in ["b.txt", "a.txt", "c.log", ".hidden"] {
+        fs.write(format!("/g/{n}"), b"x").unwrap();
+    }
+    fs.create_dir("/g/sub").unwrap();
+    fs.write("/g/sub/d.txt", b"x").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (src, bin) = (dir.path().join("sg.c"), dir.path().join("sg"));
+    std::fs::write(
+        &src,
+        r#"#include <dirent.h>
+#include <errno.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int txt(const struct dirent *e) { return strstr(e->d_name, ".txt") != NULL; }
+int main(int argc, char **argv) {
+    struct dirent **list;
+    int n = scandir("/cairn/g", &list, txt, alphasort);
+    if (n < 0) { perror("scandir"); return 1; }
+    for (int i = 0; i < n; i++) { printf("scandir %s\n", list[i]->d_name); free(list[i]); }
+    free(list);
+    n = scandir("/cairn/g", &list, NULL, alphasort);
+    printf("scandir all %d\n", n);
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+    if (scandir("/cairn/none", &list, NULL, NULL) >= 0) return 2;
+    printf("scandir missing: %s\n", strerror(errno));
+    glob_t g;
+    char pat[4096];
+    snprintf(pat, sizeof pat, "{/cairn/g/*.txt,/cairn/g/*/*.txt,%s/*.host}", argv[1]);
+    int r = glob(pat, GLOB_BRACE | GLOB_MARK, NULL, &g);
+    if (r != 0) { printf("glob %d\n", r); return 3; }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *p = g.gl_pathv[i];
+        printf("glob %s\n", strncmp(p, argv[1], strlen(argv[1])) ? p : p + strlen(argv[1]));
+    }
+    globfree(&g);
+    r = glob("/cairn/g/s*", GLOB_MARK | GLOB_ONLYDIR, NULL, &g);
+    printf("onlydir %d %s\n", r, r == 0 ? g.gl_pathv[0] : "-");
+    globfree(&g);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("x.host"), b"h").unwrap();
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = sh(
+        &store,
+        &format!("{} {} 2>&1", bin.display(), dir.path().display()),
+    );
+    assert_eq!(
+        out,
+        "scandir a.txt\nscandir b.txt\nscandir all 7\n\
+         scandir missing: No such file or directory\n\
+         glob /cairn/g/a.txt\nglob /cairn/g/b.txt\nglob /cairn/g/sub/d.txt\nglob /x.host\n\
+         onlydir 0 /cairn/g/sub/\n"
+    );
+}
