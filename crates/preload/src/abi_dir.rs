@@ -5,7 +5,7 @@ use crate::abi::{fd_call, run};
 use crate::maps::{Stream, DIRS};
 use crate::ops;
 use crate::real;
-use crate::real::{Glob, GlobErr, ScanCompar, ScanFilter};
+use crate::real::{Ftw, FtwFn, Glob, GlobErr, NftwFn, ScanCompar, ScanFilter};
 use crate::state::err;
 use crate::table::{self, Dent};
 use libc::{c_char, c_int, c_long, c_void, dirent64, size_t, ssize_t, DIR};
@@ -391,4 +391,225 @@ pub unsafe extern "C" fn glob64(
     pglob: *mut Glob,
 ) -> c_int {
     unsafe { real::glob64(pat, with_our_dirs(flags, pglob), errfunc, pglob) }
+}
+
+// ---- nftw and ftw: the C library's walk opens directories internally --------------------
+
+// <ftw.h>: type flags, nftw flags, and FTW_ACTIONRETVAL's answers.
+const FTW_F: c_int = 0;
+const FTW_D: c_int = 1;
+const FTW_DNR: c_int = 2;
+const FTW_NS: c_int = 3;
+const FTW_SL: c_int = 4;
+const FTW_DP: c_int = 5;
+const FTW_SLN: c_int = 6;
+const FTW_PHYS: c_int = 1;
+const FTW_CHDIR: c_int = 4;
+const FTW_DEPTH: c_int = 8;
+const FTW_ACTIONRETVAL: c_int = 16;
+const FTW_STOP: c_int = 1;
+const FTW_SKIP_SUBTREE: c_int = 2;
+const FTW_SKIP_SIBLINGS: c_int = 3;
+
+/// What the walk does after a callback.
+enum Next {
+    Go,
+    SkipSubtree,
+    SkipSiblings,
+    Stop(c_int),
+}
+
+/// The walk's callback: path, its `stat`, its type flag, where its name starts.
+type Visitor<'a> = dyn FnMut(&[u8], &libc::stat64, c_int, Ftw) -> c_int + 'a;
+
+/// A walk of a Cairn tree with glibc's `nftw` semantics, through this library's own
+/// `stat`, `lstat` and directory streams. Each directory is listed whole and closed
+/// before its entries are visited, so `nopenfd` is never exceeded.
+struct Walk<'a> {
+    flags: c_int,
+    /// `nftw` reports a dangling symlink as `FTW_SLN`; `ftw`, as `FTW_NS`.
+    sln: bool,
+    cb: &'a mut Visitor<'a>,
+}
+
+impl Walk<'_> {
+    /// Call the callback; what to do next.
+    fn call(&mut self, path: &[u8], st: &libc::stat64, typ: c_int, ftw: Ftw) -> Next {
+        let r = (self.cb)(path, st, typ, ftw);
+        if self.flags & FTW_ACTIONRETVAL == 0 {
+            return if r == 0 { Next::Go } else { Next::Stop(r) };
+        }
+        match r {
+            FTW_STOP => Next::Stop(r),
+            FTW_SKIP_SUBTREE => Next::SkipSubtree,
+            FTW_SKIP_SIBLINGS => Next::SkipSiblings,
+            _ => Next::Go,
+        }
+    }
+
+    /// Visit `path` (a NUL-free byte string) whose name starts at `base`, at `level`.
+    fn visit(&mut self, path: &[u8], base: usize, level: c_int) -> io::Result<Next> {
+        let c =
+            std::ffi::CString::new(path).map_err(|_| err(libc::EINVAL, "nftw: NUL in a path"))?;
+        // SAFETY: stat64 is plain old data; all-zero is a valid value.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        let phys = self.flags & FTW_PHYS != 0;
+        let stat_ok = |st: &mut libc::stat64, follow: bool| unsafe {
+            if follow {
+                crate::abi_path::stat64(c.as_ptr(), st) == 0
+            } else {
+                crate::abi_path::lstat64(c.as_ptr(), st) == 0
+            }
+        };
+        let typ = if stat_ok(&mut st, !phys) {
+            match st.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => FTW_D,
+                libc::S_IFLNK => FTW_SL,
+                _ => FTW_F,
+            }
+        } else if level == 0 {
+            return Err(io::Error::last_os_error());
+        } else if self.sln
+            && !phys
+            && stat_ok(&mut st, false)
+            && st.st_mode & libc::S_IFMT == libc::S_IFLNK
+        {
+            FTW_SLN
+        } else {
+            FTW_NS
+        };
+        let ftw = || Ftw {
+            base: base as c_int,
+            level,
+        };
+        if typ != FTW_D {
+            return Ok(self.call(path, &st, typ, ftw()));
+        }
+        let entries = match ops::classify(libc::AT_FDCWD, path) {
+            Ok(ops::Where::Cairn(cp)) => ops::open(&cp, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .and_then(|fd| {
+                    let o = table::get(fd);
+                    let r = o.map_or(Ok(Vec::new()), |o| ops::list(o.ino));
+                    unsafe { crate::abi_fd::close(fd) };
+                    r
+                }),
+            _ => Err(err(libc::EXDEV, "nftw: the walk left Cairn")),
+        };
+        let Ok(entries) = entries else {
+            return Ok(self.call(path, &st, FTW_DNR, ftw()));
+        };
+        if self.flags & FTW_DEPTH == 0 {
+            match self.call(path, &st, FTW_D, ftw()) {
+                Next::Go => {}
+                Next::SkipSubtree => return Ok(Next::Go),
+                other => return Ok(other),
+            }
+        }
+        let mut child = path.to_vec();
+        if !child.ends_with(b"/") {
+            child.push(b'/');
+        }
+        let child_base = child.len();
+        for e in entries.iter().filter(|e| e.name != b"." && e.name != b"..") {
+            child.truncate(child_base);
+            child.extend_from_slice(&e.name);
+            match self.visit(&child, child_base, level + 1)? {
+                Next::Go | Next::SkipSubtree => {}
+                Next::SkipSiblings => break,
+                stop @ Next::Stop(_) => return Ok(stop),
+            }
+        }
+        if self.flags & FTW_DEPTH != 0 {
+            return Ok(self.call(path, &st, FTW_DP, ftw()));
+        }
+        Ok(Next::Go)
+    }
+}
+
+/// `nftw` (`sln`; `ftw` otherwise) on a Cairn path: 0 when the walk ends, the callback's
+/// value when it stops it, -1 with `errno` when the start cannot be reached.
+/// `FTW_CHDIR` is not supported on Cairn (`ENOTSUP`); `FTW_MOUNT` holds trivially (a
+/// Cairn tree is one file system).
+fn walk_cairn(
+    op: &str,
+    dir: *const c_char,
+    flags: c_int,
+    sln: bool,
+    call: &mut Visitor<'_>,
+) -> c_int {
+    run(op, || {
+        if flags & FTW_CHDIR != 0 {
+            return Err(err(
+                libc::ENOTSUP,
+                "nftw: FTW_CHDIR is not supported on Cairn",
+            ));
+        }
+        let path =
+            unsafe { crate::abi::cbytes(dir) }.ok_or_else(|| err(libc::EFAULT, "NULL path"))?;
+        let base = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+        let mut w = Walk {
+            flags,
+            sln,
+            cb: call,
+        };
+        Ok(match w.visit(path, base, 0)? {
+            Next::Stop(r) => r,
+            _ => 0,
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nftw64(
+    dir: *const c_char,
+    f: NftwFn,
+    nopenfd: c_int,
+    flags: c_int,
+) -> c_int {
+    match unsafe { crate::abi::route(libc::AT_FDCWD, dir) } {
+        Err(e) => crate::state::fail("nftw", e),
+        Ok(crate::abi::Route::Cairn(_)) => {
+            let Some(f) = f else {
+                return crate::state::fail("nftw", err(libc::EINVAL, "NULL callback"));
+            };
+            walk_cairn("nftw", dir, flags, true, &mut |p, st, typ, mut ftw| {
+                let c = std::ffi::CString::new(p).unwrap_or_default();
+                unsafe { f(c.as_ptr(), st, typ, &mut ftw) }
+            })
+        }
+        Ok(r) => unsafe { real::nftw64(r.host_ptr(dir), f, nopenfd, flags) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nftw(
+    dir: *const c_char,
+    f: NftwFn,
+    nopenfd: c_int,
+    flags: c_int,
+) -> c_int {
+    unsafe { nftw64(dir, f, nopenfd, flags) }
+}
+
+/// `ftw`: `nftw` without flags, whose callback takes no `struct FTW`.
+#[no_mangle]
+pub unsafe extern "C" fn ftw64(dir: *const c_char, f: FtwFn, nopenfd: c_int) -> c_int {
+    match unsafe { crate::abi::route(libc::AT_FDCWD, dir) } {
+        Err(e) => crate::state::fail("ftw", e),
+        Ok(crate::abi::Route::Cairn(_)) => {
+            let Some(f) = f else {
+                return crate::state::fail("ftw", err(libc::EINVAL, "NULL callback"));
+            };
+            walk_cairn("ftw", dir, 0, false, &mut |p, st, typ, _| {
+                let c = std::ffi::CString::new(p).unwrap_or_default();
+                unsafe { f(c.as_ptr(), st, typ) }
+            })
+        }
+        Ok(r) => unsafe { real::ftw64(r.host_ptr(dir), f, nopenfd) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftw(dir: *const c_char, f: FtwFn, nopenfd: c_int) -> c_int {
+    unsafe { ftw64(dir, f, nopenfd) }
 }

@@ -59,6 +59,18 @@ pub struct Glob {
     pub stat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat64) -> c_int>,
 }
 
+/// glibc's `struct FTW`: where the name starts in the path, and the depth.
+#[repr(C)]
+pub struct Ftw {
+    pub base: c_int,
+    pub level: c_int,
+}
+
+/// `nftw`'s and `ftw`'s callbacks.
+pub type NftwFn =
+    Option<unsafe extern "C" fn(*const c_char, *const libc::stat64, c_int, *mut Ftw) -> c_int>;
+pub type FtwFn = Option<unsafe extern "C" fn(*const c_char, *const libc::stat64, c_int) -> c_int>;
+
 /// `glob`'s error callback.
 pub type GlobErr = Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>;
 
@@ -165,6 +177,8 @@ next_fns! {
     fn futimes(fd: c_int, t: *const libc::timeval) -> c_int;
     fn opendir(path: *const c_char) -> *mut DIR;
     fn scandirat64(dirfd: c_int, dir: *const c_char, list: *mut *mut *mut libc::dirent64, filter: ScanFilter, compar: ScanCompar) -> c_int;
+    fn nftw64(dir: *const c_char, f: NftwFn, nopenfd: c_int, flags: c_int) -> c_int;
+    fn ftw64(dir: *const c_char, f: FtwFn, nopenfd: c_int) -> c_int;
     fn glob(pat: *const c_char, flags: c_int, errfunc: GlobErr, pglob: *mut Glob) -> c_int;
     fn glob64(pat: *const c_char, flags: c_int, errfunc: GlobErr, pglob: *mut Glob) -> c_int;
     fn fdopendir(fd: c_int) -> *mut DIR;

@@ -931,3 +931,94 @@ int main(int argc, char **argv) {
          onlydir 0 /cairn/g/sub/\n"
     );
 }
+
+/// `nftw` and `ftw` walk Cairn trees as glibc walks host trees: the same program on a
+/// copy of the tree in each gives the same visits (sorted: the order is each directory
+/// listing's own), then removes the tree depth first.
+#[test]
+fn nftw_and_ftw_walk_cairn_trees_as_glibc_walks_host_ones() {
+    let store = TestStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (src, bin) = (dir.path().join("walk.c"), dir.path().join("walk"));
+    std::fs::write(
+        &src,
+        r#"#define _GNU_SOURCE
+#include <ftw.h>
+#include <stdio.h>
+#include <string.h>
+static size_t root;
+static const char *kind(int t) {
+    switch (t) {
+    case FTW_F: return "F"; case FTW_D: return "D"; case FTW_DNR: return "DNR";
+    case FTW_NS: return "NS"; case FTW_SL: return "SL"; case FTW_DP: return "DP";
+    case FTW_SLN: return "SLN"; default: return "?";
+    }
+}
+static int show(const char *p, const struct stat *st, int t, struct FTW *f) {
+    printf("nftw %s %s level %d name %s size %lld\n", kind(t), p + root, f->level, p + f->base,
+           t == FTW_F ? (long long)st->st_size : -1LL);
+    return 0;
+}
+static int skip(const char *p, const struct stat *st, int t, struct FTW *f) {
+    printf("skip %s %s\n", kind(t), p + root);
+    return strcmp(p + f->base, "sub") == 0 ? FTW_SKIP_SUBTREE : FTW_CONTINUE;
+}
+static int old(const char *p, const struct stat *st, int t) {
+    printf("ftw %s %s\n", kind(t), p + root);
+    return 0;
+}
+static int rm(const char *p, const struct stat *st, int t, struct FTW *f) {
+    return remove(p) == 0 ? 0 : (perror(p), 1);
+}
+int main(int argc, char **argv) {
+    root = strlen(argv[1]);
+    if (nftw(argv[1], show, 4, FTW_PHYS) != 0) return 1;
+    if (nftw(argv[1], show, 4, FTW_DEPTH) != 0) return 2;
+    if (nftw(argv[1], skip, 4, FTW_ACTIONRETVAL) != 0) return 3;
+    if (ftw(argv[1], old, 4) != 0) return 4;
+    printf("missing %d\n", nftw("/cairn/none/x", show, 4, 0));
+    if (nftw(argv[1], rm, 4, FTW_DEPTH | FTW_PHYS) != 0) return 5;
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let host = dir.path().join("w");
+    let tree = "mkdir -p {0}/sub {0}/empty && printf abc > {0}/a.txt && printf hello > \
+                {0}/sub/b.txt && ln -s ../a.txt {0}/sub/link && ln -s nowhere {0}/dangling";
+    let run = |root: &str| {
+        let out = sh(
+            &store,
+            &format!("{} && {} {root}", tree.replace("{0}", root), bin.display()),
+        );
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort_unstable();
+        lines.join("\n")
+    };
+    let on_host = run(&host.display().to_string());
+    let on_cairn = run("/cairn/w");
+    assert_eq!(on_cairn, on_host);
+    assert!(
+        on_cairn.contains("nftw SLN /dangling level 1 name dangling"),
+        "{on_cairn}"
+    );
+    assert!(
+        on_cairn.contains("nftw F /sub/link level 2 name link size 3"),
+        "{on_cairn}"
+    );
+    assert!(!on_cairn.contains("skip F /sub/b.txt"), "{on_cairn}");
+    // The depth-first walk removed the whole tree.
+    assert!(store.fs().metadata("/w").is_err());
+    assert!(!host.exists());
+}
