@@ -11,8 +11,8 @@
 use cairn::{At, File, FlockOp, Fs, LockKind, LockType, Metadata, OpenOptions};
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -322,8 +322,13 @@ fn lock_type(typ: i32) -> Option<LockType> {
 impl Filesystem for CairnFuse {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), i32> {
         // POSIX and BSD locks go to the daemon (shared with every client), not the kernel.
-        let _ = config
-            .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
+        // Listings carry each entry's attributes when the kernel finds it worth it.
+        let _ = config.add_capabilities(
+            fuser::consts::FUSE_POSIX_LOCKS
+                | fuser::consts::FUSE_FLOCK_LOCKS
+                | fuser::consts::FUSE_DO_READDIRPLUS
+                | fuser::consts::FUSE_READDIRPLUS_AUTO,
+        );
         Ok(())
     }
 
@@ -806,6 +811,35 @@ impl Filesystem for CairnFuse {
             };
             for (i, (ino, kind, name)) in l.entries.iter().enumerate().skip(offset as usize) {
                 if reply.add(*ino, i as i64 + 1, *kind, OsStr::from_bytes(name)) {
+                    break;
+                }
+            }
+            reply.ok();
+        });
+    }
+
+    /// A listing with each entry's attributes (one lookup fewer per entry for `ls -l`
+    /// when attributes may be cached, `--attr-timeout`). An entry removed since the
+    /// listing was taken is left out.
+    fn readdirplus(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let s = self.inner.clone();
+        self.pool.run(move || {
+            let Some(l) = lock(&s.dirs).get(&fh).cloned() else {
+                return reply.error(libc::EBADF);
+            };
+            for (i, (ino, _, name)) in l.entries.iter().enumerate().skip(offset as usize) {
+                let Ok(m) = s.fs.symlink_metadata(At::inode(*ino)) else {
+                    continue;
+                };
+                let name = OsStr::from_bytes(name);
+                if reply.add(*ino, i as i64 + 1, name, &s.ttl, &attr_of(&m), 0) {
                     break;
                 }
             }

@@ -15,12 +15,18 @@ struct Mount {
 
 impl Mount {
     fn new() -> Mount {
+        Mount::with(&[])
+    }
+
+    /// A mount with these extra `cairn mount` options.
+    fn with(options: &[&str]) -> Mount {
         let store = TestStore::new();
         let dir = tempfile::tempdir().unwrap();
         let out = Command::new(cairn_bin())
             .arg("--store")
             .arg(store.path())
             .arg("mount")
+            .args(options)
             .arg(dir.path())
             .output()
             .unwrap();
@@ -627,5 +633,30 @@ except OSError as e:
             b"user.api".to_vec(),
             b"user.empty".to_vec()
         ]
+    );
+}
+
+/// With attributes cached (`--attr-timeout`), listings carry each entry's attributes
+/// (readdirplus): `ls -ln` shows the sizes, modes and kinds the API wrote.
+#[test]
+fn listings_with_attributes_on_a_caching_mount() {
+    let m = Mount::with(&["--attr-timeout", "5"]);
+    let fs = m.store.fs();
+    fs.create_dir("/d").unwrap();
+    for (i, n) in ["a", "b", "c"].iter().enumerate() {
+        fs.write(format!("/d/{n}"), &vec![b'x'; 1000 * (i + 1)])
+            .unwrap();
+    }
+    fs.create_dir("/d/sub").unwrap();
+    fs.symlink("a", "/d/l").unwrap();
+    let d = m.path("d");
+    let out = sh(
+        &d,
+        "ls -ln | tail -n +2 | awk '{print substr($1,1,1), $5, $NF}'",
+    );
+    let dir_size = fs.metadata("/d/sub").unwrap().len();
+    assert_eq!(
+        out,
+        format!("- 1000 a\n- 2000 b\n- 3000 c\nl 1 a\nd {dir_size} sub\n")
     );
 }
