@@ -644,7 +644,7 @@ fn listings_with_attributes_on_a_caching_mount() {
     let fs = m.store.fs();
     fs.create_dir("/d").unwrap();
     for (i, n) in ["a", "b", "c"].iter().enumerate() {
-        fs.write(format!("/d/{n}"), &vec![b'x'; 1000 * (i + 1)])
+        fs.write(format!("/d/{n}"), vec![b'x'; 1000 * (i + 1)])
             .unwrap();
     }
     fs.create_dir("/d/sub").unwrap();
