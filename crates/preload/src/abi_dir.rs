@@ -41,16 +41,19 @@ fn new_stream(fd: c_int) -> io::Result<*mut DIR> {
     Ok(p as *mut DIR)
 }
 
+/// A stream over the Cairn directory at `cp`.
+fn open_stream(cp: &ops::CPath) -> io::Result<*mut DIR> {
+    let fd = ops::open(cp, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;
+    new_stream(fd).inspect_err(|_| {
+        unsafe { crate::abi_fd::close(fd) };
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
     match unsafe { crate::abi::route(libc::AT_FDCWD, path) } {
         Err(e) => crate::state::fail("opendir", e),
-        Ok(crate::abi::Route::Cairn(cp)) => run("opendir", || {
-            let fd = ops::open(&cp, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;
-            new_stream(fd).inspect_err(|_| {
-                unsafe { crate::abi_fd::close(fd) };
-            })
-        }),
+        Ok(crate::abi::Route::Cairn(cp)) => run("opendir", || open_stream(&cp)),
         Ok(r) => unsafe { real::opendir(r.host_ptr(path)) },
     }
 }
@@ -255,10 +258,7 @@ pub unsafe extern "C" fn scandirat64(
     match unsafe { crate::abi::route(dirfd, dir) } {
         Err(e) => crate::state::fail("scandir", e),
         Ok(crate::abi::Route::Cairn(cp)) => run("scandir", || {
-            let fd = ops::open(&cp, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;
-            let d = new_stream(fd).inspect_err(|_| {
-                unsafe { crate::abi_fd::close(fd) };
-            })?;
+            let d = open_stream(&cp)?;
             let r = unsafe { scan(d, list, filter, compar) };
             unsafe { closedir(d) };
             r

@@ -31,6 +31,21 @@ fn sh(store: &TestStore, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Compile the C program `src` into `bin` (the tests' own small programs).
+fn compile_c(src: &std::path::Path, bin: &std::path::Path) {
+    let cc = Command::new("cc")
+        .arg("-o")
+        .arg(bin)
+        .arg(src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+}
+
 /// Run a Python program through the shim; its stdout.
 fn python(store: &TestStore, code: &str) -> String {
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -780,17 +795,7 @@ int main(void) {
 "#,
     )
     .unwrap();
-    let cc = Command::new("cc")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_c(&src, &bin);
     let out = Command::new(cairn_bin())
         .arg("--store")
         .arg(store.path())
@@ -908,17 +913,7 @@ int main(int argc, char **argv) {
     )
     .unwrap();
     std::fs::write(dir.path().join("x.host"), b"h").unwrap();
-    let cc = Command::new("cc")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_c(&src, &bin);
     let out = sh(
         &store,
         &format!("{} {} 2>&1", bin.display(), dir.path().display()),
@@ -983,17 +978,7 @@ int main(int argc, char **argv) {
 "#,
     )
     .unwrap();
-    let cc = Command::new("cc")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_c(&src, &bin);
     let host = dir.path().join("w");
     let tree = "mkdir -p {0}/sub {0}/empty && printf abc > {0}/a.txt && printf hello > \
                 {0}/sub/b.txt && ln -s ../a.txt {0}/sub/link && ln -s nowhere {0}/dangling";
