@@ -155,7 +155,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         store.path.display(),
         std::process::id()
     ));
-    let (core, _report) = Core::open(&store, &log).inspect_err(|e| {
+    let (mut core, _report) = Core::open(&store, &log).inspect_err(|e| {
         log.log(format!("cannot start: {e}"));
     })?;
     let sock = store.socket_path();
@@ -200,6 +200,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         Box::new(move |p| crate::mkfs::restrict(p, trusted_gid, 0o600, 0o660)),
         &|note| log.log(format!("extended attributes: {note}")),
     )?;
+    mark_xattr_inodes(&mut core, &xattrs)?;
     sys::install_termination_flag()?;
     log.log(format!("listening on {}", sock.display()));
     let leases = core.leases.clone();
@@ -782,15 +783,66 @@ fn xattr_call(d: &Daemon, slot: u32, ino: u64, op: cairn_proto::XattrOp) -> io::
         }
         XattrOp::Set { name, value, flags } => {
             checked(&name, Access::Change, "setxattr")?;
-            x.change(ino, generation, &name, Some(&value), flags, &live)?;
+            // The inode is flagged before the attribute is durable: a crash in between
+            // leaves a flag without attributes, which only costs readers a request.
+            flag_xattrs(d, ino, generation, true, &[])?;
+            let dropped = x.change(ino, generation, &name, Some(&value), flags, &live)?;
+            flag_xattrs(d, ino, generation, true, &dropped)?;
             Response::Ok
         }
         XattrOp::Remove { name } => {
             checked(&name, Access::Change, "removexattr")?;
-            x.change(ino, generation, &name, None, 0, &live)?;
+            let dropped = x.change(ino, generation, &name, None, 0, &live)?;
+            flag_xattrs(
+                d,
+                ino,
+                generation,
+                x.of(ino, generation).is_some(),
+                &dropped,
+            )?;
             Response::Ok
         }
     })
+}
+
+/// Keep the inodes' `xattrs` flags (readers skip the daemon for inodes without it):
+/// `(ino, generation)` has attributes (`has`) or not; `dropped` inodes (gone, their
+/// attributes dropped by a journal rewrite) are forgotten.
+fn flag_xattrs(
+    d: &Daemon,
+    ino: u64,
+    generation: u64,
+    has: bool,
+    dropped: &[(u64, u64)],
+) -> io::Result<()> {
+    let mut core = d.core();
+    for k in dropped {
+        core.sh.xattr_inodes.remove(k);
+    }
+    let changed = if has {
+        core.sh.xattr_inodes.insert((ino, generation))
+    } else {
+        core.sh.xattr_inodes.remove(&(ino, generation))
+    };
+    let inode = core.sh.inode(ino)?;
+    if changed && inode.generation == generation {
+        // Written again as it is: `Shared::write_inode` sets the flag.
+        core.sh.write_inode(ino, &inode)?;
+    }
+    Ok(())
+}
+
+/// At start: the inodes the attribute journal names are flagged (a daemon that stopped
+/// between the journal and the flag, or a store older than the flag).
+fn mark_xattr_inodes(core: &mut Core, x: &crate::xattr::Xattrs) -> io::Result<()> {
+    for (ino, generation) in x.inodes() {
+        core.sh.xattr_inodes.insert((ino, generation));
+        match core.sh.inode(ino) {
+            Ok(i) if i.generation == generation && !i.xattrs => core.sh.write_inode(ino, &i)?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// `Lease`: wait until granted (PROTOCOL.md, "Leases"). Runs without the core lock

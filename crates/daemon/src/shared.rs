@@ -6,7 +6,7 @@ use crate::alloc::{BlockAlloc, InodeAlloc};
 use crate::tiers::TierAlloc;
 use crate::util::eio;
 use cairn_area::{fs_err, Area};
-use cairn_format::inode::{current_copy, Inode, COPY_BYTES, COPY_OFF, INODE_BYTES};
+use cairn_format::inode::{current_copy, Inode, Kind, COPY_BYTES, COPY_OFF, INODE_BYTES};
 use cairn_format::map::{entry_block, entry_tier, ENTRY_FLAGS, FANOUT};
 use cairn_format::slot::{client_page, SlotHead, LEASE_GEN_OFF, OWNER_PID_OFF, PUBLISHED_HEAD_OFF};
 use cairn_format::superblock::{state, Layout};
@@ -70,6 +70,9 @@ pub(crate) struct Shared {
     pub recency: crate::migrate::Recency,
     /// Migration and cleaning traffic, per tier (mirrored in the daemon state block).
     pub traffic: [cairn_proto::TierTraffic; 3],
+    /// Inodes (number, generation) that may have extended attributes (`crate::xattr`):
+    /// every inode written gets its `xattrs` flag from here.
+    pub xattr_inodes: std::collections::HashSet<(u64, u64)>,
 }
 
 impl Shared {
@@ -111,6 +114,7 @@ impl Shared {
             held_epochs: Vec::new(),
             recency: Default::default(),
             traffic,
+            xattr_inodes: Default::default(),
         }
     }
 
@@ -271,6 +275,11 @@ impl Shared {
         // An odd word left by a crash means its old copy is current: start from there.
         let base = m.load_u64(off)? & !1;
         let other = COPY_OFF[1 - current_copy(base)];
+        let inode = Inode {
+            xattrs: inode.attrs.kind != Kind::Free
+                && self.xattr_inodes.contains(&(ino, inode.generation)),
+            ..*inode
+        };
         m.store_u64(off, base + 1)?;
         m.write(off + other, &inode.encode_copy())?;
         m.flush(off + other, COPY_BYTES)?;

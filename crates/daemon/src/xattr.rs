@@ -157,7 +157,8 @@ impl Xattrs {
 
     /// Set (`Some`) or remove (`None`) attribute `name` of `(ino, generation)`, durably,
     /// with `setxattr`'s `flags` and the size limits. `live(ino, generation)`: whether an
-    /// inode still exists (for a rewrite of the journal, which drops the others).
+    /// inode still exists (for a rewrite of the journal, which drops the others); the
+    /// inodes such a rewrite dropped are returned.
     pub(crate) fn change(
         &mut self,
         ino: u64,
@@ -166,7 +167,7 @@ impl Xattrs {
         value: Option<&[u8]>,
         flags: u32,
         live: &dyn Fn(u64, u64) -> bool,
-    ) -> io::Result<()> {
+    ) -> io::Result<Vec<(u64, u64)>> {
         if flags & !(xattr::XATTR_CREATE | xattr::XATTR_REPLACE) != 0 {
             return Err(fs_err(libc::EINVAL, "setxattr: unknown flags"));
         }
@@ -232,17 +233,32 @@ impl Xattrs {
             }
         }
         if self.len > COMPACT_MIN && self.len > 2 * live_bytes(&self.map) {
-            self.compact(live)?;
+            return self.compact(live);
         }
-        Ok(())
+        Ok(Vec::new())
+    }
+
+    /// Every inode with attributes.
+    pub(crate) fn inodes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.map.keys().copied()
     }
 
     /// Rewrite the journal with only the live attributes of inodes that still exist:
     /// into `PATH.tmp`, synced, then renamed over the journal (a crash leaves one or the
-    /// other, both complete).
-    pub(crate) fn compact(&mut self, live: &dyn Fn(u64, u64) -> bool) -> io::Result<()> {
-        self.map
-            .retain(|&(ino, generation), _| live(ino, generation));
+    /// other, both complete). Returns the inodes dropped.
+    pub(crate) fn compact(
+        &mut self,
+        live: &dyn Fn(u64, u64) -> bool,
+    ) -> io::Result<Vec<(u64, u64)>> {
+        let dropped: Vec<(u64, u64)> = self
+            .map
+            .keys()
+            .copied()
+            .filter(|&(i, g)| !live(i, g))
+            .collect();
+        for k in &dropped {
+            self.map.remove(k);
+        }
         let tmp = self.path.with_extension("tmp");
         let mut out = Vec::with_capacity(live_bytes(&self.map) as usize);
         out.extend_from_slice(&xattr::journal_header(&self.uuid));
@@ -263,7 +279,7 @@ impl Xattrs {
         }
         self.file = OpenOptions::new().read(true).write(true).open(&self.path)?;
         self.len = out.len() as u64;
-        Ok(())
+        Ok(dropped)
     }
 }
 

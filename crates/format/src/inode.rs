@@ -100,6 +100,9 @@ pub struct Inode {
     pub dir_entries: u64,
     /// Data-region blocks owned by this inode (data, map nodes, buckets), for `st_blocks`.
     pub blocks: u64,
+    /// It may have extended attributes (kept by the daemon, not here): a reader that sees
+    /// `false` knows it has none without asking. Byte 113, bit 0.
+    pub xattrs: bool,
 }
 
 impl Inode {
@@ -126,6 +129,7 @@ impl Inode {
         le::put_u64(&mut b, 96, a.parent);
         le::put_u64(&mut b, 104, self.blocks);
         b[112] = self.map_height;
+        b[113] = self.xattrs as u8;
         let c = crc(&b[..CRC_OFF]);
         le::put_u32(&mut b, CRC_OFF, c);
         b
@@ -150,8 +154,12 @@ impl Inode {
         };
         let perm = le::u32(b, 4);
         let map_height = b[112];
-        if perm & !0o7777 != 0 || map_height > crate::map::MAX_HEIGHT || b[113..116] != [0, 0, 0] {
-            return bad("inode: bad mode or map height");
+        if perm & !0o7777 != 0
+            || map_height > crate::map::MAX_HEIGHT
+            || b[113] & !1 != 0
+            || b[114..116] != [0, 0]
+        {
+            return bad("inode: bad mode, map height or flags");
         }
         Ok(Inode {
             attrs: Attrs {
@@ -174,6 +182,7 @@ impl Inode {
             dir_split: le::u64(b, 80),
             dir_entries: le::u64(b, 88),
             blocks: le::u64(b, 104),
+            xattrs: b[113] & 1 != 0,
         })
     }
 
@@ -203,12 +212,12 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrip(kind in 1u8..=3, perm in 0u32..0o7777, size: u64, nlink: u64, t: i64,
-                     root: u64, h in 0u8..=4, gen: u64) {
+                     root: u64, h in 0u8..=4, gen: u64, xattrs: bool) {
             let ino = Inode {
                 attrs: Attrs { kind: Kind::from_u8(kind).unwrap(), perm, uid: 5, gid: 6, nlink,
                     size, atime: t, mtime: t ^ 1, ctime: 3, btime: 4, parent: 9 },
                 generation: gen, map_root: root, map_height: h, dir_level: 3, dir_split: 2,
-                dir_entries: 11, blocks: 12,
+                dir_entries: 11, blocks: 12, xattrs,
             };
             prop_assert_eq!(Inode::decode(&ino.encode()).unwrap(), ino);
         }

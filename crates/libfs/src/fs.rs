@@ -2004,8 +2004,40 @@ impl Inner {
             let w = self.walk(st, p, follow, &opname)?;
             let (ino, _) = Self::need_found(&w, &opname)?;
             check_ns()?;
-            self.attrs(st, ino)?;
-            if st.ph < st.tail {
+            let (gen, attrs) = self.attrs(st, ino)?;
+            let reads = matches!(op, XattrOp::Get { .. } | XattrOp::List);
+            if reads {
+                // Reads (the kernel asks for `security.capability` before every write
+                // through the mount) do not digest, and most never reach the daemon: an
+                // inode not digested yet has no attributes (setting one digests first),
+                // nor has one the daemon has not flagged. For a flagged one the daemon
+                // checks with the published attributes, which must then be ours.
+                let shared = self.area.read_inode(ino)?;
+                if shared.generation != gen || shared.attrs.kind == Kind::Free || !shared.xattrs {
+                    return match (&op, name.map(cairn_format::xattr::namespace)) {
+                        (XattrOp::Get { .. }, Some(Ok(ns))) => {
+                            let n = cairn_format::xattr::check(
+                                &self.cred,
+                                &attrs,
+                                ns,
+                                cairn_format::xattr::Access::Get,
+                            )
+                            .err()
+                            .unwrap_or(libc::ENODATA);
+                            let why = match n {
+                                libc::ENODATA => "no such attribute",
+                                _ => "permission denied",
+                            };
+                            Err(fs_err(n, format!("{opname}: {why}")))
+                        }
+                        _ => Ok(Response::XattrNames(Vec::new())),
+                    };
+                }
+                let a = &shared.attrs;
+                if (a.perm, a.uid, a.gid) != (attrs.perm, attrs.uid, attrs.gid) {
+                    self.digest_wait(st)?;
+                }
+            } else if st.ph < st.tail {
                 self.digest_wait(st)?;
             }
             let r = self.request(
