@@ -2,7 +2,7 @@
 //! (PROTOCOL.md, "Daemon start and auto-start").
 
 use cairn_area::{fs_err, StoreDir};
-use cairn_proto::{recv, send, Request, Response};
+use cairn_proto::{recv_with, send_with, Request, Response};
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -15,13 +15,19 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// One connection to `cairnd`.
 pub struct Conn {
     stream: UnixStream,
+    /// Reused for every message, so that requests on the write path (space credits,
+    /// digests) do not allocate.
+    buf: Vec<u8>,
 }
 
 impl Conn {
     /// Connect without starting a daemon.
     pub fn connect_only(store: &StoreDir) -> io::Result<Conn> {
         let stream = UnixStream::connect(store.socket_path())?;
-        Ok(Conn { stream })
+        Ok(Conn {
+            stream,
+            buf: Vec::new(),
+        })
     }
 
     /// Connect, starting the daemon if none answers. `create`: this is the default store,
@@ -75,13 +81,13 @@ impl Conn {
     /// Send a request and wait for its response (transport errors only; a daemon's
     /// `Response::Error` is returned as a response).
     pub fn roundtrip(&mut self, req: &Request) -> io::Result<Response> {
-        send(&mut self.stream, req)?;
-        recv(&mut self.stream)
+        send_with(&mut self.stream, req, &mut self.buf)?;
+        recv_with(&mut self.stream, &mut self.buf)
     }
 
     /// Send a request that gets no response (`Digest { wait: false }`).
     pub fn send_only(&mut self, req: &Request) -> io::Result<()> {
-        send(&mut self.stream, req)
+        send_with(&mut self.stream, req, &mut self.buf)
     }
 }
 

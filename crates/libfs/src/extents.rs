@@ -7,7 +7,7 @@
 //! once the daemon's published head reaches a tag, the shared area holds that state and
 //! [`Extents::prune`] drops the range.
 
-use std::collections::BTreeMap;
+use crate::ordmap::OrdMap;
 
 /// Where the bytes of a range come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,10 +35,12 @@ struct Ext {
     tag: u64,
 }
 
-/// Non-overlapping file ranges `[start, end)` mapped to their source.
+/// Non-overlapping file ranges `[start, end)` mapped to their source. Its index
+/// allocates only when it grows past its largest size so far ([`OrdMap`]), so a
+/// recycled one ([`Extents::clear`]) lets writes update the overlay without allocating.
 #[derive(Debug, Default, Clone)]
 pub struct Extents {
-    map: BTreeMap<u64, Ext>,
+    map: OrdMap<Ext>,
 }
 
 /// One piece of a range walk: `[start, end)` and its source, `None` for a gap (not in the
@@ -79,13 +81,23 @@ impl Extents {
         }
     }
 
+    /// Drop every range, keeping the room they took.
+    pub fn clear(&mut self) {
+        self.map.retain(|_, _| false);
+    }
+
+    /// How many ranges it can index without allocating.
+    pub fn capacity(&self) -> usize {
+        self.map.capacity()
+    }
+
     /// Map `[start, end)` to `src` (tagged `tag`), overwriting whatever overlapped it.
     pub fn insert(&mut self, start: u64, end: u64, src: Src, tag: u64) {
         if start >= end {
             return;
         }
         // Rewriting exactly an existing range (no other range can overlap it).
-        if let Some(e) = self.map.get_mut(&start) {
+        if let Some(e) = self.map.get_mut(start) {
             if e.end == end {
                 e.src = src;
                 e.tag = tag;
@@ -94,16 +106,20 @@ impl Extents {
         }
         // A range starting before `start` that reaches into it: cut it (and keep the part
         // after `end` if it spans the whole new range).
-        if let Some((&s, e)) = self.map.range_mut(..start).next_back() {
-            if e.end > start {
+        let cut = match self.map.last_before_mut(start) {
+            Some((s, e)) if e.end > start => {
                 let old = *e;
                 e.end = start;
-                self.keep_tail(s, old, end);
+                Some((s, old))
             }
+            _ => None,
+        };
+        if let Some((s, old)) = cut {
+            self.keep_tail(s, old, end);
         }
         // Ranges starting inside the new one: remove, keeping a tail beyond `end`.
-        while let Some((&s, _)) = self.map.range(start..end).next() {
-            let old = self.map.remove(&s).expect("present");
+        while let Some((s, _)) = self.map.first_in(start, end) {
+            let old = self.map.remove(s).expect("present");
             self.keep_tail(s, old, end);
         }
         self.map.insert(start, Ext { end, src, tag });
@@ -116,7 +132,7 @@ impl Extents {
 
     /// The largest tag of any range (0 when empty).
     pub fn max_tag(&self) -> u64 {
-        self.map.values().map(|e| e.tag).max().unwrap_or(0)
+        self.map.iter().map(|(_, e)| e.tag).max().unwrap_or(0)
     }
 
     /// Walk `[start, end)`: mapped pieces and gaps, in order, covering it exactly.
@@ -145,7 +161,7 @@ impl Iterator for Segments<'_> {
         }
         let pos = self.pos;
         // A range containing `pos`?
-        if let Some((&s, e)) = self.ext.map.range(..=pos).next_back() {
+        if let Some((s, e)) = self.ext.map.last_before(pos + 1) {
             if e.end > pos {
                 let seg_end = e.end.min(self.end);
                 self.pos = seg_end;
@@ -160,10 +176,8 @@ impl Iterator for Segments<'_> {
         let next = self
             .ext
             .map
-            .range(pos + 1..self.end)
-            .next()
-            .map(|(&s, _)| s)
-            .unwrap_or(self.end);
+            .first_in(pos + 1, self.end)
+            .map_or(self.end, |(s, _)| s);
         self.pos = next;
         Some(Segment {
             start: pos,
@@ -294,7 +308,7 @@ mod tests {
                 // Ranges never overlap and are ordered.
                 let mut last = 0;
                 for (s, e) in x.map.iter() {
-                    prop_assert!(*s >= last && e.end > *s);
+                    prop_assert!(s >= last && e.end > s);
                     last = e.end;
                 }
             }

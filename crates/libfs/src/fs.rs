@@ -73,14 +73,31 @@ type InoMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<InoHasher>>;
 type DirOv = (Option<(u64, Kind)>, u64);
 
 impl InodeOv {
-    fn new(gen: u64, attrs: Attrs, tag: u64) -> InodeOv {
+    /// An overlay entry, with an interval map from `spare` (used ones kept for reuse:
+    /// the write path then does not allocate).
+    fn new(gen: u64, attrs: Attrs, tag: u64, spare: &mut Vec<Extents>) -> InodeOv {
         InodeOv {
             gen,
             attrs,
             tag,
-            ext: Extents::new(),
+            ext: spare.pop().unwrap_or_default(),
             dir: HashMap::new(),
         }
+    }
+}
+
+/// Interval maps of dropped overlay entries kept for reuse, at most this many...
+const SPARE_EXTENTS: usize = 32;
+/// ... and only those indexing at most this many ranges (larger ones give their memory
+/// back).
+const SPARE_EXTENTS_MAX_RANGES: usize = 1 << 16;
+
+/// Keep `o`'s interval map for reuse (emptied), within the limits above.
+fn recycle(spare: &mut Vec<Extents>, o: InodeOv) {
+    let mut ext = o.ext;
+    if spare.len() < SPARE_EXTENTS && ext.capacity() <= SPARE_EXTENTS_MAX_RANGES {
+        ext.clear();
+        spare.push(ext);
     }
 }
 
@@ -161,6 +178,8 @@ pub(crate) struct State {
     credits: u64,
     inodes: Vec<u64>,
     ov: InoMap<InodeOv>,
+    /// Emptied interval maps for new overlay entries ([`InodeOv::new`]).
+    spare: Vec<Extents>,
     /// Open `File` handles per inode.
     open: InoMap<u32>,
     /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
@@ -562,6 +581,7 @@ impl Inner {
                 credits: reg.credits,
                 inodes: reg.inodes,
                 ov: InoMap::default(),
+                spare: Vec::with_capacity(SPARE_EXTENTS),
                 open: InoMap::default(),
                 orphans: HashSet::new(),
                 pinned: HashSet::new(),
@@ -730,7 +750,9 @@ impl Inner {
             st.pinned.insert(ino);
         }
         st.leases.remove(&ino);
-        st.ov.remove(&ino);
+        if let Some(o) = st.ov.remove(&ino) {
+            recycle(&mut st.spare, o);
+        }
         st.revokes += 1;
         if st.acquiring > 0 {
             let n = st.revokes;
@@ -804,7 +826,10 @@ impl Inner {
         let ph = self.area.published_head(self.slot)?;
         if ph > st.ph {
             st.ph = ph;
-            st.ov.retain(|_, o| o.tag > ph);
+            let st = &mut *st;
+            for (_, o) in st.ov.extract_if(|_, o| o.tag <= ph) {
+                recycle(&mut st.spare, o);
+            }
             for o in st.ov.values_mut() {
                 o.ext.prune(ph);
                 o.dir.retain(|_, e| e.1 > ph);
@@ -1124,12 +1149,12 @@ impl Inner {
             let o = st
                 .ov
                 .entry(*ino)
-                .or_insert_with(|| InodeOv::new(*gen, *a, tag));
+                .or_insert_with(|| InodeOv::new(*gen, *a, tag, &mut st.spare));
             o.gen = *gen;
             o.attrs = *a;
             o.tag = tag;
             if a.nlink == 0 {
-                o.ext = Extents::new();
+                o.ext.clear();
                 o.dir.clear();
             }
         }
@@ -1314,7 +1339,7 @@ impl Inner {
             let o = st
                 .ov
                 .entry(ino)
-                .or_insert_with(|| InodeOv::new(gen, attrs, tag));
+                .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
             o.attrs = attrs;
             o.tag = tag;
             o.ext

@@ -35,6 +35,7 @@ mod file;
 mod fs;
 pub mod lock;
 mod meta;
+mod ordmap;
 pub mod path;
 mod ring;
 

@@ -370,22 +370,37 @@ pub struct LockInfo {
 
 /// Write one framed message.
 pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
-    let body =
-        bincode::serialize(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    if body.len() as u64 > MAX_FRAME as u64 {
+    send_with(w, msg, &mut Vec::new())
+}
+
+/// [`send`] through `buf`, which a caller may reuse so that sending does not allocate
+/// once it is large enough.
+pub fn send_with<T: Serialize>(w: &mut impl Write, msg: &T, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    buf.extend_from_slice(&[0; 4]);
+    bincode::serialize_into(&mut *buf, msg)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let len = buf.len() - 4;
+    if len as u64 > MAX_FRAME as u64 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "message too large",
         ));
     }
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&body);
-    w.write_all(&frame)
+    buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    w.write_all(buf)
 }
 
 /// Read one framed message; `UnexpectedEof` when the peer closed the connection.
 pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<T> {
+    recv_with(r, &mut Vec::new())
+}
+
+/// [`recv`] through a reusable `buf`.
+pub fn recv_with<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    buf: &mut Vec<u8>,
+) -> io::Result<T> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len);
@@ -395,9 +410,10 @@ pub fn recv<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<T> {
             format!("frame of {len} bytes is too large"),
         ));
     }
-    let mut body = vec![0u8; len as usize];
-    r.read_exact(&mut body)?;
-    bincode::deserialize(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    buf.clear();
+    buf.resize(len as usize, 0);
+    r.read_exact(buf)?;
+    bincode::deserialize(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]

@@ -1,0 +1,300 @@
+//! An ordered map from `u64` keys that allocates only when it holds more entries than it
+//! ever held before: a skip list whose nodes live in a slab (`Vec`) with a free list, so
+//! removing entries keeps their slots for later inserts. It backs the overlay's interval
+//! maps ([`crate::extents`]), which the write path updates on every call and the
+//! digest path prunes: a `BTreeMap` there allocated and freed nodes all along.
+
+/// Levels of the skip list (with a branching factor of 4: about 16 million entries
+/// before searches slow down).
+const LEVELS: usize = 12;
+/// No node.
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+struct Node<V> {
+    key: u64,
+    value: V,
+    /// The levels it is linked on: `0..height`.
+    height: u8,
+    next: [u32; LEVELS],
+}
+
+#[derive(Debug, Clone)]
+pub struct OrdMap<V> {
+    nodes: Vec<Node<V>>,
+    free: Vec<u32>,
+    head: [u32; LEVELS],
+    len: usize,
+    rng: u64,
+}
+
+impl<V> Default for OrdMap<V> {
+    fn default() -> Self {
+        OrdMap {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: [NIL; LEVELS],
+            len: 0,
+            rng: 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+}
+
+impl<V: Copy> OrdMap<V> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many entries it can hold without allocating.
+    pub fn capacity(&self) -> usize {
+        self.nodes.capacity()
+    }
+
+    fn next_of(&self, at: u32, level: usize) -> u32 {
+        if at == NIL {
+            self.head[level]
+        } else {
+            self.nodes[at as usize].next[level]
+        }
+    }
+
+    fn set_next(&mut self, at: u32, level: usize, to: u32) {
+        if at == NIL {
+            self.head[level] = to;
+        } else {
+            self.nodes[at as usize].next[level] = to;
+        }
+    }
+
+    /// For each level, the last node whose key is below `key` (`NIL`: the head).
+    fn preds(&self, key: u64) -> [u32; LEVELS] {
+        let mut preds = [NIL; LEVELS];
+        let mut at = NIL;
+        for level in (0..LEVELS).rev() {
+            loop {
+                let n = self.next_of(at, level);
+                if n == NIL || self.nodes[n as usize].key >= key {
+                    break;
+                }
+                at = n;
+            }
+            preds[level] = at;
+        }
+        preds
+    }
+
+    /// The first node whose key is at least `key`.
+    fn first_at_or_after(&self, key: u64) -> u32 {
+        self.next_of(self.preds(key)[0], 0)
+    }
+
+    /// The entry with key `key`.
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut V> {
+        let n = self.first_at_or_after(key);
+        if n != NIL && self.nodes[n as usize].key == key {
+            Some(&mut self.nodes[n as usize].value)
+        } else {
+            None
+        }
+    }
+
+    /// The last entry whose key is below `key`.
+    pub fn last_before(&self, key: u64) -> Option<(u64, V)> {
+        let p = self.preds(key)[0];
+        (p != NIL).then(|| (self.nodes[p as usize].key, self.nodes[p as usize].value))
+    }
+
+    /// The last entry whose key is below `key`, to change.
+    pub fn last_before_mut(&mut self, key: u64) -> Option<(u64, &mut V)> {
+        let p = self.preds(key)[0];
+        if p == NIL {
+            return None;
+        }
+        let n = &mut self.nodes[p as usize];
+        Some((n.key, &mut n.value))
+    }
+
+    /// The first entry whose key is in `[lo, hi)`.
+    pub fn first_in(&self, lo: u64, hi: u64) -> Option<(u64, V)> {
+        let n = self.first_at_or_after(lo);
+        (n != NIL && self.nodes[n as usize].key < hi)
+            .then(|| (self.nodes[n as usize].key, self.nodes[n as usize].value))
+    }
+
+    fn level(&mut self) -> usize {
+        // xorshift64: each further level with probability 1/4.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (1 + self.rng.trailing_zeros() as usize / 2).min(LEVELS)
+    }
+
+    /// Insert or replace the entry at `key`.
+    pub fn insert(&mut self, key: u64, value: V) {
+        let preds = self.preds(key);
+        let n = self.next_of(preds[0], 0);
+        if n != NIL && self.nodes[n as usize].key == key {
+            self.nodes[n as usize].value = value;
+            return;
+        }
+        let height = self.level();
+        let node = Node {
+            key,
+            value,
+            height: height as u8,
+            next: [NIL; LEVELS],
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.nodes[id as usize] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                // Room to free every node without allocating.
+                self.free.reserve(self.nodes.len() - self.free.len());
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        for (level, &p) in preds.iter().enumerate().take(height) {
+            let after = self.next_of(p, level);
+            self.nodes[id as usize].next[level] = after;
+            self.set_next(p, level, id);
+        }
+        self.len += 1;
+    }
+
+    /// Remove the entry at `key`; its value.
+    pub fn remove(&mut self, key: u64) -> Option<V> {
+        let preds = self.preds(key);
+        let n = self.next_of(preds[0], 0);
+        if n == NIL || self.nodes[n as usize].key != key {
+            return None;
+        }
+        for (level, &p) in preds.iter().enumerate() {
+            if self.next_of(p, level) == n {
+                let after = self.nodes[n as usize].next[level];
+                self.set_next(p, level, after);
+            }
+        }
+        self.free.push(n);
+        self.len -= 1;
+        Some(self.nodes[n as usize].value)
+    }
+
+    /// Keep only the entries for which `keep` holds, in one pass over every level.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64, &V) -> bool) {
+        let mut last = [NIL; LEVELS];
+        let mut at = self.head[0];
+        self.head = [NIL; LEVELS];
+        while at != NIL {
+            let node = &self.nodes[at as usize];
+            let next = node.next[0];
+            if keep(node.key, &node.value) {
+                let height = node.height as usize;
+                for (level, l) in last.iter_mut().enumerate().take(height) {
+                    self.set_next(*l, level, at);
+                    *l = at;
+                }
+            } else {
+                self.free.push(at);
+                self.len -= 1;
+            }
+            at = next;
+        }
+        for (level, &l) in last.iter().enumerate() {
+            self.set_next(l, level, NIL);
+        }
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
+        let mut at = self.head[0];
+        std::iter::from_fn(move || {
+            if at == NIL {
+                return None;
+            }
+            let n = &self.nodes[at as usize];
+            at = n.next[0];
+            Some((n.key, n.value))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64, u32),
+        Remove(u64),
+        Retain(u32),
+        Query(u64, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (0u64..200, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+            2 => (0u64..200).prop_map(Op::Remove),
+            1 => (1u32..5).prop_map(Op::Retain),
+            3 => (0u64..210, 0u64..210).prop_map(|(a, b)| Op::Query(a, b)),
+        ]
+    }
+
+    proptest! {
+        /// Every operation and query agrees with a `BTreeMap`.
+        #[test]
+        fn matches_btreemap(ops in proptest::collection::vec(op(), 1..300)) {
+            let mut m = OrdMap::default();
+            let mut r = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Insert(k, v) => {
+                        m.insert(k, v);
+                        r.insert(k, v);
+                    }
+                    Op::Remove(k) => prop_assert_eq!(m.remove(k), r.remove(&k)),
+                    Op::Retain(d) => {
+                        m.retain(|_, v| v % d != 0);
+                        r.retain(|_, v| *v % d != 0);
+                    }
+                    Op::Query(a, b) => {
+                        let want = r.range(..a).next_back().map(|(k, v)| (*k, *v));
+                        prop_assert_eq!(m.last_before(a), want);
+                        let want = r.range(a..b.max(a)).next().map(|(k, v)| (*k, *v));
+                        prop_assert_eq!(m.first_in(a, b.max(a)), want);
+                        prop_assert_eq!(m.get_mut(a).map(|v| *v), r.get(&a).copied());
+                    }
+                }
+                prop_assert_eq!(m.len(), r.len());
+                let all: Vec<_> = m.iter().collect();
+                let want: Vec<_> = r.iter().map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(all, want);
+            }
+        }
+    }
+
+    #[test]
+    fn removed_slots_are_reused() {
+        let mut m = OrdMap::default();
+        for k in 0..1000 {
+            m.insert(k, k);
+        }
+        let cap = (m.nodes.capacity(), m.free.capacity());
+        for round in 0..10 {
+            m.retain(|_, _| false);
+            assert!(m.is_empty());
+            for k in 0..1000 {
+                m.insert(k * 7 + round, k);
+            }
+        }
+        assert_eq!((m.nodes.capacity(), m.free.capacity()), cap);
+    }
+}
