@@ -9,6 +9,7 @@
 //! cached by the kernel (TTL 0), so that changes other clients make are seen at once.
 
 use cairn::{At, File, FlockOp, Fs, LockKind, LockType, Metadata, OpenOptions};
+use cairn_proto::locktable::{LockTable, Owner, OFFSET_MAX};
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
@@ -111,6 +112,10 @@ struct Inner {
     /// for that owner's locks; dropped (its locks released) when the owner closes a
     /// descriptor of the file (`flush`), as POSIX releases a process's locks then.
     locks: Mutex<HashMap<(u64, u64), Arc<File>>>,
+    /// The record locks taken through the mount, per FUSE lock owner with the pid of the
+    /// process that took them: the store's table reports them as OFD locks (no pid), so
+    /// `F_GETLK` looks here first to name the holder.
+    mirror: Mutex<LockTable>,
 }
 
 /// The FUSE file system over one Cairn client: each request is handled on a thread of
@@ -167,6 +172,7 @@ impl CairnFuse {
                 dirs: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 locks: Mutex::new(HashMap::new()),
+                mirror: Mutex::new(LockTable::default()),
             }),
             pool: Pool::new(threads),
         }
@@ -192,6 +198,7 @@ impl Inner {
     /// last one (an open file's `flock`): its locks on it go, even while a waiter of the
     /// same owner still holds the handle.
     fn drop_locks(&self, ino: u64, owner: u64) {
+        lock(&self.mirror).release_posix(owner, ino);
         let h = lock(&self.locks).remove(&(ino, owner));
         if let Some(h) = h {
             let _ = h.unlock(LockKind::Ofd, 0, 0);
@@ -281,6 +288,11 @@ fn lock_range(start: u64, end: u64) -> (u64, u64) {
     }
 }
 
+/// A lock range `(start, len)` as the lock table's inclusive `[start, end]`.
+fn mirror_range(start: u64, len: u64) -> (u64, u64) {
+    cairn_proto::locktable::range(start, len).unwrap_or((start, OFFSET_MAX))
+}
+
 /// Answer a lock request with what `take` returns: at once, or (`wait`: it may block)
 /// from a thread of its own, so that a waiter does not hold up the other requests.
 fn answer_lock(
@@ -350,9 +362,18 @@ impl Filesystem for CairnFuse {
                 return reply.error(libc::EINVAL);
             };
             let (start, len) = lock_range(start, end);
-            let r = s
-                .lock_handle(ino, lock_owner)
-                .and_then(|h| h.get_lock(LockKind::Ofd, t, start, len));
+            // A lock taken through the mount, with its holder's pid; else the store's
+            // answer (other clients' locks).
+            let (s0, e0) = mirror_range(start, len);
+            let here = lock(&s.mirror)
+                .test_record(ino, Owner::Posix(lock_owner), t, s0, e0)
+                .map(|l| l.info());
+            let r = match here {
+                Some(l) => Ok(Some(l)),
+                None => s
+                    .lock_handle(ino, lock_owner)
+                    .and_then(|h| h.get_lock(LockKind::Ofd, t, start, len)),
+            };
             match r {
                 Ok(None) => reply.locked(0, 0, libc::F_UNLCK, 0),
                 Ok(Some(l)) => {
@@ -381,7 +402,7 @@ impl Filesystem for CairnFuse {
         start: u64,
         end: u64,
         typ: i32,
-        _pid: u32,
+        pid: u32,
         sleep: bool,
         reply: ReplyEmpty,
     ) {
@@ -392,12 +413,18 @@ impl Filesystem for CairnFuse {
                 Ok(h) => h,
                 Err(e) => return reply.error(errno(&e)),
             };
-            match lock_type(typ) {
-                None => answer_lock(false, reply, move || h.unlock(LockKind::Ofd, start, len)),
-                Some(t) => answer_lock(sleep, reply, move || {
-                    h.lock(LockKind::Ofd, t, start, len, sleep)
-                }),
-            }
+            let t = lock_type(typ);
+            let wait = sleep && t.is_some();
+            answer_lock(wait, reply, move || {
+                match t {
+                    None => h.unlock(LockKind::Ofd, start, len)?,
+                    Some(t) => h.lock(LockKind::Ofd, t, start, len, sleep)?,
+                }
+                // Granted by the store: recorded here too, with the holder's pid.
+                let (s0, e0) = mirror_range(start, len);
+                let _ = lock(&s.mirror).set_record(ino, Owner::Posix(lock_owner), pid, t, s0, e0);
+                Ok(())
+            });
         });
     }
 

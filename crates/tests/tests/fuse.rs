@@ -315,6 +315,16 @@ print('locked', flush=True)
 sys.stdin.readline()";
     let mut p = python(&root, take);
     assert_eq!(line(&mut p), "locked");
+    // F_GETLK from another process on the mount names the holder.
+    let getlk = "import fcntl, struct
+f = open('lk', 'r+')
+r = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0) + bytes(4))
+t, _, start, length, pid = struct.unpack('hhqqi', r[:28])
+print(t == fcntl.F_WRLCK, start, length, pid)";
+    assert_eq!(
+        sh(&root, &format!("python3 -c \"{getlk}\"")).trim(),
+        format!("True 0 0 {}", p.id())
+    );
     // Another process on the mount: refused without waiting.
     let try_lock = "import fcntl
 f = open('lk', 'r+')
