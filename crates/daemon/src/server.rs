@@ -249,6 +249,16 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     ));
     listener.set_nonblocking(true)?;
     while !d.stop.load(Ordering::SeqCst) && !sys::termination_requested() {
+        // Woken at once by a connection; every 100 ms to look at the stop flags.
+        match sys::wait_readable(&listener, Duration::from_millis(100)) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                d.log.log(format!("waiting for connections failed: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        }
         match listener.accept() {
             Ok((s, _)) => {
                 let d2 = d.clone();
@@ -261,9 +271,8 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
                     d.log.log(format!("cannot serve a connection: {e}"));
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
+            // Taken by nobody else, but a connection may have gone before `accept`.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 d.log.log(format!("accept failed: {e}"));
                 std::thread::sleep(Duration::from_millis(100));

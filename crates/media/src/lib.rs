@@ -407,6 +407,24 @@ pub mod sys {
         }
     }
 
+    /// Wait until `fd` is readable (for a listening socket: a connection is pending) or
+    /// `timeout` passes; whether it is readable. An interrupted wait counts as a timeout.
+    pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> io::Result<bool> {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one pollfd, valid for the call, for a descriptor `fd` owns.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        match r {
+            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => Ok(false),
+            -1 => Err(io::Error::last_os_error()),
+            n => Ok(n > 0),
+        }
+    }
+
     /// `flock(2)` unlock.
     pub fn flock_unlock(f: &File) -> io::Result<()> {
         // SAFETY: as above.
