@@ -31,18 +31,18 @@ pub(crate) struct Xattrs {
     file: File,
     /// Bytes in the journal.
     len: u64,
+    /// Bytes a rewrite would leave ([`live_bytes`], kept up to date by each change).
+    live: u64,
     map: HashMap<(u64, u64), Attrs>,
 }
 
 /// Bytes the journal needs for `map` (what a rewrite writes).
 fn live_bytes(map: &HashMap<(u64, u64), Attrs>) -> u64 {
-    let mut n = xattr::JOURNAL_HEADER as u64;
-    for (&(ino, generation), attrs) in map {
-        for (name, value) in attrs {
-            n += record(ino, generation, name, Some(value)).encode().len() as u64;
-        }
-    }
-    n
+    let records = map.values().flatten();
+    let n: usize = records
+        .map(|(k, v)| xattr::record_len(k.len(), v.len()))
+        .sum();
+    (xattr::JOURNAL_HEADER + n) as u64
 }
 
 fn record(ino: u64, generation: u64, name: &[u8], value: Option<&[u8]>) -> JournalRecord {
@@ -146,6 +146,7 @@ impl Xattrs {
             restrict,
             file,
             len,
+            live: live_bytes(&map),
             map,
         })
     }
@@ -221,18 +222,16 @@ impl Xattrs {
         self.file.sync_data()?;
         self.len += rec.len() as u64;
         let attrs = self.map.entry((ino, generation)).or_default();
-        match value {
-            Some(v) => {
-                attrs.insert(name.to_vec(), v.to_vec());
-            }
-            None => {
-                attrs.remove(name);
-                if attrs.is_empty() {
-                    self.map.remove(&(ino, generation));
-                }
-            }
+        let old = match value {
+            Some(v) => attrs.insert(name.to_vec(), v.to_vec()),
+            None => attrs.remove(name),
+        };
+        if attrs.is_empty() {
+            self.map.remove(&(ino, generation));
         }
-        if self.len > COMPACT_MIN && self.len > 2 * live_bytes(&self.map) {
+        let size = |v: &[u8]| xattr::record_len(name.len(), v.len()) as u64;
+        self.live = self.live + value.map_or(0, size) - old.as_deref().map_or(0, size);
+        if self.len > COMPACT_MIN && self.len > 2 * self.live {
             return self.compact(live);
         }
         Ok(Vec::new())
@@ -279,6 +278,7 @@ impl Xattrs {
         }
         self.file = OpenOptions::new().read(true).write(true).open(&self.path)?;
         self.len = out.len() as u64;
+        self.live = self.len;
         Ok(dropped)
     }
 }
@@ -367,6 +367,7 @@ mod tests {
             "journal not rewritten: {len} bytes"
         );
         assert!(x.of(2, 1).is_none());
+        assert_eq!(x.live, live_bytes(&x.map));
         drop(x);
         let x = open(&p);
         assert_eq!(

@@ -149,12 +149,19 @@ pub struct JournalRecord {
     pub value: Option<Vec<u8>>,
 }
 
+/// Bytes of a record with a name of `name` bytes and a value of `value` bytes (0 for a
+/// removal).
+pub fn record_len(name: usize, value: usize) -> usize {
+    PREFIX + BODY_FIXED + name + value
+}
+
 impl JournalRecord {
     /// The record as bytes: length, crc32c, body.
     pub fn encode(&self) -> Vec<u8> {
         let value = self.value.as_deref().unwrap_or(&[]);
-        let body_len = BODY_FIXED + self.name.len() + value.len();
-        let mut b = vec![0u8; PREFIX + body_len];
+        let len = record_len(self.name.len(), value.len());
+        let body_len = len - PREFIX;
+        let mut b = vec![0u8; len];
         le::put_u32(&mut b, 0, body_len as u32);
         let body = &mut b[PREFIX..];
         le::put_u64(body, 0, self.ino);

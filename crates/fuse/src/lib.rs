@@ -288,6 +288,14 @@ fn lock_range(start: u64, end: u64) -> (u64, u64) {
     }
 }
 
+/// Answer a request that returns nothing: `Ok`, or the error's errno.
+fn reply_empty(reply: ReplyEmpty, r: io::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 /// A lock range `(start, len)` as the lock table's inclusive `[start, end]`.
 fn mirror_range(start: u64, len: u64) -> (u64, u64) {
     cairn_proto::locktable::range(start, len).unwrap_or((start, OFFSET_MAX))
@@ -300,10 +308,7 @@ fn answer_lock(
     reply: ReplyEmpty,
     take: impl FnOnce() -> io::Result<()> + Send + 'static,
 ) {
-    let answer = move || match take() {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
-    };
+    let answer = move || reply_empty(reply, take());
     if wait {
         std::thread::spawn(answer);
     } else {
@@ -582,10 +587,7 @@ impl Filesystem for CairnFuse {
         let s = self.inner.clone();
         self.pool.run(move || {
             let name = name.as_os_str();
-            match s.fs.remove_file(name_at(parent, name)) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_empty(reply, s.fs.remove_file(name_at(parent, name)))
         });
     }
 
@@ -594,10 +596,7 @@ impl Filesystem for CairnFuse {
         let s = self.inner.clone();
         self.pool.run(move || {
             let name = name.as_os_str();
-            match s.fs.remove_dir(name_at(parent, name)) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_empty(reply, s.fs.remove_dir(name_at(parent, name)))
         });
     }
 
@@ -651,10 +650,7 @@ impl Filesystem for CairnFuse {
                 // RENAME_WHITEOUT (overlayfs) and unknown flags.
                 _ => return reply.error(libc::EINVAL),
             };
-            match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_empty(reply, r)
         });
     }
 
@@ -948,23 +944,19 @@ impl Filesystem for CairnFuse {
     ) {
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
         let s = self.inner.clone();
-        self.pool.run(
-            move || match s.fs.set_xattr(At::inode(ino), &name, &value, flags, true) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            },
-        );
+        self.pool.run(move || {
+            reply_empty(
+                reply,
+                s.fs.set_xattr(At::inode(ino), &name, &value, flags, true),
+            )
+        });
     }
 
     fn removexattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
         let s = self.inner.clone();
-        self.pool.run(
-            move || match s.fs.remove_xattr(At::inode(ino), &name, true) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            },
-        );
+        self.pool
+            .run(move || reply_empty(reply, s.fs.remove_xattr(At::inode(ino), &name, true)));
     }
 
     /// `SEEK_DATA` and `SEEK_HOLE` (the kernel moves the position itself for the others).
@@ -1034,10 +1026,7 @@ impl Filesystem for CairnFuse {
                 }
                 Ok(())
             })();
-            match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_empty(reply, r)
         });
     }
 
