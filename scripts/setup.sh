@@ -78,6 +78,14 @@ for comp in fmt clippy; do
     fi
 done
 
+# ---- Python packages --------------------------------------------------------------
+# LMDB (crates/tests/tests/mapping.rs: two writer processes and a reader on a mapped
+# database through the shim).
+if ! python3 -c 'import lmdb' >/dev/null 2>&1; then
+    log "installing the Python package lmdb"
+    python3 -m pip install -q lmdb || python3 -m pip install -q --break-system-packages lmdb
+fi
+
 # ---- Runtime ---------------------------------------------------------------------
 # The NVM tier file lives on /dev/shm by default (tmpfs).
 if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then

@@ -221,6 +221,46 @@ impl File {
         self.fs.run(|st| self.fs.map_unpin(st, e))
     }
 
+    /// Attach to the file's map object, creating it if needed (`docs/ARCHITECTURE.md`,
+    /// "Shared mappings"): the host shared-memory file that every `MAP_SHARED` mapping of
+    /// this file, in every process, maps at the file's offsets. Used by the shim's
+    /// `mmap`; the Rust API's mapping is [`File::map_mut`]. Give it back with
+    /// [`File::map_release`]. `ENOTSUP` while the file is in shared-write mode.
+    pub fn map_object(&self) -> io::Result<Arc<crate::MapObject>> {
+        if !self.read {
+            return Err(fs_err(libc::EACCES, "mmap: file not open for reading"));
+        }
+        self.fs.map_attach(self.ino)
+    }
+
+    /// `msync`: log the pages of `[off, off + len)` of the map object that differ from
+    /// the file (durable when it returns; readers through any path see them).
+    pub fn map_sync(&self, obj: &crate::MapObject, off: u64, len: u64) -> io::Result<()> {
+        self.fs.map_sync(obj, off, len)
+    }
+
+    /// A mapping of `obj` is gone (`munmap`); with `write_back`, its changes are written
+    /// back first. The process's last one folds the object if no other process maps it.
+    pub fn map_release(&self, obj: Arc<crate::MapObject>, write_back: bool) -> io::Result<()> {
+        self.fs.map_release(obj, write_back)
+    }
+
+    /// A shared, writable mapping of `len` bytes from `off` (a multiple of 4096): the
+    /// Rust API's `mmap(MAP_SHARED, PROT_READ | PROT_WRITE)`. Every process mapping the
+    /// file sees the others' stores at once and they survive the death of the process
+    /// that made them; [`crate::MapMut::flush`] (or dropping the mapping) makes them
+    /// durable and visible to `read`. Needs a handle open for reading and writing. Pages
+    /// past the end of the file fault (`SIGBUS`), as with `mmap`.
+    pub fn map_mut(&self, off: u64, len: usize) -> io::Result<crate::MapMut> {
+        if !self.read || !self.write {
+            return Err(fs_err(
+                libc::EACCES,
+                "map_mut: the file must be open for reading and writing",
+            ));
+        }
+        crate::MapMut::new(self.fs.clone(), self.ino, off, len)
+    }
+
     /// Truncate or extend the file to `size` bytes (extension reads as zeros).
     pub fn set_len(&self, size: u64) -> io::Result<()> {
         if !self.write {

@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+pub(crate) mod mapobj;
+
 /// Symlinks followed during one resolution before `ELOOP`.
 const MAX_SYMLINKS: u32 = 40;
 /// Inode numbers asked for at a time.
@@ -194,6 +196,11 @@ pub(crate) struct State {
     long_pins: Vec<u64>,
     /// Leases held. PROTOCOL.md, "Leases".
     leases: InoMap<Lease>,
+    /// Map objects of leased files (`mapobj`): learned at each lease grant, forgotten
+    /// with the lease. Reads come from the object; writes go to the log and the object.
+    objs: InoMap<Arc<File>>,
+    /// This process's attachments to map objects (one per file, shared by its mappings).
+    attached: InoMap<Weak<mapobj::MapObject>>,
     /// Shared-write inodes the running operation needed, with their sequence words
     /// before it read them (its `Commit` claims these; cleared when it starts again).
     seen: std::cell::RefCell<InoMap<u64>>,
@@ -352,6 +359,12 @@ impl Drop for Pin<'_> {
 }
 
 impl State {
+    /// Forget the lease on `ino` and what it let us know (the file's map object).
+    fn drop_lease(&mut self, ino: u64) {
+        self.leases.remove(&ino);
+        self.objs.remove(&ino);
+    }
+
     /// The oldest epoch a mapping pins (0: none).
     fn pin_floor(&self) -> u64 {
         self.long_pins.iter().copied().min().unwrap_or(0)
@@ -569,6 +582,8 @@ impl Inner {
             slot_lock: lock,
             st: Mutex::new(State {
                 leases: InoMap::default(),
+                objs: InoMap::default(),
+                attached: InoMap::default(),
                 seen: Default::default(),
                 lease_gen,
                 revokes: 0,
@@ -624,6 +639,7 @@ impl Inner {
     fn leases_lost(&self, st: &mut State, g: u64) {
         st.lease_gen = g;
         st.leases.clear();
+        st.objs.clear();
         let _ = self.digest_wait(st);
         st.ov.clear();
     }
@@ -694,12 +710,14 @@ impl Inner {
                     } else if *l != Lease::Write {
                         *l = Lease::Read;
                     }
+                    self.learn_object(&mut st, ino, write);
                 }
                 Ok(())
             }
             Response::Mediated { .. } => {
                 if !crossed {
                     st.leases.insert(ino, Lease::Mediated);
+                    self.learn_object(&mut st, ino, false);
                 }
                 Ok(())
             }
@@ -749,7 +767,7 @@ impl Inner {
         if open {
             st.pinned.insert(ino);
         }
-        st.leases.remove(&ino);
+        st.drop_lease(ino);
         if let Some(o) = st.ov.remove(&ino) {
             recycle(&mut st.spare, o);
         }
@@ -854,6 +872,8 @@ impl Inner {
         let g = self.area.map().load_u64(self.lease_gen_off)?;
         // Shared-write mode does not outlive the daemon: those inodes are leased anew.
         st.leases.retain(|_, l| *l != Lease::Mediated);
+        let State { objs, leases, .. } = &mut *st;
+        objs.retain(|i, _| leases.contains_key(i));
         let leases = if g == st.lease_gen {
             st.leases
                 .iter()
@@ -1222,14 +1242,14 @@ impl Inner {
             }
             Ok(Response::Stale { ended }) => {
                 for ino in ended {
-                    st.leases.remove(&ino);
+                    st.drop_lease(ino);
                 }
                 Err(io::Error::other(Stale))
             }
             r => {
                 if st.ring.is_sealed(lsn)? {
                     for (ino, _) in med {
-                        st.leases.remove(ino);
+                        st.drop_lease(*ino);
                     }
                     return Ok(());
                 }
@@ -1239,7 +1259,7 @@ impl Inner {
                     // restarting: run the operation again (it re-attaches).
                     Err(e) if transient(&e) => {
                         for (ino, _) in med {
-                            st.leases.remove(ino);
+                            st.drop_lease(*ino);
                         }
                         Err(io::Error::other(Stale))
                     }
@@ -1254,6 +1274,25 @@ impl Inner {
     /// and the number of bytes written (fewer than asked only when a write split into
     /// several transactions failed part-way).
     pub(crate) fn write_data(
+        &self,
+        st: &mut State,
+        ino: u64,
+        pos: Option<u64>,
+        data: &[u8],
+    ) -> io::Result<(u64, usize)> {
+        let (end, n) = self.write_logged(st, ino, pos, data)?;
+        if n > 0 {
+            if let Some(o) = st.objs.get(&ino) {
+                // The file has a map object (`mapobj`): the mappings see the write too.
+                std::os::unix::fs::FileExt::write_all_at(&**o, &data[..n], end - n as u64)
+                    .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}")))?;
+            }
+        }
+        Ok((end, n))
+    }
+
+    /// [`Inner::write_data`] to the log only.
+    fn write_logged(
         &self,
         st: &mut State,
         ino: u64,
@@ -1467,6 +1506,22 @@ impl Inner {
         off: u64,
         buf: &mut [u8],
     ) -> io::Result<usize> {
+        self.need(st, ino, false)?;
+        if let Some(o) = st.objs.get(&ino) {
+            // The file has a map object (`mapobj`): it holds the current bytes.
+            let (_, attrs) = self.attrs_held(st, ino)?;
+            if off >= attrs.size || buf.is_empty() {
+                return Ok(0);
+            }
+            let n = (buf.len() as u64).min(attrs.size - off) as usize;
+            mapobj::read_full(o, &mut buf[..n], off)?;
+            return Ok(n);
+        }
+        self.read_logged(st, ino, off, buf)
+    }
+
+    /// [`Inner::read_data`] from the log and the shared area, never the map object.
+    fn read_logged(&self, st: &State, ino: u64, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         let (gen, attrs) = self.attrs(st, ino)?;
         if attrs.kind == Kind::Dir {
             return Err(fs_err(libc::EISDIR, "read: is a directory"));
@@ -1598,6 +1653,10 @@ impl Inner {
         let (gen, attrs) = self.attrs(st, ino)?;
         if attrs.kind != Kind::File {
             return Err(fs_err(libc::ENODEV, "mmap: not a regular file"));
+        }
+        if st.objs.contains_key(&ino) {
+            // The current bytes are the map object's: nothing maps NVM in place.
+            return Ok((vec![None; pages], None));
         }
         let e = self.area.global_epoch()?;
         st.long_pins.push(e);
@@ -1897,7 +1956,7 @@ impl Inner {
         tx.inode(parent, pgen, pa);
         if let Err(e) = self.commit(st, tx) {
             // Not created (a shared-write retry, or a failure): the number stays ours.
-            st.leases.remove(&ino);
+            st.drop_lease(ino);
             st.inodes.push(ino);
             return Err(e);
         }
@@ -2648,6 +2707,11 @@ impl Inner {
         tx.inode(ino, gen, a);
         tx.zero_from.push((ino, from));
         self.commit(st, tx)?;
+        if let Some(o) = st.objs.get(&ino) {
+            // Mappings past the new end fault (`SIGBUS`), as on Linux.
+            o.set_len(size)
+                .map_err(|e| fs_err(libc::EIO, format!("truncate the map object: {e}")))?;
+        }
         Ok(())
     }
 

@@ -40,6 +40,7 @@ pub mod path;
 mod ring;
 
 pub use file::{File, OpenOptions};
+pub use fs::mapobj::{map_object_files, MapMut, MapObject, MAP_OBJECT_DIR};
 pub use fs::At;
 pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
@@ -377,6 +378,13 @@ impl Fs {
             s.misses.load(Relaxed),
             s.blocks_read.load(Relaxed),
         ))
+    }
+
+    /// Fold every map object of the store that no process maps (write back its changed
+    /// pages and remove it; `docs/ARCHITECTURE.md`, "Shared mappings"): `cairn stop`
+    /// does this before stopping the daemon. Returns the number folded.
+    pub fn fold_map_objects(&self) -> io::Result<usize> {
+        self.inner.fold_all()
     }
 
     /// Digest this client's log now and wait for it (never needed for durability).

@@ -161,6 +161,26 @@ impl Mapping {
         Ok(())
     }
 
+    /// Atomic 8-byte add (sequentially consistent) at `off` (must be 8-aligned); returns
+    /// the previous value. Other processes mapping the same file see it at once.
+    pub fn fetch_add_u64(&self, off: usize, v: u64) -> io::Result<u64> {
+        self.check_write(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned u64 add",
+            ));
+        }
+        // SAFETY: in bounds, aligned, writable mapping; atomic access as in `load_u64`.
+        Ok(unsafe { (*(self.ptr.add(off) as *const AtomicU64)).fetch_add(v, Ordering::SeqCst) })
+    }
+
+    /// The first byte of the mapping. Reading or writing through it is the caller's
+    /// `unsafe` business (other processes may change the bytes at any time).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Plain stores of `data` at `off`. Not written back: call `flush` + `fence`.
     pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
         self.check_write(off, data.len())?;
@@ -398,6 +418,19 @@ pub mod sys {
     /// `flock(2)`: take an exclusive lock (`nonblock`: fail with `WouldBlock` if held).
     pub fn flock_exclusive(f: &File, nonblock: bool) -> io::Result<()> {
         let op = libc::LOCK_EX | if nonblock { libc::LOCK_NB } else { 0 };
+        // SAFETY: flock on a valid fd owned by `f`; no memory is passed.
+        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// `flock(2)`: take a shared lock (`nonblock`: fail with `WouldBlock` if an exclusive
+    /// one is held).
+    pub fn flock_shared(f: &File, nonblock: bool) -> io::Result<()> {
+        let op = libc::LOCK_SH | if nonblock { libc::LOCK_NB } else { 0 };
         // SAFETY: flock on a valid fd owned by `f`; no memory is passed.
         let r = unsafe { libc::flock(f.as_raw_fd(), op) };
         if r == 0 {

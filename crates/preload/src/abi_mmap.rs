@@ -1,26 +1,31 @@
 //! Memory mappings of Cairn files.
 //!
-//! A mapping is anonymous memory in which the pages whose data are digested in the
-//! shared area map the NVM tier file in place (`MAP_PRIVATE`, read-only file
+//! A shared mapping (`MAP_SHARED`) maps the file's *map object* (LibFS,
+//! `File::map_object`): one host shared-memory file per Cairn file that every process
+//! mapping it maps, so all of them see each other's stores at once, and the stores of a
+//! process that dies stay in it. At `msync`, `munmap` and exit the pages that differ from
+//! the file are logged (durable); the last mapping in the process gives the object back
+//! (`File::map_release`), which removes it once no process maps it.
+//!
+//! A private mapping (`MAP_PRIVATE`) is anonymous memory in which the pages whose data
+//! are digested in the shared area map the NVM tier file in place (read-only file
 //! descriptor: writes to a private mapping are copied on write), and the other pages
 //! (logged and not digested yet, holes, the last partial page) are filled from the file.
 //! A mapping in place pins its epoch, so its blocks are not reused until it is unmapped
 //! (reclamation waits meanwhile); a child after `fork` gets copies instead, as it has
-//! no pin of its own. A shared mapping of a description open for writing is filled by
-//! copy and tracked: at `msync`, `munmap` and process exit, the pages that differ from
-//! the file are written to it (each run of changed pages one durable write). Changes
-//! made by other processes after `mmap` are not seen through a mapping.
+//! no pin of its own.
 //! SAFETY: see `abi.rs`; tracked ranges are memory this library mapped and that is
 //! still mapped (a range leaves the list before `munmap` unmaps it).
 
 use crate::abi::{fd_call, run, slice, slice_mut};
-use crate::maps::{dirty_runs, MapKind, MapPin, Mapping, MAPS};
+use crate::maps::{MapKind, MapPin, Mapping, MAPS};
 use crate::real;
 use crate::state::err;
 use crate::table::{self, Ofd};
 use libc::{c_int, c_void, off64_t, size_t};
 use std::cell::Cell;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -113,23 +118,18 @@ fn map_cairn(
         ));
     }
     let f = o.file()?;
+    if shared {
+        return map_shared(addr, len, prot, flags, o, off);
+    }
     let size = f.metadata()?.len();
-    let fl = (flags & !0x3 & !libc::MAP_SYNC)
-        | libc::MAP_ANONYMOUS
-        | if shared {
-            libc::MAP_SHARED
-        } else {
-            libc::MAP_PRIVATE
-        };
+    let fl = (flags & !0x3 & !libc::MAP_SYNC) | libc::MAP_ANONYMOUS | libc::MAP_PRIVATE;
     // SAFETY: anonymous memory, at `addr` only as the caller asked (MAP_FIXED).
     let p = unsafe { real::mmap64(addr, len, libc::PROT_READ | libc::PROT_WRITE, fl, -1, 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
     let filled = (size.saturating_sub(off as u64)).min(len as u64) as usize;
-    let write_back = shared && o.write;
-    // Pages in place: not for a mapping whose writes go back to the file.
-    let (plan, epoch) = if write_back || filled < PAGE {
+    let (plan, epoch) = if filled < PAGE {
         (Vec::new(), None)
     } else {
         f.map_plan(off as u64, filled / PAGE)?
@@ -186,29 +186,79 @@ fn map_cairn(
         // SAFETY: the range was mapped above.
         unsafe { real::mprotect(p, len, prot) };
     }
-    let kind = if write_back {
-        Some(MapKind::WriteBack)
-    } else {
-        epoch.map(|epoch| MapKind::InPlace {
+    if let Some(epoch) = epoch {
+        let kind = MapKind::InPlace {
             pin: Arc::new(MapPin {
                 ofd: o.clone(),
                 epoch,
             }),
             prot,
-        })
-    };
-    if let Some(kind) = kind {
-        busy_run(|| {
-            MAPS.lock().push(Mapping {
-                addr: p as usize,
-                len,
-                off: off as u64,
-                ofd: o,
-                kind,
-            })
-        });
-        TRACKED.fetch_add(1, Ordering::Release);
+        };
+        track(p, len, off, o, kind);
     }
+    Ok(p)
+}
+
+fn track(p: *mut c_void, len: usize, off: off64_t, ofd: Arc<Ofd>, kind: MapKind) {
+    busy_run(|| {
+        MAPS.lock().push(Mapping {
+            addr: p as usize,
+            len,
+            off: off as u64,
+            ofd,
+            kind,
+        })
+    });
+    TRACKED.fetch_add(1, Ordering::Release);
+}
+
+/// `MAP_SHARED`: map the file's map object with the caller's protection and flags.
+fn map_shared(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    o: Arc<Ofd>,
+    off: off64_t,
+) -> io::Result<*mut c_void> {
+    if flags & 0x3 == libc::MAP_SHARED_VALIDATE && flags & libc::MAP_SYNC != 0 {
+        // As Linux answers for a file that is not on a DAX device: the map object is
+        // host memory, so stores are not durable before `msync`.
+        return Err(err(
+            libc::EOPNOTSUPP,
+            "mmap: MAP_SYNC is not supported on Cairn files (stores are durable at msync)",
+        ));
+    }
+    let f = o.file()?;
+    let obj = f.map_object()?;
+    let fl = (flags & !0x3 & !libc::MAP_SYNC) | libc::MAP_SHARED;
+    // A read-only description maps the object read-only, so that `mprotect` cannot
+    // make the mapping writable (`EACCES`, as Linux).
+    let ro = if o.write {
+        None
+    } else {
+        match obj.open_read_only() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                let _ = f.map_release(obj, false);
+                return Err(e);
+            }
+        }
+    };
+    let fd = ro
+        .as_ref()
+        .map_or(obj.file().as_raw_fd(), |r| r.as_raw_fd());
+    // SAFETY: a shared mapping of the map object (a descriptor valid for the call), at
+    // `addr` only as the caller asked.
+    let p = unsafe { real::mmap64(addr, len, prot, fl, fd, off) };
+    drop(ro);
+    if p == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        let _ = f.map_release(obj, false);
+        return Err(e);
+    }
+    let write = o.write;
+    track(p, len, off, o, MapKind::Shared { obj, write });
     Ok(p)
 }
 
@@ -249,49 +299,37 @@ pub unsafe extern "C" fn mmap(
     unsafe { mmap64(addr, len, prot, flags, fd, off) }
 }
 
-/// Write the changed pages of `[from, to)` (inside mapping `m`) to the file.
-fn write_back(m: &Mapping, from: usize, to: usize) -> io::Result<()> {
-    let f = m.ofd.file()?;
-    let size = f.metadata()?.len();
-    let foff = m.off + (from - m.addr) as u64;
-    if foff >= size || to <= from {
-        return Ok(());
-    }
-    let n = ((size - foff) as usize).min(to - from);
-    // SAFETY: `[from, from + n)` is inside a tracked mapping, which is mapped.
-    let mem = unsafe { slice(from as *const c_void, n) };
-    let mut cur = vec![0u8; n];
-    let mut done = 0;
-    while done < n {
-        let k = f.read_at(&mut cur[done..], foff + done as u64)?;
-        if k == 0 {
-            break;
-        }
-        done += k;
-    }
-    for (o, l) in dirty_runs(mem, &cur, PAGE) {
-        f.write_at(&mem[o..o + l], foff + o as u64)?;
-    }
-    Ok(())
-}
+/// What an unmapped range leaves to give back once it is really unmapped: the shared
+/// mappings that were (partly) in it, whose map objects' locks their pages hold.
+type Gone = Vec<Mapping>;
 
-/// Write back the tracked mappings overlapping `[addr, addr + len)`; with `unmap`, also
-/// stop tracking that range.
-fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
+/// Write back the tracked shared mappings overlapping `[addr, addr + len)`; with
+/// `unmap`, also stop tracking that range and return the mappings it took, to give
+/// back with [`release`] after the range is unmapped.
+fn sync_range(addr: usize, len: usize, unmap: bool) -> (io::Result<()>, Gone) {
     let end = addr.saturating_add(len);
     busy_run(|| {
         let mut maps = MAPS.lock();
         let mut first_err = None;
-        for m in maps.iter().filter(|m| matches!(m.kind, MapKind::WriteBack)) {
+        for m in maps.iter() {
+            let MapKind::Shared { obj, write: true } = &m.kind else {
+                continue;
+            };
             let (a, b) = (m.addr.max(addr), (m.addr + m.len).min(end));
             if a < b {
-                if let Err(e) = write_back(m, a, b) {
+                let foff = m.off + (a - m.addr) as u64;
+                if let Err(e) = m
+                    .ofd
+                    .file()
+                    .and_then(|f| f.map_sync(obj, foff, (b - a) as u64))
+                {
                     first_err.get_or_insert(e);
                 }
             }
         }
         if unmap {
             let mut kept = Vec::new();
+            let mut gone = Vec::new();
             for m in maps.drain(..) {
                 let mend = m.addr + m.len;
                 if mend <= addr || m.addr >= end {
@@ -316,9 +354,28 @@ fn sync_range(addr: usize, len: usize, unmap: bool) -> io::Result<()> {
                         kind: m.kind.piece(),
                     });
                 }
+                gone.push(m);
             }
             TRACKED.store(kept.len(), Ordering::Release);
             *maps = kept;
+            return (first_err.map_or(Ok(()), Err), gone);
+        }
+        (first_err.map_or(Ok(()), Err), Vec::new())
+    })
+}
+
+/// Give back the map objects of unmapped shared mappings: the last mapping of an object
+/// in this process folds it if no other process maps it (the mapping's pages hold the
+/// object's lock, so this comes after `munmap`).
+fn release(gone: Gone) -> io::Result<()> {
+    busy_run(|| {
+        let mut first_err = None;
+        for m in gone {
+            if let MapKind::Shared { obj, .. } = m.kind {
+                if let Err(e) = m.ofd.file().and_then(|f| f.map_release(obj, false)) {
+                    first_err.get_or_insert(e);
+                }
+            }
         }
         first_err.map_or(Ok(()), Err)
     })
@@ -329,14 +386,16 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     if TRACKED.load(Ordering::Acquire) == 0 || busy() {
         return unsafe { real::munmap(addr, len) };
     }
-    let r = run("munmap", || {
-        sync_range(addr as usize, len, true).map(|()| 0)
-    });
+    let (synced, gone) = sync_range(addr as usize, len, true);
     let u = unsafe { real::munmap(addr, len) };
-    if r < 0 {
-        r
-    } else {
+    let released = release(gone);
+    // Write-back errors are reported (`munmap` itself cannot lose the data: the map
+    // object keeps it until a later write-back).
+    let r = run("munmap", || synced.and(released).map(|()| 0));
+    if u < 0 {
         u
+    } else {
+        r
     }
 }
 
@@ -346,7 +405,7 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, fl: c_int) -> c_i
         return unsafe { real::msync(addr, len, fl) };
     }
     let r = run("msync", || {
-        sync_range(addr as usize, len, false).map(|()| 0)
+        sync_range(addr as usize, len, false).0.map(|()| 0)
     });
     if r < 0 {
         return r;
@@ -364,24 +423,77 @@ pub unsafe extern "C" fn mremap(
 ) -> *mut c_void {
     if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
         let (a, e) = (old as usize, old as usize + old_len);
-        let hit = busy_run(|| MAPS.lock().iter().any(|m| m.addr < e && a < m.addr + m.len));
-        if hit {
-            let _: c_int = run("mremap", || {
-                Err(err(
-                    libc::EINVAL,
-                    "mremap of a shared mapping of a Cairn file is not supported",
-                ))
-            });
-            return libc::MAP_FAILED;
-        }
+        return busy_run(|| {
+            let mut maps = MAPS.lock();
+            let hit: Vec<usize> = (0..maps.len())
+                .filter(|&i| maps[i].addr < e && a < maps[i].addr + maps[i].len)
+                .collect();
+            if hit.is_empty() {
+                drop(maps);
+                return unsafe { raw_mremap(old, old_len, new_len, fl, new_addr) };
+            }
+            // A whole shared mapping moves or changes size with the object underneath
+            // it; anything else (a piece, a private mapping in place) is refused.
+            let whole = hit.len() == 1
+                && maps[hit[0]].addr == a
+                && maps[hit[0]].len == old_len
+                && matches!(maps[hit[0]].kind, MapKind::Shared { .. });
+            if !whole {
+                drop(maps);
+                let _: c_int = run("mremap", || {
+                    Err(err(
+                        libc::EINVAL,
+                        "mremap of part of a mapping of a Cairn file, or of a private one, is not supported",
+                    ))
+                });
+                return libc::MAP_FAILED;
+            }
+            let p = unsafe { raw_mremap(old, old_len, new_len, fl, new_addr) };
+            if p != libc::MAP_FAILED {
+                maps[hit[0]].addr = p as usize;
+                maps[hit[0]].len = new_len;
+            }
+            p
+        });
     }
+    unsafe { raw_mremap(old, old_len, new_len, fl, new_addr) }
+}
+
+/// The `mremap` system call.
+unsafe fn raw_mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    fl: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, fl, new_addr) as *mut c_void }
 }
 
-/// At exit: write back every tracked mapping.
+/// At exit: write back every tracked shared mapping and give back the map objects.
 pub extern "C" fn flush_all_at_exit() {
     if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
-        let _ = sync_range(0, usize::MAX, false);
+        // Shared mappings are written back and unmapped (their pages hold the map
+        // objects' locks), so that the objects nobody else maps are folded now.
+        let (synced, gone) = sync_range(0, usize::MAX, true);
+        let mut private = Vec::new();
+        for m in gone {
+            if matches!(m.kind, MapKind::Shared { .. }) {
+                // SAFETY: a shared mapping this library made, untracked above; the
+                // program is exiting (this handler runs after those it registered).
+                unsafe { real::munmap(m.addr as *mut c_void, m.len) };
+                private.push(m);
+            } else {
+                // Mappings in place keep their pins to the end.
+                std::mem::forget(m);
+            }
+        }
+        if let Err(e) = synced.and(release(private)) {
+            if crate::state::config().log {
+                eprintln!("cairn-preload: writing back shared mappings at exit: {e}");
+            }
+        }
     }
 }
 
@@ -389,7 +501,10 @@ impl MapKind {
     /// The kind of a piece left by a partial `munmap` (sharing the pin).
     fn piece(&self) -> MapKind {
         match self {
-            MapKind::WriteBack => MapKind::WriteBack,
+            MapKind::Shared { obj, write } => MapKind::Shared {
+                obj: obj.clone(),
+                write: *write,
+            },
             MapKind::InPlace { pin, prot } => MapKind::InPlace {
                 pin: pin.clone(),
                 prot: *prot,

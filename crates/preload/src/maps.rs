@@ -32,8 +32,13 @@ pub struct Mapping {
 }
 
 pub enum MapKind {
-    /// Shared and writable: its pages go back to the file at `msync`, `munmap` and exit.
-    WriteBack,
+    /// Shared (`MAP_SHARED`): a mapping of the file's map object, coherent with every
+    /// other process's. With `write` (a description open for writing) its changes are
+    /// written back at `msync`, `munmap` and exit.
+    Shared {
+        obj: Arc<cairn::MapObject>,
+        write: bool,
+    },
     /// Some of its pages map the NVM tier file in place; the blocks stay pinned until
     /// every piece of it is unmapped. `prot`: the protection asked for.
     InPlace { pin: Arc<MapPin>, prot: c_int },
@@ -77,46 +82,5 @@ pub fn reborn_after_fork(renew: &mut dyn FnMut(&Arc<Ofd>) -> Arc<Ofd>) {
     for m in maps.iter_mut() {
         let new = renew(&m.ofd);
         std::mem::forget(std::mem::replace(&mut m.ofd, new));
-    }
-}
-
-/// Which pages of a mapping differ from the file: `(offset in mapping, len)` runs of
-/// whole pages (the last one cut at `limit`, the mapping's bytes that are inside the
-/// file). `mem` is the mapping's memory, `file` the file's bytes at the same offsets.
-pub fn dirty_runs(mem: &[u8], file: &[u8], page: usize) -> Vec<(usize, usize)> {
-    let limit = mem.len().min(file.len());
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    let mut p = 0;
-    while p < limit {
-        let end = (p + page).min(limit);
-        if mem[p..end] != file[p..end] {
-            match runs.last_mut() {
-                Some(r) if r.0 + r.1 == p => r.1 += end - p,
-                _ => runs.push((p, end - p)),
-            }
-        }
-        p = end;
-    }
-    runs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runs() {
-        let file = vec![0u8; 10];
-        let mut mem = file.clone();
-        assert!(dirty_runs(&mem, &file, 4).is_empty());
-        mem[1] = 1;
-        mem[5] = 1;
-        mem[9] = 1;
-        assert_eq!(dirty_runs(&mem, &file, 4), vec![(0, 10)]);
-        mem[5] = 0;
-        assert_eq!(dirty_runs(&mem, &file, 4), vec![(0, 4), (8, 2)]);
-        // Bytes beyond the file's end are not written back.
-        assert!(dirty_runs(&mem, &file[..1], 4).is_empty());
-        assert_eq!(dirty_runs(&mem, &file[..2], 4), vec![(0, 2)]);
     }
 }

@@ -182,6 +182,10 @@ impl Drop for TestStore {
         if let Some(pid) = self.daemon_pid() {
             kill9(pid);
         }
+        // Map objects a test left (a mapper killed, a test that checks them).
+        for p in cairn::map_object_files(self.path()).unwrap_or_default() {
+            let _ = std::fs::remove_file(p);
+        }
         if let Ok(cfg) = cairn_area::StoreDir::new(self.path()).load_config() {
             let _ = std::fs::remove_file(cfg.nvm_path);
         }

@@ -5,6 +5,7 @@
 pub mod harness;
 pub mod ops;
 pub mod raw;
+pub mod shim;
 pub mod snapshot;
 
 pub use harness::TestStore;

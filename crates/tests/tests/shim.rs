@@ -4,54 +4,12 @@
 //! Needs sqlite3, git, tar, python3, db_bench, redis and fio (scripts/setup.sh).
 
 use cairn_tests::harness::{cairn_bin, daemon_pid, kill9};
+use cairn_tests::shim::{compile_c, python, run_cmd, sh};
 use cairn_tests::TestStore;
 use std::io::BufRead;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// `cairn run -- sh -c script` on `store`: the command.
-fn run_cmd(store: &TestStore, script: &str) -> Command {
-    let mut c = Command::new(cairn_bin());
-    c.arg("--store")
-        .arg(store.path())
-        .args(["run", "--", "sh", "-c", script]);
-    c
-}
-
-/// Run `script` through the shim; its stdout. Fails the test with stderr on failure.
-fn sh(store: &TestStore, script: &str) -> String {
-    let out = run_cmd(store, script).output().unwrap();
-    assert!(
-        out.status.success(),
-        "`{script}` failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Compile the C program `src` into `bin` (the tests' own small programs).
-fn compile_c(src: &std::path::Path, bin: &std::path::Path) {
-    let cc = Command::new("cc")
-        .arg("-o")
-        .arg(bin)
-        .arg(src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-}
-
-/// Run a Python program through the shim; its stdout.
-fn python(store: &TestStore, code: &str) -> String {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), code).unwrap();
-    sh(store, &format!("python3 {}", file.path().display()))
-}
 
 #[test]
 fn programs_through_the_shim_and_one_file_system_with_the_api() {

@@ -382,6 +382,23 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
 
 pub fn stop(store: Option<&Path>) -> CliResult {
     let dir = StoreDir::resolve(store);
+    // Shared mappings that no process maps any more (a mapper killed before it wrote
+    // back) keep their bytes in map objects: write them back into the store first.
+    let mut folded = 0;
+    if !cairn::map_object_files(&dir.path)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        let fs = cairn::Fs::open(&dir.path)
+            .map_err(|e| CliError::new(format!("opening {}: {}", dir.path.display(), clean(&e))))?;
+        folded = fs.fold_map_objects().map_err(|e| {
+            CliError::new(format!(
+                "writing back the map objects of {}: {}",
+                dir.path.display(),
+                clean(&e)
+            ))
+        })?;
+    }
     let running = daemon_running(&dir);
     if running {
         cairn::daemon_shutdown(store).map_err(|e| {
@@ -392,7 +409,12 @@ pub fn stop(store: Option<&Path>) -> CliResult {
             ))
         })?;
     }
-    let msg = if running {
+    let msg = if folded > 0 {
+        format!(
+            "wrote back {folded} shared mapping(s); stopped the daemon of {}\n",
+            dir.path.display()
+        )
+    } else if running {
         format!("stopped the daemon of {}\n", dir.path.display())
     } else {
         format!("no daemon running for {}\n", dir.path.display())

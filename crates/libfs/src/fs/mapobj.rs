@@ -1,0 +1,594 @@
+//! Shared mappings of Cairn files (`MAP_SHARED`): the map object.
+//!
+//! Every process that maps a file shared maps one host shared-memory file, the file's
+//! *map object*, `/dev/shm/cairn-<store uuid>.map-<ino>-<generation>`. The kernel keeps
+//! the mappings of all processes coherent (they are one page cache), the stores of a
+//! process killed at any instruction stay in it, and a truncation below a mapped page
+//! raises `SIGBUS` on access as on any Linux file system.
+//!
+//! While a file has a map object the object holds its current bytes, and the log plus
+//! the shared area hold what was last *written back*. The rules (ARCHITECTURE.md,
+//! "Shared mappings"):
+//!
+//! 1. An object is created (filled from the file, then renamed into place) and removed
+//!    only by a client holding the file's write lease. Every client checks for the
+//!    object when it is granted a lease ([`Inner::learn_object`]), so a client holding
+//!    any lease on a file knows whether it has an object.
+//! 2. A client that knows of an object reads the file's data from it, and writes both
+//!    to its log (durable, as always) and to the object; `set_len` truncates both.
+//! 3. Write-back (`msync`, `munmap`, exit, [`MapMut::flush`]): under the write lease,
+//!    the object's pages that differ from the logged state are logged as `WRITE`s.
+//!    From then on they are durable on the NVM tier like any write.
+//! 4. Each process that maps the object holds a shared `flock` on it (inherited by a
+//!    child after `fork`, dropped when the process dies). Whoever holds the write lease
+//!    and can take the lock exclusively knows nobody maps it: it writes back and removes
+//!    the object (a *fold*): at a process's last unmap, at the grant of a write lease (a
+//!    mapper died without writing back), and at `cairn stop`.
+
+use super::{Inner, Lease, State};
+use crate::meta::W;
+use cairn_area::fs_err;
+use cairn_format::inode::Kind;
+use cairn_media::sys;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+/// Where map objects live: the host's shared memory (tmpfs).
+pub const MAP_OBJECT_DIR: &str = "/dev/shm";
+
+/// Pages compared per step of a write-back.
+const STEP: usize = 256 << 10;
+const PAGE: usize = 4096;
+
+/// The name prefix of a store's map objects.
+pub(crate) fn object_prefix(uuid: &[u8; 16]) -> String {
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!("cairn-{hex}.map-")
+}
+
+fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
+    Path::new(MAP_OBJECT_DIR).join(format!("{}{ino}-{gen}", object_prefix(uuid)))
+}
+
+/// `(ino, generation)` of a map object's file name with `prefix`, or `None` (another
+/// store's, or a temporary file being filled).
+fn parse_object_name(name: &str, prefix: &str) -> Option<(u64, u64)> {
+    let (ino, gen) = name.strip_prefix(prefix)?.split_once('-')?;
+    Some((ino.parse().ok()?, gen.parse().ok()?))
+}
+
+fn open_rw(p: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(p)
+}
+
+/// A process's attachment to a file's map object: the object open read-write, holding
+/// a shared `flock` (the mark that this process maps it). Map it with [`MapObject::file`]
+/// at the file offsets of the mapping. Shared by all mappings of the file in the process;
+/// give it back with [`crate::File::map_release`].
+#[derive(Debug)]
+pub struct MapObject {
+    file: File,
+    path: PathBuf,
+    ino: u64,
+    gen: u64,
+}
+
+impl MapObject {
+    /// The object, open read-write (the offsets of the file are the object's).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+    /// The object's path (to open it read-only for a read-only mapping).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// The inode whose object this is.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+    /// The object opened read-only, holding the shared lock of a mapping (for a
+    /// read-only mapping: `mprotect` cannot make it writable).
+    pub fn open_read_only(&self) -> io::Result<File> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&self.path)?;
+        sys::flock_shared(&f, false)?;
+        Ok(f)
+    }
+}
+
+impl Inner {
+    fn uuid(&self) -> [u8; 16] {
+        self.area.superblock().uuid
+    }
+
+    /// At the grant of a lease on `ino` (state lock held): learn whether the file has a
+    /// map object (open it for reads and writes), and with the write lease fold an
+    /// object nobody maps any more (its mapper died before writing back).
+    pub(super) fn learn_object(&self, st: &mut State, ino: u64, write: bool) {
+        st.objs.remove(&ino);
+        let Ok((gen, attrs)) = self.attrs_held(st, ino) else {
+            return;
+        };
+        if attrs.kind != Kind::File {
+            return;
+        }
+        let path = object_path(&self.uuid(), ino, gen);
+        let Ok(f) = open_rw(&path) else {
+            return;
+        };
+        st.objs.insert(ino, Arc::new(f));
+        if write && st.leases.get(&ino) == Some(&Lease::Write) {
+            if let Err(e) = self.fold(st, ino, gen, &path) {
+                if self.log_errors() {
+                    eprintln!("cairn: folding the map object of inode {ino}: {e}");
+                }
+            }
+        }
+    }
+
+    fn log_errors(&self) -> bool {
+        std::env::var_os("CAIRN_DEBUG").is_some()
+    }
+
+    /// Whether this client may log writes to a file with attributes `a` (the daemon
+    /// refuses a log with a `WRITE` it may not make).
+    fn may_write(&self, a: &cairn_format::inode::Attrs) -> bool {
+        self.cred.uid == 0 || self.cred.uid == a.uid || self.cred.may(a, W)
+    }
+
+    /// If nobody maps the object at `path` (we take its lock exclusively), write it
+    /// back and remove it. Needs the write lease. Returns whether it was removed.
+    fn fold(&self, st: &mut State, ino: u64, gen: u64, path: &Path) -> io::Result<bool> {
+        let f = match open_rw(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                st.objs.remove(&ino);
+                return Ok(true);
+            }
+            Err(e) => return Err(e),
+        };
+        match sys::flock_exclusive(&f, true) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        match self.attrs_held(st, ino) {
+            Ok((g, a)) if g == gen && a.kind == Kind::File => {
+                self.write_back(st, ino, &f, 0, u64::MAX)?;
+            }
+            // The file is gone (or is another file now): nothing to write back to.
+            _ => {}
+        }
+        std::fs::remove_file(path)?;
+        st.objs.remove(&ino);
+        Ok(true)
+    }
+
+    /// Log the pages of `[off, off + len)` (within the file's size) whose bytes in
+    /// object `obj` differ from the logged state (write lease held): runs of whole pages,
+    /// the last one cut at the size. Not written to the object again, so a mapper's
+    /// store racing with the write-back stays there. `EACCES` if a page differs and
+    /// this client may not write the file (the daemon would refuse its log).
+    fn write_back(
+        &self,
+        st: &mut State,
+        ino: u64,
+        obj: &File,
+        off: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        let (_, attrs) = self.attrs_held(st, ino)?;
+        let end = off.saturating_add(len).min(attrs.size);
+        let (mut a, mut b) = (vec![0u8; STEP], vec![0u8; STEP]);
+        let mut pos = off - off % PAGE as u64;
+        while pos < end {
+            let n = ((end - pos) as usize).min(STEP);
+            read_full(obj, &mut a[..n], pos)?;
+            self.read_logged(st, ino, pos, &mut b[..n])?;
+            for (p, q) in dirty_runs(&a[..n], &b[..n]) {
+                if !self.may_write(&attrs) {
+                    return Err(fs_err(
+                        libc::EACCES,
+                        format!(
+                            "write-back of a shared mapping of inode {ino}: no write permission"
+                        ),
+                    ));
+                }
+                let (_, w) = self.write_logged(st, ino, Some(pos + p as u64), &a[p..q])?;
+                if w < q - p {
+                    return Err(fs_err(
+                        libc::EIO,
+                        "write-back of a shared mapping: short write",
+                    ));
+                }
+            }
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Attach to the map object of `ino`, creating it if the file has none: the object
+    /// every `MAP_SHARED` mapping of the file maps. Takes the write lease.
+    pub(crate) fn map_attach(&self, ino: u64) -> io::Result<Arc<MapObject>> {
+        self.run(|st| {
+            self.need(st, ino, true)?;
+            if st.leases.get(&ino) == Some(&Lease::Mediated) {
+                return Err(fs_err(
+                    libc::ENOTSUP,
+                    "mmap MAP_SHARED: the file is in shared-write mode (shared_write in \
+                     cairn.toml); it cannot be mapped shared until the mode ends",
+                ));
+            }
+            let (gen, attrs) = self.attrs_held(st, ino)?;
+            if attrs.kind != Kind::File {
+                return Err(fs_err(libc::ENODEV, "mmap: not a regular file"));
+            }
+            if let Some(o) = st.attached.get(&ino).and_then(Weak::upgrade) {
+                if o.gen == gen && st.objs.contains_key(&ino) {
+                    return Ok(o);
+                }
+            }
+            let path = object_path(&self.uuid(), ino, gen);
+            if !st.objs.contains_key(&ino) {
+                self.create_object(st, ino, attrs.size, &path)?;
+            }
+            let file = open_rw(&path)?;
+            sys::flock_shared(&file, false)?;
+            let obj = Arc::new(MapObject {
+                file,
+                path,
+                ino,
+                gen,
+            });
+            st.attached.insert(ino, Arc::downgrade(&obj));
+            Ok(obj)
+        })
+    }
+
+    /// Make the map object of `ino` at `path`: filled from the file under a temporary
+    /// name, then renamed into place (a crash leaves no half-filled object).
+    fn create_object(&self, st: &mut State, ino: u64, size: u64, path: &Path) -> io::Result<()> {
+        let shm_err = |e: io::Error| {
+            fs_err(
+                cairn_area::errno_of(&e).max(1),
+                format!(
+                    "mmap MAP_SHARED: cannot make the map object {}: {e}",
+                    path.display()
+                ),
+            )
+        };
+        let tmp = PathBuf::from(format!("{}.new-{}", path.display(), self.pid));
+        let _ = std::fs::remove_file(&tmp);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(shm_err)?;
+        let filled = (|| -> io::Result<()> {
+            // The same access as the NVM file: the store's trust domain.
+            if let Ok(m) = std::fs::metadata(&self.nvm_path) {
+                let _ = std::os::unix::fs::fchown(&f, None, Some(m.gid()));
+                use std::os::unix::fs::PermissionsExt;
+                f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o660))?;
+            }
+            f.set_len(size)?;
+            let mut buf = vec![0u8; STEP];
+            let mut pos = 0;
+            while pos < size {
+                let n = ((size - pos) as usize).min(STEP);
+                self.read_logged(st, ino, pos, &mut buf[..n])?;
+                if buf[..n].iter().any(|&b| b != 0) {
+                    f.write_all_at(&buf[..n], pos)?;
+                }
+                pos += n as u64;
+            }
+            sys::renameat2(&tmp, path, libc::RENAME_NOREPLACE)
+        })();
+        if let Err(e) = filled {
+            let _ = std::fs::remove_file(&tmp);
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(shm_err(e));
+            }
+        }
+        st.objs
+            .insert(ino, Arc::new(open_rw(path).map_err(shm_err)?));
+        Ok(())
+    }
+
+    /// Write back `[off, off + len)` of `obj` (`msync`).
+    pub(crate) fn map_sync(&self, obj: &MapObject, off: u64, len: u64) -> io::Result<()> {
+        let ino = obj.ino;
+        self.run(|st| {
+            self.need(st, ino, true)?;
+            let gen = match self.attrs_held(st, ino) {
+                Ok((gen, _)) => gen,
+                Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if gen != obj.gen {
+                return Ok(());
+            }
+            self.write_back(st, ino, &obj.file, off, len)
+        })
+    }
+
+    /// A process's mapping of `obj` is gone. With `write_back`, its changes are written
+    /// back first. The last attachment in this process drops its lock and folds the
+    /// object if no other process maps it.
+    pub(crate) fn map_release(&self, obj: Arc<MapObject>, write_back: bool) -> io::Result<()> {
+        let r = if write_back {
+            self.map_sync(&obj, 0, u64::MAX)
+        } else {
+            Ok(())
+        };
+        if Arc::strong_count(&obj) > 1 {
+            return r;
+        }
+        let (ino, gen, path) = (obj.ino, obj.gen, obj.path.clone());
+        drop(obj);
+        if r.is_err() {
+            // Not written back: the object keeps the bytes for the next fold.
+            return r;
+        }
+        self.run(|st| {
+            if st.attached.get(&ino).is_some_and(|w| w.strong_count() == 0) {
+                st.attached.remove(&ino);
+            }
+            self.need(st, ino, true)?;
+            self.fold(st, ino, gen, &path).map(|_| ())
+        })
+    }
+
+    /// Fold every map object of this store that nobody maps (`cairn stop` does this
+    /// before stopping the daemon), and remove temporary objects of dead processes.
+    /// Returns the number of objects folded.
+    pub(crate) fn fold_all(&self) -> io::Result<usize> {
+        let prefix = object_prefix(&self.uuid());
+        let mut folded = 0;
+        for e in std::fs::read_dir(MAP_OBJECT_DIR)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&prefix) {
+                continue;
+            }
+            if let Some((_, pid)) = name.rsplit_once(".new-") {
+                if pid.parse().is_ok_and(|p| !sys::pid_alive(p)) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                continue;
+            }
+            let Some((ino, gen)) = parse_object_name(&name, &prefix) else {
+                continue;
+            };
+            if !self.area.layout().ino_valid(ino) {
+                continue;
+            }
+            let path = e.path();
+            if self.run(|st| {
+                self.need(st, ino, true)?;
+                self.fold(st, ino, gen, &path)
+            })? {
+                folded += 1;
+            }
+        }
+        Ok(folded)
+    }
+}
+
+/// The runs `[p, q)` of whole pages (the last one cut at the slices' end) where `a` and
+/// `b` differ; adjacent pages make one run.
+fn dirty_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
+    let n = a.len().min(b.len());
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut p = 0;
+    while p < n {
+        let e = (p + PAGE).min(n);
+        if a[p..e] != b[p..e] {
+            match runs.last_mut() {
+                Some(r) if r.1 == p => r.1 = e,
+                _ => runs.push((p, e)),
+            }
+        }
+        p = e;
+    }
+    runs
+}
+
+/// The map objects (and temporary objects being filled) of the store in `store_dir`,
+/// from its NVM file's superblock: what `cairn status` counts and what is left behind
+/// when a store is deleted without `cairn stop`.
+pub fn map_object_files(store_dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let cfg = cairn_area::StoreDir::new(store_dir).load_config()?;
+    let mut b = vec![0u8; 4096];
+    let f = File::open(&cfg.nvm_path)?;
+    read_full(&f, &mut b, 0)?;
+    let sb = cairn_format::superblock::Superblock::decode(&b, f.metadata()?.len())
+        .map_err(|e| fs_err(libc::EINVAL, format!("{}: {e}", cfg.nvm_path.display())))?;
+    let prefix = object_prefix(&sb.uuid);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(MAP_OBJECT_DIR)?.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Read exactly `buf.len()` bytes at `off` of `f`; bytes past its end read as zeros.
+pub(super) fn read_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], off + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                break;
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A shared, writable mapping of part of a Cairn file ([`crate::File::map_mut`]):
+/// the Rust API's `mmap(MAP_SHARED)`. Every process mapping the file sees the others'
+/// stores at once; [`MapMut::flush`] (or dropping it) makes them durable like a write.
+/// Access goes through copies and atomics, never Rust references (other processes may
+/// change the bytes at any time).
+pub struct MapMut {
+    /// `None` once unmapped (in `drop`, before the object is given back: the mapping's
+    /// pages hold the object's lock).
+    map: Option<cairn_media::Mapping>,
+    obj: Option<Arc<MapObject>>,
+    fs: Arc<Inner>,
+    off: u64,
+}
+
+impl MapMut {
+    pub(crate) fn new(fs: Arc<Inner>, ino: u64, off: u64, len: usize) -> io::Result<MapMut> {
+        if len == 0 || !off.is_multiple_of(PAGE as u64) {
+            return Err(fs_err(
+                libc::EINVAL,
+                "map_mut: the length must be positive and the offset a multiple of 4096",
+            ));
+        }
+        let obj = fs.map_attach(ino)?;
+        let map = match cairn_media::Mapping::new(&obj.file, off, len, true, false) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = fs.map_release(obj, false);
+                return Err(e);
+            }
+        };
+        Ok(MapMut {
+            map: Some(map),
+            obj: Some(obj),
+            fs,
+            off,
+        })
+    }
+
+    fn map(&self) -> &cairn_media::Mapping {
+        self.map.as_ref().expect("mapped until dropped")
+    }
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+    /// Whether the mapping is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.map().is_empty()
+    }
+    /// Copy `buf.len()` bytes at `off` (from the mapping's start) into `buf`.
+    pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.map().read(off, buf)
+    }
+    /// Store `data` at `off`.
+    pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
+        self.map().write(off, data)
+    }
+    /// Atomic 8-byte load at `off` (8-aligned).
+    pub fn load_u64(&self, off: usize) -> io::Result<u64> {
+        self.map().load_u64(off)
+    }
+    /// Atomic 8-byte store at `off` (8-aligned).
+    pub fn store_u64(&self, off: usize, v: u64) -> io::Result<()> {
+        self.map().store_u64(off, v)
+    }
+    /// Atomic 8-byte add at `off` (8-aligned); the previous value.
+    pub fn fetch_add_u64(&self, off: usize, v: u64) -> io::Result<u64> {
+        self.map().fetch_add_u64(off, v)
+    }
+    /// The mapping's first byte, for callers that manage access themselves.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map().as_ptr()
+    }
+    /// `msync`: the changed pages of the whole mapping are logged (durable) and visible
+    /// to every reader of the file.
+    pub fn flush(&self) -> io::Result<()> {
+        self.flush_range(0, self.len())
+    }
+    /// `msync` of `[off, off + len)` of the mapping.
+    pub fn flush_range(&self, off: usize, len: usize) -> io::Result<()> {
+        match &self.obj {
+            Some(o) => self
+                .fs
+                .map_sync(o, self.off + off as u64, len.min(self.len()) as u64),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for MapMut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapMut")
+            .field("off", &self.off)
+            .field("len", &self.map.as_ref().map_or(0, |m| m.len()))
+            .finish()
+    }
+}
+
+impl Drop for MapMut {
+    fn drop(&mut self) {
+        if let Some(o) = self.obj.take() {
+            let len = self.len() as u64;
+            let r = self.fs.map_sync(&o, self.off, len);
+            self.map = None;
+            let r = r.and_then(|()| self.fs.map_release(o, false));
+            if let Err(e) = r {
+                if self.fs.log_errors() {
+                    eprintln!("cairn: unmapping: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_of_changed_pages() {
+        let b = vec![0u8; 3 * PAGE + 10];
+        let mut a = b.clone();
+        assert!(dirty_runs(&a, &b).is_empty());
+        a[1] = 1;
+        a[PAGE + 5] = 1;
+        a[3 * PAGE + 9] = 1;
+        assert_eq!(
+            dirty_runs(&a, &b),
+            vec![(0, 2 * PAGE), (3 * PAGE, 3 * PAGE + 10)]
+        );
+        a[PAGE + 5] = 0;
+        assert_eq!(
+            dirty_runs(&a, &b),
+            vec![(0, PAGE), (3 * PAGE, 3 * PAGE + 10)]
+        );
+    }
+
+    #[test]
+    fn object_names() {
+        let uuid = [0xabu8; 16];
+        let p = object_path(&uuid, 42, 7);
+        let prefix = object_prefix(&uuid);
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert_eq!(parse_object_name(name, &prefix), Some((42, 7)));
+        assert_eq!(parse_object_name(&format!("{name}.new-12"), &prefix), None);
+        assert_eq!(parse_object_name(name, &object_prefix(&[0; 16])), None);
+        assert!(p.starts_with(MAP_OBJECT_DIR));
+    }
+}
