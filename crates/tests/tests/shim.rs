@@ -561,8 +561,8 @@ fn random_call_sequences_match_linux() {
     }
 }
 
-/// `mmap` of digested data maps the NVM tier file in place (read-only and private
-/// mappings); a forked child gets copies; a private mapping's writes stay private.
+/// A private `mmap` of digested data maps the NVM tier file in place (read-only and
+/// writable); a forked child gets copies; a private mapping's writes stay private.
 #[test]
 fn mmap_maps_digested_data_in_place() {
     let store = TestStore::new();
@@ -588,7 +588,7 @@ data = open('{expect}', 'rb').read()
 def in_place():
     return [l for l in open('/proc/self/maps') if l.rstrip().endswith('{nvm}') and ' r--p ' in l]
 f = open('/cairn/r.bin', 'rb')
-m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
 assert m[:] == data
 assert len(in_place()) == 1, in_place()
 lo, hi = (int(x, 16) for x in in_place()[0].split()[0].split('-'))
@@ -613,7 +613,7 @@ print('ok')
     assert_eq!(out, "ok\n");
 }
 
-/// A mapping in place pins its blocks: another client rewriting the file and filling
+/// A (private) mapping in place pins its blocks: another client rewriting the file and filling
 /// the store cannot make the mapping show anything but what was mapped (the store runs
 /// out of space rather than reuse them), and space comes back once it is unmapped.
 #[test]
@@ -638,7 +638,7 @@ fn a_mapping_in_place_keeps_its_blocks() {
 import mmap, sys
 data = open('{}', 'rb').read()
 f = open('/cairn/r.bin', 'rb')
-m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
 print('mapped', flush=True)
 sys.stdin.readline()
 print('same' if m[:] == data else 'changed', flush=True)

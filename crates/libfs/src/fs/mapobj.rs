@@ -338,10 +338,8 @@ impl Inner {
         }
         let (ino, gen, path) = (obj.ino, obj.gen, obj.path.clone());
         drop(obj);
-        if r.is_err() {
-            // Not written back: the object keeps the bytes for the next fold.
-            return r;
-        }
+        // Not written back: the object keeps the bytes for the next fold.
+        r?;
         self.run(|st| {
             if st.attached.get(&ino).is_some_and(|w| w.strong_count() == 0) {
                 st.attached.remove(&ino);
