@@ -76,13 +76,16 @@ type DirOv = (Option<(u64, Kind)>, u64);
 
 impl InodeOv {
     /// An overlay entry, with an interval map from `spare` (used ones kept for reuse:
-    /// the write path then does not allocate).
+    /// the write path then does not allocate). The largest is taken: which map was
+    /// recycled last depends on the order the overlay drops entries in, and a small one
+    /// (a directory's) taken for a busy file would grow again.
     fn new(gen: u64, attrs: Attrs, tag: u64, spare: &mut Vec<Extents>) -> InodeOv {
+        let largest = (0..spare.len()).max_by_key(|&i| spare[i].capacity());
         InodeOv {
             gen,
             attrs,
             tag,
-            ext: spare.pop().unwrap_or_default(),
+            ext: largest.map(|i| spare.swap_remove(i)).unwrap_or_default(),
             dir: HashMap::new(),
         }
     }
