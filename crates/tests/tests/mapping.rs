@@ -558,9 +558,9 @@ print('ok')
 }
 
 /// A process on the FUSE mount and a process through the shim share one file through
-/// mappings: the shim's stores reach the mount's mapping once written back (`msync`,
-/// then a new open on the mount), and the mount's written-back stores are in the shim's
-/// mapping at once.
+/// mappings: the mount serves the shim's stores (through a new open: the kernel caches
+/// the mount's pages), and the mount's written-back stores are in the shim's mapping at
+/// once.
 #[test]
 fn the_mount_and_the_shim_share_a_mapped_file() {
     let store = TestStore::new();
@@ -590,6 +590,7 @@ fn the_mount_and_the_shim_share_a_mapped_file() {
 m = mmap.mmap(os.open('/cairn/mf.bin', os.O_RDWR), 8192)
 m[0:4] = b'shim'
 m.flush()
+m[200:206] = b'unsync'
 print('flushed', flush=True)
 sys.stdin.readline()
 print(m[4096:4101].decode(), flush=True)
@@ -599,6 +600,9 @@ print(m[4096:4101].decode(), flush=True)
     let mut out = BufReader::new(c.stdout.take().unwrap());
     assert_eq!(next_line(&mut out), "flushed");
     let on_mount = mnt.path().join("mf.bin");
+    // The mount serves the mapped file's current bytes, even those not written back.
+    let bytes = std::fs::read(&on_mount).unwrap();
+    assert_eq!((&bytes[0..4], &bytes[200..206]), (&b"shim"[..], &b"unsync"[..]));
     let r = Command::new("python3")
         .arg("-c")
         .arg(format!(
