@@ -602,7 +602,10 @@ print(m[4096:4101].decode(), flush=True)
     let on_mount = mnt.path().join("mf.bin");
     // The mount serves the mapped file's current bytes, even those not written back.
     let bytes = std::fs::read(&on_mount).unwrap();
-    assert_eq!((&bytes[0..4], &bytes[200..206]), (&b"shim"[..], &b"unsync"[..]));
+    assert_eq!(
+        (&bytes[0..4], &bytes[200..206]),
+        (&b"shim"[..], &b"unsync"[..])
+    );
     let r = Command::new("python3")
         .arg("-c")
         .arg(format!(
