@@ -267,6 +267,7 @@ sys_fns! {
     fn memfd_create(name: *const c_char, fl: c_uint) -> c_int = libc::SYS_memfd_create, (name, fl);
     fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int = libc::SYS_fcntl, (fd, cmd, arg);
     fn dup(fd: c_int) -> c_int = libc::SYS_dup, (fd);
+    fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) -> c_int = libc::SYS_ioctl, (fd, req, arg);
     fn dup2(fd: c_int, new: c_int) -> c_int = libc::SYS_dup2, (fd, new);
     fn dup3(fd: c_int, new: c_int, fl: c_int) -> c_int = libc::SYS_dup3, (fd, new, fl);
 }
