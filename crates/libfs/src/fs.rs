@@ -2648,12 +2648,13 @@ impl Inner {
     pub(crate) fn set_times(
         &self,
         p: At<'_>,
+        follow: bool,
         atime: Option<i64>,
         mtime: Option<i64>,
     ) -> io::Result<()> {
         let op = format!("set_times {}", p.display());
         self.run(|st| {
-            let w = self.walk(st, p, true, &op)?;
+            let w = self.walk(st, p, follow, &op)?;
             let (ino, _) = Self::need_found(&w, &op)?;
             if atime.is_none() && mtime.is_none() {
                 return Ok(());

@@ -309,8 +309,27 @@ impl Fs {
         atime: Option<SystemTime>,
         mtime: Option<SystemTime>,
     ) -> io::Result<()> {
-        self.inner
-            .set_times(p.at(), atime.map(meta::time_ns), mtime.map(meta::time_ns))
+        self.inner.set_times(
+            p.at(),
+            true,
+            atime.map(meta::time_ns),
+            mtime.map(meta::time_ns),
+        )
+    }
+
+    /// [`Fs::set_times`] of a symlink itself (`utimensat` with `AT_SYMLINK_NOFOLLOW`).
+    pub fn set_symlink_times(
+        &self,
+        p: impl Loc,
+        atime: Option<SystemTime>,
+        mtime: Option<SystemTime>,
+    ) -> io::Result<()> {
+        self.inner.set_times(
+            p.at(),
+            false,
+            atime.map(meta::time_ns),
+            mtime.map(meta::time_ns),
+        )
     }
 
     /// The whole contents of a file.

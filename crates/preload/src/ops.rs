@@ -602,17 +602,18 @@ pub fn set_times(
     follow: bool,
 ) -> io::Result<()> {
     let fs = fs()?;
-    if !follow && fs.symlink_metadata(cp.at())?.is_symlink() {
-        // LibFS sets the times of what a path names after following links.
-        return Err(err(
-            libc::EOPNOTSUPP,
-            "utimensat: times of a symbolic link itself are not supported on Cairn",
-        ));
-    }
     if a.is_none() && m.is_none() {
-        return fs.metadata(cp.at()).map(drop);
+        return if follow {
+            fs.metadata(cp.at()).map(drop)
+        } else {
+            fs.symlink_metadata(cp.at()).map(drop)
+        };
     }
-    fs.set_times(cp.at(), a, m)
+    if follow {
+        fs.set_times(cp.at(), a, m)
+    } else {
+        fs.set_symlink_times(cp.at(), a, m)
+    }
 }
 
 pub fn truncate(cp: &CPath, len: i64) -> io::Result<()> {

@@ -1,0 +1,199 @@
+//! Calls on Cairn descriptors that the kernel cannot serve by itself, through the shim:
+//! copies between descriptors (`copy_file_range`, `sendfile`, `splice`), `ioctl`, and the
+//! times of a symbolic link itself. Compared with what Linux does on the host.
+//! Needs python3 (scripts/setup.sh).
+
+use cairn_tests::shim::python;
+use cairn_tests::TestStore;
+
+/// `copy_file_range` between two Cairn files and between Cairn and the host, with
+/// positions and explicit offsets; Linux's errors for overlapping ranges, flags and an
+/// `O_APPEND` destination.
+#[test]
+fn copy_file_range_with_a_cairn_side() {
+    let store = TestStore::new();
+    let host = tempfile::tempdir().unwrap();
+    let out = python(
+        &store,
+        &format!(
+            r#"import errno, os
+host = '{host}'
+data = bytes(range(256)) * 4000 + b'tail'
+open('/cairn/src', 'wb').write(data)
+a = os.open('/cairn/src', os.O_RDONLY)
+b = os.open('/cairn/dst', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+# Explicit offsets: the positions stay.
+assert os.copy_file_range(a, b, len(data), 0, 0) == len(data)
+assert open('/cairn/dst', 'rb').read() == data
+assert os.lseek(a, 0, os.SEEK_CUR) == 0 and os.lseek(b, 0, os.SEEK_CUR) == 0
+# Positions: used and moved.
+os.lseek(a, 100, os.SEEK_SET)
+h = os.open(host + '/copy', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+assert os.copy_file_range(a, h, 1000) == 1000 and os.lseek(a, 0, os.SEEK_CUR) == 1100
+os.close(h)
+assert open(host + '/copy', 'rb').read() == data[100:1100]
+# Host to Cairn; past the end of the source: what is there.
+h = os.open(host + '/copy', os.O_RDONLY)
+c = os.open('/cairn/fromhost', os.O_WRONLY | os.O_CREAT)
+assert os.copy_file_range(h, c, 5000) == 1000
+assert os.copy_file_range(h, c, 5000) == 0
+assert open('/cairn/fromhost', 'rb').read() == data[100:1100]
+def fails(f, want):
+    try:
+        f()
+    except OSError as e:
+        assert e.errno == want, (e, want)
+        return
+    raise AssertionError('no error, expected ' + errno.errorcode[want])
+r = os.open('/cairn/dst', os.O_RDWR)
+fails(lambda: os.copy_file_range(r, r, 100, 0, 50), errno.EINVAL)
+assert os.copy_file_range(r, r, 100, 0, 100) == 100
+ap = os.open('/cairn/dst', os.O_WRONLY | os.O_APPEND)
+fails(lambda: os.copy_file_range(a, ap, 10), errno.EBADF)
+fails(lambda: os.copy_file_range(b, a, 10), errno.EBADF)
+print('ok')
+"#,
+            host = host.path().display()
+        ),
+    );
+    assert_eq!(out, "ok\n");
+    let fs = store.fs();
+    assert_eq!(fs.read("/dst").unwrap().len(), 256 * 4000 + 4);
+}
+
+/// A server sending a Cairn file over a socket with `socket.sendfile` (the kernel's
+/// `sendfile` path), `os.sendfile` with an offset into a pipe, and `splice` from a Cairn
+/// file into a pipe and from a pipe into a Cairn file.
+#[test]
+fn sendfile_and_splice_with_a_cairn_side() {
+    let store = TestStore::new();
+    let out = python(
+        &store,
+        r#"import errno, os, socket, threading
+data = os.urandom(3 << 20)
+open('/cairn/served', 'wb').write(data)
+srv = socket.socket()
+srv.bind(('127.0.0.1', 0))
+srv.listen(1)
+def serve():
+    c, _ = srv.accept()
+    with open('/cairn/served', 'rb') as f:
+        c.sendfile(f)
+    c.close()
+t = threading.Thread(target=serve)
+t.start()
+cl = socket.create_connection(srv.getsockname())
+got = bytearray()
+while True:
+    b = cl.recv(1 << 16)
+    if not b:
+        break
+    got.extend(b)
+t.join()
+assert bytes(got) == data, len(got)
+a = os.open('/cairn/served', os.O_RDONLY)
+rp, wp = os.pipe()
+assert os.sendfile(wp, a, 10, 20) == 20 and os.read(rp, 20) == data[10:30]
+assert os.lseek(a, 0, os.SEEK_CUR) == 0
+assert os.sendfile(wp, a, None, 7) == 7 and os.read(rp, 7) == data[:7]
+assert os.lseek(a, 0, os.SEEK_CUR) == 7
+assert os.splice(a, wp, 30, offset_src=5) == 30 and os.read(rp, 30) == data[5:35]
+c = os.open('/cairn/spliced', os.O_WRONLY | os.O_CREAT)
+os.write(wp, b'from a pipe')
+assert os.splice(rp, c, 11) == 11
+assert open('/cairn/spliced', 'rb').read() == b'from a pipe'
+try:
+    os.splice(a, c, 10)
+    raise AssertionError('splice without a pipe')
+except OSError as e:
+    assert e.errno == errno.EINVAL, e
+print('ok')
+"#,
+    );
+    assert_eq!(out, "ok\n");
+}
+
+/// `ioctl` on Cairn descriptors gives ext4's answers where Cairn has them, `EOPNOTSUPP`
+/// for reflinks and `ENOTTY` for the rest; the same program on a host file checks that
+/// the answers are Linux's.
+#[test]
+fn ioctl_answers() {
+    let store = TestStore::new();
+    let host = tempfile::tempdir().unwrap();
+    let script = r#"import array, errno, fcntl, os, struct, sys, termios
+path = sys.argv[1]
+open(path, 'wb').write(b'x' * 1000)
+fd = os.open(path, os.O_RDWR)
+os.lseek(fd, 100, os.SEEK_SET)
+b = array.array('i', [0])
+fcntl.ioctl(fd, termios.FIONREAD, b)
+print('FIONREAD', b[0])
+b = array.array('i', [0])
+fcntl.ioctl(fd, 2, b)  # FIGETBSZ
+print('FIGETBSZ', b[0])
+def err(req, arg):
+    try:
+        fcntl.ioctl(fd, req, arg)
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print('TCGETS', err(termios.TCGETS, bytes(64)))
+print('FIOCLEX', err(termios.FIOCLEX, 0), bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC))
+print('isatty', os.isatty(fd))
+"#;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), script).unwrap();
+    let run = |path: &str| {
+        cairn_tests::shim::sh(&store, &format!("python3 {} {path}", file.path().display()))
+    };
+    let on_cairn = run("/cairn/io");
+    let on_host = run(&host.path().join("io").display().to_string());
+    assert_eq!(on_cairn, on_host);
+    assert!(on_cairn.contains("FIONREAD 900\n"), "{on_cairn}");
+    // Cairn's own answers (ext4's differ: it has inode flags and reflinks fail with
+    // EOPNOTSUPP, as here, or EXDEV).
+    let out = python(
+        &store,
+        r#"import errno, fcntl, os, struct
+fd = os.open('/cairn/io', os.O_RDWR)
+b = bytearray(4)
+fcntl.ioctl(fd, 0x80086601, b)  # FS_IOC_GETFLAGS
+assert struct.unpack('i', b)[0] == 0
+fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0))  # FS_IOC_SETFLAGS, no flags
+for req, arg in [(0x40086602, struct.pack('i', 0x10)), (0x40049409, 0)]:  # SETFLAGS, FICLONE
+    try:
+        fcntl.ioctl(fd, req, arg)
+        raise AssertionError(hex(req))
+    except OSError as e:
+        assert e.errno == errno.EOPNOTSUPP, (hex(req), e)
+print('ok')
+"#,
+    );
+    assert_eq!(out, "ok\n");
+}
+
+/// `utimensat(AT_SYMLINK_NOFOLLOW)` sets a symbolic link's own times, not its
+/// target's; the API's `set_symlink_times` likewise.
+#[test]
+fn times_of_a_symlink_itself() {
+    let store = TestStore::new();
+    let out = python(
+        &store,
+        r#"import os
+open('/cairn/target', 'w').write('x')
+os.symlink('target', '/cairn/link')
+before = os.stat('/cairn/target').st_mtime_ns
+os.utime('/cairn/link', ns=(1_000_000_000, 2_000_000_000), follow_symlinks=False)
+l = os.lstat('/cairn/link')
+assert (l.st_atime_ns, l.st_mtime_ns) == (1_000_000_000, 2_000_000_000), l
+assert os.stat('/cairn/target').st_mtime_ns == before
+print('ok')
+"#,
+    );
+    assert_eq!(out, "ok\n");
+    let fs = store.fs();
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(5);
+    fs.set_symlink_times("/link", None, Some(t)).unwrap();
+    assert_eq!(fs.symlink_metadata("/link").unwrap().modified(), t);
+    assert_ne!(fs.metadata("/link").unwrap().modified(), t);
+}
