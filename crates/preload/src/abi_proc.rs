@@ -116,19 +116,30 @@ pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
 }
 
 /// `execve`: the Cairn current directory goes to the new program in `CAIRN_CWD` (its
-/// open Cairn descriptors carry themselves: see `table.rs`). Programs stored on Cairn
-/// cannot be executed through this library (`EACCES`): the kernel reads them.
+/// open Cairn descriptors carry themselves: see `table.rs`). A program stored on Cairn
+/// runs too (`exec_cairn`).
 #[no_mangle]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    unsafe { exec_at_depth(path, argv, envp, 0) }
+}
+
+/// `#!` interpreters followed at most this deep (Linux: 4 levels of interpreters).
+const MAX_INTERP_DEPTH: u32 = 4;
+
+/// SAFETY: as `execve`.
+unsafe fn exec_at_depth(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    depth: u32,
+) -> c_int {
     let r = unsafe { route(libc::AT_FDCWD, path) };
-    if let Ok(Route::Cairn(_)) = r {
-        return run("execve", || {
-            Err(err(libc::EACCES, "execve: programs stored on Cairn cannot be run through the LD_PRELOAD library; use the FUSE mount"))
-        });
+    if let Ok(Route::Cairn(cp)) = &r {
+        return unsafe { exec_cairn(cp, path, argv, envp, depth) };
     }
     let host = match &r {
         Ok(r) => r.host_ptr(path),
@@ -137,6 +148,107 @@ pub unsafe extern "C" fn execve(
     let (env, _cwd) = unsafe { child_env(envp) };
     before_exec();
     unsafe { real::execve(host, argv, env.as_ptr()) }
+}
+
+/// Run the program stored on Cairn at `cp` (the kernel cannot read it): a `#!` script
+/// starts its interpreter with the script's path (`path` as given) before the other
+/// arguments, as the kernel does; an ELF binary is copied into a sealed `memfd` and run
+/// from there (`execveat`; the new program's `/proc/self/exe` names the memfd).
+///
+/// SAFETY: as `execve`.
+unsafe fn exec_cairn(
+    cp: &ops::CPath,
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    depth: u32,
+) -> c_int {
+    let plan = match ops::exec_plan(cp) {
+        Ok(p) => p,
+        Err(e) => return run("execve", || Err::<c_int, _>(e)),
+    };
+    match plan {
+        ops::ExecPlan::Script { interp, arg } => {
+            if depth >= MAX_INTERP_DEPTH {
+                return run("execve", || {
+                    Err(err(libc::ELOOP, "execve: #! interpreters nested too deep"))
+                });
+            }
+            let (Ok(interp), Ok(arg)) = (CString::new(interp), arg.map(CString::new).transpose())
+            else {
+                return run("execve", || Err(err(libc::ENOEXEC, "execve: bad #! line")));
+            };
+            let mut v: Vec<*const c_char> = vec![interp.as_ptr()];
+            if let Some(a) = &arg {
+                v.push(a.as_ptr());
+            }
+            v.push(path);
+            // SAFETY: `argv` is NULL or a NULL-terminated array (execve's contract).
+            unsafe {
+                if !argv.is_null() && !(*argv).is_null() {
+                    let mut p = argv.add(1);
+                    while !(*p).is_null() {
+                        v.push(*p);
+                        p = p.add(1);
+                    }
+                }
+            }
+            v.push(std::ptr::null());
+            unsafe { exec_at_depth(interp.as_ptr(), v.as_ptr(), envp, depth + 1) }
+        }
+        ops::ExecPlan::Elf(bytes) => {
+            // SAFETY: memfd_create with a NUL-terminated name.
+            let fd = unsafe {
+                real::memfd_create(
+                    c"cairn-exec".as_ptr(),
+                    libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+                )
+            };
+            if fd < 0 {
+                return -1;
+            }
+            let mut done = 0;
+            while done < bytes.len() {
+                // SAFETY: writing from a Rust buffer to the memfd made above.
+                let k = unsafe {
+                    real::write(
+                        fd,
+                        bytes[done..].as_ptr() as *const libc::c_void,
+                        bytes.len() - done,
+                    )
+                };
+                if k <= 0 {
+                    let e = real::errno();
+                    unsafe { real::close(fd) };
+                    real::set_errno(e);
+                    return -1;
+                }
+                done += k as usize;
+            }
+            let seals =
+                libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+            // SAFETY: fcntl on the memfd made above.
+            unsafe { real::fcntl64(fd, libc::F_ADD_SEALS, seals as usize) };
+            let (env, _cwd) = unsafe { child_env(envp) };
+            before_exec();
+            // SAFETY: execveat of the memfd with an empty path (AT_EMPTY_PATH), the
+            // caller's arguments and the environment built above.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_execveat,
+                    fd,
+                    c"".as_ptr(),
+                    argv,
+                    env.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            let e = real::errno();
+            unsafe { real::close(fd) };
+            real::set_errno(e);
+            -1
+        }
+    }
 }
 
 /// The environment for a new program: `envp` with `CAIRN_CWD` set to the Cairn current
@@ -265,18 +377,73 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 }
 
 /// `execvp`/`execvpe`: a name with a slash is `execv`/`execve`; a bare name is searched
-/// on `PATH` by the C library (the environment carries the current directory).
+/// on `PATH` by the C library (the environment carries the current directory), or here
+/// when a directory of `PATH` is on Cairn (the C library's search cannot see it), with
+/// its rules: on to the next directory when the file is missing or not permitted, and
+/// a file that is neither a script nor a binary run by `/bin/sh`.
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(
     file: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    if unsafe { cbytes(file) }.is_some_and(|f| f.contains(&b'/')) {
+    let Some(name) = (unsafe { cbytes(file) }) else {
+        return unsafe { real::execvpe(file, argv, envp) };
+    };
+    if name.contains(&b'/') {
         return unsafe { execve(file, argv, envp) };
     }
-    before_exec();
-    unsafe { real::execvpe(file, argv, envp) }
+    let path = std::env::var_os("PATH").map_or_else(
+        || b"/bin:/usr/bin".to_vec(),
+        |p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec(),
+    );
+    let candidates: Vec<Vec<u8>> = path
+        .split(|&b| b == b':')
+        .map(|d| {
+            let mut c = if d.is_empty() {
+                b".".to_vec()
+            } else {
+                d.to_vec()
+            };
+            c.push(b'/');
+            c.extend_from_slice(name);
+            c
+        })
+        .collect();
+    let on_cairn = |c: &[u8]| matches!(ops::classify(libc::AT_FDCWD, c), Ok(ops::Where::Cairn(_)));
+    if name.is_empty() || !candidates.iter().any(|c| on_cairn(c)) {
+        before_exec();
+        return unsafe { real::execvpe(file, argv, envp) };
+    }
+    let mut denied = false;
+    for c in candidates {
+        let Ok(c) = CString::new(c) else { continue };
+        unsafe { execve(c.as_ptr(), argv, envp) };
+        match real::errno() {
+            libc::EACCES => denied = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            libc::ENOEXEC => {
+                // Neither a script nor a binary: a shell script without `#!`.
+                let sh = c"/bin/sh";
+                let mut v: Vec<*const c_char> = vec![sh.as_ptr(), c.as_ptr()];
+                // SAFETY: `argv` is NULL or a NULL-terminated array.
+                unsafe {
+                    if !argv.is_null() && !(*argv).is_null() {
+                        let mut p = argv.add(1);
+                        while !(*p).is_null() {
+                            v.push(*p);
+                            p = p.add(1);
+                        }
+                    }
+                }
+                v.push(std::ptr::null());
+                return unsafe { execve(sh.as_ptr(), v.as_ptr(), envp) };
+            }
+            _ => return -1,
+        }
+    }
+    real::set_errno(if denied { libc::EACCES } else { libc::ENOENT });
+    -1
 }
 
 #[no_mangle]

@@ -895,6 +895,83 @@ pub fn mode_flags(mode: &[u8]) -> io::Result<c_int> {
     Ok(fl)
 }
 
+/// How to run a program stored on Cairn (`execve` of a Cairn path).
+pub enum ExecPlan {
+    /// A `#!` script: run `interp` with these arguments before the script's path (as
+    /// the kernel does: the interpreter, at most one argument from the `#!` line).
+    Script {
+        interp: Vec<u8>,
+        arg: Option<Vec<u8>>,
+    },
+    /// An ELF binary: its bytes, to run from a sealed `memfd`.
+    Elf(Vec<u8>),
+}
+
+/// The largest program copied into memory to run (an ELF binary on Cairn).
+const MAX_EXEC_BYTES: u64 = 1 << 30;
+
+/// Decide how to run the Cairn file at `cp`: it must be a regular file the caller may
+/// execute (`EACCES`) and read (the interpreter or the copy reads it); a `#!` line or an
+/// ELF header (`ENOEXEC` otherwise, as the kernel answers).
+pub fn exec_plan(cp: &CPath) -> io::Result<ExecPlan> {
+    let m = stat(cp, true)?;
+    if !m.is_file() {
+        return Err(err(libc::EACCES, "execve: not a regular file"));
+    }
+    access(cp, libc::X_OK, true, true)?;
+    let fs = fs()?;
+    let f = cairn::File::open(&fs, cp.at())?;
+    let mut head = [0u8; 256];
+    let n = f.read_at(&mut head, 0)?;
+    let head = &head[..n];
+    if let Some(line) = head.strip_prefix(b"#!") {
+        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+        let blank = |b: &u8| *b == b' ' || *b == b'\t';
+        let line: Vec<u8> = line.to_vec();
+        let start = line.iter().position(|b| !blank(b)).unwrap_or(line.len());
+        let rest = &line[start..];
+        let end = rest.iter().position(blank).unwrap_or(rest.len());
+        let interp = rest[..end].to_vec();
+        if interp.is_empty() {
+            return Err(err(
+                libc::ENOEXEC,
+                "execve: a #! line without an interpreter",
+            ));
+        }
+        let arg = rest[end..]
+            .iter()
+            .position(|b| !blank(b))
+            .map(|i| {
+                let a = &rest[end + i..];
+                let j = a.iter().rposition(|b| !blank(b)).map_or(0, |j| j + 1);
+                a[..j].to_vec()
+            })
+            .filter(|a| !a.is_empty());
+        return Ok(ExecPlan::Script { interp, arg });
+    }
+    if head.starts_with(b"\x7fELF") {
+        let size = m.len();
+        if size > MAX_EXEC_BYTES {
+            return Err(err(libc::ENOMEM, "execve: program larger than 1 GiB"));
+        }
+        let mut bytes = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < bytes.len() {
+            let k = f.read_at(&mut bytes[done..], done as u64)?;
+            if k == 0 {
+                break;
+            }
+            done += k;
+        }
+        bytes.truncate(done);
+        return Ok(ExecPlan::Elf(bytes));
+    }
+    Err(err(
+        libc::ENOEXEC,
+        "execve: neither a #! script nor an ELF binary",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

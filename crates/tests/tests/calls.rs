@@ -197,3 +197,57 @@ print('ok')
     assert_eq!(fs.symlink_metadata("/link").unwrap().modified(), t);
     assert_ne!(fs.metadata("/link").unwrap().modified(), t);
 }
+
+/// Programs stored on Cairn run through the shim: `#!` scripts (with an interpreter
+/// argument, relative paths, an interpreter that is itself a script on Cairn), an ELF
+/// binary, a search of a `PATH` holding a Cairn directory (by a shell and by Python),
+/// and Linux's errors: no execute permission or a directory `EACCES`, neither a script
+/// nor a binary `ENOEXEC` (a shell then runs it itself).
+#[test]
+fn programs_stored_on_cairn_run() {
+    let store = TestStore::new();
+    let out = cairn_tests::shim::sh(
+        &store,
+        r#"set -e
+mkdir -p /cairn/bin
+printf '#!/bin/sh\necho "sh script: $0 $*"\n' > /cairn/bin/hello
+printf '#!/usr/bin/env python3\nimport sys; print("py script", sys.argv[1:])\n' > /cairn/bin/pyhello
+printf '#!/bin/sh -u\necho "interp: $*"\n' > /cairn/bin/interp
+printf '#!/cairn/bin/interp -x\nbody\n' > /cairn/bin/user
+printf 'echo "no shebang: $1"\n' > /cairn/bin/plain
+cp /bin/echo /cairn/bin/myecho
+chmod +x /cairn/bin/hello /cairn/bin/pyhello /cairn/bin/interp /cairn/bin/user /cairn/bin/plain /cairn/bin/myecho
+printf 'data\n' > /cairn/bin/noexec
+/cairn/bin/hello a b
+/cairn/bin/pyhello x y
+/cairn/bin/myecho "an ELF from Cairn"
+/cairn/bin/user arg
+cd /cairn/bin && ./hello relative
+PATH=/cairn/bin:$PATH hello via-path
+PATH=/cairn/bin:$PATH plain run-by-the-shell
+PATH=/cairn/bin:$PATH python3 -c "
+import errno, os, subprocess
+print(subprocess.run(['pyhello', 'from subprocess'], capture_output=True, text=True).stdout.strip())
+for p in ['/cairn/bin/noexec', '/cairn/bin', '/cairn/bin/plain']:
+    try:
+        os.execv(p, ['x'])
+    except OSError as e:
+        print(p, errno.errorcode[e.errno])
+"
+"#,
+    );
+    assert_eq!(
+        out,
+        "sh script: /cairn/bin/hello a b\n\
+         py script ['x', 'y']\n\
+         an ELF from Cairn\n\
+         interp: -x /cairn/bin/user arg\n\
+         sh script: ./hello relative\n\
+         sh script: /cairn/bin/hello via-path\n\
+         no shebang: run-by-the-shell\n\
+         py script ['from subprocess']\n\
+         /cairn/bin/noexec EACCES\n\
+         /cairn/bin EACCES\n\
+         /cairn/bin/plain ENOEXEC\n"
+    );
+}
