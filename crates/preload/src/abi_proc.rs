@@ -178,57 +178,14 @@ unsafe fn exec_cairn(
             else {
                 return run("execve", || Err(err(libc::ENOEXEC, "execve: bad #! line")));
             };
-            let mut v: Vec<*const c_char> = vec![interp.as_ptr()];
-            if let Some(a) = &arg {
-                v.push(a.as_ptr());
-            }
-            v.push(path);
-            // SAFETY: `argv` is NULL or a NULL-terminated array (execve's contract).
-            unsafe {
-                if !argv.is_null() && !(*argv).is_null() {
-                    let mut p = argv.add(1);
-                    while !(*p).is_null() {
-                        v.push(*p);
-                        p = p.add(1);
-                    }
-                }
-            }
-            v.push(std::ptr::null());
+            let v = unsafe { script_argv(&interp, arg.as_ref(), path, argv) };
             unsafe { exec_at_depth(interp.as_ptr(), v.as_ptr(), envp, depth + 1) }
         }
         ops::ExecPlan::Elf(bytes) => {
-            // SAFETY: memfd_create with a NUL-terminated name.
-            let fd = unsafe {
-                real::memfd_create(
-                    c"cairn-exec".as_ptr(),
-                    libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-                )
+            let fd = match sealed_memfd(&bytes, true) {
+                Ok(fd) => fd,
+                Err(e) => return run("execve", || Err::<c_int, _>(e)),
             };
-            if fd < 0 {
-                return -1;
-            }
-            let mut done = 0;
-            while done < bytes.len() {
-                // SAFETY: writing from a Rust buffer to the memfd made above.
-                let k = unsafe {
-                    real::write(
-                        fd,
-                        bytes[done..].as_ptr() as *const libc::c_void,
-                        bytes.len() - done,
-                    )
-                };
-                if k <= 0 {
-                    let e = real::errno();
-                    unsafe { real::close(fd) };
-                    real::set_errno(e);
-                    return -1;
-                }
-                done += k as usize;
-            }
-            let seals =
-                libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-            // SAFETY: fcntl on the memfd made above.
-            unsafe { real::fcntl64(fd, libc::F_ADD_SEALS, seals as usize) };
             let (env, _cwd) = unsafe { child_env(envp) };
             before_exec();
             // SAFETY: execveat of the memfd with an empty path (AT_EMPTY_PATH), the
@@ -249,6 +206,69 @@ unsafe fn exec_cairn(
             -1
         }
     }
+}
+
+/// The arguments of a `#!` script's interpreter: itself, the `#!` line's argument, the
+/// script's path, then the script's arguments after its `argv[0]` (NULL-terminated).
+///
+/// SAFETY: `argv` is NULL or a NULL-terminated array of C strings, which (with
+/// `interp`, `arg` and `path`) outlive the result.
+unsafe fn script_argv(
+    interp: &CString,
+    arg: Option<&CString>,
+    path: *const c_char,
+    argv: *const *const c_char,
+) -> Vec<*const c_char> {
+    let mut v: Vec<*const c_char> = vec![interp.as_ptr()];
+    if let Some(a) = arg {
+        v.push(a.as_ptr());
+    }
+    v.push(path);
+    // SAFETY: see the function comment.
+    unsafe {
+        if !argv.is_null() && !(*argv).is_null() {
+            let mut p = argv.add(1);
+            while !(*p).is_null() {
+                v.push(*p);
+                p = p.add(1);
+            }
+        }
+    }
+    v.push(std::ptr::null());
+    v
+}
+
+/// A sealed `memfd` holding `bytes` (a binary to run from it); close-on-exec unless a
+/// spawned child must open it by `/proc/self/fd`.
+fn sealed_memfd(bytes: &[u8], cloexec: bool) -> std::io::Result<c_int> {
+    let fl = libc::MFD_ALLOW_SEALING | if cloexec { libc::MFD_CLOEXEC } else { 0 };
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe { real::memfd_create(c"cairn-exec".as_ptr(), fl) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut done = 0;
+    while done < bytes.len() {
+        // SAFETY: writing from a Rust buffer to the memfd made above.
+        let k = unsafe {
+            real::write(
+                fd,
+                bytes[done..].as_ptr() as *const libc::c_void,
+                bytes.len() - done,
+            )
+        };
+        if k <= 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: closing the memfd made above.
+            unsafe { real::close(fd) };
+            return Err(e);
+        }
+        done += k as usize;
+    }
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on the memfd made above.
+    unsafe { real::fcntl64(fd, libc::F_ADD_SEALS, seals as usize) };
+    Ok(fd)
 }
 
 /// The environment for a new program: `envp` with `CAIRN_CWD` set to the Cairn current
@@ -302,17 +322,162 @@ type Spawn = unsafe fn(
 /// `posix_spawn`/`posix_spawnp` (Rust's `Command`, for one) exec inside the C library:
 /// the same preparation as `execve`, then `real`.
 unsafe fn spawn(
-    real: Spawn,
     pid: *mut libc::pid_t,
     path: *const c_char,
     actions: *const libc::posix_spawn_file_actions_t,
     attr: *const libc::posix_spawnattr_t,
     argv: *const *mut c_char,
     envp: *const *mut c_char,
+    search: bool,
 ) -> c_int {
     let (env, _cwd) = unsafe { child_env(envp as *const *const c_char) };
+    // A program stored on Cairn: what the C library can start in its place.
+    let target = match unsafe { spawn_target(path, argv as *const *const c_char, search) } {
+        Ok(t) => t,
+        Err(e) => return cairn_area::errno_of(&e).max(1),
+    };
     before_exec();
-    unsafe { real(pid, path, actions, attr, argv, env.as_ptr() as _) }
+    let Some(t) = target else {
+        let real: Spawn = if search {
+            real::posix_spawnp
+        } else {
+            real::posix_spawn
+        };
+        return unsafe { real(pid, path, actions, attr, argv, env.as_ptr() as _) };
+    };
+    let r = unsafe {
+        real::posix_spawn(
+            pid,
+            t.path.as_ptr(),
+            actions,
+            attr,
+            t.argv.as_ptr() as _,
+            env.as_ptr() as _,
+        )
+    };
+    if let Some(fd) = t.memfd {
+        // SAFETY: the memfd `spawn_target` made; the child has its own descriptor.
+        unsafe { real::close(fd) };
+    }
+    r
+}
+
+/// What `posix_spawn` starts for a program stored on Cairn: a host interpreter with the
+/// script's arguments, or the binary's `memfd` by `/proc/self/fd` (the descriptor stays
+/// open in the child: it is how the kernel reaches it).
+struct SpawnTarget {
+    path: CString,
+    argv: Vec<*const c_char>,
+    memfd: Option<c_int>,
+    /// Strings `argv` points into.
+    _keep: Vec<CString>,
+}
+
+/// `None` when `path` (searched on `PATH` with `search`) is the C library's to start.
+///
+/// SAFETY: `path` is a C string and `argv` a NULL-terminated array of them.
+unsafe fn spawn_target(
+    path: *const c_char,
+    argv: *const *const c_char,
+    search: bool,
+) -> std::io::Result<Option<SpawnTarget>> {
+    let mut keep: Vec<CString> = Vec::new();
+    let mut cur = path;
+    if search {
+        let Some(name) = (unsafe { cbytes(path) }) else {
+            return Ok(None);
+        };
+        if !name.contains(&b'/') {
+            match cairn_on_path(name) {
+                Some(c) => {
+                    cur = c.as_ptr();
+                    keep.push(c);
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+    let mut args: Vec<*const c_char> = Vec::new();
+    // SAFETY: see the function comment.
+    unsafe {
+        let mut p = argv;
+        while !p.is_null() && !(*p).is_null() {
+            args.push(*p);
+            p = p.add(1);
+        }
+    }
+    args.push(std::ptr::null());
+    for depth in 0..=MAX_INTERP_DEPTH {
+        let Ok(Route::Cairn(cp)) = (unsafe { route(libc::AT_FDCWD, cur) }) else {
+            if depth == 0 && keep.is_empty() {
+                return Ok(None);
+            }
+            // SAFETY: `cur` is the caller's path or a string in `keep`.
+            let path = unsafe { std::ffi::CStr::from_ptr(cur) }.to_owned();
+            return Ok(Some(SpawnTarget {
+                path,
+                argv: args,
+                memfd: None,
+                _keep: keep,
+            }));
+        };
+        match ops::exec_plan(&cp)? {
+            ops::ExecPlan::Script { interp, arg } => {
+                let bad = |_| err(libc::ENOEXEC, "posix_spawn: bad #! line");
+                let interp = CString::new(interp).map_err(bad)?;
+                let arg = arg.map(CString::new).transpose().map_err(bad)?;
+                args = unsafe { script_argv(&interp, arg.as_ref(), cur, args.as_ptr()) };
+                cur = interp.as_ptr();
+                keep.push(interp);
+                keep.extend(arg);
+            }
+            ops::ExecPlan::Elf(bytes) => {
+                let fd = sealed_memfd(&bytes, false)?;
+                let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+                return Ok(Some(SpawnTarget {
+                    path,
+                    argv: args,
+                    memfd: Some(fd),
+                    _keep: keep,
+                }));
+            }
+        }
+    }
+    Err(err(
+        libc::ELOOP,
+        "posix_spawn: #! interpreters nested too deep",
+    ))
+}
+
+/// The first directory of `PATH` holding `name`, if it is on Cairn (`None` when the
+/// first is on the host, or none has it: the C library's search finds those).
+fn cairn_on_path(name: &[u8]) -> Option<CString> {
+    let path = std::env::var_os("PATH")?;
+    for d in std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).split(|&b| b == b':') {
+        let mut c = if d.is_empty() {
+            b".".to_vec()
+        } else {
+            d.to_vec()
+        };
+        c.push(b'/');
+        c.extend_from_slice(name);
+        match ops::classify(libc::AT_FDCWD, &c) {
+            Ok(ops::Where::Cairn(cp)) => {
+                if ops::stat(&cp, true).is_ok_and(|m| m.is_file()) {
+                    return CString::new(c).ok();
+                }
+            }
+            _ => {
+                let Ok(cs) = CString::new(c) else { continue };
+                // SAFETY: stat of a C string into a local buffer.
+                let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+                if unsafe { real::fstatat64(libc::AT_FDCWD, cs.as_ptr(), &mut st, 0) } == 0 {
+                    return None;
+                }
+            }
+        }
+    }
+    None
 }
 
 #[no_mangle]
@@ -324,7 +489,7 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    unsafe { spawn(real::posix_spawn, pid, path, actions, attr, argv, envp) }
+    unsafe { spawn(pid, path, actions, attr, argv, envp, false) }
 }
 
 #[no_mangle]
@@ -336,7 +501,7 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    unsafe { spawn(real::posix_spawnp, pid, file, actions, attr, argv, envp) }
+    unsafe { spawn(pid, file, actions, attr, argv, envp, true) }
 }
 
 /// `system` and `popen` start a shell inside the C library (the environment already

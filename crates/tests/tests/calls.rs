@@ -201,6 +201,7 @@ print('ok')
 /// Programs stored on Cairn run through the shim: `#!` scripts (with an interpreter
 /// argument, relative paths, an interpreter that is itself a script on Cairn), an ELF
 /// binary, a search of a `PATH` holding a Cairn directory (by a shell and by Python),
+/// `posix_spawn` and `posix_spawnp` of each kind,
 /// and Linux's errors: no execute permission or a directory `EACCES`, neither a script
 /// nor a binary `ENOEXEC` (a shell then runs it itself).
 #[test]
@@ -233,6 +234,13 @@ for p in ['/cairn/bin/noexec', '/cairn/bin', '/cairn/bin/plain']:
         os.execv(p, ['x'])
     except OSError as e:
         print(p, errno.errorcode[e.errno])
+for p, a in [('/cairn/bin/hello', ['hello', 'spawned']), ('/cairn/bin/myecho', ['myecho', 'spawned ELF']), ('/cairn/bin/user', ['user', 'spawned'])]:
+    print(os.waitpid(os.posix_spawn(p, a, os.environ), 0)[1])
+print(os.waitpid(os.posix_spawnp('pyhello', ['pyhello', 'by posix_spawnp'], os.environ), 0)[1])
+try:
+    os.posix_spawn('/cairn/bin/noexec', ['x'], os.environ)
+except OSError as e:
+    print('spawn noexec', errno.errorcode[e.errno])
 "
 "#,
     );
@@ -248,6 +256,11 @@ for p in ['/cairn/bin/noexec', '/cairn/bin', '/cairn/bin/plain']:
          py script ['from subprocess']\n\
          /cairn/bin/noexec EACCES\n\
          /cairn/bin EACCES\n\
-         /cairn/bin/plain ENOEXEC\n"
+         /cairn/bin/plain ENOEXEC\n\
+         sh script: /cairn/bin/hello spawned\n0\n\
+         spawned ELF\n0\n\
+         interp: -x /cairn/bin/user spawned\n0\n\
+         py script ['by posix_spawnp']\n0\n\
+         spawn noexec EACCES\n"
     );
 }
