@@ -288,14 +288,16 @@ impl File {
         self.fs.run(|st| self.fs.metadata_of(st, self.ino))
     }
 
-    /// Nothing to do: every call is durable when it returns.
+    /// Every call is durable when it returns; what is left are stores into shared
+    /// mappings of the file ([`File::map_mut`], `mmap` through the shim) not written back
+    /// yet: they are, as Linux's `fsync` writes back a file's mapped pages.
     pub fn sync_all(&self) -> io::Result<()> {
-        Ok(())
+        self.fs.sync_object(self.ino)
     }
 
-    /// Nothing to do: every call is durable when it returns.
+    /// As [`File::sync_all`].
     pub fn sync_data(&self) -> io::Result<()> {
-        Ok(())
+        self.sync_all()
     }
 
     fn read_pos(&self, buf: &mut [u8]) -> io::Result<usize> {

@@ -322,26 +322,35 @@ pub unsafe extern "C" fn lseek(fd: c_int, off: off64_t, whence: c_int) -> off64_
 /// Every Cairn call is durable when it returns: the sync calls have nothing to do.
 #[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    if table::is_cairn(fd) {
-        return 0;
+    if let Some(o) = table::get(fd) {
+        return sync_mapped(&o);
     }
     unsafe { real::fsync(fd) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    if table::is_cairn(fd) {
-        return 0;
+    if let Some(o) = table::get(fd) {
+        return sync_mapped(&o);
     }
     unsafe { real::fdatasync(fd) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sync_file_range(fd: c_int, off: off64_t, n: off64_t, fl: c_uint) -> c_int {
-    if table::is_cairn(fd) {
-        return 0;
+    if let Some(o) = table::get(fd) {
+        return sync_mapped(&o);
     }
     unsafe { real::sync_file_range(fd, off, n, fl) }
+}
+
+/// `fsync` and friends on a Cairn descriptor: every write is already durable; the
+/// file's shared mappings are written back (`File::sync_all`).
+fn sync_mapped(o: &Ofd) -> c_int {
+    if o.dir || (!o.read && !o.write) {
+        return 0;
+    }
+    run("fsync", || o.file()?.sync_all().map(|()| 0))
 }
 
 #[no_mangle]

@@ -388,15 +388,17 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     }
     let (synced, gone) = sync_range(addr as usize, len, true);
     let u = unsafe { real::munmap(addr, len) };
-    let released = release(gone);
-    // Write-back errors are reported (`munmap` itself cannot lose the data: the map
-    // object keeps it until a later write-back).
-    let r = run("munmap", || synced.and(released).map(|()| 0));
-    if u < 0 {
-        u
-    } else {
-        r
+    let e = real::errno();
+    // As on Linux, `munmap` does not fail for the write-back (a full store): the stores
+    // stay in the map object for a later write-back (`msync`, `fsync` or a fold, which
+    // report such errors).
+    if let Err(err) = synced.and(release(gone)) {
+        if crate::state::config().log {
+            eprintln!("cairn-preload: munmap: writing back: {err}");
+        }
     }
+    real::set_errno(e);
+    u
 }
 
 #[no_mangle]

@@ -629,3 +629,47 @@ print(m[4096:4101].decode(), flush=True)
         (&b"shim"[..], &b"mount"[..])
     );
 }
+
+/// `msync` and `fsync` write mapped stores back into the store: after the mapper and the
+/// daemon are killed and the map object is lost too (host memory, as at a power
+/// failure; NVM keeps what was written back), the stores written back are there and the
+/// one never written back is not. `munmap` of a mapping never fails for the write-back.
+#[test]
+fn msync_and_fsync_make_stores_durable() {
+    let store = TestStore::new();
+    store.fs().write("/d.bin", vec![0u8; 3 * 4096]).unwrap();
+    let script = Script::new(
+        r#"import mmap, os, sys
+fd = os.open('/cairn/d.bin', os.O_RDWR)
+m = mmap.mmap(fd, 3 * 4096)
+m[0:6] = b'msync!'
+m.flush()
+m[4096:4102] = b'fsync!'
+os.fsync(fd)
+m[8192:8198] = b'unsync'
+print('ready', flush=True)
+sys.stdin.readline()
+"#,
+    );
+    let mut c = script.spawn(&store, "");
+    assert_eq!(
+        next_line(&mut BufReader::new(c.stdout.take().unwrap())),
+        "ready"
+    );
+    kill9(c.id());
+    let _ = c.wait();
+    kill9(store.daemon_pid().expect("daemon"));
+    let objects = cairn::map_object_files(store.path()).unwrap();
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    for o in objects {
+        std::fs::remove_file(o).unwrap();
+    }
+    let data = store.fs().read("/d.bin").unwrap();
+    assert_eq!(&data[0..6], b"msync!");
+    assert_eq!(&data[4096..4102], b"fsync!");
+    assert_eq!(
+        &data[8192..8198],
+        &[0u8; 6],
+        "never written back, lost with the object"
+    );
+}

@@ -324,6 +324,22 @@ impl Inner {
         })
     }
 
+    /// `fsync`: write back the map object of `ino`, if it has one (the dirty pages of
+    /// every mapping of the file, as Linux's `fsync` writes back a file's mapped pages).
+    pub(crate) fn sync_object(&self, ino: u64) -> io::Result<()> {
+        self.run(|st| {
+            self.need(st, ino, false)?;
+            if !st.objs.contains_key(&ino) {
+                return Ok(());
+            }
+            self.need(st, ino, true)?;
+            let Some(o) = st.objs.get(&ino).cloned() else {
+                return Ok(());
+            };
+            self.write_back(st, ino, &o, 0, u64::MAX)
+        })
+    }
+
     /// A process's mapping of `obj` is gone. With `write_back`, its changes are written
     /// back first. The last attachment in this process drops its lock and folds the
     /// object if no other process maps it.
