@@ -214,7 +214,7 @@ unsafe fn exec_cairn(
 /// SAFETY: `argv` is NULL or a NULL-terminated array of C strings, which (with
 /// `interp`, `arg` and `path`) outlive the result.
 unsafe fn script_argv(
-    interp: &CString,
+    interp: &std::ffi::CStr,
     arg: Option<&CString>,
     path: *const c_char,
     argv: *const *const c_char,
@@ -590,18 +590,7 @@ pub unsafe extern "C" fn execvpe(
             libc::ENOEXEC => {
                 // Neither a script nor a binary: a shell script without `#!`.
                 let sh = c"/bin/sh";
-                let mut v: Vec<*const c_char> = vec![sh.as_ptr(), c.as_ptr()];
-                // SAFETY: `argv` is NULL or a NULL-terminated array.
-                unsafe {
-                    if !argv.is_null() && !(*argv).is_null() {
-                        let mut p = argv.add(1);
-                        while !(*p).is_null() {
-                            v.push(*p);
-                            p = p.add(1);
-                        }
-                    }
-                }
-                v.push(std::ptr::null());
+                let v = unsafe { script_argv(sh, None, c.as_ptr(), argv) };
                 return unsafe { execve(sh.as_ptr(), v.as_ptr(), envp) };
             }
             _ => return -1,
