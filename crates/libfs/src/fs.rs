@@ -77,8 +77,9 @@ type DirOv = (Option<(u64, Kind)>, u64);
 impl InodeOv {
     /// An overlay entry, with an interval map from `spare` (used ones kept for reuse:
     /// the write path then does not allocate). The largest is taken: which map was
-    /// recycled last depends on the order the overlay drops entries in, and a small one
-    /// (a directory's) taken for a busy file would grow again.
+    /// recycled last depends on the order the overlay drops entries in, and a smaller one
+    /// taken for a busy file would have to grow. (A cleared map lays its entries out
+    /// from the start of its memory again, so a large one is as compact as a small one.)
     fn new(gen: u64, attrs: Attrs, tag: u64, spare: &mut Vec<Extents>) -> InodeOv {
         let largest = (0..spare.len()).max_by_key(|&i| spare[i].capacity());
         InodeOv {
@@ -97,10 +98,15 @@ const SPARE_EXTENTS: usize = 32;
 /// back).
 const SPARE_EXTENTS_MAX_RANGES: usize = 1 << 16;
 
-/// Keep `o`'s interval map for reuse (emptied), within the limits above.
+/// Keep `o`'s interval map for reuse (emptied), within the limits above. A map that
+/// never held a range (a directory's) is not kept: it would save nothing, and, taken
+/// next by a busy file, it would have to grow.
 fn recycle(spare: &mut Vec<Extents>, o: InodeOv) {
     let mut ext = o.ext;
-    if spare.len() < SPARE_EXTENTS && ext.capacity() <= SPARE_EXTENTS_MAX_RANGES {
+    if spare.len() < SPARE_EXTENTS
+        && ext.capacity() > 0
+        && ext.capacity() <= SPARE_EXTENTS_MAX_RANGES
+    {
         ext.clear();
         spare.push(ext);
     }
@@ -1284,7 +1290,8 @@ impl Inner {
         data: &[u8],
     ) -> io::Result<(u64, usize)> {
         let (end, n) = self.write_logged(st, ino, pos, data)?;
-        if n > 0 {
+        // Most clients map nothing: one length check.
+        if n > 0 && !st.objs.is_empty() {
             if let Some(o) = st.objs.get(&ino) {
                 // The file has a map object (`mapobj`): the mappings see the write too.
                 std::os::unix::fs::FileExt::write_all_at(&**o, &data[..n], end - n as u64)
@@ -1510,7 +1517,7 @@ impl Inner {
         buf: &mut [u8],
     ) -> io::Result<usize> {
         self.need(st, ino, false)?;
-        if let Some(o) = st.objs.get(&ino) {
+        if let Some(o) = st.objs.get(&ino).filter(|_| !st.objs.is_empty()) {
             // The file has a map object (`mapobj`): it holds the current bytes.
             let (_, attrs) = self.attrs_held(st, ino)?;
             if off >= attrs.size || buf.is_empty() {

@@ -186,6 +186,15 @@ impl<V: Copy> OrdMap<V> {
         Some(self.nodes[n as usize].value)
     }
 
+    /// Remove every entry, keeping the memory: the next entries are laid out from the
+    /// start of the slab again (contiguous, whatever order earlier ones were freed in).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.free.clear();
+        self.head = [NIL; LEVELS];
+        self.len = 0;
+    }
+
     /// Keep only the entries for which `keep` holds, in one pass over every level.
     pub fn retain(&mut self, mut keep: impl FnMut(u64, &V) -> bool) {
         let mut last = [NIL; LEVELS];
@@ -236,6 +245,7 @@ mod tests {
         Insert(u64, u32),
         Remove(u64),
         Retain(u32),
+        Clear,
         Query(u64, u64),
     }
 
@@ -244,6 +254,7 @@ mod tests {
             5 => (0u64..200, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
             2 => (0u64..200).prop_map(Op::Remove),
             1 => (1u32..5).prop_map(Op::Retain),
+            1 => Just(Op::Clear),
             3 => (0u64..210, 0u64..210).prop_map(|(a, b)| Op::Query(a, b)),
         ]
     }
@@ -265,6 +276,10 @@ mod tests {
                         m.retain(|_, v| v % d != 0);
                         r.retain(|_, v| *v % d != 0);
                     }
+                    Op::Clear => {
+                        m.clear();
+                        r.clear();
+                    }
                     Op::Query(a, b) => {
                         let want = r.range(..a).next_back().map(|(k, v)| (*k, *v));
                         prop_assert_eq!(m.last_before(a), want);
@@ -279,6 +294,33 @@ mod tests {
                 prop_assert_eq!(all, want);
             }
         }
+    }
+
+    #[test]
+    fn cleared_map_reuses_its_memory_from_the_start() {
+        let mut m = OrdMap::default();
+        for k in 0..1000 {
+            m.insert(k * 7 % 1000, k);
+        }
+        for k in 0..1000 {
+            if k % 3 != 0 {
+                m.remove(k);
+            }
+        }
+        let cap = m.capacity();
+        m.clear();
+        assert!(m.is_empty() && m.capacity() == cap);
+        for k in 0..1000 {
+            m.insert(k, k);
+        }
+        // Laid out in insertion order from slot 0, and nothing allocated.
+        assert_eq!(m.capacity(), cap);
+        assert!(m
+            .nodes
+            .iter()
+            .take(1000)
+            .enumerate()
+            .all(|(i, n)| n.key == i as u64));
     }
 
     #[test]
