@@ -30,6 +30,9 @@ command -v fio >/dev/null 2>&1 || apt_missing+=(fio)
 command -v db_bench >/dev/null 2>&1 || apt_missing+=(rocksdb-tools)
 command -v redis-server >/dev/null 2>&1 || apt_missing+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || apt_missing+=(redis-tools)
+# A web server serving files from the store through the shim (`sendfile`):
+# crates/tests/tests/calls.rs.
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || apt_missing+=(nginx-light)
 if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
     # No rustup toolchain: fall back to Debian's Rust (new enough on Debian 13 and later).
     apt_missing+=(cargo rustc)

@@ -118,9 +118,23 @@ impl Started {
     }
 }
 
-/// The `cairn` binary: `$CAIRN_BIN`, else `cairn` next to the current executable or in
-/// its parent directory (test binaries live in `target/*/deps`), else `cairn` on `PATH`.
+/// The binary set with [`set_daemon_binary`], if any.
+static DAEMON_BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Use `bin` to start daemons from this process, whatever its environment says later
+/// (the `LD_PRELOAD` library sets it from the environment it saw when loaded: some
+/// programs, nginx for one, clear their environment at start). The first call wins.
+pub fn set_daemon_binary(bin: PathBuf) {
+    let _ = DAEMON_BIN.set(bin);
+}
+
+/// The `cairn` binary: the one set with [`set_daemon_binary`], else `$CAIRN_BIN`, else
+/// `cairn` next to the current executable or in its parent directory (test binaries live
+/// in `target/*/deps`), else `cairn` on `PATH`.
 pub fn cairn_bin() -> PathBuf {
+    if let Some(b) = DAEMON_BIN.get() {
+        return b.clone();
+    }
     if let Some(b) = std::env::var_os("CAIRN_BIN").filter(|b| !b.is_empty()) {
         return PathBuf::from(b);
     }

@@ -39,6 +39,7 @@ mod ordmap;
 pub mod path;
 mod ring;
 
+pub use conn::set_daemon_binary;
 pub use file::{File, OpenOptions};
 pub use fs::mapobj::{map_object_files, MapMut, MapObject, MAP_OBJECT_DIR};
 pub use fs::At;

@@ -17,6 +17,12 @@ use std::sync::{Arc, OnceLock};
 pub struct Config {
     prefix: [u8; 256],
     prefix_len: usize,
+    /// `CAIRN_STORE` and `CAIRN_BIN` as the environment had them when the library was
+    /// loaded (before `main`: some programs, nginx for one, clear their environment).
+    store: [u8; 4096],
+    store_len: usize,
+    bin: [u8; 4096],
+    bin_len: usize,
     pub log: bool,
     /// `CAIRN_PREFIX` was set but unusable (reported when the client opens).
     pub bad_prefix: bool,
@@ -25,6 +31,25 @@ pub struct Config {
 impl Config {
     pub fn prefix(&self) -> &[u8] {
         &self.prefix[..self.prefix_len]
+    }
+    /// `CAIRN_STORE` when the library was loaded, if set.
+    pub fn store(&self) -> Option<&[u8]> {
+        (self.store_len > 0).then(|| &self.store[..self.store_len])
+    }
+    /// `CAIRN_BIN` when the library was loaded, if set.
+    pub fn bin(&self) -> Option<&[u8]> {
+        (self.bin_len > 0).then(|| &self.bin[..self.bin_len])
+    }
+}
+
+/// Copy `v` into `buf` if it fits; its length (0 if it does not).
+fn keep(v: Option<&[u8]>, buf: &mut [u8; 4096]) -> usize {
+    match v {
+        Some(v) if v.len() <= buf.len() => {
+            buf[..v.len()].copy_from_slice(v);
+            v.len()
+        }
+        _ => 0,
     }
 }
 
@@ -47,9 +72,15 @@ pub fn config() -> &'static Config {
         let mut c = Config {
             prefix: [0; 256],
             prefix_len: 0,
+            store: [0; 4096],
+            store_len: 0,
+            bin: [0; 4096],
+            bin_len: 0,
             log: getenv(c"CAIRN_PRELOAD_LOG").is_some(),
             bad_prefix: false,
         };
+        c.store_len = keep(getenv(c"CAIRN_STORE"), &mut c.store);
+        c.bin_len = keep(getenv(c"CAIRN_BIN"), &mut c.bin);
         let want = getenv(c"CAIRN_PREFIX");
         match want.and_then(|p| paths::canonical_prefix(p, &mut c.prefix)) {
             Some(n) => c.prefix_len = n,
@@ -80,9 +111,15 @@ pub fn fs() -> io::Result<Arc<Fs>> {
              `..`, of at most 255 bytes; using {DEFAULT_PREFIX}"
         );
     }
+    use std::os::unix::ffi::OsStrExt;
+    let from_load = |v: Option<&[u8]>| v.map(|b| PathBuf::from(std::ffi::OsStr::from_bytes(b)));
     let store = std::env::var_os("CAIRN_STORE")
         .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
+        .map(PathBuf::from)
+        .or_else(|| from_load(config().store()));
+    if let Some(bin) = from_load(config().bin()) {
+        cairn::set_daemon_binary(bin);
+    }
     let f = Arc::new(Fs::open_store(store.as_deref()).map_err(|e| {
         eprintln!("cairn-preload: cannot use the Cairn store: {e}");
         e

@@ -264,3 +264,82 @@ except OSError as e:
          spawn noexec EACCES\n"
     );
 }
+
+/// nginx (`sendfile on`, one process) serves files stored on Cairn through the shim: a
+/// page, a 5 MiB file byte for byte, and a range of it.
+#[test]
+fn nginx_serves_files_from_the_store() {
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("nginx is not installed (scripts/setup.sh installs nginx-light)");
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.create_dir("/www").unwrap();
+    fs.write("/www/index.html", b"hello from cairn\n").unwrap();
+    let big: Vec<u8> = (0..5u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs.write("/www/big.bin", &big).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    std::fs::write(
+        dir.path().join("nginx.conf"),
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log stderr warn;\n\
+             pid {d}/nginx.pid;\nevents {{ worker_connections 64; }}\nhttp {{\n  sendfile on;\n\
+             access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n\
+             scgi_temp_path {d}/scgi;\n  server {{ listen 127.0.0.1:{port}; root /cairn/www; }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let mut server =
+        cairn_tests::shim::run_cmd(&store, &format!("exec {nginx} -c {d}/nginx.conf -p {d}"))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _k = Kill(&mut server);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "nginx did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let get = |path: &str, range: Option<&str>| -> Vec<u8> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let range = range.map_or(String::new(), |r| format!("Range: bytes={r}\r\n"));
+        write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n{range}\r\n").unwrap();
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).unwrap();
+        let head = resp
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("headers")
+            + 4;
+        let status = String::from_utf8_lossy(&resp[..resp.len().min(12)]).into_owned();
+        assert!(
+            status.contains(" 200") || status.contains(" 206"),
+            "{status}"
+        );
+        resp.split_off(head)
+    };
+    assert_eq!(get("/index.html", None), b"hello from cairn\n");
+    assert!(
+        get("/big.bin", None) == big,
+        "5 MiB file served byte for byte"
+    );
+    assert_eq!(get("/big.bin", Some("1000-1999")), &big[1000..2000]);
+}
