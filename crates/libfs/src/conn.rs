@@ -32,23 +32,6 @@ impl Conn {
 
     /// Connect, starting the daemon if none answers. `create`: this is the default store,
     /// which the daemon creates on first use.
-    /// A start that failed (not because another daemon serves the store) is reported at
-    /// once, with what the daemon said (for example its NVM file is missing after a
-    /// reboot), instead of after the start timeout.
-    fn give_up_if_failed(store: &StoreDir, started: &Started) -> io::Result<()> {
-        match &started.failed {
-            Some(msg) if Conn::connect_only(store).is_err() => Err(fs_err(
-                libc::ECONNREFUSED,
-                format!(
-                    "no daemon answers on {} and starting one failed (`{}`): {msg}",
-                    store.socket_path().display(),
-                    started.command
-                ),
-            )),
-            _ => Ok(()),
-        }
-    }
-
     pub fn connect(store: &StoreDir, create: bool) -> io::Result<Conn> {
         if let Ok(c) = Conn::connect_only(store) {
             return Ok(c);
@@ -58,7 +41,6 @@ impl Conn {
             store.load_config()?;
         }
         let mut started = start_daemon(store, create)?;
-        Self::give_up_if_failed(store, &started)?;
         let mut started_at = Instant::now();
         let deadline = started_at + START_TIMEOUT;
         let mut last;
@@ -75,7 +57,6 @@ impl Conn {
             // (a start while one runs fails harmlessly with "already serves").
             if started_at.elapsed() >= Duration::from_millis(500) {
                 started = start_daemon(store, create)?;
-                Self::give_up_if_failed(store, &started)?;
                 started_at = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -125,9 +106,6 @@ pub fn response_error(op: &str, r: Response) -> io::Error {
 struct Started {
     command: String,
     stderr: std::sync::mpsc::Receiver<String>,
-    /// The start failed for another reason than a daemon already serving the store
-    /// (which a concurrent start causes): what it printed.
-    failed: Option<String>,
 }
 
 impl Started {
@@ -209,20 +187,9 @@ fn start_daemon(store: &StoreDir, create: bool) -> io::Result<Started> {
             let _ = tx.send(s);
         });
     }
-    let status = child.wait()?;
-    let mut started = Started {
+    let _ = child.wait()?;
+    Ok(Started {
         command,
         stderr: rx,
-        failed: None,
-    };
-    if !status.success() {
-        // `--background` returns once the daemon listens or has failed.
-        let msg = started
-            .stderr()
-            .unwrap_or_else(|| format!("exit status {status}"));
-        if !msg.contains("already serves") {
-            started.failed = Some(msg);
-        }
-    }
-    Ok(started)
+    })
 }

@@ -174,34 +174,6 @@ fn corrupted_superblock_is_refused_with_a_clear_error() {
     assert!(!err.contains("panicked"), "no panic: {err}");
 }
 
-/// A store whose NVM file is gone (tmpfs after a reboot): a client reports the
-/// daemon's own error at once, not after the 10 s it waits for a daemon that starts.
-#[test]
-fn a_missing_nvm_file_is_reported_at_once() {
-    let store = TestStore::new();
-    store.fs().write("/f", b"x").unwrap();
-    store.stop();
-    let cfg = cairn_area::StoreDir::new(store.path())
-        .load_config()
-        .unwrap();
-    std::fs::remove_file(&cfg.nvm_path).unwrap();
-    let t = std::time::Instant::now();
-    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
-        .arg("--store")
-        .arg(store.path())
-        .arg("status")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("cannot open the NVM file"), "{err}");
-    assert!(
-        t.elapsed() < std::time::Duration::from_secs(5),
-        "took {:?}",
-        t.elapsed()
-    );
-}
-
 #[test]
 fn full_tier_gives_enospc_and_recovers() {
     let store = TestStore::with_size(StoreSize {
