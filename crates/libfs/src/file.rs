@@ -239,10 +239,11 @@ impl File {
         self.fs.map_sync(obj, off, len)
     }
 
-    /// A mapping of `obj` is gone (`munmap`); with `write_back`, its changes are written
-    /// back first. The process's last one folds the object if no other process maps it.
-    pub fn map_release(&self, obj: Arc<crate::MapObject>, write_back: bool) -> io::Result<()> {
-        self.fs.map_release(obj, write_back)
+    /// A mapping of `obj` is gone (`munmap`; write it back first with
+    /// [`File::map_sync`]). The process's last one folds the object if no other process
+    /// maps it.
+    pub fn map_release(&self, obj: Arc<crate::MapObject>) -> io::Result<()> {
+        self.fs.map_release(obj)
     }
 
     /// A shared, writable mapping of `len` bytes from `off` (a multiple of 4096): the

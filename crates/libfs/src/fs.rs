@@ -1290,8 +1290,7 @@ impl Inner {
         data: &[u8],
     ) -> io::Result<(u64, usize)> {
         let (end, n) = self.write_logged(st, ino, pos, data)?;
-        // Most clients map nothing: one length check.
-        if n > 0 && !st.objs.is_empty() {
+        if n > 0 {
             if let Some(o) = st.objs.get(&ino) {
                 // The file has a map object (`mapobj`): the mappings see the write too.
                 std::os::unix::fs::FileExt::write_all_at(&**o, &data[..n], end - n as u64)
@@ -1517,7 +1516,7 @@ impl Inner {
         buf: &mut [u8],
     ) -> io::Result<usize> {
         self.need(st, ino, false)?;
-        if let Some(o) = st.objs.get(&ino).filter(|_| !st.objs.is_empty()) {
+        if let Some(o) = st.objs.get(&ino) {
             // The file has a map object (`mapobj`): it holds the current bytes.
             let (_, attrs) = self.attrs_held(st, ino)?;
             if off >= attrs.size || buf.is_empty() {

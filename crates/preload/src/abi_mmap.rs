@@ -240,7 +240,7 @@ fn map_shared(
         match obj.open_read_only() {
             Ok(r) => Some(r),
             Err(e) => {
-                let _ = f.map_release(obj, false);
+                let _ = f.map_release(obj);
                 return Err(e);
             }
         }
@@ -254,7 +254,7 @@ fn map_shared(
     drop(ro);
     if p == libc::MAP_FAILED {
         let e = io::Error::last_os_error();
-        let _ = f.map_release(obj, false);
+        let _ = f.map_release(obj);
         return Err(e);
     }
     let write = o.write;
@@ -372,7 +372,7 @@ fn release(gone: Gone) -> io::Result<()> {
         let mut first_err = None;
         for m in gone {
             if let MapKind::Shared { obj, .. } = m.kind {
-                if let Err(e) = m.ofd.file().and_then(|f| f.map_release(obj, false)) {
+                if let Err(e) = m.ofd.file().and_then(|f| f.map_release(obj)) {
                     first_err.get_or_insert(e);
                 }
             }

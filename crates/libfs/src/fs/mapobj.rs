@@ -16,7 +16,8 @@
 //!    any lease on a file knows whether it has an object.
 //! 2. A client that knows of an object reads the file's data from it, and writes both
 //!    to its log (durable, as always) and to the object; `set_len` truncates both.
-//! 3. Write-back (`msync`, `munmap`, exit, [`MapMut::flush`]): under the write lease,
+//! 3. Write-back (`msync`, `munmap`, `fsync`, exit, [`MapMut::flush`]): under the write
+//!    lease,
 //!    the object's pages that differ from the logged state are logged as `WRITE`s.
 //!    From then on they are durable on the NVM tier like any write.
 //! 4. Each process that maps the object holds a shared `flock` on it (inherited by a
@@ -26,7 +27,6 @@
 //!    mapper died without writing back), and at `cairn stop`.
 
 use super::{Inner, Lease, State};
-use crate::meta::W;
 use cairn_area::fs_err;
 use cairn_format::inode::Kind;
 use cairn_media::sys;
@@ -85,14 +85,6 @@ impl MapObject {
     pub fn file(&self) -> &File {
         &self.file
     }
-    /// The object's path (to open it read-only for a read-only mapping).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-    /// The inode whose object this is.
-    pub fn ino(&self) -> u64 {
-        self.ino
-    }
     /// The object opened read-only, holding the shared lock of a mapping (for a
     /// read-only mapping: `mprotect` cannot make it writable).
     pub fn open_read_only(&self) -> io::Result<File> {
@@ -127,22 +119,10 @@ impl Inner {
         };
         st.objs.insert(ino, Arc::new(f));
         if write && st.leases.get(&ino) == Some(&Lease::Write) {
-            if let Err(e) = self.fold(st, ino, gen, &path) {
-                if self.log_errors() {
-                    eprintln!("cairn: folding the map object of inode {ino}: {e}");
-                }
-            }
+            // A fold that fails (a full store) leaves the object, and its bytes, for
+            // the next one.
+            let _ = self.fold(st, ino, gen, &path);
         }
-    }
-
-    fn log_errors(&self) -> bool {
-        std::env::var_os("CAIRN_DEBUG").is_some()
-    }
-
-    /// Whether this client may log writes to a file with attributes `a` (the daemon
-    /// refuses a log with a `WRITE` it may not make).
-    fn may_write(&self, a: &cairn_format::inode::Attrs) -> bool {
-        self.cred.uid == 0 || self.cred.uid == a.uid || self.cred.may(a, W)
     }
 
     /// If nobody maps the object at `path` (we take its lock exclusively), write it
@@ -195,7 +175,8 @@ impl Inner {
             read_full(obj, &mut a[..n], pos)?;
             self.read_logged(st, ino, pos, &mut b[..n])?;
             for (p, q) in dirty_runs(&a[..n], &b[..n]) {
-                if !self.may_write(&attrs) {
+                // The daemon's rule for `WRITE`: it would refuse the log otherwise.
+                if !self.cred.owns_or_writes(&attrs) {
                     return Err(fs_err(
                         libc::EACCES,
                         format!(
@@ -340,22 +321,15 @@ impl Inner {
         })
     }
 
-    /// A process's mapping of `obj` is gone. With `write_back`, its changes are written
-    /// back first. The last attachment in this process drops its lock and folds the
-    /// object if no other process maps it.
-    pub(crate) fn map_release(&self, obj: Arc<MapObject>, write_back: bool) -> io::Result<()> {
-        let r = if write_back {
-            self.map_sync(&obj, 0, u64::MAX)
-        } else {
-            Ok(())
-        };
+    /// A process's mapping of `obj` is gone (written back by the caller, as far as it
+    /// wanted). The last attachment in this process drops its lock and folds the object
+    /// if no other process maps it.
+    pub(crate) fn map_release(&self, obj: Arc<MapObject>) -> io::Result<()> {
         if Arc::strong_count(&obj) > 1 {
-            return r;
+            return Ok(());
         }
         let (ino, gen, path) = (obj.ino, obj.gen, obj.path.clone());
         drop(obj);
-        // Not written back: the object keeps the bytes for the next fold.
-        r?;
         self.run(|st| {
             if st.attached.get(&ino).is_some_and(|w| w.strong_count() == 0) {
                 st.attached.remove(&ino);
@@ -420,16 +394,12 @@ fn dirty_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
 }
 
 /// The map objects (and temporary objects being filled) of the store in `store_dir`,
-/// from its NVM file's superblock: what `cairn status` counts and what is left behind
-/// when a store is deleted without `cairn stop`.
+/// named by the UUID in its NVM file's superblock: whether `cairn stop` has any to fold,
+/// and what is left behind when a store is deleted without `cairn stop`.
 pub fn map_object_files(store_dir: &Path) -> io::Result<Vec<PathBuf>> {
     let cfg = cairn_area::StoreDir::new(store_dir).load_config()?;
-    let mut b = vec![0u8; 4096];
-    let f = File::open(&cfg.nvm_path)?;
-    read_full(&f, &mut b, 0)?;
-    let sb = cairn_format::superblock::Superblock::decode(&b, f.metadata()?.len())
-        .map_err(|e| fs_err(libc::EINVAL, format!("{}: {e}", cfg.nvm_path.display())))?;
-    let prefix = object_prefix(&sb.uuid);
+    let area = cairn_area::Area::open(&File::open(&cfg.nvm_path)?, false)?;
+    let prefix = object_prefix(&area.superblock().uuid);
     let mut out = Vec::new();
     for e in std::fs::read_dir(MAP_OBJECT_DIR)?.flatten() {
         if e.file_name().to_string_lossy().starts_with(&prefix) {
@@ -460,6 +430,8 @@ pub(super) fn read_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
 /// A shared, writable mapping of part of a Cairn file ([`crate::File::map_mut`]):
 /// the Rust API's `mmap(MAP_SHARED)`. Every process mapping the file sees the others'
 /// stores at once; [`MapMut::flush`] (or dropping it) makes them durable like a write.
+/// Dropping it ignores errors (a full store: the stores stay in the map object for a
+/// later write-back); call `flush` first to see them.
 /// Access goes through copies and atomics, never Rust references (other processes may
 /// change the bytes at any time).
 pub struct MapMut {
@@ -483,7 +455,7 @@ impl MapMut {
         let map = match cairn_media::Mapping::new(&obj.file, off, len, true, false) {
             Ok(m) => m,
             Err(e) => {
-                let _ = fs.map_release(obj, false);
+                let _ = fs.map_release(obj);
                 return Err(e);
             }
         };
@@ -559,14 +531,9 @@ impl Drop for MapMut {
     fn drop(&mut self) {
         if let Some(o) = self.obj.take() {
             let len = self.len() as u64;
-            let r = self.fs.map_sync(&o, self.off, len);
+            let _ = self.fs.map_sync(&o, self.off, len);
             self.map = None;
-            let r = r.and_then(|()| self.fs.map_release(o, false));
-            if let Err(e) = r {
-                if self.fs.log_errors() {
-                    eprintln!("cairn: unmapping: {e}");
-                }
-            }
+            let _ = self.fs.map_release(o);
         }
     }
 }
