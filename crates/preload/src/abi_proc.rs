@@ -117,96 +117,37 @@ pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
 
 /// `execve`: the Cairn current directory goes to the new program in `CAIRN_CWD` (its
 /// open Cairn descriptors carry themselves: see `table.rs`). A program stored on Cairn
-/// runs too (`exec_cairn`).
+/// runs too: what [`cairn_program`] resolves it to.
 #[no_mangle]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    unsafe { exec_at_depth(path, argv, envp, 0) }
+    let program = match unsafe { cairn_program(path, argv, false, true) } {
+        Ok(p) => p,
+        Err(e) => return run("execve", || Err::<c_int, _>(e)),
+    };
+    let (env, _cwd) = unsafe { child_env(envp) };
+    before_exec();
+    let Some(p) = program else {
+        let r = unsafe { route(libc::AT_FDCWD, path) };
+        let host = match &r {
+            Ok(r) => r.host_ptr(path),
+            Err(_) => path,
+        };
+        return unsafe { real::execve(host, argv, env.as_ptr()) };
+    };
+    unsafe { real::execve(p.path.as_ptr(), p.argv.as_ptr(), env.as_ptr()) };
+    // Not started: keep its errno past the memfd's close.
+    let e = real::errno();
+    drop(p);
+    real::set_errno(e);
+    -1
 }
 
 /// `#!` interpreters followed at most this deep (Linux: 4 levels of interpreters).
 const MAX_INTERP_DEPTH: u32 = 4;
-
-/// SAFETY: as `execve`.
-unsafe fn exec_at_depth(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-    depth: u32,
-) -> c_int {
-    let r = unsafe { route(libc::AT_FDCWD, path) };
-    if let Ok(Route::Cairn(cp)) = &r {
-        return unsafe { exec_cairn(cp, path, argv, envp, depth) };
-    }
-    let host = match &r {
-        Ok(r) => r.host_ptr(path),
-        Err(_) => path,
-    };
-    let (env, _cwd) = unsafe { child_env(envp) };
-    before_exec();
-    unsafe { real::execve(host, argv, env.as_ptr()) }
-}
-
-/// Run the program stored on Cairn at `cp` (the kernel cannot read it): a `#!` script
-/// starts its interpreter with the script's path (`path` as given) before the other
-/// arguments, as the kernel does; an ELF binary is copied into a sealed `memfd` and run
-/// from there (`execveat`; the new program's `/proc/self/exe` names the memfd).
-///
-/// SAFETY: as `execve`.
-unsafe fn exec_cairn(
-    cp: &ops::CPath,
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-    depth: u32,
-) -> c_int {
-    let plan = match ops::exec_plan(cp) {
-        Ok(p) => p,
-        Err(e) => return run("execve", || Err::<c_int, _>(e)),
-    };
-    match plan {
-        ops::ExecPlan::Script { interp, arg } => {
-            if depth >= MAX_INTERP_DEPTH {
-                return run("execve", || {
-                    Err(err(libc::ELOOP, "execve: #! interpreters nested too deep"))
-                });
-            }
-            let (Ok(interp), Ok(arg)) = (CString::new(interp), arg.map(CString::new).transpose())
-            else {
-                return run("execve", || Err(err(libc::ENOEXEC, "execve: bad #! line")));
-            };
-            let v = unsafe { script_argv(&interp, arg.as_ref(), path, argv) };
-            unsafe { exec_at_depth(interp.as_ptr(), v.as_ptr(), envp, depth + 1) }
-        }
-        ops::ExecPlan::Elf(bytes) => {
-            let fd = match sealed_memfd(&bytes, true) {
-                Ok(fd) => fd,
-                Err(e) => return run("execve", || Err::<c_int, _>(e)),
-            };
-            let (env, _cwd) = unsafe { child_env(envp) };
-            before_exec();
-            // SAFETY: execveat of the memfd with an empty path (AT_EMPTY_PATH), the
-            // caller's arguments and the environment built above.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_execveat,
-                    fd,
-                    c"".as_ptr(),
-                    argv,
-                    env.as_ptr(),
-                    libc::AT_EMPTY_PATH,
-                )
-            };
-            let e = real::errno();
-            unsafe { real::close(fd) };
-            real::set_errno(e);
-            -1
-        }
-    }
-}
 
 /// The arguments of a `#!` script's interpreter: itself, the `#!` line's argument, the
 /// script's path, then the script's arguments after its `argv[0]` (NULL-terminated).
@@ -332,7 +273,7 @@ unsafe fn spawn(
 ) -> c_int {
     let (env, _cwd) = unsafe { child_env(envp as *const *const c_char) };
     // A program stored on Cairn: what the C library can start in its place.
-    let target = match unsafe { spawn_target(path, argv as *const *const c_char, search) } {
+    let target = match unsafe { cairn_program(path, argv as *const *const c_char, search, false) } {
         Ok(t) => t,
         Err(e) => return cairn_area::errno_of(&e).max(1),
     };
@@ -345,7 +286,8 @@ unsafe fn spawn(
         };
         return unsafe { real(pid, path, actions, attr, argv, env.as_ptr() as _) };
     };
-    let r = unsafe {
+    // The memfd, if any, closes with `t`: the child has its own descriptor.
+    unsafe {
         real::posix_spawn(
             pid,
             t.path.as_ptr(),
@@ -354,18 +296,14 @@ unsafe fn spawn(
             t.argv.as_ptr() as _,
             env.as_ptr() as _,
         )
-    };
-    if let Some(fd) = t.memfd {
-        // SAFETY: the memfd `spawn_target` made; the child has its own descriptor.
-        unsafe { real::close(fd) };
     }
-    r
 }
 
-/// What `posix_spawn` starts for a program stored on Cairn: a host interpreter with the
-/// script's arguments, or the binary's `memfd` by `/proc/self/fd` (the descriptor stays
-/// open in the child: it is how the kernel reaches it).
-struct SpawnTarget {
+/// What to start in place of a program stored on Cairn (the kernel cannot read it):
+/// for a `#!` script its interpreter (followed while it is on Cairn too), with the
+/// interpreter's arguments; for an ELF binary its copy in a sealed `memfd`, by
+/// `/proc/self/fd/N` (the new program's `/proc/self/exe` names the memfd).
+struct Program {
     path: CString,
     argv: Vec<*const c_char>,
     memfd: Option<c_int>,
@@ -373,14 +311,26 @@ struct SpawnTarget {
     _keep: Vec<CString>,
 }
 
-/// `None` when `path` (searched on `PATH` with `search`) is the C library's to start.
+impl Drop for Program {
+    fn drop(&mut self) {
+        if let Some(fd) = self.memfd {
+            // SAFETY: the memfd `cairn_program` made, ours to close.
+            unsafe { real::close(fd) };
+        }
+    }
+}
+
+/// [`Program`] for `path` (searched on `PATH` with `search`), or `None` when it is the C
+/// library's to start. `cloexec`: the memfd closes at `exec` (`execve` opens it by path
+/// first; a spawned child must inherit it instead).
 ///
 /// SAFETY: `path` is a C string and `argv` a NULL-terminated array of them.
-unsafe fn spawn_target(
+unsafe fn cairn_program(
     path: *const c_char,
     argv: *const *const c_char,
     search: bool,
-) -> std::io::Result<Option<SpawnTarget>> {
+    cloexec: bool,
+) -> std::io::Result<Option<Program>> {
     let mut keep: Vec<CString> = Vec::new();
     let mut cur = path;
     if search {
@@ -414,7 +364,7 @@ unsafe fn spawn_target(
             }
             // SAFETY: `cur` is the caller's path or a string in `keep`.
             let path = unsafe { std::ffi::CStr::from_ptr(cur) }.to_owned();
-            return Ok(Some(SpawnTarget {
+            return Ok(Some(Program {
                 path,
                 argv: args,
                 memfd: None,
@@ -423,7 +373,7 @@ unsafe fn spawn_target(
         };
         match ops::exec_plan(&cp)? {
             ops::ExecPlan::Script { interp, arg } => {
-                let bad = |_| err(libc::ENOEXEC, "posix_spawn: bad #! line");
+                let bad = |_| err(libc::ENOEXEC, "exec: bad #! line");
                 let interp = CString::new(interp).map_err(bad)?;
                 let arg = arg.map(CString::new).transpose().map_err(bad)?;
                 args = unsafe { script_argv(&interp, arg.as_ref(), cur, args.as_ptr()) };
@@ -432,9 +382,9 @@ unsafe fn spawn_target(
                 keep.extend(arg);
             }
             ops::ExecPlan::Elf(bytes) => {
-                let fd = sealed_memfd(&bytes, false)?;
+                let fd = sealed_memfd(&bytes, cloexec)?;
                 let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
-                return Ok(Some(SpawnTarget {
+                return Ok(Some(Program {
                     path,
                     argv: args,
                     memfd: Some(fd),
@@ -443,24 +393,34 @@ unsafe fn spawn_target(
             }
         }
     }
-    Err(err(
-        libc::ELOOP,
-        "posix_spawn: #! interpreters nested too deep",
-    ))
+    Err(err(libc::ELOOP, "exec: #! interpreters nested too deep"))
 }
 
-/// The first directory of `PATH` holding `name`, if it is on Cairn (`None` when the
+/// The paths an `execvp`-style search of `PATH` (default `/bin:/usr/bin`) tries for
+/// `name`, in order (an empty entry is the current directory).
+fn path_candidates(name: &[u8]) -> Vec<Vec<u8>> {
+    let path = std::env::var_os("PATH").map_or_else(
+        || b"/bin:/usr/bin".to_vec(),
+        |p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec(),
+    );
+    path.split(|&b| b == b':')
+        .map(|d| {
+            let mut c = if d.is_empty() {
+                b".".to_vec()
+            } else {
+                d.to_vec()
+            };
+            c.push(b'/');
+            c.extend_from_slice(name);
+            c
+        })
+        .collect()
+}
+
+/// The first candidate of `PATH` holding `name`, if it is on Cairn (`None` when the
 /// first is on the host, or none has it: the C library's search finds those).
 fn cairn_on_path(name: &[u8]) -> Option<CString> {
-    let path = std::env::var_os("PATH")?;
-    for d in std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).split(|&b| b == b':') {
-        let mut c = if d.is_empty() {
-            b".".to_vec()
-        } else {
-            d.to_vec()
-        };
-        c.push(b'/');
-        c.extend_from_slice(name);
+    for c in path_candidates(name) {
         match ops::classify(libc::AT_FDCWD, &c) {
             Ok(ops::Where::Cairn(cp)) => {
                 if ops::stat(&cp, true).is_ok_and(|m| m.is_file()) {
@@ -558,23 +518,7 @@ pub unsafe extern "C" fn execvpe(
     if name.contains(&b'/') {
         return unsafe { execve(file, argv, envp) };
     }
-    let path = std::env::var_os("PATH").map_or_else(
-        || b"/bin:/usr/bin".to_vec(),
-        |p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec(),
-    );
-    let candidates: Vec<Vec<u8>> = path
-        .split(|&b| b == b':')
-        .map(|d| {
-            let mut c = if d.is_empty() {
-                b".".to_vec()
-            } else {
-                d.to_vec()
-            };
-            c.push(b'/');
-            c.extend_from_slice(name);
-            c
-        })
-        .collect();
+    let candidates = path_candidates(name);
     let on_cairn = |c: &[u8]| matches!(ops::classify(libc::AT_FDCWD, c), Ok(ops::Where::Cairn(_)));
     if name.is_empty() || !candidates.iter().any(|c| on_cairn(c)) {
         before_exec();
