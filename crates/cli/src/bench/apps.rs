@@ -107,6 +107,18 @@ fn run_ok(cmd: &mut Command, what: &str) -> CliResult<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `sqlite3` on `db` reading its statements from a pipe (stopping at the first error).
+fn sqlite_fed(sys: &System, db: &Path) -> CliResult<std::process::Child> {
+    sys.cmd("sqlite3")
+        .arg("-bail")
+        .arg(db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| CliError::new(format!("sqlite3: {e}")))
+}
+
 /// SQLite: `n` single-insert transactions with `synchronous=FULL`; inserts per second.
 fn sqlite(sys: &System, sub: &str, n: u64) -> CliResult<f64> {
     let db = sys.mkdir(sub)?.join("bench.sqlite");
@@ -120,14 +132,7 @@ fn sqlite(sys: &System, sub: &str, n: u64) -> CliResult<f64> {
     for i in 0..n {
         sql.push_str(&format!("INSERT INTO t VALUES({i}, 'value {i}');\n"));
     }
-    let mut child = sys
-        .cmd("sqlite3")
-        .arg(&db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| CliError::new(format!("sqlite3: {e}")))?;
+    let mut child = sqlite_fed(sys, &db)?;
     let t = Instant::now();
     child
         .stdin
@@ -181,15 +186,7 @@ fn sqlite_wal2(sys: &System, sub: &str, n: u64) -> CliResult<f64> {
     let t = Instant::now();
     let mut kids = Vec::new();
     for sql in &scripts {
-        let mut child = sys
-            .cmd("sqlite3")
-            .arg("-bail")
-            .arg(&db)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| CliError::new(format!("sqlite3: {e}")))?;
+        let mut child = sqlite_fed(sys, &db)?;
         let mut stdin = child.stdin.take().expect("piped");
         let sql = sql.clone();
         // Fed from threads, so that both start at once.
