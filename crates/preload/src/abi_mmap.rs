@@ -479,19 +479,19 @@ pub extern "C" fn flush_all_at_exit() {
         // Shared mappings are written back and unmapped (their pages hold the map
         // objects' locks), so that the objects nobody else maps are folded now.
         let (synced, gone) = sync_range(0, usize::MAX, true);
-        let mut private = Vec::new();
+        let mut shared = Vec::new();
         for m in gone {
             if matches!(m.kind, MapKind::Shared { .. }) {
                 // SAFETY: a shared mapping this library made, untracked above; the
                 // program is exiting (this handler runs after those it registered).
                 unsafe { real::munmap(m.addr as *mut c_void, m.len) };
-                private.push(m);
+                shared.push(m);
             } else {
                 // Mappings in place keep their pins to the end.
                 std::mem::forget(m);
             }
         }
-        if let Err(e) = synced.and(release(private)) {
+        if let Err(e) = synced.and(release(shared)) {
             if crate::state::config().log {
                 eprintln!("cairn-preload: writing back shared mappings at exit: {e}");
             }
