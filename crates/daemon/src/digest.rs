@@ -339,6 +339,11 @@ impl<'a> Plan<'a> {
                             p.attrs.kind, attrs.kind
                         )));
                     }
+                    if attrs.rdev != p.attrs.rdev {
+                        return Err(PErr::Bad(format!(
+                            "INODE_SET changes the device number of inode {ino}"
+                        )));
+                    }
                     if attrs.kind != Kind::Dir {
                         p.truncate(attrs.size);
                     }
@@ -546,7 +551,7 @@ fn validate<'p>(sh: &Shared, slot: u32, plan: &mut Plan<'p>) -> Result<Checked<'
 /// Retire every block an inode owns (map nodes, data blocks, bucket chains).
 fn retire_all(sh: &Shared, w: &mut Work, inode: &Inode) -> io::Result<()> {
     match inode.attrs.kind {
-        Kind::Free => Ok(()),
+        Kind::Free | Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => Ok(()),
         Kind::Dir => {
             w.retired.extend(dirhash::bucket_blocks(sh, inode)?);
             let r = &mut w.retired;

@@ -465,6 +465,7 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
             ctime: now,
             btime: now,
             parent: ROOT_INO,
+            rdev: 0,
         },
         generation: 1,
         ..Default::default()

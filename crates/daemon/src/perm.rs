@@ -358,6 +358,11 @@ fn check_txn<'r>(
                                 n.uid
                             )));
                         }
+                        if n.kind.is_device() && !c.is_root() {
+                            return Err(eperm(format!(
+                                "uid {u} may not create device node {ino}: only root may"
+                            )));
+                        }
                         t.created.push((ino, n.gid, n.perm, n.kind));
                         s.created.insert(ino);
                     }

@@ -44,6 +44,11 @@ pub enum Kind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    /// Special files (format version 3): no data, no map.
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
 }
 
 impl Kind {
@@ -53,8 +58,34 @@ impl Kind {
             1 => Kind::File,
             2 => Kind::Dir,
             3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::CharDev,
+            7 => Kind::BlockDev,
             _ => return None,
         })
+    }
+    /// The kind whose `S_IFMT` bits are `mode & 0o170000` (`None`: not a file type).
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        [
+            Kind::File,
+            Kind::Dir,
+            Kind::Symlink,
+            Kind::Fifo,
+            Kind::Socket,
+            Kind::CharDev,
+            Kind::BlockDev,
+        ]
+        .into_iter()
+        .find(|k| k.mode_bits() == mode & 0o170000)
+    }
+    /// Whether inodes of this kind hold bytes (a map of data blocks): files and symlinks.
+    pub fn has_data(self) -> bool {
+        matches!(self, Kind::File | Kind::Symlink)
+    }
+    /// Whether this is a device node (its inode carries a device number).
+    pub fn is_device(self) -> bool {
+        matches!(self, Kind::CharDev | Kind::BlockDev)
     }
     /// The `S_IFMT` bits of this kind.
     pub fn mode_bits(self) -> u32 {
@@ -63,6 +94,10 @@ impl Kind {
             Kind::File => 0o100000,
             Kind::Dir => 0o040000,
             Kind::Symlink => 0o120000,
+            Kind::Fifo => 0o010000,
+            Kind::Socket => 0o140000,
+            Kind::CharDev => 0o020000,
+            Kind::BlockDev => 0o060000,
         }
     }
 }
@@ -83,6 +118,29 @@ pub struct Attrs {
     pub btime: i64,
     /// Parent directory (directories only; 0 otherwise).
     pub parent: u64,
+    /// Device number, Linux's `dev_t` encoding (device nodes only; 0 otherwise). On media
+    /// it shares the parent's slot: see [`Attrs::slot`].
+    pub rdev: u64,
+}
+
+impl Attrs {
+    /// The 8-byte field inodes and `INODE_SET` records keep for the parent of a directory
+    /// and the device number of a device node (no inode has both).
+    pub fn slot(&self) -> u64 {
+        if self.kind.is_device() {
+            self.rdev
+        } else {
+            self.parent
+        }
+    }
+    /// Set the parent or device number from a decoded slot (after `kind`).
+    pub fn set_slot(&mut self, v: u64) {
+        if self.kind.is_device() {
+            self.rdev = v;
+        } else {
+            self.parent = v;
+        }
+    }
 }
 
 /// A decoded inode.
@@ -126,7 +184,7 @@ impl Inode {
         le::put_u64(&mut b, 72, self.map_root);
         le::put_u64(&mut b, 80, self.dir_split);
         le::put_u64(&mut b, 88, self.dir_entries);
-        le::put_u64(&mut b, 96, a.parent);
+        le::put_u64(&mut b, 96, a.slot());
         le::put_u64(&mut b, 104, self.blocks);
         b[112] = self.map_height;
         b[113] = self.xattrs as u8;
@@ -161,20 +219,26 @@ impl Inode {
         {
             return bad("inode: bad mode, map height or flags");
         }
+        let mut attrs = Attrs {
+            kind,
+            perm,
+            uid: le::u32(b, 8),
+            gid: le::u32(b, 12),
+            nlink: le::u64(b, 24),
+            size: le::u64(b, 32),
+            atime: le::i64(b, 40),
+            mtime: le::i64(b, 48),
+            ctime: le::i64(b, 56),
+            btime: le::i64(b, 64),
+            ..Attrs::default()
+        };
+        attrs.set_slot(le::u64(b, 96));
+        let special = !kind.has_data() && kind != Kind::Dir && kind != Kind::Free;
+        if special && (attrs.size != 0 || le::u64(b, 72) != 0 || map_height != 0) {
+            return bad("inode: a special file with data");
+        }
         Ok(Inode {
-            attrs: Attrs {
-                kind,
-                perm,
-                uid: le::u32(b, 8),
-                gid: le::u32(b, 12),
-                nlink: le::u64(b, 24),
-                size: le::u64(b, 32),
-                atime: le::i64(b, 40),
-                mtime: le::i64(b, 48),
-                ctime: le::i64(b, 56),
-                btime: le::i64(b, 64),
-                parent: le::u64(b, 96),
-            },
+            attrs,
             generation: le::u64(b, 16),
             map_root: le::u64(b, 72),
             map_height,
@@ -211,16 +275,39 @@ mod tests {
 
     proptest! {
         #[test]
-        fn roundtrip(kind in 1u8..=3, perm in 0u32..0o7777, size: u64, nlink: u64, t: i64,
-                     root: u64, h in 0u8..=4, gen: u64, xattrs: bool) {
+        fn roundtrip(kind in 1u8..=7, perm in 0u32..0o7777, size: u64, nlink: u64, t: i64,
+                     root: u64, h in 0u8..=4, gen: u64, xattrs: bool, slot: u64) {
+            let kind = Kind::from_u8(kind).unwrap();
+            let data = kind.has_data() || kind == Kind::Dir;
+            let dev = kind.is_device();
             let ino = Inode {
-                attrs: Attrs { kind: Kind::from_u8(kind).unwrap(), perm, uid: 5, gid: 6, nlink,
-                    size, atime: t, mtime: t ^ 1, ctime: 3, btime: 4, parent: 9 },
-                generation: gen, map_root: root, map_height: h, dir_level: 3, dir_split: 2,
+                attrs: Attrs { kind, perm, uid: 5, gid: 6, nlink,
+                    size: if data { size } else { 0 }, atime: t, mtime: t ^ 1, ctime: 3,
+                    btime: 4, parent: if dev { 0 } else { slot }, rdev: if dev { slot } else { 0 } },
+                generation: gen, map_root: if data { root } else { 0 },
+                map_height: if data { h } else { 0 }, dir_level: 3, dir_split: 2,
                 dir_entries: 11, blocks: 12, xattrs,
             };
             prop_assert_eq!(Inode::decode(&ino.encode()).unwrap(), ino);
         }
+    }
+
+    #[test]
+    fn special_files_carry_no_data() {
+        for kind in [Kind::Fifo, Kind::Socket, Kind::CharDev, Kind::BlockDev] {
+            let mut i = Inode {
+                attrs: Attrs { kind, nlink: 1, ..Default::default() },
+                ..Default::default()
+            };
+            assert!(Inode::decode(&i.encode()).is_ok());
+            i.attrs.size = 1;
+            assert!(Inode::decode(&i.encode()).is_err(), "{kind:?} with a size");
+            i.attrs.size = 0;
+            i.map_root = 7;
+            assert!(Inode::decode(&i.encode()).is_err(), "{kind:?} with a map");
+        }
+        assert_eq!(Kind::from_mode(0o010644), Some(Kind::Fifo));
+        assert_eq!(Kind::from_mode(0o170000), None);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!
 //! Records (each a multiple of 8 bytes): type u16, flags u16 (0), len u32, then:
 //! * `INODE_SET` (type 1, 96 bytes): ino, generation, kind u8 + 3 pad, perm u32, uid u32,
-//!   gid u32, nlink, size, atime, mtime, ctime, btime, parent.
+//!   gid u32, nlink, size, atime, mtime, ctime, btime, parent (directories) or device
+//!   number (device nodes).
 //! * `WRITE` (type 2): ino, offset, size-after, mtime-after (also the ctime), data_len u32,
 //!   pad u32, data padded to 8.
 //! * `DIRENT_SET` (type 3): dir, ino (0 = remove), kind u8, name_len u8, 6 pad, name
@@ -154,7 +155,7 @@ pub fn encode_inode_set(out: &mut [u8], ino: u64, generation: u64, a: &Attrs) {
     le::put_i64(out, 64, a.mtime);
     le::put_i64(out, 72, a.ctime);
     le::put_i64(out, 80, a.btime);
-    le::put_u64(out, 88, a.parent);
+    le::put_u64(out, 88, a.slot());
 }
 
 /// Encode a `WRITE` record header into `out[..48]` (the data follows, padded to 8).
@@ -356,7 +357,7 @@ fn decode_record(ty: u16, r: &[u8]) -> Result<Record<'_>> {
             if perm & !0o7777 != 0 || r[25..28] != [0, 0, 0] {
                 return bad("INODE_SET: bad mode");
             }
-            let attrs = Attrs {
+            let mut attrs = Attrs {
                 kind,
                 perm,
                 uid: le::u32(r, 32),
@@ -367,10 +368,14 @@ fn decode_record(ty: u16, r: &[u8]) -> Result<Record<'_>> {
                 mtime: le::i64(r, 64),
                 ctime: le::i64(r, 72),
                 btime: le::i64(r, 80),
-                parent: le::u64(r, 88),
+                ..Attrs::default()
             };
+            attrs.set_slot(le::u64(r, 88));
             if attrs.size > MAX_FILE_SIZE {
                 return bad("INODE_SET: size too large");
+            }
+            if attrs.size != 0 && !kind.has_data() && kind != Kind::Dir {
+                return bad("INODE_SET: a special file with a size");
             }
             Ok(Record::InodeSet {
                 ino: le::u64(r, 8),
@@ -466,6 +471,7 @@ mod tests {
             ctime: 3,
             btime: 4,
             parent: 0,
+            rdev: 0,
         }
     }
 

@@ -6,9 +6,9 @@ use crate::{align_up, bad, crc, le, Result, BLOCK_SIZE, BLOCK_SIZE_U64};
 pub const SB_MAGIC: &[u8; 8] = b"CAIRNSB\0";
 /// Magic at the start of the daemon state block.
 pub const STATE_MAGIC: &[u8; 8] = b"CAIRNST\0";
-/// Current format version (2: lower tiers; version 1 stores, which have none, are still
-/// read).
-pub const FORMAT_VERSION: u32 = 2;
+/// Current format version (2: lower tiers; 3: special files, inode kinds 4–7). Version 1
+/// stores (no lower tiers) and version 2 stores (same layout as 3) are still read.
+pub const FORMAT_VERSION: u32 = 3;
 /// Bytes of a version-1 superblock covered by its checksum (the crc sits right after).
 const SB_CRC_OFF_V1: usize = 144;
 /// Bytes of a version-2 superblock covered by its checksum.
@@ -331,7 +331,7 @@ impl Superblock {
         let v = le::u32(b, 8);
         let crc_off = match v {
             1 => SB_CRC_OFF_V1,
-            FORMAT_VERSION => SB_CRC_OFF,
+            2 | FORMAT_VERSION => SB_CRC_OFF,
             _ => return bad(format!("superblock: unsupported format version {v}")),
         };
         if crc(&b[..crc_off]) != le::u32(b, crc_off) {

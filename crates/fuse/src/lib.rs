@@ -39,6 +39,14 @@ fn kind_of(t: cairn::FileType) -> FileType {
         FileType::Directory
     } else if t.is_symlink() {
         FileType::Symlink
+    } else if t.is_fifo() {
+        FileType::NamedPipe
+    } else if t.is_socket() {
+        FileType::Socket
+    } else if t.is_char_device() {
+        FileType::CharDevice
+    } else if t.is_block_device() {
+        FileType::BlockDevice
     } else {
         FileType::RegularFile
     }
@@ -58,7 +66,9 @@ fn attr_of(m: &Metadata) -> FileAttr {
         nlink: m.nlink().min(u32::MAX as u64) as u32,
         uid: m.uid(),
         gid: m.gid(),
-        rdev: 0,
+        // Device numbers fit 32 bits (12-bit major, 20-bit minor), where the kernel's
+        // encoding and glibc's agree.
+        rdev: m.rdev() as u32,
         blksize: BLOCK,
         flags: 0,
     }
@@ -531,7 +541,7 @@ impl Filesystem for CairnFuse {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         let req = Caller(req.uid(), req.gid());
@@ -539,17 +549,11 @@ impl Filesystem for CairnFuse {
         let s = self.inner.clone();
         self.pool.run(move || {
             let name = name.as_os_str();
-            if mode & libc::S_IFMT != libc::S_IFREG {
-                // Devices, FIFOs and sockets are not stored (ARCHITECTURE.md, Limits).
-                return reply.error(libc::ENOTSUP);
-            }
             let at = name_at(parent, name);
-            let r = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode & !umask & 0o7777)
-                .open(&s.fs, at)
-                .and_then(|_| s.own(req, parent, at, false));
+            // The kernel checked CAP_MKNOD for device nodes.
+            let r =
+                s.fs.mknod(at, mode & (libc::S_IFMT | (0o7777 & !umask)), rdev as u64)
+                    .and_then(|_| s.own(req, parent, at, false));
             match r {
                 Ok(()) => s.entry(at, reply),
                 Err(e) => reply.error(errno(&e)),
@@ -1074,15 +1078,20 @@ impl Filesystem for CairnFuse {
 
 /// Mount options: the kernel checks permissions; other users may use the mount when it
 /// runs as root.
-pub fn mount_options() -> Vec<MountOption> {
+pub fn mount_options(store: &Path) -> Vec<MountOption> {
+    // The file-system name says which store this is (LibFS finds the mount of a store
+    // by it: ARCHITECTURE.md, "Special files").
+    let name = cairn::mount_fsname(store);
     let mut o = vec![
-        MountOption::FSName("cairn".into()),
+        MountOption::FSName(name),
         MountOption::Subtype("cairn".into()),
         MountOption::DefaultPermissions,
         MountOption::RW,
     ];
     if euid() == 0 {
+        // Device nodes on the mount open their devices (only root may make them).
         o.push(MountOption::AllowOther);
+        o.push(MountOption::Dev);
     }
     o
 }
@@ -1091,5 +1100,6 @@ pub fn mount_options() -> Vec<MountOption> {
 /// and entries for `ttl`. The modes requests carry already had the caller's umask
 /// applied: `fs` must be opened by a process whose umask is 0 (`cairn mount` sets it).
 pub fn serve(fs: Fs, mountpoint: &Path, ttl: Duration) -> io::Result<()> {
-    fuser::mount2(CairnFuse::new(fs, ttl), mountpoint, &mount_options())
+    let opts = mount_options(fs.store_dir());
+    fuser::mount2(CairnFuse::new(fs, ttl), mountpoint, &opts)
 }

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 pub(crate) mod mapobj;
+pub(crate) mod special;
 
 /// Symlinks followed during one resolution before `ELOOP`.
 const MAX_SYMLINKS: u32 = 40;
@@ -1889,6 +1890,8 @@ impl SharedFile<'_> {
 pub(crate) struct CreateOpts {
     pub kind: Kind,
     pub perm: u32,
+    /// Device number (device nodes only).
+    pub rdev: u64,
 }
 
 impl Inner {
@@ -1950,6 +1953,7 @@ impl Inner {
             ctime: now,
             btime: now,
             parent: if o.kind == Kind::Dir { parent } else { 0 },
+            rdev: if o.kind.is_device() { o.rdev } else { 0 },
         };
         pa.mtime = now;
         pa.ctime = now;
@@ -1997,6 +2001,7 @@ impl Inner {
                 CreateOpts {
                     kind: Kind::Dir,
                     perm,
+                    rdev: 0,
                 },
                 None,
                 &op,
@@ -2181,6 +2186,9 @@ impl Inner {
             if a.nlink == 0 && st.open.get(&ino).copied().unwrap_or(0) > 0 {
                 st.orphans.insert(ino);
                 return Ok(());
+            }
+            if a.nlink == 0 {
+                self.drop_rendezvous(a.kind, ino, gen);
             }
         }
         tx.inode(ino, gen, a);
@@ -2562,6 +2570,7 @@ impl Inner {
                 CreateOpts {
                     kind: Kind::Symlink,
                     perm: 0o777,
+                    rdev: 0,
                 },
                 Some(t),
                 &op,
@@ -2754,6 +2763,12 @@ impl Inner {
                     if !self.cred.may(&a, want) {
                         return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
                     }
+                    if !kind.has_data() && kind != Kind::Dir {
+                        return Err(fs_err(
+                            libc::ENXIO,
+                            format!("{op}: a FIFO, socket or device node (Fs::open_special)"),
+                        ));
+                    }
                     if trunc && kind == Kind::File && a.size > 0 {
                         self.set_len(st, ino, 0)?;
                     }
@@ -2776,6 +2791,7 @@ impl Inner {
                         CreateOpts {
                             kind: Kind::File,
                             perm: mode & !self.umask.load(Ordering::Relaxed),
+                            rdev: 0,
                         },
                         None,
                         &op,

@@ -42,6 +42,9 @@ mod ring;
 pub use conn::set_daemon_binary;
 pub use file::{File, OpenOptions};
 pub use fs::mapobj::{map_object_files, MapMut, MapObject, MAP_OBJECT_DIR};
+pub use fs::special::{
+    cairn_mounts, major_minor, makedev, mount_fsname, rendezvous_files, CairnMount,
+};
 pub use fs::At;
 pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
@@ -142,6 +145,57 @@ impl Fs {
     /// Create a directory and all missing parents; existing directories are fine.
     pub fn create_dir_all(&self, p: impl Loc) -> io::Result<()> {
         self.inner.create_dir_all(p.at())
+    }
+
+    /// `mknod(2)`: make a regular file (file type 0 or `S_IFREG`), FIFO (`S_IFIFO`),
+    /// Unix-domain socket inode (`S_IFSOCK`) or, as root, a character or block device node
+    /// (`S_IFCHR`, `S_IFBLK`; `rdev` from [`makedev`]) with `mode & 0o7777` minus the umask.
+    /// `S_IFDIR` is `EPERM` (use `create_dir`), `S_IFLNK` and unknown types `EINVAL`.
+    pub fn mknod(&self, p: impl Loc, mode: u32, rdev: u64) -> io::Result<()> {
+        self.inner.mknod(p.at(), mode, rdev)
+    }
+
+    /// `mkfifo(3)`: make a FIFO with `mode` minus the umask.
+    pub fn mkfifo(&self, p: impl Loc, mode: u32) -> io::Result<()> {
+        self.inner.mknod(p.at(), libc::S_IFIFO | (mode & 0o7777), 0)
+    }
+
+    /// Open a FIFO or device node (following symlinks) with `open(2)` `flags`: a host
+    /// descriptor of the FIFO's pipe (every process opening the same Cairn FIFO gets the
+    /// same pipe; the open blocks for the other end as on Linux) or of the host device its
+    /// numbers name. Cairn's permission bits are checked first. A socket is `ENXIO`, any
+    /// other file `EINVAL`. `docs/ARCHITECTURE.md`, "Special files".
+    pub fn open_special(&self, p: impl Loc, flags: i32) -> io::Result<std::os::fd::OwnedFd> {
+        self.inner.open_special(p.at(), flags)
+    }
+
+    /// Bind the Unix-domain socket `fd` to the Cairn path `p` (`bind(2)`): makes the
+    /// socket inode (mode `0o777` minus the umask, as Linux) and binds `fd` to its host
+    /// address. `EADDRINUSE` if `p` exists.
+    pub fn bind_unix(&self, p: impl Loc, fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+        let p = p.at();
+        let (host, made) = self.inner.bind_socket(p, 0o777)?;
+        if let Err(e) = cairn_media::sys::bind_unix(fd, &host) {
+            if made {
+                let _ = self.inner.remove_file(p);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The host address (`sockaddr_un` path) a `connect` to the socket bound at Cairn
+    /// path `p` must use. `ECONNREFUSED` if `p` is not a socket, `EACCES` without write
+    /// permission on it.
+    pub fn socket_address(&self, p: impl Loc) -> io::Result<PathBuf> {
+        self.inner.socket_address(p.at())
+    }
+
+    /// Remove the host rendezvous of FIFOs and sockets whose inodes are gone (left by a
+    /// crash between an unlink and its clean-up); `cairn stop` does this. Returns how
+    /// many were removed.
+    pub fn remove_stale_rendezvous(&self) -> io::Result<usize> {
+        self.inner.remove_stale_rendezvous()
     }
 
     /// The entries of a directory (without `.` and `..`).

@@ -53,6 +53,30 @@ impl FileType {
     pub fn is_symlink(&self) -> bool {
         self.kind == Kind::Symlink
     }
+    /// A FIFO (named pipe).
+    pub fn is_fifo(&self) -> bool {
+        self.kind == Kind::Fifo
+    }
+    /// A Unix-domain socket.
+    pub fn is_socket(&self) -> bool {
+        self.kind == Kind::Socket
+    }
+    /// A character device node.
+    pub fn is_char_device(&self) -> bool {
+        self.kind == Kind::CharDev
+    }
+    /// A block device node.
+    pub fn is_block_device(&self) -> bool {
+        self.kind == Kind::BlockDev
+    }
+    /// The `S_IFMT` bits of this type (`S_IFREG`, `S_IFDIR`, …).
+    pub fn mode_bits(&self) -> u32 {
+        self.kind.mode_bits()
+    }
+    /// The `d_type` of a directory entry of this type (`DT_REG`, `DT_FIFO`, …).
+    pub fn dirent_type(&self) -> u8 {
+        (self.kind.mode_bits() >> 12) as u8
+    }
 }
 
 /// Permission bits of a file (`0o7777`), like `std::fs::Permissions` on Unix.
@@ -129,6 +153,10 @@ impl Metadata {
     /// `st_mode`: file type bits and permission bits.
     pub fn mode(&self) -> u32 {
         self.attrs.kind.mode_bits() | self.attrs.perm
+    }
+    /// Device number of a device node (`st_rdev`, glibc's encoding); 0 otherwise.
+    pub fn rdev(&self) -> u64 {
+        self.attrs.rdev
     }
     /// Inode number.
     pub fn ino(&self) -> u64 {

@@ -440,6 +440,47 @@ pub mod sys {
         }
     }
 
+    /// `bind(2)` of the Unix-domain socket `fd` to the filesystem path `path`.
+    pub fn bind_unix(fd: std::os::fd::BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: an all-zero sockaddr_un is a valid value.
+        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let b = path.as_os_str().as_bytes();
+        if b.len() >= a.sun_path.len() || b.contains(&0) {
+            return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+        }
+        for (d, s) in a.sun_path.iter_mut().zip(b) {
+            *d = *s as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + b.len() + 1;
+        // SAFETY: `a` is a valid sockaddr_un of `len` bytes (NUL-terminated path), for
+        // a descriptor `fd` borrows.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&a as *const libc::sockaddr_un).cast(),
+                len as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// `mkfifo(2)`: make a FIFO at `path` with `mode` (minus the umask).
+    pub fn mkfifo(path: &std::ffi::CStr, mode: u32) -> io::Result<()> {
+        // SAFETY: `path` is a NUL-terminated string valid for the call.
+        let r = unsafe { libc::mkfifo(path.as_ptr(), mode as libc::mode_t) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     /// Wait until `fd` is readable (for a listening socket: a connection is pending) or
     /// `timeout` passes; whether it is readable. An interrupted wait counts as a timeout.
     pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> io::Result<bool> {

@@ -220,7 +220,7 @@ macro_rules! fill_stat {
         st.st_nlink = s.nlink as _;
         st.st_uid = s.uid;
         st.st_gid = s.gid;
-        st.st_rdev = 0;
+        st.st_rdev = s.rdev as _;
         st.st_size = s.size as _;
         st.st_blksize = crate::ops::BLOCK as _;
         st.st_blocks = s.blocks as _;
@@ -244,6 +244,9 @@ pub fn fill_statx(st: &mut libc::statx, s: &ops::Stat) {
     st.stx_gid = s.gid;
     st.stx_mode = s.mode as u16;
     st.stx_ino = s.ino;
+    let (major, minor) = cairn::major_minor(s.rdev);
+    st.stx_rdev_major = major as u32;
+    st.stx_rdev_minor = minor as u32;
     st.stx_size = s.size;
     st.stx_blocks = s.blocks;
     let ts = |t: (i64, i64)| {

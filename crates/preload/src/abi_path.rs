@@ -604,7 +604,7 @@ pub unsafe extern "C" fn mknodat(
             dirfd,
             path,
             |p| real::mknodat(dirfd, p, mode, dev),
-            |cp| ok0(ops::mknod(cp, mode)),
+            |cp| ok0(ops::mknod(cp, mode, dev)),
         )
     }
 }
@@ -622,12 +622,7 @@ pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_
             dirfd,
             path,
             |p| real::mkfifoat(dirfd, p, mode),
-            |_| {
-                Err(err(
-                    libc::EPERM,
-                    "mkfifo: Cairn stores regular files, directories and symbolic links only",
-                ))
-            },
+            |cp| ok0(ops::mknod(cp, libc::S_IFIFO | (mode & 0o7777), 0)),
         )
     }
 }
@@ -635,6 +630,32 @@ pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_
 #[no_mangle]
 pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
     unsafe { mkfifoat(FDCWD, path, mode) }
+}
+
+/// glibc before 2.33 exported `mknod` as this wrapper (`ver` is `_MKNOD_VER`).
+#[no_mangle]
+pub unsafe extern "C" fn __xmknodat(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    if dev.is_null() {
+        return crate::state::fail("mknod", err(libc::EFAULT, "mknod: null device pointer"));
+    }
+    // SAFETY: `dev` is non-null and points to a dev_t, as the caller promises.
+    unsafe { mknodat(dirfd, path, mode, *dev) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __xmknod(
+    ver: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    unsafe { __xmknodat(ver, FDCWD, path, mode, dev) }
 }
 
 // ---- attributes -------------------------------------------------------------------------------

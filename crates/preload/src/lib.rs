@@ -35,6 +35,8 @@ mod abi_path;
 #[cfg(not(test))]
 mod abi_proc;
 #[cfg(not(test))]
+mod abi_sock;
+#[cfg(not(test))]
 mod abi_stdio;
 
 /// Start-up, before `main`: adopt the Cairn descriptors and current directory inherited

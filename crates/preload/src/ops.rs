@@ -173,7 +173,48 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
         }
     }
     let perm = mode & 0o7777;
-    let f = if create && !write {
+    let f = match open_file(&fs, at, flags, perm) {
+        Err(e) if crate::state::errno_of(&e) == libc::ENXIO => {
+            // A FIFO or device: a host descriptor of its pipe or device, which the
+            // program uses like any host descriptor.
+            let special = fs.metadata(at).is_ok_and(|m| !m.is_file() && !m.is_dir());
+            if !special {
+                return Err(e);
+            }
+            if flags & libc::O_DIRECTORY != 0 {
+                return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"));
+            }
+            let keep = !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOFOLLOW);
+            let fd = fs.open_special(at, flags & keep)?;
+            return Ok(std::os::fd::IntoRawFd::into_raw_fd(fd));
+        }
+        r => r?,
+    };
+    let m = f.metadata()?;
+    if m.is_dir() {
+        if create {
+            return Err(err(libc::EISDIR, "open: O_CREAT on a directory"));
+        }
+        // A directory's description needs no LibFS handle.
+        drop(f);
+        return dir_fd(&fs, cp, &m, cloexec);
+    }
+    if flags & libc::O_DIRECTORY != 0 {
+        return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"));
+    }
+    let fd = table::placeholder(cloexec)?;
+    let append = flags & libc::O_APPEND != 0;
+    table::insert(fd, Arc::new(Ofd::new_file(f, read, write, append)));
+    Ok(fd)
+}
+
+/// The LibFS open of [`open`] (after `O_PATH` and `O_NOFOLLOW` were handled).
+fn open_file(fs: &Fs, at: At<'_>, flags: c_int, perm: u32) -> io::Result<cairn::File> {
+    let acc = flags & libc::O_ACCMODE;
+    let (read, write) = (acc != libc::O_WRONLY, acc != libc::O_RDONLY);
+    let create = flags & libc::O_CREAT != 0;
+    let excl = create && flags & libc::O_EXCL != 0;
+    Ok(if create && !write {
         // O_RDONLY | O_CREAT creates the file, then the handle reads.
         drop(
             cairn::OpenOptions::new()
@@ -193,24 +234,8 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
             .create(create)
             .create_new(excl)
             .mode(perm)
-            .open(&fs, at)?
-    };
-    let m = f.metadata()?;
-    if m.is_dir() {
-        if create {
-            return Err(err(libc::EISDIR, "open: O_CREAT on a directory"));
-        }
-        // A directory's description needs no LibFS handle.
-        drop(f);
-        return dir_fd(&fs, cp, &m, cloexec);
-    }
-    if flags & libc::O_DIRECTORY != 0 {
-        return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"));
-    }
-    let fd = table::placeholder(cloexec)?;
-    let append = flags & libc::O_APPEND != 0;
-    table::insert(fd, Arc::new(Ofd::new_file(f, read, write, append)));
-    Ok(fd)
+            .open(fs, at)?
+    })
 }
 
 /// A descriptor for directory `m`, opened at `cp`.
@@ -443,6 +468,8 @@ pub struct Stat {
     pub mtime: (i64, i64),
     pub ctime: (i64, i64),
     pub btime: (i64, i64),
+    /// Device number of a device node (glibc's encoding).
+    pub rdev: u64,
 }
 
 fn split_ns(ns: i64) -> (i64, i64) {
@@ -450,13 +477,6 @@ fn split_ns(ns: i64) -> (i64, i64) {
 }
 
 pub fn stat_of(m: &Metadata) -> Stat {
-    let kind = if m.is_dir() {
-        libc::S_IFDIR
-    } else if m.is_symlink() {
-        libc::S_IFLNK
-    } else {
-        libc::S_IFREG
-    };
     let btime = m
         .created()
         .duration_since(UNIX_EPOCH)
@@ -464,7 +484,8 @@ pub fn stat_of(m: &Metadata) -> Stat {
         .unwrap_or((0, 0));
     Stat {
         ino: m.ino(),
-        mode: kind | (m.mode() & 0o7777),
+        mode: m.mode(),
+        rdev: m.rdev(),
         nlink: m.nlink(),
         uid: m.uid(),
         gid: m.gid(),
@@ -679,22 +700,9 @@ pub fn mkdir(cp: &CPath, mode: u32) -> io::Result<()> {
     fs()?.create_dir_mode(cp.at(), mode & 0o7777)
 }
 
-/// `mknod` of a regular file (`S_IFREG` or type 0); other types are `EPERM`.
-pub fn mknod(cp: &CPath, mode: u32) -> io::Result<()> {
-    let kind = mode & libc::S_IFMT;
-    if kind != 0 && kind != libc::S_IFREG {
-        return Err(err(
-            libc::EPERM,
-            "mknod: Cairn stores regular files, directories and symbolic links only",
-        ));
-    }
-    let fs = fs()?;
-    cairn::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode & 0o7777)
-        .open(&fs, cp.at())
-        .map(drop)
+/// `mknod`: a regular file, FIFO, socket inode or (root) device node.
+pub fn mknod(cp: &CPath, mode: u32, rdev: u64) -> io::Result<()> {
+    fs()?.mknod(cp.at(), mode, rdev)
 }
 
 pub fn link(a: &CPath, b: &CPath, follow: bool) -> io::Result<()> {
@@ -717,16 +725,6 @@ pub fn readlink(cp: &CPath) -> io::Result<Vec<u8>> {
 }
 
 // ---- directories -------------------------------------------------------------------
-
-fn kind_byte(t: cairn::FileType) -> u8 {
-    if t.is_dir() {
-        libc::DT_DIR
-    } else if t.is_symlink() {
-        libc::DT_LNK
-    } else {
-        libc::DT_REG
-    }
-}
 
 /// The inode of directory `ino`'s parent (the root is its own).
 fn parent_of(fs: &Fs, ino: u64) -> io::Result<u64> {
@@ -757,7 +755,10 @@ pub fn list(ino: u64) -> io::Result<Vec<Dent>> {
         let e = e?;
         v.push(Dent {
             ino: e.ino(),
-            kind: e.file_type().map(kind_byte).unwrap_or(libc::DT_UNKNOWN),
+            kind: e
+                .file_type()
+                .map(|t| t.dirent_type())
+                .unwrap_or(libc::DT_UNKNOWN),
             name: std::os::unix::ffi::OsStrExt::as_bytes(e.file_name().as_os_str()).to_vec(),
         });
     }

@@ -224,6 +224,10 @@ next_fns! {
     fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
     fn splice(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t;
     fn close_range(first: c_uint, last: c_uint, fl: c_int) -> c_int;
+    fn bind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
+    fn connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, fl: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> ssize_t;
+    fn sendmsg(fd: c_int, msg: *const libc::msghdr, fl: c_int) -> ssize_t;
     fn closefrom(first: c_int) -> c_int;
     fn mkostemps64(tmpl: *mut c_char, sfx: c_int, fl: c_int) -> c_int;
     fn mkdtemp(tmpl: *mut c_char) -> *mut c_char;

@@ -182,8 +182,10 @@ impl Drop for TestStore {
         if let Some(pid) = self.daemon_pid() {
             kill9(pid);
         }
-        // Map objects a test left (a mapper killed, a test that checks them).
-        for p in cairn::map_object_files(self.path()).unwrap_or_default() {
+        // Map objects and FIFO/socket rendezvous a test left.
+        let objects = cairn::map_object_files(self.path()).unwrap_or_default();
+        let rendezvous = cairn::rendezvous_files(self.path()).unwrap_or_default();
+        for p in objects.into_iter().chain(rendezvous) {
             let _ = std::fs::remove_file(p);
         }
         if let Ok(cfg) = cairn_area::StoreDir::new(self.path()).load_config() {

@@ -384,16 +384,28 @@ pub fn stop(store: Option<&Path>) -> CliResult {
     let dir = StoreDir::resolve(store);
     // Shared mappings that no process maps any more (a mapper killed before it wrote
     // back) keep their bytes in map objects: write them back into the store first.
+    // The host rendezvous of FIFOs and sockets removed while a client was killed are
+    // removed too.
     let mut folded = 0;
-    if !cairn::map_object_files(&dir.path)
+    let objects = !cairn::map_object_files(&dir.path)
         .unwrap_or_default()
-        .is_empty()
-    {
+        .is_empty();
+    let rendezvous = !cairn::rendezvous_files(&dir.path)
+        .unwrap_or_default()
+        .is_empty();
+    if objects || rendezvous {
         let fs = cairn::Fs::open(&dir.path)
             .map_err(|e| CliError::new(format!("opening {}: {}", dir.path.display(), clean(&e))))?;
         folded = fs.fold_map_objects().map_err(|e| {
             CliError::new(format!(
                 "writing back the map objects of {}: {}",
+                dir.path.display(),
+                clean(&e)
+            ))
+        })?;
+        fs.remove_stale_rendezvous().map_err(|e| {
+            CliError::new(format!(
+                "removing stale FIFO and socket rendezvous of {}: {}",
                 dir.path.display(),
                 clean(&e)
             ))

@@ -6,17 +6,7 @@ use std::time::{Duration, Instant};
 
 /// Whether a Cairn FUSE file system is mounted at `mp` (from /proc/self/mountinfo).
 pub fn is_mounted(mp: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = mp.to_string_lossy();
-    info.lines().any(|l| {
-        // ID parent major:minor root MOUNTPOINT options ... - FSTYPE SOURCE options
-        let f: Vec<&str> = l.split(' ').collect();
-        let mut tail = l.split(" - ").nth(1).unwrap_or("").split(' ');
-        let (fstype, source) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
-        f.get(4).is_some_and(|m| *m == want) && fstype.starts_with("fuse") && source == "cairn"
-    })
+    cairn::cairn_mounts().iter().any(|m| m.mountpoint == mp)
 }
 
 fn canonical(mp: &Path) -> CliResult<PathBuf> {

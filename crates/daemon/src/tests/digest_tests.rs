@@ -255,6 +255,45 @@ fn malformed_logs_are_refused_without_touching_the_area() {
         lw.append(sh, &create_file(1 << 40, ROOT_INO, b"x"));
     });
     assert!(m.contains("out of range"), "{m}");
+    // A write to a FIFO; a device node whose number changes.
+    let fifo = |ino: u64, rdev: u64, kind: Kind| {
+        vec![
+            Record::InodeSet {
+                ino,
+                generation: 1,
+                attrs: Attrs {
+                    rdev,
+                    ..attrs(kind, 0, 1, 0)
+                },
+            },
+            Record::DirentSet {
+                dir: ROOT_INO,
+                name: b"special",
+                ino,
+                kind,
+            },
+        ]
+    };
+    let m = expect_malformed(&ts, |sh, lw| {
+        lw.append(sh, &fifo(10, 0, Kind::Fifo));
+        lw.append(sh, &[write(10, 0, 5000, &data)]);
+    });
+    assert!(m.contains("WRITE to inode 10, a Fifo"), "{m}");
+    let m = expect_malformed(&ts, |sh, lw| {
+        lw.append(sh, &fifo(10, 0x103, Kind::CharDev));
+        lw.append(
+            sh,
+            &[Record::InodeSet {
+                ino: 10,
+                generation: 1,
+                attrs: Attrs {
+                    rdev: 0x105,
+                    ..attrs(Kind::CharDev, 0, 1, 0)
+                },
+            }],
+        );
+    });
+    assert!(m.contains("device number"), "{m}");
     // A dirent naming a free inode; a kind change; freeing the root.
     expect_malformed(&ts, |sh, lw| {
         lw.append(

@@ -136,6 +136,7 @@ pub(crate) fn attrs(kind: Kind, size: u64, nlink: u64, parent: u64) -> Attrs {
         ctime: 3,
         btime: 4,
         parent,
+        rdev: 0,
     }
 }
 

@@ -33,6 +33,7 @@ fn a(kind: Kind, perm: u32, uid: u32, gid: u32, nlink: u64, parent: u64) -> Attr
         ctime: 3,
         btime: 4,
         parent,
+        rdev: 0,
     }
 }
 
@@ -195,6 +196,22 @@ fn forbidden_operations_are_refused() {
                 vec![
                     set(n(w), a(Kind::File, 0o644, U, U, 1, 0)),
                     ent(ROOTDIR, b"x", n(w), Kind::File),
+                ]
+            }),
+        ),
+        (
+            "mknod of a device node by a non-root user",
+            "EPERM",
+            Box::new(move |w| {
+                vec![
+                    set(
+                        n(w),
+                        Attrs {
+                            rdev: 0x103,
+                            ..a(Kind::CharDev, 0o666, U, U, 1, 0)
+                        },
+                    ),
+                    ent(HOME, b"null", n(w), Kind::CharDev),
                 ]
             }),
         ),

@@ -98,7 +98,7 @@ impl MapObject {
 }
 
 impl Inner {
-    fn uuid(&self) -> [u8; 16] {
+    pub(super) fn uuid(&self) -> [u8; 16] {
         self.area.superblock().uuid
     }
 
