@@ -3,6 +3,7 @@
 //! deterministic operation generator, and whole-tree snapshots to compare the two.
 
 pub mod harness;
+pub mod mount;
 pub mod ops;
 pub mod raw;
 pub mod shim;

@@ -2,69 +2,9 @@
 //! shared with the API's clients. Needs /dev/fuse and fusermount3 (scripts/setup.sh
 //! installs the fuse3 package), sqlite3, git, tar and python3.
 
-use cairn_tests::harness::cairn_bin;
-use cairn_tests::TestStore;
-use std::path::{Path, PathBuf};
+use cairn_tests::mount::Mount;
+use std::path::Path;
 use std::process::Command;
-
-/// A mounted store; unmounted when dropped (also when a test fails).
-struct Mount {
-    store: TestStore,
-    dir: tempfile::TempDir,
-}
-
-impl Mount {
-    fn new() -> Mount {
-        Mount::with(&[])
-    }
-
-    /// A mount with these extra `cairn mount` options.
-    fn with(options: &[&str]) -> Mount {
-        let store = TestStore::new();
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(cairn_bin())
-            .arg("--store")
-            .arg(store.path())
-            .arg("mount")
-            .args(options)
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cairn mount failed (is fuse3 installed? scripts/setup.sh): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Mount { store, dir }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn umount(&self) {
-        let out = Command::new(cairn_bin())
-            .arg("umount")
-            .arg(self.dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cairn umount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        // Lazily: a program a failed test left running may still use it.
-        let _ = Command::new("fusermount3")
-            .arg("-uz")
-            .arg(self.dir.path())
-            .output();
-    }
-}
 
 /// Run `sh -c script` in `dir`; its stdout. Fails the test with stderr on failure.
 fn sh(dir: &Path, script: &str) -> String {
@@ -85,7 +25,7 @@ fn sh(dir: &Path, script: &str) -> String {
 #[test]
 fn programs_on_the_mount_and_one_file_system_with_the_api() {
     let m = Mount::new();
-    let root = m.dir.path();
+    let root = m.dir();
 
     // The mount and an API client see each other's changes at once.
     let fs = m.store.fs();
@@ -209,7 +149,7 @@ fn mount_pid(mp: &Path) -> u32 {
 #[test]
 fn killed_programs_and_a_killed_mount_leave_a_consistent_store() {
     let m = Mount::new();
-    let root = m.dir.path().to_path_buf();
+    let root = m.dir().to_path_buf();
     // SQLite killed with SIGKILL in the middle of committing transactions.
     sh(
         &root,
@@ -306,7 +246,7 @@ fn line(c: &mut std::process::Child) -> String {
 fn posix_locks_on_the_mount_are_the_stores() {
     use std::io::Write;
     let m = Mount::new();
-    let root = m.dir.path().to_path_buf();
+    let root = m.dir().to_path_buf();
     std::fs::write(m.path("lk"), b"x").unwrap();
     let take = "import fcntl, sys
 f = open('lk', 'r+')
@@ -370,7 +310,7 @@ print('got', flush=True)",
 fn flock_on_the_mount_is_the_stores() {
     use std::io::Write;
     let m = Mount::new();
-    let root = m.dir.path().to_path_buf();
+    let root = m.dir().to_path_buf();
     std::fs::write(m.path("fl"), b"x").unwrap();
     let mut p = python(
         &root,
@@ -461,7 +401,7 @@ sys.stdin.readline()",
 #[test]
 fn rocksdb_redis_and_fio_on_the_mount() {
     let m = Mount::new();
-    let root = m.dir.path().to_path_buf();
+    let root = m.dir().to_path_buf();
     // RocksDB: fillrandom, then fillseq (each fill starts a new database) and
     // readrandom, with synced writes: every key is found.
     let out = sh(
@@ -546,7 +486,7 @@ fn rocksdb_redis_and_fio_on_the_mount() {
 #[test]
 fn renameat2_modes_and_fallocate_on_the_mount() {
     let m = Mount::new();
-    let root = m.dir.path().to_path_buf();
+    let root = m.dir().to_path_buf();
     std::fs::write(m.path("a"), b"A").unwrap();
     std::fs::write(m.path("b"), b"B").unwrap();
     let out = sh(
@@ -590,7 +530,7 @@ print(open('c').read(), open('b').read())
 fn extended_attributes_on_the_mount() {
     use std::os::unix::fs::PermissionsExt;
     let m = Mount::new();
-    let root = m.dir.path().to_path_buf();
+    let root = m.dir().to_path_buf();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/xattr_check.py");
     assert_eq!(
         sh(&root, &format!("python3 {script} {}", root.display())),

@@ -565,26 +565,8 @@ print('ok')
 fn the_mount_and_the_shim_share_a_mapped_file() {
     let store = TestStore::new();
     store.fs().write("/mf.bin", vec![0u8; 8192]).unwrap();
-    let mnt = tempfile::tempdir().unwrap();
-    let st = Command::new(cairn_bin())
-        .arg("--store")
-        .arg(store.path())
-        .arg("mount")
-        .arg(mnt.path())
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-    struct Unmount<'a>(&'a std::path::Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("fusermount3").arg("-uz").arg(self.0).output();
-        }
-    }
-    let _u = Unmount(mnt.path());
+    let m = cairn_tests::mount::Mount::of(store, &[]);
+    let store = &m.store;
     let script = Script::new(
         r#"import mmap, os, sys
 m = mmap.mmap(os.open('/cairn/mf.bin', os.O_RDWR), 8192)
@@ -596,10 +578,10 @@ sys.stdin.readline()
 print(m[4096:4101].decode(), flush=True)
 "#,
     );
-    let mut c = script.spawn(&store, "");
+    let mut c = script.spawn(store, "");
     let mut out = BufReader::new(c.stdout.take().unwrap());
     assert_eq!(next_line(&mut out), "flushed");
-    let on_mount = mnt.path().join("mf.bin");
+    let on_mount = m.path("mf.bin");
     // The mount serves the mapped file's current bytes, even those not written back.
     let bytes = std::fs::read(&on_mount).unwrap();
     assert_eq!(

@@ -114,24 +114,13 @@ fn data_and_holes_through_the_shim_and_the_mount() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mnt = tempfile::tempdir().unwrap();
-    let m = Command::new(cairn_bin())
-        .arg("--store")
-        .arg(store.path())
-        .arg("mount")
-        .arg(mnt.path())
-        .output()
-        .unwrap();
-    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    let m = cairn_tests::mount::Mount::of(store, &[]);
     let out = Command::new("python3")
         .arg(script)
-        .arg(mnt.path())
+        .arg(m.dir())
         .output()
         .unwrap();
-    let _ = Command::new("fusermount3")
-        .arg("-uz")
-        .arg(mnt.path())
-        .output();
+    drop(m);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "ok\n",
