@@ -162,6 +162,12 @@ struct Intervals<'a> {
 impl<'a> Intervals<'a> {
     fn insert(&mut self, start: u64, data: &'a [u8], rec: usize) {
         let end = start + data.len() as u64;
+        self.remove(start, end);
+        self.map.insert(start, Piece { end, data, rec });
+    }
+
+    /// Drop `[start, end)` (splitting the pieces across its ends).
+    fn remove(&mut self, start: u64, end: u64) {
         let over: Vec<u64> = self
             .map
             .range(..end)
@@ -192,7 +198,6 @@ impl<'a> Intervals<'a> {
                 );
             }
         }
-        self.map.insert(start, Piece { end, data, rec });
     }
 
     /// Drop everything at or beyond `at`.
@@ -247,6 +252,9 @@ struct InodePlan<'a> {
     /// `WRITE` after the last `INODE_SET`).
     attr_rec: Option<usize>,
     pending: Intervals<'a>,
+    /// Whole file blocks `[start, end)` punched by the batch: their old content is
+    /// dropped (a later write of the batch starts from zeros).
+    holes: Vec<(u64, u64)>,
     cur_size: u64,
     /// Smallest size seen: old content at and beyond it is dropped.
     keep: Option<u64>,
@@ -266,6 +274,7 @@ impl InodePlan<'_> {
             set_rec: None,
             attr_rec: None,
             pending: Intervals::default(),
+            holes: Vec::new(),
             cur_size: base.attrs.size,
             keep: None,
             bad: None,
@@ -278,7 +287,48 @@ impl InodePlan<'_> {
             self.keep = Some(self.keep.map_or(size, |k| k.min(size)));
         }
     }
+
+    /// `PUNCH` of `[off, off + len)` (record `rec`): pending writes there are dropped,
+    /// whole blocks become holes, partial blocks at the ends are overwritten with zeros.
+    fn punch(&mut self, off: u64, len: u64, rec: usize) {
+        let end = off.saturating_add(len).min(self.cur_size);
+        if off >= end {
+            return;
+        }
+        self.pending.remove(off, end);
+        let (first, last) = (off.div_ceil(BLOCK_SIZE_U64), end / BLOCK_SIZE_U64);
+        let mut zero = |s: u64, e: u64| {
+            debug_assert!(e - s <= BLOCK_SIZE_U64);
+            self.pending.insert(s, &ZEROS[..(e - s) as usize], rec);
+        };
+        if first > last {
+            zero(off, end); // inside one block
+            return;
+        }
+        if off < first * BLOCK_SIZE_U64 {
+            zero(off, first * BLOCK_SIZE_U64);
+        }
+        if last * BLOCK_SIZE_U64 < end {
+            zero(last * BLOCK_SIZE_U64, end);
+        }
+        if first < last {
+            self.holes.push((first, last));
+        }
+    }
+
+    fn in_hole(&self, fb: u64) -> bool {
+        self.holes.iter().any(|&(s, e)| s <= fb && fb < e)
+    }
+
+    /// Forget the data of the batch (the inode was freed or created anew).
+    fn clear_data(&mut self) {
+        self.pending.clear();
+        self.holes.clear();
+    }
 }
+
+/// The zeros a `PUNCH` writes into the partial blocks at its ends.
+static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
 
 struct Plan<'a> {
     /// The slot whose log is digested.
@@ -323,12 +373,12 @@ impl<'a> Plan<'a> {
                     && pinned;
                 if attrs.nlink == 0 && !keep {
                     p.life = Life::Freed;
-                    p.pending.clear();
+                    p.clear_data();
                     p.attrs = attrs;
                 } else if p.life != Life::Live {
                     p.life = Life::Live;
                     p.created = true;
-                    p.pending.clear();
+                    p.clear_data();
                     p.keep = None;
                     p.attrs = attrs;
                     p.cur_size = attrs.size;
@@ -384,6 +434,29 @@ impl<'a> Plan<'a> {
                     p.pending.insert(offset, data, idx);
                     p.attr_rec = None;
                 }
+            }
+            Record::Punch {
+                ino,
+                offset,
+                len,
+                mtime,
+            } => {
+                self.charge += log::punch_charge(offset, len);
+                let p = self.get(sh, ino)?;
+                if p.life != Life::Live || p.attrs.kind != Kind::File {
+                    let what = if p.life == Life::Live {
+                        format!("a {:?}", p.attrs.kind)
+                    } else {
+                        "free".into()
+                    };
+                    p.bad
+                        .get_or_insert_with(|| format!("PUNCH of inode {ino}, {what}"));
+                    return Ok(());
+                }
+                p.punch(offset, len, idx);
+                p.attrs.mtime = mtime;
+                p.attrs.ctime = mtime;
+                p.attr_rec = Some(idx);
             }
             Record::DirentSet {
                 dir,
@@ -588,10 +661,11 @@ fn apply_file<'a>(
     w: &mut Work,
     old: &Inode,
     new: &mut Inode,
-    pending: &Intervals<'a>,
+    plan: &InodePlan<'a>,
     keep: Option<u64>,
     data: &mut Vec<DataWrite<'a>>,
 ) -> io::Result<()> {
+    let pending = &plan.pending;
     let base_size = old.attrs.size;
     let t = keep.filter(|&t| t < base_size);
     let keep_blocks = t.map_or(u64::MAX, |t| t.div_ceil(BLOCK_SIZE_U64));
@@ -611,7 +685,7 @@ fn apply_file<'a>(
             }
         }
     }
-    if touched.is_empty() && t.is_none() {
+    if touched.is_empty() && t.is_none() && plan.holes.is_empty() {
         return Ok(());
     }
     let mut chunk = u64::MAX;
@@ -634,7 +708,7 @@ fn apply_file<'a>(
             .sum();
         if covered < BLOCK_SIZE_U64 {
             match sh.area.block_of(old, fb)? {
-                Some(ob) if bs < limit => {
+                Some(ob) if bs < limit && !plan.in_hole(fb) => {
                     sh.area.read_leaf(ob, &mut buf)?;
                     if limit < be {
                         buf[(limit - bs) as usize..].fill(0);
@@ -661,6 +735,24 @@ fn apply_file<'a>(
             pieces,
         });
         changes.push((fb, nb));
+    }
+    // Punched blocks the batch did not write again: holes in the map.
+    let rewritten = changes.len();
+    for &(s, e) in &plan.holes {
+        let mut b = s;
+        while let Some(d) = sh.area.next_block(old, b, e.min(keep_blocks), true)? {
+            if changes[..rewritten]
+                .binary_search_by_key(&d, |c| c.0)
+                .is_err()
+            {
+                changes.push((d, 0));
+            }
+            b = d + 1;
+        }
+    }
+    if changes.len() > rewritten {
+        changes.sort_unstable_by_key(|c| c.0);
+        changes.dedup_by_key(|c| c.0);
     }
     let r = maptree::update(
         sh,
@@ -924,9 +1016,7 @@ pub(crate) fn apply_batch<'b>(
                         }
                         _ => {
                             let keep = if fresh { None } else { p.keep };
-                            apply_file(
-                                sh, ino, &mut w, &old, &mut new, &p.pending, keep, &mut data,
-                            )?;
+                            apply_file(sh, ino, &mut w, &old, &mut new, p, keep, &mut data)?;
                         }
                     }
                     publish.push((
@@ -1111,10 +1201,7 @@ pub(crate) fn logged(sh: &Shared, slot: u32) -> io::Result<(Vec<u64>, u64)> {
                 {
                     out.push(ino);
                 }
-                Record::Write { offset, data, .. } => {
-                    charge += log::write_charge(offset, data.len() as u64);
-                }
-                _ => {}
+                r => charge += r.charge(),
             }
         }
     }
@@ -1160,7 +1247,9 @@ pub(crate) fn unsealed_writes(
             let mut inos: Vec<u64> = recs
                 .iter()
                 .map(|r| match r {
-                    Record::InodeSet { ino, .. } | Record::Write { ino, .. } => *ino,
+                    Record::InodeSet { ino, .. }
+                    | Record::Write { ino, .. }
+                    | Record::Punch { ino, .. } => *ino,
                     Record::DirentSet { dir, .. } => *dir,
                 })
                 .collect();

@@ -372,24 +372,8 @@ fn check_txn<'r>(
             }
             Record::Write {
                 ino, size, mtime, ..
-            } => {
-                // A write to a free inode or a directory is a structural error, reported
-                // by the digest's validation.
-                let Some(mut o) = s.attrs(ino)? else { continue };
-                if o.kind == Kind::Dir {
-                    continue;
-                }
-                if !c.owns_or_writes(&o) {
-                    return Err(eacces(format!(
-                        "uid {u} may not write to inode {ino} ({})",
-                        describe(&o)
-                    )));
-                }
-                o.size = size;
-                o.mtime = mtime;
-                o.ctime = mtime;
-                s.set(ino, Some(o));
-            }
+            } => write_data(s, c, ino, Some(size), mtime)?,
+            Record::Punch { ino, mtime, .. } => write_data(s, c, ino, None, mtime)?,
             Record::DirentSet {
                 dir,
                 name,
@@ -469,6 +453,38 @@ fn check_txn<'r>(
         return Ok(());
     }
     check_links(s, c, &t)
+}
+
+/// A `WRITE` (`size`: the size after it) or `PUNCH` of `ino`: owner or writer only.
+fn write_data(
+    s: &mut Shadow<'_, '_>,
+    c: &Cred,
+    ino: u64,
+    size: Option<u64>,
+    mtime: i64,
+) -> Result<(), Denial> {
+    // Data in a free inode or a directory is a structural error, reported by the
+    // digest's validation.
+    let Some(mut o) = s.attrs(ino)? else {
+        return Ok(());
+    };
+    if o.kind == Kind::Dir {
+        return Ok(());
+    }
+    if !c.owns_or_writes(&o) {
+        return Err(eacces(format!(
+            "uid {} may not write to inode {ino} ({})",
+            c.uid,
+            describe(&o)
+        )));
+    }
+    if let Some(size) = size {
+        o.size = size;
+    }
+    o.mtime = mtime;
+    o.ctime = mtime;
+    s.set(ino, Some(o));
+    Ok(())
 }
 
 /// Field rules for an `INODE_SET` of a live inode (`o`: before, `n`: after).

@@ -296,7 +296,11 @@ mod tests {
     fn special_files_carry_no_data() {
         for kind in [Kind::Fifo, Kind::Socket, Kind::CharDev, Kind::BlockDev] {
             let mut i = Inode {
-                attrs: Attrs { kind, nlink: 1, ..Default::default() },
+                attrs: Attrs {
+                    kind,
+                    nlink: 1,
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             assert!(Inode::decode(&i.encode()).is_ok());

@@ -17,6 +17,9 @@
 //!   pad u32, data padded to 8.
 //! * `DIRENT_SET` (type 3): dir, ino (0 = remove), kind u8, name_len u8, 6 pad, name
 //!   padded to 8.
+//! * `PUNCH` (type 4, 40 bytes, format version 3): ino, offset, len, mtime-after (also
+//!   the ctime): bytes `[offset, offset + len)` of the file become a hole (read as zeros;
+//!   whole blocks in the range are freed). The size does not change.
 
 use crate::inode::{Attrs, Kind};
 use crate::{bad, crc, le, valid_name, Result, MAX_FILE_SIZE};
@@ -31,10 +34,12 @@ pub const KIND_WRAP: u16 = 2;
 pub const REC_INODE_SET: u16 = 1;
 pub const REC_WRITE: u16 = 2;
 pub const REC_DIRENT_SET: u16 = 3;
+pub const REC_PUNCH: u16 = 4;
 
 pub const INODE_SET_LEN: usize = 96;
 pub const WRITE_HEADER_LEN: usize = 48;
 pub const DIRENT_HEADER_LEN: usize = 32;
+pub const PUNCH_LEN: usize = 40;
 
 /// One decoded record, borrowing names and data from the transaction bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +62,12 @@ pub enum Record<'a> {
         ino: u64,
         kind: Kind,
     },
+    Punch {
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mtime: i64,
+    },
 }
 
 fn pad8(n: usize) -> usize {
@@ -70,6 +81,7 @@ impl Record<'_> {
             Record::InodeSet { .. } => INODE_SET_LEN,
             Record::Write { data, .. } => WRITE_HEADER_LEN + pad8(data.len()),
             Record::DirentSet { name, .. } => DIRENT_HEADER_LEN + pad8(name.len()),
+            Record::Punch { .. } => PUNCH_LEN,
         }
     }
 
@@ -111,14 +123,28 @@ impl Record<'_> {
                 out[32..32 + name.len()].copy_from_slice(name);
                 out[32 + name.len()..].fill(0);
             }
+            Record::Punch {
+                ino,
+                offset,
+                len: n,
+                mtime,
+            } => {
+                put_rec_header(out, REC_PUNCH, len);
+                le::put_u64(out, 8, *ino);
+                le::put_u64(out, 16, *offset);
+                le::put_u64(out, 24, *n);
+                le::put_i64(out, 32, *mtime);
+            }
         }
     }
 
     /// Data-region blocks a record may need when digested, for space credits: the 4 KiB
-    /// blocks a `WRITE` touches; 0 for metadata records (served from the metadata reserve).
+    /// blocks a `WRITE` touches, the partial blocks at the ends of a `PUNCH` (rewritten
+    /// with zeros); 0 for metadata records (served from the metadata reserve).
     pub fn charge(&self) -> u64 {
         match self {
             Record::Write { offset, data, .. } => write_charge(*offset, data.len() as u64),
+            Record::Punch { offset, len, .. } => punch_charge(*offset, *len),
             _ => 0,
         }
     }
@@ -130,6 +156,22 @@ pub fn write_charge(offset: u64, len: u64) -> u64 {
         0
     } else {
         (offset + len).div_ceil(4096) - offset / 4096
+    }
+}
+
+/// Blocks a punch of `len` bytes at `offset` may rewrite: its partial end blocks.
+pub fn punch_charge(offset: u64, len: u64) -> u64 {
+    if len == 0 {
+        return 0;
+    }
+    let end = offset + len;
+    let (first, last) = (offset / 4096, (end - 1) / 4096);
+    let head = !offset.is_multiple_of(4096);
+    let tail = !end.is_multiple_of(4096);
+    if first == last {
+        (head || tail) as u64
+    } else {
+        head as u64 + tail as u64
     }
 }
 
@@ -435,6 +477,21 @@ fn decode_record(ty: u16, r: &[u8]) -> Result<Record<'_>> {
                 kind,
             })
         }
+        REC_PUNCH => {
+            if r.len() != PUNCH_LEN {
+                return bad("PUNCH: bad length");
+            }
+            let (offset, len) = (le::u64(r, 16), le::u64(r, 24));
+            if len == 0 || offset.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
+                return bad("PUNCH: empty range or beyond the maximum file size");
+            }
+            Ok(Record::Punch {
+                ino: le::u64(r, 8),
+                offset,
+                len,
+                mtime: le::i64(r, 32),
+            })
+        }
         _ => bad(format!("unknown record type {ty}")),
     }
 }
@@ -476,6 +533,16 @@ mod tests {
     }
 
     #[test]
+    fn punch_charge_counts_partial_end_blocks() {
+        assert_eq!(punch_charge(0, 4096), 0);
+        assert_eq!(punch_charge(0, 8192), 0);
+        assert_eq!(punch_charge(1, 10), 1);
+        assert_eq!(punch_charge(100, 8192), 2);
+        assert_eq!(punch_charge(4096, 100), 1);
+        assert_eq!(punch_charge(5, 0), 0);
+    }
+
+    #[test]
     fn roundtrip_and_scan() {
         let data = b"hello world";
         let recs = vec![
@@ -496,6 +563,12 @@ mod tests {
                 size: 11,
                 mtime: 9,
                 data,
+            },
+            Record::Punch {
+                ino: 5,
+                offset: 3,
+                len: 4,
+                mtime: 10,
             },
         ];
         let t1 = build_txn(7, &recs);

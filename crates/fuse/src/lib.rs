@@ -1005,30 +1005,12 @@ impl Filesystem for CairnFuse {
     ) {
         let s = self.inner.clone();
         self.pool.run(move || {
-            // Space is not reserved ahead (blocks are allocated when data is digested):
-            // mode 0 only extends the size, FALLOC_FL_KEEP_SIZE does nothing; punching
-            // holes and the other modes are not supported.
-            if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
-                return reply.error(libc::EOPNOTSUPP);
-            }
-            let (Ok(off), Ok(len)) = (u64::try_from(offset), u64::try_from(length)) else {
-                return reply.error(libc::EINVAL);
-            };
             let r = (|| -> io::Result<()> {
-                if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
-                    return Ok(());
-                }
                 let f = match s.file(fh) {
                     Some(f) => f,
                     None => Arc::new(OpenOptions::new().write(true).open(&s.fs, At::inode(ino))?),
                 };
-                let end = off
-                    .checked_add(len)
-                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
-                if end > f.metadata()?.len() {
-                    f.set_len(end)?;
-                }
-                Ok(())
+                f.fallocate(mode, offset, length)
             })();
             reply_empty(reply, r)
         });

@@ -270,6 +270,71 @@ impl File {
         self.fs.run(|st| self.fs.set_len(st, self.ino, size))
     }
 
+    /// `fallocate(2)` with Linux's `mode` rules: 0 extends the size to `off + len` (space
+    /// is not reserved ahead: blocks are allocated when data is digested),
+    /// `FALLOC_FL_KEEP_SIZE` alone does nothing, `FALLOC_FL_PUNCH_HOLE` (which needs
+    /// `KEEP_SIZE`) is [`File::punch_hole`], `FALLOC_FL_ZERO_RANGE` (with or without
+    /// `KEEP_SIZE`) is [`File::zero_range`]; other modes are `EOPNOTSUPP`, a negative
+    /// offset or a length ≤ 0 `EINVAL`, an end past the largest file `EFBIG`.
+    pub fn fallocate(&self, mode: i32, off: i64, len: i64) -> io::Result<()> {
+        use libc::{FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH};
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        if off < 0 || len <= 0 {
+            return Err(fs_err(libc::EINVAL, "fallocate: bad offset or length"));
+        }
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "fallocate: file not open for writing"));
+        }
+        let (off, len) = (off as u64, len as u64);
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= cairn_format::MAX_FILE_SIZE)
+            .ok_or_else(|| fs_err(libc::EFBIG, "fallocate: beyond the largest file size"))?;
+        match mode {
+            0 => {
+                if end > self.metadata()?.len() {
+                    self.set_len(end)?;
+                }
+                Ok(())
+            }
+            KEEP => Ok(()),
+            m if m == PUNCH | KEEP => self.punch_hole(off, len),
+            m if m == ZERO || m == ZERO | KEEP => self.zero_range(off, len, m & KEEP != 0),
+            m if m & PUNCH != 0 && m & !(PUNCH | KEEP) == 0 => Err(fs_err(
+                libc::EOPNOTSUPP,
+                "fallocate: FALLOC_FL_PUNCH_HOLE needs FALLOC_FL_KEEP_SIZE",
+            )),
+            _ => Err(fs_err(
+                libc::EOPNOTSUPP,
+                "fallocate: only modes 0, KEEP_SIZE, PUNCH_HOLE and ZERO_RANGE are supported on Cairn",
+            )),
+        }
+    }
+
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`: bytes `[off, off + len)`
+    /// read as zeros, and the whole 4 KiB blocks among them are freed when the daemon
+    /// digests the call (`SEEK_HOLE` sees them at once). The size does not change; a
+    /// range past the end does nothing there.
+    pub fn punch_hole(&self, off: u64, len: u64) -> io::Result<()> {
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "fallocate: file not open for writing"));
+        }
+        self.fs
+            .run(|st| self.fs.punch(st, self.ino, off, len, None))
+    }
+
+    /// `fallocate(FALLOC_FL_ZERO_RANGE)`: bytes `[off, off + len)` read as zeros, and
+    /// without `keep_size` a range past the end extends the file. Cairn frees the whole
+    /// blocks in the range as for [`File::punch_hole`] (blocks are allocated when data is
+    /// written, never ahead), so `st_blocks` drops where ext4's would not.
+    pub fn zero_range(&self, off: u64, len: u64, keep_size: bool) -> io::Result<()> {
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "fallocate: file not open for writing"));
+        }
+        self.fs
+            .run(|st| self.fs.punch(st, self.ino, off, len, Some(!keep_size)))
+    }
+
     /// `lseek(SEEK_DATA)`: the first offset at or after `off` inside a 4 KiB block that
     /// holds data (`ENXIO` if none, or if `off` is at or beyond the end).
     pub fn next_data(&self, off: u64) -> io::Result<u64> {

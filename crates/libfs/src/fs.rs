@@ -324,8 +324,11 @@ pub(crate) struct Tx {
     inodes: Vec<(u64, u64, Attrs)>,
     write: Option<(u64, Vec<u8>, u64, i64)>,
     dirents: Vec<(u64, Vec<u8>, u64, Kind)>,
-    /// Overlay only: zero file ranges from this offset on (the size shrank or grew).
-    zero_from: Vec<(u64, u64)>,
+    /// `PUNCH`: inode, offset, length, mtime.
+    punch: Option<(u64, u64, u64, i64)>,
+    /// Overlay only: file ranges `[start, end)` that read as zeros (beyond a size that
+    /// shrank or grew, a punched hole).
+    zero: Vec<(u64, u64, u64)>,
 }
 
 impl Tx {
@@ -1092,8 +1095,8 @@ impl Inner {
         for (ino, _, _) in &tx.inodes {
             self.need(st, *ino, true)?;
         }
-        if let Some((ino, ..)) = &tx.write {
-            self.need(st, *ino, true)?;
+        for ino in tx.write.iter().map(|w| w.0).chain(tx.punch.map(|p| p.0)) {
+            self.need(st, ino, true)?;
         }
         for (dir, ..) in &tx.dirents {
             self.need(st, *dir, true)?;
@@ -1101,6 +1104,7 @@ impl Inner {
         // Inodes in shared-write mode: the daemon commits the transaction.
         let written = tx.inodes.iter().map(|e| e.0);
         let written = written.chain(tx.write.iter().map(|w| w.0));
+        let written = written.chain(tx.punch.map(|p| p.0));
         let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
         let mut recs: Vec<Record<'_>> = Vec::new();
         for (ino, gen, a) in &tx.inodes {
@@ -1117,6 +1121,14 @@ impl Inner {
                 size: *size,
                 mtime: *mtime,
                 data,
+            });
+        }
+        if let Some((ino, offset, len, mtime)) = tx.punch {
+            recs.push(Record::Punch {
+                ino,
+                offset,
+                len,
+                mtime,
             });
         }
         for (dir, name, ino, kind) in &tx.dirents {
@@ -1188,9 +1200,9 @@ impl Inner {
                 o.dir.clear();
             }
         }
-        for (ino, from) in &tx.zero_from {
-            if let Some(o) = st.ov.get_mut(ino) {
-                o.ext.insert(*from, MAX_FILE_SIZE, Src::Zero, tag);
+        for &(ino, start, end) in &tx.zero {
+            if let Some(o) = st.ov.get_mut(&ino) {
+                o.ext.insert(start, end, Src::Zero, tag);
             }
         }
         if let Some((ino, data, _, _)) = &tx.write {
@@ -2724,12 +2736,74 @@ impl Inner {
         a.ctime = now;
         let mut tx = Tx::default();
         tx.inode(ino, gen, a);
-        tx.zero_from.push((ino, from));
+        tx.zero.push((ino, from, MAX_FILE_SIZE));
         self.commit(st, tx)?;
         if let Some(o) = st.objs.get(&ino) {
             // Mappings past the new end fault (`SIGBUS`), as on Linux.
             o.set_len(size)
                 .map_err(|e| fs_err(libc::EIO, format!("truncate the map object: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)` (`zero_size: None`) or `ZERO_RANGE`
+    /// (`Some(extend)`: with `extend`, a range past the end grows the file): bytes
+    /// `[off, off + len)` read as zeros from now on, and the digest frees the whole
+    /// blocks among them. The size never shrinks.
+    pub(crate) fn punch(
+        &self,
+        st: &mut State,
+        ino: u64,
+        off: u64,
+        len: u64,
+        zero_size: Option<bool>,
+    ) -> io::Result<()> {
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| fs_err(libc::EFBIG, "fallocate: beyond the largest file size"))?;
+        if len == 0 {
+            return Err(fs_err(libc::EINVAL, "fallocate: empty range"));
+        }
+        self.need(st, ino, true)?;
+        let (gen, mut a) = self.attrs(st, ino)?;
+        match a.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(fs_err(libc::EISDIR, "fallocate: is a directory")),
+            _ => return Err(fs_err(libc::ENODEV, "fallocate: not a regular file")),
+        }
+        let now = now_ns();
+        let mut tx = Tx::default();
+        let in_file = end.min(a.size);
+        let charge = cairn_format::log::punch_charge(off, len);
+        if off < in_file {
+            if st.credits < charge {
+                self.ensure_credits(st, charge)?;
+            }
+            tx.punch = Some((ino, off, in_file - off, now));
+            tx.zero.push((ino, off, in_file));
+        }
+        a.mtime = now;
+        a.ctime = now;
+        if zero_size == Some(true) && end > a.size {
+            tx.zero.push((ino, a.size, end));
+            a.size = end;
+        }
+        tx.inode(ino, gen, a);
+        self.commit(st, tx)?;
+        if off < in_file {
+            st.credits -= charge;
+        }
+        if let Some(o) = st.objs.get(&ino) {
+            // A shared mapping sees the zeros at once.
+            let mut r = Ok(());
+            if off < in_file {
+                r = sys::discard(o, off, in_file - off);
+            }
+            if r.is_ok() && a.size > in_file {
+                r = o.set_len(a.size);
+            }
+            r.map_err(|e| fs_err(libc::EIO, format!("fallocate: the map object: {e}")))?;
         }
         Ok(())
     }

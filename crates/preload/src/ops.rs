@@ -222,9 +222,9 @@ fn open_file(fs: &Fs, at: At<'_>, flags: c_int, perm: u32) -> io::Result<cairn::
                 .create(true)
                 .create_new(excl)
                 .mode(perm)
-                .open(&fs, at)?,
+                .open(fs, at)?,
         );
-        cairn::OpenOptions::new().read(true).open(&fs, at)?
+        cairn::OpenOptions::new().read(true).open(fs, at)?
     } else {
         // LibFS opens a directory for reading (writing it is `EISDIR`).
         cairn::OpenOptions::new()
@@ -404,27 +404,7 @@ pub fn ftruncate(o: &Ofd, len: i64) -> io::Result<()> {
 /// `fallocate`: blocks are allocated when data is digested, so mode 0 only extends the
 /// size and `FALLOC_FL_KEEP_SIZE` does nothing; other modes are `EOPNOTSUPP`.
 pub fn fallocate(o: &Ofd, mode: c_int, off: i64, len: i64) -> io::Result<()> {
-    if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
-        return Err(err(
-            libc::EOPNOTSUPP,
-            "fallocate: only modes 0 and FALLOC_FL_KEEP_SIZE are supported on Cairn",
-        ));
-    }
-    if off < 0 || len <= 0 {
-        return Err(err(libc::EINVAL, "fallocate: bad offset or length"));
-    }
-    let f = writable(o)?;
-    if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
-        return Ok(());
-    }
-    let end = (off as u64)
-        .checked_add(len as u64)
-        .filter(|&e| e <= i64::MAX as u64)
-        .ok_or_else(|| err(libc::EFBIG, "fallocate: too large"))?;
-    if end > f.metadata()?.len() {
-        f.set_len(end)?;
-    }
-    Ok(())
+    writable(o)?.fallocate(mode, off, len)
 }
 
 // ---- metadata --------------------------------------------------------------------

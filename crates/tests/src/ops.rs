@@ -58,6 +58,9 @@ pub trait FsOps {
     fn remove_xattr(&self, p: &str, name: &str, follow: bool) -> io::Result<()>;
     /// `lseek(SEEK_DATA)` (`data`) or `lseek(SEEK_HOLE)` on a file opened read-only.
     fn seek_data(&self, p: &str, off: u64, data: bool) -> io::Result<u64>;
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)` on a file opened for
+    /// writing.
+    fn punch_hole(&self, p: &str, off: u64, len: u64) -> io::Result<()>;
 }
 
 /// The `user.` names in a `listxattr` answer, sorted.
@@ -279,6 +282,20 @@ impl FsOps for HostFs {
         let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, whence) };
         host_call(r as isize).map(|o| o as u64)
     }
+    fn punch_hole(&self, p: &str, off: u64, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::OpenOptions::new().write(true).open(self.p(p))?;
+        // SAFETY: a descriptor this function owns; no memory is passed.
+        let r = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        host_call(r as isize).map(|_| ())
+    }
 }
 
 fn cstr(p: &Path) -> std::ffi::CString {
@@ -435,6 +452,12 @@ impl FsOps for CairnFs<'_> {
             f.next_hole(off)
         }
     }
+    fn punch_hole(&self, p: &str, off: u64, len: u64) -> io::Result<()> {
+        cairn::OpenOptions::new()
+            .write(true)
+            .open(self.fs, p)?
+            .punch_hole(off, len)
+    }
 }
 
 /// One generated operation.
@@ -467,6 +490,8 @@ pub enum Op {
     RemoveXattr(String, usize, bool),
     /// `lseek` with `SEEK_DATA` (true) or `SEEK_HOLE` from an offset.
     SeekData(String, u64, bool),
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: offset, length.
+    PunchHole(String, u64, u64),
 }
 
 /// The attribute names the generator uses.
@@ -509,10 +534,12 @@ fn gen_xattr_op(r: &mut StdRng, path: String) -> Op {
 
 /// `n` operations from `seed`, under the directory `prefix` ("" for the root). About
 /// one in twelve is an extended-attribute call and one in twelve a `SEEK_DATA` or
-/// `SEEK_HOLE`, drawn from a second generator so that the other operations are the same
-/// sequence they were before those existed.
+/// `SEEK_HOLE`, drawn from a second generator, and one in sixteen a punched hole, from a
+/// third, so that the other operations are the same sequence they were before those
+/// existed.
 pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
     let mut rx = StdRng::seed_from_u64(seed ^ 0x0078_6174_7472);
+    let mut rp = StdRng::seed_from_u64(seed ^ 0x0070_756e_6368);
     let mut r = StdRng::seed_from_u64(seed);
     let mut v = Vec::with_capacity(n);
     let p = |s: String| format!("{prefix}{s}");
@@ -572,6 +599,18 @@ pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
                 _ => rx.gen_range(0..80_000),
             };
             v.push(Op::SeekData(p(pick(&mut rx)), off, rx.gen()));
+        }
+        if v.len() < n && rp.gen_range(0..16) == 0 {
+            let off = match rp.gen_range(0..3) {
+                0 => 4096 * rp.gen_range(0..16),
+                _ => rp.gen_range(0..70_000),
+            };
+            let len = match rp.gen_range(0..3) {
+                0 => 4096 * rp.gen_range(1..8),
+                1 => rp.gen_range(1..300),
+                _ => rp.gen_range(1..40_000),
+            };
+            v.push(Op::PunchHole(p(pick(&mut rp)), off, len));
         }
     }
     v.truncate(n);
@@ -640,6 +679,7 @@ pub fn apply(fs: &dyn FsOps, op: &Op) -> Outcome {
             out(fs.remove_xattr(p, XATTR_NAMES[*name], *follow), ok)
         }
         Op::SeekData(p, off, data) => seek_outcome(fs, p, *off, *data),
+        Op::PunchHole(p, off, len) => out(fs.punch_hole(p, *off, *len), ok),
     }
 }
 

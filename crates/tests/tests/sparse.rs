@@ -128,3 +128,89 @@ fn data_and_holes_through_the_shim_and_the_mount() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Punched holes and zeroed ranges through the API: zeros at once (undigested), blocks
+/// freed once digested (in `st_blocks` and the NVM tier's use), kept across a restart.
+#[test]
+fn holes_punched_and_zeroed_through_the_api() {
+    let store = TestStore::new();
+    let fs = store.fs();
+    let bytes: Vec<u8> = (0..MIB as u32).map(|i| (i % 253) as u8 + 1).collect();
+    fs.write("/p", &bytes).unwrap();
+    fs.digest().unwrap();
+    let used = || cairn::daemon_status(Some(store.path())).unwrap().tiers[0].used_bytes;
+    let (blocks0, used0) = (fs.metadata("/p").unwrap().blocks(), used());
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "/p")
+        .unwrap();
+    let mut want = bytes.clone();
+    f.punch_hole(4096, 512 * 1024).unwrap();
+    want[4096..4096 + 512 * 1024].fill(0);
+    f.fallocate(libc::FALLOC_FL_ZERO_RANGE, 700_000, 100)
+        .unwrap();
+    want[700_000..700_100].fill(0);
+    f.zero_range(MIB - 10, 4096, false).unwrap();
+    want[MIB as usize - 10..].fill(0);
+    want.resize(MIB as usize - 10 + 4096, 0);
+    let check = |when: &str| {
+        let got = fs.read("/p").unwrap();
+        assert!(got == want, "{when}: contents differ");
+        assert_eq!(hole(&f, 0), Ok(4096), "{when}");
+        assert_eq!(data(&f, 4096), Ok(4096 + 512 * 1024), "{when}");
+    };
+    check("undigested");
+    fs.digest().unwrap();
+    check("digested");
+    let blocks1 = fs.metadata("/p").unwrap().blocks();
+    assert_eq!(blocks0 - blocks1, 128 * 8, "128 blocks of 8 sectors freed");
+    let freed = used0 - used();
+    assert!(freed >= 128 * 4096, "the NVM tier gave back {freed} bytes");
+    // Linux's errors.
+    let e = |r: std::io::Result<()>| errno_of(&r.unwrap_err());
+    assert_eq!(
+        e(f.fallocate(libc::FALLOC_FL_PUNCH_HOLE, 0, 1)),
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(
+        e(f.fallocate(libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096)),
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(e(f.fallocate(0, -1, 1)), libc::EINVAL);
+    assert_eq!(e(f.punch_hole(1 << 62, 1 << 62)), libc::EFBIG);
+    let ro = cairn::File::open(&fs, "/p").unwrap();
+    assert_eq!(e(ro.punch_hole(0, 1)), libc::EBADF);
+    drop((f, ro, fs));
+    store.stop();
+    let fs = store.fs();
+    assert!(fs.read("/p").unwrap() == want, "after a restart");
+}
+
+/// The same `fallocate` script on the host file system, through the library and on the
+/// mount: the same answers.
+#[test]
+fn fallocate_through_the_shim_and_the_mount() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fallocate_check.py");
+    let host = tempfile::tempdir().unwrap();
+    let run = |c: &mut Command, what: &str| {
+        let out = c.output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "ok\n",
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(Command::new("python3").arg(script).arg(host.path()), "host");
+    let store = TestStore::new();
+    run(
+        Command::new(cairn_bin())
+            .arg("--store")
+            .arg(store.path())
+            .args(["run", "--", "python3", script, "/cairn"]),
+        "shim",
+    );
+    let m = cairn_tests::mount::Mount::of(store, &[]);
+    run(Command::new("python3").arg(script).arg(m.dir()), "mount");
+}

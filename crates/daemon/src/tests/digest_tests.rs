@@ -88,6 +88,81 @@ fn create_write_mkdir_and_counters() {
     assert_eq!(sh.epoch(), 2);
 }
 
+fn punch(ino: u64, offset: u64, len: u64) -> Record<'static> {
+    Record::Punch {
+        ino,
+        offset,
+        len,
+        mtime: 88,
+    }
+}
+
+/// `PUNCH` frees whole blocks, zeroes partial ones, drops earlier writes of the batch in
+/// its range, and a later write into a punched block starts from zeros; within one batch
+/// and across batches; past the end it does nothing.
+#[test]
+fn punch_frees_blocks_and_reads_zeros() {
+    let ts = TestStore::small();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let sh = &mut core.sh;
+    let size = 6 * 4096;
+    let data: Vec<u8> = (0..size as u32).map(|i| (i % 251) as u8 + 1).collect();
+    lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+    lw.append(sh, &[write(10, 0, size, &data)]);
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    let before = sh.area.read_inode(10).unwrap().blocks;
+    let mut want = data.clone();
+    // One batch: a write into block 3, then a punch of blocks 1..5 (drops it), a write
+    // into punched block 2, a punch inside block 0, and one past the end.
+    lw.append(sh, &[write(10, 3 * 4096, size, b"gone")]);
+    lw.append(sh, &[punch(10, 4096, 4 * 4096)]);
+    want[4096..5 * 4096].fill(0);
+    lw.append(sh, &[write(10, 2 * 4096 + 10, size, b"kept")]);
+    want[2 * 4096 + 10..2 * 4096 + 14].copy_from_slice(b"kept");
+    lw.append(sh, &[punch(10, 100, 200)]);
+    want[100..300].fill(0);
+    lw.append(sh, &[punch(10, size + 4096, 4096)]);
+    let o = digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    assert_eq!(o.charge, 3, "two written blocks, one partial punched block");
+    let same = |got: Vec<u8>, want: &[u8]| {
+        let diff = got.iter().zip(want).position(|(a, b)| a != b);
+        assert!(
+            got.len() == want.len() && diff.is_none(),
+            "differ at {diff:?}"
+        );
+    };
+    same(read_all(sh, 10), &want);
+    let i = sh.area.read_inode(10).unwrap();
+    assert_eq!(i.attrs.size, size);
+    assert_eq!(i.attrs.mtime, 88);
+    assert_eq!(before - i.blocks, 3, "blocks 1, 3 and 4 freed");
+    for (b, data) in [
+        (0, true),
+        (1, false),
+        (2, true),
+        (3, false),
+        (4, false),
+        (5, true),
+    ] {
+        assert_eq!(
+            sh.area.block_of(&i, b).unwrap().is_some(),
+            data,
+            "block {b}"
+        );
+    }
+    // Next batch: a punch across partial and whole blocks of the digested file.
+    lw.append(sh, &[punch(10, 5 * 4096 - 10, 30)]);
+    want[5 * 4096 - 10..5 * 4096 + 20].fill(0);
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    same(read_all(sh, 10), &want);
+    // A punch of a directory or a free inode is malformed.
+    let m = expect_malformed(&ts, |sh, lw| {
+        lw.append(sh, &[punch(ROOT_INO, 0, 4096)]);
+    });
+    assert!(m.contains("PUNCH of inode 1, a Dir"), "{m}");
+}
+
 #[test]
 fn coalescing_overwrites_truncation_and_skips() {
     let ts = TestStore::small();
