@@ -580,7 +580,7 @@ mod tests {
         assert_eq!(s.txns.len(), 2);
         assert_eq!(s.end_seq, 9);
         assert!(matches!(s.stop, Stop::Invalid { .. }));
-        assert_eq!(records(&t1, 3).unwrap(), recs);
+        assert_eq!(records(&t1, 4).unwrap(), recs);
         // A torn transaction is not committed.
         let mut torn = t1.clone();
         torn[40] ^= 1;

@@ -39,6 +39,92 @@ pub fn run<T: Fail>(op: &str, f: impl FnOnce() -> io::Result<T>) -> T {
     }
 }
 
+const PAGE: usize = 4096;
+/// Longest string [`user_cstr`] reads before it answers `ENAMETOOLONG`.
+const MAX_USER_STRING: usize = 64 << 10;
+
+thread_local! {
+    /// Pages this thread found readable lately (`usize::MAX`: none), valid while the
+    /// process unmapped nothing since (the count of [`UNMAPS`] they were read at).
+    static READABLE: std::cell::Cell<([usize; 4], u64)> =
+        const { std::cell::Cell::new(([usize::MAX; 4], 0)) };
+}
+
+/// Mappings removed, moved or reprotected through this library (`munmap`, `mremap`,
+/// `mprotect`): cached readable pages are forgotten.
+static UNMAPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A mapping was removed, moved or reprotected.
+pub fn mappings_changed() {
+    UNMAPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the page at `page` (aligned) can be read: from this thread's cache, else by
+/// having the kernel copy one byte of it (`process_vm_readv` on this process, which
+/// answers `EFAULT` instead of faulting). A kernel that refuses the call itself (a
+/// seccomp filter) is taken to mean "readable", the behaviour without this check.
+fn page_readable(page: usize) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = UNMAPS.load(Relaxed);
+    let (mut pages, at) = READABLE.with(|c| c.get());
+    if at == now && pages.contains(&page) {
+        return true;
+    }
+    if at != now {
+        pages = [usize::MAX; 4];
+    }
+    let mut byte = 0u8;
+    let local = libc::iovec {
+        iov_base: (&mut byte as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: page as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // SAFETY: the kernel copies one byte from `page` of this process into `byte`
+    // (valid for the call) or fails; nothing is read through a Rust reference.
+    let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if r != 1 && crate::real::errno() == libc::EFAULT {
+        return false;
+    }
+    pages.rotate_right(1);
+    pages[0] = page;
+    READABLE.with(|c| c.set((pages, now)));
+    true
+}
+
+/// A string argument of a C call: `None` for NULL, `EFAULT` if it lies in memory the
+/// process cannot read (as the kernel answers, where reading it would crash the
+/// program), `ENAMETOOLONG` past 64 KiB without a NUL.
+///
+/// SAFETY: `p` is NULL, or its readable bytes up to a NUL are a string that outlives
+/// the result (the caller's contract, except that the memory may be unreadable).
+pub unsafe fn user_cstr<'a>(p: *const c_char) -> io::Result<Option<&'a [u8]>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let start = p as usize;
+    let mut page = start & !(PAGE - 1);
+    loop {
+        if !page_readable(page) {
+            return Err(err(libc::EFAULT, "bad address (string argument)"));
+        }
+        let from = start.max(page);
+        // SAFETY: `[from, page + PAGE)` lies in one readable page.
+        let hit = unsafe { libc::memchr(from as *const libc::c_void, 0, page + PAGE - from) };
+        if !hit.is_null() {
+            // SAFETY: every page from `start` to the NUL was found readable.
+            let s = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), hit as usize - start) };
+            return Ok(Some(s));
+        }
+        page += PAGE;
+        if page - start > MAX_USER_STRING {
+            return Err(err(libc::ENAMETOOLONG, "string argument too long"));
+        }
+    }
+}
+
 /// SAFETY: `p` is NULL or a NUL-terminated string that outlives the result.
 pub unsafe fn cbytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
     if p.is_null() {
@@ -69,7 +155,7 @@ impl Route {
 /// SAFETY: `p` is NULL or a NUL-terminated string.
 pub unsafe fn route(dirfd: c_int, p: *const c_char) -> io::Result<Route> {
     // SAFETY: see the function comment.
-    let Some(b) = (unsafe { cbytes(p) }) else {
+    let Some(b) = (unsafe { user_cstr(p) })? else {
         return Ok(Route::Host(None));
     };
     Ok(match ops::classify(dirfd, b)? {

@@ -383,6 +383,7 @@ fn release(gone: Gone) -> io::Result<()> {
 
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    crate::abi::mappings_changed();
     if TRACKED.load(Ordering::Acquire) == 0 || busy() {
         return unsafe { real::munmap(addr, len) };
     }
@@ -423,6 +424,7 @@ pub unsafe extern "C" fn mremap(
     fl: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
+    crate::abi::mappings_changed();
     if TRACKED.load(Ordering::Acquire) != 0 && !busy() {
         let (a, e) = (old as usize, old as usize + old_len);
         return busy_run(|| {

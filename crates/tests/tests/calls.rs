@@ -343,3 +343,64 @@ fn nginx_serves_files_from_the_store() {
     );
     assert_eq!(get("/big.bin", Some("1000-1999")), &big[1000..2000]);
 }
+
+/// A path argument in memory the program cannot read is `EFAULT`, as the kernel answers,
+/// on host and Cairn calls alike; never a crash of the program. Also after the page that
+/// held a good path is unmapped (the library forgets what it knew readable).
+#[test]
+fn unreadable_path_arguments_are_efault() {
+    let store = TestStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("efault.c");
+    let bin = dir.path().join("efault");
+    std::fs::write(
+        &src,
+        r#"#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define CHECK(call) do { errno = 0; long r = (long)(call); \
+    printf("%s %ld %s\n", #call, r, r == -1 ? strerrorname_np(errno) : "-"); } while (0)
+int main(void) {
+    const char *bad = (const char *)16;
+    struct stat st;
+    CHECK(open(bad, O_RDONLY));
+    CHECK(stat(bad, &st));
+    CHECK(mkdir(bad, 0755));
+    CHECK(rename("/cairn/x", bad));
+    CHECK(unlink(bad));
+    char *page = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    strcpy(page, "/cairn/f");
+    CHECK(open(page, O_CREAT | O_WRONLY, 0644) >= 0);
+    CHECK(stat(page, &st));
+    munmap(page, 4096);
+    CHECK(stat(page, &st));
+    /* The string runs into an unreadable page. */
+    char *two = mmap(0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(two, 'a', 4096);
+    munmap(two + 4096, 4096);
+    CHECK(stat(two, &st));
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    cairn_tests::shim::compile_c(&src, &bin);
+    let out = cairn_tests::shim::sh(&store, &bin.display().to_string());
+    assert_eq!(
+        out,
+        "open(bad, O_RDONLY) -1 EFAULT\n\
+         stat(bad, &st) -1 EFAULT\n\
+         mkdir(bad, 0755) -1 EFAULT\n\
+         rename(\"/cairn/x\", bad) -1 EFAULT\n\
+         unlink(bad) -1 EFAULT\n\
+         open(page, O_CREAT | O_WRONLY, 0644) >= 0 1 -\n\
+         stat(page, &st) 0 -\n\
+         stat(page, &st) -1 EFAULT\n\
+         stat(two, &st) -1 EFAULT\n"
+    );
+}

@@ -513,15 +513,24 @@ print(open('c').read(), open('b').read())
         ),
         "666\n777\n640\n750\n"
     );
-    // fallocate: mode 0 extends the size, KEEP_SIZE keeps it, hole punching is refused.
+    // fallocate(1): mode 0 extends the size, KEEP_SIZE keeps it, a punched hole reads
+    // as zeros (scripts/fallocate_check.py checks the rest), collapsing is refused.
     sh(&root, "fallocate -l 100000 fa && fallocate -n -l 300000 fa");
     assert_eq!(std::fs::metadata(m.path("fa")).unwrap().len(), 100000);
-    let punch = Command::new("fallocate")
-        .args(["-p", "-o", "0", "-l", "4096"])
+    std::fs::write(m.path("fa"), vec![7u8; 8192]).unwrap();
+    sh(&root, "fallocate -p -o 0 -l 4096 fa");
+    let back = std::fs::read(m.path("fa")).unwrap();
+    assert!(
+        back.len() == 8192
+            && back[..4096].iter().all(|&b| b == 0)
+            && back[4096..].iter().all(|&b| b == 7)
+    );
+    let collapse = Command::new("fallocate")
+        .args(["-c", "-o", "0", "-l", "4096"])
         .arg(m.path("fa"))
         .output()
         .unwrap();
-    assert!(!punch.status.success());
+    assert!(!collapse.status.success());
 }
 
 /// Extended attributes on the mount (`scripts/xattr_check.py`), shared with API clients,
