@@ -359,6 +359,7 @@ impl<'a> Plan<'a> {
                         .pins
                         .get(&ino)
                         .is_some_and(|s| s.iter().any(|&c| c != me));
+                let mine = sh.pinned_by(ino, me);
                 let p = self.get(sh, ino)?;
                 if attrs.kind == Kind::Free {
                     return Err(PErr::Bad(format!(
@@ -366,11 +367,15 @@ impl<'a> Plan<'a> {
                     )));
                 }
                 // Unlinked while another client has it open: kept (an orphan with
-                // `nlink = 0`) until the last pin goes.
+                // `nlink = 0`) until the last pin goes. So is an unnamed file
+                // (`O_TMPFILE`) its creator pinned: created with `nlink = 0`, or
+                // changed while still unnamed.
+                let unnamed = attrs.nlink == 0 && attrs.kind == Kind::File && mine;
                 let keep = attrs.nlink == 0
                     && p.life == Life::Live
                     && matches!(attrs.kind, Kind::File | Kind::Symlink)
-                    && pinned;
+                    && (pinned || (unnamed && p.attrs.nlink == 0));
+                let keep = keep || (unnamed && p.life != Life::Live);
                 if attrs.nlink == 0 && !keep {
                     p.life = Life::Freed;
                     p.clear_data();
@@ -946,10 +951,12 @@ pub(crate) fn plan_batch<'b>(
     // Permissions of the slot's client (crate::perm).
     let cred = crate::perm::slot_cred(sh, slot)?;
     let replay = sh.replaying.contains(&slot);
-    crate::perm::check_batch(sh, &cred, &b.recs, &b.txn_ends, replay).map_err(|e| match e {
-        crate::perm::Denial::Denied(m) => malformed(m),
-        crate::perm::Denial::Io(e) => DigestError::Failed(e),
-    })?;
+    crate::perm::check_batch(sh, slot, &cred, &b.recs, &b.txn_ends, replay).map_err(
+        |e| match e {
+            crate::perm::Denial::Denied(m) => malformed(m),
+            crate::perm::Denial::Io(e) => DigestError::Failed(e),
+        },
+    )?;
     // Plan and validate.
     let mut plan = Plan {
         slot,

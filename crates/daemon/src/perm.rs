@@ -223,6 +223,8 @@ struct Shadow<'s, 'r> {
     /// Last live attributes of inodes the batch freed (entries of a directory removed
     /// after it was freed are checked against them).
     last_live: HashMap<u64, Attrs>,
+    /// The client's slot.
+    slot: u32,
     /// Inodes that became live inside the batch (a directory among them has no old
     /// entries).
     created: HashSet<u64>,
@@ -313,6 +315,7 @@ struct TxnLinks {
 /// skipped; every other rule still holds.
 pub(crate) fn check_batch(
     sh: &Shared,
+    slot: u32,
     cred: &Cred,
     recs: &[Record<'_>],
     txn_ends: &[usize],
@@ -323,6 +326,7 @@ pub(crate) fn check_batch(
     }
     let mut s = Shadow {
         sh,
+        slot,
         attrs: HashMap::new(),
         last_live: HashMap::new(),
         created: HashSet::new(),
@@ -349,8 +353,11 @@ fn check_txn<'r>(
             Record::InodeSet { ino, attrs: n, .. } => {
                 let pre = s.attrs(ino)?;
                 t.first_pre.entry(ino).or_insert(pre);
+                // An unnamed file (`O_TMPFILE`) is created with no link: checked as any
+                // creation.
+                let unnamed = pre.is_none() && s.sh.pinned_by(ino, s.slot);
                 match pre {
-                    _ if n.nlink == 0 => {} // freeing: the link-count rule decides
+                    _ if n.nlink == 0 && !unnamed => {} // freeing: the link-count rule decides
                     None => {
                         if n.uid != u {
                             return Err(eperm(format!(

@@ -684,6 +684,19 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 Err(e) => Reply::Send(err_response(&e)),
             }
         }
+        Request::Pin { ino } => {
+            let Some(slot) = c.slot else {
+                return Reply::Send(not_registered());
+            };
+            let mut core = d.core();
+            if core.sh.inodes.reserved_by(ino) != Some(slot) {
+                return Reply::Send(err_response(&crate::util::einval(format!(
+                    "pin: inode {ino} is not a number this client reserved"
+                ))));
+            }
+            core.pin(slot, ino);
+            Reply::Send(Response::Ok)
+        }
         req @ (Request::LockChannel { .. }
         | Request::Lock { .. }
         | Request::Unlock { .. }

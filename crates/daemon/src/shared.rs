@@ -76,6 +76,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Whether the client of `slot` pinned `ino` (it has the inode open).
+    pub(crate) fn pinned_by(&self, ino: u64, slot: u32) -> bool {
+        self.pins.get(&ino).is_some_and(|s| s.contains(&slot))
+    }
+
     /// Wrap an opened area with its allocators.
     pub(crate) fn new(area: Area, blocks: BlockAlloc, inodes: InodeAlloc) -> Shared {
         let layout = *area.layout();

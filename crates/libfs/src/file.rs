@@ -118,6 +118,36 @@ impl OpenOptions {
     }
 }
 
+impl OpenOptions {
+    /// `open(dir, O_TMPFILE | …)`: a new regular file without a name in directory
+    /// `dir`, with the mode set by [`OpenOptions::mode`] minus the umask. It needs write
+    /// access (`write(true)`); it is freed when its last handle closes, unless it was
+    /// given a name with [`File::link`]. `linkable: false` is `O_EXCL`: it never gets
+    /// one.
+    pub fn tmpfile(&self, fs: &Fs, dir: impl crate::Loc, linkable: bool) -> io::Result<File> {
+        let dir = dir.at();
+        if !self.write || self.append || self.truncate || self.create || self.create_new {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!(
+                    "open {} (O_TMPFILE): write access and no create, truncate or append flag",
+                    dir.display()
+                ),
+            ));
+        }
+        let ino = fs.inner.create_tmpfile(dir, self.mode, linkable)?;
+        Ok(File {
+            fs: fs.inner.clone(),
+            ino,
+            read: self.read,
+            write: true,
+            append: false,
+            pos: AtomicU64::new(0),
+            locks: crate::lock::FileLocks::new(&fs.inner.locks),
+        })
+    }
+}
+
 /// An open file of a Cairn store.
 ///
 /// Like a Unix file descriptor: reading a handle opened without read access, or writing
@@ -333,6 +363,13 @@ impl File {
         }
         self.fs
             .run(|st| self.fs.punch(st, self.ino, off, len, Some(!keep_size)))
+    }
+
+    /// `linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH)`: give this file another name
+    /// (for an unnamed file from [`OpenOptions::tmpfile`], its first). `ENOENT` if the
+    /// file was removed (or is unnamed and not linkable), `EEXIST` if `path` exists.
+    pub fn link(&self, path: impl crate::Loc) -> io::Result<()> {
+        self.fs.hard_link(crate::At::inode(self.ino), path.at())
     }
 
     /// `lseek(SEEK_DATA)`: the first offset at or after `off` inside a 4 KiB block that

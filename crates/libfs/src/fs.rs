@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) mod mapobj;
 pub(crate) mod special;
+mod tmpfile;
 
 /// Symlinks followed during one resolution before `ELOOP`.
 const MAX_SYMLINKS: u32 = 40;
@@ -196,6 +197,8 @@ pub(crate) struct State {
     open: InoMap<u32>,
     /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
     orphans: HashSet<u64>,
+    /// Unnamed files (`O_TMPFILE`) that may still be given a name.
+    tmpfiles: HashSet<u64>,
     /// Open inodes the daemon pinned (we said they were open when it revoked their
     /// lease): the last close sends `Unpin`.
     pinned: HashSet<u64>,
@@ -612,6 +615,7 @@ impl Inner {
                 spare: Vec::with_capacity(SPARE_EXTENTS),
                 open: InoMap::default(),
                 orphans: HashSet::new(),
+                tmpfiles: HashSet::new(),
                 pinned: HashSet::new(),
                 buf: Vec::new(),
                 long_pins: Vec::new(),
@@ -2541,7 +2545,9 @@ impl Inner {
                 ));
             }
             let (gen, mut a) = self.attrs(st, ino)?;
-            if st.orphans.contains(&ino) {
+            // An unlinked file gets no name again, except an unnamed file made linkable
+            // (`O_TMPFILE` without `O_EXCL`), as on Linux.
+            if st.orphans.contains(&ino) || (a.nlink == 0 && !st.tmpfiles.contains(&ino)) {
                 return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
             }
             let now = now_ns();
@@ -2552,6 +2558,7 @@ impl Inner {
             tx.dirent(wl.parent, &name, ino, kind);
             self.touch_dir(st, &mut tx, wl.parent, now, 0)?;
             self.commit(st, tx)?;
+            st.tmpfiles.remove(&ino);
             Ok(())
         })
     }
@@ -2920,6 +2927,7 @@ impl Inner {
                 st.pinned.remove(&ino);
             }
             st.open.remove(&ino);
+            st.tmpfiles.remove(&ino);
             Ok(())
         });
     }

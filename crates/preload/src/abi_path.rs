@@ -470,6 +470,28 @@ pub unsafe extern "C" fn linkat(
     to: *const c_char,
     fl: c_int,
 ) -> c_int {
+    // `linkat(AT_FDCWD, "/proc/self/fd/N", …, AT_SYMLINK_FOLLOW)` of a Cairn descriptor
+    // (how programs name an `O_TMPFILE` file) is `linkat(N, "", …, AT_EMPTY_PATH)`.
+    if fl & libc::AT_SYMLINK_FOLLOW != 0 {
+        if let Some(n) = unsafe { proc_fd(from) }.filter(|&n| table::is_cairn(n)) {
+            return unsafe { linkat(n, c"".as_ptr(), fd2, to, libc::AT_EMPTY_PATH) };
+        }
+    }
+    // `AT_EMPTY_PATH`: a new name for the file `fd1` is open on.
+    if unsafe { empty_path(from, fl) } && table::is_cairn(fd1) {
+        return fd_call(
+            "link",
+            fd1,
+            || unsafe { real::linkat(fd1, from, fd2, to, fl) },
+            |o| match unsafe { route(fd2, to) }? {
+                Route::Cairn(cp) => ops::link_fd(&o, &cp).map(|()| 0),
+                _ => Err(err(
+                    libc::EXDEV,
+                    "link: between Cairn and another file system",
+                )),
+            },
+        );
+    }
     unsafe {
         two_paths(
             "link",
@@ -481,6 +503,19 @@ pub unsafe extern "C" fn linkat(
             |a, b| ops::link(a, b, fl & libc::AT_SYMLINK_FOLLOW != 0),
         )
     }
+}
+
+/// `N` when `p` is `/proc/self/fd/N` or `/proc/<this pid>/fd/N`.
+///
+/// SAFETY: `p` is NULL or a string argument of a C call.
+unsafe fn proc_fd(p: *const c_char) -> Option<c_int> {
+    let b = unsafe { crate::abi::user_cstr(p) }.ok().flatten()?;
+    let rest = b.strip_prefix(b"/proc/")?;
+    let (who, n) = std::str::from_utf8(rest).ok()?.split_once("/fd/")?;
+    if who != "self" && who.parse::<u32>().ok()? != std::process::id() {
+        return None;
+    }
+    n.parse().ok()
 }
 
 #[no_mangle]

@@ -127,10 +127,25 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
         return Err(err(libc::EINVAL, "open: invalid access mode"));
     }
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
-        return Err(err(
-            libc::EOPNOTSUPP,
-            "open: O_TMPFILE is not supported on Cairn",
-        ));
+        // An unnamed file in the directory `cp` (linkable unless O_EXCL).
+        if acc == libc::O_RDONLY {
+            return Err(err(
+                libc::EINVAL,
+                "open: O_TMPFILE needs O_WRONLY or O_RDWR",
+            ));
+        }
+        let fs = fs()?;
+        let f = cairn::OpenOptions::new()
+            .read(acc == libc::O_RDWR)
+            .write(true)
+            .mode(mode & 0o7777)
+            .tmpfile(&fs, cp.at(), flags & libc::O_EXCL == 0)?;
+        let fd = table::placeholder(flags & libc::O_CLOEXEC != 0)?;
+        table::insert(
+            fd,
+            Arc::new(Ofd::new_file(f, acc == libc::O_RDWR, true, false)),
+        );
+        return Ok(fd);
     }
     let path_only = flags & libc::O_PATH != 0;
     let (read, write) = if path_only {
@@ -692,6 +707,21 @@ pub fn link(a: &CPath, b: &CPath, follow: bool) -> io::Result<()> {
         fs.hard_link(At::inode(ino), b.at())
     } else {
         fs.hard_link(a.at(), b.at())
+    }
+}
+
+/// `linkat(fd, "", …, AT_EMPTY_PATH)`: a new name `cp` for the file `o` is open on
+/// (also an unnamed `O_TMPFILE` file's first).
+pub fn link_fd(o: &Ofd, cp: &CPath) -> io::Result<()> {
+    if o.dir {
+        return Err(err(
+            libc::EPERM,
+            "link: hard links to directories are not allowed",
+        ));
+    }
+    match o.file() {
+        Ok(f) => f.link(cp.at()),
+        Err(_) => fs()?.hard_link(At::inode(o.ino), cp.at()),
     }
 }
 

@@ -106,6 +106,10 @@ pub enum Request {
     /// before `tail_lsn`. The daemon digests up to there, unpins, and frees the inode if
     /// it is unlinked and nobody else pinned it. Answer `Ok`.
     Unpin { ino: u64, tail_lsn: u64 },
+    /// Pin `ino`, an inode number this client reserved and is about to create without a
+    /// name (`O_TMPFILE`): its digest keeps the inode, unlinked, until `Unpin` (or the
+    /// client's end). Answer `Ok`; `EINVAL` for a number the client did not reserve.
+    Pin { ino: u64 },
     /// Shared-write mode (PROTOCOL.md, "Shared-write mode"): the transaction of `len`
     /// bytes at `lsn` with sequence number `seq` is in the client's ring with a zero
     /// magic. `versions`: for each inode it writes that is in shared-write mode, the

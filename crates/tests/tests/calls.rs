@@ -404,3 +404,82 @@ int main(void) {
          stat(two, &st) -1 EFAULT\n"
     );
 }
+
+/// `O_TMPFILE` through the shim answers as on the host file system
+/// (`scripts/tmpfile_check.py`: named through `/proc/self/fd` and `AT_EMPTY_PATH`,
+/// `O_EXCL`, errors); an unnamed file is freed when its last descriptor closes, and when
+/// its process is killed; through the API it is a `File` that `link` names.
+#[test]
+fn unnamed_files_with_o_tmpfile() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/tmpfile_check.py");
+    let host = tempfile::tempdir().unwrap();
+    let want = std::process::Command::new("python3")
+        .arg(script)
+        .arg(host.path())
+        .output()
+        .unwrap();
+    assert!(want.status.success());
+    let store = TestStore::new();
+    let used = || {
+        cairn::daemon_status(Some(store.path()))
+            .unwrap()
+            .inodes
+            .used
+    };
+    let got = cairn_tests::shim::sh(&store, &format!("python3 {script} /cairn"));
+    assert_eq!(got, String::from_utf8_lossy(&want.stdout));
+    // Root, /tdir, named, second: the two unnamed ones that got no name are gone.
+    assert_eq!(used(), 4);
+    // A process holding a large unnamed file is killed: the daemon frees it.
+    let mut c = cairn_tests::shim::run_cmd(
+        &store,
+        "exec python3 -c \"import os, sys, time\nfd = os.open('/cairn', os.O_TMPFILE | os.O_RDWR)\nos.write(fd, b'x' * (8 << 20))\nprint('ready', flush=True)\ntime.sleep(60)\"",
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(c.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "ready\n");
+    assert_eq!(used(), 5);
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while used() != 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(used(), 4, "the killed process's unnamed file is freed");
+    // The API.
+    let fs = store.fs();
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .tmpfile(&fs, "/tdir", true)
+        .unwrap();
+    f.write_at(b"api", 0).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    f.link("/tdir/from-api").unwrap();
+    assert_eq!(fs.read("/tdir/from-api").unwrap(), b"api");
+    let e = f.link("/tdir/from-api").unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::EEXIST);
+    let g = cairn::OpenOptions::new()
+        .write(true)
+        .tmpfile(&fs, "/tdir", false)
+        .unwrap();
+    assert_eq!(
+        cairn_area::errno_of(&g.link("/x").unwrap_err()),
+        libc::ENOENT
+    );
+    let e = cairn::OpenOptions::new()
+        .write(true)
+        .tmpfile(&fs, "/tdir/from-api", true)
+        .unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::ENOTDIR);
+    drop((f, g));
+    assert_eq!(used(), 5);
+}

@@ -819,3 +819,55 @@ fn a_half_applied_batch_replays_after_an_unclean_start() {
     assert_eq!(core.sh.area.read_inode(MINE).unwrap().attrs.nlink, 2);
     assert_eq!(snapshot(&core.sh), snap);
 }
+
+/// An unnamed file (`O_TMPFILE`): created with `nlink = 0` under its creator's pin, kept
+/// by the digest, linked later; its creation is checked like any other (a non-root
+/// client cannot make a root-owned one to link later).
+#[test]
+fn unnamed_files_are_kept_while_pinned_and_checked_at_creation() {
+    let mut w = world();
+    let (f, g) = (w.inos[0], w.inos[1]);
+    let slot = w.user.slot;
+    w.core.pin(slot, f);
+    w.log(&[set(f, a(Kind::File, 0o600, U, U, 0, 0))]);
+    w.digest().unwrap();
+    let i = w.core.sh.area.read_inode(f).unwrap();
+    assert_eq!(
+        (i.attrs.kind, i.attrs.nlink),
+        (Kind::File, 0),
+        "kept unnamed"
+    );
+    w.log(&[Record::Write {
+        ino: f,
+        offset: 0,
+        size: 2,
+        mtime: 9,
+        data: b"hi",
+    }]);
+    w.log(&[
+        set(
+            f,
+            Attrs {
+                size: 2,
+                mtime: 9,
+                ctime: 9,
+                ..a(Kind::File, 0o600, U, U, 1, 0)
+            },
+        ),
+        ent(HOME, b"named", f, Kind::File),
+    ]);
+    w.digest().unwrap();
+    assert_eq!(w.lookup(HOME, "named"), Some(f));
+    assert_eq!(w.attrs(f).nlink, 1);
+    // Unpinned after being named: it stays.
+    w.core.unpin(slot, Some(f)).unwrap();
+    assert_eq!(w.attrs(f).kind, Kind::File);
+    // A root-owned unnamed file from uid 1000 is refused.
+    w.core.pin(slot, g);
+    w.log(&[set(g, a(Kind::File, 0o4755, 0, 0, 0, 0))]);
+    let msg = w.refused();
+    assert!(
+        msg.contains("EPERM") && msg.contains("may not create"),
+        "{msg}"
+    );
+}
