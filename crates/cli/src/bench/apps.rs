@@ -313,7 +313,8 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn tempfile_dir(prefix: &str) -> CliResult<PathBuf> {
+/// A directory of the host's temporary directory for this run (`prefix-pid`).
+pub(super) fn tempfile_dir(prefix: &str) -> CliResult<PathBuf> {
     let d = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     Ok(d)

@@ -4,7 +4,9 @@
 //! * `cairn`: `cairn::File::write_at` (durable on return) and `read_at` on the store;
 //! * the host file system holding the store directory (or `--dir-host`), named by its type
 //!   (`ext4`, `xfs`, `btrfs`, `overlay`, …): `pwrite` + `fdatasync` per write, `pread`;
-//! * `tmpfs` (`/dev/shm`): `pwrite` without sync, `pread`.
+//! * `tmpfs` (`/dev/shm`): `pwrite` without sync, `pread`;
+//! * `cairn-fuse`: the store mounted with `cairn mount` on a temporary mount point:
+//!   `pwrite` + `fdatasync` per write, `pread` (skipped, with a note, if it cannot mount).
 //!
 //! Each system writes a 64 MiB file first (the region); operations of size S go to
 //! offsets rotating through the region in steps of S. A warm-up (a tenth of the run, at
@@ -186,20 +188,37 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
     preallocate(&host_t, REGION).map_err(ctx("preallocate", &host_path))?;
     preallocate(&shm_t, REGION).map_err(ctx("preallocate", &shm_path))?;
 
-    let systems: [(&str, &dyn Target, bool); 3] = [
-        ("cairn", &cairn_t, false),
-        (&host_name, &host_t, true),
-        ("tmpfs", &shm_t, false),
+    let mp = super::apps::tempfile_dir("cairn-bench-latency-mnt")?;
+    let fuse_t = match crate::commands::mount::mount(Some(&store_dir), &mp, false, 0.0, true) {
+        Ok(()) => {
+            let p = mp.join(format!(".cairn-bench-fuse-{pid}"));
+            let t = HostTarget::create(p.clone(), true).map_err(ctx("create", &p))?;
+            preallocate(&t, REGION).map_err(ctx("preallocate", &p))?;
+            Some(t)
+        }
+        Err(e) => {
+            progress(format_args!("bench latency: no cairn-fuse row: {}\n", e.message));
+            None
+        }
+    };
+    // (name, target, pwrite + fdatasync, capped like the host's device flushes)
+    let mut systems: Vec<(&str, &dyn Target, bool, bool)> = vec![
+        ("cairn", &cairn_t, false, false),
+        (&host_name, &host_t, true, true),
+        ("tmpfs", &shm_t, false, false),
     ];
+    if let Some(t) = &fuse_t {
+        systems.push(("cairn-fuse", t, true, false));
+    }
     let total = SIZES.len() * systems.len() * 2;
     let mut k = 0;
     let mut results = Vec::with_capacity(total);
     for &size in &SIZES {
         let base = args.iterations.unwrap_or_else(|| default_iterations(size));
-        for &(name, target, fsyncs) in &systems {
+        for &(name, target, _, capped) in &systems {
             for op in [Op::Write, Op::Read] {
                 k += 1;
-                let n = if fsyncs && op == Op::Write {
+                let n = if capped && op == Op::Write {
                     base.min(host_write_cap(size))
                 } else {
                     base
@@ -224,9 +243,16 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
             }
         }
     }
+    drop(systems);
     drop(shm_t);
     drop(host_t);
     drop(cairn_t);
+    if let Some(t) = fuse_t {
+        let _ = std::fs::remove_file(&t.path);
+        drop(t);
+        let _ = crate::commands::mount::umount(&mp);
+    }
+    let _ = std::fs::remove_dir(&mp);
 
     let report = Report {
         results,

@@ -60,6 +60,12 @@ pub fn human(r: &Report, host_name: &str, host_dir: &Path) -> String {
         r.host_fs
     );
     let _ = writeln!(s, "  tmpfs      /dev/shm: pwrite (no sync), pread");
+    if r.results.iter().any(|m| m.system == "cairn-fuse") {
+        let _ = writeln!(
+            s,
+            "  cairn-fuse the store through `cairn mount`: pwrite + fdatasync per write, pread"
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -85,13 +91,14 @@ pub fn human(r: &Report, host_name: &str, host_dir: &Path) -> String {
     let h1 = "cairn/tmpfs write";
     let h2 = format!("{host_name}/cairn write");
     let h3 = format!("{host_name}/cairn read");
-    let _ = writeln!(s, "{:<7} {h1:>18} {h2:>20} {h3:>20}", "size");
+    let h4 = format!("cairn-fuse/{host_name} write");
+    let _ = writeln!(s, "{:<7} {h1:>18} {h2:>20} {h3:>20} {h4:>26}", "size");
     let mut sizes: Vec<u64> = r.results.iter().map(|m| m.size).collect();
     sizes.dedup();
     for size in sizes {
         let _ = writeln!(
             s,
-            "{:<7} {:>18} {:>20} {:>20}",
+            "{:<7} {:>18} {:>20} {:>20} {:>26}",
             human_bytes(size),
             ratio(r.p50("cairn", "write", size), r.p50("tmpfs", "write", size)),
             ratio(
@@ -99,6 +106,10 @@ pub fn human(r: &Report, host_name: &str, host_dir: &Path) -> String {
                 r.p50("cairn", "write", size)
             ),
             ratio(r.p50(host_name, "read", size), r.p50("cairn", "read", size)),
+            ratio(
+                r.p50("cairn-fuse", "write", size),
+                r.p50(host_name, "write", size)
+            ),
         );
     }
     s
