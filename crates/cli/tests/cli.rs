@@ -607,15 +607,18 @@ fn bench_latency_json_shape() {
     assert!(!host_fs.is_empty());
     assert!(v["store"].is_string());
     let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 4 * 3 * 2, "{v}");
+    // cairn, the host file system, tmpfs and cairn-fuse (the store mounted).
+    assert_eq!(results.len(), 4 * 4 * 2, "{v}");
     let mut systems: Vec<&str> = results
         .iter()
         .map(|r| r["system"].as_str().unwrap())
         .collect();
     systems.sort();
     systems.dedup();
-    assert_eq!(systems.len(), 3, "{systems:?}");
-    assert!(systems.contains(&"cairn") && systems.contains(&"tmpfs"));
+    assert_eq!(systems.len(), 4, "{systems:?}");
+    assert!(["cairn", "tmpfs", "cairn-fuse"]
+        .iter()
+        .all(|s| systems.contains(s)));
     for r in results {
         let keys: Vec<&String> = r.as_object().unwrap().keys().collect();
         assert_eq!(keys.len(), 8, "{r}");
