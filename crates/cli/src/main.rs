@@ -124,11 +124,16 @@ pub enum Command {
         /// Serve in this process until unmounted (default: in the background)
         #[arg(long)]
         foreground: bool,
-        /// Seconds the kernel may cache attributes and entries (0: changes by other
-        /// clients are seen at once; more: fewer round trips)
-        #[arg(long, value_name = "SECS", default_value_t = 0.0,
+        /// Seconds the kernel may cache a file's attributes (dropped at once when
+        /// another client changes the file, through the mount's lease; 0: not cached)
+        #[arg(long, value_name = "SECS", default_value_t = 60.0,
               value_parser = parse_timeout)]
         attr_timeout: f64,
+        /// Seconds the kernel may cache names (dropped when another client changes the
+        /// directory, through the mount's lease; 0: every lookup asks the mount)
+        #[arg(long, value_name = "SECS", default_value_t = 60.0,
+              value_parser = parse_timeout)]
+        entry_timeout: f64,
         mountpoint: PathBuf,
     },
     /// Unmount a FUSE mount of a store

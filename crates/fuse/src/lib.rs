@@ -5,8 +5,9 @@
 //!
 //! Permissions are checked by the kernel (`default_permissions`) against the attributes
 //! returned here; the mount's own client runs with its credentials (normally root) and
-//! gives new files to the calling user. By default attributes and entries are not
-//! cached by the kernel (TTL 0), so that changes other clients make are seen at once.
+//! gives new files to the calling user. The kernel caches attributes and names, and
+//! drops them when the mount's client loses its lease on the inode or directory (another
+//! client is about to change it): see [`serve`] and ARCHITECTURE.md, "FUSE mount".
 
 use cairn::{At, File, FlockOp, Fs, LockKind, LockType, Metadata, OpenOptions};
 use cairn_proto::locktable::{LockTable, Owner, OFFSET_MAX};
@@ -21,10 +22,14 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 const BLOCK: u32 = 4096;
+/// Init flag (FUSE 7.33): the file system clears setuid/setgid on writes the kernel marks.
+const FUSE_HANDLE_KILLPRIV_V2: u32 = 1 << 28;
+/// Write flag: this write must clear setuid/setgid (with `FUSE_HANDLE_KILLPRIV_V2`).
+const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 /// The errno of a Cairn error.
 fn errno(e: &io::Error) -> i32 {
@@ -74,6 +79,20 @@ fn attr_of(m: &Metadata) -> FileAttr {
     }
 }
 
+/// Clear the setuid bit, and the setgid bit of a group-executable file, after a write by
+/// an unprivileged process (Linux's rule; the kernel leaves it to the file system).
+fn kill_suidgid(fs: &Fs, ino: u64) -> io::Result<()> {
+    let mode = fs.metadata(At::inode(ino))?.mode() & 0o7777;
+    let mut kill = libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        kill |= libc::S_ISGID;
+    }
+    if mode & kill != 0 {
+        fs.set_permissions(At::inode(ino), cairn::Permissions::from_mode(mode & !kill))?;
+    }
+    Ok(())
+}
+
 fn name_at(parent: u64, name: &OsStr) -> At<'_> {
     At {
         dir: parent,
@@ -107,12 +126,18 @@ struct Listing {
     entries: Vec<(u64, FileType, Vec<u8>)>,
 }
 
-/// The state the request handlers share (they run on the pool's threads).
+/// The state the request handlers share (the session thread, and the threads of lock
+/// requests that wait).
 struct Inner {
     fs: Fs,
-    /// How long the kernel may cache attributes and entries (`--attr-timeout`; 0: not
-    /// at all, so that changes of other clients are seen at once).
-    ttl: Duration,
+    /// How long the kernel may cache names and attributes.
+    caching: Caching,
+    /// The kernel's lookup count of each inode it was given (entry replies add one,
+    /// `forget` subtracts): the inodes whose cached attributes a lost lease may spoil.
+    known: Arc<Mutex<HashMap<u64, u64>>>,
+    /// The names the kernel may cache (positive and negative entries), per directory:
+    /// dropped when the mount loses its lease on the directory.
+    names: Arc<Names>,
     /// Whether new files go to the calling user (the mount runs as root).
     chown_new: bool,
     files: Mutex<HashMap<u64, Arc<File>>>,
@@ -128,41 +153,20 @@ struct Inner {
     mirror: Mutex<LockTable>,
 }
 
-/// The FUSE file system over one Cairn client: each request is handled on a thread of
-/// a pool (so that one waiting for a lease or a lock does not hold up the others) and
-/// answered from there.
+/// The FUSE file system over one Cairn client: each request is handled and answered on
+/// the session thread ([`inline`]). One that waits for a lease another client holds
+/// holds up the mount meanwhile (at most the store's lease timeout).
 pub struct CairnFuse {
     inner: Arc<Inner>,
-    pool: Pool,
 }
 
-/// Threads that run request handlers.
-struct Pool {
-    tx: mpsc::Sender<Box<dyn FnOnce() + Send>>,
-}
-
-impl Pool {
-    fn new(threads: usize) -> Pool {
-        let (tx, rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
-        let rx = Arc::new(Mutex::new(rx));
-        for i in 0..threads {
-            let rx = rx.clone();
-            let _ = std::thread::Builder::new()
-                .name(format!("cairn-fuse-{i}"))
-                .spawn(move || loop {
-                    let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-                        Ok(j) => j,
-                        Err(_) => return,
-                    };
-                    job();
-                });
-        }
-        Pool { tx }
-    }
-
-    fn run(&self, f: impl FnOnce() + Send + 'static) {
-        let _ = self.tx.send(Box::new(f));
-    }
+/// Run a request handler on the session thread: requests are answered at once, since
+/// handing each to another thread costs a wakeup (measured: `fstat` through the mount
+/// 44 µs with a hand-off, 16 µs without). A lock request that waits for another process
+/// is answered from a thread of its own ([`answer_lock`]), so that it does not hold up
+/// the others.
+fn inline(f: impl FnOnce()) {
+    f()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -170,13 +174,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl CairnFuse {
-    /// Serve `fs`; the kernel may cache attributes and entries for `ttl`.
-    pub fn new(fs: Fs, ttl: Duration) -> CairnFuse {
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) * 4;
+    /// Serve `fs` with this caching.
+    pub fn new(fs: Fs, caching: Caching) -> CairnFuse {
         CairnFuse {
             inner: Arc::new(Inner {
                 fs,
-                ttl,
+                caching,
+                known: Arc::new(Mutex::new(HashMap::new())),
+                names: Arc::new(Names::default()),
                 chown_new: euid() == 0,
                 files: Mutex::new(HashMap::new()),
                 dirs: Mutex::new(HashMap::new()),
@@ -184,7 +189,6 @@ impl CairnFuse {
                 locks: Mutex::new(HashMap::new()),
                 mirror: Mutex::new(LockTable::default()),
             }),
-            pool: Pool::new(threads),
         }
     }
 }
@@ -241,10 +245,49 @@ impl Inner {
     }
 
     fn entry(&self, at: At<'_>, reply: ReplyEntry) {
-        match self.fs.symlink_metadata(at) {
-            Ok(m) => reply.entry(&self.ttl, &attr_of(&m), 0),
+        self.entry_or_negative(at, reply, false)
+    }
+
+    /// Answer with the entry `at` names; a missing name is a negative entry the kernel
+    /// may cache when `negative` (a lookup). Entries are cached only while their name is
+    /// tracked for invalidation ([`Names`]).
+    fn entry_or_negative(&self, at: At<'_>, reply: ReplyEntry, negative: bool) {
+        let r = self.fs.symlink_metadata(at);
+        let c = &self.caching;
+        let cached = !c.entry.is_zero() && !at.is_inode() && self.names.track(at.dir, at.path);
+        let entry_ttl = if cached { c.entry } else { Duration::ZERO };
+        match r {
+            Ok(m) => {
+                self.looked_up(m.ino());
+                reply.entry_ttls(&entry_ttl, &c.attr, &attr_of(&m), 0)
+            }
+            Err(e) if negative && cached && errno(&e) == libc::ENOENT => {
+                let none = FileAttr {
+                    ino: 0,
+                    size: 0,
+                    blocks: 0,
+                    atime: SystemTime::UNIX_EPOCH,
+                    mtime: SystemTime::UNIX_EPOCH,
+                    ctime: SystemTime::UNIX_EPOCH,
+                    crtime: SystemTime::UNIX_EPOCH,
+                    kind: FileType::RegularFile,
+                    perm: 0,
+                    nlink: 0,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    blksize: BLOCK,
+                    flags: 0,
+                };
+                reply.entry_ttls(&entry_ttl, &Duration::ZERO, &none, 0)
+            }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// The kernel was given inode `ino` in an entry reply (its lookup count grows).
+    fn looked_up(&self, ino: u64) {
+        *lock(&self.known).entry(ino).or_insert(0) += 1;
     }
 
     fn setattr_inner(&self, ino: u64, c: Change, fh: Option<u64>) -> io::Result<Metadata> {
@@ -347,6 +390,16 @@ fn lock_type(typ: i32) -> Option<LockType> {
 }
 
 impl Filesystem for CairnFuse {
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
+        let mut k = lock(&self.inner.known);
+        if let Some(n) = k.get_mut(&ino) {
+            *n = n.saturating_sub(nlookup);
+            if *n == 0 {
+                k.remove(&ino);
+            }
+        }
+    }
+
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), i32> {
         // POSIX and BSD locks go to the daemon (shared with every client), not the kernel.
         // Listings carry each entry's attributes when the kernel finds it worth it.
@@ -356,6 +409,14 @@ impl Filesystem for CairnFuse {
                 | fuser::consts::FUSE_DO_READDIRPLUS
                 | fuser::consts::FUSE_READDIRPLUS_AUTO,
         );
+        // Setuid and setgid bits are cleared here on a write (`FUSE_WRITE_KILL_SUIDGID`),
+        // so the kernel marks checked inodes and stops asking for `security.capability`
+        // before every write (one round trip per write otherwise).
+        let _ = config.add_capabilities(FUSE_HANDLE_KILLPRIV_V2);
+        // A read checks the file's attributes first (free while they are cached) and
+        // drops cached pages when its mtime or size changed: another client's writes
+        // revoke the mount's lease, which drops the attributes.
+        let _ = config.add_capabilities(fuser::consts::FUSE_AUTO_INVAL_DATA);
         Ok(())
     }
 
@@ -372,7 +433,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyLock,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let Some(t) = lock_type(typ) else {
                 return reply.error(libc::EINVAL);
             };
@@ -422,7 +483,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyEmpty,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let (start, len) = lock_range(start, end);
             let h = match s.lock_handle(ino, lock_owner) {
                 Ok(h) => h,
@@ -456,7 +517,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyEmpty,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let op = match typ {
                 libc::F_RDLCK => FlockOp::Shared,
                 libc::F_WRLCK => FlockOp::Exclusive,
@@ -476,19 +537,18 @@ impl Filesystem for CairnFuse {
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         let name = name.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
-            s.entry(name_at(parent, name), reply);
+            s.entry_or_negative(name_at(parent, name), reply, true);
         });
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         let s = self.inner.clone();
-        self.pool
-            .run(move || match s.fs.symlink_metadata(At::inode(ino)) {
-                Ok(m) => reply.attr(&s.ttl, &attr_of(&m)),
-                Err(e) => reply.error(errno(&e)),
-            });
+        inline(move || match s.fs.symlink_metadata(At::inode(ino)) {
+            Ok(m) => reply.attr(&s.caching.attr, &attr_of(&m)),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn setattr(
@@ -510,7 +570,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyAttr,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let c = Change {
                 mode,
                 uid,
@@ -520,7 +580,7 @@ impl Filesystem for CairnFuse {
                 mtime,
             };
             match s.setattr_inner(ino, c, fh) {
-                Ok(m) => reply.attr(&s.ttl, &attr_of(&m)),
+                Ok(m) => reply.attr(&s.caching.attr, &attr_of(&m)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -528,7 +588,7 @@ impl Filesystem for CairnFuse {
 
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
         let s = self.inner.clone();
-        self.pool.run(move || match s.fs.read_link(At::inode(ino)) {
+        inline(move || match s.fs.read_link(At::inode(ino)) {
             Ok(t) => reply.data(t.as_os_str().as_bytes()),
             Err(e) => reply.error(errno(&e)),
         });
@@ -547,7 +607,7 @@ impl Filesystem for CairnFuse {
         let req = Caller(req.uid(), req.gid());
         let name = name.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
             let at = name_at(parent, name);
             // The kernel checked CAP_MKNOD for device nodes.
@@ -573,7 +633,7 @@ impl Filesystem for CairnFuse {
         let req = Caller(req.uid(), req.gid());
         let name = name.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
             let at = name_at(parent, name);
             let r =
@@ -589,7 +649,7 @@ impl Filesystem for CairnFuse {
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
             reply_empty(reply, s.fs.remove_file(name_at(parent, name)))
         });
@@ -598,7 +658,7 @@ impl Filesystem for CairnFuse {
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
             reply_empty(reply, s.fs.remove_dir(name_at(parent, name)))
         });
@@ -616,7 +676,7 @@ impl Filesystem for CairnFuse {
         let link_name = link_name.to_os_string();
         let target = target.to_path_buf();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let link_name = link_name.as_os_str();
             let target = target.as_path();
             let at = name_at(parent, link_name);
@@ -643,7 +703,7 @@ impl Filesystem for CairnFuse {
         let name = name.to_os_string();
         let newname = newname.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
             let newname = newname.as_os_str();
             let (from, to) = (name_at(parent, name), name_at(newparent, newname));
@@ -668,7 +728,7 @@ impl Filesystem for CairnFuse {
     ) {
         let newname = newname.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let newname = newname.as_os_str();
             let at = name_at(newparent, newname);
             match s.fs.hard_link(At::inode(ino), at) {
@@ -680,7 +740,7 @@ impl Filesystem for CairnFuse {
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let acc = flags & libc::O_ACCMODE;
             let r = OpenOptions::new()
                 .read(acc != libc::O_WRONLY)
@@ -710,7 +770,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyData,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let Some(f) = s.file(fh) else {
                 return reply.error(libc::EBADF);
             };
@@ -730,23 +790,27 @@ impl Filesystem for CairnFuse {
     fn write(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
+        ino: u64,
         fh: u64,
         offset: i64,
         data: &[u8],
-        _write_flags: u32,
+        write_flags: u32,
         _flags: i32,
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        let data = data.to_vec();
         let s = self.inner.clone();
-        self.pool.run(move || {
-            let data = &data[..];
+        inline(move || {
             let Some(f) = s.file(fh) else {
                 return reply.error(libc::EBADF);
             };
-            match f.write_at(data, offset as u64) {
+            let r = f.write_at(data, offset as u64).and_then(|n| {
+                if write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
+                    kill_suidgid(&s.fs, ino)?;
+                }
+                Ok(n)
+            });
+            match r {
                 Ok(n) => reply.written(n as u32),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -755,7 +819,7 @@ impl Filesystem for CairnFuse {
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, owner: u64, reply: ReplyEmpty) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             // Every write is durable when it returns; a close releases the owner's locks.
             s.drop_locks(ino, owner);
             reply.ok();
@@ -773,7 +837,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyEmpty,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             if let Some(o) = lock_owner {
                 s.drop_locks(ino, o);
             }
@@ -784,16 +848,15 @@ impl Filesystem for CairnFuse {
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _ds: bool, reply: ReplyEmpty) {
         let s = self.inner.clone();
-        self.pool
-            .run(move || match s.file(fh).map(|f| f.sync_all()) {
-                Some(Err(e)) => reply.error(errno(&e)),
-                _ => reply.ok(),
-            });
+        inline(move || match s.file(fh).map(|f| f.sync_all()) {
+            Some(Err(e)) => reply.error(errno(&e)),
+            _ => reply.ok(),
+        });
     }
 
     fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let listing = (|| -> io::Result<Listing> {
                 let dotdot =
                     s.fs.metadata(At {
@@ -832,7 +895,7 @@ impl Filesystem for CairnFuse {
         mut reply: ReplyDirectory,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let Some(l) = lock(&s.dirs).get(&fh).cloned() else {
                 return reply.error(libc::EBADF);
             };
@@ -851,13 +914,13 @@ impl Filesystem for CairnFuse {
     fn readdirplus(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
+        dir: u64,
         fh: u64,
         offset: i64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let Some(l) = lock(&s.dirs).get(&fh).cloned() else {
                 return reply.error(libc::EBADF);
             };
@@ -866,8 +929,17 @@ impl Filesystem for CairnFuse {
                     continue;
                 };
                 let name = OsStr::from_bytes(name);
-                if reply.add(*ino, i as i64 + 1, name, &s.ttl, &attr_of(&m), 0) {
+                let c = &s.caching;
+                let attr = attr_of(&m);
+                let dot = name == "." || name == "..";
+                let tracked = !c.entry.is_zero() && !dot && s.names.track(dir, Path::new(name));
+                let entry_ttl = if tracked { c.entry } else { Duration::ZERO };
+                if reply.add_ttls(*ino, i as i64 + 1, name, &entry_ttl, &c.attr, &attr, 0) {
                     break;
+                }
+                // The kernel counts a lookup for every entry but `.` and `..`.
+                if name != "." && name != ".." {
+                    s.looked_up(*ino);
                 }
             }
             reply.ok();
@@ -876,7 +948,7 @@ impl Filesystem for CairnFuse {
 
     fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _f: i32, reply: ReplyEmpty) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             lock(&s.dirs).remove(&fh);
             reply.ok();
         });
@@ -884,7 +956,7 @@ impl Filesystem for CairnFuse {
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
         let s = self.inner.clone();
-        self.pool.run(move || match s.fs.status() {
+        inline(move || match s.fs.status() {
             Ok(s) => {
                 let (cap, used) = s
                     .tiers
@@ -911,29 +983,27 @@ impl Filesystem for CairnFuse {
     fn getxattr(&mut self, _r: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes().to_vec();
         let s = self.inner.clone();
-        self.pool
-            .run(move || match s.fs.get_xattr(At::inode(ino), &name, true) {
-                Ok(v) => xattr_reply(&v, size, reply),
-                Err(e) => reply.error(errno(&e)),
-            });
+        inline(move || match s.fs.get_xattr(At::inode(ino), &name, true) {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn listxattr(&mut self, req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
         // The mount's client is root: `trusted.` names are for root callers only.
         let root = req.uid() == 0;
         let s = self.inner.clone();
-        self.pool
-            .run(move || match s.fs.list_xattr(At::inode(ino), true) {
-                Ok(names) => {
-                    let mut v = Vec::new();
-                    for n in names.iter().filter(|n| root || !n.starts_with(b"trusted.")) {
-                        v.extend_from_slice(n);
-                        v.push(0);
-                    }
-                    xattr_reply(&v, size, reply)
+        inline(move || match s.fs.list_xattr(At::inode(ino), true) {
+            Ok(names) => {
+                let mut v = Vec::new();
+                for n in names.iter().filter(|n| root || !n.starts_with(b"trusted.")) {
+                    v.extend_from_slice(n);
+                    v.push(0);
                 }
-                Err(e) => reply.error(errno(&e)),
-            });
+                xattr_reply(&v, size, reply)
+            }
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn setxattr(
@@ -948,7 +1018,7 @@ impl Filesystem for CairnFuse {
     ) {
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             reply_empty(
                 reply,
                 s.fs.set_xattr(At::inode(ino), &name, &value, flags, true),
@@ -959,8 +1029,7 @@ impl Filesystem for CairnFuse {
     fn removexattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
         let s = self.inner.clone();
-        self.pool
-            .run(move || reply_empty(reply, s.fs.remove_xattr(At::inode(ino), &name, true)));
+        inline(move || reply_empty(reply, s.fs.remove_xattr(At::inode(ino), &name, true)));
     }
 
     /// `SEEK_DATA` and `SEEK_HOLE` (the kernel moves the position itself for the others).
@@ -974,7 +1043,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyLseek,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let Some(f) = s.file(fh) else {
                 return reply.error(libc::EBADF);
             };
@@ -1004,7 +1073,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyEmpty,
     ) {
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let r = (|| -> io::Result<()> {
                 let f = match s.file(fh) {
                     Some(f) => f,
@@ -1029,7 +1098,7 @@ impl Filesystem for CairnFuse {
         let req = Caller(req.uid(), req.gid());
         let name = name.to_os_string();
         let s = self.inner.clone();
-        self.pool.run(move || {
+        inline(move || {
             let name = name.as_os_str();
             let at = name_at(parent, name);
             let acc = flags & libc::O_ACCMODE;
@@ -1050,7 +1119,9 @@ impl Filesystem for CairnFuse {
                 Ok((f, m)) => {
                     let fh = s.fh();
                     lock(&s.files).insert(fh, Arc::new(f));
-                    reply.created(&s.ttl, &attr_of(&m), 0, fh, 0);
+                    s.looked_up(m.ino());
+                    let c = &s.caching;
+                    reply.created_ttls(&c.entry, &c.attr, &attr_of(&m), 0, fh, 0);
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1079,9 +1150,121 @@ pub fn mount_options(store: &Path) -> Vec<MountOption> {
 }
 
 /// Serve `fs` at `mountpoint` until it is unmounted; the kernel may cache attributes
-/// and entries for `ttl`. The modes requests carry already had the caller's umask
-/// applied: `fs` must be opened by a process whose umask is 0 (`cairn mount` sets it).
-pub fn serve(fs: Fs, mountpoint: &Path, ttl: Duration) -> io::Result<()> {
+/// and entries as `caching` says. The modes requests carry already had the caller's
+/// umask applied: `fs` must be opened by a process whose umask is 0 (`cairn mount` sets
+/// it).
+pub fn serve(fs: Fs, mountpoint: &Path, caching: Caching) -> io::Result<()> {
     let opts = mount_options(fs.store_dir());
-    fuser::mount2(CairnFuse::new(fs, ttl), mountpoint, &opts)
+    let cf = CairnFuse::new(fs, caching);
+    let inner = cf.inner.clone();
+    let mut session = fuser::Session::new(cf, mountpoint, &opts)?;
+    // Attributes the kernel caches are those of inodes this client holds a lease on:
+    // when it loses one (another client is about to change the inode), the kernel's copy
+    // goes first. Attributes only (offset -1): no page or inode lock is taken, so this
+    // may run while a request waits on this client.
+    // Names go on another thread: dropping a cached name takes the directory's inode
+    // lock, which a request waiting on this client may hold (then the revocation would
+    // wait for the request and the request for the revocation).
+    let notifier = session.notifier();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, Vec<Vec<u8>>)>();
+    let n2 = session.notifier();
+    std::thread::Builder::new()
+        .name("cairn-fuse-inval".into())
+        .spawn(move || {
+            for (dir, names) in rx {
+                for n in names {
+                    let _ = n2.inval_entry(dir, OsStr::from_bytes(&n));
+                }
+            }
+        })?;
+    let known = inner.known.clone();
+    let names = inner.names.clone();
+    inner.fs.on_lease_lost(Some(Box::new(move |ino| {
+        let inos: Vec<u64> = match ino {
+            Some(i) => vec![i],
+            None => lock(&known).keys().copied().collect(),
+        };
+        for i in inos {
+            let _ = notifier.inval_inode(i, -1, 0);
+        }
+        for d in names.take(ino) {
+            let _ = tx.send(d);
+        }
+    })));
+    let r = session.run();
+    inner.fs.on_lease_lost(None);
+    r
+}
+
+/// Names of directory entries the kernel may cache, per directory, so that they can be
+/// dropped when the mount loses its lease on the directory (another client is about to
+/// change it). Bounded: past [`Names::PER_DIR`] names in a directory or
+/// [`Names::TOTAL`] in all, entries are answered without caching.
+#[derive(Default)]
+struct Names {
+    /// Per directory its tracked names, and their total.
+    dirs: Mutex<(HashMap<u64, NameSet>, usize)>,
+}
+
+type NameSet = std::collections::HashSet<Vec<u8>>;
+
+impl Names {
+    const PER_DIR: usize = 4096;
+    const TOTAL: usize = 1 << 20;
+
+    /// Track `name` in `dir`; whether it is (so the kernel may cache the entry).
+    fn track(&self, dir: u64, name: &Path) -> bool {
+        let mut g = lock(&self.dirs);
+        let (dirs, total) = &mut *g;
+        let set = dirs.entry(dir).or_default();
+        let n = name.as_os_str().as_bytes();
+        if set.contains(n) {
+            return true;
+        }
+        if set.len() >= Self::PER_DIR || *total >= Self::TOTAL {
+            return false;
+        }
+        set.insert(n.to_vec());
+        *total += 1;
+        true
+    }
+
+    /// Stop tracking the names of `dir` (`None`: of every directory) and return them.
+    fn take(&self, dir: Option<u64>) -> Vec<(u64, Vec<Vec<u8>>)> {
+        let mut g = lock(&self.dirs);
+        let (dirs, total) = &mut *g;
+        let taken: Vec<(u64, NameSet)> = match dir {
+            Some(d) => dirs.remove(&d).map(|s| (d, s)).into_iter().collect(),
+            None => dirs.drain().collect(),
+        };
+        taken
+            .into_iter()
+            .map(|(d, s)| {
+                *total -= s.len();
+                (d, s.into_iter().collect())
+            })
+            .collect()
+    }
+}
+
+/// How long the kernel may cache what the mount tells it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Caching {
+    /// Names, positive and negative: dropped when the mount loses its lease on the
+    /// directory (on another thread: a name another client changes may be seen for the
+    /// microseconds that takes).
+    pub entry: Duration,
+    /// Attributes: dropped at once when the mount loses its lease on the inode, so this
+    /// bounds only what a missed invalidation could cost.
+    pub attr: Duration,
+}
+
+impl Default for Caching {
+    /// Names and attributes for 60 s (kept current by the leases).
+    fn default() -> Caching {
+        Caching {
+            entry: Duration::from_secs(60),
+            attr: Duration::from_secs(60),
+        }
+    }
 }

@@ -33,6 +33,9 @@ pub(crate) mod mapobj;
 pub(crate) mod special;
 mod tmpfile;
 
+/// What [`crate::Fs::on_lease_lost`] installs.
+pub(crate) type LeaseLostHook = Box<dyn Fn(Option<u64>) + Send + Sync>;
+
 /// Symlinks followed during one resolution before `ELOOP`.
 const MAX_SYMLINKS: u32 = 40;
 /// Inode numbers asked for at a time.
@@ -256,6 +259,10 @@ pub(crate) struct Inner {
     /// The descriptor the upcall thread reads (-1: none yet), for [`Inner::abandon`].
     upcall_thread_fd: std::sync::atomic::AtomicI32,
     closing: AtomicBool,
+    /// Told when this client loses a lease (`Some(ino)`) or all of them (`None`), before
+    /// the daemon learns it: a cache of what the lease protected (the FUSE mount's kernel
+    /// attribute cache) drops it ([`crate::Fs::on_lease_lost`]).
+    lease_lost: std::sync::RwLock<Option<LeaseLostHook>>,
     /// Offset of the slot's `lease_gen` word in the read-only mapping.
     lease_gen_off: usize,
     /// Advisory locks: lock channels and bookkeeping (`lock.rs`).
@@ -291,7 +298,8 @@ impl<'a> At<'a> {
         }
     }
 
-    fn is_inode(&self) -> bool {
+    /// Whether this names an inode itself (an empty path), not a name in a directory.
+    pub fn is_inode(&self) -> bool {
         self.path.as_os_str().is_empty()
     }
 
@@ -440,6 +448,7 @@ fn upcall_loop(weak: Weak<Inner>, mut s: UnixStream) {
         if let Ok(Upcall::Revoke { ino }) = up {
             let Some(inner) = weak.upgrade() else { return };
             let (tail, open) = inner.revoke_local(ino);
+            inner.tell_lease_lost(Some(ino));
             drop(inner);
             let ack = Request::UpcallAck {
                 ino,
@@ -580,6 +589,7 @@ impl Inner {
             upcall: Mutex::new(Some(upcall)),
             upcall_thread_fd: std::sync::atomic::AtomicI32::new(-1),
             closing: AtomicBool::new(false),
+            lease_lost: std::sync::RwLock::new(None),
             lease_gen_off,
             locks: crate::lock::ClientLocks::new(store.clone(), reg.slot, reg.slot_gen),
             store,
@@ -655,6 +665,7 @@ impl Inner {
     /// part already when it expired us), then forget the leases and the overlay.
     fn leases_lost(&self, st: &mut State, g: u64) {
         st.lease_gen = g;
+        self.tell_lease_lost(None);
         st.leases.clear();
         st.objs.clear();
         let _ = self.digest_wait(st);
@@ -772,6 +783,18 @@ impl Inner {
                 last.map_or_else(|| "re-attach failed".to_string(), |e| e.to_string())
             ),
         ))
+    }
+
+    /// Run the lease-lost hook, if one is installed (it must not call into this client:
+    /// it may run under the state lock).
+    fn tell_lease_lost(&self, ino: Option<u64>) {
+        if let Some(h) = &*self.lease_lost.read().unwrap_or_else(|p| p.into_inner()) {
+            h(ino);
+        }
+    }
+
+    pub(crate) fn set_lease_lost_hook(&self, h: Option<LeaseLostHook>) {
+        *self.lease_lost.write().unwrap_or_else(|p| p.into_inner()) = h;
     }
 
     /// The upcall thread: a revocation of the lease on `ino`. Drops the lease and the

@@ -454,6 +454,17 @@ impl Fs {
         ))
     }
 
+    /// Call `hook` whenever this client loses the lease on an inode (`Some(ino)`: another
+    /// client is about to change it) or every lease (`None`: the daemon expired this
+    /// client, or restarted and did not keep them), before the daemon is told: whatever
+    /// the hook caches about those inodes is from then on possibly stale. The FUSE mount
+    /// drops the kernel's cached attributes with it. The hook runs on the upcall thread or
+    /// inside an operation, with the client's state locked: it must not call into this
+    /// `Fs`. `None` removes it.
+    pub fn on_lease_lost(&self, hook: Option<Box<dyn Fn(Option<u64>) + Send + Sync>>) {
+        self.inner.set_lease_lost_hook(hook);
+    }
+
     /// Fold every map object of the store that no process maps (write back its changed
     /// pages and remove it; `docs/ARCHITECTURE.md`, "Shared mappings"): `cairn stop`
     /// does this before stopping the daemon. Returns the number folded.

@@ -619,3 +619,74 @@ fn listings_with_attributes_on_a_caching_mount() {
         format!("- 1000 a\n- 2000 b\n- 3000 c\nl 1 a\nd {dir_size} sub\n")
     );
 }
+
+/// The mount caches names and attributes (default `cairn mount`), yet a program on it
+/// sees what other clients change at once: an open descriptor reads the new bytes and
+/// size an API client wrote, `stat` shows a new mode and owner, and names another client
+/// renames, removes or creates (also after a lookup cached the name as missing) follow
+/// within the moment the mount takes to drop them; and API clients see the mount's
+/// writes at once.
+#[test]
+fn cached_attributes_and_names_follow_other_clients() {
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+    let m = Mount::new();
+    let fs = m.store.fs();
+    fs.write("/f", vec![b'a'; 4096]).unwrap();
+    let p = m.path("f");
+    let f = std::fs::File::open(&p).unwrap();
+    let mut buf = [0u8; 4];
+    // Cache the attributes and the page.
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!((&buf, f.metadata().unwrap().len()), (b"aaaa", 4096));
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 4096);
+    for round in 0..20u8 {
+        // Another client writes in place and appends.
+        let g = cairn::OpenOptions::new()
+            .write(true)
+            .open(&fs, "/f")
+            .unwrap();
+        g.write_at(&[b'b' + round % 20; 4], 0).unwrap();
+        g.write_at(b"tail", 4096 + 4 * round as u64).unwrap();
+        drop(g);
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [b'b' + round % 20; 4], "round {round}: the new bytes");
+        let len = 4100 + 4 * round as u64;
+        assert_eq!(f.metadata().unwrap().len(), len, "round {round}: fstat");
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len(),
+            len,
+            "round {round}: stat"
+        );
+    }
+    fs.set_permissions("/f", cairn::Permissions::from_mode(0o600))
+        .unwrap();
+    fs.set_owner("/f", Some(123), Some(456)).unwrap();
+    let md = std::fs::metadata(&p).unwrap();
+    assert_eq!(
+        (md.permissions().mode() & 0o7777, md.uid(), md.gid()),
+        (0o600, 123, 456)
+    );
+    // Names: gone, moved, created after being looked up missing.
+    let eventually = |what: &str, cond: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !cond() {
+            assert!(
+                t.elapsed().as_secs() < 2,
+                "{what}: not seen through the mount"
+            );
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    };
+    assert!(!m.path("new").exists());
+    fs.write("/new", b"n").unwrap();
+    eventually("a new name", &|| m.path("new").exists());
+    fs.rename("/f", "/g").unwrap();
+    eventually("a renamed name", &|| !p.exists() && m.path("g").exists());
+    fs.remove_file("/new").unwrap();
+    eventually("a removed name", &|| !m.path("new").exists());
+    // The mount's writes, seen by an API client at once.
+    std::fs::write(m.path("fromfuse"), b"written on the mount").unwrap();
+    assert_eq!(fs.read("/fromfuse").unwrap(), b"written on the mount");
+    drop((f, fs));
+    m.umount();
+}

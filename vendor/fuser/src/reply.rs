@@ -175,6 +175,20 @@ impl Reply for ReplyEntry {
 
 impl ReplyEntry {
     /// Reply to a request with the given entry
+    /// Cairn patch: reply with separate timeouts for the entry (name) and the
+    /// attributes.
+    pub fn entry_ttls(self, entry_ttl: &Duration, attr_ttl: &Duration, attr: &FileAttr, generation: u64) {
+        self.reply.send_ll(&ll::Response::new_entry(
+            ll::INodeNo(attr.ino),
+            ll::Generation(generation),
+            &attr.into(),
+            *attr_ttl,
+            *entry_ttl,
+        ));
+    }
+
+    /// Reply to a request with the given entry (one timeout for the entry and the
+    /// attributes).
     pub fn entry(self, ttl: &Duration, attr: &FileAttr, generation: u64) {
         self.reply.send_ll(&ll::Response::new_entry(
             ll::INodeNo(attr.ino),
@@ -368,6 +382,28 @@ impl Reply for ReplyCreate {
 
 impl ReplyCreate {
     /// Reply to a request with the given entry
+    /// Cairn patch: reply with separate timeouts for the entry and the attributes.
+    pub fn created_ttls(
+        self,
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &FileAttr,
+        generation: u64,
+        fh: u64,
+        flags: u32,
+    ) {
+        self.reply.send_ll(&ll::Response::new_create_ttls(
+            entry_ttl,
+            attr_ttl,
+            &attr.into(),
+            ll::Generation(generation),
+            ll::FileHandle(fh),
+            flags,
+        ))
+    }
+
+    /// Reply to a request with a newly created file handle (one timeout for the entry
+    /// and the attributes).
     pub fn created(self, ttl: &Duration, attr: &FileAttr, generation: u64, fh: u64, flags: u32) {
         self.reply.send_ll(&ll::Response::new_create(
             ttl,
@@ -568,6 +604,33 @@ impl ReplyDirectoryPlus {
     /// Add an entry to the directory reply buffer. Returns true if the buffer is full.
     /// A transparent offset value can be provided for each entry. The kernel uses these
     /// value to request the next entries in further readdir calls
+    /// Cairn patch: [`ReplyDirectoryPlus::add`] with separate timeouts for the entry and
+    /// the attributes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_ttls<T: AsRef<OsStr>>(
+        &mut self,
+        ino: u64,
+        offset: i64,
+        name: T,
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &FileAttr,
+        generation: u64,
+    ) -> bool {
+        let name = name.as_ref();
+        self.buf.push(&DirEntryPlus::new(
+            INodeNo(ino),
+            Generation(generation),
+            DirEntOffset(offset),
+            name,
+            *entry_ttl,
+            attr.into(),
+            *attr_ttl,
+        ))
+    }
+
+    /// Add an entry to the directory reply buffer (one timeout for the entry and the
+    /// attributes). Returns true if the buffer is full.
     pub fn add<T: AsRef<OsStr>>(
         &mut self,
         ino: u64,

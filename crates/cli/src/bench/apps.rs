@@ -335,7 +335,7 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
     let shim_inner = PathBuf::from(format!("/bench-apps-{pid}"));
     // The mount, on a fresh mount point.
     let mp = tempfile_dir("cairn-bench-mnt")?;
-    crate::commands::mount::mount(Some(&store_dir), &mp, false, 0.0, true)?;
+    crate::commands::mount::mount(Some(&store_dir), &mp, false, Default::default(), true)?;
     let plain = |name: &str, dir: PathBuf| System {
         name: name.to_string(),
         dir,

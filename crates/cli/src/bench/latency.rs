@@ -189,18 +189,23 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
     preallocate(&shm_t, REGION).map_err(ctx("preallocate", &shm_path))?;
 
     let mp = super::apps::tempfile_dir("cairn-bench-latency-mnt")?;
-    let fuse_t = match crate::commands::mount::mount(Some(&store_dir), &mp, false, 0.0, true) {
-        Ok(()) => {
-            let p = mp.join(format!(".cairn-bench-fuse-{pid}"));
-            let t = HostTarget::create(p.clone(), true).map_err(ctx("create", &p))?;
-            preallocate(&t, REGION).map_err(ctx("preallocate", &p))?;
-            Some(t)
-        }
-        Err(e) => {
-            progress(format_args!("bench latency: no cairn-fuse row: {}\n", e.message));
-            None
-        }
-    };
+    let fuse_t =
+        match crate::commands::mount::mount(Some(&store_dir), &mp, false, Default::default(), true)
+        {
+            Ok(()) => {
+                let p = mp.join(format!(".cairn-bench-fuse-{pid}"));
+                let t = HostTarget::create(p.clone(), true).map_err(ctx("create", &p))?;
+                preallocate(&t, REGION).map_err(ctx("preallocate", &p))?;
+                Some(t)
+            }
+            Err(e) => {
+                progress(format_args!(
+                    "bench latency: no cairn-fuse row: {}\n",
+                    e.message
+                ));
+                None
+            }
+        };
     // (name, target, pwrite + fdatasync, capped like the host's device flushes)
     let mut systems: Vec<(&str, &dyn Target, bool, bool)> = vec![
         ("cairn", &cairn_t, false, false),

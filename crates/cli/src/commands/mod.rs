@@ -42,7 +42,14 @@ pub fn run(cli: Cli) -> CliResult {
             mountpoint,
             foreground,
             attr_timeout,
-        } => mount::mount(store, &mountpoint, foreground, attr_timeout, false),
+            entry_timeout,
+        } => {
+            let caching = cairn_fuse::Caching {
+                attr: std::time::Duration::from_secs_f64(attr_timeout),
+                entry: std::time::Duration::from_secs_f64(entry_timeout),
+            };
+            mount::mount(store, &mountpoint, foreground, caching, false)
+        }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Run { prefix, command } => run::run(store, &prefix, &command),
         Command::Bench { which } => match which {

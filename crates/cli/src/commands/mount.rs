@@ -22,13 +22,14 @@ fn canonical(mp: &Path) -> CliResult<PathBuf> {
 }
 
 /// `cairn mount`: serve the store at `mp`; in the background unless `foreground`. The
-/// kernel may cache attributes and entries for `attr_timeout` seconds. `quiet`: no
-/// "mounted" line (for `bench apps`, whose stdout may be JSON).
+/// kernel caches names and attributes as `caching` says (attributes not at all in a
+/// store with shared-write mode on: another writer does not revoke the mount's lease).
+/// `quiet`: no "mounted" line (for `bench apps`, whose stdout may be JSON).
 pub fn mount(
     store: Option<&Path>,
     mp: &Path,
     foreground: bool,
-    attr_timeout: f64,
+    caching: cairn_fuse::Caching,
     quiet: bool,
 ) -> CliResult {
     let mp = canonical(mp)?;
@@ -43,7 +44,15 @@ pub fn mount(
         // (LibFS reads the umask when the client opens).
         cairn_media::sys::set_umask(0);
         let fs = super::open_fs(store)?;
-        return cairn_fuse::serve(fs, &mp, Duration::from_secs_f64(attr_timeout))
+        let mut caching = caching;
+        let dir = cairn_area::StoreDir::new(fs.store_dir());
+        if dir.load_config().is_ok_and(|c| c.shared_write) {
+            eprintln!(
+                "cairn mount: shared-write mode is on in this store: attributes are not cached"
+            );
+            caching.attr = Duration::ZERO;
+        }
+        return cairn_fuse::serve(fs, &mp, caching)
             .map_err(|e| CliError::new(format!("mount {}: {e}", mp.display())));
     }
     // Background: the same command in the foreground, in its own process group, logging
@@ -62,7 +71,9 @@ pub fn mount(
     use std::os::unix::process::CommandExt;
     let mut child = cmd
         .args(["mount", "--foreground", "--attr-timeout"])
-        .arg(attr_timeout.to_string())
+        .arg(caching.attr.as_secs_f64().to_string())
+        .arg("--entry-timeout")
+        .arg(caching.entry.as_secs_f64().to_string())
         .arg(&mp)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)

@@ -182,6 +182,34 @@ impl<'a> Response<'a> {
     }
 
     // TODO: Can flags be more strongly typed?
+    /// Cairn patch: [`Response::new_create`] with separate entry and attribute timeouts.
+    pub(crate) fn new_create_ttls(
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &Attr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: u32,
+    ) -> Self {
+        let r = abi::fuse_create_out(
+            abi::fuse_entry_out {
+                nodeid: attr.attr.ino,
+                generation: generation.into(),
+                entry_valid: entry_ttl.as_secs(),
+                attr_valid: attr_ttl.as_secs(),
+                entry_valid_nsec: entry_ttl.subsec_nanos(),
+                attr_valid_nsec: attr_ttl.subsec_nanos(),
+                attr: attr.attr,
+            },
+            abi::fuse_open_out {
+                fh: fh.into(),
+                open_flags: flags,
+                padding: 0,
+            },
+        );
+        Self::from_struct(&r)
+    }
+
     pub(crate) fn new_create(
         ttl: &Duration,
         attr: &Attr,
