@@ -2387,15 +2387,17 @@ impl Inner {
             // then permissions and types.
             let wf = self.walk(st, from, false, &op)?;
             let wt = self.walk(st, to, false, &op)?;
+            // `/`, `.` or `..` as either last component: EBUSY (EEXIST for a destination
+            // with RENAME_NOREPLACE), as Linux's do_renameat2.
             let (Some(fname), Some(tname)) = (wf.name.clone(), wt.name.clone()) else {
-                let src_is_root = wf.found.is_some_and(|(i, _)| i == ROOT_INO);
+                let errno = if wf.name.is_some() && noreplace {
+                    libc::EEXIST
+                } else {
+                    libc::EBUSY
+                };
                 return Err(fs_err(
-                    if src_is_root {
-                        libc::EBUSY
-                    } else {
-                        libc::EINVAL
-                    },
-                    format!("{op}: invalid source or destination"),
+                    errno,
+                    format!("{op}: `/`, `.` or `..` cannot be renamed"),
                 ));
             };
             let (src, skind) = Self::need_found(&wf, &op)?;
@@ -2702,12 +2704,16 @@ impl Inner {
         })
     }
 
+    /// Set the access and/or modification time. `touch`: both to now (`utimensat` with
+    /// NULL times), which the owner or anyone with write permission may do (else
+    /// `EACCES`); other times are the owner's (else `EPERM`), as Linux.
     pub(crate) fn set_times(
         &self,
         p: At<'_>,
         follow: bool,
         atime: Option<i64>,
         mtime: Option<i64>,
+        touch: bool,
     ) -> io::Result<()> {
         let op = format!("set_times {}", p.display());
         self.run(|st| {
@@ -2717,7 +2723,13 @@ impl Inner {
                 return Ok(());
             }
             self.chattr(st, ino, &op, |cred, a| {
-                if !cred.owns(a) {
+                if touch && !cred.owns_or_writes(a) {
+                    return Err(fs_err(
+                        libc::EACCES,
+                        format!("{op}: neither the owner nor a writer"),
+                    ));
+                }
+                if !touch && !cred.owns(a) {
                     return Err(fs_err(libc::EPERM, format!("{op}: not the owner")));
                 }
                 if let Some(t) = atime {

@@ -369,7 +369,16 @@ impl Fs {
             true,
             atime.map(meta::time_ns),
             mtime.map(meta::time_ns),
+            false,
         )
+    }
+
+    /// Set both times to now (`utimensat` with NULL times, `touch`): the owner, root or
+    /// anyone with write permission may (else `EACCES`). `follow`: a final symlink is
+    /// followed.
+    pub fn touch(&self, p: impl Loc, follow: bool) -> io::Result<()> {
+        let now = Some(meta::now_ns());
+        self.inner.set_times(p.at(), follow, now, now, true)
     }
 
     /// [`Fs::set_times`] of a symlink itself (`utimensat` with `AT_SYMLINK_NOFOLLOW`).
@@ -384,6 +393,7 @@ impl Fs {
             false,
             atime.map(meta::time_ns),
             mtime.map(meta::time_ns),
+            false,
         )
     }
 

@@ -548,8 +548,8 @@ pub unsafe extern "C" fn futimens(fd: c_int, ts: *const libc::timespec) -> c_int
         fd,
         || unsafe { real::futimens(fd, ts) },
         |o| {
-            let (a, m) = unsafe { crate::abi_path::times_of(ts) }?;
-            ok0(ops::set_times(&inode_path(&o), a, m, true))
+            let t = unsafe { crate::abi_path::times_of(ts) }?;
+            ok0(ops::set_times(&inode_path(&o), t, true))
         },
     )
 }

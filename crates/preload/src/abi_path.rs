@@ -757,18 +757,19 @@ pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc
     unsafe { fchownat(FDCWD, path, uid, gid, libc::AT_SYMLINK_NOFOLLOW) }
 }
 
-type Times = (Option<SystemTime>, Option<SystemTime>);
-
-/// The two times of a `utimensat` argument (NULL: both now).
-pub unsafe fn times_of(ts: *const libc::timespec) -> io::Result<Times> {
+/// The two times of a `utimensat` argument (NULL: both now), and whether both are now
+/// (a "touch", which write permission allows).
+pub unsafe fn times_of(ts: *const libc::timespec) -> io::Result<ops::Times> {
     if ts.is_null() {
         let now = SystemTime::now();
-        return Ok((Some(now), Some(now)));
+        return Ok((Some(now), Some(now), true));
     }
     let t = unsafe { std::slice::from_raw_parts(ts, 2) };
+    let touch = t[0].tv_nsec == libc::UTIME_NOW && t[1].tv_nsec == libc::UTIME_NOW;
     Ok((
         ops::time_arg(t[0].tv_sec, t[0].tv_nsec)?,
         ops::time_arg(t[1].tv_sec, t[1].tv_nsec)?,
+        touch,
     ))
 }
 
@@ -803,11 +804,9 @@ pub unsafe extern "C" fn utimensat(
             path,
             |p| real::utimensat(dirfd, p, ts, fl),
             |cp| {
-                let (a, m) = times_of(ts)?;
                 ok0(ops::set_times(
                     cp,
-                    a,
-                    m,
+                    times_of(ts)?,
                     fl & libc::AT_SYMLINK_NOFOLLOW == 0,
                 ))
             },
@@ -825,8 +824,8 @@ pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -
             |p| real::utimes(p, tv),
             |cp| {
                 let ts = timespecs_of(tv);
-                let (a, m) = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
-                ok0(ops::set_times(cp, a, m, true))
+                let t = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
+                ok0(ops::set_times(cp, t, true))
             },
         )
     }
@@ -842,8 +841,8 @@ pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) 
             |p| real::lutimes(p, tv),
             |cp| {
                 let ts = timespecs_of(tv);
-                let (a, m) = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
-                ok0(ops::set_times(cp, a, m, false))
+                let t = times_of(ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()))?;
+                ok0(ops::set_times(cp, t, false))
             },
         )
     }
@@ -858,13 +857,17 @@ pub unsafe extern "C" fn utime(path: *const c_char, t: *const libc::utimbuf) -> 
             path,
             |p| real::utime(p, t),
             |cp| {
-                let (a, m) = if t.is_null() {
+                let times = if t.is_null() {
                     times_of(std::ptr::null())?
                 } else {
                     let t = &*t;
-                    (ops::time_arg(t.actime, 0)?, ops::time_arg(t.modtime, 0)?)
+                    (
+                        ops::time_arg(t.actime, 0)?,
+                        ops::time_arg(t.modtime, 0)?,
+                        false,
+                    )
                 };
-                ok0(ops::set_times(cp, a, m, true))
+                ok0(ops::set_times(cp, times, true))
             },
         )
     }

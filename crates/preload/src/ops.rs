@@ -90,10 +90,17 @@ pub fn classify(dirfd: c_int, path: &[u8]) -> io::Result<Where> {
     } else {
         match table::get(dirfd) {
             None => return Ok(Where::Host(None)),
+            Some(_) if path.is_empty() => {
+                // `AT_EMPTY_PATH` is handled before; without it, as Linux.
+                return Err(err(libc::ENOENT, "empty path"));
+            }
             Some(o) if !o.dir => return Err(err(libc::ENOTDIR, "not a directory")),
             Some(o) => (o.ino, o.path.clone()),
         }
     };
+    if path.is_empty() {
+        return Err(err(libc::ENOENT, "empty path"));
+    }
     if let Some(b) = &base {
         if paths::climbs_out(b, path, prefix) {
             return Ok(Where::Host(Some(paths::join_lexical(b, path))));
@@ -611,12 +618,11 @@ pub fn time_arg(sec: i64, nsec: i64) -> io::Result<Option<SystemTime>> {
     }
 }
 
-pub fn set_times(
-    cp: &CPath,
-    a: Option<SystemTime>,
-    m: Option<SystemTime>,
-    follow: bool,
-) -> io::Result<()> {
+/// The times of a `utimensat`-like call: access and modification time (`None`: omitted),
+/// and whether both are "now" (which write permission allows).
+pub type Times = (Option<SystemTime>, Option<SystemTime>, bool);
+
+pub fn set_times(cp: &CPath, (a, m, touch): Times, follow: bool) -> io::Result<()> {
     let fs = fs()?;
     if a.is_none() && m.is_none() {
         return if follow {
@@ -624,6 +630,9 @@ pub fn set_times(
         } else {
             fs.symlink_metadata(cp.at()).map(drop)
         };
+    }
+    if touch {
+        return fs.touch(cp.at(), follow);
     }
     if follow {
         fs.set_times(cp.at(), a, m)

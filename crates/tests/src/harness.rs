@@ -124,6 +124,35 @@ impl TestStore {
         TestStore { dir }
     }
 
+    /// A new store (64 MiB of NVM, 4 clients) made by root with `--trusted-group gid`,
+    /// so that members of `gid` may use it through LibFS.
+    pub fn with_trusted_group(gid: u32) -> TestStore {
+        let s = TestStore::with_size(StoreSize::default());
+        // Re-make it with the trusted group.
+        s.stop();
+        let out = Command::new(cairn_bin())
+            .args(["mkfs", "--force", "--store"])
+            .arg(s.path())
+            .args([
+                "--nvm-size",
+                "64M",
+                "--log-size",
+                "1M",
+                "--max-clients",
+                "4",
+            ])
+            .args(["--trusted-group", &gid.to_string()])
+            .output()
+            .expect("run cairn mkfs");
+        assert!(
+            out.status.success(),
+            "mkfs --trusted-group: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("group {gid}")));
+        s
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }

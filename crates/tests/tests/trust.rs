@@ -13,7 +13,7 @@ use cairn::Permissions;
 use cairn_format::inode::{Attrs, Kind};
 use cairn_format::log::{self, Record};
 use cairn_proto::{Request, Response};
-use cairn_tests::harness::{cairn_bin, StoreSize};
+use cairn_tests::harness::cairn_bin;
 use cairn_tests::raw::RawClient;
 use cairn_tests::TestStore;
 use std::os::unix::process::CommandExt;
@@ -29,30 +29,7 @@ fn is_root() -> bool {
 
 /// A store made by root with `--trusted-group 4242`.
 fn group_store() -> TestStore {
-    let s = TestStore::with_size(StoreSize::default());
-    // Re-make it with the trusted group (the harness has no option for it).
-    s.stop();
-    let out = Command::new(cairn_bin())
-        .args(["mkfs", "--force", "--store"])
-        .arg(s.path())
-        .args([
-            "--nvm-size",
-            "64M",
-            "--log-size",
-            "1M",
-            "--max-clients",
-            "4",
-        ])
-        .args(["--trusted-group", &GROUP.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mkfs --trusted-group: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("group 4242"));
-    s
+    TestStore::with_trusted_group(GROUP)
 }
 
 fn cairn_as(store: &Path, uid: u32, gid: u32, args: &[&str]) -> std::process::Output {
