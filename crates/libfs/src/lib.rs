@@ -43,7 +43,8 @@ pub use conn::set_daemon_binary;
 pub use file::{File, OpenOptions};
 pub use fs::mapobj::{map_object_files, MapMut, MapObject, MAP_OBJECT_DIR};
 pub use fs::special::{
-    cairn_mounts, major_minor, makedev, mount_fsname, rendezvous_files, CairnMount,
+    cairn_mounts, major_minor, makedev, mount_fsname, rendezvous_files, unescape_mountinfo,
+    CairnMount,
 };
 pub use fs::At;
 pub use lock::{FlockOp, LockInfo, LockKind, LockType};

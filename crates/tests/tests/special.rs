@@ -13,6 +13,25 @@ fn errno(e: &std::io::Error) -> i32 {
     cairn_area::errno_of(e)
 }
 
+/// Start `script` through the shim and wait for its first line of output.
+fn spawn_and_read_line(
+    store: &TestStore,
+    script: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+) {
+    let mut child = run_cmd(store, script)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    (child, out, line)
+}
+
 /// Every special type is an inode: created, listed with its type, renamed, linked,
 /// chmod'ed, chown'ed and removed like a file; kept across a daemon restart; bad types
 /// and device numbers refused; opened through `open_special` with a FIFO's semantics.
@@ -173,7 +192,7 @@ print(sorted((e.name, e.is_file(), e.is_dir()) for e in os.scandir('/cairn')))
 #[test]
 fn socket_server_and_client_through_the_shim() {
     let store = TestStore::new();
-    let mut server = run_cmd(
+    let (mut server, mut out, mut line) = spawn_and_read_line(
         &store,
         r#"exec python3 -c '
 import os, socket, stat, sys
@@ -189,13 +208,7 @@ for _ in range(2):
     c.close()
 print(d.recv(100).decode(), flush=True)
 '"#,
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    );
     assert_eq!(line, "True\n");
     for _ in 0..2 {
         let got = python(
@@ -328,7 +341,7 @@ fn special_files_through_the_mount_and_mixed() {
         );
     }
     // A socket: a server bound through the shim, a client on the mount (no shim).
-    let mut server = run_cmd(
+    let (mut server, _out, line) = spawn_and_read_line(
         &m.store,
         r#"exec python3 -c '
 import socket
@@ -339,13 +352,7 @@ print("ready", flush=True)
 c, _ = s.accept()
 c.sendall(c.recv(10) + b"!")
 '"#,
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    );
     assert_eq!(line, "ready\n");
     let mut c = std::os::unix::net::UnixStream::connect(mp.join("mixsock")).unwrap();
     c.write_all(b"mount").unwrap();

@@ -6,31 +6,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Undo mountinfo's octal escapes (`\040` for a space, …).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') as u32 * 64
-                + (b[i + 2] - b'0') as u32 * 8
-                + (b[i + 3] - b'0') as u32;
-            if let Ok(byte) = u8::try_from(v) {
-                out.push(byte);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The type of the mount that holds `path` (absolute, canonical) according to the
 /// mountinfo text: the deepest mount point that is a prefix of `path`, the last one listed
 /// when several are mounted on the same point.
@@ -46,7 +21,11 @@ pub fn fs_type_from_mountinfo(mountinfo: &str, path: &Path) -> Option<String> {
         let Some(fstype) = right.split_whitespace().next() else {
             continue;
         };
-        let mp = PathBuf::from(unescape(mount_point));
+        let mp = PathBuf::from(
+            <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
+                cairn::unescape_mountinfo(mount_point),
+            ),
+        );
         if !path.starts_with(&mp) {
             continue;
         }

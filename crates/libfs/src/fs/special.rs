@@ -126,8 +126,9 @@ fn host_device(kind: Kind, rdev: u64) -> io::Result<PathBuf> {
     Ok(Path::new("/dev").join(name))
 }
 
-/// Unescape a field of `/proc/self/mountinfo` (`\040` and the like).
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
+/// Undo the octal escapes of a `/proc/self/mountinfo` field (`\040` for a space, …);
+/// an escape that is not a byte stays as it is.
+pub fn unescape_mountinfo(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -136,12 +137,17 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
             && i + 3 < b.len()
             && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+            let v = u32::from(b[i + 1] - b'0') * 64
+                + u32::from(b[i + 2] - b'0') * 8
+                + u32::from(b[i + 3] - b'0');
+            if let Ok(byte) = u8::try_from(v) {
+                out.push(byte);
+                i += 4;
+                continue;
+            }
         }
+        out.push(b[i]);
+        i += 1;
     }
     out
 }
@@ -493,5 +499,6 @@ mod tests {
         assert_eq!(unescape_mountinfo(r"/a\040b"), b"/a b");
         assert_eq!(unescape_mountinfo(r"/a\\"), br"/a\\");
         assert_eq!(unescape_mountinfo("/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(r"/a\777"), br"/a\777", "not a byte");
     }
 }
