@@ -472,6 +472,15 @@ mod tests {
         let c = crc(&b[..SB_CRC_OFF_V1]);
         le::put_u32(&mut b, SB_CRC_OFF_V1, c);
         assert_eq!(Superblock::decode(&b, 64 << 20).unwrap(), sb);
+        // A version-2 superblock (the layout of version 3, before special files) too;
+        // an unknown version does not.
+        let mut b2 = sb.encode();
+        for (v, ok) in [(2, true), (4, false)] {
+            le::put_u32(&mut b2, 8, v);
+            let c = crc(&b2[..SB_CRC_OFF]);
+            le::put_u32(&mut b2, SB_CRC_OFF, c);
+            assert_eq!(Superblock::decode(&b2, 64 << 20).is_ok(), ok, "version {v}");
+        }
 
         let mut p = params();
         p.tiers[0] = TierGeom {
