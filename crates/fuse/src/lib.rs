@@ -138,6 +138,11 @@ struct Inner {
     /// The names the kernel may cache (positive and negative entries), per directory:
     /// dropped when the mount loses its lease on the directory.
     names: Arc<Names>,
+    /// Leases lost so far (bumped before the kernel's copies are dropped). A reply built
+    /// while one was lost may carry what the lost lease protected: it is sent with no
+    /// caching ([`Inner::caching_since`]), so that the kernel does not keep it after the
+    /// invalidation went by.
+    lost: Arc<AtomicU64>,
     /// Whether new files go to the calling user (the mount runs as root).
     chown_new: bool,
     files: Mutex<HashMap<u64, Arc<File>>>,
@@ -182,6 +187,7 @@ impl CairnFuse {
                 caching,
                 known: Arc::new(Mutex::new(HashMap::new())),
                 names: Arc::new(Names::default()),
+                lost: Arc::new(AtomicU64::new(0)),
                 chown_new: euid() == 0,
                 files: Mutex::new(HashMap::new()),
                 dirs: Mutex::new(HashMap::new()),
@@ -252,8 +258,9 @@ impl Inner {
     /// may cache when `negative` (a lookup). Entries are cached only while their name is
     /// tracked for invalidation ([`Names`]).
     fn entry_or_negative(&self, at: At<'_>, reply: ReplyEntry, negative: bool) {
+        let e0 = self.epoch();
         let r = self.fs.symlink_metadata(at);
-        let c = &self.caching;
+        let c = &self.caching_since(e0);
         let cached = !c.entry.is_zero() && !at.is_inode() && self.names.track(at.dir, at.path);
         let entry_ttl = if cached { c.entry } else { Duration::ZERO };
         match r {
@@ -282,6 +289,25 @@ impl Inner {
                 reply.entry_ttls(&entry_ttl, &Duration::ZERO, &none, 0)
             }
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// The count of lost leases, to pass to [`Inner::caching_since`] (read before the
+    /// client is asked).
+    fn epoch(&self) -> u64 {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// The caching for a reply built since [`Inner::epoch`] answered `e0`: none if a
+    /// lease was lost meanwhile.
+    fn caching_since(&self, e0: u64) -> Caching {
+        if self.epoch() == e0 {
+            self.caching
+        } else {
+            Caching {
+                entry: Duration::ZERO,
+                attr: Duration::ZERO,
+            }
         }
     }
 
@@ -545,9 +571,12 @@ impl Filesystem for CairnFuse {
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         let s = self.inner.clone();
-        inline(move || match s.fs.symlink_metadata(At::inode(ino)) {
-            Ok(m) => reply.attr(&s.caching.attr, &attr_of(&m)),
-            Err(e) => reply.error(errno(&e)),
+        inline(move || {
+            let e0 = s.epoch();
+            match s.fs.symlink_metadata(At::inode(ino)) {
+                Ok(m) => reply.attr(&s.caching_since(e0).attr, &attr_of(&m)),
+                Err(e) => reply.error(errno(&e)),
+            }
         });
     }
 
@@ -579,8 +608,9 @@ impl Filesystem for CairnFuse {
                 atime,
                 mtime,
             };
+            let e0 = s.epoch();
             match s.setattr_inner(ino, c, fh) {
-                Ok(m) => reply.attr(&s.caching.attr, &attr_of(&m)),
+                Ok(m) => reply.attr(&s.caching_since(e0).attr, &attr_of(&m)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -926,12 +956,13 @@ impl Filesystem for CairnFuse {
             let Some(l) = lock(&s.dirs).get(&fh).cloned() else {
                 return reply.error(libc::EBADF);
             };
+            let e0 = s.epoch();
             for (i, (ino, _, name)) in l.entries.iter().enumerate().skip(offset as usize) {
                 let Ok(m) = s.fs.symlink_metadata(At::inode(*ino)) else {
                     continue;
                 };
                 let name = OsStr::from_bytes(name);
-                let c = &s.caching;
+                let c = &s.caching_since(e0);
                 let attr = attr_of(&m);
                 let dot = name == "." || name == "..";
                 let tracked = !c.entry.is_zero() && !dot && s.names.track(dir, Path::new(name));
@@ -1103,6 +1134,7 @@ impl Filesystem for CairnFuse {
         inline(move || {
             let name = name.as_os_str();
             let at = name_at(parent, name);
+            let e0 = s.epoch();
             let acc = flags & libc::O_ACCMODE;
             let r = OpenOptions::new()
                 .read(acc != libc::O_WRONLY)
@@ -1122,8 +1154,10 @@ impl Filesystem for CairnFuse {
                     let fh = s.fh();
                     lock(&s.files).insert(fh, Arc::new(f));
                     s.looked_up(m.ino());
-                    let c = &s.caching;
-                    reply.created_ttls(&c.entry, &c.attr, &attr_of(&m), 0, fh, 0);
+                    let c = &s.caching_since(e0);
+                    let tracked = !c.entry.is_zero() && s.names.track(parent, Path::new(name));
+                    let entry_ttl = if tracked { c.entry } else { Duration::ZERO };
+                    reply.created_ttls(&entry_ttl, &c.attr, &attr_of(&m), 0, fh, 0);
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1181,7 +1215,9 @@ pub fn serve(fs: Fs, mountpoint: &Path, caching: Caching) -> io::Result<()> {
         })?;
     let known = inner.known.clone();
     let names = inner.names.clone();
+    let lost = inner.lost.clone();
     inner.fs.on_lease_lost(Some(Box::new(move |ino| {
+        lost.fetch_add(1, Ordering::SeqCst);
         let inos: Vec<u64> = match ino {
             Some(i) => vec![i],
             None => lock(&known).keys().copied().collect(),

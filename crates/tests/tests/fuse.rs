@@ -684,9 +684,14 @@ fn cached_attributes_and_names_follow_other_clients() {
     eventually("a renamed name", &|| !p.exists() && m.path("g").exists());
     fs.remove_file("/new").unwrap();
     eventually("a removed name", &|| !m.path("new").exists());
-    // The mount's writes, seen by an API client at once.
+    // The mount's writes, seen by an API client at once; a name the mount created,
+    // renamed by the API.
     std::fs::write(m.path("fromfuse"), b"written on the mount").unwrap();
     assert_eq!(fs.read("/fromfuse").unwrap(), b"written on the mount");
+    fs.rename("/fromfuse", "/moved").unwrap();
+    eventually("a name the mount created, renamed", &|| {
+        !m.path("fromfuse").exists() && m.path("moved").exists()
+    });
     drop((f, fs));
     m.umount();
 }
