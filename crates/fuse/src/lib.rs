@@ -1118,6 +1118,45 @@ impl Filesystem for CairnFuse {
         });
     }
 
+    /// `O_TMPFILE`: an unnamed file ([`OpenOptions::tmpfile`]), given to the caller; the
+    /// kernel names it later with `link` (which LibFS allows for a linkable unnamed
+    /// file) unless it was opened `O_EXCL`.
+    fn tmpfile(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let req = Caller(req.uid(), req.gid());
+        let s = self.inner.clone();
+        inline(move || {
+            let acc = flags & libc::O_ACCMODE;
+            let r = OpenOptions::new()
+                .read(acc == libc::O_RDWR)
+                .write(true)
+                .mode(mode & !umask & 0o7777)
+                .tmpfile(&s.fs, At::inode(parent), flags & libc::O_EXCL == 0)
+                .and_then(|f| {
+                    let at = At::inode(f.metadata()?.ino());
+                    s.own(req, parent, at, false)?;
+                    Ok((f, s.fs.symlink_metadata(at)?))
+                });
+            match r {
+                Ok((f, m)) => {
+                    let fh = s.fh();
+                    lock(&s.files).insert(fh, Arc::new(f));
+                    s.looked_up(m.ino());
+                    let attr = s.caching.attr;
+                    reply.created_ttls(&Duration::ZERO, &attr, &attr_of(&m), 0, fh, 0);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
     fn create(
         &mut self,
         req: &Request<'_>,

@@ -405,7 +405,7 @@ int main(void) {
     );
 }
 
-/// `O_TMPFILE` through the shim answers as on the host file system
+/// `O_TMPFILE` through the shim and on the mount answers as on the host file system
 /// (`scripts/tmpfile_check.py`: named through `/proc/self/fd` and `AT_EMPTY_PATH`,
 /// `O_EXCL`, errors); an unnamed file is freed when its last descriptor closes, and when
 /// its process is killed; through the API it is a `File` that `link` names.
@@ -428,6 +428,22 @@ fn unnamed_files_with_o_tmpfile() {
     };
     let got = cairn_tests::shim::sh(&store, &format!("python3 {script} /cairn"));
     assert_eq!(got, String::from_utf8_lossy(&want.stdout));
+    // The same on the mount (in its own directory; the store's counts below are the
+    // shim's run's, the mount's unnamed files being gone when it returns).
+    {
+        let m = cairn_tests::mount::Mount::of(TestStore::new(), &[]);
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .arg(m.dir())
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&want.stdout),
+            "on the mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // Root, /tdir, named, second: the two unnamed ones that got no name are gone.
     assert_eq!(used(), 4);
     // A process holding a large unnamed file is killed: the daemon frees it.

@@ -792,6 +792,25 @@ pub trait Filesystem {
         reply.error(ENOSYS);
     }
 
+    /// Cairn patch: create and open an unnamed file in directory `parent` (`O_TMPFILE`;
+    /// the kernel names it later with `link` unless `flags` has `O_EXCL`). Answer as
+    /// `create`; `ENOSYS` makes the kernel answer `EOPNOTSUPP` from then on.
+    fn tmpfile(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        debug!(
+            "[Not Implemented] tmpfile(parent: {:#x?}, mode: {}, umask: {:#x?}, flags: {:#x?})",
+            parent, mode, umask, flags
+        );
+        reply.error(ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &mut self,

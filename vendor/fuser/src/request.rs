@@ -454,6 +454,17 @@ impl<'a> Request<'a> {
                     self.reply(),
                 );
             }
+            ll::Operation::TmpFile(x) => {
+                // Cairn patch: `O_TMPFILE`.
+                se.filesystem.tmpfile(
+                    self,
+                    self.request.nodeid().into(),
+                    x.mode(),
+                    x.umask(),
+                    x.flags(),
+                    self.reply(),
+                );
+            }
             ll::Operation::GetLk(x) => {
                 se.filesystem.getlk(
                     self,
