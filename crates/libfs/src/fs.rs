@@ -340,6 +340,9 @@ pub(crate) struct Tx {
     /// Overlay only: file ranges `[start, end)` that read as zeros (beyond a size that
     /// shrank or grew, a punched hole).
     zero: Vec<(u64, u64, u64)>,
+    /// FIFOs and sockets whose last link the transaction removes: their host rendezvous
+    /// go once it is committed.
+    gone: Vec<(Kind, u64, u64)>,
 }
 
 impl Tx {
@@ -1203,6 +1206,12 @@ impl Inner {
         fence();
         if !med.is_empty() {
             self.commit_mediated(st, lsn, len, &med)?;
+        }
+        // Committed.
+        for &(kind, ino, gen) in &tx.gone {
+            self.drop_rendezvous(kind, ino, gen);
+        }
+        if !med.is_empty() {
             st.seq += 1;
             st.tail = lsn + len as u64;
             // Digested: nothing of it (or before it) belongs in the overlay. (Committed:
@@ -2226,8 +2235,8 @@ impl Inner {
                 st.orphans.insert(ino);
                 return Ok(());
             }
-            if a.nlink == 0 {
-                self.drop_rendezvous(a.kind, ino, gen);
+            if a.nlink == 0 && matches!(a.kind, Kind::Fifo | Kind::Socket) {
+                tx.gone.push((a.kind, ino, gen));
             }
         }
         tx.inode(ino, gen, a);

@@ -21,6 +21,7 @@
 //! when its inode's last link goes, and `cairn stop` removes those of inodes that no
 //! longer exist (a crash between the two).
 
+use super::mapobj::{store_uuid, uuid_hex};
 use super::{At, CreateOpts, Inner, State};
 use crate::meta::{R, W};
 use cairn_area::{errno_of, fs_err};
@@ -51,8 +52,7 @@ pub fn major_minor(dev: u64) -> (u64, u64) {
 
 /// The rendezvous name prefix of a store's FIFOs (`fifo`) or sockets (`sock`).
 fn rendezvous_prefix(uuid: &[u8; 16], what: &str) -> String {
-    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!("cairn-{hex}.{what}-")
+    format!("cairn-{}.{what}-", uuid_hex(uuid))
 }
 
 fn rendezvous_path(uuid: &[u8; 16], kind: Kind, ino: u64, gen: u64) -> PathBuf {
@@ -63,10 +63,7 @@ fn rendezvous_path(uuid: &[u8; 16], kind: Kind, ino: u64, gen: u64) -> PathBuf {
 
 /// The host rendezvous files (FIFOs and sockets) of the store at `store_dir`.
 pub fn rendezvous_files(store_dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let cfg = cairn_area::StoreDir::new(store_dir).load_config()?;
-    let area = cairn_area::Area::open(&std::fs::File::open(&cfg.nvm_path)?, false)?;
-    let uuid = area.superblock().uuid;
-    Ok(list_rendezvous(&uuid)
+    Ok(list_rendezvous(&store_uuid(store_dir)?)
         .into_iter()
         .map(|(p, ..)| p)
         .collect())
@@ -216,6 +213,8 @@ fn mount_point(store_dir: &Path) -> Option<PathBuf> {
 struct Target {
     kind: Kind,
     path: PathBuf,
+    /// `path` is the inode's rendezvous (else the mount's path or a host device).
+    rendezvous: bool,
 }
 
 impl Inner {
@@ -342,17 +341,23 @@ impl Inner {
             if !self.cred.may(&a, want) {
                 return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
             }
-            let path = if kind.is_device() {
-                host_device(kind, a.rdev).map_err(|e| fs_err(libc::ENXIO, format!("{op}: {e}")))?
+            let (path, rendezvous) = if kind.is_device() {
+                let p = host_device(kind, a.rdev)
+                    .map_err(|e| fs_err(libc::ENXIO, format!("{op}: {e}")))?;
+                (p, false)
             } else if let Some(name) = w.name.as_deref() {
                 match self.mount_path(st, w.parent, name, op)? {
-                    Some(m) => m,
-                    None => rendezvous_path(&self.uuid(), kind, ino, gen),
+                    Some(m) => (m, false),
+                    None => (rendezvous_path(&self.uuid(), kind, ino, gen), true),
                 }
             } else {
                 return Err(fs_err(libc::EINVAL, format!("{op}: not a special file")));
             };
-            Ok(Target { kind, path })
+            Ok(Target {
+                kind,
+                path,
+                rendezvous,
+            })
         })
     }
 
@@ -373,9 +378,8 @@ impl Inner {
                 format!("{op}: a socket is not opened, it is connected to"),
             ));
         }
-        if t.kind == Kind::Fifo && !t.path.starts_with(super::mapobj::MAP_OBJECT_DIR) {
-            // Through the mount: the kernel's pipe of the mounted inode.
-        } else if t.kind == Kind::Fifo {
+        // Through the mount the kernel's pipe of the mounted inode is there already.
+        if t.kind == Kind::Fifo && t.rendezvous {
             make_fifo(&t.path).map_err(|e| {
                 fs_err(
                     e.raw_os_error().unwrap_or(libc::EIO),
@@ -437,11 +441,10 @@ impl Inner {
         Ok(t.path)
     }
 
-    /// Remove the rendezvous of FIFO or socket `ino` (its last link is gone).
+    /// Remove the rendezvous of FIFO or socket `ino` (the removal of its last link is
+    /// committed).
     pub(super) fn drop_rendezvous(&self, kind: Kind, ino: u64, gen: u64) {
-        if matches!(kind, Kind::Fifo | Kind::Socket) {
-            let _ = std::fs::remove_file(rendezvous_path(&self.uuid(), kind, ino, gen));
-        }
+        let _ = std::fs::remove_file(rendezvous_path(&self.uuid(), kind, ino, gen));
     }
 
     /// Remove the rendezvous of FIFOs and sockets that no longer exist (`cairn stop`).
