@@ -365,13 +365,7 @@ impl Fs {
         atime: Option<SystemTime>,
         mtime: Option<SystemTime>,
     ) -> io::Result<()> {
-        self.inner.set_times(
-            p.at(),
-            true,
-            atime.map(meta::time_ns),
-            mtime.map(meta::time_ns),
-            false,
-        )
+        self.times(p.at(), true, atime, mtime)
     }
 
     /// Set both times to now (`utimensat` with NULL times, `touch`): the owner, root or
@@ -389,13 +383,18 @@ impl Fs {
         atime: Option<SystemTime>,
         mtime: Option<SystemTime>,
     ) -> io::Result<()> {
-        self.inner.set_times(
-            p.at(),
-            false,
-            atime.map(meta::time_ns),
-            mtime.map(meta::time_ns),
-            false,
-        )
+        self.times(p.at(), false, atime, mtime)
+    }
+
+    fn times(
+        &self,
+        p: At<'_>,
+        follow: bool,
+        atime: Option<SystemTime>,
+        mtime: Option<SystemTime>,
+    ) -> io::Result<()> {
+        let (a, m) = (atime.map(meta::time_ns), mtime.map(meta::time_ns));
+        self.inner.set_times(p, follow, a, m, false)
     }
 
     /// The whole contents of a file.

@@ -974,16 +974,9 @@ pub fn exec_plan(cp: &CPath) -> io::Result<ExecPlan> {
         if size > MAX_EXEC_BYTES {
             return Err(err(libc::ENOMEM, "execve: program larger than 1 GiB"));
         }
-        let mut bytes = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < bytes.len() {
-            let k = f.read_at(&mut bytes[done..], done as u64)?;
-            if k == 0 {
-                break;
-            }
-            done += k;
-        }
-        bytes.truncate(done);
+        let mut bytes = Vec::with_capacity(size as usize);
+        // From the start: `read_at` above left the position there.
+        std::io::Read::read_to_end(&mut &f, &mut bytes)?;
         return Ok(ExecPlan::Elf(bytes));
     }
     Err(err(

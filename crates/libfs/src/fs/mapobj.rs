@@ -43,10 +43,21 @@ pub const MAP_OBJECT_DIR: &str = "/dev/shm";
 const STEP: usize = 256 << 10;
 const PAGE: usize = 4096;
 
+/// A store's UUID in 32 lowercase hex digits, as host objects' names carry it.
+pub(super) fn uuid_hex(uuid: &[u8; 16]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The UUID of the store at `store_dir` (from its superblock, without a client).
+pub(super) fn store_uuid(store_dir: &Path) -> io::Result<[u8; 16]> {
+    let cfg = cairn_area::StoreDir::new(store_dir).load_config()?;
+    let area = cairn_area::Area::open(&File::open(&cfg.nvm_path)?, false)?;
+    Ok(area.superblock().uuid)
+}
+
 /// The name prefix of a store's map objects.
 pub(crate) fn object_prefix(uuid: &[u8; 16]) -> String {
-    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!("cairn-{hex}.map-")
+    format!("cairn-{}.map-", uuid_hex(uuid))
 }
 
 fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
@@ -397,9 +408,7 @@ fn dirty_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
 /// named by the UUID in its NVM file's superblock: whether `cairn stop` has any to fold,
 /// and what is left behind when a store is deleted without `cairn stop`.
 pub fn map_object_files(store_dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let cfg = cairn_area::StoreDir::new(store_dir).load_config()?;
-    let area = cairn_area::Area::open(&File::open(&cfg.nvm_path)?, false)?;
-    let prefix = object_prefix(&area.superblock().uuid);
+    let prefix = object_prefix(&store_uuid(store_dir)?);
     let mut out = Vec::new();
     for e in std::fs::read_dir(MAP_OBJECT_DIR)?.flatten() {
         if e.file_name().to_string_lossy().starts_with(&prefix) {
