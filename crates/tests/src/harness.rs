@@ -23,6 +23,20 @@ pub fn cairn_bin() -> PathBuf {
     );
 }
 
+/// Run `cmd`; its stdout. Fails the test, with `what` and the command's stderr, unless
+/// it succeeds.
+pub fn output_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Make sure LibFS auto-starts daemons from the binary under test.
 pub fn export_cairn_bin() {
     if std::env::var_os("CAIRN_BIN").is_none() {

@@ -1,6 +1,6 @@
 //! A store mounted with `cairn mount` for the duration of a test.
 
-use crate::harness::cairn_bin;
+use crate::harness::{cairn_bin, output_ok};
 use crate::TestStore;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,18 +25,14 @@ impl Mount {
     /// Mount `store` with these extra `cairn mount` options.
     pub fn of(store: TestStore, options: &[&str]) -> Mount {
         let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(cairn_bin())
-            .arg("--store")
-            .arg(store.path())
-            .arg("mount")
-            .args(options)
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cairn mount failed (is fuse3 installed? scripts/setup.sh): {}",
-            String::from_utf8_lossy(&out.stderr)
+        output_ok(
+            Command::new(cairn_bin())
+                .arg("--store")
+                .arg(store.path())
+                .arg("mount")
+                .args(options)
+                .arg(dir.path()),
+            "cairn mount failed (is fuse3 installed? scripts/setup.sh)",
         );
         Mount { store, dir }
     }
@@ -53,15 +49,9 @@ impl Mount {
 
     /// Unmount with `cairn umount` (the test fails if that fails).
     pub fn umount(&self) {
-        let out = Command::new(cairn_bin())
-            .arg("umount")
-            .arg(self.dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cairn umount: {}",
-            String::from_utf8_lossy(&out.stderr)
+        output_ok(
+            Command::new(cairn_bin()).arg("umount").arg(self.dir.path()),
+            "cairn umount",
         );
     }
 }

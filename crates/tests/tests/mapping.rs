@@ -37,17 +37,12 @@ impl Script {
 
 /// `cairn stop` on `store`; its stdout.
 fn cairn_stop(store: &TestStore) -> String {
-    let out = Command::new(cairn_bin())
-        .args(["stop", "--store"])
-        .arg(store.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    cairn_tests::harness::output_ok(
+        Command::new(cairn_bin())
+            .args(["stop", "--store"])
+            .arg(store.path()),
+        "cairn stop",
+    )
 }
 
 /// The next line a child printed (trimmed).
