@@ -21,6 +21,8 @@ pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 pub const ROOT_INO: u64 = 1;
 /// Longest file name in bytes.
 pub const NAME_MAX: usize = 255;
+/// Most hard links to one file (ext4's limit): one more link is `EMLINK`.
+pub const LINK_MAX: u64 = 65_000;
 /// Largest file size (2^48 bytes: four levels of 512-way map nodes of 4 KiB blocks).
 pub const MAX_FILE_SIZE: u64 = 1 << 48;
 

@@ -17,7 +17,7 @@ use cairn_format::log::{
     seal_txn, txn_len, write_charge, write_txn_len, Record, KIND_COMMIT, TXN_HEADER,
     WRITE_HEADER_LEN,
 };
-use cairn_format::{BLOCK_SIZE_U64, MAX_FILE_SIZE, ROOT_INO};
+use cairn_format::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_SIZE, ROOT_INO};
 use cairn_media::{fence, sys, Mapping};
 use cairn_proto::{Registration, Request, Response, StatusReport, Upcall, XattrOp};
 use std::collections::{HashMap, HashSet};
@@ -2583,6 +2583,12 @@ impl Inner {
             // (`O_TMPFILE` without `O_EXCL`), as on Linux.
             if st.orphans.contains(&ino) || (a.nlink == 0 && !st.tmpfiles.contains(&ino)) {
                 return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
+            }
+            if a.nlink >= LINK_MAX {
+                return Err(fs_err(
+                    libc::EMLINK,
+                    format!("{op}: the file has {} links already", a.nlink),
+                ));
             }
             let now = now_ns();
             a.nlink += 1;

@@ -278,3 +278,26 @@ fn daemon_restart_reattaches() {
     let fs = s.fs();
     assert_eq!(fs.read("/after").unwrap(), b"2");
 }
+
+/// A file takes at most `LINK_MAX` (65,000, as ext4) names; one more link is `EMLINK`,
+/// and removing one makes room again.
+#[test]
+fn hard_links_stop_at_link_max() {
+    let s = Store::new(&[]);
+    let fs = s.fs();
+    fs.write("/f", b"x").unwrap();
+    for d in 0..65 {
+        fs.create_dir(format!("/d{d}")).unwrap();
+        for i in 0..1000 {
+            if d == 0 && i == 0 {
+                continue;
+            }
+            fs.hard_link("/f", format!("/d{d}/{i}")).unwrap();
+        }
+    }
+    assert_eq!(fs.metadata("/f").unwrap().nlink(), cairn_format::LINK_MAX);
+    assert_eq!(errno(fs.hard_link("/f", "/one-more")), libc::EMLINK);
+    fs.remove_file("/d7/7").unwrap();
+    fs.hard_link("/f", "/one-more").unwrap();
+    assert_eq!(fs.metadata("/one-more").unwrap().nlink(), 65_000);
+}
