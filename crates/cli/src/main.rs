@@ -107,6 +107,17 @@ pub enum Command {
     },
     /// Stop the store's daemon cleanly (digests every log first)
     Stop,
+    /// Check a stopped store (exit 0 clean, 1 errors corrected, 4 errors left, 8 could not
+    /// check)
+    Fsck {
+        /// Print the report as JSON
+        #[arg(long)]
+        json: bool,
+        /// Repair what can be repaired: recover an unclean store, fix link counts,
+        /// rebuild a wrong allocation state
+        #[arg(long)]
+        repair: bool,
+    },
     /// Move the coldest data of a tier to the tier below now (in whole segments)
     Migrate {
         /// The tier to drain: nvm or ssd

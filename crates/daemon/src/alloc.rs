@@ -166,7 +166,6 @@ impl BlockAlloc {
     }
 
     /// Whether `blk` is allocated.
-    #[cfg(test)]
     pub(crate) fn is_used(&self, blk: u64) -> bool {
         self.index(blk).is_some_and(|i| self.map.get(i))
     }

@@ -151,8 +151,8 @@ impl Core {
                 }
             }
             log.log(format!(
-                "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} orphan inodes freed, {} inode locks repaired",
-                r.inodes, r.blocks, r.orphans_freed, r.seqlocks_fixed
+                "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
+                r.inodes, r.blocks, r.orphans_freed, r.unreachable.len(), r.seqlocks_fixed
             ));
             for w in r.warnings {
                 log.log(format!("rebuild warning: {w}"));
@@ -201,6 +201,13 @@ impl Core {
                     report.live_slots.push(slot);
                 }
             }
+        }
+        // Every log there was at the start is replayed: inodes still unnamed are garbage.
+        let freed = recovery::free_unreachable(&mut core.sh)?;
+        if freed > 0 {
+            log.log(format!(
+                "freed {freed} inodes no directory names after the replay"
+            ));
         }
         // No lease is granted until the live clients re-attached with theirs (or the
         // lease timeout passed).

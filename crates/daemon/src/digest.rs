@@ -1132,8 +1132,11 @@ pub(crate) fn publish_batch(
             .map(|p| p.0)
             .collect(),
     };
-    // The half-applied batch a crash may have left is behind the head now.
-    sh.replaying.remove(&slot);
+    // The half-applied batch a crash may have left is behind the head now; once every
+    // such slot is past it, inodes still unnamed are garbage.
+    if sh.replaying.remove(&slot) && sh.replaying.is_empty() {
+        crate::recovery::free_unreachable(sh)?;
+    }
     let c = &mut sh.counters;
     c.records_digested += records;
     c.records_skipped += skipped;

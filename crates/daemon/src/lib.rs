@@ -11,6 +11,7 @@
 //! * `maptree`: copy-on-write file maps. `dirhash`: linear-hashing directories.
 //! * `digest`: scan, plan, validate, apply, publish.
 //! * `recovery`: allocation state load/save/rebuild. `core`: clients and slots.
+//! * `offline`: recovery without serving (`recover`). `fsck`: the store checker.
 //! * `server`: socket, threads, signals, daemonising.
 
 #![forbid(unsafe_code)]
@@ -19,12 +20,14 @@ mod alloc;
 mod core;
 mod digest;
 mod dirhash;
+mod fsck;
 mod leases;
 mod lock_server;
 mod locks;
 mod maptree;
 mod migrate;
 mod mkfs;
+mod offline;
 mod pardigest;
 mod perm;
 mod recovery;
@@ -37,6 +40,8 @@ mod xattr;
 #[cfg(test)]
 mod tests;
 
+pub use fsck::{fsck, FsckOptions, FsckReport};
 pub use mkfs::{mkfs, MkfsOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_SSD_SEGMENT};
+pub use offline::recover;
 pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

@@ -20,6 +20,9 @@ pub(crate) struct RebuildReport {
     pub inodes: u64,
     pub blocks: u64,
     pub orphans_freed: u64,
+    /// Live inodes no directory names, kept until the logs are replayed (a batch the
+    /// daemon died applying may name them again): [`free_unreachable`] frees the rest.
+    pub unreachable: Vec<u64>,
     pub seqlocks_fixed: u64,
     pub warnings: Vec<String>,
 }
@@ -230,7 +233,28 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
                 }
                 continue;
             }
-            Ok(i) => (i.attrs.kind != Kind::Free, i.generation),
+            Ok(i) if i.attrs.kind != Kind::Free => {
+                // Kept, with its blocks, until the logs are replayed: a batch applied in
+                // part (a rename whose new entry is not written yet) leaves live inodes
+                // unnamed, and the replay names them again.
+                inodes.mark_used(ino);
+                rep.unreachable.push(ino);
+                let mut mark = |b: u64| {
+                    match entry_tier(b) {
+                        0 => blocks.mark_used(b),
+                        t => tiers
+                            .iter_mut()
+                            .find(|x| x.num == t)
+                            .is_some_and(|x| x.mark_used(entry_block(b))),
+                    };
+                };
+                let r = owned_blocks(sh, &i).map(|v| v.into_iter().for_each(&mut mark));
+                if let Err(e) = r {
+                    rep.warnings.push(format!("unnamed inode {ino}: {e}"));
+                }
+                continue;
+            }
+            Ok(i) => (false, i.generation),
             Err(_) => (true, 0),
         };
         if live {
@@ -250,5 +274,79 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
     sh.inodes = inodes;
     sh.tiers = tiers;
     sh.retired.clear();
+    sh.unreachable = rep.unreachable.clone();
     Ok(rep)
+}
+
+/// Every block an inode owns: map nodes and leaves (files, symbolic links), map nodes
+/// and bucket blocks (directories).
+fn owned_blocks(sh: &Shared, inode: &Inode) -> io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    let mut leaves = Vec::new();
+    maptree::walk(
+        sh,
+        inode.map_root,
+        inode.map_height,
+        &mut |b| out.push(b),
+        &mut |_, b| leaves.push(b),
+    )?;
+    match inode.attrs.kind {
+        Kind::Dir => out.extend(dirhash::bucket_blocks(sh, inode)?),
+        Kind::File | Kind::Symlink => out.extend(leaves),
+        _ => {}
+    }
+    Ok(out)
+}
+
+/// Free the inodes [`rebuild`] kept unnamed that are still unnamed once every log that
+/// was there at the start is replayed (`sh.replaying` empty): with their blocks, as an
+/// unclean start did before it kept them. Returns how many.
+pub(crate) fn free_unreachable(sh: &mut Shared) -> io::Result<u64> {
+    if sh.unreachable.is_empty() || !sh.replaying.is_empty() {
+        return Ok(0);
+    }
+    let l = sh.layout;
+    let mut named = Bitmap::new(l.inode_count);
+    named.set(ROOT_INO);
+    let mut stack = vec![ROOT_INO];
+    while let Some(ino) = stack.pop() {
+        let d = sh.inode(ino)?;
+        if d.attrs.kind != Kind::Dir {
+            continue;
+        }
+        for e in sh.area.dir_list(&d)? {
+            if l.ino_valid(e.ino) && !named.get(e.ino) {
+                named.set(e.ino);
+                stack.push(e.ino);
+            }
+        }
+    }
+    let mut freed = 0;
+    let mut retired = Vec::new();
+    for ino in std::mem::take(&mut sh.unreachable) {
+        if named.get(ino) {
+            continue;
+        }
+        let inode = sh.inode(ino)?;
+        if inode.attrs.kind == Kind::Free
+            || (inode.attrs.nlink == 0 && inode.attrs.kind != Kind::Dir)
+        {
+            // Free already, or unlinked while open: the restart gate's sweep decides.
+            continue;
+        }
+        retired.extend(owned_blocks(sh, &inode)?);
+        cairn_media::fence();
+        sh.write_inode(
+            ino,
+            &Inode {
+                generation: inode.generation,
+                ..Default::default()
+            },
+        )?;
+        sh.inodes.mark_free(ino);
+        freed += 1;
+    }
+    cairn_media::fence();
+    sh.retire_and_advance(retired)?;
+    Ok(freed)
 }

@@ -51,6 +51,9 @@ pub(crate) struct Shared {
     /// start, cleared by the slot's first digest): their batch is checked without the
     /// link-count rule, which a half-applied batch cannot pass (see `perm::check_batch`).
     pub replaying: std::collections::HashSet<u32>,
+    /// Live inodes an unclean start found unnamed, kept until `replaying` empties
+    /// (`recovery::free_unreachable`).
+    pub unreachable: Vec<u64>,
     /// Pinned inodes: which clients (slots) have them open (learned from revocation
     /// answers and re-attaches). An unlink of a file pinned by another client keeps it,
     /// with `nlink = 0`, until the last pin goes (ARCHITECTURE.md, "Unlinked while open").
@@ -110,6 +113,7 @@ impl Shared {
             scratch: Vec::new(),
             creds: Default::default(),
             replaying: Default::default(),
+            unreachable: Vec::new(),
             pins: Default::default(),
             keep_unlinked: false,
             reads: Default::default(),

@@ -56,6 +56,11 @@ impl TierAlloc {
         &self.live
     }
 
+    /// Whether block `b` holds live data.
+    pub(crate) fn is_used(&self, b: u64) -> bool {
+        b < self.live.len() && self.live.get(b)
+    }
+
     /// Blocks that can hold data.
     pub(crate) fn capacity(&self) -> u64 {
         self.geom.data_blocks()

@@ -13,12 +13,14 @@
 
 pub mod aligned;
 pub mod emulate;
+pub mod trace;
 
 pub use aligned::AlignedBuf;
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::panic::Location;
 use std::sync::atomic::{fence as atomic_fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -30,6 +32,8 @@ pub struct Mapping {
     ptr: *mut u8,
     len: usize,
     writable: bool,
+    /// The mapped file, for the persistence trace.
+    origin: trace::Origin,
 }
 
 // SAFETY: the mapping is plain shared memory; all access goes through methods that use
@@ -88,6 +92,7 @@ impl Mapping {
             ptr: p as *mut u8,
             len,
             writable,
+            origin: trace::Origin::of(file, offset),
         })
     }
 
@@ -148,6 +153,7 @@ impl Mapping {
     }
 
     /// Atomic 8-byte store (release) at `off` (must be 8-aligned). Not written back.
+    #[track_caller]
     pub fn store_u64(&self, off: usize, v: u64) -> io::Result<()> {
         self.check_write(off, 8)?;
         if !off.is_multiple_of(8) {
@@ -158,11 +164,21 @@ impl Mapping {
         }
         // SAFETY: in bounds, aligned, writable mapping; atomic access as in `load_u64`.
         unsafe { (*(self.ptr.add(off) as *const AtomicU64)).store(v, Ordering::Release) };
+        if trace::on() {
+            trace::store(
+                &self.origin,
+                off,
+                &v.to_le_bytes(),
+                false,
+                Location::caller(),
+            );
+        }
         Ok(())
     }
 
     /// Atomic 8-byte add (sequentially consistent) at `off` (must be 8-aligned); returns
     /// the previous value. Other processes mapping the same file see it at once.
+    #[track_caller]
     pub fn fetch_add_u64(&self, off: usize, v: u64) -> io::Result<u64> {
         self.check_write(off, 8)?;
         if !off.is_multiple_of(8) {
@@ -172,7 +188,13 @@ impl Mapping {
             ));
         }
         // SAFETY: in bounds, aligned, writable mapping; atomic access as in `load_u64`.
-        Ok(unsafe { (*(self.ptr.add(off) as *const AtomicU64)).fetch_add(v, Ordering::SeqCst) })
+        let old =
+            unsafe { (*(self.ptr.add(off) as *const AtomicU64)).fetch_add(v, Ordering::SeqCst) };
+        if trace::on() {
+            let new = old.wrapping_add(v).to_le_bytes();
+            trace::store(&self.origin, off, &new, false, Location::caller());
+        }
+        Ok(old)
     }
 
     /// The first byte of the mapping. Reading or writing through it is the caller's
@@ -182,44 +204,61 @@ impl Mapping {
     }
 
     /// Plain stores of `data` at `off`. Not written back: call `flush` + `fence`.
+    #[track_caller]
     pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
         self.check_write(off, data.len())?;
         // SAFETY: bounds and writability checked; `data` is a Rust buffer outside the
         // mapping, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
         emulate::write(0, data.len());
+        if trace::on() {
+            trace::store(&self.origin, off, data, false, Location::caller());
+        }
         Ok(())
     }
 
     /// Zero `len` bytes at `off`. Not written back.
+    #[track_caller]
     pub fn zero(&self, off: usize, len: usize) -> io::Result<()> {
         self.check_write(off, len)?;
         // SAFETY: bounds and writability checked.
         unsafe { std::ptr::write_bytes(self.ptr.add(off), 0, len) };
+        if trace::on() {
+            trace::store(&self.origin, off, &vec![0; len], false, Location::caller());
+        }
         Ok(())
     }
 
     /// Copy `data` to `off` with non-temporal stores where possible (bypassing the cache;
     /// still needs a `fence`). Head and tail bytes that are not 16-byte aligned use
     /// plain stores and are written back.
+    #[track_caller]
     pub fn write_nt(&self, off: usize, data: &[u8]) -> io::Result<()> {
         self.check_write(off, data.len())?;
         // SAFETY: bounds and writability checked; `persist::nt_copy` writes exactly
         // `data.len()` bytes at the destination.
         unsafe { persist::nt_copy(self.ptr.add(off), data) };
         emulate::write(0, data.len());
+        if trace::on() {
+            trace::store(&self.origin, off, data, true, Location::caller());
+        }
         Ok(())
     }
 
     /// Write back the cache lines covering `off..off+len` (no fence).
+    #[track_caller]
     pub fn flush(&self, off: usize, len: usize) -> io::Result<()> {
         self.check(off, len)?;
         // SAFETY: the range is inside the mapping.
         unsafe { persist::flush_range(self.ptr.add(off), len) };
+        if trace::on() {
+            trace::flush(&self.origin, off, len, Location::caller());
+        }
         Ok(())
     }
 
     /// Write back `off..off+len` and fence: the range is persistent when this returns.
+    #[track_caller]
     pub fn persist(&self, off: usize, len: usize) -> io::Result<()> {
         self.flush(off, len)?;
         fence();
@@ -237,9 +276,13 @@ impl Drop for Mapping {
 
 /// Order all previous stores and write-backs before later stores (`sfence`), plus a
 /// compiler/CPU fence for the atomics protocol.
+#[track_caller]
 pub fn fence() {
     persist::sfence();
     atomic_fence(Ordering::SeqCst);
+    if trace::on() {
+        trace::fence(Location::caller());
+    }
 }
 
 /// Which write-back instruction this CPU uses.

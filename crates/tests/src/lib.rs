@@ -5,6 +5,7 @@
 pub mod harness;
 pub mod mount;
 pub mod ops;
+pub mod powerfail;
 pub mod raw;
 pub mod shim;
 pub mod snapshot;

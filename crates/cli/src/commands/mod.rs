@@ -2,6 +2,7 @@
 
 mod admin;
 mod files;
+mod fsck;
 pub(crate) mod mount;
 pub(crate) mod run;
 mod tree;
@@ -18,6 +19,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Daemon(args) => admin::daemon(store, &args),
         Command::Status { json } => admin::status(store, json),
         Command::Stop => admin::stop(store),
+        Command::Fsck { json, repair } => fsck::fsck(store, json, repair),
         Command::Migrate { tier, to, free } => admin::migrate(store, &tier, &to, free),
         Command::Put { src, dst } => files::put(store, &src, &dst),
         Command::Get { src, dst } => files::get(store, &src, &dst),

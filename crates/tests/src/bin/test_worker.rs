@@ -4,7 +4,9 @@
 //! it kills this process). Other modes serve the reclamation, load and multi-process
 //! tests and debugging (see the usage).
 //!
-//! Usage: cairn-test-worker STORE SEED N PREFIX
+//! Usage: cairn-test-worker STORE SEED N PREFIX   (marks each call's start and end in the
+//!        persistence trace when `CAIRN_PM_TRACE` is set; `CAIRN_WORKER_DIGEST_EVERY=K`
+//!        asks for a digest after every K calls)
 //!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
@@ -62,13 +64,25 @@ fn main() {
     };
     let c = CairnFs { fs: &fs };
     let ops = gen_ops(seed, n, &a[4]);
+    let digest_every: usize = std::env::var("CAIRN_WORKER_DIGEST_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let mut out = std::io::stdout().lock();
     for (i, op) in ops.iter().enumerate() {
+        // The call's boundaries, for the power-failure simulator (when tracing).
+        cairn_media::trace::mark(cairn_tests::powerfail::MARK_BEGIN, i as u64);
         // Operations fail the same way as on the reference (ENOENT, EEXIST, ...); an
         // I/O or connection error would be Cairn's fault, so report it.
         if let cairn_tests::Outcome::Err(e) = apply(&c, op) {
             if e == libc::EIO || e == libc::ECONNREFUSED || e == libc::EPROTO || e == libc::ENOSPC {
                 eprintln!("cairn-test-worker: op {i} {op:?} failed with errno {e}");
+            }
+        }
+        cairn_media::trace::mark(cairn_tests::powerfail::MARK_END, i as u64);
+        if digest_every > 0 && (i + 1) % digest_every == 0 {
+            if let Err(e) = fs.digest() {
+                eprintln!("cairn-test-worker: digest after op {i}: {e}");
             }
         }
         writeln!(out, "ACK {i}").unwrap();

@@ -1,0 +1,552 @@
+//! `cairn fsck`: check a stopped store, and repair what can be repaired.
+//!
+//! What is checked (each finding is one line of [`FsckReport::problems`]):
+//!
+//! * the superblock and layout (decoding them opens the store), the lower tiers' headers
+//!   (attaching them);
+//! * the slots: after a clean stop no log holds undigested calls; otherwise the store
+//!   needs recovery first (`--repair` does it, as a daemon start would);
+//! * from the root, every reachable inode: it decodes, it is not free, its directory
+//!   entry names its kind, a directory has one name only (no cycle, no hard link) and
+//!   its parent field names the directory holding it;
+//! * every map against its tier: pointers in range, no block referenced twice (two
+//!   files, or a file and a directory bucket); each inode's block count equals what its
+//!   map holds;
+//! * directories: every entry sits in the bucket its name hashes to, the entry count
+//!   matches, names are unique;
+//! * link counts: a file's equals the number of entries naming it, a directory's is two
+//!   plus its subdirectories;
+//! * no live inode is unreachable (an unlinked file still allocated after a clean stop,
+//!   or a named file whose name was lost);
+//! * the allocation state saved at the clean stop equals the references: no leaked block
+//!   or inode, nothing referenced that is marked free (NVM blocks, inodes, lower-tier
+//!   blocks).
+//!
+//! `--repair` first recovers an unclean store, then fixes link counts in place and, when
+//! the allocation state is wrong, rebuilds it from the references (as a start after a
+//! crash does). Unreachable named inodes are reported, not repaired (moving them into
+//! `/lost+found` is not implemented: the rebuild would free them, so it is skipped).
+
+use crate::alloc::Bitmap;
+use crate::core::Core;
+use crate::offline::lock_store;
+use crate::shared::Shared;
+use crate::util::Logger;
+use crate::{maptree, recovery};
+use cairn_area::{fs_err, Area, StoreDir};
+use cairn_format::dir;
+use cairn_format::inode::{Inode, Kind, INODE_BYTES};
+use cairn_format::map::{entry_block, entry_tier};
+use cairn_format::superblock::state;
+use cairn_format::ROOT_INO;
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+
+/// Options of [`fsck`].
+#[derive(Default)]
+pub struct FsckOptions {
+    /// Repair what can be repaired.
+    pub repair: bool,
+    /// Called with (inodes visited, inodes in use at most) as the walk goes.
+    pub progress: Option<Box<dyn Fn(u64, u64)>>,
+}
+
+/// What [`fsck`] found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FsckReport {
+    /// Errors left.
+    pub problems: Vec<String>,
+    /// Errors corrected (`--repair`).
+    pub repaired: Vec<String>,
+    /// Facts worth knowing that are not errors.
+    pub notes: Vec<String>,
+    /// Reachable inodes, directories among them, NVM data blocks and lower-tier blocks
+    /// referenced.
+    pub inodes: u64,
+    pub directories: u64,
+    pub nvm_blocks: u64,
+    pub tier_blocks: u64,
+}
+
+impl FsckReport {
+    /// `e2fsck`'s exit status: 0 clean, 1 errors corrected, 4 errors left.
+    pub fn exit_code(&self) -> i32 {
+        if !self.problems.is_empty() {
+            4
+        } else if !self.repaired.is_empty() {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+/// Check (and with `repair`, repair) the store at `path`, whose daemon must be stopped.
+///
+/// Errors (an operational failure, `e2fsck`'s exit status 8): `EBUSY` when a daemon
+/// serves the store, no store, an unreadable configuration, NVM file or tier, a
+/// superblock that does not decode or a store of another format version.
+pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
+    let store = StoreDir::new(path);
+    let mut rep = FsckReport::default();
+    {
+        let _lock = lock_store(&store, "check it")?;
+        let area = open(&store, false)?;
+        if area.state_field(state::CLEAN)? != 1 {
+            let dirty = dirty_slots(&area)?;
+            if opts.repair {
+                drop(area);
+                recover_locked(&store)?;
+                rep.repaired.push(format!(
+                    "the store was not stopped cleanly: recovered ({} client logs replayed)",
+                    dirty
+                ));
+            } else {
+                rep.notes.push(format!(
+                    "the store was not stopped cleanly ({dirty} client logs may hold undigested calls): the allocation state is not checked; `--repair`, or starting the daemon, recovers it"
+                ));
+            }
+        }
+    }
+    let _lock = lock_store(&store, "check it")?;
+    let area = open(&store, false)?;
+    let clean = area.state_field(state::CLEAN)? == 1;
+    let sh = Shared::new(
+        area,
+        crate::alloc::BlockAlloc::new(0, 0),
+        crate::alloc::InodeAlloc::new(2),
+    );
+    let walk = walk_tree(&sh, opts, &mut rep)?;
+    check_links(&sh, &walk, opts.repair && rep.problems.is_empty(), &mut rep)?;
+    let orphans = check_orphans(&sh, &walk, clean, &mut rep)?;
+    if clean {
+        check_slots(&sh, &mut rep)?;
+        let wrong = check_allocation(&sh, &walk, &mut rep)?;
+        if wrong && opts.repair {
+            if orphans > 0 {
+                rep.problems.push(format!(
+                    "allocation state not rebuilt: it would free the {orphans} unreachable inodes"
+                ));
+            } else {
+                // Rebuild it as a start after a crash does.
+                sh.set_state(state::CLEAN, 0)?;
+                drop(sh);
+                recover_locked(&store)?;
+                let n = rep.problems.len();
+                rep.problems.retain(|p| !p.starts_with("allocation:"));
+                rep.repaired.push(format!(
+                    "allocation state rebuilt from the references ({} errors)",
+                    n - rep.problems.len()
+                ));
+            }
+        }
+    }
+    Ok(rep)
+}
+
+/// Open the store's NVM tier (and lower tiers) as the daemon does.
+fn open(store: &StoreDir, writable: bool) -> io::Result<Area> {
+    let cfg = store.load_config()?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg.nvm_path)
+        .map_err(|e| {
+            fs_err(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("cannot open the NVM file {}: {e}", cfg.nvm_path.display()),
+            )
+        })?;
+    let mut area = Area::open(&file, true)?;
+    area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], writable)?;
+    Ok(area)
+}
+
+/// Recovery while the caller holds the daemon lock.
+fn recover_locked(store: &StoreDir) -> io::Result<()> {
+    let log = Logger::open(&store.daemon_log_path(), false);
+    log.log("fsck: recovery");
+    let (mut core, _) = Core::open(store, &log)?;
+    core.shutdown(&log)
+}
+
+fn dirty_slots(area: &Area) -> io::Result<u32> {
+    let mut n = 0;
+    for slot in 0..area.layout().nslots {
+        if area.slot_head(slot)?.is_some_and(|(h, _)| h.active) {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// What the walk from the root found.
+struct Walk {
+    visited: Bitmap,
+    /// Entries naming each inode; subdirectories of each directory.
+    names: HashMap<u64, u64>,
+    subdirs: HashMap<u64, u64>,
+    nvm: Bitmap,
+    /// Lower-tier blocks by tier number.
+    tiers: HashMap<u8, Bitmap>,
+}
+
+fn walk_tree(sh: &Shared, opts: &FsckOptions, rep: &mut FsckReport) -> io::Result<Walk> {
+    let l = sh.layout;
+    let mut w = Walk {
+        visited: Bitmap::new(l.inode_count),
+        names: HashMap::new(),
+        subdirs: HashMap::new(),
+        nvm: Bitmap::new(l.data_start + l.data_blocks),
+        tiers: sh
+            .tiers
+            .iter()
+            .map(|t| (t.num, Bitmap::new(t.geom.blocks())))
+            .collect(),
+    };
+    for (i, g) in l.tiers.iter().enumerate() {
+        if g.present() {
+            w.tiers
+                .entry(i as u8 + 1)
+                .or_insert_with(|| Bitmap::new(g.blocks()));
+        }
+    }
+    let root = match sh.inode(ROOT_INO) {
+        Ok(r) if r.attrs.kind == Kind::Dir => r,
+        Ok(r) => {
+            rep.problems.push(format!(
+                "the root inode is a {:?}, not a directory",
+                r.attrs.kind
+            ));
+            return Ok(w);
+        }
+        Err(e) => {
+            rep.problems.push(format!("the root inode: {e}"));
+            return Ok(w);
+        }
+    };
+    w.visited.set(ROOT_INO);
+    let mut stack = vec![(ROOT_INO, root, "/".to_string(), ROOT_INO)];
+    let mut dups = 0u64;
+    while let Some((ino, inode, path, parent)) = stack.pop() {
+        rep.inodes += 1;
+        if let Some(p) = &opts.progress {
+            if rep.inodes.is_multiple_of(1024) {
+                p(rep.inodes, l.inode_count);
+            }
+        }
+        let mut owned = 0u64;
+        let mut mark = |b: u64, w: &mut Walk| {
+            owned += 1;
+            let fresh = match entry_tier(b) {
+                0 => mark_bit(&mut w.nvm, b),
+                t => w
+                    .tiers
+                    .get_mut(&t)
+                    .is_some_and(|m| mark_bit(m, entry_block(b))),
+            };
+            if !fresh {
+                dups += 1;
+            }
+        };
+        let mut nodes = Vec::new();
+        let mut leaves = Vec::new();
+        if let Err(e) = maptree::walk(
+            sh,
+            inode.map_root,
+            inode.map_height,
+            &mut |b| nodes.push(b),
+            &mut |_, b| leaves.push(b),
+        ) {
+            rep.problems.push(format!("{path} (inode {ino}): map: {e}"));
+            continue;
+        }
+        for b in nodes {
+            mark(b, &mut w);
+        }
+        if inode.attrs.kind != Kind::Dir {
+            for b in leaves {
+                mark(b, &mut w);
+            }
+            if owned != inode.blocks {
+                rep.problems.push(format!(
+                    "{path} (inode {ino}): block count {} but its map holds {owned}",
+                    inode.blocks
+                ));
+            }
+            continue;
+        }
+        rep.directories += 1;
+        if ino != ROOT_INO && inode.attrs.parent != parent {
+            rep.problems.push(format!(
+                "{path} (inode {ino}): parent field {} but it is named in directory {parent}",
+                inode.attrs.parent
+            ));
+        }
+        let entries = match dir_entries(sh, &inode, &mut |b| mark(b, &mut w)) {
+            Ok(e) => e,
+            Err(e) => {
+                rep.problems
+                    .push(format!("{path} (inode {ino}): directory: {e}"));
+                continue;
+            }
+        };
+        if owned != inode.blocks {
+            rep.problems.push(format!(
+                "{path} (inode {ino}): block count {} but its map and buckets hold {owned}",
+                inode.blocks
+            ));
+        }
+        if entries.len() as u64 != inode.dir_entries {
+            rep.problems.push(format!(
+                "{path} (inode {ino}): entry count {} but it holds {}",
+                inode.dir_entries,
+                entries.len()
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (bucket, e) in entries {
+            let name = String::from_utf8_lossy(&e.name).into_owned();
+            let child_path = if path == "/" {
+                format!("/{name}")
+            } else {
+                format!("{path}/{name}")
+            };
+            if !names.insert(e.name.clone()) {
+                rep.problems.push(format!(
+                    "{child_path}: the name appears twice in its directory"
+                ));
+            }
+            if dir::bucket_of(dir::hash(&e.name), inode.dir_level, inode.dir_split) != bucket {
+                rep.problems.push(format!(
+                    "{child_path}: entry in bucket {bucket}, not the one its name hashes to"
+                ));
+            }
+            if !l.ino_valid(e.ino) {
+                rep.problems
+                    .push(format!("{child_path}: names inode {} out of range", e.ino));
+                continue;
+            }
+            let child = match sh.inode(e.ino) {
+                Ok(c) => c,
+                Err(err) => {
+                    rep.problems
+                        .push(format!("{child_path} (inode {}): {err}", e.ino));
+                    continue;
+                }
+            };
+            if child.attrs.kind == Kind::Free {
+                rep.problems
+                    .push(format!("{child_path}: names free inode {}", e.ino));
+                continue;
+            }
+            if child.attrs.kind != e.kind {
+                rep.problems.push(format!(
+                    "{child_path}: entry says {:?}, inode {} is a {:?}",
+                    e.kind, e.ino, child.attrs.kind
+                ));
+            }
+            *w.names.entry(e.ino).or_default() += 1;
+            if child.attrs.kind == Kind::Dir {
+                *w.subdirs.entry(ino).or_default() += 1;
+                if w.visited.get(e.ino) {
+                    rep.problems.push(format!(
+                        "{child_path}: directory inode {} has more than one name (a cycle or a hard link)",
+                        e.ino
+                    ));
+                    continue;
+                }
+            } else if w.visited.get(e.ino) {
+                continue;
+            }
+            w.visited.set(e.ino);
+            stack.push((e.ino, child, child_path, ino));
+        }
+    }
+    if dups > 0 {
+        rep.problems
+            .push(format!("{dups} blocks are referenced more than once"));
+    }
+    rep.nvm_blocks = w.nvm.count_ones();
+    rep.tier_blocks = w.tiers.values().map(Bitmap::count_ones).sum();
+    Ok(w)
+}
+
+/// Set bit `i`; false if it was set already or is out of range.
+fn mark_bit(m: &mut Bitmap, i: u64) -> bool {
+    if i >= m.len() || m.get(i) {
+        return false;
+    }
+    m.set(i);
+    true
+}
+
+/// Every entry of directory `d` with the bucket it sits in; `mark` gets every bucket
+/// block.
+fn dir_entries(
+    sh: &Shared,
+    d: &Inode,
+    mark: &mut dyn FnMut(u64),
+) -> io::Result<Vec<(u64, dir::Entry)>> {
+    let mut firsts = Vec::new();
+    maptree::walk(sh, d.map_root, d.map_height, &mut |_| {}, &mut |fb, _| {
+        firsts.push(fb)
+    })?;
+    let n = dir::bucket_count(d.dir_level, d.dir_split);
+    let mut out = Vec::new();
+    for b in firsts {
+        if b >= n {
+            return Err(crate::util::eio(format!(
+                "bucket {b} beyond the {n} buckets of its level"
+            )));
+        }
+        let (entries, blocks) = sh.area.dir_bucket(d, b)?;
+        for blk in blocks {
+            mark(blk);
+        }
+        out.extend(entries.into_iter().map(|e| (b, e)));
+    }
+    Ok(out)
+}
+
+fn check_links(sh: &Shared, w: &Walk, repair: bool, rep: &mut FsckReport) -> io::Result<()> {
+    for ino in 1..sh.layout.inode_count {
+        if !w.visited.get(ino) {
+            continue;
+        }
+        let mut inode = sh.inode(ino)?;
+        let want = if inode.attrs.kind == Kind::Dir {
+            2 + w.subdirs.get(&ino).copied().unwrap_or(0)
+        } else {
+            w.names.get(&ino).copied().unwrap_or(0)
+        };
+        if inode.attrs.nlink == want {
+            continue;
+        }
+        let msg = format!(
+            "inode {ino} ({:?}): link count {} but {want} names",
+            inode.attrs.kind, inode.attrs.nlink
+        );
+        if repair {
+            inode.attrs.nlink = want;
+            sh.write_inode(ino, &inode)?;
+            rep.repaired.push(format!("{msg}: set to {want}"));
+        } else {
+            rep.problems.push(msg);
+        }
+    }
+    Ok(())
+}
+
+/// Live inodes nobody names; returns how many are named files (nlink > 0).
+fn check_orphans(sh: &Shared, w: &Walk, clean: bool, rep: &mut FsckReport) -> io::Result<u64> {
+    let mut raw = [0u8; INODE_BYTES];
+    let mut named = 0;
+    for ino in 2..sh.layout.inode_count {
+        if w.visited.get(ino) {
+            continue;
+        }
+        sh.area.read_inode_raw(ino, &mut raw)?;
+        if raw.iter().all(|&b| b == 0) {
+            continue;
+        }
+        match Inode::decode(&raw) {
+            Ok(i) if i.attrs.kind == Kind::Free => {}
+            Ok(i) if i.attrs.nlink == 0 => {
+                // Kept for a client that has it open; after a clean stop, none has.
+                if clean {
+                    rep.problems.push(format!(
+                        "inode {ino}: unlinked {:?} still allocated after a clean stop",
+                        i.attrs.kind
+                    ));
+                }
+            }
+            Ok(i) => {
+                named += 1;
+                rep.problems.push(format!(
+                    "inode {ino}: {:?} with {} links is not reachable from the root",
+                    i.attrs.kind, i.attrs.nlink
+                ));
+            }
+            Err(e) => rep
+                .problems
+                .push(format!("inode {ino}: does not decode: {e}")),
+        }
+    }
+    Ok(named)
+}
+
+fn check_slots(sh: &Shared, rep: &mut FsckReport) -> io::Result<()> {
+    for slot in 0..sh.layout.nslots {
+        match sh.area.slot_head(slot)? {
+            Some((h, _)) if h.active => rep.problems.push(format!(
+                "slot {slot}: still owned by a client after a clean stop"
+            )),
+            Some(_) => {}
+            None => rep
+                .problems
+                .push(format!("slot {slot}: neither copy of its head decodes")),
+        }
+    }
+    Ok(())
+}
+
+/// Compare the saved allocation state with the references; true if it is wrong.
+fn check_allocation(sh: &Shared, w: &Walk, rep: &mut FsckReport) -> io::Result<bool> {
+    let (blocks, inodes, tiers) = match recovery::load(&sh.area) {
+        Ok(s) => s,
+        Err(e) => {
+            rep.problems
+                .push(format!("allocation: the saved state does not load: {e}"));
+            return Ok(true);
+        }
+    };
+    let l = sh.layout;
+    let mut wrong = false;
+    let mut compare = |what: &str,
+                       used: &dyn Fn(u64) -> bool,
+                       range: std::ops::Range<u64>,
+                       refd: &dyn Fn(u64) -> bool| {
+        let (mut leaked, mut lost) = (0u64, 0u64);
+        for i in range {
+            match (used(i), refd(i)) {
+                (true, false) => leaked += 1,
+                (false, true) => lost += 1,
+                _ => {}
+            }
+        }
+        if leaked > 0 {
+            rep.problems.push(format!(
+                "allocation: {leaked} {what} marked in use but not referenced (leaked)"
+            ));
+            wrong = true;
+        }
+        if lost > 0 {
+            rep.problems.push(format!(
+                "allocation: {lost} {what} referenced but marked free"
+            ));
+            wrong = true;
+        }
+    };
+    compare(
+        "NVM data blocks",
+        &|b| blocks.is_used(b),
+        l.data_start..l.data_start + l.data_blocks,
+        &|b| w.nvm.get(b),
+    );
+    compare("inodes", &|i| inodes.is_used(i), 2..l.inode_count, &|i| {
+        w.visited.get(i)
+    });
+    for t in &tiers {
+        let refd = w.tiers.get(&t.num);
+        compare(
+            &format!("tier {} blocks", t.num),
+            &|b| t.is_used(b),
+            t.geom.segment_blocks..t.geom.blocks(),
+            &|b| refd.is_some_and(|m| m.get(b)),
+        );
+    }
+    Ok(wrong)
+}

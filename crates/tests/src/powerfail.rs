@@ -1,0 +1,493 @@
+//! The power-failure simulator's workloads and checks (issue 14).
+//!
+//! [`record`] runs a workload on a fresh store with persistence tracing on in every
+//! process (the worker and the daemon it starts), from a clean base image to a clean
+//! stop. [`check`] then follows the trace with `cairn_crashsim::Sim` and, at every fence
+//! and after every acknowledged call, builds the crash images a power failure could
+//! leave there; each distinct image is copied into a scratch store, recovered by the
+//! daemon's own code (`cairn_daemon::recover`: rebuild and log replay, as a start after
+//! a crash), checked by `fsck`, and its tree compared with the reference states: the
+//! tree after exactly the acknowledged calls, or, with a call in flight, after it too.
+
+use crate::harness::{StoreSize, TestStore};
+use crate::ops::{apply, gen_ops, HostFs, Kind, Meta};
+use crate::snapshot::{diff, snapshot, Node, Snapshot};
+use cairn_area::{Area, StoreDir};
+use cairn_crashsim::{Choice, Event, Sim, Trace};
+use cairn_format::inode::{Inode, Kind as IKind};
+use cairn_format::ROOT_INO;
+use rand::SeedableRng;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Mark labels the worker puts around each call.
+pub const MARK_BEGIN: u32 = 1;
+pub const MARK_END: u32 = 2;
+
+/// A recorded workload: the base image, the trace and the calls.
+pub struct Recorded {
+    pub store: TestStore,
+    /// The NVM tier file and its (dev, ino).
+    pub nvm: PathBuf,
+    pub file: (u64, u64),
+    pub base: Vec<u8>,
+    pub trace: Trace,
+    pub seed: u64,
+    pub n: usize,
+    pub prefix: String,
+}
+
+/// Sizes of the stores the simulator uses: a small NVM tier (every image is a copy of it)
+/// and logs large enough for the generated writes to be single transactions.
+pub fn small_store() -> TestStore {
+    TestStore::with_size(StoreSize {
+        nvm: "8M",
+        log: "512K",
+        clients: 2,
+        inodes: Some(1024),
+        tiers: None,
+    })
+}
+
+/// Record `n` generated calls (`gen_ops(seed, n, prefix)`) by one client (`worker`: the
+/// `cairn-test-worker` binary), with a digest after every `digest_every` calls (0: only
+/// when the log fills).
+pub fn record(worker: &Path, seed: u64, n: usize, prefix: &str, digest_every: usize) -> Recorded {
+    let store = small_store();
+    {
+        let fs = store.fs();
+        fs.create_dir(prefix).expect("make the prefix");
+    }
+    store.stop();
+    wait_no_daemon(&store);
+    let cfg = StoreDir::new(store.path()).load_config().expect("config");
+    let nvm = cfg.nvm_path.clone();
+    let meta = std::fs::metadata(&nvm).expect("NVM file");
+    let base = std::fs::read(&nvm).expect("read the base image");
+    let trace_path = store.path().join("pm.trace");
+    cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
+    let out = Command::new(worker)
+        .arg(store.path())
+        .args([seed.to_string(), n.to_string(), prefix.to_string()])
+        .env("CAIRN_PM_TRACE", &trace_path)
+        .env("CAIRN_WORKER_DIGEST_EVERY", digest_every.to_string())
+        .output()
+        .expect("run the worker");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("DONE"),
+        "worker failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The daemon (started by the worker, traced) stops cleanly: its shutdown is traced.
+    store.stop();
+    wait_no_daemon(&store);
+    let trace = Trace::read(&trace_path).expect("read the trace");
+    let _ = std::fs::remove_file(&trace_path);
+    Recorded {
+        store,
+        nvm,
+        file: (meta.dev(), meta.ino()),
+        base,
+        trace,
+        seed,
+        n,
+        prefix: prefix.to_string(),
+    }
+}
+
+fn wait_no_daemon(store: &TestStore) {
+    let t = Instant::now();
+    while store.daemon_pid().is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the daemon does not stop"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How hard to look.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// Enumerate every combination at a crash point when there are at most this many.
+    pub exhaustive: u64,
+    /// Otherwise, this many sampled images per crash point.
+    pub samples: usize,
+    /// Stop after this many distinct images (0: no limit).
+    pub max_distinct: usize,
+    /// Fault injection: ignore write-backs and fences at sites whose `file:line`
+    /// contains one of these.
+    pub drop_sites: Vec<String>,
+    pub rng_seed: u64,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            exhaustive: 64,
+            samples: 24,
+            max_distinct: 0,
+            drop_sites: Vec::new(),
+            rng_seed: 1,
+        }
+    }
+}
+
+/// One violation: a crash image that does not recover to an allowed state.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// Index of the trace event before which the power failed.
+    pub event: usize,
+    /// Calls acknowledged then, and the call in flight.
+    pub acked: usize,
+    pub in_flight: Option<usize>,
+    /// What went wrong.
+    pub what: String,
+}
+
+/// What a check found.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    pub crash_points: usize,
+    pub images: usize,
+    pub distinct: usize,
+    pub violations: Vec<Violation>,
+    pub dropped_hits: u64,
+    pub elapsed: Duration,
+    /// Stopped early at `max_distinct`.
+    pub truncated: bool,
+}
+
+impl std::fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} crash points, {} images checked, {} distinct, {} violations, {:.1} s{}",
+            self.crash_points,
+            self.images,
+            self.distinct,
+            self.violations.len(),
+            self.elapsed.as_secs_f64(),
+            if self.truncated {
+                " (stopped at the distinct-image limit)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// What recovering one image gave.
+#[derive(Clone)]
+enum Outcome {
+    /// The tree under the prefix (extended attributes left out: they live in the
+    /// daemon's journal file, outside the NVM tier).
+    Tree(Snapshot),
+    Failed(String),
+}
+
+/// The reference states: the tree after each number of calls, 0..=n.
+fn reference_states(r: &Recorded) -> Vec<Snapshot> {
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-pf-ref-")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir");
+    let host = HostFs {
+        root: dir.path().to_path_buf(),
+    };
+    crate::FsOps::mkdir(&host, &r.prefix).expect("prefix");
+    let mut v = vec![without_xattrs(
+        snapshot(&host, &r.prefix).expect("snapshot"),
+    )];
+    for op in gen_ops(r.seed, r.n, &r.prefix) {
+        apply(&host, &op);
+        v.push(without_xattrs(
+            snapshot(&host, &r.prefix).expect("snapshot"),
+        ));
+    }
+    v
+}
+
+fn without_xattrs(mut s: Snapshot) -> Snapshot {
+    for n in s.values_mut() {
+        n.xattrs.clear();
+    }
+    s
+}
+
+/// A scratch store whose NVM file receives each image.
+struct Scratch {
+    dir: tempfile::TempDir,
+    nvm: PathBuf,
+}
+
+impl Scratch {
+    fn new(r: &Recorded) -> Scratch {
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-pf-img-")
+            .tempdir()
+            .expect("tempdir");
+        let nvm = Path::new("/dev/shm").join(format!(
+            "{}.nvm",
+            dir.path().file_name().unwrap().to_string_lossy()
+        ));
+        let cfg = std::fs::read_to_string(r.store.path().join("cairn.toml")).expect("config");
+        let old = r.nvm.to_string_lossy().into_owned();
+        assert!(cfg.contains(&old), "the configuration names the NVM file");
+        std::fs::write(
+            dir.path().join("cairn.toml"),
+            cfg.replace(&old, &nvm.to_string_lossy()),
+        )
+        .expect("write config");
+        Scratch { dir, nvm }
+    }
+
+    /// Recover `image` and read its tree.
+    fn recover(&self, image: &[u8], prefix: &str) -> Outcome {
+        if let Err(e) = std::fs::write(&self.nvm, image) {
+            return Outcome::Failed(format!("cannot write the image: {e}"));
+        }
+        let store = self.dir.path().to_path_buf();
+        let r = std::panic::catch_unwind(move || -> Result<Snapshot, String> {
+            cairn_daemon::recover(&store).map_err(|e| format!("recovery failed: {e}"))?;
+            let rep = cairn_daemon::fsck(&store, &cairn_daemon::FsckOptions::default())
+                .map_err(|e| format!("fsck could not run: {e}"))?;
+            if !rep.problems.is_empty() {
+                return Err(format!("fsck: {}", rep.problems.join("; ")));
+            }
+            let f = std::fs::File::open(StoreDir::new(&store).load_config().unwrap().nvm_path)
+                .map_err(|e| e.to_string())?;
+            let area = Area::open(&f, false).map_err(|e| format!("open: {e}"))?;
+            area_snapshot(&area, prefix).map_err(|e| format!("reading the tree: {e}"))
+        });
+        match r {
+            Ok(Ok(s)) => Outcome::Tree(s),
+            Ok(Err(e)) => Outcome::Failed(e),
+            Err(p) => Outcome::Failed(format!(
+                "panic: {}",
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            )),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.nvm);
+    }
+}
+
+/// Check every crash image of a recorded workload.
+pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
+    let start = Instant::now();
+    let states = reference_states(r);
+    let scratch = Scratch::new(r);
+    let mut sim = Sim::new(r.file, r.base.clone());
+    let dropped: Vec<u32> = r
+        .trace
+        .sites
+        .iter()
+        .filter(|(_, name)| opts.drop_sites.iter().any(|d| name.contains(d.as_str())))
+        .map(|(&id, _)| id)
+        .collect();
+    assert!(
+        opts.drop_sites.is_empty() || !dropped.is_empty(),
+        "no traced site matches {:?}",
+        opts.drop_sites
+    );
+    sim.drop_sites(dropped);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.rng_seed);
+    let mut seen: HashMap<u64, Outcome> = HashMap::new();
+    let mut rep = CheckReport::default();
+    let (mut acked, mut in_flight) = (0usize, None::<usize>);
+    let mut img = Vec::new();
+    for (i, e) in r.trace.events.iter().enumerate() {
+        let point = match e {
+            Event::Mark {
+                label: MARK_BEGIN,
+                value,
+                ..
+            } => {
+                in_flight = Some(*value as usize);
+                false
+            }
+            Event::Mark {
+                label: MARK_END,
+                value,
+                ..
+            } => {
+                acked = *value as usize + 1;
+                in_flight = None;
+                true
+            }
+            Event::Fence { .. } => true,
+            _ => false,
+        };
+        if point && !rep.truncated {
+            rep.crash_points += 1;
+            for c in sim.choices(opts.exhaustive, opts.samples, &mut rng) {
+                rep.images += 1;
+                let h = sim.image_hash(&c);
+                if !seen.contains_key(&h) {
+                    if opts.max_distinct > 0 && seen.len() >= opts.max_distinct {
+                        rep.truncated = true;
+                        break;
+                    }
+                    sim.build(&c, &mut img);
+                    seen.insert(h, scratch.recover(&img, &r.prefix));
+                }
+                if let Some(what) = judge(&seen[&h], &states, acked, in_flight) {
+                    if rep.violations.is_empty() {
+                        keep_image(&sim, &c);
+                    }
+                    rep.violations.push(Violation {
+                        event: i,
+                        acked,
+                        in_flight,
+                        what: format!("{what}\n  lost: {}", lost(r, &sim, &c)),
+                    });
+                }
+            }
+        }
+        sim.step(e);
+    }
+    rep.distinct = seen.len();
+    rep.dropped_hits = sim.dropped_hits;
+    rep.elapsed = start.elapsed();
+    rep
+}
+
+/// With `CAIRN_PF_KEEP=<file>`, save the first violating image there (for `cairn fsck`
+/// or a daemon started on a copy of the store with that NVM file).
+fn keep_image(sim: &Sim, c: &Choice) {
+    if let Some(p) = std::env::var_os("CAIRN_PF_KEEP") {
+        let mut img = Vec::new();
+        sim.build(c, &mut img);
+        match std::fs::write(&p, &img) {
+            Ok(()) => eprintln!("first violating image saved to {}", Path::new(&p).display()),
+            Err(e) => eprintln!("cannot save the image: {e}"),
+        }
+    }
+}
+
+/// `None` if the outcome is an allowed state, else why not.
+fn judge(
+    o: &Outcome,
+    states: &[Snapshot],
+    acked: usize,
+    in_flight: Option<usize>,
+) -> Option<String> {
+    let tree = match o {
+        Outcome::Failed(e) => return Some(e.clone()),
+        Outcome::Tree(t) => t,
+    };
+    if *tree == states[acked] {
+        return None;
+    }
+    if in_flight.is_some() && acked + 1 < states.len() && *tree == states[acked + 1] {
+        return None;
+    }
+    Some(format!(
+        "the tree is not the state after the {acked} acknowledged calls{}:\n{}",
+        if in_flight.is_some() {
+            " (nor after the call in flight)"
+        } else {
+            ""
+        },
+        diff(tree, &states[acked])
+    ))
+}
+
+/// Which pending stores an image left out, by site.
+fn lost(r: &Recorded, sim: &Sim, c: &Choice) -> String {
+    let mut by_site: BTreeMap<String, usize> = BTreeMap::new();
+    for (site, n) in sim.lost_sites(c) {
+        *by_site.entry(r.trace.site_name(site)).or_default() += n;
+    }
+    if by_site.is_empty() {
+        return "nothing".into();
+    }
+    by_site
+        .iter()
+        .map(|(s, n)| format!("{n} words stored at {s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The tree under `root` of a recovered area, as [`snapshot`] reads a live one.
+pub fn area_snapshot(area: &Area, root: &str) -> io::Result<Snapshot> {
+    let mut ino = ROOT_INO;
+    for c in root.split('/').filter(|c| !c.is_empty()) {
+        let d = area.read_inode(ino)?;
+        ino = area
+            .dir_lookup(&d, c.as_bytes())?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?
+            .0;
+    }
+    let mut s = Snapshot::new();
+    let mut stack = vec![(root.to_string(), ino)];
+    while let Some((path, ino)) = stack.pop() {
+        let inode = area.read_inode(ino)?;
+        let kind = match inode.attrs.kind {
+            IKind::Dir => Kind::Dir,
+            IKind::Symlink => Kind::Symlink,
+            IKind::File => Kind::File,
+            k => return Err(io::Error::other(format!("{path}: unexpected kind {k:?}"))),
+        };
+        let content = if kind == Kind::Dir {
+            Vec::new()
+        } else {
+            read_whole(area, &inode)?
+        };
+        s.insert(
+            path.clone(),
+            Node {
+                meta: Meta {
+                    kind,
+                    perm: inode.attrs.perm & 0o7777,
+                    size: if kind == Kind::Dir {
+                        0
+                    } else {
+                        inode.attrs.size
+                    },
+                    nlink: inode.attrs.nlink,
+                },
+                content,
+                xattrs: BTreeMap::new(),
+            },
+        );
+        if kind == Kind::Dir {
+            for e in area.dir_list(&inode)? {
+                let name = String::from_utf8_lossy(&e.name).into_owned();
+                let p = if path.ends_with('/') {
+                    format!("{path}{name}")
+                } else {
+                    format!("{path}/{name}")
+                };
+                stack.push((p, e.ino));
+            }
+        }
+    }
+    Ok(s)
+}
+
+fn read_whole(area: &Area, inode: &Inode) -> io::Result<Vec<u8>> {
+    let mut v = vec![0u8; inode.attrs.size as usize];
+    let mut at = 0;
+    while at < v.len() {
+        let n = area.read_file(inode, at as u64, &mut v[at..])?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    v.truncate(at);
+    Ok(v)
+}
