@@ -25,6 +25,7 @@ pub(crate) const INODE_BATCH: u64 = 64;
 pub(crate) const MAX_INODES_PER_REQUEST: u64 = 4096;
 /// Space credits (4 KiB blocks) offered at registration.
 pub(crate) const INITIAL_CREDITS: u64 = 2048;
+
 /// Delay before retrying the recovery of a dead client's log that failed (e.g. `ENOSPC`).
 const RETRY_FAILED: Duration = Duration::from_secs(5);
 
@@ -276,7 +277,8 @@ impl Core {
 
     fn registration(&mut self, slot: u32, h: SlotHead, uid: u32, gid: u32) -> Registration {
         let inodes = self.sh.inodes.reserve(slot, INODE_BATCH);
-        let credits = self.grant(slot, INITIAL_CREDITS);
+        // A fair share on a small store, so that one client cannot hold all its space.
+        let credits = self.grant(slot, INITIAL_CREDITS.min(self.sh.layout.credit_share()));
         Registration {
             slot,
             slot_gen: h.slot_gen,

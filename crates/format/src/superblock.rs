@@ -267,6 +267,12 @@ impl Layout {
     pub fn inode_off(&self, ino: u64) -> u64 {
         self.inode_start * BLOCK_SIZE_U64 + ino * INODE_BYTES
     }
+    /// Space credits (data blocks) one client gets at a time: a quarter of the data
+    /// blocks divided among the slots, at least 16. On a small store this keeps one
+    /// client from holding all the space the others need.
+    pub fn credit_share(&self) -> u64 {
+        (self.data_blocks / (4 * self.nslots.max(1) as u64)).max(16)
+    }
     /// Inode numbers run from 1 (root) to `inode_count - 1`; 0 is never used.
     pub fn ino_valid(&self, ino: u64) -> bool {
         ino >= 1 && ino < self.inode_count

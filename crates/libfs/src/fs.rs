@@ -1040,7 +1040,9 @@ impl Inner {
             if st.credits >= need {
                 return Ok(());
             }
-            let want = CREDIT_CHUNK.max(need - st.credits);
+            // A chunk at a time, but no more than a fair share of a small store.
+            let chunk = CREDIT_CHUNK.min(self.area.layout().credit_share());
+            let want = chunk.max(need - st.credits);
             match self.request(st, &Request::Credits { blocks: want })? {
                 Response::Credits { granted } => st.credits += granted,
                 r => return Err(response_error("space credits", r)),

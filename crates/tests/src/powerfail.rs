@@ -19,9 +19,10 @@ use cairn_format::ROOT_INO;
 use rand::SeedableRng;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Mark labels the worker puts around each call.
@@ -57,7 +58,22 @@ pub fn small_store() -> TestStore {
 /// `cairn-test-worker` binary), with a digest after every `digest_every` calls (0: only
 /// when the log fills).
 pub fn record(worker: &Path, seed: u64, n: usize, prefix: &str, digest_every: usize) -> Recorded {
-    let store = small_store();
+    record_with(worker, small_store(), seed, n, prefix, digest_every, 1)
+}
+
+/// Like [`record`] on `store`, with the calls split among `clients` processes that run
+/// one after the other on the same files: each stays alive, holding its leases, while
+/// the next one works, so every lease passes from one client to the next (revoked, the
+/// holder's log digested) in the middle of the trace.
+pub fn record_with(
+    worker: &Path,
+    store: TestStore,
+    seed: u64,
+    n: usize,
+    prefix: &str,
+    digest_every: usize,
+    clients: usize,
+) -> Recorded {
     {
         let fs = store.fs();
         fs.create_dir(prefix).expect("make the prefix");
@@ -70,18 +86,30 @@ pub fn record(worker: &Path, seed: u64, n: usize, prefix: &str, digest_every: us
     let base = std::fs::read(&nvm).expect("read the base image");
     let trace_path = store.path().join("pm.trace");
     cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
-    let out = Command::new(worker)
-        .arg(store.path())
-        .args([seed.to_string(), n.to_string(), prefix.to_string()])
-        .env("CAIRN_PM_TRACE", &trace_path)
-        .env("CAIRN_WORKER_DIGEST_EVERY", digest_every.to_string())
-        .output()
-        .expect("run the worker");
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("DONE"),
-        "worker failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut held = Vec::new();
+    for c in 0..clients {
+        let (from, to) = (n * c / clients, n * (c + 1) / clients);
+        let mut child = Command::new(worker)
+            .arg(store.path())
+            .args([seed.to_string(), n.to_string(), prefix.to_string()])
+            .env("CAIRN_PM_TRACE", &trace_path)
+            .env("CAIRN_WORKER_DIGEST_EVERY", digest_every.to_string())
+            .env("CAIRN_WORKER_RANGE", format!("{from}:{to}"))
+            .env("CAIRN_WORKER_HOLD", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run the worker");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let done = lines.any(|l| l.is_ok_and(|l| l == "DONE"));
+        assert!(done, "worker {c} failed: {:?}", child.wait());
+        held.push(child);
+    }
+    for mut child in held {
+        drop(child.stdin.take());
+        let st = child.wait().expect("wait for the worker");
+        assert!(st.success(), "worker exited with {st}");
+    }
     // The daemon (started by the worker, traced) stops cleanly: its shutdown is traced.
     store.stop();
     wait_no_daemon(&store);
@@ -288,6 +316,7 @@ impl Drop for Scratch {
 pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let start = Instant::now();
     let states = reference_states(r);
+    let ops = gen_ops(r.seed, r.n, &r.prefix);
     let scratch = Scratch::new(r);
     let mut sim = Sim::new(r.file, r.base.clone());
     let dropped: Vec<u32> = r
@@ -343,7 +372,7 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                     sim.build(&c, &mut img);
                     seen.insert(h, scratch.recover(&img, &r.prefix));
                 }
-                if let Some(what) = judge(&seen[&h], &states, acked, in_flight) {
+                if let Some(what) = judge(&seen[&h], &states, &ops, acked, in_flight) {
                     if rep.violations.is_empty() {
                         keep_image(&sim, &c);
                     }
@@ -381,6 +410,7 @@ fn keep_image(sim: &Sim, c: &Choice) {
 fn judge(
     o: &Outcome,
     states: &[Snapshot],
+    ops: &[crate::Op],
     acked: usize,
     in_flight: Option<usize>,
 ) -> Option<String> {
@@ -394,13 +424,13 @@ fn judge(
     if in_flight.is_some() && acked + 1 < states.len() && *tree == states[acked + 1] {
         return None;
     }
+    let last = match acked {
+        0 => "none".to_string(),
+        k => format!("#{} {:?}", k - 1, ops[k - 1]),
+    };
+    let flying = in_flight.map_or("none".to_string(), |k| format!("#{k} {:?}", ops[k]));
     Some(format!(
-        "the tree is not the state after the {acked} acknowledged calls{}:\n{}",
-        if in_flight.is_some() {
-            " (nor after the call in flight)"
-        } else {
-            ""
-        },
+        "the tree is not the state after the {acked} acknowledged calls (last acknowledged: {last}; in flight: {flying}):\n{}",
         diff(tree, &states[acked])
     ))
 }

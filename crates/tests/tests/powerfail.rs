@@ -1,10 +1,13 @@
 //! Power failure: every crash image of traced workloads recovers to an allowed state
-//! (`cairn_tests::powerfail`, docs/ARCHITECTURE.md "Persistence model").
+//! (`cairn_tests::powerfail`; docs/ARCHITECTURE.md, "Persistence model").
 //!
-//! `CAIRN_PF_IMAGES` sets the number of distinct images to check (default 10,000 in all;
-//! a long run: 1000000). `CAIRN_PF_SEED` picks the workload seed.
+//! `CAIRN_PF_IMAGES`: distinct images to check in all (default 10,000; a long run:
+//! 1000000); workloads with seeds 1, 2, 3, … run until that many were checked.
+//! `CAIRN_PF_OPS`: calls per workload (default 400). `CAIRN_PF_SITES=1` prints the traced
+//! sites; `CAIRN_PF_KEEP=<file>` saves the first violating image.
 
-use cairn_tests::powerfail::{check, record, CheckOptions};
+use cairn_tests::powerfail::{check, record, CheckOptions, CheckReport, Recorded};
+use std::path::Path;
 
 fn env_or(k: &str, d: u64) -> u64 {
     std::env::var(k)
@@ -13,37 +16,137 @@ fn env_or(k: &str, d: u64) -> u64 {
         .unwrap_or(d)
 }
 
-#[test]
-fn every_crash_image_of_the_model_workload_recovers() {
-    let seed = env_or("CAIRN_PF_SEED", 7);
-    let n = env_or("CAIRN_PF_OPS", 60) as usize;
-    let worker = std::path::Path::new(env!("CARGO_BIN_EXE_cairn-test-worker"));
-    let rec = record(worker, seed, n, "/p", 15);
-    if std::env::var_os("CAIRN_PF_SITES").is_some() {
-        print_sites(&rec.trace);
-    }
-    let opts = CheckOptions {
-        max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize,
-        ..Default::default()
-    };
-    let rep = check(&rec, &opts);
-    println!("power failure, model workload (seed {seed}, {n} calls): {rep}");
-    for v in rep.violations.iter().take(5) {
+fn worker() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_cairn-test-worker"))
+}
+
+fn show(what: &str, rep: &CheckReport) {
+    println!("{what}: {rep}");
+    for v in rep.violations.iter().take(3) {
         println!(
-            "violation before event {} ({} acknowledged, in flight {:?}): {}",
+            "  violation before event {} ({} acknowledged, in flight {:?}): {}",
             v.event, v.acked, v.in_flight, v.what
         );
     }
-    assert!(
-        rep.violations.is_empty(),
-        "{} violations",
-        rep.violations.len()
+}
+
+#[test]
+fn every_crash_image_of_the_model_workloads_recovers() {
+    let budget = env_or("CAIRN_PF_IMAGES", 10_000) as usize;
+    let n = env_or("CAIRN_PF_OPS", 400) as usize;
+    let t = std::time::Instant::now();
+    let (mut distinct, mut images, mut violations) = (0, 0, 0);
+    let mut seed = env_or("CAIRN_PF_SEED", 1);
+    while distinct < budget {
+        let rec = record(worker(), seed, n, "/p", 25);
+        if std::env::var_os("CAIRN_PF_SITES").is_some() {
+            print_sites(&rec);
+        }
+        let rep = check(
+            &rec,
+            &CheckOptions {
+                max_distinct: budget - distinct,
+                ..Default::default()
+            },
+        );
+        show(&format!("model workload, seed {seed}, {n} calls"), &rep);
+        distinct += rep.distinct;
+        images += rep.images;
+        violations += rep.violations.len();
+        seed += 1;
+    }
+    println!(
+        "power failure: {images} images checked, {distinct} distinct, {violations} violations, {:.1} s",
+        t.elapsed().as_secs_f64()
     );
+    assert_eq!(violations, 0);
+}
+
+/// Two clients pass every lease: the first runs half the calls and stays; the second
+/// runs the rest on the same files (each of its first accesses revokes the first
+/// client's lease, which digests its log).
+#[test]
+fn crash_images_while_two_clients_pass_leases_recover() {
+    let store = cairn_tests::powerfail::small_store();
+    let rec = cairn_tests::powerfail::record_with(worker(), store, 5, 200, "/p", 0, 2);
+    let rep = check(
+        &rec,
+        &CheckOptions {
+            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+            ..Default::default()
+        },
+    );
+    show("two clients passing leases, seed 5, 200 calls", &rep);
+    assert!(rep.violations.is_empty());
+}
+
+/// The line of `file` holding the first `fence()` at or after the line containing
+/// `anchor`, as a trace site name (`file:line`).
+fn fence_after(file: &str, anchor: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join(file)).expect("source file");
+    let lines: Vec<&str> = text.lines().collect();
+    let a = lines
+        .iter()
+        .position(|l| l.contains(anchor))
+        .unwrap_or_else(|| panic!("{anchor:?} not in {file}"));
+    let f = (a..lines.len())
+        .find(|&i| lines[i].contains("fence()"))
+        .expect("a fence after the anchor");
+    format!("{file}:{}", f + 1)
+}
+
+/// The simulator must be able to fail: with one fence removed from the trace, it reports
+/// violations and names what was lost.
+#[test]
+fn removing_a_fence_is_caught() {
+    let rec: Recorded = record(worker(), 1, 150, "/p", 25);
+    let faults = [
+        // The fence that makes a client's committed transaction durable before the call
+        // returns: an acknowledged call can be lost.
+        (
+            fence_after(
+                "crates/libfs/src/fs.rs",
+                "let put = st.ring.put_txn(lsn, &buf);",
+            ),
+            "acknowledged",
+        ),
+        // The fence between writing an inode's new copy and switching its sequence word
+        // to it (the publishing switch): the switch can reach the media first.
+        (
+            fence_after(
+                "crates/daemon/src/shared.rs",
+                "m.flush(off + other, COPY_BYTES)?;",
+            ),
+            "",
+        ),
+    ];
+    for (site, expect) in faults {
+        let rep = check(
+            &rec,
+            &CheckOptions {
+                drop_sites: vec![site.clone()],
+                max_distinct: 1000,
+                ..Default::default()
+            },
+        );
+        show(&format!("without the fence at {site}"), &rep);
+        assert!(rep.dropped_hits > 0, "the fence at {site} was never traced");
+        assert!(
+            !rep.violations.is_empty(),
+            "removing the fence at {site} went unnoticed"
+        );
+        assert!(
+            rep.violations.iter().any(|v| v.what.contains(expect)),
+            "no violation mentions {expect:?}"
+        );
+    }
 }
 
 /// Events per site and kind (`CAIRN_PF_SITES=1`).
-fn print_sites(t: &cairn_crashsim::Trace) {
+fn print_sites(rec: &Recorded) {
     use cairn_crashsim::Event;
+    let t = &rec.trace;
     let mut m: std::collections::BTreeMap<(String, &str), usize> = Default::default();
     for e in &t.events {
         let (site, k) = match e {

@@ -6,7 +6,8 @@
 //!
 //! Usage: cairn-test-worker STORE SEED N PREFIX   (marks each call's start and end in the
 //!        persistence trace when `CAIRN_PM_TRACE` is set; `CAIRN_WORKER_DIGEST_EVERY=K`
-//!        asks for a digest after every K calls)
+//!        asks for a digest after every K calls; `CAIRN_WORKER_RANGE=FROM:TO` runs only
+//!        calls FROM..TO; `CAIRN_WORKER_HOLD=1` stays, after DONE, until stdin closes)
 //!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
@@ -68,18 +69,32 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    // `CAIRN_WORKER_RANGE=FROM:TO`: only calls FROM..TO (a second client continues the
+    // sequence); `CAIRN_WORKER_HOLD=1`: after DONE, stay (holding leases) until stdin
+    // closes.
+    let (from, to) = std::env::var("CAIRN_WORKER_RANGE")
+        .ok()
+        .and_then(|r| {
+            let (a, b) = r.split_once(':')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or((0, n));
     let mut out = std::io::stdout().lock();
-    for (i, op) in ops.iter().enumerate() {
+    for (i, op) in ops.iter().enumerate().take(to).skip(from) {
         // The call's boundaries, for the power-failure simulator (when tracing).
         cairn_media::trace::mark(cairn_tests::powerfail::MARK_BEGIN, i as u64);
         // Operations fail the same way as on the reference (ENOENT, EEXIST, ...); an
         // I/O or connection error would be Cairn's fault, so report it.
-        if let cairn_tests::Outcome::Err(e) = apply(&c, op) {
+        let outcome = apply(&c, op);
+        if let cairn_tests::Outcome::Err(e) = outcome {
             if e == libc::EIO || e == libc::ECONNREFUSED || e == libc::EPROTO || e == libc::ENOSPC {
                 eprintln!("cairn-test-worker: op {i} {op:?} failed with errno {e}");
             }
         }
         cairn_media::trace::mark(cairn_tests::powerfail::MARK_END, i as u64);
+        if std::env::var_os("CAIRN_WORKER_VERBOSE").is_some() {
+            eprintln!("{i} {op:?} -> {outcome:?}");
+        }
         if digest_every > 0 && (i + 1) % digest_every == 0 {
             if let Err(e) = fs.digest() {
                 eprintln!("cairn-test-worker: digest after op {i}: {e}");
@@ -89,6 +104,11 @@ fn main() {
         out.flush().unwrap();
     }
     writeln!(out, "DONE").unwrap();
+    out.flush().unwrap();
+    if std::env::var_os("CAIRN_WORKER_HOLD").is_some() {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    }
 }
 
 /// Register a client, then pin the current global epoch in its client page forever.
