@@ -10,5 +10,5 @@
 pub mod sim;
 pub mod trace;
 
-pub use sim::{Choice, Sim};
+pub use sim::{Choice, Sim, Target};
 pub use trace::{Event, Trace};

@@ -11,6 +11,9 @@
 //!   it in their order, so a line holds the state after some **prefix** of its pending
 //!   stores. Stores are split into 8-byte aligned words, each atomic.
 //! * Lines are independent of each other.
+//! * Host files (the lower tiers) follow the same rules with 4 KiB pages for lines: a
+//!   `pwrite` is pending until the file's next `fdatasync`, and a page keeps a prefix of
+//!   its pending words (stricter than a disk's atomic sectors).
 //!
 //! [`Sim`] follows a trace event by event and keeps the durable image (`img`) and, per
 //! line, its pending words. At any point, [`Sim::choices`] lists crash images as one
@@ -41,22 +44,37 @@ struct Word {
 /// A crash image: how many pending words of each line persisted (lines not named: none).
 pub type Choice = Vec<(u64, usize)>;
 
-/// The durable image of one traced file, and what is pending.
+/// A traced file the simulator follows.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// (dev, ino) of the file.
+    pub file: (u64, u64),
+    /// Its contents when the trace started.
+    pub base: Vec<u8>,
+    /// A host file written with `pwrite` and `fdatasync` (a lower tier), not an NVM
+    /// mapping.
+    pub disk: bool,
+}
+
+/// Line of `target` (in the top 16 bits of a line key) and line number.
+const TARGET_SHIFT: u32 = 48;
+
+/// The durable images of the traced files, and what is pending.
 pub struct Sim {
-    file: (u64, u64),
-    img: Vec<u8>,
+    targets: Vec<Target>,
     hash: u64,
+    /// Pending words by line key (target << 48 | line).
     pending: BTreeMap<u64, Vec<Word>>,
     /// Per thread: lines written back and not fenced yet, with the last word covered.
     flushing: HashMap<u32, Vec<(u64, u64)>>,
-    /// Per thread: non-temporal words not fenced yet (line, word).
+    /// Per thread: non-temporal words not fenced yet (line key, word).
     nt: HashMap<u32, Vec<(u64, u64)>>,
     next_id: u64,
-    /// Fault injection: write-backs and fences at these sites are ignored.
+    /// Fault injection: write-backs, fences and syncs at these sites are ignored.
     dropped: HashSet<u32>,
-    /// How many traced write-backs and fences were ignored.
+    /// How many traced write-backs, fences and syncs were ignored.
     pub dropped_hits: u64,
-    /// Stores beyond the end of the image (a bug in the trace or the image size).
+    /// Stores beyond the end of a file's image (a bug in the trace or the image size).
     pub outside: u64,
 }
 
@@ -69,12 +87,12 @@ fn mix(mut z: u64) -> u64 {
 
 /// A word's share of an image's hash (zero words count nothing, so an image's hash is
 /// the sum over its non-zero words).
-fn word_hash(off: u64, val: [u8; 8]) -> u64 {
+fn word_hash(t: usize, off: u64, val: [u8; 8]) -> u64 {
     let v = u64::from_le_bytes(val);
     if v == 0 {
         0
     } else {
-        mix(off.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ mix(v))
+        mix((off ^ ((t as u64) << 56)).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ mix(v))
     }
 }
 
@@ -89,15 +107,25 @@ fn merge(old: [u8; 8], w: &Word) -> [u8; 8] {
 }
 
 impl Sim {
-    /// Follow file (dev, ino), whose contents when the trace started were `base`.
+    /// Follow one NVM file (dev, ino), whose contents when the trace started were `base`.
     pub fn new(file: (u64, u64), base: Vec<u8>) -> Sim {
+        Sim::with_targets(vec![Target {
+            file,
+            base,
+            disk: false,
+        }])
+    }
+
+    /// Follow several files.
+    pub fn with_targets(targets: Vec<Target>) -> Sim {
         let mut hash = 0u64;
-        for (i, c) in base.chunks_exact(8).enumerate() {
-            hash = hash.wrapping_add(word_hash(i as u64 * 8, c.try_into().expect("8")));
+        for (t, tg) in targets.iter().enumerate() {
+            for (i, c) in tg.base.chunks_exact(8).enumerate() {
+                hash = hash.wrapping_add(word_hash(t, i as u64 * 8, c.try_into().expect("8")));
+            }
         }
         Sim {
-            file,
-            img: base,
+            targets,
             hash,
             pending: BTreeMap::new(),
             flushing: HashMap::new(),
@@ -109,14 +137,14 @@ impl Sim {
         }
     }
 
-    /// Ignore every write-back and fence traced at these sites (fault injection).
+    /// Ignore every write-back, fence and sync traced at these sites (fault injection).
     pub fn drop_sites(&mut self, sites: impl IntoIterator<Item = u32>) {
         self.dropped.extend(sites);
     }
 
-    /// The durable image.
+    /// The durable image of the first file.
     pub fn durable(&self) -> &[u8] {
-        &self.img
+        &self.targets[0].base
     }
 
     /// Number of pending words.
@@ -129,6 +157,28 @@ impl Sim {
         self.pending.len()
     }
 
+    fn target(&self, file: (u64, u64), disk: bool) -> Option<usize> {
+        self.targets
+            .iter()
+            .position(|t| t.file == file && t.disk == disk)
+    }
+
+    fn line_bytes(&self, t: usize) -> u64 {
+        if self.targets[t].disk {
+            4096
+        } else {
+            LINE
+        }
+    }
+
+    fn dropped(&mut self, site: u32) -> bool {
+        let d = self.dropped.contains(&site);
+        if d {
+            self.dropped_hits += 1;
+        }
+        d
+    }
+
     /// Apply one event of the trace.
     pub fn step(&mut self, e: &Event) {
         match e {
@@ -139,27 +189,44 @@ impl Sim {
                 off,
                 data,
                 nt,
-            } if *file == self.file => self.store(*tid, *site, *off, data, *nt),
+            } => {
+                if let Some(t) = self.target(*file, false) {
+                    self.store(t, *tid, *site, *off, data, *nt);
+                }
+            }
+            Event::FileWrite {
+                tid,
+                site,
+                file,
+                off,
+                data,
+            } => {
+                if let Some(t) = self.target(*file, true) {
+                    self.store(t, *tid, *site, *off, data, false);
+                }
+            }
             Event::Flush {
                 tid,
                 site,
                 file,
                 off,
                 len,
-            } if *file == self.file => {
-                if self.dropped.contains(site) {
-                    self.dropped_hits += 1;
+            } => {
+                let Some(t) = self.target(*file, false) else {
+                    return;
+                };
+                if self.dropped(*site) {
                     return;
                 }
-                let (first, end) = (off / LINE, (off + len).div_ceil(LINE));
+                let base = (t as u64) << TARGET_SHIFT;
+                let (first, end) = (base + off / LINE, base + (off + len).div_ceil(LINE));
                 let f = self.flushing.entry(*tid).or_default();
                 for (&line, words) in self.pending.range(first..end) {
                     f.push((line, words.last().expect("non-empty").id));
                 }
             }
             Event::Fence { tid, site } => {
-                if self.dropped.contains(site) {
-                    self.dropped_hits += 1;
+                if self.dropped(*site) {
                     return;
                 }
                 for (line, upto) in self.flushing.remove(tid).unwrap_or_default() {
@@ -169,15 +236,33 @@ impl Sim {
                     self.persist(line, id);
                 }
             }
-            _ => {}
+            Event::FileSync { site, file, .. } => {
+                let Some(t) = self.target(*file, true) else {
+                    return;
+                };
+                if self.dropped(*site) {
+                    return;
+                }
+                let base = (t as u64) << TARGET_SHIFT;
+                let lines: Vec<u64> = self
+                    .pending
+                    .range(base..base + (1 << TARGET_SHIFT))
+                    .map(|(&l, _)| l)
+                    .collect();
+                for l in lines {
+                    self.persist(l, u64::MAX);
+                }
+            }
+            Event::Mark { .. } => {}
         }
     }
 
-    fn store(&mut self, tid: u32, site: u32, off: u64, data: &[u8], nt: bool) {
-        if off + data.len() as u64 > self.img.len() as u64 {
+    fn store(&mut self, t: usize, tid: u32, site: u32, off: u64, data: &[u8], nt: bool) {
+        if off + data.len() as u64 > self.targets[t].base.len() as u64 {
             self.outside += 1;
             return;
         }
+        let line_bytes = self.line_bytes(t);
         let mut at = 0usize;
         while at < data.len() {
             let pos = off + at as u64;
@@ -192,7 +277,7 @@ impl Sim {
             }
             let id = self.next_id;
             self.next_id += 1;
-            let line = word / LINE;
+            let line = ((t as u64) << TARGET_SHIFT) | (word / line_bytes);
             self.pending.entry(line).or_default().push(Word {
                 id,
                 off: word,
@@ -218,25 +303,29 @@ impl Sim {
         if words.is_empty() {
             self.pending.remove(&line);
         }
+        let t = (line >> TARGET_SHIFT) as usize;
         for w in done {
             let at = w.off as usize;
-            let old: [u8; 8] = self.img[at..at + 8].try_into().expect("8");
+            let img = &mut self.targets[t].base;
+            let old: [u8; 8] = img[at..at + 8].try_into().expect("8");
             let new = merge(old, &w);
             self.hash = self
                 .hash
-                .wrapping_sub(word_hash(w.off, old))
-                .wrapping_add(word_hash(w.off, new));
-            self.img[at..at + 8].copy_from_slice(&new);
+                .wrapping_sub(word_hash(t, w.off, old))
+                .wrapping_add(word_hash(t, w.off, new));
+            img[at..at + 8].copy_from_slice(&new);
         }
     }
 
-    /// The words of `line` after its first `k` pending words persisted: (offset, value).
+    /// The words of `line` after its first `k` pending words persisted: (offset, old
+    /// value, new value).
     fn line_after(&self, line: u64, k: usize) -> Vec<(u64, [u8; 8], [u8; 8])> {
+        let img = &self.targets[(line >> TARGET_SHIFT) as usize].base;
         let mut words: BTreeMap<u64, ([u8; 8], [u8; 8])> = BTreeMap::new();
         for w in self.pending[&line].iter().take(k) {
             let at = w.off as usize;
             let e = words.entry(w.off).or_insert_with(|| {
-                let old: [u8; 8] = self.img[at..at + 8].try_into().expect("8");
+                let old: [u8; 8] = img[at..at + 8].try_into().expect("8");
                 (old, old)
             });
             e.1 = merge(e.1, w);
@@ -248,10 +337,11 @@ impl Sim {
     pub fn image_hash(&self, choice: &Choice) -> u64 {
         let mut h = self.hash;
         for &(line, k) in choice {
+            let t = (line >> TARGET_SHIFT) as usize;
             for (off, old, new) in self.line_after(line, k) {
                 h = h
-                    .wrapping_sub(word_hash(off, old))
-                    .wrapping_add(word_hash(off, new));
+                    .wrapping_sub(word_hash(t, off, old))
+                    .wrapping_add(word_hash(t, off, new));
             }
         }
         h
@@ -269,13 +359,18 @@ impl Sim {
         by.into_iter().collect()
     }
 
-    /// Build the image `choice` describes into `out` (resized to the file's size).
-    pub fn build(&self, choice: &Choice, out: &mut Vec<u8>) {
-        out.clear();
-        out.extend_from_slice(&self.img);
+    /// Build the image `choice` describes into `out`: one buffer per file, in the order
+    /// of the targets.
+    pub fn build(&self, choice: &Choice, out: &mut Vec<Vec<u8>>) {
+        out.resize(self.targets.len(), Vec::new());
+        for (o, t) in out.iter_mut().zip(&self.targets) {
+            o.clear();
+            o.extend_from_slice(&t.base);
+        }
         for &(line, k) in choice {
+            let o = &mut out[(line >> TARGET_SHIFT) as usize];
             for (off, _, new) in self.line_after(line, k) {
-                out[off as usize..off as usize + 8].copy_from_slice(&new);
+                o[off as usize..off as usize + 8].copy_from_slice(&new);
             }
         }
     }
@@ -377,6 +472,7 @@ mod tests {
             .map(|c| {
                 let mut o = Vec::new();
                 s.build(c, &mut o);
+                let o = o.remove(0);
                 assert_eq!(
                     s.image_hash(c),
                     Sim::new(F, o.clone()).hash,
@@ -481,4 +577,48 @@ mod tests {
         assert!(c[0].is_empty());
         assert_eq!(c[1].len(), 64);
     }
+}
+
+#[cfg(test)]
+mod disk_tests {
+    use super::*;
+
+    #[test]
+    fn host_file_writes_are_durable_at_fdatasync() {
+        let nvm = Target {
+            file: (1, 1),
+            base: vec![0; 64],
+            disk: false,
+        };
+        let disk = Target {
+            file: (1, 2),
+            base: vec![0; 8192],
+            disk: true,
+        };
+        let mut s = Sim::with_targets(vec![nvm, disk]);
+        s.step(&Event::FileWrite {
+            tid: 1,
+            site: 0,
+            file: (1, 2),
+            off: 4096,
+            data: vec![7; 16],
+        });
+        // A fence does not make a host file write durable; a write-back of the NVM
+        // file's line does not either.
+        s.step(&Event::Fence { tid: 1, site: 0 });
+        assert_eq!(s.pending_words(), 2);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        assert_eq!(s.choices(100, 0, &mut rng).len(), 3);
+        s.step(&Event::FileSync {
+            tid: 2,
+            site: 0,
+            file: (1, 2),
+        });
+        assert_eq!(s.pending_words(), 0);
+        let mut out = Vec::new();
+        s.build(&Vec::new(), &mut out);
+        assert_eq!(&out[1][4096..4112], &[7; 16]);
+        assert_eq!(out[0], vec![0; 64]);
+    }
+    use rand::SeedableRng;
 }

@@ -1,7 +1,8 @@
 //! Reading a persistence trace written by `cairn_media::trace`.
 
 use cairn_media::trace::{
-    DATA_START, FENCE, FLUSH, HDR_CAPACITY, HDR_OVERFLOW, HDR_TAIL, MARK, NT_STORE, SITE, STORE,
+    DATA_START, FENCE, FILE_SYNC, FILE_WRITE, FLUSH, HDR_CAPACITY, HDR_OVERFLOW, HDR_TAIL, MARK,
+    NT_STORE, SITE, STORE,
 };
 use std::collections::HashMap;
 use std::io;
@@ -31,6 +32,20 @@ pub enum Event {
     Fence { tid: u32, site: u32 },
     /// A workload's mark.
     Mark { tid: u32, label: u32, value: u64 },
+    /// A `pwrite` of `data` at `off` of a host file (a lower tier).
+    FileWrite {
+        tid: u32,
+        site: u32,
+        file: (u64, u64),
+        off: u64,
+        data: Vec<u8>,
+    },
+    /// An `fdatasync` of a host file.
+    FileSync {
+        tid: u32,
+        site: u32,
+        file: (u64, u64),
+    },
 }
 
 /// A whole trace: its events and the names of its sites.
@@ -89,20 +104,38 @@ impl Trace {
             let r = &b[at + 8..at + len];
             let tid = u32_at(r, 0);
             match kind {
-                STORE | NT_STORE => {
+                STORE | NT_STORE | FILE_WRITE => {
                     let n = u64_at(r, 32) as usize;
                     if 40 + n > r.len() {
                         return Err(bad(format!("store record at {at} is cut short")));
                     }
-                    t.events.push(Event::Store {
-                        tid,
-                        site: u32_at(r, 4),
-                        file: (u64_at(r, 8), u64_at(r, 16)),
-                        off: u64_at(r, 24),
-                        data: r[40..40 + n].to_vec(),
-                        nt: kind == NT_STORE,
+                    let (site, file, off) =
+                        (u32_at(r, 4), (u64_at(r, 8), u64_at(r, 16)), u64_at(r, 24));
+                    let data = r[40..40 + n].to_vec();
+                    t.events.push(if kind == FILE_WRITE {
+                        Event::FileWrite {
+                            tid,
+                            site,
+                            file,
+                            off,
+                            data,
+                        }
+                    } else {
+                        Event::Store {
+                            tid,
+                            site,
+                            file,
+                            off,
+                            data,
+                            nt: kind == NT_STORE,
+                        }
                     });
                 }
+                FILE_SYNC => t.events.push(Event::FileSync {
+                    tid,
+                    site: u32_at(r, 4),
+                    file: (u64_at(r, 8), u64_at(r, 16)),
+                }),
                 FLUSH => t.events.push(Event::Flush {
                     tid,
                     site: u32_at(r, 4),

@@ -610,7 +610,6 @@ impl Migrator {
         dest: &Dest,
         moves: &[Move],
     ) -> io::Result<(u64, std::collections::HashSet<u64>)> {
-        use std::os::unix::fs::FileExt;
         // Phase 2: read every block (one read per run of blocks consecutive on a lower
         // tier), write them (a segment in one go, with direct I/O where the tier allows
         // it; NVM blocks with non-temporal stores) and make them durable.
@@ -644,8 +643,8 @@ impl Migrator {
                     .or_else(|| area.tier_file(to))
                     .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
                 cairn_media::emulate::write(to, buf.len());
-                f.write_all_at(&buf, first * BLOCK_SIZE_U64)
-                    .and_then(|()| f.sync_data())
+                cairn_media::file::write_all_at(f, &buf, first * BLOCK_SIZE_U64)
+                    .and_then(|()| cairn_media::file::sync_data(f))
                     .map_err(|e| eio(format!("write of segment {seg} of the {name} tier: {e}")))?;
             }
             Dest::Nvm(blocks) => {

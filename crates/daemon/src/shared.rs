@@ -156,7 +156,7 @@ impl Shared {
             for s in segs {
                 let len = t.geom.segment_bytes();
                 // A failed trim wastes nothing: the segment is rewritten whole.
-                let _ = cairn_media::sys::discard(f, s * len, len);
+                let _ = cairn_media::file::discard(f, s * len, len);
             }
         }
     }

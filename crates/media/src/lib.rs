@@ -285,6 +285,48 @@ pub fn fence() {
     }
 }
 
+/// Writes to host files that hold store data (the lower tiers), through this funnel so
+/// that the power-failure simulator sees them: a `pwrite` is durable at the file's next
+/// `fdatasync`.
+pub mod file {
+    use super::trace;
+    use std::fs::File;
+    use std::io;
+    use std::os::unix::fs::FileExt;
+    use std::panic::Location;
+
+    /// `pwrite` all of `data` at `off`.
+    #[track_caller]
+    pub fn write_all_at(file: &File, data: &[u8], off: u64) -> io::Result<()> {
+        file.write_all_at(data, off)?;
+        if trace::on() {
+            trace::file_write(file, off, data, Location::caller());
+        }
+        Ok(())
+    }
+
+    /// Trim `len` bytes at `off` ([`super::sys::discard`]); traced as a write of zeros
+    /// (a crash may or may not have it before the next `fdatasync`).
+    #[track_caller]
+    pub fn discard(file: &File, off: u64, len: u64) -> io::Result<()> {
+        super::sys::discard(file, off, len)?;
+        if trace::on() {
+            trace::file_write(file, off, &vec![0; len as usize], Location::caller());
+        }
+        Ok(())
+    }
+
+    /// `fdatasync`.
+    #[track_caller]
+    pub fn sync_data(file: &File) -> io::Result<()> {
+        file.sync_data()?;
+        if trace::on() {
+            trace::file_sync(file, Location::caller());
+        }
+        Ok(())
+    }
+}
+
 /// Which write-back instruction this CPU uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlushKind {

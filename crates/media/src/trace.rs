@@ -26,6 +26,8 @@
 //! | `FENCE` | tid, site |
 //! | `MARK` | tid, label `u32`, value `u64` (a workload's call boundaries) |
 //! | `SITE` | site `u32`, 0 `u32`, the site's `file:line` (padded) |
+//! | `FILE_WRITE` | as `STORE`: a `pwrite` to a host file (a lower tier) |
+//! | `FILE_SYNC` | tid, site, dev, ino: an `fdatasync` of that file |
 //!
 //! Offsets are offsets in the file (dev, ino) that was mapped, not in the mapping. A site
 //! is the source location of the call (`#[track_caller]`), so a simulator can drop the
@@ -46,6 +48,8 @@ pub const FLUSH: u8 = 3;
 pub const FENCE: u8 = 4;
 pub const MARK: u8 = 5;
 pub const SITE: u8 = 6;
+pub const FILE_WRITE: u8 = 7;
+pub const FILE_SYNC: u8 = 8;
 
 /// Where records start.
 pub const DATA_START: u64 = 4096;
@@ -249,8 +253,30 @@ fn site(loc: &Location<'_>) -> u32 {
 
 /// Trace a store (`nt`: non-temporal) of `data` at `off` of the mapping of `o`.
 pub(crate) fn store(o: &Origin, off: usize, data: &[u8], nt: bool, loc: &Location<'_>) {
-    let site = site(loc);
     let kind = if nt { NT_STORE } else { STORE };
+    record_write(kind, o, off, data, loc);
+}
+
+/// Trace a `pwrite` of `data` at `off` of `file`.
+pub(crate) fn file_write(file: &File, off: u64, data: &[u8], loc: &Location<'_>) {
+    let o = Origin::of(file, 0);
+    record_write(FILE_WRITE, &o, off as usize, data, loc);
+}
+
+/// Trace an `fdatasync` of `file`.
+pub(crate) fn file_sync(file: &File, loc: &Location<'_>) {
+    let o = Origin::of(file, 0);
+    let site = site(loc);
+    append(FILE_SYNC, 32, |b| {
+        let mut at = put(b, 0, &tid().to_le_bytes());
+        at = put(b, at, &site.to_le_bytes());
+        at = put(b, at, &o.dev.to_le_bytes());
+        put(b, at, &o.ino.to_le_bytes());
+    });
+}
+
+fn record_write(kind: u8, o: &Origin, off: usize, data: &[u8], loc: &Location<'_>) {
+    let site = site(loc);
     append(kind, 48 + pad8(data.len()), |b| {
         let mut at = put(b, 0, &tid().to_le_bytes());
         at = put(b, at, &site.to_le_bytes());

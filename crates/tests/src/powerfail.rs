@@ -13,7 +13,7 @@ use crate::harness::{StoreSize, TestStore};
 use crate::ops::{apply, gen_ops, HostFs, Kind, Meta};
 use crate::snapshot::{diff, snapshot, Node, Snapshot};
 use cairn_area::{Area, StoreDir};
-use cairn_crashsim::{Choice, Event, Sim, Trace};
+use cairn_crashsim::{Choice, Event, Sim, Target, Trace};
 use cairn_format::inode::{Inode, Kind as IKind};
 use cairn_format::ROOT_INO;
 use rand::SeedableRng;
@@ -29,13 +29,18 @@ use std::time::{Duration, Instant};
 pub const MARK_BEGIN: u32 = 1;
 pub const MARK_END: u32 = 2;
 
-/// A recorded workload: the base image, the trace and the calls.
+/// A file of the store the simulator follows: the NVM tier, or a lower tier.
+#[derive(Debug, Clone)]
+pub struct TracedFile {
+    pub path: PathBuf,
+    pub target: Target,
+}
+
+/// A recorded workload: the base images, the trace and the calls.
 pub struct Recorded {
     pub store: TestStore,
-    /// The NVM tier file and its (dev, ino).
-    pub nvm: PathBuf,
-    pub file: (u64, u64),
-    pub base: Vec<u8>,
+    /// The NVM tier first, then the lower tiers.
+    pub files: Vec<TracedFile>,
     pub trace: Trace,
     pub seed: u64,
     pub n: usize,
@@ -54,17 +59,36 @@ pub fn small_store() -> TestStore {
     })
 }
 
+/// A small store with three tiers: 8 MiB of NVM, 8 MiB of SSD and 8 MiB of HDD in
+/// 256 KiB segments (lower tiers as files, every image copies them too).
+pub fn small_three_tier_store() -> TestStore {
+    TestStore::with_size(StoreSize {
+        nvm: "8M",
+        log: "512K",
+        clients: 2,
+        inodes: Some(1024),
+        tiers: Some(crate::harness::Tiers {
+            ssd: "8M",
+            ssd_device: None,
+            hdd: Some("8M"),
+            segment: "256K",
+        }),
+    })
+}
+
 /// Record `n` generated calls (`gen_ops(seed, n, prefix)`) by one client (`worker`: the
 /// `cairn-test-worker` binary), with a digest after every `digest_every` calls (0: only
 /// when the log fills).
 pub fn record(worker: &Path, seed: u64, n: usize, prefix: &str, digest_every: usize) -> Recorded {
-    record_with(worker, small_store(), seed, n, prefix, digest_every, 1)
+    record_with(worker, small_store(), seed, n, prefix, digest_every, 1, 0)
 }
 
 /// Like [`record`] on `store`, with the calls split among `clients` processes that run
 /// one after the other on the same files: each stays alive, holding its leases, while
 /// the next one works, so every lease passes from one client to the next (revoked, the
-/// holder's log digested) in the middle of the trace.
+/// holder's log digested) in the middle of the trace. With `migrate_every` > 0, the
+/// clients ask the daemon to move data down one tier after every that many calls.
+#[allow(clippy::too_many_arguments)]
 pub fn record_with(
     worker: &Path,
     store: TestStore,
@@ -73,6 +97,7 @@ pub fn record_with(
     prefix: &str,
     digest_every: usize,
     clients: usize,
+    migrate_every: usize,
 ) -> Recorded {
     {
         let fs = store.fs();
@@ -81,9 +106,23 @@ pub fn record_with(
     store.stop();
     wait_no_daemon(&store);
     let cfg = StoreDir::new(store.path()).load_config().expect("config");
-    let nvm = cfg.nvm_path.clone();
-    let meta = std::fs::metadata(&nvm).expect("NVM file");
-    let base = std::fs::read(&nvm).expect("read the base image");
+    let mut files = Vec::new();
+    for (path, disk) in [
+        (Some(cfg.nvm_path.clone()), false),
+        (cfg.ssd_path.clone(), true),
+        (cfg.hdd_path.clone(), true),
+    ] {
+        let Some(path) = path else { continue };
+        let meta = std::fs::metadata(&path).expect("store file");
+        files.push(TracedFile {
+            target: Target {
+                file: (meta.dev(), meta.ino()),
+                base: std::fs::read(&path).expect("read the base image"),
+                disk,
+            },
+            path,
+        });
+    }
     let trace_path = store.path().join("pm.trace");
     cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
     let mut held = Vec::new();
@@ -95,6 +134,7 @@ pub fn record_with(
             .env("CAIRN_PM_TRACE", &trace_path)
             .env("CAIRN_WORKER_DIGEST_EVERY", digest_every.to_string())
             .env("CAIRN_WORKER_RANGE", format!("{from}:{to}"))
+            .env("CAIRN_WORKER_MIGRATE_EVERY", migrate_every.to_string())
             .env("CAIRN_WORKER_HOLD", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -117,9 +157,7 @@ pub fn record_with(
     let _ = std::fs::remove_file(&trace_path);
     Recorded {
         store,
-        nvm,
-        file: (meta.dev(), meta.ino()),
-        base,
+        files,
         trace,
         seed,
         n,
@@ -247,10 +285,11 @@ fn without_xattrs(mut s: Snapshot) -> Snapshot {
     s
 }
 
-/// A scratch store whose NVM file receives each image.
+/// A scratch store whose files receive each image.
 struct Scratch {
     dir: tempfile::TempDir,
-    nvm: PathBuf,
+    /// Where each traced file's image goes (the order of `Recorded::files`).
+    paths: Vec<PathBuf>,
 }
 
 impl Scratch {
@@ -259,27 +298,34 @@ impl Scratch {
             .prefix("cairn-pf-img-")
             .tempdir()
             .expect("tempdir");
-        let nvm = Path::new("/dev/shm").join(format!(
-            "{}.nvm",
-            dir.path().file_name().unwrap().to_string_lossy()
-        ));
-        let cfg = std::fs::read_to_string(r.store.path().join("cairn.toml")).expect("config");
-        let old = r.nvm.to_string_lossy().into_owned();
-        assert!(cfg.contains(&old), "the configuration names the NVM file");
-        std::fs::write(
-            dir.path().join("cairn.toml"),
-            cfg.replace(&old, &nvm.to_string_lossy()),
-        )
-        .expect("write config");
-        Scratch { dir, nvm }
+        let name = dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut cfg = std::fs::read_to_string(r.store.path().join("cairn.toml")).expect("config");
+        let mut paths = Vec::new();
+        for (i, f) in r.files.iter().enumerate() {
+            let old = f.path.to_string_lossy().into_owned();
+            let new = Path::new("/dev/shm").join(format!("{name}.{i}"));
+            assert!(cfg.contains(&old), "the configuration names {old}");
+            cfg = cfg.replace(&old, &new.to_string_lossy());
+            paths.push(new);
+        }
+        std::fs::write(dir.path().join("cairn.toml"), cfg).expect("write config");
+        Scratch { dir, paths }
     }
 
-    /// Recover `image` and read its tree.
-    fn recover(&self, image: &[u8], prefix: &str) -> Outcome {
-        if let Err(e) = std::fs::write(&self.nvm, image) {
-            return Outcome::Failed(format!("cannot write the image: {e}"));
+    /// Recover `images` (one per traced file) and read the tree.
+    fn recover(&self, images: &[Vec<u8>], prefix: &str) -> Outcome {
+        for (p, img) in self.paths.iter().zip(images) {
+            if let Err(e) = std::fs::write(p, img) {
+                return Outcome::Failed(format!("cannot write the image {}: {e}", p.display()));
+            }
         }
         let store = self.dir.path().to_path_buf();
+        let nvm = self.paths[0].clone();
         let r = std::panic::catch_unwind(move || -> Result<Snapshot, String> {
             cairn_daemon::recover(&store).map_err(|e| format!("recovery failed: {e}"))?;
             let rep = cairn_daemon::fsck(&store, &cairn_daemon::FsckOptions::default())
@@ -287,9 +333,13 @@ impl Scratch {
             if !rep.problems.is_empty() {
                 return Err(format!("fsck: {}", rep.problems.join("; ")));
             }
-            let f = std::fs::File::open(StoreDir::new(&store).load_config().unwrap().nvm_path)
+            let cfg = StoreDir::new(&store)
+                .load_config()
                 .map_err(|e| e.to_string())?;
-            let area = Area::open(&f, false).map_err(|e| format!("open: {e}"))?;
+            let f = std::fs::File::open(&nvm).map_err(|e| e.to_string())?;
+            let mut area = Area::open(&f, false).map_err(|e| format!("open: {e}"))?;
+            area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)
+                .map_err(|e| format!("attach the tiers: {e}"))?;
             area_snapshot(&area, prefix).map_err(|e| format!("reading the tree: {e}"))
         });
         match r {
@@ -308,7 +358,9 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.nvm);
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -318,7 +370,7 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let states = reference_states(r);
     let ops = gen_ops(r.seed, r.n, &r.prefix);
     let scratch = Scratch::new(r);
-    let mut sim = Sim::new(r.file, r.base.clone());
+    let mut sim = Sim::with_targets(r.files.iter().map(|f| f.target.clone()).collect());
     let dropped: Vec<u32> = r
         .trace
         .sites
@@ -336,7 +388,18 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let mut seen: HashMap<u64, Outcome> = HashMap::new();
     let mut rep = CheckReport::default();
     let (mut acked, mut in_flight) = (0usize, None::<usize>);
-    let mut img = Vec::new();
+    let mut imgs = Vec::new();
+    let is_point = |e: &Event| {
+        matches!(
+            e,
+            Event::Fence { .. }
+                | Event::Mark {
+                    label: MARK_END,
+                    ..
+                }
+        )
+    };
+    let points = r.trace.events.iter().filter(|e| is_point(e)).count();
     for (i, e) in r.trace.events.iter().enumerate() {
         let point = match e {
             Event::Mark {
@@ -360,8 +423,15 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
             _ => false,
         };
         if point && !rep.truncated {
+            // Spread what is left of the budget over the crash points still ahead.
+            let per = if opts.max_distinct == 0 {
+                opts.samples
+            } else {
+                let left = opts.max_distinct.saturating_sub(seen.len());
+                (left / (points - rep.crash_points).max(1)).clamp(2, opts.samples)
+            };
             rep.crash_points += 1;
-            for c in sim.choices(opts.exhaustive, opts.samples, &mut rng) {
+            for c in sim.choices(opts.exhaustive.min(per as u64), per, &mut rng) {
                 rep.images += 1;
                 let h = sim.image_hash(&c);
                 if !seen.contains_key(&h) {
@@ -369,8 +439,8 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                         rep.truncated = true;
                         break;
                     }
-                    sim.build(&c, &mut img);
-                    seen.insert(h, scratch.recover(&img, &r.prefix));
+                    sim.build(&c, &mut imgs);
+                    seen.insert(h, scratch.recover(&imgs, &r.prefix));
                 }
                 if let Some(what) = judge(&seen[&h], &states, &ops, acked, in_flight) {
                     if rep.violations.is_empty() {
@@ -393,15 +463,19 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     rep
 }
 
-/// With `CAIRN_PF_KEEP=<file>`, save the first violating image there (for `cairn fsck`
-/// or a daemon started on a copy of the store with that NVM file).
+/// With `CAIRN_PF_KEEP=<file>`, save the first violating image there: `<file>.0` the NVM
+/// tier, `.1` and `.2` the lower tiers (for `cairn fsck` or a daemon started on a copy
+/// of the store's configuration naming them).
 fn keep_image(sim: &Sim, c: &Choice) {
     if let Some(p) = std::env::var_os("CAIRN_PF_KEEP") {
-        let mut img = Vec::new();
-        sim.build(c, &mut img);
-        match std::fs::write(&p, &img) {
-            Ok(()) => eprintln!("first violating image saved to {}", Path::new(&p).display()),
-            Err(e) => eprintln!("cannot save the image: {e}"),
+        let mut imgs = Vec::new();
+        sim.build(c, &mut imgs);
+        for (i, img) in imgs.iter().enumerate() {
+            let p = format!("{}.{i}", Path::new(&p).display());
+            match std::fs::write(&p, img) {
+                Ok(()) => eprintln!("first violating image saved to {p}"),
+                Err(e) => eprintln!("cannot save the image: {e}"),
+            }
         }
     }
 }

@@ -68,7 +68,7 @@ fn every_crash_image_of_the_model_workloads_recovers() {
 #[test]
 fn crash_images_while_two_clients_pass_leases_recover() {
     let store = cairn_tests::powerfail::small_store();
-    let rec = cairn_tests::powerfail::record_with(worker(), store, 5, 200, "/p", 0, 2);
+    let rec = cairn_tests::powerfail::record_with(worker(), store, 5, 200, "/p", 0, 2, 0);
     let rep = check(
         &rec,
         &CheckOptions {
@@ -77,6 +77,34 @@ fn crash_images_while_two_clients_pass_leases_recover() {
         },
     );
     show("two clients passing leases, seed 5, 200 calls", &rep);
+    assert!(rep.violations.is_empty());
+}
+
+/// Migration on a three-tier store: every 20 calls the data moves NVM → SSD → HDD (whole
+/// segments copied, `fdatasync`ed, switched, the old blocks freed after the epoch), with
+/// the lower tiers' writes and syncs in the trace.
+#[test]
+fn crash_images_during_migration_recover() {
+    let store = cairn_tests::powerfail::small_three_tier_store();
+    let rec = cairn_tests::powerfail::record_with(worker(), store, 8, 200, "/p", 0, 1, 20);
+    let writes = rec
+        .trace
+        .events
+        .iter()
+        .filter(|e| matches!(e, cairn_crashsim::Event::FileWrite { .. }))
+        .count();
+    assert!(writes > 0, "no migration reached the lower tiers");
+    let rep = check(
+        &rec,
+        &CheckOptions {
+            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+            ..Default::default()
+        },
+    );
+    show(
+        &format!("migration on three tiers, seed 8, 200 calls ({writes} lower-tier writes)"),
+        &rep,
+    );
     assert!(rep.violations.is_empty());
 }
 
@@ -154,6 +182,8 @@ fn print_sites(rec: &Recorded) {
             Event::Flush { site, .. } => (*site, "flush"),
             Event::Fence { site, .. } => (*site, "fence"),
             Event::Mark { .. } => (0, "mark"),
+            Event::FileWrite { site, .. } => (*site, "file-write"),
+            Event::FileSync { site, .. } => (*site, "file-sync"),
         };
         *m.entry((t.site_name(site), k)).or_default() += 1;
     }

@@ -7,7 +7,8 @@
 //! Usage: cairn-test-worker STORE SEED N PREFIX   (marks each call's start and end in the
 //!        persistence trace when `CAIRN_PM_TRACE` is set; `CAIRN_WORKER_DIGEST_EVERY=K`
 //!        asks for a digest after every K calls; `CAIRN_WORKER_RANGE=FROM:TO` runs only
-//!        calls FROM..TO; `CAIRN_WORKER_HOLD=1` stays, after DONE, until stdin closes)
+//!        calls FROM..TO; `CAIRN_WORKER_HOLD=1` stays, after DONE, until stdin closes;
+//!        `CAIRN_WORKER_MIGRATE_EVERY=K` moves data NVM → SSD → HDD after every K calls)
 //!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
@@ -65,10 +66,16 @@ fn main() {
     };
     let c = CairnFs { fs: &fs };
     let ops = gen_ops(seed, n, &a[4]);
-    let digest_every: usize = std::env::var("CAIRN_WORKER_DIGEST_EVERY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let every = |k: &str| -> usize {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (digest_every, migrate_every) = (
+        every("CAIRN_WORKER_DIGEST_EVERY"),
+        every("CAIRN_WORKER_MIGRATE_EVERY"),
+    );
     // `CAIRN_WORKER_RANGE=FROM:TO`: only calls FROM..TO (a second client continues the
     // sequence); `CAIRN_WORKER_HOLD=1`: after DONE, stay (holding leases) until stdin
     // closes.
@@ -98,6 +105,17 @@ fn main() {
         if digest_every > 0 && (i + 1) % digest_every == 0 {
             if let Err(e) = fs.digest() {
                 eprintln!("cairn-test-worker: digest after op {i}: {e}");
+            }
+        }
+        if migrate_every > 0 && (i + 1) % migrate_every == 0 {
+            // Everything digested first, so that there is data to move.
+            let _ = fs.digest();
+            for from in [0u8, 1] {
+                if let Err(e) =
+                    cairn::daemon_migrate(Some(std::path::Path::new(&a[1])), from, 1 << 30)
+                {
+                    eprintln!("cairn-test-worker: migrate from tier {from} after op {i}: {e}");
+                }
             }
         }
         writeln!(out, "ACK {i}").unwrap();
