@@ -1,0 +1,305 @@
+//! `cairn fsck`: each class of damage, written into a stopped store's NVM file, is found
+//! (exit 4), and repaired where `--repair` promises it (exit 1, then 0); bad input is an
+//! operational error (exit 8), never a panic.
+
+use cairn_format::inode::{current_copy, Inode, COPY_OFF, INODE_BYTES};
+use cairn_format::superblock::{Layout, Superblock};
+use cairn_format::BLOCK_SIZE;
+use cairn_tests::harness::{cairn_bin, StoreSize};
+use cairn_tests::TestStore;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A stopped store holding a few files: its NVM file, layout and the inode numbers of
+/// `/a` (two names: `/a` and `/b`), `/d` and `/d/f`.
+struct Damaged {
+    store: TestStore,
+    nvm: File,
+    l: Layout,
+    a: u64,
+    d: u64,
+    f: u64,
+}
+
+fn store() -> Damaged {
+    let store = TestStore::with_size(StoreSize {
+        nvm: "8M",
+        log: "512K",
+        clients: 2,
+        inodes: Some(1024),
+        tiers: None,
+    });
+    let (a, d, f) = {
+        let fs = store.fs();
+        fs.write("/a", vec![1u8; 10_000]).unwrap();
+        fs.hard_link("/a", "/b").unwrap();
+        fs.create_dir("/d").unwrap();
+        fs.write("/d/f", vec![2u8; 5_000]).unwrap();
+        fs.symlink("a", "/s").unwrap();
+        (
+            fs.metadata("/a").unwrap().ino(),
+            fs.metadata("/d").unwrap().ino(),
+            fs.metadata("/d/f").unwrap().ino(),
+        )
+    };
+    store.stop();
+    let cfg = cairn_area::StoreDir::new(store.path())
+        .load_config()
+        .unwrap();
+    let nvm = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg.nvm_path)
+        .unwrap();
+    let mut sb = vec![0u8; BLOCK_SIZE];
+    nvm.read_exact_at(&mut sb, 0).unwrap();
+    let l = Superblock::decode(&sb, nvm.metadata().unwrap().len())
+        .unwrap()
+        .layout;
+    Damaged {
+        store,
+        nvm,
+        l,
+        a,
+        d,
+        f,
+    }
+}
+
+impl Damaged {
+    fn inode(&self, ino: u64) -> Inode {
+        let mut b = [0u8; INODE_BYTES];
+        self.nvm
+            .read_exact_at(&mut b, self.l.inode_off(ino))
+            .unwrap();
+        Inode::decode(&b).unwrap()
+    }
+
+    /// Overwrite the current copy of inode `ino` (a valid, checksummed copy).
+    fn set_inode(&self, ino: u64, i: &Inode) {
+        let off = self.l.inode_off(ino);
+        let mut seq = [0u8; 8];
+        self.nvm.read_exact_at(&mut seq, off).unwrap();
+        let c = current_copy(u64::from_le_bytes(seq));
+        self.nvm
+            .write_all_at(&i.encode_copy(), off + COPY_OFF[c] as u64)
+            .unwrap();
+    }
+
+    /// Flip the saved allocation bit of data block `blk`, keeping the header valid.
+    fn flip_block_bit(&self, blk: u64) {
+        let l = &self.l;
+        let boff = (l.alloc_start + 1) * BLOCK_SIZE as u64;
+        let mut bm = vec![0u8; l.alloc_bitmap_bytes()];
+        self.nvm.read_exact_at(&mut bm, boff).unwrap();
+        let i = blk - l.data_start;
+        bm[(i / 8) as usize] ^= 1 << (i % 8);
+        self.nvm.write_all_at(&bm, boff).unwrap();
+        let hdr = cairn_format::alloc::encode_header(l.data_blocks, l.inode_count, &bm);
+        self.nvm
+            .write_all_at(&hdr, l.alloc_start * BLOCK_SIZE as u64)
+            .unwrap();
+    }
+
+    fn fsck(&self, args: &[&str]) -> (i32, String) {
+        fsck_at(self.store.path().into(), args)
+    }
+}
+
+fn fsck_at(store: PathBuf, args: &[&str]) -> (i32, String) {
+    let out = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(&store)
+        .arg("fsck")
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("panicked"), "fsck panicked: {text}");
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn a_healthy_store_is_clean() {
+    let s = store();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("clean"), "{text}");
+    let (code, text) = s.fsck(&["--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["directories"], 2);
+    assert!(v["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn wrong_link_counts_are_found_and_repaired() {
+    let s = store();
+    let mut a = s.inode(s.a);
+    a.attrs.nlink = 1;
+    s.set_inode(s.a, &a);
+    let mut d = s.inode(s.d);
+    d.attrs.nlink = 7;
+    s.set_inode(s.d, &d);
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("link count 1 but 2 names"), "{text}");
+    assert!(text.contains("link count 7 but 2 names"), "{text}");
+    let (code, text) = s.fsck(&["--repair"]);
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(s.fsck(&[]).0, 0);
+    assert_eq!(s.inode(s.a).attrs.nlink, 2);
+}
+
+#[test]
+fn leaked_and_lost_blocks_are_found_and_the_allocation_state_rebuilt() {
+    let s = store();
+    // A block nobody references marked in use (leaked), and one of /d/f's blocks marked
+    // free (it would be handed out again).
+    s.flip_block_bit(s.l.data_start + s.l.data_blocks - 1);
+    let f = s.inode(s.f);
+    let node = f.map_root;
+    s.flip_block_bit(node);
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains("1 NVM data blocks marked in use but not referenced"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 NVM data blocks referenced but marked free"),
+        "{text}"
+    );
+    let (code, text) = s.fsck(&["--repair"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("allocation state rebuilt"), "{text}");
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 0, "{text}");
+    // The data is intact.
+    let fs = s.store.fs();
+    assert_eq!(fs.read("/d/f").unwrap(), vec![2u8; 5_000]);
+}
+
+#[test]
+fn structural_damage_is_found_and_left_for_the_user() {
+    // A block shared by two files.
+    let s = store();
+    let mut f = s.inode(s.f);
+    let a = s.inode(s.a);
+    f.map_root = a.map_root;
+    f.map_height = a.map_height;
+    s.set_inode(s.f, &f);
+    let (code, text) = s.fsck(&["--repair"]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("referenced more than once"), "{text}");
+
+    // A directory entry naming a free inode, and an unreachable named file.
+    let s = store();
+    let free = Inode {
+        generation: s.inode(s.f).generation,
+        ..Default::default()
+    };
+    s.set_inode(s.f, &free);
+    let mut orphan = s.inode(s.a);
+    orphan.attrs.nlink = 1;
+    s.set_inode(900, &orphan);
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("/d/f: names free inode"), "{text}");
+    assert!(
+        text.contains("inode 900: File with 1 links is not reachable"),
+        "{text}"
+    );
+
+    // A directory whose parent field is wrong, and a torn inode.
+    let s = store();
+    let mut d = s.inode(s.d);
+    d.attrs.parent = s.f;
+    s.set_inode(s.d, &d);
+    let off = s.l.inode_off(s.a);
+    let mut seq = [0u8; 8];
+    s.nvm.read_exact_at(&mut seq, off).unwrap();
+    let c = current_copy(u64::from_le_bytes(seq));
+    s.nvm
+        .write_all_at(&[0xee; 16], off + COPY_OFF[c] as u64 + 20)
+        .unwrap();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("parent field"), "{text}");
+    assert!(text.contains("checksum mismatch"), "{text}");
+}
+
+#[test]
+fn an_unclean_store_is_recovered_by_repair() {
+    let s = store();
+    {
+        let fs = s.store.fs();
+        fs.write("/late", b"acknowledged").unwrap();
+    }
+    // The daemon dies: the store is not clean, the client's log holds the write.
+    if let Some(pid) = s.store.daemon_pid() {
+        cairn_tests::harness::kill9(pid);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("not stopped cleanly"), "{text}");
+    let (code, text) = s.fsck(&["--repair"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("recovered"), "{text}");
+    assert_eq!(s.fsck(&[]).0, 0);
+    assert_eq!(s.store.fs().read("/late").unwrap(), b"acknowledged");
+}
+
+#[test]
+fn bad_input_is_an_operational_error() {
+    // A running daemon.
+    let s = store();
+    let fs = s.store.fs();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 8, "{text}");
+    assert!(text.contains("stop it first"), "{text}");
+    drop(fs);
+    s.store.stop();
+
+    // Garbage, a truncated NVM file, a newer format version.
+    let cfg = cairn_area::StoreDir::new(s.store.path())
+        .load_config()
+        .unwrap();
+    let good = std::fs::read(&cfg.nvm_path).unwrap();
+    let mut garbage = good.clone();
+    garbage[..4096].fill(0x5a);
+    std::fs::write(&cfg.nvm_path, &garbage).unwrap();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 8, "{text}");
+    assert!(text.contains("magic"), "{text}");
+    std::fs::write(&cfg.nvm_path, &good[..good.len() / 2]).unwrap();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 8, "{text}");
+    let mut newer = good.clone();
+    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&cfg.nvm_path, &newer).unwrap();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 8, "{text}");
+    assert!(text.contains("version 99"), "{text}");
+    std::fs::write(&cfg.nvm_path, &good).unwrap();
+    assert_eq!(s.fsck(&[]).0, 0);
+
+    // A missing NVM file, and no store at all.
+    std::fs::remove_file(&cfg.nvm_path).unwrap();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 8, "{text}");
+    assert!(text.contains("cannot open the NVM file"), "{text}");
+    std::fs::write(&cfg.nvm_path, &good).unwrap();
+    let none = tempfile::tempdir().unwrap();
+    let (code, text) = fsck_at(none.path().join("nothing"), &[]);
+    assert_eq!(code, 8, "{text}");
+    assert!(text.contains("no Cairn store"), "{text}");
+}
