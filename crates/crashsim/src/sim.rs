@@ -116,8 +116,13 @@ impl Sim {
         }])
     }
 
-    /// Follow several files.
-    pub fn with_targets(targets: Vec<Target>) -> Sim {
+    /// Follow several files. A host file may grow (appends): its image is padded with
+    /// zeros to whole words.
+    pub fn with_targets(mut targets: Vec<Target>) -> Sim {
+        for t in targets.iter_mut().filter(|t| t.disk) {
+            let n = t.base.len().next_multiple_of(8);
+            t.base.resize(n, 0);
+        }
         let mut hash = 0u64;
         for (t, tg) in targets.iter().enumerate() {
             for (i, c) in tg.base.chunks_exact(8).enumerate() {
@@ -258,9 +263,16 @@ impl Sim {
     }
 
     fn store(&mut self, t: usize, tid: u32, site: u32, off: u64, data: &[u8], nt: bool) {
-        if off + data.len() as u64 > self.targets[t].base.len() as u64 {
-            self.outside += 1;
-            return;
+        let end = off + data.len() as u64;
+        if end > self.targets[t].base.len() as u64 {
+            if !self.targets[t].disk {
+                self.outside += 1;
+                return;
+            }
+            // An append: the file grows (zeros count nothing in the hash).
+            self.targets[t]
+                .base
+                .resize(end.next_multiple_of(8) as usize, 0);
         }
         let line_bytes = self.line_bytes(t);
         let mut at = 0usize;

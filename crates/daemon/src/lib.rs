@@ -42,6 +42,6 @@ mod tests;
 
 pub use fsck::{fsck, FsckOptions, FsckReport};
 pub use mkfs::{mkfs, MkfsOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_SSD_SEGMENT};
-pub use offline::recover;
+pub use offline::{recover, stored_xattrs, StoredXattrs};
 pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

@@ -5,6 +5,7 @@ use crate::core::Core;
 use crate::util::Logger;
 use cairn_area::{fs_err, StoreDir};
 use cairn_media::sys;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
@@ -49,5 +50,41 @@ pub fn recover(path: &Path) -> io::Result<()> {
     let log = Logger::open(&store.daemon_log_path(), false);
     log.log(format!("offline recovery of {}", store.path.display()));
     let (mut core, _) = Core::open(&store, &log)?;
+    // The extended-attribute journal as a start replays it (a torn record cut off).
+    let xattrs = open_xattrs(&store, &core, &log)?;
+    crate::server::mark_xattr_inodes(&mut core, &xattrs)?;
     core.shutdown(&log)
+}
+
+/// A stopped store's extended attributes, from its journal: (inode, generation) → name →
+/// value.
+pub type StoredXattrs = HashMap<(u64, u64), BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// The extended attributes the journal of the stopped store at `path` holds (read as a
+/// daemon start replays it). Errors: `EBUSY` when a daemon serves the store.
+pub fn stored_xattrs(path: &Path) -> io::Result<StoredXattrs> {
+    let store = StoreDir::new(path);
+    let _lock = lock_store(&store, "read its extended attributes")?;
+    let cfg = store.load_config()?;
+    let f = File::open(&cfg.nvm_path)?;
+    let uuid = cairn_area::Area::open(&f, false)?.superblock().uuid;
+    let x = crate::xattr::Xattrs::open(&store.xattr_path(), uuid, Box::new(|_| Ok(())), &|_| {})?;
+    Ok(x.inodes()
+        .filter_map(|k| x.of(k.0, k.1).map(|a| (k, a.clone())))
+        .collect())
+}
+
+/// Open (and replay) the store's extended-attribute journal, as a start does.
+pub(crate) fn open_xattrs(
+    store: &StoreDir,
+    core: &Core,
+    log: &Logger,
+) -> io::Result<crate::xattr::Xattrs> {
+    let gid = core.cfg.trusted_gid;
+    crate::xattr::Xattrs::open(
+        &store.xattr_path(),
+        core.sh.area.superblock().uuid,
+        Box::new(move |p| crate::mkfs::restrict(p, gid, 0o600, 0o660)),
+        &|note| log.log(format!("extended attributes: {note}")),
+    )
 }

@@ -193,13 +193,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
             }
         }
     }
-    let trusted_gid = core.cfg.trusted_gid;
-    let xattrs = crate::xattr::Xattrs::open(
-        &store.xattr_path(),
-        core.sh.area.superblock().uuid,
-        Box::new(move |p| crate::mkfs::restrict(p, trusted_gid, 0o600, 0o660)),
-        &|note| log.log(format!("extended attributes: {note}")),
-    )?;
+    let xattrs = crate::offline::open_xattrs(&store, &core, &log)?;
     mark_xattr_inodes(&mut core, &xattrs)?;
     sys::install_termination_flag()?;
     log.log(format!("listening on {}", sock.display()));
@@ -856,7 +850,7 @@ fn flag_xattrs(
 
 /// At start: the inodes the attribute journal names are flagged (a daemon that stopped
 /// between the journal and the flag, or a store older than the flag).
-fn mark_xattr_inodes(core: &mut Core, x: &crate::xattr::Xattrs) -> io::Result<()> {
+pub(crate) fn mark_xattr_inodes(core: &mut Core, x: &crate::xattr::Xattrs) -> io::Result<()> {
     for (ino, generation) in x.inodes() {
         core.sh.xattr_inodes.insert((ino, generation));
         match core.sh.inode(ino) {

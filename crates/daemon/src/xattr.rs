@@ -218,8 +218,8 @@ impl Xattrs {
             None => {}
         }
         let rec = record(ino, generation, name, value).encode();
-        self.file.write_all_at(&rec, self.len)?;
-        self.file.sync_data()?;
+        cairn_media::file::write_all_at(&self.file, &rec, self.len)?;
+        cairn_media::file::sync_data(&self.file)?;
         self.len += rec.len() as u64;
         let attrs = self.map.entry((ino, generation)).or_default();
         let old = match value {

@@ -29,11 +29,14 @@ use std::time::{Duration, Instant};
 pub const MARK_BEGIN: u32 = 1;
 pub const MARK_END: u32 = 2;
 
-/// A file of the store the simulator follows: the NVM tier, or a lower tier.
+/// A file of the store the simulator follows: the NVM tier, a lower tier, or the
+/// extended-attribute journal.
 #[derive(Debug, Clone)]
 pub struct TracedFile {
     pub path: PathBuf,
     pub target: Target,
+    /// Named in `cairn.toml` (the tiers), or found in the store directory (the journal).
+    pub configured: bool,
 }
 
 /// A recorded workload: the base images, the trace and the calls.
@@ -107,10 +110,11 @@ pub fn record_with(
     wait_no_daemon(&store);
     let cfg = StoreDir::new(store.path()).load_config().expect("config");
     let mut files = Vec::new();
-    for (path, disk) in [
-        (Some(cfg.nvm_path.clone()), false),
-        (cfg.ssd_path.clone(), true),
-        (cfg.hdd_path.clone(), true),
+    for (path, disk, configured) in [
+        (Some(cfg.nvm_path.clone()), false, true),
+        (cfg.ssd_path.clone(), true, true),
+        (cfg.hdd_path.clone(), true, true),
+        (Some(StoreDir::new(store.path()).xattr_path()), true, false),
     ] {
         let Some(path) = path else { continue };
         let meta = std::fs::metadata(&path).expect("store file");
@@ -121,6 +125,7 @@ pub fn record_with(
                 disk,
             },
             path,
+            configured,
         });
     }
     let trace_path = store.path().join("pm.trace");
@@ -154,6 +159,16 @@ pub fn record_with(
     store.stop();
     wait_no_daemon(&store);
     let trace = Trace::read(&trace_path).expect("read the trace");
+    for f in &files {
+        let m = std::fs::metadata(&f.path).expect("store file");
+        assert_eq!(
+            (m.dev(), m.ino()),
+            f.target.file,
+            "{} was replaced during the run (an extended-attribute journal compaction, \
+             which the simulator does not model)",
+            f.path.display()
+        );
+    }
     let _ = std::fs::remove_file(&trace_path);
     Recorded {
         store,
@@ -250,8 +265,7 @@ impl std::fmt::Display for CheckReport {
 /// What recovering one image gave.
 #[derive(Clone)]
 enum Outcome {
-    /// The tree under the prefix (extended attributes left out: they live in the
-    /// daemon's journal file, outside the NVM tier).
+    /// The tree under the prefix.
     Tree(Snapshot),
     Failed(String),
 }
@@ -266,23 +280,12 @@ fn reference_states(r: &Recorded) -> Vec<Snapshot> {
         root: dir.path().to_path_buf(),
     };
     crate::FsOps::mkdir(&host, &r.prefix).expect("prefix");
-    let mut v = vec![without_xattrs(
-        snapshot(&host, &r.prefix).expect("snapshot"),
-    )];
+    let mut v = vec![snapshot(&host, &r.prefix).expect("snapshot")];
     for op in gen_ops(r.seed, r.n, &r.prefix) {
         apply(&host, &op);
-        v.push(without_xattrs(
-            snapshot(&host, &r.prefix).expect("snapshot"),
-        ));
+        v.push(snapshot(&host, &r.prefix).expect("snapshot"));
     }
     v
-}
-
-fn without_xattrs(mut s: Snapshot) -> Snapshot {
-    for n in s.values_mut() {
-        n.xattrs.clear();
-    }
-    s
 }
 
 /// A scratch store whose files receive each image.
@@ -307,6 +310,10 @@ impl Scratch {
         let mut cfg = std::fs::read_to_string(r.store.path().join("cairn.toml")).expect("config");
         let mut paths = Vec::new();
         for (i, f) in r.files.iter().enumerate() {
+            if !f.configured {
+                paths.push(dir.path().join(f.path.file_name().expect("a file name")));
+                continue;
+            }
             let old = f.path.to_string_lossy().into_owned();
             let new = Path::new("/dev/shm").join(format!("{name}.{i}"));
             assert!(cfg.contains(&old), "the configuration names {old}");
@@ -340,7 +347,9 @@ impl Scratch {
             let mut area = Area::open(&f, false).map_err(|e| format!("open: {e}"))?;
             area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)
                 .map_err(|e| format!("attach the tiers: {e}"))?;
-            area_snapshot(&area, prefix).map_err(|e| format!("reading the tree: {e}"))
+            let xattrs = cairn_daemon::stored_xattrs(&store)
+                .map_err(|e| format!("reading the extended attributes: {e}"))?;
+            area_snapshot(&area, prefix, &xattrs).map_err(|e| format!("reading the tree: {e}"))
         });
         match r {
             Ok(Ok(s)) => Outcome::Tree(s),
@@ -525,8 +534,13 @@ fn lost(r: &Recorded, sim: &Sim, c: &Choice) -> String {
         .join(", ")
 }
 
-/// The tree under `root` of a recovered area, as [`snapshot`] reads a live one.
-pub fn area_snapshot(area: &Area, root: &str) -> io::Result<Snapshot> {
+/// The tree under `root` of a recovered area with the extended attributes of its
+/// journal, as [`snapshot`] reads a live one (`user.` attributes only).
+pub fn area_snapshot(
+    area: &Area,
+    root: &str,
+    xattrs: &cairn_daemon::StoredXattrs,
+) -> io::Result<Snapshot> {
     let mut ino = ROOT_INO;
     for c in root.split('/').filter(|c| !c.is_empty()) {
         let d = area.read_inode(ino)?;
@@ -564,7 +578,13 @@ pub fn area_snapshot(area: &Area, root: &str) -> io::Result<Snapshot> {
                     nlink: inode.attrs.nlink,
                 },
                 content,
-                xattrs: BTreeMap::new(),
+                xattrs: xattrs
+                    .get(&(ino, inode.generation))
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, _)| k.starts_with(b"user."))
+                    .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+                    .collect(),
             },
         );
         if kind == Kind::Dir {

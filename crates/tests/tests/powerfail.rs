@@ -111,6 +111,12 @@ fn crash_images_during_migration_recover() {
 /// The line of `file` holding the first `fence()` at or after the line containing
 /// `anchor`, as a trace site name (`file:line`).
 fn fence_after(file: &str, anchor: &str) -> String {
+    call_after(file, anchor, "fence()")
+}
+
+/// The line of `file` holding the first `call` at or after the line containing
+/// `anchor`, as a trace site name (`file:line`).
+fn call_after(file: &str, anchor: &str, call: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let text = std::fs::read_to_string(root.join(file)).expect("source file");
     let lines: Vec<&str> = text.lines().collect();
@@ -119,13 +125,13 @@ fn fence_after(file: &str, anchor: &str) -> String {
         .position(|l| l.contains(anchor))
         .unwrap_or_else(|| panic!("{anchor:?} not in {file}"));
     let f = (a..lines.len())
-        .find(|&i| lines[i].contains("fence()"))
-        .expect("a fence after the anchor");
+        .find(|&i| lines[i].contains(call))
+        .expect("the call after the anchor");
     format!("{file}:{}", f + 1)
 }
 
-/// The simulator must be able to fail: with one fence removed from the trace, it reports
-/// violations and names what was lost.
+/// The simulator must be able to fail: with one fence (or `fdatasync`) removed from the
+/// trace, it reports violations and names what was lost.
 #[test]
 fn removing_a_fence_is_caught() {
     let rec: Recorded = record(worker(), 1, 150, "/p", 25);
@@ -148,6 +154,16 @@ fn removing_a_fence_is_caught() {
             ),
             "",
         ),
+        // The `fdatasync` of an extended-attribute change before the answer: an
+        // acknowledged change can be lost.
+        (
+            call_after(
+                "crates/daemon/src/xattr.rs",
+                "let rec = record(ino, generation, name, value).encode();",
+                "sync_data",
+            ),
+            "extended attributes",
+        ),
     ];
     for (site, expect) in faults {
         let rep = check(
@@ -158,7 +174,7 @@ fn removing_a_fence_is_caught() {
                 ..Default::default()
             },
         );
-        show(&format!("without the fence at {site}"), &rep);
+        show(&format!("without the persistence point at {site}"), &rep);
         assert!(rep.dropped_hits > 0, "the fence at {site} was never traced");
         assert!(
             !rep.violations.is_empty(),
