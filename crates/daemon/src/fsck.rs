@@ -22,10 +22,10 @@
 //!   or inode, nothing referenced that is marked free (NVM blocks, inodes, lower-tier
 //!   blocks).
 //!
-//! `--repair` first recovers an unclean store, then fixes link counts in place and, when
-//! the allocation state is wrong, rebuilds it from the references (as a start after a
-//! crash does). Unreachable named inodes are reported, not repaired (moving them into
-//! `/lost+found` is not implemented: the rebuild would free them, so it is skipped).
+//! `--repair` first recovers an unclean store, then fixes link counts in place; when the
+//! only errors left are unreachable live inodes, names them `#<ino>` in `/lost+found`
+//! (one transaction digested by the daemon's own code); and when the allocation state is
+//! wrong, rebuilds it from the references (as a start after a crash does).
 
 use crate::alloc::Bitmap;
 use crate::core::Core;
@@ -120,7 +120,23 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
     );
     let walk = walk_tree(&sh, opts, &mut rep)?;
     check_links(&sh, &walk, opts.repair && rep.problems.is_empty(), &mut rep)?;
-    let orphans = check_orphans(&sh, &walk, clean, &mut rep)?;
+    let (orphans, mut lost) = check_orphans(&sh, &walk, clean, &mut rep)?;
+    if opts.repair && clean && !lost.is_empty() && rep.problems.len() == orphans as usize {
+        // Only unreachable inodes left: give them names in /lost+found.
+        drop(sh);
+        lost.sort_unstable_by_key(|(ino, _)| *ino);
+        link_into_lost_found(&store, &lost)?;
+        drop(_lock);
+        // Check again what the links made of the store.
+        let mut again = fsck(path, &FsckOptions::default())?;
+        rep.repaired.push(format!(
+            "{orphans} unreachable inodes put into /lost+found ({} names, #<inode>)",
+            lost.len()
+        ));
+        rep.repaired.append(&mut again.repaired);
+        again.repaired = rep.repaired;
+        return Ok(again);
+    }
     if clean {
         check_slots(&sh, &mut rep)?;
         let wrong = check_allocation(&sh, &walk, &mut rep)?;
@@ -440,10 +456,18 @@ fn check_links(sh: &Shared, w: &Walk, repair: bool, rep: &mut FsckReport) -> io:
     Ok(())
 }
 
-/// Live inodes nobody names; returns how many are named files (nlink > 0).
-fn check_orphans(sh: &Shared, w: &Walk, clean: bool, rep: &mut FsckReport) -> io::Result<u64> {
+/// Live inodes nobody names; returns how many have links (nlink > 0), and those of them
+/// no other unreachable directory names (what `/lost+found` would take).
+fn check_orphans(
+    sh: &Shared,
+    w: &Walk,
+    clean: bool,
+    rep: &mut FsckReport,
+) -> io::Result<(u64, Vec<(u64, Kind)>)> {
     let mut raw = [0u8; INODE_BYTES];
     let mut named = 0;
+    let mut lost = Vec::new();
+    let mut inside = std::collections::HashSet::new();
     for ino in 2..sh.layout.inode_count {
         if w.visited.get(ino) {
             continue;
@@ -469,13 +493,160 @@ fn check_orphans(sh: &Shared, w: &Walk, clean: bool, rep: &mut FsckReport) -> io
                     "inode {ino}: {:?} with {} links is not reachable from the root",
                     i.attrs.kind, i.attrs.nlink
                 ));
+                if i.attrs.kind == Kind::Dir {
+                    inside.extend(sh.area.dir_list(&i)?.into_iter().map(|e| e.ino));
+                }
+                lost.push((ino, i.attrs.kind));
             }
             Err(e) => rep
                 .problems
                 .push(format!("inode {ino}: does not decode: {e}")),
         }
     }
-    Ok(named)
+    lost.retain(|(ino, _)| !inside.contains(ino));
+    Ok((named, lost))
+}
+
+/// Name each of `lost` (unreachable live inodes) `#<ino>` in `/lost+found`, making it if
+/// needed: one transaction of a client registered as root, digested by the daemon's own
+/// code (checked like any batch, except the link-count rule: the inodes keep their
+/// counts, which had no names to match).
+fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()> {
+    use cairn_format::log::{self, Record};
+    let log = Logger::open(&store.daemon_log_path(), false);
+    log.log("fsck: putting unreachable inodes into /lost+found");
+    let (mut core, _) = Core::open(store, &log)?;
+    let reg = core.register(std::process::id(), 0, 0, 0)?;
+    let slot = reg.slot;
+    let sh = &mut core.sh;
+    let root = sh.inode(ROOT_INO)?;
+    let names: Vec<Vec<u8>> = lost
+        .iter()
+        .map(|(ino, _)| format!("#{ino}").into_bytes())
+        .collect();
+    let subdirs = lost.iter().filter(|(_, k)| *k == Kind::Dir).count() as u64;
+    let mut recs = Vec::new();
+    let (lf, mut lf_attrs, lf_gen, fresh) = match sh.area.dir_lookup(&root, b"lost+found")? {
+        Some((ino, Kind::Dir)) => {
+            let i = sh.inode(ino)?;
+            (ino, i.attrs, i.generation, false)
+        }
+        Some(_) => {
+            return Err(crate::util::eio(
+                "/lost+found exists and is not a directory: move it away first",
+            ))
+        }
+        None => {
+            let ino = *reg
+                .inodes
+                .first()
+                .ok_or_else(|| crate::util::eio("no free inode for /lost+found"))?;
+            let now = crate::util::now_ns();
+            let attrs = cairn_format::inode::Attrs {
+                kind: Kind::Dir,
+                perm: 0o700,
+                nlink: 2,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                parent: ROOT_INO,
+                ..root.attrs
+            };
+            (ino, attrs, sh.inode(ino)?.generation + 1, true)
+        }
+    };
+    lf_attrs.nlink += subdirs;
+    recs.push(Record::InodeSet {
+        ino: lf,
+        generation: lf_gen,
+        attrs: lf_attrs,
+    });
+    if fresh {
+        let mut r = root.attrs;
+        r.nlink += 1;
+        recs.push(Record::InodeSet {
+            ino: ROOT_INO,
+            generation: root.generation,
+            attrs: r,
+        });
+        recs.push(Record::DirentSet {
+            dir: ROOT_INO,
+            name: b"lost+found",
+            ino: lf,
+            kind: Kind::Dir,
+        });
+    }
+    let moved: Vec<Inode> = lost
+        .iter()
+        .map(|(ino, _)| sh.inode(*ino))
+        .collect::<io::Result<_>>()?;
+    // In use from now on, with their blocks, whatever the saved state said.
+    for ((ino, _), inode) in lost.iter().zip(&moved) {
+        sh.inodes.mark_used(*ino);
+        for b in recovery::owned_blocks(sh, inode)? {
+            match entry_tier(b) {
+                0 => {
+                    sh.blocks.mark_used(b);
+                }
+                t => {
+                    if let Some(ta) = sh.tier_mut(t) {
+                        ta.mark_used(entry_block(b));
+                    }
+                }
+            }
+        }
+    }
+    for (((ino, kind), name), inode) in lost.iter().zip(&names).zip(&moved) {
+        if *kind == Kind::Dir {
+            recs.push(Record::InodeSet {
+                ino: *ino,
+                generation: inode.generation,
+                attrs: cairn_format::inode::Attrs {
+                    parent: lf,
+                    ..inode.attrs
+                },
+            });
+        }
+        recs.push(Record::DirentSet {
+            dir: lf,
+            name,
+            ino: *ino,
+            kind: *kind,
+        });
+    }
+    // The transaction at the slot's head (after a wrap if it does not fit in the lap).
+    let ring = sh.layout.ring_bytes();
+    let (mut lsn, mut seq) = (reg.head_lsn, reg.head_seq);
+    let len = log::build_txn(seq, &recs).len() as u64;
+    if len > ring / 4 {
+        return Err(crate::util::eio(format!(
+            "{} unreachable inodes are too many for one transaction",
+            lost.len()
+        )));
+    }
+    let put = |lsn: u64, t: &[u8]| -> io::Result<()> {
+        let off = (sh.layout.ring_off(slot) + lsn % ring) as usize;
+        sh.map().write(off, t)?;
+        sh.map().persist(off, t.len())
+    };
+    let left = ring - lsn % ring;
+    if len > left {
+        let mut w = vec![0u8; left as usize];
+        log::seal_wrap(&mut w, seq);
+        put(lsn, &w)?;
+        lsn += left;
+        seq += 1;
+    }
+    let txn = log::build_txn(seq, &recs);
+    put(lsn, &txn)?;
+    let end = lsn + txn.len() as u64;
+    sh.replaying.insert(slot);
+    crate::digest::digest(sh, slot, crate::digest::Mode::Upto(end)).map_err(|e| {
+        crate::util::eio(format!("/lost+found: the daemon refused the links: {e:?}"))
+    })?;
+    core.release(slot, None)?;
+    core.shutdown(&log)
 }
 
 fn check_slots(sh: &Shared, rep: &mut FsckReport) -> io::Result<()> {

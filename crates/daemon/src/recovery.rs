@@ -280,7 +280,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
 
 /// Every block an inode owns: map nodes and leaves (files, symbolic links), map nodes
 /// and bucket blocks (directories).
-fn owned_blocks(sh: &Shared, inode: &Inode) -> io::Result<Vec<u64>> {
+pub(crate) fn owned_blocks(sh: &Shared, inode: &Inode) -> io::Result<Vec<u64>> {
     let mut out = Vec::new();
     let mut leaves = Vec::new();
     maptree::walk(

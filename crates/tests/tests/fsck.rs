@@ -303,3 +303,56 @@ fn bad_input_is_an_operational_error() {
     assert_eq!(code, 8, "{text}");
     assert!(text.contains("no Cairn store"), "{text}");
 }
+
+#[test]
+fn unreachable_inodes_are_put_into_lost_and_found() {
+    let s = store();
+    // A file and an empty directory nothing names (as lost directory entries would leave
+    // them), unknown to the saved allocation state too.
+    let f = s.inode(s.f);
+    let file = Inode {
+        attrs: cairn_format::inode::Attrs {
+            nlink: 1,
+            size: 0,
+            ..f.attrs
+        },
+        generation: 3,
+        ..Default::default()
+    };
+    s.set_inode(900, &file);
+    let d = s.inode(s.d);
+    let dir = Inode {
+        attrs: cairn_format::inode::Attrs {
+            nlink: 2,
+            parent: 7,
+            ..d.attrs
+        },
+        generation: 5,
+        ..Default::default()
+    };
+    s.set_inode(901, &dir);
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains("inode 900: File with 1 links is not reachable"),
+        "{text}"
+    );
+    assert!(
+        text.contains("inode 901: Dir with 2 links is not reachable"),
+        "{text}"
+    );
+    let (code, text) = s.fsck(&["--repair"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("/lost+found"), "{text}");
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 0, "{text}");
+    let fs = s.store.fs();
+    let m = fs.metadata("/lost+found/#900").unwrap();
+    assert_eq!((m.ino(), m.nlink(), m.len()), (900, 1, 0));
+    assert!(fs.metadata("/lost+found/#901").unwrap().is_dir());
+    assert_eq!(
+        fs.metadata("/lost+found/#901/..").unwrap().ino(),
+        fs.metadata("/lost+found").unwrap().ino()
+    );
+    assert_eq!(fs.metadata("/lost+found").unwrap().nlink(), 3);
+}
