@@ -84,6 +84,24 @@ pub(crate) fn try_lock_slot(store: &StoreDir, slot: u32) -> io::Result<Option<Fi
     }
 }
 
+/// Open the store's NVM tier file for reading and writing.
+pub(crate) fn open_nvm(store: &StoreDir, cfg: &cairn_area::StoreConfig) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg.nvm_path)
+        .map_err(|e| {
+            fs_err(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!(
+                    "cannot open the NVM file {} of store {}: {e} (a reboot clears /dev/shm)",
+                    cfg.nvm_path.display(),
+                    store.path.display()
+                ),
+            )
+        })
+}
+
 fn estale(msg: impl Into<String>) -> io::Error {
     fs_err(libc::ESTALE, msg)
 }
@@ -94,20 +112,7 @@ impl Core {
     /// active slot whose owner is dead.
     pub(crate) fn open(store: &StoreDir, log: &Logger) -> io::Result<(Core, StartReport)> {
         let cfg = store.load_config()?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&cfg.nvm_path)
-            .map_err(|e| {
-                fs_err(
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                    format!(
-                        "cannot open the NVM file {} of store {}: {e} (a reboot clears /dev/shm)",
-                        cfg.nvm_path.display(),
-                        store.path.display()
-                    ),
-                )
-            })?;
+        let file = open_nvm(store, &cfg)?;
         cfg.apply_emulation();
         let mut area = Area::open(&file, true)?;
         area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], true)?;

@@ -33,14 +33,13 @@ use crate::offline::lock_store;
 use crate::shared::Shared;
 use crate::util::Logger;
 use crate::{maptree, recovery};
-use cairn_area::{fs_err, Area, StoreDir};
+use cairn_area::{Area, StoreDir};
 use cairn_format::dir;
 use cairn_format::inode::{Inode, Kind, INODE_BYTES};
 use cairn_format::map::{entry_block, entry_tier};
 use cairn_format::superblock::state;
 use cairn_format::ROOT_INO;
 use std::collections::HashMap;
-use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
 
@@ -165,16 +164,7 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
 /// Open the store's NVM tier (and lower tiers) as the daemon does.
 fn open(store: &StoreDir, writable: bool) -> io::Result<Area> {
     let cfg = store.load_config()?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&cfg.nvm_path)
-        .map_err(|e| {
-            fs_err(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("cannot open the NVM file {}: {e}", cfg.nvm_path.display()),
-            )
-        })?;
+    let file = crate::core::open_nvm(store, &cfg)?;
     let mut area = Area::open(&file, true)?;
     area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], writable)?;
     Ok(area)
@@ -585,16 +575,7 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
     for ((ino, _), inode) in lost.iter().zip(&moved) {
         sh.inodes.mark_used(*ino);
         for b in recovery::owned_blocks(sh, inode)? {
-            match entry_tier(b) {
-                0 => {
-                    sh.blocks.mark_used(b);
-                }
-                t => {
-                    if let Some(ta) = sh.tier_mut(t) {
-                        ta.mark_used(entry_block(b));
-                    }
-                }
-            }
+            recovery::mark_in_use(&mut sh.blocks, &mut sh.tiers, b);
         }
     }
     for (((ino, kind), name), inode) in lost.iter().zip(&names).zip(&moved) {

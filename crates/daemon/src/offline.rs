@@ -19,6 +19,20 @@ pub(crate) fn lock_store(store: &StoreDir, what: &str) -> io::Result<File> {
             format!("no Cairn store at {}", store.path.display()),
         ));
     }
+    try_daemon_lock(store)?.ok_or_else(|| {
+        fs_err(
+            libc::EBUSY,
+            format!(
+                "a daemon serves the store at {}: stop it first (`cairn --store {} stop`) to {what}",
+                store.path.display(),
+                store.path.display()
+            ),
+        )
+    })
+}
+
+/// Take `cairnd.lock` (exclusive, without waiting); `None` if a daemon holds it.
+pub(crate) fn try_daemon_lock(store: &StoreDir) -> io::Result<Option<File>> {
     let lock = OpenOptions::new()
         .read(true)
         .write(true)
@@ -26,15 +40,8 @@ pub(crate) fn lock_store(store: &StoreDir, what: &str) -> io::Result<File> {
         .truncate(false)
         .open(store.daemon_lock_path())?;
     match sys::flock_exclusive(&lock, true) {
-        Ok(()) => Ok(lock),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(fs_err(
-            libc::EBUSY,
-            format!(
-                "a daemon serves the store at {}: stop it first (`cairn --store {} stop`) to {what}",
-                store.path.display(),
-                store.path.display()
-            ),
-        )),
+        Ok(()) => Ok(Some(lock)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -138,14 +138,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         inodes.mark_used(ino);
         rep.inodes += 1;
         let mut mark = |b: u64| {
-            let fresh = match entry_tier(b) {
-                0 => blocks.mark_used(b),
-                t => tiers
-                    .iter_mut()
-                    .find(|x| x.num == t)
-                    .is_some_and(|x| x.mark_used(entry_block(b))),
-            };
-            if !fresh {
+            if !mark_in_use(&mut blocks, &mut tiers, b) {
                 dup += 1;
             }
         };
@@ -203,54 +196,26 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
             continue;
         }
         let (live, generation) = match Inode::decode(&raw) {
-            Ok(i) if i.attrs.nlink == 0 && matches!(i.attrs.kind, Kind::File | Kind::Symlink) => {
-                // Unlinked while a client had it open: kept (with its blocks) until the
-                // restart gate closes; then the clients that re-attached have pinned
-                // the ones they still have open and the rest are freed (`sweep_orphans`).
-                inodes.mark_used(ino);
-                rep.inodes += 1;
-                let mut leaves = Vec::new();
-                let r = maptree::walk(
-                    sh,
-                    i.map_root,
-                    i.map_height,
-                    &mut |b| {
-                        blocks.mark_used(b);
-                    },
-                    &mut |_, b| leaves.push(b),
-                );
-                for b in leaves {
-                    match entry_tier(b) {
-                        0 => blocks.mark_used(b),
-                        t => tiers
-                            .iter_mut()
-                            .find(|x| x.num == t)
-                            .is_some_and(|x| x.mark_used(entry_block(b))),
-                    };
-                }
-                if let Err(e) = r {
-                    rep.warnings.push(format!("unlinked inode {ino}: {e}"));
-                }
-                continue;
-            }
             Ok(i) if i.attrs.kind != Kind::Free => {
-                // Kept, with its blocks, until the logs are replayed: a batch applied in
-                // part (a rename whose new entry is not written yet) leaves live inodes
-                // unnamed, and the replay names them again.
+                // Kept, with its blocks: an unlinked file (`nlink = 0`) until the restart
+                // gate closes (the clients that re-attached have pinned the ones they
+                // still have open, `sweep_orphans` frees the rest); any other until the
+                // logs are replayed (a batch applied in part, such as a rename whose new
+                // entry is not written yet, leaves live inodes unnamed, and the replay
+                // names them again).
                 inodes.mark_used(ino);
-                rep.unreachable.push(ino);
-                let mut mark = |b: u64| {
-                    match entry_tier(b) {
-                        0 => blocks.mark_used(b),
-                        t => tiers
-                            .iter_mut()
-                            .find(|x| x.num == t)
-                            .is_some_and(|x| x.mark_used(entry_block(b))),
-                    };
-                };
-                let r = owned_blocks(sh, &i).map(|v| v.into_iter().for_each(&mut mark));
-                if let Err(e) = r {
-                    rep.warnings.push(format!("unnamed inode {ino}: {e}"));
+                let unlinked =
+                    i.attrs.nlink == 0 && matches!(i.attrs.kind, Kind::File | Kind::Symlink);
+                if unlinked {
+                    rep.inodes += 1;
+                } else {
+                    rep.unreachable.push(ino);
+                }
+                match owned_blocks(sh, &i) {
+                    Ok(v) => v.into_iter().for_each(|b| {
+                        mark_in_use(&mut blocks, &mut tiers, b);
+                    }),
+                    Err(e) => rep.warnings.push(format!("unnamed inode {ino}: {e}")),
                 }
                 continue;
             }
@@ -276,6 +241,18 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
     sh.retired.clear();
     sh.unreachable = rep.unreachable.clone();
     Ok(rep)
+}
+
+/// Mark block or leaf entry `e` (of any tier) in use; false if it was already (or is
+/// outside its tier).
+pub(crate) fn mark_in_use(blocks: &mut BlockAlloc, tiers: &mut [TierAlloc], e: u64) -> bool {
+    match entry_tier(e) {
+        0 => blocks.mark_used(e),
+        t => tiers
+            .iter_mut()
+            .find(|x| x.num == t)
+            .is_some_and(|x| x.mark_used(entry_block(e))),
+    }
 }
 
 /// Every block an inode owns: map nodes and leaves (files, symbolic links), map nodes

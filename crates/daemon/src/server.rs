@@ -131,24 +131,15 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    let lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(store.daemon_lock_path())?;
-    if let Err(e) = sys::flock_exclusive(&lock, true) {
-        if e.kind() == io::ErrorKind::WouldBlock {
-            return Err(fs_err(
-                libc::EBUSY,
-                format!(
-                    "another cairnd already serves the store at {}",
-                    store.path.display()
-                ),
-            ));
-        }
-        return Err(e);
-    }
+    let Some(lock) = crate::offline::try_daemon_lock(&store)? else {
+        return Err(fs_err(
+            libc::EBUSY,
+            format!(
+                "another cairnd already serves the store at {}",
+                store.path.display()
+            ),
+        ));
+    };
     let mut log = Logger::open(&store.daemon_log_path(), !opts.background);
     log.log(format!(
         "starting for store {} (pid {})",
