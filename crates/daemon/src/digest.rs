@@ -628,34 +628,8 @@ fn validate<'p>(sh: &Shared, slot: u32, plan: &mut Plan<'p>) -> Result<Checked<'
 
 /// Retire every block an inode owns (map nodes, data blocks, bucket chains).
 fn retire_all(sh: &Shared, w: &mut Work, inode: &Inode) -> io::Result<()> {
-    match inode.attrs.kind {
-        Kind::Free | Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => Ok(()),
-        Kind::Dir => {
-            w.retired.extend(dirhash::bucket_blocks(sh, inode)?);
-            let r = &mut w.retired;
-            maptree::walk(
-                sh,
-                inode.map_root,
-                inode.map_height,
-                &mut |n| r.push(n),
-                &mut |_, _| {},
-            )
-        }
-        Kind::File | Kind::Symlink => {
-            let mut nodes = Vec::new();
-            let mut leaves = Vec::new();
-            maptree::walk(
-                sh,
-                inode.map_root,
-                inode.map_height,
-                &mut |n| nodes.push(n),
-                &mut |_, b| leaves.push(b),
-            )?;
-            w.retired.extend(nodes);
-            w.retired.extend(leaves);
-            Ok(())
-        }
-    }
+    w.retired.extend(crate::recovery::owned_blocks(sh, inode)?);
+    Ok(())
 }
 
 /// Write a file's pending data out of place and update its map.
