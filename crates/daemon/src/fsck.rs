@@ -20,7 +20,9 @@
 //!   or a named file whose name was lost);
 //! * the allocation state saved at the clean stop equals the references: no leaked block
 //!   or inode, nothing referenced that is marked free (NVM blocks, inodes, lower-tier
-//!   blocks).
+//!   blocks);
+//! * the extended-attribute journal: this store's, whole records (a torn last record and
+//!   the sets of inodes that no longer exist are notes).
 //!
 //! `--repair` first recovers an unclean store, then fixes link counts in place; when the
 //! only errors left are unreachable live inodes, names them `#<ino>` in `/lost+found`
@@ -136,6 +138,7 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
         again.repaired = rep.repaired;
         return Ok(again);
     }
+    check_xattrs(&store, &sh, &mut rep)?;
     if clean {
         check_slots(&sh, &mut rep)?;
         let wrong = check_allocation(&sh, &walk, &mut rep)?;
@@ -628,6 +631,67 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
     })?;
     core.release(slot, None)?;
     core.shutdown(&log)
+}
+
+/// The extended-attribute journal: of this store, whole records (a torn last one is a
+/// change never acknowledged: a note), attribute sets of inodes that still exist (others
+/// are dropped at the next compaction: a note). Read only: a start cuts a torn tail.
+fn check_xattrs(store: &StoreDir, sh: &Shared, rep: &mut FsckReport) -> io::Result<()> {
+    use cairn_format::xattr::{journal_uuid, JournalRecord, JOURNAL_HEADER};
+    let path = store.xattr_path();
+    let b = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if b.is_empty() {
+        return Ok(());
+    }
+    match journal_uuid(&b) {
+        Ok(u) if u == sh.area.superblock().uuid => {}
+        Ok(_) => {
+            rep.problems.push(format!(
+                "{}: the extended-attribute journal of another store (a start moves it aside)",
+                path.display()
+            ));
+            return Ok(());
+        }
+        Err(e) => {
+            rep.problems.push(format!(
+                "{}: not an extended-attribute journal: {e}",
+                path.display()
+            ));
+            return Ok(());
+        }
+    }
+    let mut off = JOURNAL_HEADER;
+    let mut sets = std::collections::HashSet::new();
+    while let Some((r, n)) = JournalRecord::decode(&b[off..]) {
+        sets.insert((r.ino, r.generation));
+        off += n;
+    }
+    if off < b.len() {
+        rep.notes.push(format!(
+            "{}: {} bytes after the last whole record (a change torn by a crash, never acknowledged; the next start cuts them)",
+            path.display(),
+            b.len() - off
+        ));
+    }
+    let stale = sets
+        .iter()
+        .filter(|(ino, generation)| {
+            !sh.layout.ino_valid(*ino)
+                || sh.inode(*ino).map_or(true, |i| {
+                    i.attrs.kind == Kind::Free || i.generation != *generation
+                })
+        })
+        .count();
+    if stale > 0 {
+        rep.notes.push(format!(
+            "{stale} attribute sets in the journal belong to inodes that no longer exist (dropped at its next compaction)"
+        ));
+    }
+    Ok(())
 }
 
 fn check_slots(sh: &Shared, rep: &mut FsckReport) -> io::Result<()> {

@@ -19,7 +19,7 @@ use cairn_format::ROOT_INO;
 use rand::SeedableRng;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -373,12 +373,83 @@ impl Drop for Scratch {
     }
 }
 
+/// Longest a recovery, fsck and tree read of one image may take before the check calls
+/// it a hang.
+const HANG: Duration = Duration::from_secs(60);
+
+/// Aborts the process (failing the test with a message) when one image's check runs
+/// longer than [`HANG`]: recovery runs in this process, so a hang cannot be interrupted.
+struct Watchdog {
+    /// Milliseconds since `t0` when the current image's check started (0: idle), and the
+    /// trace event it crashes before.
+    busy: std::sync::Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    t0: Instant,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn new() -> Watchdog {
+        use std::sync::atomic::Ordering::SeqCst;
+        let busy = std::sync::Arc::new(Default::default());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t0 = Instant::now();
+        let (b, st) = (std::sync::Arc::clone(&busy), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let b: &(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64) = &b;
+            while !st.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                let since = b.0.load(SeqCst);
+                if since > 0 && t0.elapsed().as_millis() as u64 - since > HANG.as_millis() as u64 {
+                    // Straight to the process's stderr: the test harness's capture of
+                    // `eprintln!` would be lost with the abort.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "power failure: the recovery of the image before trace event {} ran for more than {} s: a hang",
+                        b.1.load(SeqCst),
+                        HANG.as_secs()
+                    );
+                    std::process::abort();
+                }
+            }
+        });
+        Watchdog {
+            busy,
+            stop,
+            t0,
+            thread: Some(thread),
+        }
+    }
+
+    fn begin(&self, event: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.busy.1.store(event as u64, SeqCst);
+        self.busy
+            .0
+            .store(self.t0.elapsed().as_millis() as u64 + 1, SeqCst);
+    }
+
+    fn end(&self) {
+        self.busy.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Check every crash image of a recorded workload.
 pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let start = Instant::now();
     let states = reference_states(r);
     let ops = gen_ops(r.seed, r.n, &r.prefix);
     let scratch = Scratch::new(r);
+    let watchdog = Watchdog::new();
     let mut sim = Sim::with_targets(r.files.iter().map(|f| f.target.clone()).collect());
     let dropped: Vec<u32> = r
         .trace
@@ -449,7 +520,9 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                         break;
                     }
                     sim.build(&c, &mut imgs);
+                    watchdog.begin(i);
                     seen.insert(h, scratch.recover(&imgs, &r.prefix));
+                    watchdog.end();
                 }
                 if let Some(what) = judge(&seen[&h], &states, &ops, acked, in_flight) {
                     if rep.violations.is_empty() {

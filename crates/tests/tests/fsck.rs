@@ -292,6 +292,17 @@ fn bad_input_is_an_operational_error() {
     std::fs::write(&cfg.nvm_path, &good).unwrap();
     assert_eq!(s.fsck(&[]).0, 0);
 
+    // The extended-attribute journal of another store.
+    let journal = s.store.path().join("xattrs");
+    let j = std::fs::read(&journal).unwrap();
+    let mut other = j.clone();
+    other[16] ^= 0xff;
+    std::fs::write(&journal, &other).unwrap();
+    let (code, text) = s.fsck(&[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(text.contains("journal of another store"), "{text}");
+    std::fs::write(&journal, &j).unwrap();
+
     // A missing NVM file, and no store at all.
     std::fs::remove_file(&cfg.nvm_path).unwrap();
     let (code, text) = s.fsck(&[]);
