@@ -400,7 +400,8 @@ impl Watchdog {
             while !st.load(SeqCst) {
                 std::thread::sleep(Duration::from_millis(200));
                 let since = b.0.load(SeqCst);
-                if since > 0 && t0.elapsed().as_millis() as u64 - since > HANG.as_millis() as u64 {
+                let now = t0.elapsed().as_millis() as u64;
+                if since > 0 && now.saturating_sub(since) > HANG.as_millis() as u64 {
                     // Straight to the process's stderr: the test harness's capture of
                     // `eprintln!` would be lost with the abort.
                     let _ = writeln!(
