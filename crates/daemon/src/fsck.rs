@@ -21,6 +21,7 @@
 //! * the allocation state saved at the clean stop equals the references: no leaked block
 //!   or inode, nothing referenced that is marked free (NVM blocks, inodes, lower-tier
 //!   blocks);
+//! * the lower tiers' segment tables: a segment holding referenced blocks was written;
 //! * the extended-attribute journal: this store's, whole records (a torn last record and
 //!   the sets of inodes that no longer exist are notes).
 //!
@@ -139,6 +140,7 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
         return Ok(again);
     }
     check_xattrs(&store, &sh, &mut rep)?;
+    check_segments(&sh, &walk, &mut rep)?;
     if clean {
         check_slots(&sh, &mut rep)?;
         let wrong = check_allocation(&sh, &walk, &mut rep)?;
@@ -631,6 +633,38 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
     })?;
     core.release(slot, None)?;
     core.shutdown(&log)
+}
+
+/// The lower tiers' segment tables: a segment holding referenced blocks was written (its
+/// `gen` counts writes, clients key cached blocks by it) and not in the future (its age
+/// drives cleaning).
+fn check_segments(sh: &Shared, w: &Walk, rep: &mut FsckReport) -> io::Result<()> {
+    let l = &sh.layout;
+    let now = crate::util::now_ns() as u64;
+    for (i, g) in l.tiers.iter().enumerate() {
+        let t = i as u8 + 1;
+        let (Some(refd), true) = (w.tiers.get(&t), g.present()) else {
+            continue;
+        };
+        for seg in 1..g.segments {
+            let first = seg * g.segment_blocks;
+            if !(first..first + g.segment_blocks).any(|b| refd.get(b)) {
+                continue;
+            }
+            let off = l.seg_entry_off(t, seg) as usize;
+            let (gen, written) = (sh.map().load_u64(off)?, sh.map().load_u64(off + 8)?);
+            if gen == 0 {
+                rep.problems.push(format!(
+                    "tier {t} segment {seg}: holds referenced blocks but its table says it was never written"
+                ));
+            } else if written > now + 86_400_000_000_000 {
+                rep.notes.push(format!(
+                    "tier {t} segment {seg}: written in the future by its table (cleaning takes it for young)"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The extended-attribute journal: of this store, whole records (a torn last one is a

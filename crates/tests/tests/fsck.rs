@@ -367,3 +367,53 @@ fn unreachable_inodes_are_put_into_lost_and_found() {
     );
     assert_eq!(fs.metadata("/lost+found").unwrap().nlink(), 3);
 }
+
+/// A lower tier's segment table that says a segment in use was never written.
+#[test]
+fn a_segment_table_contradicting_the_maps_is_found() {
+    let store = TestStore::with_size(StoreSize {
+        nvm: "8M",
+        log: "512K",
+        clients: 2,
+        inodes: Some(1024),
+        tiers: Some(cairn_tests::harness::Tiers {
+            ssd: "8M",
+            ssd_device: None,
+            hdd: None,
+            segment: "256K",
+        }),
+    });
+    {
+        let fs = store.fs();
+        fs.write("/big", vec![9u8; 3 << 20]).unwrap();
+        fs.digest().unwrap();
+    }
+    let (moved, _) = cairn::daemon_migrate(Some(store.path()), 0, 2 << 20).unwrap();
+    assert!(moved > 0);
+    store.stop();
+    assert_eq!(fsck_at(store.path().into(), &[]).0, 0);
+    let cfg = cairn_area::StoreDir::new(store.path())
+        .load_config()
+        .unwrap();
+    let nvm = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg.nvm_path)
+        .unwrap();
+    let mut sb = vec![0u8; BLOCK_SIZE];
+    nvm.read_exact_at(&mut sb, 0).unwrap();
+    let l = Superblock::decode(&sb, nvm.metadata().unwrap().len())
+        .unwrap()
+        .layout;
+    // Every segment's gen word set to 0: those holding data now contradict the maps.
+    for seg in 1..l.tiers[0].segments {
+        nvm.write_all_at(&[0u8; 8], l.seg_entry_off(1, seg))
+            .unwrap();
+    }
+    let (code, text) = fsck_at(store.path().into(), &[]);
+    assert_eq!(code, 4, "{text}");
+    assert!(
+        text.contains("its table says it was never written"),
+        "{text}"
+    );
+}
