@@ -18,7 +18,8 @@
 //!   groups, or the gid of a setgid directory the same transaction links it into; the
 //!   setgid bit only with such a gid.
 //! * `INODE_SET` of an existing inode: permission bits need the owner (and setting the
-//!   setgid bit membership of the file's group); uid needs root; gid needs the owner and
+//!   setgid bit membership of the file's group), except that a writer may clear the
+//!   setuid and setgid bits (as its write does on Linux); uid needs root; gid needs the owner and
 //!   membership of the new group; size, atime and mtime need the owner or write permission
 //!   (the daemon cannot tell "now" from an explicit time, nor a write through a descriptor
 //!   opened before a `chmod`: the owner may always `chmod u+w` first, so allowing the owner
@@ -519,7 +520,10 @@ fn check_update(c: &Cred, ino: u64, o: &Attrs, n: &Attrs, t: &mut TxnLinks) -> R
         )));
     }
     if n.perm != o.perm {
-        if !owner {
+        // A writer may clear setuid and setgid (what a write by it does on Linux), and
+        // nothing else.
+        let only_cleared = n.perm & !0o6000 == o.perm & !0o6000 && n.perm & !o.perm == 0;
+        if !(owner || (writer && only_cleared)) {
             return Err(eperm(what("permission bits")));
         }
         if n.perm & 0o2000 != 0 && !c.in_group(n.gid) {

@@ -43,6 +43,20 @@ impl Cred {
         bits & want == want
     }
 
+    /// The setuid and setgid bits a write or truncate by this client clears from a file
+    /// with `a` (Linux's `file_remove_privs`): none for root; setuid; setgid when the
+    /// file is group-executable or the writer is not in its group.
+    pub fn privs_to_kill(&self, a: &Attrs) -> u32 {
+        if self.is_root() || a.kind != Kind::File {
+            return 0;
+        }
+        let mut kill = a.perm & 0o4000;
+        if a.perm & 0o2000 != 0 && (a.perm & 0o010 != 0 || !self.in_group(a.gid)) {
+            kill |= 0o2000;
+        }
+        kill
+    }
+
     /// Owner or root (chmod, utimes with explicit times).
     pub fn owns(&self, a: &Attrs) -> bool {
         self.is_root() || self.uid == a.uid
@@ -101,5 +115,27 @@ mod tests {
         assert!(!me.sticky_ok(&sticky, &o));
         assert!(me.sticky_ok(&sticky, &f));
         assert!(root.sticky_ok(&sticky, &o));
+    }
+
+    #[test]
+    fn writes_clear_setuid_and_setgid_as_linux_does() {
+        let user = Cred {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![7],
+        };
+        let root = Cred {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        };
+        // Setuid always; setgid when group-executable or not the writer's group.
+        assert_eq!(user.privs_to_kill(&attrs(Kind::File, 0o6777, 0, 0)), 0o6000);
+        assert_eq!(user.privs_to_kill(&attrs(Kind::File, 0o6767, 0, 0)), 0o6000);
+        assert_eq!(user.privs_to_kill(&attrs(Kind::File, 0o6767, 0, 7)), 0o4000);
+        assert_eq!(user.privs_to_kill(&attrs(Kind::File, 0o0777, 0, 0)), 0);
+        // Root keeps them; directories keep them.
+        assert_eq!(root.privs_to_kill(&attrs(Kind::File, 0o6777, 5, 5)), 0);
+        assert_eq!(user.privs_to_kill(&attrs(Kind::Dir, 0o2777, 0, 0)), 0);
     }
 }

@@ -79,12 +79,15 @@ fn attr_of(m: &Metadata) -> FileAttr {
     }
 }
 
-/// Clear the setuid bit, and the setgid bit of a group-executable file, after a write by
-/// an unprivileged process (Linux's rule; the kernel leaves it to the file system).
-fn kill_suidgid(fs: &Fs, ino: u64) -> io::Result<()> {
-    let mode = fs.metadata(At::inode(ino))?.mode() & 0o7777;
+/// Clear the setuid bit, and the setgid bit of a group-executable file or of one whose
+/// group is not the writer's, after a write by an unprivileged process with group `gid`
+/// (Linux's rule; the kernel leaves it to the file system; the writer's supplementary
+/// groups are not known here).
+fn kill_suidgid(fs: &Fs, ino: u64, gid: u32) -> io::Result<()> {
+    let m = fs.metadata(At::inode(ino))?;
+    let mode = m.mode() & 0o7777;
     let mut kill = libc::S_ISUID;
-    if mode & libc::S_IXGRP != 0 {
+    if mode & libc::S_IXGRP != 0 || m.gid() != gid {
         kill |= libc::S_ISGID;
     }
     if mode & kill != 0 {
@@ -593,7 +596,7 @@ impl Filesystem for CairnFuse {
 
     fn setattr(
         &mut self,
-        _req: &Request<'_>,
+        req: &Request<'_>,
         ino: u64,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -619,7 +622,17 @@ impl Filesystem for CairnFuse {
             mtime,
         };
         let e0 = s.epoch();
-        match s.setattr_inner(ino, c, fh) {
+        // A truncate by an unprivileged process clears setuid/setgid as a write does
+        // (fuser does not pass the kernel's `FATTR_KILL_SUIDGID`).
+        let kill = size.is_some() && req.uid() != 0;
+        let r = s.setattr_inner(ino, c, fh).and_then(|m| {
+            if !kill {
+                return Ok(m);
+            }
+            kill_suidgid(&s.fs, ino, req.gid())?;
+            s.fs.symlink_metadata(At::inode(ino))
+        });
+        match r {
             Ok(m) => reply.attr(&s.caching_since(e0).attr, &attr_of(&m)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -792,7 +805,7 @@ impl Filesystem for CairnFuse {
 
     fn write(
         &mut self,
-        _req: &Request<'_>,
+        req: &Request<'_>,
         ino: u64,
         fh: u64,
         offset: i64,
@@ -806,9 +819,10 @@ impl Filesystem for CairnFuse {
         let Some(f) = s.file(fh) else {
             return reply.error(libc::EBADF);
         };
+        let gid = req.gid();
         let r = f.write_at(data, offset as u64).and_then(|n| {
             if write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
-                kill_suidgid(&s.fs, ino)?;
+                kill_suidgid(&s.fs, ino, gid)?;
             }
             Ok(n)
         });

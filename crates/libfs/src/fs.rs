@@ -1370,6 +1370,9 @@ impl Inner {
         if data.is_empty() {
             return Ok((off, 0));
         }
+        if self.kill_privs(st, ino, &attrs)? {
+            (_, attrs) = self.attrs_held(st, ino)?;
+        }
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_SIZE)
@@ -2778,16 +2781,32 @@ impl Inner {
         Ok(())
     }
 
+    /// Clear the setuid and setgid bits a write or truncate by this client removes
+    /// (`Cred::privs_to_kill`), in a transaction of its own; whether it did.
+    fn kill_privs(&self, st: &mut State, ino: u64, a: &Attrs) -> io::Result<bool> {
+        let kill = self.cred.privs_to_kill(a);
+        if kill == 0 {
+            return Ok(false);
+        }
+        self.chattr(st, ino, "write", |_, a| {
+            a.perm &= !kill;
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
     /// Truncate or extend `ino` to `size` (one transaction).
     pub(crate) fn set_len(&self, st: &mut State, ino: u64, size: u64) -> io::Result<()> {
         if size > MAX_FILE_SIZE {
             return Err(fs_err(libc::EFBIG, "set_len: beyond the largest file size"));
         }
         self.need(st, ino, true)?;
-        let (gen, mut a) = self.attrs(st, ino)?;
+        let (_, a) = self.attrs(st, ino)?;
         if a.kind != Kind::File {
             return Err(fs_err(libc::EINVAL, "set_len: not a regular file"));
         }
+        self.kill_privs(st, ino, &a)?;
+        let (gen, mut a) = self.attrs(st, ino)?;
         let now = now_ns();
         let from = a.size.min(size);
         a.size = size;

@@ -198,6 +198,16 @@ as_user(1000, 1000, "chmod own file setgid, other group", lambda: (touch(p("open
 as_user(1000, 1000, "chgrp own file to a group not in", lambda: os.chown(p("open", "sg"), -1, 4242))
 as_user(1000, 1000, "utime of a root file to now", lambda: os.utime(p("perm", "public")))
 as_user(1000, 1000, "access W of a root file", lambda: os.access(p("perm", "public"), os.W_OK) and None or "denied")
+# A write or truncate by an unprivileged writer clears setuid, and setgid of a
+# group-executable file (Linux's file_remove_privs); root's writes keep them.
+for name, mode in (("suid-gx", 0o6777), ("suid-nogx", 0o6767), ("suid-trunc", 0o6777), ("suid-root", 0o6777)):
+    touch(p("open", name))
+    os.chmod(p("open", name), mode)
+as_user(1000, 1000, "mode after writing a 06777 root file", lambda: (open(p("open", "suid-gx"), "r+").write("x"), oct(os.stat(p("open", "suid-gx")).st_mode & 0o7777))[1])
+as_user(1000, 1000, "mode after writing a 06767 root file", lambda: (open(p("open", "suid-nogx"), "r+").write("x"), oct(os.stat(p("open", "suid-nogx")).st_mode & 0o7777))[1])
+as_user(1000, 1000, "mode after truncating a 06777 root file", lambda: (os.truncate(p("open", "suid-trunc"), 3), oct(os.stat(p("open", "suid-trunc")).st_mode & 0o7777))[1])
+open(p("open", "suid-root"), "r+").write("x")
+check("mode after root writes a 06777 file", lambda: oct(os.stat(p("open", "suid-root")).st_mode & 0o7777))
 os.chmod(p("t"), 0o700)
 as_user(1000, 1000, "stat through a 0700 root dir", lambda: os.stat(p("t", "a")) and None)
 as_user(1000, 1000, "list a 0700 root dir", lambda: os.listdir(p("t")) and None)
