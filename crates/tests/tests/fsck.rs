@@ -106,6 +106,15 @@ impl Damaged {
     fn fsck(&self, args: &[&str]) -> (i32, String) {
         fsck_at(self.store.path().into(), args)
     }
+
+    /// Run `fsck args`: it exits with `code` and says each of `says`.
+    fn expect(&self, args: &[&str], code: i32, says: &[&str]) {
+        let (got, text) = self.fsck(args);
+        assert_eq!(got, code, "fsck {args:?}: {text}");
+        for s in says {
+            assert!(text.contains(s), "fsck {args:?} does not say {s:?}: {text}");
+        }
+    }
 }
 
 fn fsck_at(store: PathBuf, args: &[&str]) -> (i32, String) {
@@ -128,9 +137,7 @@ fn fsck_at(store: PathBuf, args: &[&str]) -> (i32, String) {
 #[test]
 fn a_healthy_store_is_clean() {
     let s = store();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 0, "{text}");
-    assert!(text.contains("clean"), "{text}");
+    s.expect(&[], 0, &["clean"]);
     let (code, text) = s.fsck(&["--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -148,12 +155,12 @@ fn wrong_link_counts_are_found_and_repaired() {
     let mut d = s.inode(s.d);
     d.attrs.nlink = 7;
     s.set_inode(s.d, &d);
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 4, "{text}");
-    assert!(text.contains("link count 1 but 2 names"), "{text}");
-    assert!(text.contains("link count 7 but 2 names"), "{text}");
-    let (code, text) = s.fsck(&["--repair"]);
-    assert_eq!(code, 1, "{text}");
+    s.expect(
+        &[],
+        4,
+        &["link count 1 but 2 names", "link count 7 but 2 names"],
+    );
+    s.expect(&["--repair"], 1, &[]);
     assert_eq!(s.fsck(&[]).0, 0);
     assert_eq!(s.inode(s.a).attrs.nlink, 2);
 }
@@ -167,21 +174,16 @@ fn leaked_and_lost_blocks_are_found_and_the_allocation_state_rebuilt() {
     let f = s.inode(s.f);
     let node = f.map_root;
     s.flip_block_bit(node);
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 4, "{text}");
-    assert!(
-        text.contains("1 NVM data blocks marked in use but not referenced"),
-        "{text}"
+    s.expect(
+        &[],
+        4,
+        &[
+            "1 NVM data blocks marked in use but not referenced",
+            "1 NVM data blocks referenced but marked free",
+        ],
     );
-    assert!(
-        text.contains("1 NVM data blocks referenced but marked free"),
-        "{text}"
-    );
-    let (code, text) = s.fsck(&["--repair"]);
-    assert_eq!(code, 1, "{text}");
-    assert!(text.contains("allocation state rebuilt"), "{text}");
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 0, "{text}");
+    s.expect(&["--repair"], 1, &["allocation state rebuilt"]);
+    s.expect(&[], 0, &[]);
     // The data is intact.
     let fs = s.store.fs();
     assert_eq!(fs.read("/d/f").unwrap(), vec![2u8; 5_000]);
@@ -196,9 +198,7 @@ fn structural_damage_is_found_and_left_for_the_user() {
     f.map_root = a.map_root;
     f.map_height = a.map_height;
     s.set_inode(s.f, &f);
-    let (code, text) = s.fsck(&["--repair"]);
-    assert_eq!(code, 4, "{text}");
-    assert!(text.contains("referenced more than once"), "{text}");
+    s.expect(&["--repair"], 4, &["referenced more than once"]);
 
     // A directory entry naming a free inode, and an unreachable named file.
     let s = store();
@@ -210,12 +210,13 @@ fn structural_damage_is_found_and_left_for_the_user() {
     let mut orphan = s.inode(s.a);
     orphan.attrs.nlink = 1;
     s.set_inode(900, &orphan);
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 4, "{text}");
-    assert!(text.contains("/d/f: names free inode"), "{text}");
-    assert!(
-        text.contains("inode 900: File with 1 links is not reachable"),
-        "{text}"
+    s.expect(
+        &[],
+        4,
+        &[
+            "/d/f: names free inode",
+            "inode 900: File with 1 links is not reachable",
+        ],
     );
 
     // A directory whose parent field is wrong, and a torn inode.
@@ -230,10 +231,7 @@ fn structural_damage_is_found_and_left_for_the_user() {
     s.nvm
         .write_all_at(&[0xee; 16], off + COPY_OFF[c] as u64 + 20)
         .unwrap();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 4, "{text}");
-    assert!(text.contains("parent field"), "{text}");
-    assert!(text.contains("checksum mismatch"), "{text}");
+    s.expect(&[], 4, &["parent field", "checksum mismatch"]);
 }
 
 #[test]
@@ -248,12 +246,8 @@ fn an_unclean_store_is_recovered_by_repair() {
         cairn_tests::harness::kill9(pid);
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 0, "{text}");
-    assert!(text.contains("not stopped cleanly"), "{text}");
-    let (code, text) = s.fsck(&["--repair"]);
-    assert_eq!(code, 1, "{text}");
-    assert!(text.contains("recovered"), "{text}");
+    s.expect(&[], 0, &["not stopped cleanly"]);
+    s.expect(&["--repair"], 1, &["recovered"]);
     assert_eq!(s.fsck(&[]).0, 0);
     assert_eq!(s.store.fs().read("/late").unwrap(), b"acknowledged");
 }
@@ -263,9 +257,7 @@ fn bad_input_is_an_operational_error() {
     // A running daemon.
     let s = store();
     let fs = s.store.fs();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 8, "{text}");
-    assert!(text.contains("stop it first"), "{text}");
+    s.expect(&[], 8, &["stop it first"]);
     drop(fs);
     s.store.stop();
 
@@ -277,18 +269,13 @@ fn bad_input_is_an_operational_error() {
     let mut garbage = good.clone();
     garbage[..4096].fill(0x5a);
     std::fs::write(&cfg.nvm_path, &garbage).unwrap();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 8, "{text}");
-    assert!(text.contains("magic"), "{text}");
+    s.expect(&[], 8, &["magic"]);
     std::fs::write(&cfg.nvm_path, &good[..good.len() / 2]).unwrap();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 8, "{text}");
+    s.expect(&[], 8, &[]);
     let mut newer = good.clone();
     newer[8..12].copy_from_slice(&99u32.to_le_bytes());
     std::fs::write(&cfg.nvm_path, &newer).unwrap();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 8, "{text}");
-    assert!(text.contains("version 99"), "{text}");
+    s.expect(&[], 8, &["version 99"]);
     std::fs::write(&cfg.nvm_path, &good).unwrap();
     assert_eq!(s.fsck(&[]).0, 0);
 
@@ -298,16 +285,12 @@ fn bad_input_is_an_operational_error() {
     let mut other = j.clone();
     other[16] ^= 0xff;
     std::fs::write(&journal, &other).unwrap();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 4, "{text}");
-    assert!(text.contains("journal of another store"), "{text}");
+    s.expect(&[], 4, &["journal of another store"]);
     std::fs::write(&journal, &j).unwrap();
 
     // A missing NVM file, and no store at all.
     std::fs::remove_file(&cfg.nvm_path).unwrap();
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 8, "{text}");
-    assert!(text.contains("cannot open the NVM file"), "{text}");
+    s.expect(&[], 8, &["cannot open the NVM file"]);
     std::fs::write(&cfg.nvm_path, &good).unwrap();
     let none = tempfile::tempdir().unwrap();
     let (code, text) = fsck_at(none.path().join("nothing"), &[]);
@@ -342,21 +325,16 @@ fn unreachable_inodes_are_put_into_lost_and_found() {
         ..Default::default()
     };
     s.set_inode(901, &dir);
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 4, "{text}");
-    assert!(
-        text.contains("inode 900: File with 1 links is not reachable"),
-        "{text}"
+    s.expect(
+        &[],
+        4,
+        &[
+            "inode 900: File with 1 links is not reachable",
+            "inode 901: Dir with 2 links is not reachable",
+        ],
     );
-    assert!(
-        text.contains("inode 901: Dir with 2 links is not reachable"),
-        "{text}"
-    );
-    let (code, text) = s.fsck(&["--repair"]);
-    assert_eq!(code, 1, "{text}");
-    assert!(text.contains("/lost+found"), "{text}");
-    let (code, text) = s.fsck(&[]);
-    assert_eq!(code, 0, "{text}");
+    s.expect(&["--repair"], 1, &["/lost+found"]);
+    s.expect(&[], 0, &[]);
     let fs = s.store.fs();
     let m = fs.metadata("/lost+found/#900").unwrap();
     assert_eq!((m.ino(), m.nlink(), m.len()), (900, 1, 0));
