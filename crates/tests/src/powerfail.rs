@@ -128,7 +128,14 @@ pub fn record_with(
             configured,
         });
     }
-    let trace_path = store.path().join("pm.trace");
+    // On tmpfs, like the NVM tier (sparse: only what is traced takes memory), removed
+    // even if the recording fails.
+    let trace_file = tempfile::Builder::new()
+        .prefix("cairn-pm-")
+        .suffix(".trace")
+        .tempfile_in("/dev/shm")
+        .expect("make the trace file");
+    let trace_path = trace_file.path().to_path_buf();
     cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
     let mut held = Vec::new();
     for c in 0..clients {
@@ -169,7 +176,7 @@ pub fn record_with(
             f.path.display()
         );
     }
-    let _ = std::fs::remove_file(&trace_path);
+    drop(trace_file);
     Recorded {
         store,
         files,
