@@ -1165,6 +1165,16 @@ fn digest_with(
 /// shared area, reserved for it so that no other client gets them before its log is
 /// digested; and the space they charged (the credits their `WRITE`s used), which stays
 /// promised until digested.
+/// How many committed transactions `slot`'s log holds past its head (not digested yet).
+pub(crate) fn pending_commits(sh: &Shared, slot: u32) -> io::Result<usize> {
+    let (head, _) = sh.slot_head(slot)?;
+    let ring = sh.layout.ring_bytes();
+    let mut scratch = Vec::new();
+    let buf = copy_ring(&sh.area, slot, head.head_lsn, ring as usize, &mut scratch)?;
+    let s = log::scan(buf, head.head_lsn, head.head_seq, ring);
+    Ok(s.txns.iter().filter(|t| t.kind == KIND_COMMIT).count())
+}
+
 pub(crate) fn logged(sh: &Shared, slot: u32) -> io::Result<(Vec<u64>, u64)> {
     let (head, _) = sh.slot_head(slot)?;
     let ring = sh.layout.ring_bytes();

@@ -5,7 +5,8 @@
 //! * the superblock and layout (decoding them opens the store), the lower tiers' headers
 //!   (attaching them);
 //! * the slots: after a clean stop no log holds undigested calls; otherwise the store
-//!   needs recovery first (`--repair` does it, as a daemon start would);
+//!   needs recovery first (`--repair` does it, as a daemon start would), and each log's
+//!   committed transactions waiting are counted (a note);
 //! * from the root, every reachable inode: it decodes, it is not free, its directory
 //!   entry names its kind, a directory has one name only (no cycle, no hard link) and
 //!   its parent field names the directory holding it;
@@ -141,6 +142,16 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
     }
     check_xattrs(&store, &sh, &mut rep)?;
     check_segments(&sh, &walk, &mut rep)?;
+    if !clean {
+        for slot in 0..sh.layout.nslots {
+            if sh.slot_head(slot)?.0.active {
+                let n = crate::digest::pending_commits(&sh, slot)?;
+                rep.notes.push(format!(
+                    "slot {slot}: {n} committed transactions not digested yet (the next start, or `--repair`, applies them)"
+                ));
+            }
+        }
+    }
     if clean {
         check_slots(&sh, &mut rep)?;
         let wrong = check_allocation(&sh, &walk, &mut rep)?;

@@ -236,20 +236,52 @@ fn structural_damage_is_found_and_left_for_the_user() {
 
 #[test]
 fn an_unclean_store_is_recovered_by_repair() {
+    use std::io::BufRead;
     let s = store();
-    {
-        let fs = s.store.fs();
-        fs.write("/late", b"acknowledged").unwrap();
-    }
-    // The daemon dies: the store is not clean, the client's log holds the write.
+    s.store.fs().create_dir("/late").unwrap();
+    // A client logs 30 calls and stays; then it and the daemon die: the store is not
+    // clean and the client's log holds calls nobody digested.
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_cairn-test-worker"))
+        .arg(s.store.path())
+        .args(["3", "30", "/late"])
+        .env("CAIRN_WORKER_HOLD", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(worker.stdout.take().unwrap());
+    assert!(out.lines().any(|l| l.is_ok_and(|l| l == "DONE")));
     if let Some(pid) = s.store.daemon_pid() {
         cairn_tests::harness::kill9(pid);
     }
+    worker.kill().unwrap();
+    worker.wait().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
-    s.expect(&[], 0, &["not stopped cleanly"]);
+    s.expect(
+        &[],
+        0,
+        &[
+            "not stopped cleanly",
+            "committed transactions not digested yet",
+        ],
+    );
+    let (_, text) = s.fsck(&[]);
+    assert!(!text.contains(": 0 committed transactions"), "{text}");
     s.expect(&["--repair"], 1, &["recovered"]);
-    assert_eq!(s.fsck(&[]).0, 0);
-    assert_eq!(s.store.fs().read("/late").unwrap(), b"acknowledged");
+    s.expect(&[], 0, &["clean"]);
+    // Everything the client acknowledged is there: the reference after its 30 calls.
+    let fs = s.store.fs();
+    let got = cairn_tests::snapshot(&cairn_tests::CairnFs { fs: &fs }, "/late").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let host = cairn_tests::HostFs {
+        root: dir.path().to_path_buf(),
+    };
+    cairn_tests::FsOps::mkdir(&host, "/late").unwrap();
+    for op in cairn_tests::gen_ops(3, 30, "/late") {
+        cairn_tests::apply(&host, &op);
+    }
+    let want = cairn_tests::snapshot(&host, "/late").unwrap();
+    assert!(got == want, "{}", cairn_tests::diff(&got, &want));
 }
 
 #[test]
