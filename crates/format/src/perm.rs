@@ -8,6 +8,18 @@ pub const R: u32 = 4;
 pub const W: u32 = 2;
 pub const X: u32 = 1;
 
+/// The setuid and setgid bits of a regular file with permission bits `perm` that a write
+/// or truncate by an unprivileged process clears: setuid, and setgid when the file is
+/// group-executable or the writer is not in its group (`in_group`). The one rule of
+/// LibFS ([`Cred::privs_to_kill`]) and the mount.
+pub fn privs_killed(perm: u32, in_group: bool) -> u32 {
+    let mut kill = perm & 0o4000;
+    if perm & 0o2000 != 0 && (perm & 0o010 != 0 || !in_group) {
+        kill |= 0o2000;
+    }
+    kill
+}
+
 /// The credentials permission checks use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Cred {
@@ -50,11 +62,7 @@ impl Cred {
         if self.is_root() || a.kind != Kind::File {
             return 0;
         }
-        let mut kill = a.perm & 0o4000;
-        if a.perm & 0o2000 != 0 && (a.perm & 0o010 != 0 || !self.in_group(a.gid)) {
-            kill |= 0o2000;
-        }
-        kill
+        privs_killed(a.perm, self.in_group(a.gid))
     }
 
     /// Owner or root (chmod, utimes with explicit times).

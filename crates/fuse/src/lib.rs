@@ -79,18 +79,14 @@ fn attr_of(m: &Metadata) -> FileAttr {
     }
 }
 
-/// Clear the setuid bit, and the setgid bit of a group-executable file or of one whose
-/// group is not the writer's, after a write by an unprivileged process with group `gid`
-/// (Linux's rule; the kernel leaves it to the file system; the writer's supplementary
-/// groups are not known here).
+/// Clear what a write or truncate by an unprivileged process with group `gid` clears
+/// (`cairn_format::perm::privs_killed`; the writer's supplementary groups are not known
+/// here). The kernel leaves it to the file system.
 fn kill_suidgid(fs: &Fs, ino: u64, gid: u32) -> io::Result<()> {
     let m = fs.metadata(At::inode(ino))?;
     let mode = m.mode() & 0o7777;
-    let mut kill = libc::S_ISUID;
-    if mode & libc::S_IXGRP != 0 || m.gid() != gid {
-        kill |= libc::S_ISGID;
-    }
-    if mode & kill != 0 {
+    let kill = cairn_format::perm::privs_killed(mode, m.gid() == gid);
+    if kill != 0 {
         fs.set_permissions(At::inode(ino), cairn::Permissions::from_mode(mode & !kill))?;
     }
     Ok(())

@@ -1370,9 +1370,6 @@ impl Inner {
         if data.is_empty() {
             return Ok((off, 0));
         }
-        if self.kill_privs(st, ino, &attrs)? {
-            (_, attrs) = self.attrs_held(st, ino)?;
-        }
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_SIZE)
@@ -1381,6 +1378,10 @@ impl Inner {
                 libc::EFBIG,
                 format!("write: beyond the largest file size ({MAX_FILE_SIZE} bytes)"),
             ));
+        }
+        // After the checks that refuse the write, as Linux's file_remove_privs.
+        if self.kill_privs(st, ino, &attrs)? {
+            (_, attrs) = self.attrs_held(st, ino)?;
         }
         let max = (st.ring.bytes() / 4) as usize - 128;
         let mut done = 0;
