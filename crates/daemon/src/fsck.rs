@@ -682,7 +682,6 @@ fn check_segments(sh: &Shared, w: &Walk, rep: &mut FsckReport) -> io::Result<()>
 /// change never acknowledged: a note), attribute sets of inodes that still exist (others
 /// are dropped at the next compaction: a note). Read only: a start cuts a torn tail.
 fn check_xattrs(store: &StoreDir, sh: &Shared, rep: &mut FsckReport) -> io::Result<()> {
-    use cairn_format::xattr::{journal_uuid, JournalRecord, JOURNAL_HEADER};
     let path = store.xattr_path();
     let b = match std::fs::read(&path) {
         Ok(b) => b,
@@ -692,8 +691,8 @@ fn check_xattrs(store: &StoreDir, sh: &Shared, rep: &mut FsckReport) -> io::Resu
     if b.is_empty() {
         return Ok(());
     }
-    match journal_uuid(&b) {
-        Ok(u) if u == sh.area.superblock().uuid => {}
+    let r = match crate::xattr::replay(&b) {
+        Ok(r) if r.uuid == sh.area.superblock().uuid => r,
         Ok(_) => {
             rep.problems.push(format!(
                 "{}: the extended-attribute journal of another store (a start moves it aside)",
@@ -708,22 +707,17 @@ fn check_xattrs(store: &StoreDir, sh: &Shared, rep: &mut FsckReport) -> io::Resu
             ));
             return Ok(());
         }
-    }
-    let mut off = JOURNAL_HEADER;
-    let mut sets = std::collections::HashSet::new();
-    while let Some((r, n)) = JournalRecord::decode(&b[off..]) {
-        sets.insert((r.ino, r.generation));
-        off += n;
-    }
-    if off < b.len() {
+    };
+    if r.whole < b.len() {
         rep.notes.push(format!(
             "{}: {} bytes after the last whole record (a change torn by a crash, never acknowledged; the next start cuts them)",
             path.display(),
-            b.len() - off
+            b.len() - r.whole
         ));
     }
-    let stale = sets
-        .iter()
+    let stale = r
+        .map
+        .keys()
         .filter(|(ino, generation)| {
             !sh.layout.ino_valid(*ino)
                 || sh.inode(*ino).map_or(true, |i| {

@@ -67,18 +67,31 @@ pub fn recover(path: &Path) -> io::Result<()> {
 /// value.
 pub type StoredXattrs = HashMap<(u64, u64), BTreeMap<Vec<u8>, Vec<u8>>>;
 
-/// The extended attributes the journal of the stopped store at `path` holds (read as a
-/// daemon start replays it). Errors: `EBUSY` when a daemon serves the store.
+/// The extended attributes the journal of the stopped store at `path` holds (read only,
+/// as a daemon start replays it; none without a journal). Errors: `EBUSY` when a daemon
+/// serves the store; `EIO` for a journal that is not this store's.
 pub fn stored_xattrs(path: &Path) -> io::Result<StoredXattrs> {
     let store = StoreDir::new(path);
     let _lock = lock_store(&store, "read its extended attributes")?;
+    let b = match std::fs::read(store.xattr_path()) {
+        Ok(b) if !b.is_empty() => b,
+        Ok(_) => return Ok(StoredXattrs::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(StoredXattrs::new()),
+        Err(e) => return Err(e),
+    };
     let cfg = store.load_config()?;
-    let f = File::open(&cfg.nvm_path)?;
-    let uuid = cairn_area::Area::open(&f, false)?.superblock().uuid;
-    let x = crate::xattr::Xattrs::open(&store.xattr_path(), uuid, Box::new(|_| Ok(())), &|_| {})?;
-    Ok(x.inodes()
-        .filter_map(|k| x.of(k.0, k.1).map(|a| (k, a.clone())))
-        .collect())
+    let uuid = cairn_area::Area::open(&File::open(&cfg.nvm_path)?, false)?
+        .superblock()
+        .uuid;
+    match crate::xattr::replay(&b) {
+        Ok(r) if r.uuid == uuid => Ok(r.map),
+        Ok(_) => Err(crate::util::eio(
+            "the extended-attribute journal of another store",
+        )),
+        Err(e) => Err(crate::util::eio(format!(
+            "the extended-attribute journal: {e}"
+        ))),
+    }
 }
 
 /// Open (and replay) the store's extended-attribute journal, as a start does.

@@ -58,6 +58,42 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// What a journal's bytes hold.
+pub(crate) struct Replayed {
+    /// The store it belongs to.
+    pub uuid: [u8; 16],
+    /// The attributes after its whole records, by (inode, generation); no empty sets.
+    pub map: HashMap<(u64, u64), Attrs>,
+    /// Bytes of the header and the whole records (a torn record may follow).
+    pub whole: usize,
+}
+
+/// Replay a journal's bytes (no I/O): what a start does, and what `fsck` and the
+/// power-failure checks read.
+pub(crate) fn replay(bytes: &[u8]) -> Result<Replayed, cairn_format::FormatError> {
+    let uuid = xattr::journal_uuid(bytes)?;
+    let mut map: HashMap<(u64, u64), Attrs> = HashMap::new();
+    let mut off = xattr::JOURNAL_HEADER;
+    while let Some((r, n)) = JournalRecord::decode(&bytes[off..]) {
+        let attrs = map.entry((r.ino, r.generation)).or_default();
+        match r.value {
+            Some(v) => {
+                attrs.insert(r.name, v);
+            }
+            None => {
+                attrs.remove(&r.name);
+            }
+        }
+        off += n;
+    }
+    map.retain(|_, a| !a.is_empty());
+    Ok(Replayed {
+        uuid,
+        map,
+        whole: off,
+    })
+}
+
 impl Xattrs {
     /// Open (or create) the journal at `path` for the store with uuid `uuid` and replay
     /// it. A journal of another store (left by an older `mkfs` at this path) is moved
@@ -80,31 +116,18 @@ impl Xattrs {
         let mut map: HashMap<(u64, u64), Attrs> = HashMap::new();
         let mut len = 0u64;
         if !bytes.is_empty() {
-            match xattr::journal_uuid(&bytes) {
-                Ok(u) if u == uuid => {
-                    let mut off = xattr::JOURNAL_HEADER;
-                    while let Some((r, n)) = JournalRecord::decode(&bytes[off..]) {
-                        let attrs = map.entry((r.ino, r.generation)).or_default();
-                        match r.value {
-                            Some(v) => {
-                                attrs.insert(r.name, v);
-                            }
-                            None => {
-                                attrs.remove(&r.name);
-                            }
-                        }
-                        off += n;
-                    }
-                    if off < bytes.len() {
+            match replay(&bytes) {
+                Ok(r) if r.uuid == uuid => {
+                    if r.whole < bytes.len() {
                         note(format!(
                             "{}: {} bytes after the last whole record cut off (a change \
                              torn by a crash, never acknowledged)",
                             path.display(),
-                            bytes.len() - off
+                            bytes.len() - r.whole
                         ));
                     }
-                    map.retain(|_, a| !a.is_empty());
-                    len = off as u64;
+                    map = r.map;
+                    len = r.whole as u64;
                 }
                 r => {
                     let old = path.with_extension("old");
