@@ -158,7 +158,7 @@ impl Core {
             }
             log.log(format!(
                 "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
-                r.inodes, r.blocks, r.orphans_freed, r.unreachable.len(), r.seqlocks_fixed
+                r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed
             ));
             for w in r.warnings {
                 log.log(format!("rebuild warning: {w}"));

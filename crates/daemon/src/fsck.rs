@@ -96,7 +96,7 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
     let mut rep = FsckReport::default();
     {
         let _lock = lock_store(&store, "check it")?;
-        let area = open(&store, false)?;
+        let area = open(&store)?;
         if area.state_field(state::CLEAN)? != 1 {
             let dirty = dirty_slots(&area)?;
             if opts.repair {
@@ -114,7 +114,7 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
         }
     }
     let _lock = lock_store(&store, "check it")?;
-    let area = open(&store, false)?;
+    let area = open(&store)?;
     let clean = area.state_field(state::CLEAN)? == 1;
     let sh = Shared::new(
         area,
@@ -177,12 +177,12 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
     Ok(rep)
 }
 
-/// Open the store's NVM tier (and lower tiers) as the daemon does.
-fn open(store: &StoreDir, writable: bool) -> io::Result<Area> {
+/// Open the store's NVM tier (writable, for repairs) and its lower tiers (read only).
+fn open(store: &StoreDir) -> io::Result<Area> {
     let cfg = store.load_config()?;
     let file = crate::core::open_nvm(store, &cfg)?;
     let mut area = Area::open(&file, true)?;
-    area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], writable)?;
+    area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
     Ok(area)
 }
 

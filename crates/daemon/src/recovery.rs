@@ -19,10 +19,12 @@ use std::io;
 pub(crate) struct RebuildReport {
     pub inodes: u64,
     pub blocks: u64,
-    pub orphans_freed: u64,
+    /// Inodes that did not decode, freed.
+    pub undecodable_freed: u64,
     /// Live inodes no directory names, kept until the logs are replayed (a batch the
-    /// daemon died applying may name them again): [`free_unreachable`] frees the rest.
-    pub unreachable: Vec<u64>,
+    /// daemon died applying may name them again; `Shared::unreachable`):
+    /// [`free_unreachable`] frees the rest.
+    pub unnamed_kept: u64,
     pub seqlocks_fixed: u64,
     pub warnings: Vec<String>,
 }
@@ -187,6 +189,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
     }
     // Orphans: live inodes nobody reaches.
     let mut raw = [0u8; INODE_BYTES];
+    let mut unnamed = Vec::new();
     for ino in 2..l.inode_count {
         if visited.get(ino) {
             continue;
@@ -195,7 +198,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         if raw.iter().all(|&b| b == 0) {
             continue;
         }
-        let (live, generation) = match Inode::decode(&raw) {
+        match Inode::decode(&raw) {
             Ok(i) if i.attrs.kind != Kind::Free => {
                 // Kept, with its blocks: an unlinked file (`nlink = 0`) until the restart
                 // gate closes (the clients that re-attached have pinned the ones they
@@ -209,7 +212,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
                 if unlinked {
                     rep.inodes += 1;
                 } else {
-                    rep.unreachable.push(ino);
+                    unnamed.push(ino);
                 }
                 match owned_blocks(sh, &i) {
                     Ok(v) => v.into_iter().for_each(|b| {
@@ -217,20 +220,12 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
                     }),
                     Err(e) => rep.warnings.push(format!("unnamed inode {ino}: {e}")),
                 }
-                continue;
             }
-            Ok(i) => (false, i.generation),
-            Err(_) => (true, 0),
-        };
-        if live {
-            sh.write_inode(
-                ino,
-                &Inode {
-                    generation,
-                    ..Default::default()
-                },
-            )?;
-            rep.orphans_freed += 1;
+            Ok(_) => {}
+            Err(_) => {
+                sh.write_inode(ino, &Inode::default())?;
+                rep.undecodable_freed += 1;
+            }
         }
     }
     cairn_media::fence();
@@ -239,7 +234,8 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
     sh.inodes = inodes;
     sh.tiers = tiers;
     sh.retired.clear();
-    sh.unreachable = rep.unreachable.clone();
+    rep.unnamed_kept = unnamed.len() as u64;
+    sh.unreachable = unnamed;
     Ok(rep)
 }
 
