@@ -386,65 +386,51 @@ const HANG: Duration = Duration::from_secs(60);
 
 /// Aborts the process (failing the test with a message) when one image's check runs
 /// longer than [`HANG`]: recovery runs in this process, so a hang cannot be interrupted.
+/// When the current image's check started and the trace event it crashes before (`None`:
+/// idle).
+type Busy = Option<(Instant, usize)>;
+
 struct Watchdog {
-    /// Milliseconds since `t0` when the current image's check started (0: idle), and the
-    /// trace event it crashes before.
-    busy: std::sync::Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    t0: Instant,
+    /// What is being checked, and whether the watchdog should stop.
+    state: std::sync::Arc<std::sync::Mutex<(Busy, bool)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watchdog {
     fn new() -> Watchdog {
-        use std::sync::atomic::Ordering::SeqCst;
-        let busy = std::sync::Arc::new(Default::default());
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let t0 = Instant::now();
-        let (b, st) = (std::sync::Arc::clone(&busy), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let b: &(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64) = &b;
-            while !st.load(SeqCst) {
-                std::thread::sleep(Duration::from_millis(200));
-                let since = b.0.load(SeqCst);
-                let now = t0.elapsed().as_millis() as u64;
-                if since > 0 && now.saturating_sub(since) > HANG.as_millis() as u64 {
-                    // Straight to the process's stderr: the test harness's capture of
-                    // `eprintln!` would be lost with the abort.
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "power failure: the recovery of the image before trace event {} ran for more than {} s: a hang",
-                        b.1.load(SeqCst),
-                        HANG.as_secs()
-                    );
-                    std::process::abort();
-                }
+        let state = std::sync::Arc::new(std::sync::Mutex::new((Busy::None, false)));
+        let st = state.clone();
+        let thread = std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let (busy, stop) = *st.lock().unwrap_or_else(|e| e.into_inner());
+            if stop {
+                return;
+            }
+            if let Some((since, event)) = busy.filter(|(since, _)| since.elapsed() > HANG) {
+                // Straight to the process's stderr: the test harness's capture of
+                // `eprintln!` would be lost with the abort.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "power failure: the recovery of the image before trace event {event} ran for {} s: a hang",
+                    since.elapsed().as_secs()
+                );
+                std::process::abort();
             }
         });
         Watchdog {
-            busy,
-            stop,
-            t0,
+            state,
             thread: Some(thread),
         }
     }
 
-    fn begin(&self, event: usize) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.busy.1.store(event as u64, SeqCst);
-        self.busy
-            .0
-            .store(self.t0.elapsed().as_millis() as u64 + 1, SeqCst);
-    }
-
-    fn end(&self) {
-        self.busy.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    fn set(&self, busy: Busy) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).0 = busy;
     }
 }
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -528,9 +514,9 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                         break;
                     }
                     sim.build(&c, &mut imgs);
-                    watchdog.begin(i);
+                    watchdog.set(Some((Instant::now(), i)));
                     seen.insert(h, scratch.recover(&imgs, &r.prefix));
-                    watchdog.end();
+                    watchdog.set(None);
                 }
                 if let Some(what) = judge(&seen[&h], &states, &ops, acked, in_flight) {
                     if rep.violations.is_empty() {
