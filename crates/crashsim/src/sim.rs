@@ -589,11 +589,6 @@ mod tests {
         assert!(c[0].is_empty());
         assert_eq!(c[1].len(), 64);
     }
-}
-
-#[cfg(test)]
-mod disk_tests {
-    use super::*;
 
     #[test]
     fn host_file_writes_are_durable_at_fdatasync() {
@@ -632,5 +627,4 @@ mod disk_tests {
         assert_eq!(&out[1][4096..4112], &[7; 16]);
         assert_eq!(out[0], vec![0; 64]);
     }
-    use rand::SeedableRng;
 }

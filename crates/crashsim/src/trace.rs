@@ -153,8 +153,11 @@ impl Trace {
                     value: u64_at(r, 8),
                 }),
                 SITE => {
+                    // The first word is the site's id, not a thread.
                     let name = String::from_utf8_lossy(&r[8..]);
-                    t.sites.insert(tid, name.trim_end_matches('\0').to_string());
+                    let site = u32_at(r, 0);
+                    t.sites
+                        .insert(site, name.trim_end_matches('\0').to_string());
                 }
                 k => return Err(bad(format!("record at {at} has unknown kind {k}"))),
             }

@@ -45,6 +45,19 @@ fn store() -> Damaged {
         )
     };
     store.stop();
+    let (nvm, l) = nvm_and_layout(&store);
+    Damaged {
+        store,
+        nvm,
+        l,
+        a,
+        d,
+        f,
+    }
+}
+
+/// A stopped store's NVM file (read-write) and its layout.
+fn nvm_and_layout(store: &TestStore) -> (File, Layout) {
     let cfg = cairn_area::StoreDir::new(store.path())
         .load_config()
         .unwrap();
@@ -58,14 +71,7 @@ fn store() -> Damaged {
     let l = Superblock::decode(&sb, nvm.metadata().unwrap().len())
         .unwrap()
         .layout;
-    Damaged {
-        store,
-        nvm,
-        l,
-        a,
-        d,
-        f,
-    }
+    (nvm, l)
 }
 
 impl Damaged {
@@ -402,19 +408,7 @@ fn a_segment_table_contradicting_the_maps_is_found() {
     assert!(moved > 0);
     store.stop();
     assert_eq!(fsck_at(store.path().into(), &[]).0, 0);
-    let cfg = cairn_area::StoreDir::new(store.path())
-        .load_config()
-        .unwrap();
-    let nvm = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&cfg.nvm_path)
-        .unwrap();
-    let mut sb = vec![0u8; BLOCK_SIZE];
-    nvm.read_exact_at(&mut sb, 0).unwrap();
-    let l = Superblock::decode(&sb, nvm.metadata().unwrap().len())
-        .unwrap()
-        .layout;
+    let (nvm, l) = nvm_and_layout(&store);
     // Every segment's gen word set to 0: those holding data now contradict the maps.
     for seg in 1..l.tiers[0].segments {
         nvm.write_all_at(&[0u8; 8], l.seg_entry_off(1, seg))
