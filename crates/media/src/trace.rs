@@ -4,7 +4,8 @@
 //! [`start`]); then every store into a [`crate::Mapping`] (plain, non-temporal, atomic),
 //! every cache-line write-back and every fence of every process sharing that file is
 //! appended to it, in one global order. Off, each primitive pays one relaxed load and a
-//! predictable branch ([`on`]).
+//! predictable branch ([`on`]), plus the source-location argument `#[track_caller]`
+//! passes.
 //!
 //! # The trace file
 //!
