@@ -58,7 +58,19 @@ impl Area {
         let map = Mapping::new(file, 0, len as usize, writable, writable)?;
         let mut b = vec![0u8; BLOCK_SIZE];
         map.read(0, &mut b)?;
-        let sb = Superblock::decode(&b, len).map_err(|e| eio(e.to_string()))?;
+        let sb = Superblock::decode(&b, len).map_err(|e| {
+            // Say whether the copy (format version 4) could restore it.
+            let copy = cairn_format::superblock::copy_block_of(len);
+            let intact = map.read(copy as usize * BLOCK_SIZE, &mut b).is_ok()
+                && Superblock::decode(&b, len).is_ok_and(|c| c.layout.sb_copy == copy);
+            eio(if intact {
+                format!(
+                    "{e}; its copy in block {copy} is intact: `cairn fsck --repair` restores it"
+                )
+            } else {
+                e.to_string()
+            })
+        })?;
         map.read(BLOCK_SIZE, &mut b)?;
         cairn_format::superblock::check_state(&b).map_err(|e| eio(e.to_string()))?;
         Ok(Area {

@@ -8,6 +8,7 @@
 mod bench;
 mod commands;
 mod error;
+mod progress;
 mod util;
 
 use clap::{Args, Parser, Subcommand};
@@ -129,6 +130,13 @@ pub enum Command {
         /// Bytes to move [default: down to the low watermark]
         #[arg(long, value_name = "BYTES", value_parser = util::parse_size)]
         free: Option<u64>,
+    },
+    /// Compact a lower tier now: move the live data of partly dead segments together
+    /// until no round frees a segment
+    Clean {
+        /// The tier to clean: ssd or hdd
+        #[arg(long, value_name = "TIER")]
+        tier: String,
     },
     /// Mount the store with FUSE at MOUNTPOINT, so that every program can use it
     Mount {

@@ -2,8 +2,9 @@
 //!
 //! What is checked (each finding is one line of [`FsckReport::problems`]):
 //!
-//! * the superblock and layout (decoding them opens the store), the lower tiers' headers
-//!   (attaching them);
+//! * the superblock and layout (decoding them opens the store) and the superblock's copy
+//!   in the tier's last block (format version 4): when one is damaged, `--repair`
+//!   rewrites it from the other; the lower tiers' headers (attaching them);
 //! * the slots: after a clean stop no log holds undigested calls; otherwise the store
 //!   needs recovery first (`--repair` does it, as a daemon start would), and each log's
 //!   committed transactions waiting are counted (a note);
@@ -96,6 +97,9 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
     let mut rep = FsckReport::default();
     {
         let _lock = lock_store(&store, "check it")?;
+        if !check_superblock(&store, opts.repair, &mut rep)? {
+            return Ok(rep);
+        }
         let area = open(&store)?;
         if area.state_field(state::CLEAN)? != 1 {
             let dirty = dirty_slots(&area)?;
@@ -175,6 +179,85 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
         }
     }
     Ok(rep)
+}
+
+/// The superblock (block 0) against its copy. False when block 0 is damaged and was not
+/// restored (the report says so; nothing else can be checked without it). An error when
+/// neither decodes: not a store, or not one this version reads.
+fn check_superblock(store: &StoreDir, repair: bool, rep: &mut FsckReport) -> io::Result<bool> {
+    use cairn_format::superblock::{copy_block_of, stored_version, Superblock, FORMAT_VERSION};
+    use cairn_format::BLOCK_SIZE;
+    let cfg = store.load_config()?;
+    let file = crate::core::open_nvm(store, &cfg)?;
+    let len = file.metadata()?.len();
+    if len < 2 * BLOCK_SIZE as u64 {
+        return Err(cairn_area::fs_err(
+            libc::EIO,
+            format!("NVM file of {len} bytes is too small to be a Cairn tier"),
+        ));
+    }
+    let map = cairn_media::Mapping::new(&file, 0, len as usize, repair, false)?;
+    let block = |b: u64| -> io::Result<Vec<u8>> {
+        let mut v = vec![0u8; BLOCK_SIZE];
+        map.read(b as usize * BLOCK_SIZE, &mut v)?;
+        Ok(v)
+    };
+    let restore = |to: u64, bytes: &[u8]| -> io::Result<()> {
+        map.write(to as usize * BLOCK_SIZE, bytes)?;
+        map.persist(to as usize * BLOCK_SIZE, BLOCK_SIZE)
+    };
+    let primary = block(0)?;
+    match Superblock::decode(&primary, len) {
+        Ok(sb) if sb.layout.sb_copy == 0 => {
+            rep.notes.push(
+                "a store of format version 3 or older: it has no copy of the superblock".into(),
+            );
+        }
+        Ok(sb) => {
+            let at = sb.layout.sb_copy;
+            if block(at)? != primary {
+                let what = format!("the copy of the superblock in block {at} is damaged");
+                if repair {
+                    restore(at, &primary)?;
+                    rep.repaired
+                        .push(format!("{what}: rewritten from the superblock"));
+                } else {
+                    rep.problems.push(what);
+                }
+            }
+        }
+        // A store of a newer version: its copy is of that version too.
+        Err(e) if stored_version(&primary).is_some_and(|v| v > FORMAT_VERSION) => {
+            return Err(cairn_area::fs_err(libc::EIO, e.to_string()));
+        }
+        Err(e) => {
+            let at = copy_block_of(len);
+            let copy = block(at)?;
+            match Superblock::decode(&copy, len) {
+                Ok(c) if c.layout.sb_copy == at => {
+                    let what = format!("the superblock (block 0) is damaged: {e}");
+                    if repair {
+                        restore(0, &copy)?;
+                        rep.repaired
+                            .push(format!("{what}: restored from its copy in block {at}"));
+                    } else {
+                        rep.problems.push(format!(
+                            "{what}; its copy in block {at} is intact (`--repair` restores it); nothing else was checked"
+                        ));
+                        return Ok(false);
+                    }
+                }
+                // Neither decodes: an operational error, as opening the store gives.
+                _ => {
+                    return Err(cairn_area::fs_err(
+                        libc::EIO,
+                        format!("{e} (and no intact copy in block {at})"),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Open the store's NVM tier (writable, for repairs) and its lower tiers (read only).

@@ -796,6 +796,12 @@ impl Migrator {
         }
     }
 
+    /// One cleaning round on lower tier `t`, asked for by a client. Returns the blocks
+    /// moved.
+    pub(crate) fn clean(&self, core: &CoreLock, t: u8, log: &Logger) -> u64 {
+        self.run(core, RoundKind::Clean, t, log)
+    }
+
     /// Move at least `max` blocks of the coldest data of `from` one tier down (in whole
     /// segments, so up to a segment more), making room below first when needed. Returns
     /// the blocks moved.

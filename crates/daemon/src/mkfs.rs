@@ -486,7 +486,10 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
             format_tier(i as u8 + 1, t, &l.tiers[i], &uuid, opts)?;
         }
     }
-    // The superblock last: a tier without a valid superblock is not a store.
+    // The superblock last (its copy in the last block first): a tier without a valid
+    // superblock is not a store.
+    persist((l.sb_copy * BLOCK_SIZE_U64) as usize, &sb.encode())?;
+    cairn_media::fence();
     persist(0, &sb.encode())?;
     cairn_media::fence();
     Ok(())

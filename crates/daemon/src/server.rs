@@ -613,6 +613,20 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 used_bytes: used * cairn_format::BLOCK_SIZE_U64,
             })
         }
+        Request::Clean { tier } => {
+            if tier == 0 || d.core().sh.tier(tier).is_none() {
+                return Reply::Send(err_response(&fs_err(
+                    libc::EINVAL,
+                    format!("cannot clean tier {tier}: only a lower tier the store has is cleaned"),
+                )));
+            }
+            let n = d.migrator.clean(&d.core, tier, &d.log);
+            let (used, _) = crate::migrate::Migrator::usage(&d.core().sh, tier);
+            Reply::Send(Response::Migrated {
+                bytes: n * cairn_format::BLOCK_SIZE_U64,
+                used_bytes: used * cairn_format::BLOCK_SIZE_U64,
+            })
+        }
         Request::Goodbye { tail_lsn } => {
             let Some(slot) = c.slot else {
                 return Reply::Close(Some(Response::Ok));

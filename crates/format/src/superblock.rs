@@ -1,4 +1,5 @@
-//! Superblock (block 0), daemon state (block 1) and the layout of the NVM tier.
+//! Superblock (block 0, and its copy in the last block), daemon state (block 1) and the
+//! layout of the NVM tier.
 
 use crate::{align_up, bad, crc, le, Result, BLOCK_SIZE, BLOCK_SIZE_U64};
 
@@ -6,9 +7,12 @@ use crate::{align_up, bad, crc, le, Result, BLOCK_SIZE, BLOCK_SIZE_U64};
 pub const SB_MAGIC: &[u8; 8] = b"CAIRNSB\0";
 /// Magic at the start of the daemon state block.
 pub const STATE_MAGIC: &[u8; 8] = b"CAIRNST\0";
-/// Current format version (2: lower tiers; 3: special files, inode kinds 4–7). Version 1
-/// stores (no lower tiers) and version 2 stores (same layout as 3) are still read.
-pub const FORMAT_VERSION: u32 = 3;
+/// Current format version (2: lower tiers; 3: special files, inode kinds 4–7; 4: a copy
+/// of the superblock in the tier's last block). Version 1 stores (no lower tiers) and
+/// versions 2 and 3 (no copy) are still read.
+pub const FORMAT_VERSION: u32 = 4;
+/// The last version without a copy of the superblock.
+const VERSION_NO_COPY: u32 = 3;
 /// Bytes of a version-1 superblock covered by its checksum (the crc sits right after).
 const SB_CRC_OFF_V1: usize = 144;
 /// Bytes of a version-2 superblock covered by its checksum.
@@ -136,6 +140,9 @@ pub struct Layout {
     pub data_blocks: u64,
     /// SSD and HDD geometry.
     pub tiers: [TierGeom; LOWER_TIERS],
+    /// The block holding a copy of the superblock, the last of the tier, right after the
+    /// data region (0: none, a store of format version 3 or older).
+    pub sb_copy: u64,
 }
 
 /// Bytes of one slot-table entry.
@@ -144,8 +151,14 @@ pub const SLOT_ENTRY_BYTES: u64 = 128;
 pub const INODE_BYTES: u64 = 256;
 
 impl Layout {
-    /// Compute a layout, or explain why the parameters do not fit.
+    /// Compute the layout of a new store (with a copy of the superblock), or explain why
+    /// the parameters do not fit.
     pub fn compute(p: Params) -> Result<Layout> {
+        Layout::compute_with(p, true)
+    }
+
+    /// The layout, with or without (format version 3 and older) a copy of the superblock.
+    pub fn compute_with(p: Params, sb_copy: bool) -> Result<Layout> {
         if p.nslots == 0 || p.nslots > 4096 {
             return bad("slots must be between 1 and 4096");
         }
@@ -184,10 +197,11 @@ impl Layout {
         let inode_start = log_start + p.nslots as u64 * (1 + log_blocks);
         let inode_blocks = align_up(p.inode_count * INODE_BYTES, BLOCK_SIZE_U64) / BLOCK_SIZE_U64;
         let data_start = inode_start + inode_blocks;
-        if data_start + 64 > total_blocks {
+        let copy = sb_copy as u64;
+        if data_start + 64 + copy > total_blocks {
             return bad(format!(
                 "the NVM tier is too small: logs and inodes need {} MiB, have {} MiB",
-                ((data_start + 64) * BLOCK_SIZE_U64) >> 20,
+                ((data_start + 64 + copy) * BLOCK_SIZE_U64) >> 20,
                 p.total_bytes >> 20
             ));
         }
@@ -204,8 +218,9 @@ impl Layout {
             inode_start,
             inode_count: p.inode_count,
             data_start,
-            data_blocks: total_blocks - data_start,
+            data_blocks: total_blocks - data_start - copy,
             tiers: p.tiers,
+            sb_copy: if sb_copy { total_blocks - 1 } else { 0 },
         })
     }
 
@@ -279,7 +294,7 @@ impl Layout {
     }
     /// Whether `blk` is a block of the data region.
     pub fn data_block_valid(&self, blk: u64) -> bool {
-        blk >= self.data_start && blk < self.total_blocks
+        blk >= self.data_start && blk < self.data_start + self.data_blocks
     }
     /// Byte offset of block `blk`.
     pub fn block_off(blk: u64) -> u64 {
@@ -301,7 +316,12 @@ impl Superblock {
         let l = &self.layout;
         let mut b = vec![0u8; BLOCK_SIZE];
         b[0..8].copy_from_slice(SB_MAGIC);
-        le::put_u32(&mut b, 8, FORMAT_VERSION);
+        let version = if l.sb_copy == 0 {
+            VERSION_NO_COPY
+        } else {
+            FORMAT_VERSION
+        };
+        le::put_u32(&mut b, 8, version);
         le::put_u32(&mut b, 12, BLOCK_SIZE as u32);
         le::put_u64(&mut b, 16, l.total_blocks);
         le::put_u32(&mut b, 24, l.nslots);
@@ -337,7 +357,7 @@ impl Superblock {
         let v = le::u32(b, 8);
         let crc_off = match v {
             1 => SB_CRC_OFF_V1,
-            2 | FORMAT_VERSION => SB_CRC_OFF,
+            2..=FORMAT_VERSION => SB_CRC_OFF,
             _ => return bad(format!("superblock: unsupported format version {v}")),
         };
         if crc(&b[..crc_off]) != le::u32(b, crc_off) {
@@ -368,18 +388,23 @@ impl Superblock {
             data_start: le::u64(b, 88),
             data_blocks: le::u64(b, 96),
             tiers,
+            sb_copy: 0,
         };
         // The layout must be exactly the one its parameters give.
-        let expect = Layout::compute(Params {
-            total_bytes: layout.total_blocks.saturating_mul(BLOCK_SIZE_U64),
-            nslots: layout.nslots,
-            log_bytes: layout.log_blocks.saturating_mul(BLOCK_SIZE_U64),
-            inode_count: layout.inode_count,
-            tiers,
-        })?;
+        let expect = Layout::compute_with(
+            Params {
+                total_bytes: layout.total_blocks.saturating_mul(BLOCK_SIZE_U64),
+                nslots: layout.nslots,
+                log_bytes: layout.log_blocks.saturating_mul(BLOCK_SIZE_U64),
+                inode_count: layout.inode_count,
+                tiers,
+            },
+            v > VERSION_NO_COPY,
+        )?;
         let layout = Layout {
             seg_table_start: expect.seg_table_start,
             seg_table_blocks: expect.seg_table_blocks,
+            sb_copy: expect.sb_copy,
             ..layout
         };
         if expect != layout {
@@ -399,6 +424,20 @@ impl Superblock {
             created_ns: le::i64(b, 120),
         })
     }
+}
+
+/// The format version a superblock block says it has, if it has the magic (decoded or
+/// not: a store of a newer version is told apart from a damaged one).
+pub fn stored_version(b: &[u8]) -> Option<u32> {
+    (b.len() >= 12 && &b[0..8] == SB_MAGIC).then(|| le::u32(b, 8))
+}
+
+/// The block where a store of format version 4 or later keeps the copy of its
+/// superblock, found from the NVM file's length alone (for when block 0 is damaged): the
+/// file's last whole block. A copy read there is the store's only if it decodes and its
+/// layout names that block as its copy.
+pub fn copy_block_of(file_len: u64) -> u64 {
+    (file_len / BLOCK_SIZE_U64).saturating_sub(1)
 }
 
 /// Encode a fresh daemon state block.
@@ -442,7 +481,12 @@ mod tests {
             l.inode_start * BLOCK_SIZE_U64
         );
         assert!(l.inode_off(l.inode_count) <= l.data_start * BLOCK_SIZE_U64);
-        assert_eq!(l.data_start + l.data_blocks, l.total_blocks);
+        // The data region ends where the superblock's copy (the last block) begins.
+        assert_eq!(l.data_start + l.data_blocks + 1, l.total_blocks);
+        assert_eq!(l.sb_copy, l.total_blocks - 1);
+        assert_eq!(copy_block_of(l.total_blocks * BLOCK_SIZE_U64), l.sb_copy);
+        assert!(l.data_block_valid(l.sb_copy - 1));
+        assert!(!l.data_block_valid(l.sb_copy));
     }
 
     #[test]
@@ -464,8 +508,10 @@ mod tests {
 
     #[test]
     fn lower_tiers_roundtrip_and_v1_layouts_are_unchanged() {
-        let v1 = Layout::compute(params()).unwrap();
+        let v1 = Layout::compute_with(params(), false).unwrap();
         assert_eq!(v1.seg_table_blocks, 0);
+        assert_eq!(v1.sb_copy, 0);
+        assert_eq!(v1.data_start + v1.data_blocks, v1.total_blocks);
         // A version-1 superblock (crc at 144, no tier fields) still decodes.
         let sb = Superblock {
             layout: v1,
@@ -481,12 +527,26 @@ mod tests {
         // A version-2 superblock (the layout of version 3, before special files) too;
         // an unknown version does not.
         let mut b2 = sb.encode();
-        for (v, ok) in [(2, true), (4, false)] {
+        assert_eq!(le::u32(&b2, 8), 3, "a layout without a copy is version 3's");
+        for (v, ok) in [(2, true), (3, true), (5, false)] {
             le::put_u32(&mut b2, 8, v);
             let c = crc(&b2[..SB_CRC_OFF]);
             le::put_u32(&mut b2, SB_CRC_OFF, c);
             assert_eq!(Superblock::decode(&b2, 64 << 20).is_ok(), ok, "version {v}");
         }
+        // Version 4 requires the copy in the layout: a version-3 layout stamped 4 (one
+        // data block too many) does not decode.
+        le::put_u32(&mut b2, 8, 4);
+        let c = crc(&b2[..SB_CRC_OFF]);
+        le::put_u32(&mut b2, SB_CRC_OFF, c);
+        assert!(Superblock::decode(&b2, 64 << 20).is_err());
+        let v4 = Superblock {
+            layout: Layout::compute(params()).unwrap(),
+            ..sb
+        };
+        let b4 = v4.encode();
+        assert_eq!(le::u32(&b4, 8), FORMAT_VERSION);
+        assert_eq!(Superblock::decode(&b4, 64 << 20).unwrap(), v4);
 
         let mut p = params();
         p.tiers[0] = TierGeom {

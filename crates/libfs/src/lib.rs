@@ -516,6 +516,18 @@ pub fn daemon_migrate(store: Option<&Path>, from: u8, max_bytes: u64) -> io::Res
     }
 }
 
+/// Ask the daemon for one cleaning round on lower tier `tier` (1 = SSD, 2 = HDD).
+/// Returns the bytes moved (0: no two partly dead segments fit in one) and the bytes of
+/// the tier in use.
+pub fn daemon_clean(store: Option<&Path>, tier: u8) -> io::Result<(u64, u64)> {
+    let dir = StoreDir::resolve(store);
+    let mut c = conn::Conn::connect(&dir, false)?;
+    match c.roundtrip(&Request::Clean { tier })? {
+        Response::Migrated { bytes, used_bytes } => Ok((bytes, used_bytes)),
+        r => Err(conn::response_error("clean", r)),
+    }
+}
+
 /// Stop the daemon of the store cleanly (it digests every log first) if it runs, and
 /// wait until it has exited (up to 30 s).
 pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {

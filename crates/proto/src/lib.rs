@@ -127,6 +127,11 @@ pub enum Request {
     /// The client has digested its own records about the inode first. Answers:
     /// `XattrValue` (get), `XattrNames` (list), `Ok` (set, remove), or `Error`.
     Xattr { ino: u64, op: XattrOp },
+    /// One cleaning round on lower tier `tier` (1 = SSD, 2 = HDD): the live blocks of
+    /// its partly dead segments compacted into one free segment (a round gains nothing,
+    /// and moves 0 bytes, unless at least two victims fit). Answered with `Migrated`
+    /// (`used_bytes` of `tier`).
+    Clean { tier: u8 },
 }
 
 /// What an `Xattr` request does.

@@ -79,29 +79,54 @@ pub fn small_three_tier_store() -> TestStore {
     })
 }
 
-/// Record `n` generated calls (`gen_ops(seed, n, prefix)`) by one client (`worker`: the
-/// `cairn-test-worker` binary), with a digest after every `digest_every` calls (0: only
-/// when the log fills).
-pub fn record(worker: &Path, seed: u64, n: usize, prefix: &str, digest_every: usize) -> Recorded {
-    record_with(worker, small_store(), seed, n, prefix, digest_every, 1, 0)
+/// A workload to record: `n` generated calls (`gen_ops(seed, n, prefix)`).
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub seed: u64,
+    pub n: usize,
+    pub prefix: String,
+    /// A digest after every that many calls (0: only when the log fills).
+    pub digest_every: usize,
+    /// The calls split among this many processes that run one after the other on the
+    /// same files: each stays alive, holding its leases, while the next one works, so
+    /// every lease passes from one client to the next (revoked, the holder's log
+    /// digested) in the middle of the trace.
+    pub clients: usize,
+    /// After every that many calls, the client asks the daemon to move the data down
+    /// one tier: NVM → SSD each time, SSD → HDD every other time (0: never).
+    pub migrate_every: usize,
+    /// After each migration, also a cleaning round on the SSD and the HDD.
+    pub clean: bool,
 }
 
-/// Like [`record`] on `store`, with the calls split among `clients` processes that run
-/// one after the other on the same files: each stays alive, holding its leases, while
-/// the next one works, so every lease passes from one client to the next (revoked, the
-/// holder's log digested) in the middle of the trace. With `migrate_every` > 0, the
-/// clients ask the daemon to move data down one tier after every that many calls.
-#[allow(clippy::too_many_arguments)]
-pub fn record_with(
-    worker: &Path,
-    store: TestStore,
-    seed: u64,
-    n: usize,
-    prefix: &str,
-    digest_every: usize,
-    clients: usize,
-    migrate_every: usize,
-) -> Recorded {
+impl Workload {
+    /// One client, no digests but those a full log forces, no migration.
+    pub fn new(seed: u64, n: usize) -> Workload {
+        Workload {
+            seed,
+            n,
+            prefix: "/p".into(),
+            digest_every: 0,
+            clients: 1,
+            migrate_every: 0,
+            clean: false,
+        }
+    }
+}
+
+/// Record `n` generated calls by one client (`worker`: the `cairn-test-worker` binary)
+/// on a [`small_store`], with a digest after every `digest_every` calls.
+pub fn record(worker: &Path, seed: u64, n: usize, digest_every: usize) -> Recorded {
+    let w = Workload {
+        digest_every,
+        ..Workload::new(seed, n)
+    };
+    record_with(worker, small_store(), &w)
+}
+
+/// Record workload `w` on `store`.
+pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
+    let (seed, n, prefix) = (w.seed, w.n, w.prefix.as_str());
     {
         let fs = store.fs();
         fs.create_dir(prefix).expect("make the prefix");
@@ -138,15 +163,17 @@ pub fn record_with(
     let trace_path = trace_file.path().to_path_buf();
     cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
     let mut held = Vec::new();
+    let clients = w.clients.max(1);
     for c in 0..clients {
         let (from, to) = (n * c / clients, n * (c + 1) / clients);
         let mut child = Command::new(worker)
             .arg(store.path())
             .args([seed.to_string(), n.to_string(), prefix.to_string()])
             .env("CAIRN_PM_TRACE", &trace_path)
-            .env("CAIRN_WORKER_DIGEST_EVERY", digest_every.to_string())
+            .env("CAIRN_WORKER_DIGEST_EVERY", w.digest_every.to_string())
             .env("CAIRN_WORKER_RANGE", format!("{from}:{to}"))
-            .env("CAIRN_WORKER_MIGRATE_EVERY", migrate_every.to_string())
+            .env("CAIRN_WORKER_MIGRATE_EVERY", w.migrate_every.to_string())
+            .env("CAIRN_WORKER_CLEAN", if w.clean { "1" } else { "0" })
             .env("CAIRN_WORKER_HOLD", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -304,14 +304,20 @@ fn bad_input_is_an_operational_error() {
         .load_config()
         .unwrap();
     let good = std::fs::read(&cfg.nvm_path).unwrap();
+    // (The superblock and its copy in the last block.)
+    let copy = s.l.sb_copy as usize * BLOCK_SIZE;
+    assert_eq!(copy + BLOCK_SIZE, good.len());
     let mut garbage = good.clone();
     garbage[..4096].fill(0x5a);
+    garbage[copy..].fill(0x5a);
     std::fs::write(&cfg.nvm_path, &garbage).unwrap();
-    s.expect(&[], 8, &["magic"]);
+    s.expect(&[], 8, &["magic", "no intact copy"]);
     std::fs::write(&cfg.nvm_path, &good[..good.len() / 2]).unwrap();
     s.expect(&[], 8, &[]);
     let mut newer = good.clone();
-    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    for at in [8, copy + 8] {
+        newer[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+    }
     std::fs::write(&cfg.nvm_path, &newer).unwrap();
     s.expect(&[], 8, &["version 99"]);
     std::fs::write(&cfg.nvm_path, &good).unwrap();
@@ -334,6 +340,99 @@ fn bad_input_is_an_operational_error() {
     let (code, text) = fsck_at(none.path().join("nothing"), &[]);
     assert_eq!(code, 8, "{text}");
     assert!(text.contains("no Cairn store"), "{text}");
+}
+
+/// The superblock and its copy (the last block): whichever is damaged, `--repair`
+/// rewrites it from the other; a store whose superblock is damaged does not start, and
+/// says how to restore it.
+#[test]
+fn a_damaged_superblock_or_copy_is_restored_from_the_other() {
+    let s = store();
+    let copy = s.l.sb_copy * BLOCK_SIZE as u64;
+    assert!(copy > s.l.data_start * BLOCK_SIZE as u64);
+    let mut good = vec![0u8; BLOCK_SIZE];
+    s.nvm.read_exact_at(&mut good, 0).unwrap();
+    let mut c = vec![0u8; BLOCK_SIZE];
+    s.nvm.read_exact_at(&mut c, copy).unwrap();
+    assert_eq!(c, good, "mkfs writes the copy");
+
+    // A damaged copy.
+    s.nvm.write_all_at(&[0xee; 16], copy + 100).unwrap();
+    s.expect(&[], 4, &["copy of the superblock in block"]);
+    s.expect(&["--repair"], 1, &["rewritten from the superblock"]);
+    s.expect(&[], 0, &["clean"]);
+    s.nvm.read_exact_at(&mut c, copy).unwrap();
+    assert_eq!(c, good);
+
+    // A damaged superblock: the store does not start...
+    s.nvm.write_all_at(&[0u8; 64], 0).unwrap();
+    let Err(err) = cairn::Fs::open(s.store.path()) else {
+        panic!("a store without superblock opened");
+    };
+    assert!(err.to_string().contains("fsck --repair"), "{err}");
+    // ...fsck checks nothing else until it is restored from the copy...
+    s.expect(
+        &[],
+        4,
+        &[
+            "superblock (block 0) is damaged",
+            "intact",
+            "nothing else was checked",
+        ],
+    );
+    s.expect(&["--repair"], 1, &["restored from its copy"]);
+    s.expect(&[], 0, &["clean"]);
+    // ...and then everything is there.
+    let fs = s.store.fs();
+    assert_eq!(fs.read("/d/f").unwrap(), vec![2u8; 5_000]);
+    assert_eq!(fs.read("/b").unwrap(), vec![1u8; 10_000]);
+}
+
+/// A store of format version 3 (no copy of the superblock; its data region runs to the
+/// last block) still opens, works, and checks clean.
+#[test]
+fn a_version_3_store_opens_and_checks_clean() {
+    use cairn_format::superblock::{state, Params};
+    let s = store();
+    let l = &s.l;
+    let v3 = Layout::compute_with(
+        Params {
+            total_bytes: l.total_blocks * BLOCK_SIZE as u64,
+            nslots: l.nslots,
+            log_bytes: l.log_blocks * BLOCK_SIZE as u64,
+            inode_count: l.inode_count,
+            tiers: l.tiers,
+        },
+        false,
+    )
+    .unwrap();
+    assert_eq!(v3.data_blocks, l.data_blocks + 1);
+    let mut b = vec![0u8; BLOCK_SIZE];
+    s.nvm.read_exact_at(&mut b, 0).unwrap();
+    let sb = Superblock {
+        layout: v3,
+        ..Superblock::decode(&b, u64::MAX).unwrap()
+    };
+    let enc = sb.encode();
+    assert_eq!(enc[8..12], 3u32.to_le_bytes());
+    s.nvm.write_all_at(&enc, 0).unwrap();
+    s.nvm
+        .write_all_at(&[0u8; BLOCK_SIZE], l.sb_copy * BLOCK_SIZE as u64)
+        .unwrap();
+    // The saved allocation state was sized for the other layout: marked unclean, the
+    // start rebuilds it from the references.
+    s.nvm
+        .write_all_at(&0u64.to_le_bytes(), (BLOCK_SIZE + state::CLEAN) as u64)
+        .unwrap();
+    {
+        let fs = s.store.fs();
+        assert_eq!(fs.read("/d/f").unwrap(), vec![2u8; 5_000]);
+        fs.write("/new", vec![3u8; 100_000]).unwrap();
+    }
+    s.store.stop();
+    s.expect(&[], 0, &["clean", "version 3 or older"]);
+    let fs = s.store.fs();
+    assert_eq!(fs.read("/new").unwrap(), vec![3u8; 100_000]);
 }
 
 #[test]

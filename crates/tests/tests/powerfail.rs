@@ -6,7 +6,9 @@
 //! `CAIRN_PF_OPS`: calls per workload (default 400). `CAIRN_PF_SITES=1` prints the traced
 //! sites; `CAIRN_PF_KEEP=<file>` saves the first violating image.
 
-use cairn_tests::powerfail::{check, record, CheckOptions, CheckReport, Recorded};
+use cairn_tests::powerfail::{
+    check, record, record_with, CheckOptions, CheckReport, Recorded, Workload,
+};
 use std::path::Path;
 
 fn env_or(k: &str, d: u64) -> u64 {
@@ -38,7 +40,7 @@ fn every_crash_image_of_the_model_workloads_recovers() {
     let (mut distinct, mut images, mut violations) = (0, 0, 0);
     let mut seed = env_or("CAIRN_PF_SEED", 1);
     while distinct < budget {
-        let rec = record(worker(), seed, n, "/p", 25);
+        let rec = record(worker(), seed, n, 25);
         if std::env::var_os("CAIRN_PF_SITES").is_some() {
             print_sites(&rec);
         }
@@ -68,7 +70,11 @@ fn every_crash_image_of_the_model_workloads_recovers() {
 #[test]
 fn crash_images_while_two_clients_pass_leases_recover() {
     let store = cairn_tests::powerfail::small_store();
-    let rec = cairn_tests::powerfail::record_with(worker(), store, 5, 200, "/p", 0, 2, 0);
+    let w = Workload {
+        clients: 2,
+        ..Workload::new(5, 200)
+    };
+    let rec = record_with(worker(), store, &w);
     let rep = check(
         &rec,
         &CheckOptions {
@@ -80,20 +86,26 @@ fn crash_images_while_two_clients_pass_leases_recover() {
     assert!(rep.violations.is_empty());
 }
 
-/// Migration on a three-tier store: every 20 calls the data moves NVM → SSD → HDD (whole
-/// segments copied, `fdatasync`ed, switched, the old blocks freed after the epoch), with
-/// the lower tiers' writes and syncs in the trace.
+/// Migration and cleaning on a three-tier store: every 20 calls the data moves NVM → SSD
+/// (and every 40, SSD → HDD): whole segments copied, `fdatasync`ed, switched, the old
+/// blocks freed after the epoch, with the lower tiers' writes and syncs in the trace.
+/// After each migration a cleaning round on the SSD and the HDD compacts the segments
+/// that later overwrites, truncates and unlinks left partly dead.
 #[test]
-fn crash_images_during_migration_recover() {
+fn crash_images_during_migration_and_cleaning_recover() {
     let store = cairn_tests::powerfail::small_three_tier_store();
-    let rec = cairn_tests::powerfail::record_with(worker(), store, 8, 200, "/p", 0, 1, 20);
+    let w = Workload {
+        migrate_every: 20,
+        clean: true,
+        ..Workload::new(8, 300)
+    };
+    let rec = record_with(worker(), store, &w);
     let writes = rec
         .trace
         .events
         .iter()
         .filter(|e| matches!(e, cairn_crashsim::Event::FileWrite { .. }))
         .count();
-    assert!(writes > 0, "no migration reached the lower tiers");
     let rep = check(
         &rec,
         &CheckOptions {
@@ -102,10 +114,49 @@ fn crash_images_during_migration_recover() {
         },
     );
     show(
-        &format!("migration on three tiers, seed 8, 200 calls ({writes} lower-tier writes)"),
+        &format!(
+            "migration and cleaning on three tiers, seed 8, 300 calls ({writes} lower-tier writes)"
+        ),
         &rep,
     );
     assert!(rep.violations.is_empty());
+    // The trace moved data down both levels and cleaned (the counters are persisted with
+    // each round; the recording ended with a clean stop).
+    let r = rec.store.fs().status().expect("status");
+    let t = |name: &str| {
+        r.tiers
+            .iter()
+            .find(|t| t.name == name)
+            .expect("tier")
+            .clone()
+    };
+    assert!(t("nvm").bytes_migrated_down > 0, "{r:?}");
+    assert!(t("ssd").bytes_migrated_down > 0, "{r:?}");
+    assert!(
+        t("ssd").bytes_cleaned + t("hdd").bytes_cleaned > 0,
+        "no cleaning: {r:?}"
+    );
+    // And the simulator sees a lower tier's missing persistence point: without the
+    // `fdatasync` of a round's copy before the switch, switched data can be lost.
+    let site = call_after(
+        "crates/daemon/src/migrate.rs",
+        "cairn_media::file::write_all_at(f, &buf, first * BLOCK_SIZE_U64)",
+        "sync_data",
+    );
+    let rep = check(
+        &rec,
+        &CheckOptions {
+            drop_sites: vec![site.clone()],
+            max_distinct: 300,
+            ..Default::default()
+        },
+    );
+    show(&format!("without the persistence point at {site}"), &rep);
+    assert!(rep.dropped_hits > 0, "the sync at {site} was never traced");
+    assert!(
+        !rep.violations.is_empty(),
+        "removing the sync at {site} went unnoticed"
+    );
 }
 
 /// The line of `file` holding the first `fence()` at or after the line containing
@@ -134,7 +185,7 @@ fn call_after(file: &str, anchor: &str, call: &str) -> String {
 /// trace, it reports violations and names what was lost.
 #[test]
 fn removing_a_fence_is_caught() {
-    let rec: Recorded = record(worker(), 1, 150, "/p", 25);
+    let rec: Recorded = record(worker(), 1, 150, 25);
     let faults = [
         // The fence that makes a client's committed transaction durable before the call
         // returns: an acknowledged call can be lost.

@@ -8,6 +8,7 @@
 use super::hostfs;
 use super::latency::host_system_name;
 use crate::error::{CliError, CliResult};
+use crate::progress::note as progress;
 use clap::Args;
 use serde::Serialize;
 use std::ffi::OsString;
@@ -53,10 +54,6 @@ struct Report {
     results: Vec<AppResult>,
     host_fs: String,
     store: String,
-}
-
-fn progress(msg: std::fmt::Arguments) {
-    let _ = std::io::stderr().write_fmt(msg);
 }
 
 /// Where a run happens: a directory, and the environment its programs get (the shim's

@@ -19,6 +19,7 @@ use super::targets::{pattern, preallocate, CairnTarget, HostTarget, Target};
 use super::LatencyArgs;
 use crate::commands::open_fs;
 use crate::error::{ctx, ctx_msg, CliError, CliResult};
+use crate::progress::note as progress;
 use crate::util::{human_bytes, human_ns};
 use hdrhistogram::Histogram;
 use std::io::{self, Write};
@@ -68,10 +69,6 @@ impl Op {
             Op::Read => "read",
         }
     }
-}
-
-fn progress(msg: std::fmt::Arguments) {
-    let _ = io::stderr().write_fmt(msg);
 }
 
 /// Time `n` operations (after `warm` unmeasured ones) of `size` bytes on `target`.

@@ -15,9 +15,10 @@ use super::hostfs;
 use super::latency::host_system_name;
 use super::targets::pattern;
 use crate::error::{CliError, CliResult};
+use crate::progress::note as progress;
 use clap::Args;
 use serde::Serialize;
-use std::io::{self, Write as _};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -420,10 +421,6 @@ fn print_counts<'a>(
     for (system, rate, n, verified, per) in rows {
         println!("{system:<12} {rate:>14.0} {n:>10} {verified:>9}  {per:?}");
     }
-}
-
-fn progress(msg: std::fmt::Arguments) {
-    let _ = std::io::stderr().write_fmt(msg);
 }
 
 /// `cairn bench share`.

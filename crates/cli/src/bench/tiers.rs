@@ -14,6 +14,7 @@
 use super::hostfs;
 use super::latency::host_system_name;
 use crate::error::{ctx, ctx_msg, CliError, CliResult};
+use crate::progress::note as progress;
 use crate::util::{human_bytes, human_ns};
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -172,10 +173,6 @@ struct Report {
     write_amplification: Vec<Amplification>,
 }
 
-fn progress(msg: std::fmt::Arguments) {
-    let _ = std::io::stderr().write_fmt(msg);
-}
-
 /// Sectors written by the block device holding `dir`, in bytes.
 fn device_written(dir: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
@@ -307,6 +304,7 @@ fn multilayer(
     let mut samples = Vec::new();
     let (mut last_t, mut last_b) = (0.0, 0u64);
     let mut next_sample = Duration::from_millis(250);
+    let bar = crate::progress::bytes(&format!("  {system}: appending"), appends * CHUNK as u64);
     for k in 0..appends {
         let i = (k % nfiles) as usize;
         let off = (k / nfiles) * CHUNK as u64;
@@ -329,14 +327,10 @@ fn multilayer(
             });
             (last_t, last_b) = (t, written);
             next_sample = el + Duration::from_millis(250);
-            progress(format_args!(
-                "\r  {system}: {} of {} appended",
-                human_bytes(written),
-                human_bytes(appends * CHUNK as u64)
-            ));
+            bar.set_position(written);
         }
     }
-    progress(format_args!("\n"));
+    bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
     let bytes = appends * CHUNK as u64;
     Ok(Multilayer {

@@ -180,24 +180,7 @@ pub fn migrate(store: Option<&Path>, from: &str, to: &str, free: Option<u64>) ->
     };
     let step = dst.segment_bytes.max(1 << 20);
     let mut done = 0u64;
-    let mut err = std::io::stderr().lock();
-    let bar = |done: u64| {
-        let frac = if want == 0 {
-            1.0
-        } else {
-            done.min(want) as f64 / want as f64
-        };
-        let n = (frac * 30.0) as usize;
-        format!(
-            "\rmigrating {from} -> {to} [{}{}] {:>3.0}% {} of {}",
-            "#".repeat(n),
-            " ".repeat(30 - n),
-            frac * 100.0,
-            human_bytes(done),
-            human_bytes(want)
-        )
-    };
-    let _ = write!(err, "{}", bar(0));
+    let bar = crate::progress::bytes(&format!("migrating {from} -> {to}"), want);
     let mut used = src.used_bytes;
     while done < want {
         let (n, u) = cairn::daemon_migrate(store, f, step.min(want - done))?;
@@ -206,9 +189,9 @@ pub fn migrate(store: Option<&Path>, from: &str, to: &str, free: Option<u64>) ->
             break;
         }
         done += n;
-        let _ = write!(err, "{}", bar(done));
+        bar.set_position(done.min(want));
     }
-    let _ = writeln!(err);
+    bar.finish_and_clear();
     let msg = format!(
         "moved {} from {from} to {to}; {from} now uses {} of {}{}\n",
         human_bytes(done),
@@ -219,6 +202,50 @@ pub fn migrate(store: Option<&Path>, from: &str, to: &str, free: Option<u64>) ->
         } else {
             ""
         }
+    );
+    std::io::stdout()
+        .lock()
+        .write_all(msg.as_bytes())
+        .map_err(crate::error::stdout_err)
+}
+
+/// `cairn clean --tier ssd|hdd`: cleaning rounds until one gains nothing.
+pub fn clean_tier(store: Option<&Path>, tier: &str) -> CliResult {
+    let t = tier_num(tier)?;
+    if t == 0 {
+        return Err(CliError::new(
+            "the NVM tier is not cleaned: its space is given out in blocks, not segments",
+        ));
+    }
+    let free_segments = |store| -> Result<u64, CliError> {
+        let status = cairn::daemon_status(store)?;
+        match status.tiers.iter().find(|x| x.name == tier) {
+            Some(s) => Ok(s.segments_free),
+            None => Err(CliError::new(format!(
+                "the store {} has no {tier} tier (see cairn mkfs --ssd/--hdd)",
+                status.store
+            ))),
+        }
+    };
+    let before = free_segments(store)?;
+    let (mut moved, mut rounds) = (0u64, 0u64);
+    let spin = crate::progress::spinner(&format!("cleaning {tier}"));
+    loop {
+        let (n, _) = cairn::daemon_clean(store, t)?;
+        if n == 0 {
+            break;
+        }
+        moved += n;
+        rounds += 1;
+        spin.set_message(format!("{rounds} rounds, {} moved", human_bytes(moved)));
+    }
+    spin.finish_and_clear();
+    // Freed segments return after the epoch: the count may lag a moment.
+    let after = free_segments(store)?;
+    let msg = format!(
+        "cleaned {tier}: {} moved in {rounds} round{}; {after} segments free (were {before})\n",
+        human_bytes(moved),
+        if rounds == 1 { "" } else { "s" }
     );
     std::io::stdout()
         .lock()

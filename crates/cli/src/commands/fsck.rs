@@ -2,7 +2,7 @@
 
 use crate::error::{CliError, CliResult};
 use cairn_area::StoreDir;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::Path;
 
 /// Exit code when the check could not run (`e2fsck`: operational error).
@@ -10,22 +10,17 @@ const OPERATIONAL: i32 = 8;
 
 pub fn fsck(store: Option<&Path>, json: bool, repair: bool) -> CliResult {
     let dir = StoreDir::resolve(store);
-    let tty = std::io::stderr().is_terminal();
+    let bar = crate::progress::count("fsck", 0, "inodes (at most)");
+    let shown = bar.clone();
     let opts = cairn_daemon::FsckOptions {
         repair,
-        progress: tty.then(|| {
-            Box::new(|done: u64, max: u64| {
-                let _ = write!(
-                    std::io::stderr(),
-                    "\rfsck: {done} inodes checked (of at most {max})"
-                );
-            }) as Box<dyn Fn(u64, u64)>
-        }),
+        progress: Some(Box::new(move |done: u64, max: u64| {
+            shown.set_length(max);
+            shown.set_position(done);
+        })),
     };
     let rep = cairn_daemon::fsck(&dir.path, &opts);
-    if tty {
-        let _ = write!(std::io::stderr(), "\r\x1b[K");
-    }
+    bar.finish_and_clear();
     let rep = rep.map_err(|e| CliError {
         message: format!("fsck {}: {}", dir.path.display(), crate::error::clean(&e)),
         code: OPERATIONAL,

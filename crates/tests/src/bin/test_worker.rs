@@ -8,7 +8,9 @@
 //!        persistence trace when `CAIRN_PM_TRACE` is set; `CAIRN_WORKER_DIGEST_EVERY=K`
 //!        asks for a digest after every K calls; `CAIRN_WORKER_RANGE=FROM:TO` runs only
 //!        calls FROM..TO; `CAIRN_WORKER_HOLD=1` stays, after DONE, until stdin closes;
-//!        `CAIRN_WORKER_MIGRATE_EVERY=K` moves data NVM → SSD → HDD after every K calls)
+//!        `CAIRN_WORKER_MIGRATE_EVERY=K` moves data NVM → SSD after every K calls, and
+//!        SSD → HDD after every 2K; `CAIRN_WORKER_CLEAN=1` adds a cleaning round on the
+//!        SSD and the HDD after each migration)
 //!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
@@ -72,9 +74,10 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    let (digest_every, migrate_every) = (
+    let (digest_every, migrate_every, clean) = (
         every("CAIRN_WORKER_DIGEST_EVERY"),
         every("CAIRN_WORKER_MIGRATE_EVERY"),
+        every("CAIRN_WORKER_CLEAN") > 0,
     );
     // `CAIRN_WORKER_RANGE=FROM:TO`: only calls FROM..TO (a second client continues the
     // sequence); `CAIRN_WORKER_HOLD=1`: after DONE, stay (holding leases) until stdin
@@ -110,11 +113,24 @@ fn main() {
         if migrate_every > 0 && (i + 1) % migrate_every == 0 {
             // Everything digested first, so that there is data to move.
             let _ = fs.digest();
-            for from in [0u8, 1] {
-                if let Err(e) =
-                    cairn::daemon_migrate(Some(std::path::Path::new(&a[1])), from, 1 << 30)
-                {
+            let store = Some(std::path::Path::new(&a[1]));
+            // SSD → HDD every other time, so that data stays in the SSD a while and its
+            // segments are left partly dead by later writes.
+            let down: &[u8] = if (i + 1) % (2 * migrate_every) == 0 {
+                &[0, 1]
+            } else {
+                &[0]
+            };
+            for &from in down {
+                if let Err(e) = cairn::daemon_migrate(store, from, 1 << 30) {
                     eprintln!("cairn-test-worker: migrate from tier {from} after op {i}: {e}");
+                }
+            }
+            if clean {
+                for tier in [1u8, 2] {
+                    if let Err(e) = cairn::daemon_clean(store, tier) {
+                        eprintln!("cairn-test-worker: clean tier {tier} after op {i}: {e}");
+                    }
                 }
             }
         }
