@@ -1,0 +1,130 @@
+//! Open files: opening an inode (permission checks, truncation, the open count) and the
+//! last close (an unlinked file's `nlink = 0`, unpinning).
+
+use super::{is_retry, At, CreateOpts, Inner, Tx};
+use crate::conn::response_error;
+use crate::meta::{now_ns, R, W};
+use cairn_area::fs_err;
+use cairn_format::inode::Kind;
+use cairn_proto::{Request, Response};
+use std::io;
+use std::sync::atomic::Ordering;
+
+impl Inner {
+    /// Open (and maybe create) a file; returns its inode. Checks access for `read` /
+    /// `write`; `trunc` truncates an existing file to 0.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open_inode(
+        &self,
+        p: At<'_>,
+        read: bool,
+        write: bool,
+        create: bool,
+        create_new: bool,
+        trunc: bool,
+        mode: u32,
+    ) -> io::Result<u64> {
+        let op = format!("open {}", p.display());
+        self.run(|st| {
+            let w = self.walk(st, p, !create_new, &op)?;
+            let ino = match (w.found, &w.name) {
+                (Some((ino, kind)), _) => {
+                    if create_new {
+                        return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+                    }
+                    if kind == Kind::Dir && write {
+                        return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                    }
+                    let (_, a) = self.attrs(st, ino)?;
+                    let want = if read { R } else { 0 } | if write { W } else { 0 };
+                    if !self.cred.may(&a, want) {
+                        return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+                    }
+                    if !kind.has_data() && kind != Kind::Dir {
+                        return Err(fs_err(
+                            libc::ENXIO,
+                            format!("{op}: a FIFO, socket or device node (Fs::open_special)"),
+                        ));
+                    }
+                    if trunc && kind == Kind::File && a.size > 0 {
+                        self.set_len(st, ino, 0)?;
+                    }
+                    ino
+                }
+                (None, Some(name)) => {
+                    if !create {
+                        return Err(fs_err(
+                            libc::ENOENT,
+                            format!("{op}: no such file or directory"),
+                        ));
+                    }
+                    if w.trailing_slash {
+                        return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+                    }
+                    self.create_in(
+                        st,
+                        w.parent,
+                        name,
+                        CreateOpts {
+                            kind: Kind::File,
+                            perm: mode & !self.umask.load(Ordering::Relaxed),
+                            rdev: 0,
+                        },
+                        None,
+                        &op,
+                    )?
+                }
+                (None, None) => unreachable!("a missing entry has a name"),
+            };
+            *st.open.entry(ino).or_insert(0) += 1;
+            Ok(ino)
+        })
+    }
+
+    /// A `File` handle of `ino` was closed.
+    pub(crate) fn close(&self, ino: u64) {
+        let _ = self.run(|st| {
+            let left = match st.open.get(&ino) {
+                Some(n) => n.saturating_sub(1),
+                None => return Ok(()),
+            };
+            if left > 0 {
+                st.open.insert(ino, left);
+                return Ok(());
+            }
+            if st.orphans.contains(&ino) {
+                // The last handle of an unlinked file: free it now (its write lease
+                // first; the operation runs again after a lease or a shared-write retry).
+                self.need(st, ino, true)?;
+                if let Ok((gen, mut a)) = self.attrs(st, ino) {
+                    a.nlink = 0;
+                    a.ctime = now_ns();
+                    let mut tx = Tx::default();
+                    tx.inode(ino, gen, a);
+                    match self.commit(st, tx) {
+                        Err(e) if is_retry(&e) => return Err(e),
+                        _ => {}
+                    }
+                }
+                st.orphans.remove(&ino);
+            }
+            if st.pinned.contains(&ino) {
+                // Another process may have unlinked it meanwhile: the daemon frees it
+                // once nobody has it open (after digesting our records about it).
+                let req = Request::Unpin {
+                    ino,
+                    tail_lsn: st.tail,
+                };
+                match self.request(st, &req) {
+                    Ok(Response::Ok) => {}
+                    Ok(r) => return Err(response_error("unpin", r)),
+                    Err(e) => return Err(e),
+                }
+                st.pinned.remove(&ino);
+            }
+            st.open.remove(&ino);
+            st.tmpfiles.remove(&ino);
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,383 @@
+//! The log writer: transactions reserved in the ring, encoded, sealed and made durable
+//! (`commit`, and the write path's `WRITE` transactions), the overlay updated with what
+//! they did; in shared-write mode, sealed by the daemon (`commit_mediated`).
+
+use super::{transient, Inner, InodeOv, Lease, Stale, State, Tx};
+use crate::conn::response_error;
+use crate::extents::Src;
+use crate::meta::now_ns;
+use crate::ring::WRITE_HEAD;
+use cairn_area::fs_err;
+use cairn_format::inode::Kind;
+use cairn_format::log::{
+    seal_txn, txn_len, write_charge, write_txn_len, Record, KIND_COMMIT, TXN_HEADER,
+    WRITE_HEADER_LEN,
+};
+use cairn_format::MAX_FILE_SIZE;
+use cairn_media::fence;
+use cairn_proto::{Request, Response};
+use std::io;
+
+impl Inner {
+    /// Find room for a transaction of `len` bytes: wrap to the next lap if it would
+    /// straddle the end, wait for a digest if the ring is full. Returns its LSN.
+    pub(super) fn reserve(&self, st: &mut State, len: usize) -> io::Result<u64> {
+        let ring = st.ring.bytes();
+        let len = len as u64;
+        for _ in 0..3 {
+            let lap_left = ring - st.tail % ring;
+            let start = if len > lap_left {
+                st.tail + lap_left
+            } else {
+                st.tail
+            };
+            self.refresh(st)?;
+            if start + len <= st.ph + ring {
+                if start != st.tail {
+                    st.ring.put_wrap(st.tail, st.seq)?;
+                    st.seq += 1;
+                    st.tail = start;
+                }
+                return Ok(start);
+            }
+            self.digest_wait(st)?;
+        }
+        Err(fs_err(
+            libc::ENOSPC,
+            "the operation log stays full (the daemon does not digest it)",
+        ))
+    }
+
+    /// Append a metadata transaction and apply it to the overlay. Returns its tag.
+    pub(super) fn commit(&self, st: &mut State, tx: Tx) -> io::Result<u64> {
+        // Every inode the transaction logs a record about needs the write lease.
+        for (ino, _, _) in &tx.inodes {
+            self.need(st, *ino, true)?;
+        }
+        for ino in tx.write.iter().map(|w| w.0).chain(tx.punch.map(|p| p.0)) {
+            self.need(st, ino, true)?;
+        }
+        for (dir, ..) in &tx.dirents {
+            self.need(st, *dir, true)?;
+        }
+        // Inodes in shared-write mode: the daemon commits the transaction.
+        let written = tx.inodes.iter().map(|e| e.0);
+        let written = written.chain(tx.write.iter().map(|w| w.0));
+        let written = written.chain(tx.punch.map(|p| p.0));
+        let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
+        let mut recs: Vec<Record<'_>> = Vec::new();
+        for (ino, gen, a) in &tx.inodes {
+            recs.push(Record::InodeSet {
+                ino: *ino,
+                generation: *gen,
+                attrs: *a,
+            });
+        }
+        if let Some((ino, data, size, mtime)) = &tx.write {
+            recs.push(Record::Write {
+                ino: *ino,
+                offset: 0,
+                size: *size,
+                mtime: *mtime,
+                data,
+            });
+        }
+        if let Some((ino, offset, len, mtime)) = tx.punch {
+            recs.push(Record::Punch {
+                ino,
+                offset,
+                len,
+                mtime,
+            });
+        }
+        for (dir, name, ino, kind) in &tx.dirents {
+            recs.push(Record::DirentSet {
+                dir: *dir,
+                name,
+                ino: *ino,
+                kind: *kind,
+            });
+        }
+        let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
+        let len = txn_len(payload);
+        if len as u64 > st.ring.bytes() / 4 {
+            return Err(fs_err(
+                libc::E2BIG,
+                "transaction larger than a quarter of the log",
+            ));
+        }
+        let mut buf = std::mem::take(&mut st.buf);
+        buf.clear();
+        buf.resize(len, 0);
+        let mut off = TXN_HEADER;
+        let mut data_off = 0;
+        for r in &recs {
+            if matches!(r, Record::Write { .. }) {
+                data_off = off + WRITE_HEADER_LEN;
+            }
+            r.encode_into(&mut buf[off..]);
+            off += r.encoded_len();
+        }
+        let lsn = match self.reserve(st, len) {
+            Ok(l) => l,
+            Err(e) => {
+                st.buf = buf;
+                return Err(e);
+            }
+        };
+        seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
+        if !med.is_empty() {
+            buf[..4].fill(0);
+        }
+        let put = st.ring.put_txn(lsn, &buf);
+        st.buf = buf;
+        put?;
+        fence();
+        if !med.is_empty() {
+            self.commit_mediated(st, lsn, len, &med)?;
+        }
+        // Committed.
+        for &(kind, ino, gen) in &tx.gone {
+            self.drop_rendezvous(kind, ino, gen);
+        }
+        if !med.is_empty() {
+            st.seq += 1;
+            st.tail = lsn + len as u64;
+            // Digested: nothing of it (or before it) belongs in the overlay. (Committed:
+            // no error may make the caller run the operation again.)
+            let _ = self.refresh(st);
+            return Ok(st.tail);
+        }
+        st.seq += 1;
+        st.tail = lsn + len as u64;
+        let tag = st.tail;
+        // The overlay.
+        for (ino, gen, a) in &tx.inodes {
+            let o = st
+                .ov
+                .entry(*ino)
+                .or_insert_with(|| InodeOv::new(*gen, *a, tag, &mut st.spare));
+            o.gen = *gen;
+            o.attrs = *a;
+            o.tag = tag;
+            if a.nlink == 0 {
+                o.ext.clear();
+                o.dir.clear();
+            }
+        }
+        for &(ino, start, end) in &tx.zero {
+            if let Some(o) = st.ov.get_mut(&ino) {
+                o.ext.insert(start, end, Src::Zero, tag);
+            }
+        }
+        if let Some((ino, data, _, _)) = &tx.write {
+            if let Some(o) = st.ov.get_mut(ino) {
+                o.ext
+                    .insert(0, data.len() as u64, Src::Log(lsn + data_off as u64), tag);
+            }
+        }
+        for (dir, name, ino, kind) in tx.dirents {
+            if let Some(o) = st.ov.get_mut(&dir) {
+                let e = (ino != 0).then_some((ino, kind));
+                o.dir.insert(name, (e, tag));
+                o.tag = tag;
+            }
+        }
+        self.maybe_request_digest(st);
+        Ok(tag)
+    }
+
+    /// The `Commit` claims of a transaction writing `inos`: each shared-write inode with
+    /// the sequence word it had before the operation read it.
+    pub(super) fn claims(st: &State, inos: impl IntoIterator<Item = u64>) -> Vec<(u64, u64)> {
+        let seen = st.seen.borrow();
+        let mut med: Vec<(u64, u64)> = Vec::new();
+        for ino in inos {
+            if st.leases.get(&ino) == Some(&Lease::Mediated) && !med.iter().any(|m| m.0 == ino) {
+                // `need` recorded it (0, never a published word, if it did not).
+                med.push((ino, seen.get(&ino).copied().unwrap_or(0)));
+            }
+        }
+        med
+    }
+
+    /// Shared-write mode (PROTOCOL.md, "Commit"): have the daemon seal and digest the
+    /// transaction of `len` bytes just written unsealed at `lsn`, claiming the sequence
+    /// words `med`. `Ok`: committed and digested. `Err(Stale)`: not committed (the caller
+    /// runs the operation again). If the daemon went away meanwhile, the transaction's
+    /// magic tells whether it was sealed: then it is committed (and digested at the
+    /// re-attach).
+    pub(super) fn commit_mediated(
+        &self,
+        st: &mut State,
+        lsn: u64,
+        len: usize,
+        med: &[(u64, u64)],
+    ) -> io::Result<()> {
+        let req = Request::Commit {
+            lsn,
+            len: len as u32,
+            seq: st.seq,
+            versions: med.to_vec(),
+        };
+        match self.request(st, &req) {
+            Ok(Response::Committed { ended }) => {
+                for ino in ended {
+                    st.leases.insert(ino, Lease::Read);
+                }
+                Ok(())
+            }
+            Ok(Response::Stale { ended }) => {
+                for ino in ended {
+                    st.drop_lease(ino);
+                }
+                Err(io::Error::other(Stale))
+            }
+            r => {
+                if st.ring.is_sealed(lsn)? {
+                    for (ino, _) in med {
+                        st.drop_lease(*ino);
+                    }
+                    return Ok(());
+                }
+                match r {
+                    Ok(r) => Err(response_error("commit", r)),
+                    // Not sealed: not committed. The daemon went away while it was
+                    // restarting: run the operation again (it re-attaches).
+                    Err(e) if transient(&e) => {
+                        for (ino, _) in med {
+                            st.drop_lease(*ino);
+                        }
+                        Err(io::Error::other(Stale))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// The write path: `WRITE` transactions encoded straight into the ring. `pos`
+    /// `None` appends at the current size. Returns the offset just past the data written
+    /// and the number of bytes written (fewer than asked only when a write split into
+    /// several transactions failed part-way).
+    pub(crate) fn write_data(
+        &self,
+        st: &mut State,
+        ino: u64,
+        pos: Option<u64>,
+        data: &[u8],
+    ) -> io::Result<(u64, usize)> {
+        let (end, n) = self.write_logged(st, ino, pos, data)?;
+        if n > 0 {
+            if let Some(o) = st.objs.get(&ino) {
+                // The file has a map object (`mapobj`): the mappings see the write too.
+                std::os::unix::fs::FileExt::write_all_at(&**o, &data[..n], end - n as u64)
+                    .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}")))?;
+            }
+        }
+        Ok((end, n))
+    }
+
+    /// [`Inner::write_data`] to the log only.
+    pub(super) fn write_logged(
+        &self,
+        st: &mut State,
+        ino: u64,
+        pos: Option<u64>,
+        data: &[u8],
+    ) -> io::Result<(u64, usize)> {
+        self.need(st, ino, true)?;
+        let (gen, mut attrs) = self.attrs_held(st, ino)?;
+        match attrs.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
+            _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
+        }
+        let mut off = pos.unwrap_or(attrs.size);
+        if data.is_empty() {
+            return Ok((off, 0));
+        }
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > MAX_FILE_SIZE)
+        {
+            return Err(fs_err(
+                libc::EFBIG,
+                format!("write: beyond the largest file size ({MAX_FILE_SIZE} bytes)"),
+            ));
+        }
+        // After the checks that refuse the write, as Linux's file_remove_privs.
+        if self.kill_privs(st, ino, &attrs)? {
+            (_, attrs) = self.attrs_held(st, ino)?;
+        }
+        let max = (st.ring.bytes() / 4) as usize - 128;
+        let mut done = 0;
+        while done < data.len() {
+            let med = Self::claims(st, [ino]);
+            let med = (!med.is_empty()).then_some(med);
+            let n = max.min(data.len() - done);
+            let chunk = &data[done..done + n];
+            let charge = write_charge(off, n as u64);
+            // A write split into several transactions that fails part-way returns the
+            // bytes already committed (a short write), as POSIX requires.
+            let partial = |e: io::Error| if done > 0 { Ok((off, done)) } else { Err(e) };
+            if st.credits < charge {
+                if let Err(e) = self.ensure_credits(st, charge) {
+                    return partial(e);
+                }
+            }
+            let size = attrs.size.max(off + n as u64);
+            let now = now_ns();
+            let tlen = write_txn_len(n);
+            let lsn = match self.reserve(st, tlen) {
+                Ok(l) => l,
+                Err(e) => return partial(e),
+            };
+            st.ring
+                .put_write(lsn, st.seq, ino, off, size, now, chunk, med.is_none())?;
+            fence();
+            if let Some(med) = &med {
+                if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
+                    return partial(e);
+                }
+            }
+            st.seq += 1;
+            st.tail = lsn + tlen as u64;
+            st.credits -= charge;
+            let tag = st.tail;
+            attrs.size = size;
+            attrs.mtime = now;
+            attrs.ctime = now;
+            if med.is_some() {
+                // Committed: from here no error may make the caller write it again.
+                let _ = self.refresh(st);
+                off += n as u64;
+                done += n;
+                if done < data.len() {
+                    // The next part is checked against what the inode is now.
+                    st.seen.get_mut().remove(&ino);
+                    match self
+                        .need(st, ino, true)
+                        .and_then(|_| self.attrs_held(st, ino))
+                    {
+                        Ok((_, a)) => attrs = a,
+                        Err(_) => return Ok((off, done)),
+                    }
+                }
+                continue;
+            }
+            let o = st
+                .ov
+                .entry(ino)
+                .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
+            o.attrs = attrs;
+            o.tag = tag;
+            o.ext
+                .insert(off, off + n as u64, Src::Log(lsn + WRITE_HEAD as u64), tag);
+            self.maybe_request_digest(st);
+            off += n as u64;
+            done += n;
+        }
+        Ok((off, done))
+    }
+}

@@ -1,0 +1,508 @@
+//! The client session: attaching to the daemon (registration, the slot and its ring), each
+//! operation's entry (`begin`, `run`: re-attach, lease and retry handling), requests to
+//! the daemon, digests, space credits and inode numbers.
+
+use super::{
+    as_need_lease, is_stale, open_upcall_channel, recycle, Inner, InoMap, Lease, State,
+    CREDIT_CHUNK, INODE_BATCH, SPARE_EXTENTS,
+};
+use crate::conn::{response_error, Conn};
+use crate::meta::{groups_and_umask, Cred};
+use crate::ring::Ring;
+use cairn_area::{fs_err, Area, StoreDir};
+use cairn_format::inode::Kind;
+use cairn_format::BLOCK_SIZE_U64;
+use cairn_media::{sys, Mapping};
+use cairn_proto::{Registration, Request, Response, StatusReport};
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub(super) fn lock_timeout(f: &File, what: &Path) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match sys::flock_exclusive(f, true) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => {
+                return Err(fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("cannot lock {}: {e}", what.display()),
+                ))
+            }
+        }
+    }
+}
+
+/// Transport errors that mean "the daemon went away": worth reconnecting.
+pub(super) fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+impl Inner {
+    /// Connect to (or start) the daemon, register and map the slot.
+    pub(crate) fn open(store: StoreDir, create: bool) -> io::Result<Inner> {
+        let pid = std::process::id();
+        // A daemon that dies between accepting and answering (killed, or stopping) is
+        // replaced: reconnect (auto-starting a new one) for up to 10 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (conn, reg) = loop {
+            let attempt = Conn::connect(&store, create)
+                .and_then(|mut c| c.roundtrip(&Request::Register { pid }).map(|r| (c, r)));
+            match attempt {
+                Ok((c, Response::Registered(r))) => break (c, r),
+                Ok((_, r)) => return Err(response_error("register with the daemon", r)),
+                Err(e) if transient(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        match Inner::attach(store, create, conn, reg, pid) {
+            Ok(i) => Ok(i),
+            Err((e, mut conn, reg)) => {
+                let _ = conn.roundtrip(&Request::Goodbye {
+                    tail_lsn: reg.head_lsn,
+                });
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    pub(super) fn attach(
+        store: StoreDir,
+        create: bool,
+        conn: Conn,
+        reg: Registration,
+        pid: u32,
+    ) -> Result<Inner, (io::Error, Conn, Registration)> {
+        let r = (|| -> io::Result<(File, Area, Ring)> {
+            let lock_path = store.slot_lock_path(reg.slot);
+            let lock = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| {
+                    fs_err(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!("open {}: {e}", lock_path.display()),
+                    )
+                })?;
+            lock_timeout(&lock, &lock_path)?;
+            let ro = File::open(&reg.nvm_path).map_err(|e| {
+                fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("open the NVM tier {}: {e}", reg.nvm_path),
+                )
+            })?;
+            let mut area = Area::open(&ro, false)?;
+            let cfg = store.load_config()?;
+            cfg.apply_emulation();
+            if area.layout().tiers.iter().any(|t| t.present()) {
+                area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
+                area.set_cache(cfg.read_cache_mib << 20, cfg.readahead_kib << 10);
+            }
+            let l = *area.layout();
+            if reg.slot >= l.nslots {
+                return Err(fs_err(
+                    libc::EPROTO,
+                    "daemon handed out a slot out of range",
+                ));
+            }
+            let rw = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&reg.nvm_path)?;
+            let map = Mapping::new(
+                &rw,
+                l.client_page_off(reg.slot),
+                (BLOCK_SIZE_U64 + l.ring_bytes()) as usize,
+                true,
+                true,
+            )?;
+            let ring = Ring::new(map, l.ring_bytes());
+            ring.set_pid(pid)?;
+            ring.set_reader_epoch(0)?;
+            Ok((lock, area, ring))
+        })();
+        let (lock, area, ring) = match r {
+            Ok(x) => x,
+            Err(e) => return Err((e, conn, reg)),
+        };
+        let upcall = match open_upcall_channel(&store, reg.slot, reg.slot_gen) {
+            Ok(u) => u,
+            Err(e) => return Err((e, conn, reg)),
+        };
+        let lease_gen_off = area.lease_gen_off(reg.slot);
+        let lease_gen = area.map().load_u64(lease_gen_off).unwrap_or(0);
+        let (groups, umask) = groups_and_umask();
+        let ph = area.published_head(reg.slot).unwrap_or(reg.head_lsn);
+        Ok(Inner {
+            conn: Mutex::new(Some(conn)),
+            conn_epoch: AtomicU64::new(1),
+            upcall_epoch: AtomicU64::new(1),
+            upcall: Mutex::new(Some(upcall)),
+            upcall_thread_fd: std::sync::atomic::AtomicI32::new(-1),
+            closing: AtomicBool::new(false),
+            lease_lost: std::sync::RwLock::new(None),
+            lease_gen_off,
+            locks: crate::lock::ClientLocks::new(store.clone(), reg.slot, reg.slot_gen),
+            store,
+            create,
+            cred: Cred {
+                uid: reg.uid,
+                gid: reg.gid,
+                groups,
+            },
+            umask: std::sync::atomic::AtomicU32::new(umask),
+            nvm_path: PathBuf::from(&reg.nvm_path),
+            pid,
+            slot: reg.slot,
+            slot_gen: reg.slot_gen,
+            threshold_pct: reg.digest_threshold_pct.clamp(1, 100) as u64,
+            slot_lock: lock,
+            st: Mutex::new(State {
+                leases: InoMap::default(),
+                objs: InoMap::default(),
+                attached: InoMap::default(),
+                seen: Default::default(),
+                lease_gen,
+                revokes: 0,
+                revoked_at: InoMap::default(),
+                acquiring: 0,
+                tail: reg.head_lsn,
+                seq: reg.head_seq,
+                ph: ph.max(reg.head_lsn),
+                digest_pending: None,
+                credits: reg.credits,
+                inodes: reg.inodes,
+                ov: InoMap::default(),
+                spare: Vec::with_capacity(SPARE_EXTENTS),
+                open: InoMap::default(),
+                orphans: HashSet::new(),
+                tmpfiles: HashSet::new(),
+                pinned: HashSet::new(),
+                buf: Vec::new(),
+                long_pins: Vec::new(),
+                ring,
+            }),
+            area,
+        })
+    }
+
+    pub(crate) fn store_dir(&self) -> &Path {
+        &self.store.path
+    }
+
+    pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn lock_conn(&self) -> MutexGuard<'_, Option<Conn>> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take the state lock and catch up with the daemon's progress: the slot's
+    /// `lease_gen` (one atomic load; when it changed, every lease and cached state is
+    /// dropped) and the published head.
+    pub(crate) fn begin(&self) -> io::Result<MutexGuard<'_, State>> {
+        let mut st = self.lock_state();
+        let g = self.area.map().load_u64(self.lease_gen_off)?;
+        if g != st.lease_gen {
+            self.leases_lost(&mut st, g);
+        }
+        self.refresh(&mut st)?;
+        Ok(st)
+    }
+
+    /// Run an operation under the state lock. When it needs a lease this client does
+    /// not hold, the lock is released, the lease acquired (waiting for the daemon's
+    /// grant while other threads and the upcall thread proceed) and the operation run
+    /// again from the start, so every lease it uses is checked under the lock it logs
+    /// under.
+    pub(crate) fn run<T>(&self, mut f: impl FnMut(&mut State) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            let mut st = self.begin()?;
+            st.seen.get_mut().clear();
+            match f(&mut st) {
+                Err(e) => match as_need_lease(&e) {
+                    Some((ino, write)) => {
+                        let snap = st.revokes;
+                        st.acquiring += 1;
+                        drop(st);
+                        self.acquire(ino, write, snap)?;
+                    }
+                    None if is_stale(&e) => {
+                        drop(st);
+                        std::thread::yield_now();
+                    }
+                    None => return Err(e),
+                },
+                ok => return ok,
+            }
+        }
+    }
+
+    /// In a child after `fork`: close the descriptors this client shares with its parent
+    /// (daemon connections, the slot lock) without a word to the daemon, so that the
+    /// parent's death is seen when the parent dies. The caller then leaks the `Inner`.
+    /// Lock requests another thread had in flight at the fork keep their channel open.
+    pub(crate) fn abandon(&self) {
+        use std::os::fd::AsRawFd;
+        if let Ok(mut c) = self.conn.try_lock() {
+            drop(c.take());
+        }
+        if let Ok(mut u) = self.upcall.try_lock() {
+            drop(u.take());
+        }
+        let t = self.upcall_thread_fd.swap(-1, Ordering::SeqCst);
+        if t >= 0 {
+            cairn_media::sys::close_abandoned(t);
+        }
+        self.locks.abandon();
+        cairn_media::sys::close_abandoned(self.slot_lock.as_raw_fd());
+    }
+
+    /// Read the published head (one atomic load) and drop the overlay entries it passed.
+    pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
+        let ph = self.area.published_head(self.slot)?;
+        if ph > st.ph {
+            st.ph = ph;
+            let st = &mut *st;
+            for (_, o) in st.ov.extract_if(|_, o| o.tag <= ph) {
+                recycle(&mut st.spare, o);
+            }
+            for o in st.ov.values_mut() {
+                o.ext.prune(ph);
+                o.dir.retain(|_, e| e.1 > ph);
+            }
+            if st.digest_pending.is_some_and(|p| ph >= p) {
+                st.digest_pending = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-attach to a restarted daemon (`start`: starting one if none runs), sending
+    /// the leases held (none if `lease_gen` changed: `begin` drops them).
+    pub(super) fn reattach(
+        &self,
+        st: &mut State,
+        conn: &mut Option<Conn>,
+        start: bool,
+    ) -> io::Result<()> {
+        let mut c = if start {
+            Conn::connect(&self.store, self.create)?
+        } else {
+            Conn::connect_only(&self.store)?
+        };
+        let g = self.area.map().load_u64(self.lease_gen_off)?;
+        // Shared-write mode does not outlive the daemon: those inodes are leased anew.
+        st.leases.retain(|_, l| *l != Lease::Mediated);
+        let State { objs, leases, .. } = &mut *st;
+        objs.retain(|i, _| leases.contains_key(i));
+        let leases = if g == st.lease_gen {
+            st.leases
+                .iter()
+                .map(|(&i, &l)| (i, l == Lease::Write))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        match c.roundtrip(&Request::Reattach {
+            pid: self.pid,
+            slot: self.slot,
+            slot_gen: self.slot_gen,
+            leases,
+            pinned: st.pinned.iter().copied().collect(),
+        })? {
+            Response::Registered(reg) => {
+                st.inodes = reg.inodes;
+                st.credits = reg.credits;
+                st.digest_pending = None;
+                *conn = Some(c);
+                self.conn_epoch.fetch_add(1, Ordering::SeqCst);
+                self.locks.forget_delegations();
+                Ok(())
+            }
+            r => Err(response_error("reattach to the restarted daemon", r)),
+        }
+    }
+
+    /// [`Inner::reattach`], starting a daemon if none runs, for up to 10 s while the
+    /// daemon is stopping (`ESHUTDOWN`) or goes away during the re-attach (killed: the
+    /// next attempt starts another).
+    pub(super) fn reattach_patiently(
+        &self,
+        st: &mut State,
+        conn: &mut Option<Conn>,
+    ) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.reattach(st, conn, true) {
+                Err(e)
+                    if (cairn_area::errno_of(&e) == libc::ESHUTDOWN || transient(&e))
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
+    pub(super) fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
+        // A daemon that is stopping answers ESHUTDOWN: wait for it to go and re-attach
+        // to the next one (started on demand), for up to 10 s.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let stopping = |errno: i32| errno == libc::ESHUTDOWN && Instant::now() < deadline;
+        let mut lost = 0;
+        let mut conn = self.lock_conn();
+        loop {
+            if conn.is_none() {
+                self.reattach_patiently(st, &mut conn)?;
+            }
+            let c = conn.as_mut().expect("connected");
+            match c.roundtrip(req) {
+                Ok(Response::Error { errno, .. }) if stopping(errno) => {
+                    *conn = None;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    *conn = None;
+                    lost += 1;
+                    if lost >= 2 {
+                        return Err(fs_err(
+                            libc::EIO,
+                            format!("lost the connection to the daemon: {e}"),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ask for an asynchronous digest once the log passes the threshold.
+    pub(super) fn maybe_request_digest(&self, st: &mut State) {
+        if st.digest_pending.is_some() {
+            return;
+        }
+        let used = st.tail - st.ph;
+        if used * 100 <= self.threshold_pct * st.ring.bytes() {
+            return;
+        }
+        let mut conn = self.lock_conn();
+        if conn.is_none() && self.reattach(st, &mut conn, true).is_err() {
+            return;
+        }
+        let req = Request::Digest {
+            upto_lsn: st.tail,
+            wait: false,
+        };
+        match conn.as_mut().expect("connected").send_only(&req) {
+            Ok(()) => st.digest_pending = Some(st.tail),
+            Err(_) => *conn = None,
+        }
+    }
+
+    /// Digest the whole log now and wait for it.
+    pub(crate) fn digest_wait(&self, st: &mut State) -> io::Result<()> {
+        let upto = st.tail;
+        match self.request(
+            st,
+            &Request::Digest {
+                upto_lsn: upto,
+                wait: true,
+            },
+        )? {
+            Response::Digested { .. } => {}
+            r => return Err(response_error("digest", r)),
+        }
+        self.refresh(st)
+    }
+
+    pub(super) fn ensure_credits(&self, st: &mut State, need: u64) -> io::Result<()> {
+        for attempt in 0..2 {
+            if st.credits >= need {
+                return Ok(());
+            }
+            // A chunk at a time, but no more than a fair share of a small store.
+            let chunk = CREDIT_CHUNK.min(self.area.layout().credit_share());
+            let want = chunk.max(need - st.credits);
+            match self.request(st, &Request::Credits { blocks: want })? {
+                Response::Credits { granted } => st.credits += granted,
+                r => return Err(response_error("space credits", r)),
+            }
+            if st.credits >= need {
+                return Ok(());
+            }
+            if attempt == 0 {
+                self.digest_wait(st)?;
+            }
+        }
+        Err(fs_err(
+            libc::ENOSPC,
+            format!(
+                "no space left in the store {}: the daemon grants no more space ({} blocks \
+                 of 4 KiB needed, {} held)",
+                self.store.path.display(),
+                need,
+                st.credits
+            ),
+        ))
+    }
+
+    pub(super) fn alloc_ino(&self, st: &mut State) -> io::Result<(u64, u64)> {
+        if st.inodes.is_empty() {
+            match self.request(st, &Request::Inodes { count: INODE_BATCH })? {
+                Response::Inodes(v) => st.inodes = v,
+                r => return Err(response_error("inode numbers", r)),
+            }
+            st.inodes.reverse();
+        }
+        let Some(ino) = st.inodes.pop() else {
+            return Err(fs_err(
+                libc::ENOSPC,
+                format!("no free inodes left in {}", self.store.path.display()),
+            ));
+        };
+        let old = self.area.read_inode(ino)?;
+        if old.attrs.kind != Kind::Free {
+            return Err(fs_err(
+                libc::EIO,
+                format!("the daemon handed out inode {ino}, which is in use"),
+            ));
+        }
+        Ok((ino, old.generation + 1))
+    }
+
+    pub(crate) fn status(&self) -> io::Result<StatusReport> {
+        let mut st = self.begin()?;
+        match self.request(&mut st, &Request::Status)? {
+            Response::Status(r) => Ok(r),
+            r => Err(response_error("status", r)),
+        }
+    }
+
+    pub(crate) fn digest(&self) -> io::Result<()> {
+        let mut st = self.begin()?;
+        self.digest_wait(&mut st)
+    }
+}
