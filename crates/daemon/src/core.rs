@@ -3,11 +3,11 @@
 //! accounting, dead-client recovery, status and clean shutdown. The server wraps one
 //! `Core` in a mutex.
 
-use crate::alloc::{BlockAlloc, InodeAlloc};
 use crate::digest::{self, DigestError, Mode, Outcome};
-use crate::leases::Leases;
-use crate::recovery;
-use crate::shared::Shared;
+use crate::sharing::leases::Leases;
+use crate::store::alloc::{BlockAlloc, InodeAlloc};
+use crate::store::recovery;
+use crate::store::shared::Shared;
 use crate::util::{einval, now_ns, Logger};
 use cairn_area::{fs_err, Area, StoreConfig, StoreDir};
 use cairn_format::slot::{client_page, SlotHead};
@@ -64,8 +64,8 @@ pub(crate) struct Core {
     pub stopped: bool,
     /// The lease manager (its own lock; taken after the core lock, never before).
     pub leases: Arc<Leases>,
-    /// Parallel digests in flight (`crate::pardigest`).
-    pub par: crate::pardigest::ParState,
+    /// Parallel digests in flight (`crate::digest::parallel`).
+    pub par: crate::digest::parallel::ParState,
 }
 
 /// `Ok(Some(lock))` if nobody holds `slots/<slot>.lock` (we now do), `Ok(None)` if held.
@@ -123,8 +123,10 @@ impl Core {
             BlockAlloc::new(l.data_start, l.data_blocks),
             InodeAlloc::new(l.inode_count),
         );
-        sh.recency =
-            crate::migrate::Recency::new(cfg.recency_grain_nvm_kib, cfg.recency_grain_ssd_kib);
+        sh.recency = crate::tiers::migrate::Recency::new(
+            cfg.recency_grain_nvm_kib,
+            cfg.recency_grain_ssd_kib,
+        );
         let mut report = StartReport::default();
         let loaded = if clean {
             match recovery::load(&sh.area) {

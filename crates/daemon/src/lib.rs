@@ -6,33 +6,30 @@
 //! [`DaemonOptions`]. Everything else is internal: the daemon is the only writer of the
 //! shared area, and all of its writing goes through the modules below.
 //!
-//! * `alloc`: DRAM bitmaps of data blocks (next-fit) and inodes (with reservations).
-//! * `shared`: the writable shared area (block and inode writes, slot heads, epochs).
-//! * `maptree`: copy-on-write file maps. `dirhash`: linear-hashing directories.
-//! * `digest`: scan, plan, validate, apply, publish.
-//! * `recovery`: allocation state load/save/rebuild. `core`: clients and slots.
-//! * `offline`: recovery without serving (`recover`). `fsck`: the store checker.
-//! * `server`: socket, threads, signals, daemonising.
+//! Modules, by layer:
+//!
+//! | module | what |
+//! |---|---|
+//! | `store` | the writable shared area: `shared` (block and inode writes, slot heads, epochs), `alloc` (DRAM bitmaps of data blocks and inodes), `maptree` (copy-on-write file maps), `dirhash` (linear-hashing directories), `recovery` (allocation state load, save and rebuild) |
+//! | `core` | the daemon's state under its lock: clients and slots, credits, inode batches, digests of a slot, reclamation |
+//! | `digest` | a client log applied to the shared area: scan, fold, validate, apply, publish; `digest::parallel` runs independent files' maps on both cores |
+//! | `sharing` | `leases` (grant, revoke, the upcall channels), `locks` (advisory record and `flock` locks), `lock_server` (their channels) |
+//! | `tiers` | the lower tiers' segment allocation; `tiers::migrate`: migration, promotion, evacuation and cleaning rounds and their background policy |
+//! | `server` | the socket, client threads, signals, daemonising (`run_daemon`), and one function per request |
+//! | `offline` | what runs without serving: `mkfs`, recovery (`recover`), the checker (`fsck`) |
+//! | `perm` | permission checks of a client's transaction |
+//! | `xattr` | the extended-attribute journal |
+//! | `util` | the daemon's log, errors, time and random helpers |
 
 #![forbid(unsafe_code)]
 
-mod alloc;
 mod core;
 mod digest;
-mod dirhash;
-mod fsck;
-mod leases;
-mod lock_server;
-mod locks;
-mod maptree;
-mod migrate;
-mod mkfs;
 mod offline;
-mod pardigest;
 mod perm;
-mod recovery;
 mod server;
-mod shared;
+mod sharing;
+mod store;
 mod tiers;
 mod util;
 mod xattr;
@@ -40,8 +37,8 @@ mod xattr;
 #[cfg(test)]
 mod tests;
 
-pub use fsck::{fsck, FsckOptions, FsckReport};
-pub use mkfs::{mkfs, MkfsOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_SSD_SEGMENT};
+pub use offline::fsck::{fsck, FsckOptions, FsckReport};
+pub use offline::mkfs::{mkfs, MkfsOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_SSD_SEGMENT};
 pub use offline::{recover, stored_xattrs, StoredXattrs};
 pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

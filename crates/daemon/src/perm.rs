@@ -34,7 +34,7 @@
 //!   second entry.
 //! * `WRITE`: the owner or write permission.
 
-use crate::shared::Shared;
+use crate::store::shared::Shared;
 use cairn_area::{fs_err, StoreConfig};
 use cairn_format::inode::{Attrs, Kind};
 use cairn_format::log::Record;

@@ -21,7 +21,7 @@ const COMPACT_MIN: u64 = 1 << 20;
 
 type Attrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
-/// Gives a journal file the store's ownership and mode (`crate::mkfs::restrict`).
+/// Gives a journal file the store's ownership and mode (`crate::offline::mkfs::restrict`).
 pub(crate) type Restrict = Box<dyn Fn(&Path) -> io::Result<()> + Send>;
 
 pub(crate) struct Xattrs {

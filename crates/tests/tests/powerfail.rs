@@ -139,7 +139,7 @@ fn crash_images_during_migration_and_cleaning_recover() {
     // And the simulator sees a lower tier's missing persistence point: without the
     // `fdatasync` of a round's copy before the switch, switched data can be lost.
     let site = call_after(
-        "crates/daemon/src/migrate.rs",
+        "crates/daemon/src/tiers/migrate.rs",
         "cairn_media::file::write_all_at(f, &buf, first * BLOCK_SIZE_U64)",
         "sync_data",
     );
@@ -200,7 +200,7 @@ fn removing_a_fence_is_caught() {
         // to it (the publishing switch): the switch can reach the media first.
         (
             fence_after(
-                "crates/daemon/src/shared.rs",
+                "crates/daemon/src/store/shared.rs",
                 "m.flush(off + other, COPY_BYTES)?;",
             ),
             "",

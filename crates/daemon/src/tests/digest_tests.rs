@@ -565,7 +565,7 @@ fn enospc_leaves_the_log_authoritative() {
         off += chunk.len() as u64;
     }
     // Not enough to fill the tier through one ring: fill it directly instead.
-    let mut hog = crate::shared::Work::default();
+    let mut hog = crate::store::shared::Work::default();
     while sh.blocks.free_count() > 20 {
         sh.alloc_block(&mut hog).unwrap();
     }

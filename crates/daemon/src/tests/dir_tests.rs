@@ -2,8 +2,8 @@
 
 use super::map_tests::Rng;
 use super::*;
-use crate::dirhash::{self, NameChange};
-use crate::shared::Work;
+use crate::store::dirhash::{self, NameChange};
+use crate::store::shared::Work;
 use cairn_format::dir;
 use std::collections::HashMap;
 
@@ -40,7 +40,7 @@ fn check(sh: &Shared, d: &Inode, model: &HashMap<Vec<u8>, u64>, base_used: u64) 
     let buckets = dirhash::bucket_blocks(sh, d).unwrap();
     assert_eq!(d.attrs.size, buckets.len() as u64 * 4096);
     let mut nodes = 0u64;
-    crate::maptree::walk(
+    crate::store::maptree::walk(
         sh,
         d.map_root,
         d.map_height,

@@ -1,8 +1,8 @@
 //! Copy-on-write maps against a BTreeMap model.
 
 use super::*;
-use crate::maptree;
-use crate::shared::Work;
+use crate::store::maptree;
+use crate::store::shared::Work;
 use cairn_format::map::coverage;
 
 /// xorshift64*: deterministic randomness without a dependency.

@@ -9,8 +9,8 @@ mod recovery_tests;
 mod server_tests;
 
 use crate::core::Core;
-use crate::mkfs::{mkfs, MkfsOptions};
-use crate::shared::Shared;
+use crate::offline::mkfs::{mkfs, MkfsOptions};
+use crate::store::shared::Shared;
 use crate::util::{hex, random_bytes, Logger};
 use cairn_area::StoreDir;
 use cairn_format::inode::{Attrs, Inode, Kind};

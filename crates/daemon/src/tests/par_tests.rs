@@ -1,12 +1,12 @@
-//! Parallel digests (`crate::pardigest`): two slots' batches digested by two threads give
+//! Parallel digests (`crate::digest::parallel`): two slots' batches digested by two threads give
 //! the shared state of the serial daemon, also when their claims conflict, and replaying
 //! batches from their old heads (a crash before the heads were persisted, including with
 //! two digests in flight) is idempotent.
 
 use super::map_tests::Rng;
 use super::*;
+use crate::digest::parallel::{self, CoreLock};
 use crate::digest::{digest, Mode};
-use crate::pardigest::{self, CoreLock};
 use cairn_format::slot::SlotHead;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -161,7 +161,7 @@ fn digest_parallel(cl: &CoreLock, jobs: &[(u32, u64)]) {
         for &(slot, upto) in jobs {
             s.spawn(move || {
                 let mut scratch = Vec::new();
-                let o = pardigest::digest_client(cl, slot, 1, upto, &mut scratch)
+                let o = parallel::digest_client(cl, slot, 1, upto, &mut scratch)
                     .unwrap_or_else(|e| panic!("slot {slot}: {e}"))
                     .expect("the slot is still the client's");
                 assert_eq!(o.head_lsn, upto);
@@ -358,7 +358,7 @@ fn digest_throughput_two_10mib_batches() {
                 for (&(slot, upto), scratch) in jobs.iter().zip(scratches.iter_mut()) {
                     let cl = &cl;
                     s.spawn(move || {
-                        let o = pardigest::digest_client(cl, slot, 1, upto, scratch);
+                        let o = parallel::digest_client(cl, slot, 1, upto, scratch);
                         assert_eq!(o.unwrap().unwrap().head_lsn, upto);
                     });
                 }

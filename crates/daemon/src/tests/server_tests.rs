@@ -285,18 +285,18 @@ fn create_flag_makes_a_store_and_missing_store_is_enoent() {
     let d = tempfile::tempdir().unwrap();
     let e = run_daemon(&DaemonOptions::new(d.path().join("none"))).unwrap_err();
     assert_eq!(cairn_area::errno_of(&e), libc::ENOENT);
-    let e = crate::mkfs(&crate::MkfsOptions {
+    let e = crate::offline::mkfs::mkfs(&crate::MkfsOptions {
         log_size: 1000,
         ..crate::MkfsOptions::new(d.path().join("x"))
     })
     .unwrap_err();
     assert_eq!(cairn_area::errno_of(&e), libc::EINVAL);
     let ts = TestStore::small();
-    let e = crate::mkfs(&crate::MkfsOptions::new(&ts.store.path)).unwrap_err();
+    let e = crate::offline::mkfs::mkfs(&crate::MkfsOptions::new(&ts.store.path)).unwrap_err();
     assert_eq!(cairn_area::errno_of(&e), libc::EEXIST);
     assert!(e.to_string().contains("already exists"));
     // force replaces it and removes the old NVM file.
-    let cfg = crate::mkfs(&crate::MkfsOptions {
+    let cfg = crate::offline::mkfs::mkfs(&crate::MkfsOptions {
         nvm_size: 32 << 20,
         log_size: 1 << 20,
         force: true,

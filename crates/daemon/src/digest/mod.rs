@@ -17,13 +17,15 @@
 //! before step 5 persisted the head gives the same shared state.
 //!
 //! The steps are separate functions (`read_batch`, `plan_batch`, `apply_batch`,
-//! `write_data`, `publish_batch`) so that `crate::pardigest` can run the reading and the
+//! `write_data`, `publish_batch`) so that `crate::digest::parallel` can run the reading and the
 //! data copies of different slots' digests without the core lock; [`digest`] runs them
 //! in a row.
 
-use crate::dirhash::{self, NameChange};
-use crate::maptree;
-use crate::shared::{Shared, Work};
+pub(crate) mod parallel;
+
+use crate::store::dirhash::{self, NameChange};
+use crate::store::maptree;
+use crate::store::shared::{Shared, Work};
 use cairn_format::inode::{Attrs, Inode, Kind};
 use cairn_format::log::{self, Record, Stop, KIND_COMMIT, KIND_WRAP, TXN_HEADER, TXN_MAGIC};
 use cairn_format::slot::SlotHead;
@@ -628,7 +630,8 @@ fn validate<'p>(sh: &Shared, slot: u32, plan: &mut Plan<'p>) -> Result<Checked<'
 
 /// Retire every block an inode owns (map nodes, data blocks, bucket chains).
 fn retire_all(sh: &Shared, w: &mut Work, inode: &Inode) -> io::Result<()> {
-    w.retired.extend(crate::recovery::owned_blocks(sh, inode)?);
+    w.retired
+        .extend(crate::store::recovery::owned_blocks(sh, inode)?);
     Ok(())
 }
 
@@ -705,7 +708,7 @@ fn apply_file<'a>(
             pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
         }
         // The block's content is written later (`write_data`), possibly without the core
-        // lock (`crate::pardigest`); it is unreachable until the inode is published.
+        // lock (`crate::digest::parallel`); it is unreachable until the inode is published.
         let nb = sh.alloc_block(w)?;
         w.bytes += BLOCK_SIZE_U64;
         data.push(DataWrite {
@@ -1109,7 +1112,7 @@ pub(crate) fn publish_batch(
     // The half-applied batch a crash may have left is behind the head now; once every
     // such slot is past it, inodes still unnamed are garbage.
     if sh.replaying.remove(&slot) && sh.replaying.is_empty() {
-        crate::recovery::free_unreachable(sh)?;
+        crate::store::recovery::free_unreachable(sh)?;
     }
     let c = &mut sh.counters;
     c.records_digested += records;

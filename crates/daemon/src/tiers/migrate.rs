@@ -22,9 +22,9 @@
 //! only (as in Strata): per tier, the last time each chunk (1 MiB in NVM, 4 MiB in SSD)
 //! was written by a digest or moved into the tier.
 
-use crate::maptree;
-use crate::pardigest::CoreLock;
-use crate::shared::{Shared, Work};
+use crate::digest::parallel::CoreLock;
+use crate::store::maptree;
+use crate::store::shared::{Shared, Work};
 use crate::util::{eio, now_ns, Logger};
 use cairn_format::inode::{Inode, Kind};
 use cairn_format::map::{entry_block, entry_tier, tier_entry, TIER_NAMES};

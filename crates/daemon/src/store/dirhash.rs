@@ -4,8 +4,8 @@
 //! blocks (its chain packed by `pack_chain`); the directory's map is then updated copy-on-
 //! write. Empty buckets are holes in the map (bucket blocks are created lazily).
 
-use crate::maptree;
-use crate::shared::{Shared, Work};
+use crate::store::maptree;
+use crate::store::shared::{Shared, Work};
 use cairn_format::dir::{self, BucketBlock, Entry, SPLIT_LOAD};
 use cairn_format::inode::{Inode, Kind};
 use cairn_format::BLOCK_SIZE_U64;

@@ -1,6 +1,9 @@
 //! Work on a store whose daemon is not running: recovery without serving (what a daemon
 //! start and a clean stop do), for `cairn fsck --repair` and the power-failure simulator.
 
+pub(crate) mod fsck;
+pub(crate) mod mkfs;
+
 use crate::core::Core;
 use crate::util::Logger;
 use cairn_area::{fs_err, StoreDir};
@@ -104,7 +107,7 @@ pub(crate) fn open_xattrs(
     crate::xattr::Xattrs::open(
         &store.xattr_path(),
         core.sh.area.superblock().uuid,
-        Box::new(move |p| crate::mkfs::restrict(p, gid, 0o600, 0o660)),
+        Box::new(move |p| crate::offline::mkfs::restrict(p, gid, 0o600, 0o660)),
         &|note| log.log(format!("extended attributes: {note}")),
     )
 }

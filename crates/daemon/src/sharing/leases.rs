@@ -133,7 +133,7 @@ fn send_revoke(ch: &mut UnixStream, ino: u64) -> bool {
 }
 
 /// Lock recalls travel on the upcall channels the lease manager keeps.
-impl crate::locks::Recall for Leases {
+impl crate::sharing::locks::Recall for Leases {
     fn reachable(&self, slot: u32) -> bool {
         self.lock().channels.contains_key(&slot)
     }

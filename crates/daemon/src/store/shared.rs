@@ -2,7 +2,7 @@
 //! through this state: the mapping, the DRAM allocators, the epoch retire lists and the
 //! digest counters.
 
-use crate::alloc::{BlockAlloc, InodeAlloc};
+use crate::store::alloc::{BlockAlloc, InodeAlloc};
 use crate::tiers::TierAlloc;
 use crate::util::eio;
 use cairn_area::{fs_err, Area};
@@ -34,7 +34,7 @@ pub(crate) type Node = Box<[u64; FANOUT as usize]>;
 
 /// The daemon's writable view of the shared area.
 pub(crate) struct Shared {
-    /// Shared with parallel digests' unlocked phases (`crate::pardigest`).
+    /// Shared with parallel digests' unlocked phases (`crate::digest::parallel`).
     pub area: std::sync::Arc<Area>,
     pub layout: Layout,
     pub blocks: BlockAlloc,
@@ -62,15 +62,15 @@ pub(crate) struct Shared {
     /// keeps its file (the sweep at the gate's closing frees those nobody pinned).
     pub keep_unlinked: bool,
     /// While `Some`, every inode number read through [`Shared::inode`] is recorded
-    /// (the read set of a parallel digest's plan, `crate::pardigest`).
+    /// (the read set of a parallel digest's plan, `crate::digest::parallel`).
     pub reads: std::cell::RefCell<Option<std::collections::HashSet<u64>>>,
     /// The lower tiers the store has (SSD first).
     pub tiers: Vec<TierAlloc>,
     /// Epochs held by the daemon's own readers (migration rounds copying blocks without
     /// the core lock): nothing retired in or after them is freed.
     pub held_epochs: Vec<u64>,
-    /// Recency of file data per tier (`crate::migrate`).
-    pub recency: crate::migrate::Recency,
+    /// Recency of file data per tier (`crate::tiers::migrate`).
+    pub recency: crate::tiers::migrate::Recency,
     /// Migration and cleaning traffic, per tier (mirrored in the daemon state block).
     pub traffic: [cairn_proto::TierTraffic; 3],
     /// Inodes (number, generation) that may have extended attributes (`crate::xattr`):

@@ -1,14 +1,14 @@
 //! The server: `run_daemon` takes the store's daemon lock, opens and recovers the tier,
 //! listens on `cairnd.sock` and serves each connection on its own thread. A 100 ms timer
 //! thread reclaims retired blocks and recovers dead clients. Asynchronous digest requests
-//! go to a pool of digest workers (`crate::pardigest`) so that different clients' logs
+//! go to a pool of digest workers (`crate::digest::parallel`) so that different clients' logs
 //! are digested in parallel; everything else takes the core with `CoreLock::serial`. SIGTERM/SIGINT and the
 //! `Shutdown` request stop the daemon cleanly.
 
 use crate::core::{Core, MAX_INODES_PER_REQUEST};
 use crate::digest::DigestError;
-use crate::leases::Grant;
-use crate::mkfs::{mkfs, MkfsOptions};
+use crate::offline::mkfs::{mkfs, MkfsOptions};
+use crate::sharing::leases::Grant;
 use crate::util::Logger;
 use cairn_area::{errno_of, fs_err, StoreDir};
 use cairn_media::sys;
@@ -46,19 +46,19 @@ impl DaemonOptions {
 
 struct Daemon {
     /// The core under its lock (`CoreLock::serial` for everything but parallel digests).
-    core: crate::pardigest::CoreLock,
+    core: crate::digest::parallel::CoreLock,
     /// Asynchronous digests of different clients run in parallel on its workers.
-    pool: crate::pardigest::Pool,
+    pool: crate::digest::parallel::Pool,
     stop: AtomicBool,
     log: Logger,
     next_conn: AtomicU64,
     uid: u32,
     /// Advisory locks (their own mutex: waiting requests never hold `core`).
-    locks: crate::locks::LockService,
+    locks: crate::sharing::locks::LockService,
     /// The lease manager (shared with `core`; its own mutex).
-    leases: Arc<crate::leases::Leases>,
+    leases: Arc<crate::sharing::leases::Leases>,
     /// Migration and cleaning rounds (one at a time).
-    migrator: crate::migrate::Migrator,
+    migrator: crate::tiers::migrate::Migrator,
     /// Extended attributes (their own mutex: `core` may be taken while holding it, never
     /// the other way round).
     xattrs: std::sync::Mutex<crate::xattr::Xattrs>,
@@ -103,9 +103,9 @@ struct Conn {
     /// A second handle of the socket (upcalls are written through it).
     sock: Option<UnixStream>,
     /// Lock-channel state (`lock_server`).
-    locks: crate::lock_server::ConnLocks,
+    locks: crate::sharing::lock_server::ConnLocks,
     /// A digest worker found this client's log malformed.
-    refusal: Arc<crate::pardigest::Refusal>,
+    refusal: Arc<crate::digest::parallel::Refusal>,
 }
 
 /// Run the daemon for `opts.store` until SIGTERM, SIGINT or a `Shutdown` request.
@@ -191,13 +191,13 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     let leases = core.leases.clone();
     let d = Arc::new(Daemon {
         leases,
-        core: crate::pardigest::CoreLock::new(core),
-        pool: crate::pardigest::Pool::from_env(),
+        core: crate::digest::parallel::CoreLock::new(core),
+        pool: crate::digest::parallel::Pool::from_env(),
         stop: AtomicBool::new(false),
         log,
         next_conn: AtomicU64::new(1),
         uid: sys::ids().0,
-        locks: crate::locks::LockService::default(),
+        locks: crate::sharing::locks::LockService::default(),
         migrator: Default::default(),
         xattrs: std::sync::Mutex::new(xattrs),
     });
@@ -344,8 +344,8 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         slot: None,
         upcall_of: None,
         sock: s.try_clone().ok(),
-        locks: crate::lock_server::ConnLocks::new(&s),
-        refusal: Arc::new(crate::pardigest::Refusal::new(s.try_clone().ok())),
+        locks: crate::sharing::lock_server::ConnLocks::new(&s),
+        refusal: Arc::new(crate::digest::parallel::Refusal::new(s.try_clone().ok())),
     };
     loop {
         let req: Request = match recv(&mut s) {
@@ -508,7 +508,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 };
             };
             if !wait && d.pool.threads > 0 {
-                // Digests of different clients run in parallel (crate::pardigest).
+                // Digests of different clients run in parallel (crate::digest::parallel).
                 d.pool.submit(slot, c.id, upto_lsn, &c.refusal);
                 return Reply::Nothing;
             }
@@ -531,7 +531,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 core = d.core();
                 r = core.digest_client(slot, upto_lsn);
             }
-            if crate::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
+            if crate::tiers::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
                 d.migrator.kick();
             }
             match r {
@@ -562,7 +562,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             };
             let mut core = d.core();
             core.reclaim();
-            if crate::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
+            if crate::tiers::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
                 d.migrator.kick();
             }
             let mut granted = core.grant(slot, blocks);
@@ -607,7 +607,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             }
             let max = max_bytes.div_ceil(cairn_format::BLOCK_SIZE_U64);
             let n = d.migrator.migrate(&d.core, from, max, &d.log);
-            let (used, _) = crate::migrate::Migrator::usage(&d.core().sh, from);
+            let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, from);
             Reply::Send(Response::Migrated {
                 bytes: n * cairn_format::BLOCK_SIZE_U64,
                 used_bytes: used * cairn_format::BLOCK_SIZE_U64,
@@ -621,7 +621,7 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 )));
             }
             let n = d.migrator.clean(&d.core, tier, &d.log);
-            let (used, _) = crate::migrate::Migrator::usage(&d.core().sh, tier);
+            let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, tier);
             Reply::Send(Response::Migrated {
                 bytes: n * cairn_format::BLOCK_SIZE_U64,
                 used_bytes: used * cairn_format::BLOCK_SIZE_U64,
@@ -704,7 +704,13 @@ fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         | Request::Delegate { .. }
         | Request::ReturnLocks { .. }) => {
             let registered = c.slot.is_some();
-            match crate::lock_server::handle(&d.locks, &mut c.locks, c.pid, registered, req) {
+            match crate::sharing::lock_server::handle(
+                &d.locks,
+                &mut c.locks,
+                c.pid,
+                registered,
+                req,
+            ) {
                 Some(r) => Reply::Send(r),
                 None => Reply::Close(None),
             }
@@ -897,9 +903,9 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
         match d.leases.acquire(slot, ino, write, file) {
             Ok(Grant::Lease) => return Reply::Send(Response::Leased { ino, write }),
             Ok(Grant::Mediated) => return Reply::Send(Response::Mediated { ino }),
-            Err(crate::leases::Step::Expire(h)) => d.core().expire_leases(h, &d.log),
-            Err(crate::leases::Step::GateDue) => d.core().lease_gate_tick(&d.log),
-            Err(crate::leases::Step::NotLive) => {
+            Err(crate::sharing::leases::Step::Expire(h)) => d.core().expire_leases(h, &d.log),
+            Err(crate::sharing::leases::Step::GateDue) => d.core().lease_gate_tick(&d.log),
+            Err(crate::sharing::leases::Step::NotLive) => {
                 return Reply::Send(Response::Error {
                     errno: libc::ESTALE,
                     message: "lease: this client's slot is no longer live".into(),

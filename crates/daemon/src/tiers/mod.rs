@@ -5,7 +5,9 @@
 //! with one write, and never writes it again until every block of it is dead and it was
 //! trimmed.
 
-use crate::alloc::Bitmap;
+pub(crate) mod migrate;
+
+use crate::store::alloc::Bitmap;
 use cairn_format::superblock::TierGeom;
 
 /// One lower tier's allocation state.

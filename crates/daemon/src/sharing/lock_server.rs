@@ -6,7 +6,7 @@
 //! registered client of the same process; all of a client's locks belong to its
 //! registered connection and are dropped when that connection closes.
 
-use crate::locks::{ClientId, LockRequest, LockService};
+use crate::sharing::locks::{ClientId, LockRequest, LockService};
 use cairn_proto::{Request, Response};
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;

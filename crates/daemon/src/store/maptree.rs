@@ -6,7 +6,7 @@
 //! a change lies beyond its coverage. Replaced nodes and (for files) replaced or dropped
 //! data blocks are retired in the digest's `Work`, never modified in place.
 
-use crate::shared::{Shared, Work};
+use crate::store::shared::{Shared, Work};
 use cairn_format::map::{coverage, height_for_blocks, FANOUT, MAX_HEIGHT};
 use std::io;
 

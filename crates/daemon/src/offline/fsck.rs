@@ -32,12 +32,12 @@
 //! (one transaction digested by the daemon's own code); and when the allocation state is
 //! wrong, rebuilds it from the references (as a start after a crash does).
 
-use crate::alloc::Bitmap;
 use crate::core::Core;
 use crate::offline::lock_store;
-use crate::shared::Shared;
+use crate::store::alloc::Bitmap;
+use crate::store::shared::Shared;
+use crate::store::{maptree, recovery};
 use crate::util::Logger;
-use crate::{maptree, recovery};
 use cairn_area::{Area, StoreDir};
 use cairn_format::dir;
 use cairn_format::inode::{Inode, Kind, INODE_BYTES};
@@ -122,8 +122,8 @@ pub fn fsck(path: &Path, opts: &FsckOptions) -> io::Result<FsckReport> {
     let clean = area.state_field(state::CLEAN)? == 1;
     let sh = Shared::new(
         area,
-        crate::alloc::BlockAlloc::new(0, 0),
-        crate::alloc::InodeAlloc::new(2),
+        crate::store::alloc::BlockAlloc::new(0, 0),
+        crate::store::alloc::InodeAlloc::new(2),
     );
     let walk = walk_tree(&sh, opts, &mut rep)?;
     check_links(&sh, &walk, opts.repair && rep.problems.is_empty(), &mut rep)?;

@@ -2,10 +2,10 @@
 //! rebuild them by walking every inode reachable from the root (and free the orphans);
 //! save them at a clean stop.
 
-use crate::alloc::{Bitmap, BlockAlloc, InodeAlloc};
-use crate::dirhash;
-use crate::maptree;
-use crate::shared::Shared;
+use crate::store::alloc::{Bitmap, BlockAlloc, InodeAlloc};
+use crate::store::dirhash;
+use crate::store::maptree;
+use crate::store::shared::Shared;
 use crate::tiers::TierAlloc;
 use crate::util::eio;
 use cairn_area::Area;
