@@ -191,7 +191,7 @@ fn removing_a_fence_is_caught() {
         // returns: an acknowledged call can be lost.
         (
             fence_after(
-                "crates/libfs/src/fs.rs",
+                "crates/libfs/src/fs/logwriter.rs",
                 "let put = st.ring.put_txn(lsn, &buf);",
             ),
             "acknowledged",
