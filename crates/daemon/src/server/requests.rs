@@ -1,0 +1,720 @@
+//! The requests of a client connection: one function per request (PROTOCOL.md).
+
+use super::{err_response, Conn, Daemon, Reply};
+use crate::core::{Core, MAX_INODES_PER_REQUEST};
+use crate::digest::DigestError;
+use crate::sharing::leases::Grant;
+use cairn_area::{errno_of, fs_err};
+use cairn_proto::{send, Request, Response};
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+/// Free NVM blocks a digest that failed for lack of space asks the migrator for (4 MiB,
+/// or the log's size if larger).
+const DIGEST_ROOM: u64 = 1024;
+
+fn not_registered() -> Response {
+    Response::Error {
+        errno: libc::EINVAL,
+        message: "not registered (send Register first)".into(),
+    }
+}
+
+/// Answer one request of connection `c`.
+pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
+    match req {
+        Request::Register { pid } => register(d, c, pid),
+        Request::Reattach {
+            pid: _,
+            slot,
+            slot_gen,
+            leases,
+            pinned,
+        } => reattach(d, c, slot, slot_gen, leases, pinned),
+        Request::Digest { upto_lsn, wait } => digest(d, c, upto_lsn, wait),
+        Request::Inodes { count } => inodes(d, c, count),
+        Request::Credits { blocks } => credits(d, c, blocks),
+        Request::Status => match d.core().status() {
+            Ok(mut r) => {
+                r.migration = d.migrator.progress();
+                Reply::Send(Response::Status(r))
+            }
+            Err(e) => Reply::Send(err_response(&e)),
+        },
+        Request::Migrate {
+            from,
+            to,
+            max_bytes,
+        } => migrate(d, from, to, max_bytes),
+        Request::Clean { tier } => clean(d, tier),
+        Request::Goodbye { tail_lsn } => goodbye(d, c, tail_lsn),
+        Request::Lease { ino, write } => lease(d, c, ino, write),
+        Request::Xattr { ino, op } => {
+            let Some(slot) = c.slot else {
+                return Reply::Send(not_registered());
+            };
+            Reply::Send(xattr_call(d, slot, ino, op).unwrap_or_else(|e| err_response(&e)))
+        }
+        Request::UpcallChannel { slot, slot_gen } => upcall_channel(d, c, slot, slot_gen),
+        Request::Commit {
+            lsn,
+            len,
+            seq,
+            versions,
+        } => commit(d, c, lsn, len, seq, &versions),
+        Request::UpcallAck {
+            ino,
+            tail_lsn,
+            open,
+        } => {
+            if let Some(slot) = c.upcall_of {
+                upcall_ack(d, slot, ino, tail_lsn, open);
+            }
+            Reply::Nothing
+        }
+        Request::Unpin { ino, tail_lsn } => unpin(d, c, ino, tail_lsn),
+        Request::Pin { ino } => pin(d, c, ino),
+        req @ (Request::LockChannel { .. }
+        | Request::Lock { .. }
+        | Request::Unlock { .. }
+        | Request::GetLock { .. }
+        | Request::ReleaseLocks { .. }
+        | Request::Delegate { .. }
+        | Request::ReturnLocks { .. }) => locks(d, c, req),
+        Request::Shutdown => shutdown(d, c),
+    }
+}
+
+/// `Register`: a new client gets a slot, an inode batch and credits.
+fn register(d: &Daemon, c: &mut Conn, claimed: u32) -> Reply {
+    if c.slot.is_some() {
+        return Reply::Send(Response::Error {
+            errno: libc::EINVAL,
+            message: "this connection is already registered".into(),
+        });
+    }
+    // A client that exited or disconnected has its log digested before another
+    // client registers. Its socket may close a moment before the kernel drops its
+    // slot lock, so wait (at most 2 s) for such clients to be recoverable.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut core = loop {
+        let mut core = d.core();
+        core.recover_dead(&d.log);
+        if !core.dead_recovery_due() || std::time::Instant::now() >= deadline {
+            break core;
+        }
+        drop(core);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    match core.register(c.pid, c.uid, c.gid, c.id) {
+        Ok(r) => {
+            c.slot = Some(r.slot);
+            d.locks.add_client(c.id, c.pid, r.slot, r.slot_gen);
+            d.log.log(format!(
+                "slot {} (pid {}, claimed {claimed}, uid {}): client registered, generation {}",
+                r.slot, c.pid, c.uid, r.slot_gen
+            ));
+            Reply::Send(Response::Registered(r))
+        }
+        Err(e) => {
+            d.log
+                .log(format!("pid {}: registration refused: {e}", c.pid));
+            Reply::Send(err_response(&e))
+        }
+    }
+}
+
+/// `Reattach`: a client of the previous daemon takes its slot back, with its leases and pins.
+fn reattach(
+    d: &Daemon,
+    c: &mut Conn,
+    slot: u32,
+    slot_gen: u64,
+    leases: Vec<(u64, bool)>,
+    pinned: Vec<u64>,
+) -> Reply {
+    if c.slot.is_some() {
+        return Reply::Send(Response::Error {
+            errno: libc::EINVAL,
+            message: "this connection is already registered".into(),
+        });
+    }
+    let mut core = d.core();
+    match core.reattach(c.pid, c.uid, c.gid, slot, slot_gen, c.id) {
+        Ok(r) => {
+            c.slot = Some(slot);
+            d.locks.add_client(c.id, c.pid, slot, slot_gen);
+            // Revocations the previous daemon had acknowledged may not have been
+            // digested: digest the committed log before any lease is granted.
+            if let Err(e) = core.digest_committed(slot) {
+                d.log.log(format!("slot {slot}: digest at re-attach: {e}"));
+            }
+            for ino in pinned {
+                core.pin(slot, ino);
+            }
+            if !d.leases.reattached(slot, &leases) {
+                d.log.log(format!(
+                        "slot {slot}: leases sent at re-attach conflict with granted ones: all taken away"
+                    ));
+                if let Err(e) = core.sh.bump_lease_gen(slot) {
+                    d.log
+                        .log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+                }
+            }
+            d.log.log(format!(
+                "slot {slot} (pid {}): client re-attached, generation {slot_gen}",
+                c.pid
+            ));
+            Reply::Send(Response::Registered(r))
+        }
+        Err(e) => {
+            d.log.log(format!(
+                "pid {}: re-attach to slot {slot} refused: {e}",
+                c.pid
+            ));
+            Reply::Send(err_response(&e))
+        }
+    }
+}
+
+/// `Digest`: digest the client's log up to `upto_lsn` (in the pool unless `wait`).
+fn digest(d: &Daemon, c: &mut Conn, upto_lsn: u64, wait: bool) -> Reply {
+    let Some(slot) = c.slot else {
+        return if wait {
+            Reply::Send(not_registered())
+        } else {
+            Reply::Nothing
+        };
+    };
+    if !wait && d.pool.threads > 0 {
+        // Digests of different clients run in parallel (crate::digest::parallel).
+        d.pool.submit(slot, c.id, upto_lsn, &c.refusal);
+        return Reply::Nothing;
+    }
+    let mut core = d.core();
+    let mut r = core.digest_client(slot, upto_lsn);
+    let full = matches!(&r, Err(DigestError::Failed(e)) if errno_of(e) == libc::ENOSPC);
+    if full && !core.sh.tiers.is_empty() {
+        // NVM is full (a restarted daemon may have promised space a log still
+        // needed): move cold data down and try once more.
+        let want = core.sh.layout.log_blocks.max(DIGEST_ROOM);
+        core = free_nvm(d, core, |c| c.sh.blocks.free_count() < want);
+        r = core.digest_client(slot, upto_lsn);
+    }
+    kick_if_high(d, &core);
+    match r {
+        Ok(o) => {
+            if wait {
+                Reply::Send(Response::Digested {
+                    head_lsn: o.head_lsn,
+                    head_seq: o.head_seq,
+                })
+            } else {
+                Reply::Nothing
+            }
+        }
+        Err(e) => digest_failed(d, &mut core, c, slot, e, wait, "digest"),
+    }
+}
+
+/// NVM lacks space a client waits for: move its coldest data down while `short` says so
+/// (asked after reclaiming what the epoch lets go), then take the core again.
+fn free_nvm<'a>(
+    d: &'a Daemon,
+    core: MutexGuard<'a, Core>,
+    short: impl Fn(&Core) -> bool,
+) -> MutexGuard<'a, Core> {
+    drop(core);
+    d.migrator.free_nvm(
+        &d.core,
+        &|c| {
+            c.reclaim();
+            short(c)
+        },
+        &d.log,
+    );
+    let mut core = d.core();
+    core.reclaim();
+    core
+}
+
+/// Wake the background migration when NVM passed its high watermark.
+fn kick_if_high(d: &Daemon, core: &Core) {
+    if crate::tiers::migrate::Migrator::nvm_high(&core.sh, core.cfg.migrate_high_pct) {
+        d.migrator.kick();
+    }
+}
+
+/// `Inodes`: more inode numbers.
+fn inodes(d: &Daemon, c: &Conn, count: u32) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    let n = (count as u64).min(MAX_INODES_PER_REQUEST);
+    Reply::Send(Response::Inodes(core.sh.inodes.reserve(slot, n)))
+}
+
+/// `Credits`: more space credits, moving cold data down first if NVM is full.
+fn credits(d: &Daemon, c: &Conn, blocks: u64) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    core.reclaim();
+    kick_if_high(d, &core);
+    let mut granted = core.grant(slot, blocks);
+    if granted < blocks && !core.sh.tiers.is_empty() {
+        // NVM is full: move its coldest data down now, then grant again.
+        let want = blocks - granted;
+        core = free_nvm(d, core, |c| c.available_credits() < want);
+        granted += core.grant(slot, blocks - granted);
+    }
+    Reply::Send(Response::Credits { granted })
+}
+
+/// `Migrate`: move cold data of tier `from` one tier down.
+fn migrate(d: &Daemon, from: u8, to: u8, max_bytes: u64) -> Reply {
+    if to != from + 1 || d.core().sh.tier(to).is_none() {
+        return Reply::Send(err_response(&fs_err(
+            libc::EINVAL,
+            format!(
+                "cannot migrate from tier {from} to tier {to}: data moves one tier \
+                     down, to a tier the store has"
+            ),
+        )));
+    }
+    let max = max_bytes.div_ceil(cairn_format::BLOCK_SIZE_U64);
+    let n = d.migrator.migrate(&d.core, from, max, &d.log);
+    let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, from);
+    Reply::Send(Response::Migrated {
+        bytes: n * cairn_format::BLOCK_SIZE_U64,
+        used_bytes: used * cairn_format::BLOCK_SIZE_U64,
+    })
+}
+
+/// `Clean`: one cleaning round on a lower tier.
+fn clean(d: &Daemon, tier: u8) -> Reply {
+    if tier == 0 || d.core().sh.tier(tier).is_none() {
+        return Reply::Send(err_response(&fs_err(
+            libc::EINVAL,
+            format!("cannot clean tier {tier}: only a lower tier the store has is cleaned"),
+        )));
+    }
+    let n = d.migrator.clean(&d.core, tier, &d.log);
+    let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, tier);
+    Reply::Send(Response::Migrated {
+        bytes: n * cairn_format::BLOCK_SIZE_U64,
+        used_bytes: used * cairn_format::BLOCK_SIZE_U64,
+    })
+}
+
+/// `Goodbye`: digest the leaving client's log and free its slot.
+fn goodbye(d: &Daemon, c: &mut Conn, tail_lsn: u64) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Close(Some(Response::Ok));
+    };
+    let mut core = d.core();
+    match core.digest_client(slot, tail_lsn) {
+        Ok(_) => match core.release(slot, None) {
+            Ok(()) => {
+                c.slot = None;
+                d.log
+                    .log(format!("slot {slot} (pid {}): client left", c.pid));
+                Reply::Close(Some(Response::Ok))
+            }
+            Err(e) => Reply::Send(err_response(&e)),
+        },
+        Err(e) => digest_failed(d, &mut core, c, slot, e, true, "goodbye"),
+    }
+}
+
+/// `Unpin`: the client closed a file it had pinned.
+fn unpin(d: &Daemon, c: &mut Conn, ino: u64, tail_lsn: u64) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    // Its records about the inode are applied before it may be freed.
+    if let Err(e) = core.digest_client(slot, tail_lsn) {
+        return digest_failed(d, &mut core, c, slot, e, true, "unpin");
+    }
+    match core.unpin(slot, Some(ino)) {
+        Ok(()) => Reply::Send(Response::Ok),
+        Err(e) => Reply::Send(err_response(&e)),
+    }
+}
+
+/// `Pin`: keep a reserved inode (an unnamed file) while the client lives.
+fn pin(d: &Daemon, c: &Conn, ino: u64) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    if core.sh.inodes.reserved_by(ino) != Some(slot) {
+        return Reply::Send(err_response(&crate::util::einval(format!(
+            "pin: inode {ino} is not a number this client reserved"
+        ))));
+    }
+    core.pin(slot, ino);
+    Reply::Send(Response::Ok)
+}
+
+/// The advisory-lock requests (`sharing::lock_server`).
+fn locks(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
+    let registered = c.slot.is_some();
+    match crate::sharing::lock_server::handle(&d.locks, &mut c.locks, c.pid, registered, req) {
+        Some(r) => Reply::Send(r),
+        None => Reply::Close(None),
+    }
+}
+
+/// `Shutdown`: digest everything, save the allocation state and stop.
+fn shutdown(d: &Daemon, c: &Conn) -> Reply {
+    if c.uid != d.uid && c.uid != 0 {
+        return Reply::Send(Response::Error {
+            errno: libc::EPERM,
+            message: "only the daemon's user can stop it".into(),
+        });
+    }
+    d.log.log(format!("shutdown requested by pid {}", c.pid));
+    let paused = d.migrator.pause();
+    let r = d.core().shutdown(&d.log);
+    drop(paused);
+    d.stop.store(true, Ordering::SeqCst);
+    match r {
+        Ok(()) => Reply::Close(Some(Response::Ok)),
+        Err(e) => Reply::Close(Some(err_response(&e))),
+    }
+}
+
+/// `Lease`: wait until granted (PROTOCOL.md, "Leases"). Runs without the core lock
+/// except for the work between waits (expiring a holder, closing the restart gate).
+fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    if !d.core().sh.layout.ino_valid(ino) {
+        return Reply::Send(Response::Error {
+            errno: libc::EINVAL,
+            message: format!("lease: inode number {ino} out of range"),
+        });
+    }
+    // An inode reserved for another live client may be one it created and has not
+    // digested yet (its number reached this client out of band: an inherited
+    // descriptor). The creator holds its write lease, so that lease is revoked — its
+    // log digested — before this one is granted.
+    let creator = d.core().sh.inodes.reserved_by(ino);
+    if let Some(s) = creator.filter(|&s| s != slot) {
+        d.leases.record_created(s, &[ino]);
+    }
+    // Only regular files enter shared-write mode (when it is on at all).
+    let file = d.leases.shared_write()
+        && d.core()
+            .sh
+            .area
+            .read_inode(ino)
+            .is_ok_and(|i| i.attrs.kind == cairn_format::inode::Kind::File);
+    loop {
+        match d.leases.acquire(slot, ino, write, file) {
+            Ok(Grant::Lease) => return Reply::Send(Response::Leased { ino, write }),
+            Ok(Grant::Mediated) => return Reply::Send(Response::Mediated { ino }),
+            Err(crate::sharing::leases::Step::Expire(h)) => d.core().expire_leases(h, &d.log),
+            Err(crate::sharing::leases::Step::GateDue) => d.core().lease_gate_tick(&d.log),
+            Err(crate::sharing::leases::Step::NotLive) => {
+                return Reply::Send(Response::Error {
+                    errno: libc::ESTALE,
+                    message: "lease: this client's slot is no longer live".into(),
+                })
+            }
+        }
+    }
+}
+
+/// `Commit` (shared-write mode, PROTOCOL.md): check the client's unsealed transaction
+/// and the inode sequence words it claims, seal it and digest the log up to its end,
+/// all under the core lock, so that commits writing one inode are applied one at a
+/// time, each to the state the previous one published.
+fn commit(d: &Daemon, c: &mut Conn, lsn: u64, len: u32, seq: u64, claimed: &[(u64, u64)]) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    let written = match crate::digest::unsealed_writes(&core.sh, slot, lsn, len, seq) {
+        Ok(w) => w,
+        Err(e) => return Reply::Send(err_response(&e)),
+    };
+    let mut current = Vec::with_capacity(written.len());
+    for &ino in &written {
+        match core.sh.area.inode_seq(ino) {
+            Ok(w) => current.push((ino, w)),
+            Err(e) => return Reply::Send(err_response(&e)),
+        }
+    }
+    if let Err(ended) = d.leases.check_commit(slot, claimed, &current) {
+        return Reply::Send(Response::Stale { ended });
+    }
+    if let Err(e) = crate::digest::seal(&core.sh, slot, lsn) {
+        return Reply::Send(err_response(&e));
+    }
+    if let Err(e) = core.digest_client(slot, lsn + len as u64) {
+        return digest_failed(d, &mut core, c, slot, e, true, "commit");
+    }
+    let ended = d.leases.committed(slot, &written);
+    Reply::Send(Response::Committed { ended })
+}
+
+/// `UpcallChannel`: this connection carries `slot`'s upcalls (same process only).
+fn upcall_channel(d: &Daemon, c: &mut Conn, slot: u32, slot_gen: u64) -> Reply {
+    let refuse = |m: &str| {
+        Reply::Close(Some(Response::Error {
+            errno: libc::EINVAL,
+            message: format!("upcall channel: {m}"),
+        }))
+    };
+    if c.slot.is_some() || c.upcall_of.is_some() {
+        return refuse("this connection is already in use");
+    }
+    let ok = {
+        let core = d.core();
+        matches!(core.clients.get(slot as usize), Some(Some(cl))
+            if cl.slot_gen == slot_gen && cl.pid == c.pid && cl.conn.is_some())
+    };
+    if !ok {
+        return refuse("no such client of this process");
+    }
+    let Some(mut sock) = c.sock.take() else {
+        return refuse("cannot duplicate the socket");
+    };
+    // The answer goes first: `channel_open` sends the revocations waiting for this
+    // channel on it at once, and the client reads `Ok` before any upcall.
+    if send(&mut sock, &Response::Ok).is_err() {
+        return Reply::Close(None);
+    }
+    c.upcall_of = Some(slot);
+    d.leases.channel_open(slot, c.id, sock);
+    Reply::Nothing
+}
+
+/// `UpcallAck`: `slot` gave the lease on `ino` up; a writer's log is digested up to the
+/// tail it answered before the lease counts as released. An inode the client has open
+/// is pinned first, so that an unlink logged by the next holder keeps it.
+fn upcall_ack(d: &Daemon, slot: u32, ino: u64, tail_lsn: u64, open: bool) {
+    if open {
+        d.core().pin(slot, ino);
+    }
+    let Some(was_writer) = d.leases.ack_begin(slot, ino) else {
+        return;
+    };
+    if was_writer {
+        let mut core = d.core();
+        match core.digest_client(slot, tail_lsn) {
+            Ok(_) => {}
+            Err(DigestError::Malformed { msg, .. }) => {
+                d.log.log(format!(
+                    "slot {slot}: revocation answer with a bad tail ({msg}): digesting its committed log instead"
+                ));
+                if let Err(e) = core.digest_committed(slot) {
+                    d.log.log(format!("slot {slot}: {e}"));
+                }
+            }
+            Err(DigestError::Failed(e)) => d.log.log(format!(
+                "slot {slot}: cannot digest its log for a revoked lease on inode {ino}: {e}"
+            )),
+        }
+    }
+    d.leases.ack_done(slot, ino);
+}
+
+/// A digest worker found the client's log malformed: refuse it (as [`digest_failed`]).
+/// True if there was such a finding (the connection closes).
+pub(super) fn take_refusal(d: &Daemon, c: &mut Conn) -> bool {
+    let Some((slot, msg, discard_lsn)) = c.refusal.take() else {
+        return false;
+    };
+    if c.slot == Some(slot) {
+        let mut core = d.core();
+        let e = DigestError::Malformed { msg, discard_lsn };
+        let _ = digest_failed(d, &mut core, c, slot, e, false, "digest");
+    }
+    true
+}
+
+/// A digest for a client failed: a malformed log refuses the client (its log is
+/// discarded, the slot released, the connection closed); other failures are reported.
+fn digest_failed(
+    d: &Daemon,
+    core: &mut Core,
+    c: &mut Conn,
+    slot: u32,
+    e: DigestError,
+    wait: bool,
+    what: &str,
+) -> Reply {
+    match e {
+        DigestError::Malformed { msg, discard_lsn } => {
+            d.log.log(format!(
+                "slot {slot} (pid {}): malformed log refused ({what}): {msg}; log discarded up to {discard_lsn}, slot released",
+                c.pid
+            ));
+            if let Err(e) = core.release(slot, Some(discard_lsn)) {
+                d.log.log(format!("slot {slot}: cannot release: {e}"));
+            }
+            c.slot = None;
+            let resp = wait.then(|| Response::Error {
+                errno: libc::EBADMSG,
+                message: format!("malformed log: {msg}"),
+            });
+            Reply::Close(resp)
+        }
+        DigestError::Failed(e) => {
+            d.log.log(format!(
+                "slot {slot} (pid {}): {what} failed: {e}; the log stays authoritative",
+                c.pid
+            ));
+            if wait {
+                Reply::Send(err_response(&e))
+            } else {
+                Reply::Nothing
+            }
+        }
+    }
+}
+
+/// `Xattr`: an extended-attribute call on `ino` by `slot`'s client, checked against the
+/// inode as published (the client digested its own records about it first, and holds a
+/// lease, so no other client has unpublished changes to it) and the client's
+/// credentials (`cairn_format::xattr` has the rules).
+fn xattr_call(d: &Daemon, slot: u32, ino: u64, op: cairn_proto::XattrOp) -> io::Result<Response> {
+    use cairn_format::inode::Kind;
+    use cairn_format::xattr::{self as rules, Access};
+    use cairn_proto::XattrOp;
+    let (inode, cred) = {
+        let core = d.core();
+        if !core.sh.layout.ino_valid(ino) {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("xattr: bad inode number {ino}"),
+            ));
+        }
+        (core.sh.inode(ino)?, crate::perm::slot_cred(&core.sh, slot)?)
+    };
+    if inode.attrs.kind == Kind::Free {
+        return Err(fs_err(
+            libc::ENOENT,
+            format!("xattr: inode {ino} does not exist"),
+        ));
+    }
+    let generation = inode.generation;
+    let checked = |name: &[u8], access: Access, what: &str| -> io::Result<()> {
+        let shown = String::from_utf8_lossy(name);
+        let ns = rules::namespace(name).map_err(|n| {
+            fs_err(
+                n,
+                format!("{what} {shown}: not a name Cairn stores (user., trusted. or security.)"),
+            )
+        })?;
+        rules::check(&cred, &inode.attrs, ns, access).map_err(|n| {
+            let why = match n {
+                libc::ENODATA => "no such attribute",
+                libc::EACCES => "permission denied",
+                _ => "not permitted for this caller or file type",
+            };
+            fs_err(n, format!("{what} {shown}: {why}"))
+        })
+    };
+    let live = |i: u64, g: u64| {
+        let core = d.core();
+        core.sh
+            .inode(i)
+            .is_ok_and(|n| n.attrs.kind != Kind::Free && n.generation == g)
+    };
+    let mut x = d.xattrs.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(match op {
+        XattrOp::List => Response::XattrNames(
+            x.of(ino, generation)
+                .into_iter()
+                .flat_map(|a| a.keys())
+                .filter(|n| rules::listed(&cred, n))
+                .cloned()
+                .collect(),
+        ),
+        XattrOp::Get { name } => {
+            checked(&name, Access::Get, "getxattr")?;
+            match x.of(ino, generation).and_then(|a| a.get(&name)) {
+                Some(v) => Response::XattrValue(v.clone()),
+                None => {
+                    return Err(fs_err(
+                        libc::ENODATA,
+                        format!(
+                            "getxattr {}: no such attribute",
+                            String::from_utf8_lossy(&name)
+                        ),
+                    ))
+                }
+            }
+        }
+        XattrOp::Set { name, value, flags } => {
+            checked(&name, Access::Change, "setxattr")?;
+            // The inode is flagged before the attribute is durable: a crash in between
+            // leaves a flag without attributes, which only costs readers a request.
+            flag_xattrs(d, ino, generation, true, &[])?;
+            let dropped = x.change(ino, generation, &name, Some(&value), flags, &live)?;
+            flag_xattrs(d, ino, generation, true, &dropped)?;
+            Response::Ok
+        }
+        XattrOp::Remove { name } => {
+            checked(&name, Access::Change, "removexattr")?;
+            let dropped = x.change(ino, generation, &name, None, 0, &live)?;
+            flag_xattrs(
+                d,
+                ino,
+                generation,
+                x.of(ino, generation).is_some(),
+                &dropped,
+            )?;
+            Response::Ok
+        }
+    })
+}
+
+/// Keep the inodes' `xattrs` flags (readers skip the daemon for inodes without it):
+/// `(ino, generation)` has attributes (`has`) or not; `dropped` inodes (gone, their
+/// attributes dropped by a journal rewrite) are forgotten.
+fn flag_xattrs(
+    d: &Daemon,
+    ino: u64,
+    generation: u64,
+    has: bool,
+    dropped: &[(u64, u64)],
+) -> io::Result<()> {
+    let mut core = d.core();
+    for k in dropped {
+        core.sh.xattr_inodes.remove(k);
+    }
+    let changed = if has {
+        core.sh.xattr_inodes.insert((ino, generation))
+    } else {
+        core.sh.xattr_inodes.remove(&(ino, generation))
+    };
+    let inode = core.sh.inode(ino)?;
+    if changed && inode.generation == generation {
+        // Written again as it is: `Shared::write_inode` sets the flag.
+        core.sh.write_inode(ino, &inode)?;
+    }
+    Ok(())
+}
+
+/// At start: the inodes the attribute journal names are flagged (a daemon that stopped
+/// between the journal and the flag, or a store older than the flag).
+pub(crate) fn mark_xattr_inodes(core: &mut Core, x: &crate::xattr::Xattrs) -> io::Result<()> {
+    for (ino, generation) in x.inodes() {
+        core.sh.xattr_inodes.insert((ino, generation));
+        match core.sh.inode(ino) {
+            Ok(i) if i.generation == generation && !i.xattrs => core.sh.write_inode(ino, &i)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
