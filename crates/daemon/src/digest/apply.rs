@@ -1,0 +1,368 @@
+//! Applying a validated plan out of place (data, map nodes and buckets in new blocks,
+//! written back), then publishing it (the inodes switched, the slot head advanced).
+
+use super::{DigestError, InodePlan, Life, Outcome, Planned, Span};
+use crate::store::dirhash::{self};
+use crate::store::maptree;
+use crate::store::shared::{Shared, Work};
+use cairn_format::inode::{Inode, Kind};
+use cairn_format::slot::SlotHead;
+use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
+use std::io;
+
+/// Retire every block an inode owns (map nodes, data blocks, bucket chains).
+pub(super) fn retire_all(sh: &Shared, w: &mut Work, inode: &Inode) -> io::Result<()> {
+    w.retired
+        .extend(crate::store::recovery::owned_blocks(sh, inode)?);
+    Ok(())
+}
+
+/// Write a file's pending data out of place and update its map.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn apply_file<'a>(
+    sh: &mut Shared,
+    ino: u64,
+    w: &mut Work,
+    old: &Inode,
+    new: &mut Inode,
+    plan: &InodePlan<'a>,
+    keep: Option<u64>,
+    data: &mut Vec<DataWrite<'a>>,
+) -> io::Result<()> {
+    let pending = &plan.pending;
+    let base_size = old.attrs.size;
+    let t = keep.filter(|&t| t < base_size);
+    let keep_blocks = t.map_or(u64::MAX, |t| t.div_ceil(BLOCK_SIZE_U64));
+    let touched = touched_blocks(sh, old, plan, t)?;
+    if touched.is_empty() && t.is_none() && plan.holes.is_empty() {
+        return Ok(());
+    }
+    let mut chunk = u64::MAX;
+    for &b in &touched {
+        if b / sh.recency.grain(0) != chunk {
+            chunk = b / sh.recency.grain(0);
+            sh.recency.touch(0, ino, b, b);
+        }
+    }
+    // Old content is kept below the truncation point (beyond the old size it is zero).
+    let limit = t.unwrap_or(u64::MAX);
+    let mut changes = Vec::with_capacity(touched.len());
+    let mut buf = vec![0u8; BLOCK_SIZE];
+    for fb in touched {
+        let bs = fb * BLOCK_SIZE_U64;
+        let be = bs + BLOCK_SIZE_U64;
+        let covered: u64 = pending
+            .overlapping(bs, be)
+            .map(|(k, p)| p.end.min(be) - k.max(bs))
+            .sum();
+        if covered < BLOCK_SIZE_U64 {
+            match sh.area.block_of(old, fb)? {
+                Some(ob) if bs < limit && !plan.in_hole(fb) => {
+                    sh.area.read_leaf(ob, &mut buf)?;
+                    if limit < be {
+                        buf[(limit - bs) as usize..].fill(0);
+                    }
+                }
+                _ => buf.fill(0),
+            }
+        }
+        let base = (covered < BLOCK_SIZE_U64).then(|| buf.clone());
+        let mut pieces = Vec::new();
+        for (k, p) in pending.overlapping(bs, be) {
+            let s = k.max(bs);
+            let e = p.end.min(be);
+            let d: &'a [u8] = p.data;
+            pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
+        }
+        // The block's content is written later (`write_data`), possibly without the core
+        // lock (`crate::digest::parallel`); it is unreachable until the inode is published.
+        let nb = sh.alloc_block(w)?;
+        w.bytes += BLOCK_SIZE_U64;
+        data.push(DataWrite {
+            blk: nb,
+            base,
+            pieces,
+        });
+        changes.push((fb, nb));
+    }
+    add_holes(sh, old, plan, keep_blocks, &mut changes)?;
+    let r = maptree::update(
+        sh,
+        w,
+        old.map_root,
+        old.map_height,
+        &changes,
+        keep_blocks,
+        true,
+    )?;
+    new.map_root = r.root;
+    new.map_height = r.height;
+    new.blocks = (old.blocks as i64 + r.delta).max(0) as u64;
+    Ok(())
+}
+
+/// The file blocks a batch writes (in order): those its pending data covers, and the
+/// partial block at a truncation point `t` below the old size (zeroed past it).
+fn touched_blocks(
+    sh: &Shared,
+    old: &Inode,
+    plan: &InodePlan<'_>,
+    t: Option<u64>,
+) -> io::Result<Vec<u64>> {
+    let mut touched: Vec<u64> = Vec::new();
+    for (&s, p) in &plan.pending.map {
+        for b in s / BLOCK_SIZE_U64..=(p.end - 1) / BLOCK_SIZE_U64 {
+            if touched.last() != Some(&b) {
+                touched.push(b);
+            }
+        }
+    }
+    if let Some(t) = t {
+        let tb = t / BLOCK_SIZE_U64;
+        if t % BLOCK_SIZE_U64 != 0 && sh.area.block_of(old, tb)?.is_some() {
+            if let Err(pos) = touched.binary_search(&tb) {
+                touched.insert(pos, tb);
+            }
+        }
+    }
+    Ok(touched)
+}
+
+/// Punched blocks the batch did not write again become holes in the map: `changes`
+/// (file block, new block; sorted) gains `(block, 0)` for each.
+fn add_holes(
+    sh: &Shared,
+    old: &Inode,
+    plan: &InodePlan<'_>,
+    keep_blocks: u64,
+    changes: &mut Vec<(u64, u64)>,
+) -> io::Result<()> {
+    let rewritten = changes.len();
+    for &(s, e) in &plan.holes {
+        let mut b = s;
+        while let Some(d) = sh.area.next_block(old, b, e.min(keep_blocks), true)? {
+            if changes[..rewritten]
+                .binary_search_by_key(&d, |c| c.0)
+                .is_err()
+            {
+                changes.push((d, 0));
+            }
+            b = d + 1;
+        }
+    }
+    if changes.len() > rewritten {
+        changes.sort_unstable_by_key(|c| c.0);
+        changes.dedup_by_key(|c| c.0);
+    }
+    Ok(())
+}
+
+pub(crate) enum Effect {
+    Created,
+    Updated,
+    Freed,
+}
+
+/// A new data block of a digest: its old content (`None`: zeros) overlaid with pieces of
+/// the batch (offset in the block, bytes). Written with non-temporal stores by
+/// [`write_data`] before the publishing fence.
+pub(crate) struct DataWrite<'a> {
+    pub(super) blk: u64,
+    pub(super) base: Option<Vec<u8>>,
+    pub(super) pieces: Vec<(usize, &'a [u8])>,
+}
+
+/// Write the new data blocks of a digest (no fence: the publish fence orders them, and
+/// must run on the same thread).
+pub(crate) fn write_data(map: &cairn_media::Mapping, data: &[DataWrite<'_>]) -> io::Result<()> {
+    let mut buf = vec![0u8; BLOCK_SIZE];
+    for d in data {
+        let off = (d.blk * BLOCK_SIZE_U64) as usize;
+        if let (None, [(0, whole)]) = (&d.base, &d.pieces[..]) {
+            if whole.len() == BLOCK_SIZE {
+                map.write_nt(off, whole)?;
+                continue;
+            }
+        }
+        match &d.base {
+            Some(b) => buf.copy_from_slice(b),
+            None => buf.fill(0),
+        }
+        for &(o, p) in &d.pieces {
+            buf[o..o + p.len()].copy_from_slice(p);
+        }
+        map.write_nt(off, &buf)?;
+    }
+    Ok(())
+}
+
+/// What step 4 produced: blocks allocated and retired, map nodes and buckets written
+/// and written back, the new data blocks still to write, the inodes to publish.
+pub(crate) struct Applied<'b> {
+    pub w: Work,
+    pub data: Vec<DataWrite<'b>>,
+    pub(super) publish: Vec<(u64, Inode, Effect)>,
+    pub(super) noops: u64,
+}
+
+/// Step 4: apply out of place (allocation, map nodes, directory buckets; data blocks are
+/// only allocated: see [`write_data`]). On failure every allocated block is given back.
+pub(crate) fn apply_batch<'b>(
+    sh: &mut Shared,
+    pl: &Planned<'b>,
+) -> Result<Applied<'b>, DigestError> {
+    let (plan, checked) = (&pl.plan, &pl.checked);
+    let mut w = Work::default();
+    let mut data = Vec::new();
+    let mut publish: Vec<(u64, Inode, Effect)> = Vec::new();
+    let mut noops = 0u64;
+    let applied = (|| -> io::Result<()> {
+        for (&ino, p) in &plan.inodes {
+            match p.life {
+                Life::Live => {
+                    let fresh = p.created;
+                    if fresh && p.base_live {
+                        retire_all(sh, &mut w, &p.base)?;
+                    }
+                    let old = if fresh { Inode::default() } else { p.base };
+                    let mut new = Inode {
+                        attrs: p.attrs,
+                        generation: if fresh {
+                            p.base.generation + 1
+                        } else {
+                            p.base.generation
+                        },
+                        ..old
+                    };
+                    match p.attrs.kind {
+                        Kind::Dir => {
+                            new.attrs.size = old.attrs.size;
+                            if let Some(ch) = checked.dir_changes.get(&ino) {
+                                noops += dirhash::apply(sh, &mut w, &old, &mut new, ch)?;
+                            }
+                        }
+                        _ => {
+                            let keep = if fresh { None } else { p.keep };
+                            apply_file(sh, ino, &mut w, &old, &mut new, p, keep, &mut data)?;
+                        }
+                    }
+                    publish.push((
+                        ino,
+                        new,
+                        if fresh {
+                            Effect::Created
+                        } else {
+                            Effect::Updated
+                        },
+                    ));
+                }
+                _ if p.base_live => {
+                    retire_all(sh, &mut w, &p.base)?;
+                    let free = Inode {
+                        generation: p.base.generation,
+                        ..Default::default()
+                    };
+                    publish.push((ino, free, Effect::Freed));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = applied {
+        sh.rollback(&w);
+        return Err(DigestError::Failed(e));
+    }
+    Ok(Applied {
+        w,
+        data,
+        publish,
+        noops,
+    })
+}
+
+/// Step 5: fence, publish the inodes, persist the slot head, retire, advance the epoch,
+/// count. Every block of `a` (including its data blocks) must be written and written
+/// back by the calling thread before.
+pub(crate) fn publish_batch(
+    sh: &mut Shared,
+    slot: u32,
+    span: Span,
+    pl: &Planned<'_>,
+    a: Applied<'_>,
+) -> Result<Outcome, DigestError> {
+    let Applied {
+        mut w,
+        publish,
+        noops,
+        ..
+    } = a;
+    let (plan, checked) = (&pl.plan, &pl.checked);
+    let Span {
+        head,
+        end,
+        end_seq,
+        txns,
+    } = span;
+    cairn_media::fence();
+    for (ino, inode, _) in &publish {
+        sh.write_inode(*ino, inode)?;
+        w.bytes += cairn_format::inode::INODE_BYTES as u64;
+    }
+    cairn_media::fence();
+    for (ino, _, eff) in &publish {
+        match eff {
+            Effect::Created => sh.inodes.mark_used(*ino),
+            Effect::Freed => sh.inodes.mark_free(*ino),
+            Effect::Updated => {}
+        }
+    }
+    // Inodes the batch both created and freed (a temporary file) never reach the area:
+    // their numbers go back to the free pool.
+    for (&ino, p) in &plan.inodes {
+        if p.created && !p.base_live && !matches!(p.life, Life::Live) {
+            sh.inodes.unreserve(slot, ino);
+        }
+    }
+    // Persist the head, retire, advance the epoch, count.
+    sh.set_slot_head(
+        slot,
+        SlotHead {
+            head_lsn: end,
+            head_seq: end_seq,
+            ..head
+        },
+    )?;
+    let (head_lsn, head_seq) = (end, end_seq);
+    sh.retire_and_advance(std::mem::take(&mut w.retired))?;
+    let records = plan.nrec as u64;
+    let skipped = checked.survivors.iter().filter(|s| !**s).count() as u64 + noops;
+    let out = Outcome {
+        head_lsn,
+        head_seq,
+        charge: plan.charge,
+        txns,
+        records,
+        skipped,
+        log_bytes: end - head.head_lsn,
+        shared_bytes: w.bytes,
+        created: publish
+            .iter()
+            .filter(|p| matches!(p.2, Effect::Created))
+            .map(|p| p.0)
+            .collect(),
+    };
+    // The half-applied batch a crash may have left is behind the head now; once every
+    // such slot is past it, inodes still unnamed are garbage.
+    if sh.replaying.remove(&slot) && sh.replaying.is_empty() {
+        crate::store::recovery::free_unreachable(sh)?;
+    }
+    let c = &mut sh.counters;
+    c.records_digested += records;
+    c.records_skipped += skipped;
+    c.log_bytes_written += out.log_bytes;
+    c.shared_bytes_written += out.shared_bytes;
+    c.digests += 1;
+    sh.persist_counters()?;
+    Ok(out)
+}

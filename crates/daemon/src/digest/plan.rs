@@ -1,0 +1,387 @@
+//! The plan of a batch: records folded per inode (last `INODE_SET` wins, `WRITE`s in an
+//! interval map that truncations cut and punches clear) and per (directory, name) (last
+//! `DIRENT_SET` wins).
+
+use super::PErr;
+use crate::store::shared::Shared;
+use cairn_format::inode::{Attrs, Inode, Kind};
+use cairn_format::log::{self, Record};
+use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
+use std::collections::BTreeMap;
+
+/// A contiguous range of pending file data, borrowed from the batch copy.
+/// The zeros a `PUNCH` writes into the partial blocks at its ends.
+pub(super) static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Piece<'a> {
+    pub(super) end: u64,
+    pub(super) data: &'a [u8],
+    pub(super) rec: usize,
+}
+
+/// Pending writes of one file: non-overlapping ranges, later writes win.
+#[derive(Debug, Default)]
+pub(super) struct Intervals<'a> {
+    pub(super) map: BTreeMap<u64, Piece<'a>>,
+}
+
+impl<'a> Intervals<'a> {
+    pub(super) fn insert(&mut self, start: u64, data: &'a [u8], rec: usize) {
+        let end = start + data.len() as u64;
+        self.remove(start, end);
+        self.map.insert(start, Piece { end, data, rec });
+    }
+
+    /// Drop `[start, end)` (splitting the pieces across its ends).
+    pub(super) fn remove(&mut self, start: u64, end: u64) {
+        let over: Vec<u64> = self
+            .map
+            .range(..end)
+            .rev()
+            .take_while(|(_, p)| p.end > start)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in over {
+            let p = self.map.remove(&k).unwrap();
+            if k < start {
+                self.map.insert(
+                    k,
+                    Piece {
+                        end: start,
+                        data: &p.data[..(start - k) as usize],
+                        rec: p.rec,
+                    },
+                );
+            }
+            if p.end > end {
+                self.map.insert(
+                    end,
+                    Piece {
+                        end: p.end,
+                        data: &p.data[(end - k) as usize..],
+                        rec: p.rec,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Drop everything at or beyond `at`.
+    pub(super) fn cut(&mut self, at: u64) {
+        drop(self.map.split_off(&at));
+        if let Some((&k, p)) = self.map.range_mut(..at).next_back() {
+            if p.end > at {
+                p.data = &p.data[..(at - k) as usize];
+                p.end = at;
+            }
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    /// Pieces overlapping `[s, e)`, in order.
+    pub(super) fn overlapping(&self, s: u64, e: u64) -> impl Iterator<Item = (u64, &Piece<'a>)> {
+        let mut v: Vec<(u64, &Piece<'a>)> = self
+            .map
+            .range(..e)
+            .rev()
+            .take_while(|(_, p)| p.end > s)
+            .map(|(k, p)| (*k, p))
+            .collect();
+        v.reverse();
+        v.into_iter()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Life {
+    /// Free in the shared area and not (yet) created by the batch.
+    Free,
+    Live,
+    /// Freed by the batch (`nlink = 0`).
+    Freed,
+}
+
+/// The folded effect of a batch on one inode.
+pub(super) struct InodePlan<'a> {
+    pub(super) base: Inode,
+    pub(super) base_live: bool,
+    pub(super) life: Life,
+    /// Became live inside the batch (from free): a new generation, no old content.
+    pub(super) created: bool,
+    pub(super) attrs: Attrs,
+    /// Last `INODE_SET`.
+    pub(super) set_rec: Option<usize>,
+    /// Last record that set attributes without surviving data otherwise (an empty
+    /// `WRITE` after the last `INODE_SET`).
+    pub(super) attr_rec: Option<usize>,
+    pub(super) pending: Intervals<'a>,
+    /// Whole file blocks `[start, end)` punched by the batch: their old content is
+    /// dropped (a later write of the batch starts from zeros).
+    pub(super) holes: Vec<(u64, u64)>,
+    pub(super) cur_size: u64,
+    /// Smallest size seen: old content at and beyond it is dropped.
+    pub(super) keep: Option<u64>,
+    /// A record that makes no sense unless the inode ends up free.
+    pub(super) bad: Option<String>,
+}
+
+impl InodePlan<'_> {
+    pub(super) fn new(base: Inode) -> Self {
+        let live = base.attrs.kind != Kind::Free;
+        InodePlan {
+            base,
+            base_live: live,
+            life: if live { Life::Live } else { Life::Free },
+            created: false,
+            attrs: base.attrs,
+            set_rec: None,
+            attr_rec: None,
+            pending: Intervals::default(),
+            holes: Vec::new(),
+            cur_size: base.attrs.size,
+            keep: None,
+            bad: None,
+        }
+    }
+
+    pub(super) fn truncate(&mut self, size: u64) {
+        if size < self.cur_size {
+            self.pending.cut(size);
+            self.keep = Some(self.keep.map_or(size, |k| k.min(size)));
+        }
+    }
+
+    /// `PUNCH` of `[off, off + len)` (record `rec`): pending writes there are dropped,
+    /// whole blocks become holes, partial blocks at the ends are overwritten with zeros.
+    pub(super) fn punch(&mut self, off: u64, len: u64, rec: usize) {
+        let end = off.saturating_add(len).min(self.cur_size);
+        if off >= end {
+            return;
+        }
+        self.pending.remove(off, end);
+        let (first, last) = (off.div_ceil(BLOCK_SIZE_U64), end / BLOCK_SIZE_U64);
+        let mut zero = |s: u64, e: u64| {
+            debug_assert!(e - s <= BLOCK_SIZE_U64);
+            self.pending.insert(s, &ZEROS[..(e - s) as usize], rec);
+        };
+        if first > last {
+            zero(off, end); // inside one block
+            return;
+        }
+        if off < first * BLOCK_SIZE_U64 {
+            zero(off, first * BLOCK_SIZE_U64);
+        }
+        if last * BLOCK_SIZE_U64 < end {
+            zero(last * BLOCK_SIZE_U64, end);
+        }
+        if first < last {
+            self.holes.push((first, last));
+        }
+    }
+
+    pub(super) fn in_hole(&self, fb: u64) -> bool {
+        self.holes.iter().any(|&(s, e)| s <= fb && fb < e)
+    }
+
+    /// Forget the data of the batch (the inode was freed or created anew).
+    pub(super) fn clear_data(&mut self) {
+        self.pending.clear();
+        self.holes.clear();
+    }
+}
+
+pub(super) struct Plan<'a> {
+    /// The slot whose log is digested.
+    pub(super) slot: u32,
+    pub(super) inodes: BTreeMap<u64, InodePlan<'a>>,
+    pub(super) dirents: BTreeMap<(u64, &'a [u8]), (u64, Kind, usize)>,
+    pub(super) nrec: usize,
+    pub(super) charge: u64,
+}
+
+impl<'a> Plan<'a> {
+    pub(super) fn get(&mut self, sh: &Shared, ino: u64) -> Result<&mut InodePlan<'a>, PErr> {
+        if !sh.layout.ino_valid(ino) {
+            return Err(PErr::Bad(format!("inode number {ino} out of range")));
+        }
+        if let std::collections::btree_map::Entry::Vacant(v) = self.inodes.entry(ino) {
+            v.insert(InodePlan::new(sh.inode(ino)?));
+        }
+        Ok(self.inodes.get_mut(&ino).unwrap())
+    }
+
+    pub(super) fn fold(&mut self, sh: &Shared, idx: usize, rec: Record<'a>) -> Result<(), PErr> {
+        match rec {
+            Record::InodeSet { ino, attrs, .. } => self.fold_inode_set(sh, idx, ino, attrs),
+            Record::Write {
+                ino,
+                offset,
+                size,
+                mtime,
+                data,
+            } => self.fold_write(sh, idx, ino, offset, size, mtime, data),
+            Record::Punch {
+                ino,
+                offset,
+                len,
+                mtime,
+            } => self.fold_punch(sh, idx, ino, offset, len, mtime),
+            Record::DirentSet {
+                dir,
+                name,
+                ino,
+                kind,
+            } => {
+                if !sh.layout.ino_valid(dir) {
+                    return Err(PErr::Bad(format!(
+                        "DIRENT_SET in directory {dir}: out of range"
+                    )));
+                }
+                if ino != 0 && !sh.layout.ino_valid(ino) {
+                    return Err(PErr::Bad(format!(
+                        "DIRENT_SET names inode {ino}: out of range"
+                    )));
+                }
+                self.dirents.insert((dir, name), (ino, kind, idx));
+                Ok(())
+            }
+        }
+    }
+
+    /// `INODE_SET`: a new inode, new attributes, or (`nlink = 0`) freed unless another
+    /// client's pin or its own unnamed file keeps it.
+    fn fold_inode_set(
+        &mut self,
+        sh: &Shared,
+        idx: usize,
+        ino: u64,
+        attrs: Attrs,
+    ) -> Result<(), PErr> {
+        let me = self.slot;
+        let pinned = sh.keep_unlinked
+            || sh
+                .pins
+                .get(&ino)
+                .is_some_and(|s| s.iter().any(|&c| c != me));
+        let mine = sh.pinned_by(ino, me);
+        let p = self.get(sh, ino)?;
+        if attrs.kind == Kind::Free {
+            return Err(PErr::Bad(format!(
+                "INODE_SET of inode {ino} with kind free"
+            )));
+        }
+        // Unlinked while another client has it open: kept (an orphan with
+        // `nlink = 0`) until the last pin goes. So is an unnamed file
+        // (`O_TMPFILE`) its creator pinned: created with `nlink = 0`, or
+        // changed while still unnamed.
+        let unnamed = attrs.nlink == 0 && attrs.kind == Kind::File && mine;
+        let keep = attrs.nlink == 0
+            && p.life == Life::Live
+            && matches!(attrs.kind, Kind::File | Kind::Symlink)
+            && (pinned || (unnamed && p.attrs.nlink == 0));
+        let keep = keep || (unnamed && p.life != Life::Live);
+        if attrs.nlink == 0 && !keep {
+            p.life = Life::Freed;
+            p.clear_data();
+            p.attrs = attrs;
+        } else if p.life != Life::Live {
+            p.life = Life::Live;
+            p.created = true;
+            p.clear_data();
+            p.keep = None;
+            p.attrs = attrs;
+            p.cur_size = attrs.size;
+        } else {
+            if attrs.kind != p.attrs.kind {
+                return Err(PErr::Bad(format!(
+                    "INODE_SET changes the kind of inode {ino} from {:?} to {:?}",
+                    p.attrs.kind, attrs.kind
+                )));
+            }
+            if attrs.rdev != p.attrs.rdev {
+                return Err(PErr::Bad(format!(
+                    "INODE_SET changes the device number of inode {ino}"
+                )));
+            }
+            if attrs.kind != Kind::Dir {
+                p.truncate(attrs.size);
+            }
+            p.cur_size = attrs.size;
+            p.attrs = attrs;
+        }
+        p.set_rec = Some(idx);
+        p.attr_rec = None;
+        Ok(())
+    }
+
+    /// `WRITE`: data into the interval map (an empty one sets only size and times).
+    #[allow(clippy::too_many_arguments)]
+    fn fold_write(
+        &mut self,
+        sh: &Shared,
+        idx: usize,
+        ino: u64,
+        offset: u64,
+        size: u64,
+        mtime: i64,
+        data: &'a [u8],
+    ) -> Result<(), PErr> {
+        self.charge += log::write_charge(offset, data.len() as u64);
+        let p = self.get(sh, ino)?;
+        if p.life != Life::Live {
+            p.bad
+                .get_or_insert_with(|| format!("WRITE to free inode {ino}"));
+            return Ok(());
+        }
+        if !matches!(p.attrs.kind, Kind::File | Kind::Symlink) {
+            p.bad
+                .get_or_insert_with(|| format!("WRITE to inode {ino}, a {:?}", p.attrs.kind));
+            return Ok(());
+        }
+        p.truncate(size);
+        p.cur_size = size;
+        p.attrs.size = size;
+        p.attrs.mtime = mtime;
+        p.attrs.ctime = mtime;
+        if data.is_empty() {
+            p.attr_rec = Some(idx);
+        } else {
+            p.pending.insert(offset, data, idx);
+            p.attr_rec = None;
+        }
+        Ok(())
+    }
+
+    /// `PUNCH`: a hole in a regular file.
+    fn fold_punch(
+        &mut self,
+        sh: &Shared,
+        idx: usize,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mtime: i64,
+    ) -> Result<(), PErr> {
+        self.charge += log::punch_charge(offset, len);
+        let p = self.get(sh, ino)?;
+        if p.life != Life::Live || p.attrs.kind != Kind::File {
+            let what = if p.life == Life::Live {
+                format!("a {:?}", p.attrs.kind)
+            } else {
+                "free".into()
+            };
+            p.bad
+                .get_or_insert_with(|| format!("PUNCH of inode {ino}, {what}"));
+            return Ok(());
+        }
+        p.punch(offset, len, idx);
+        p.attrs.mtime = mtime;
+        p.attrs.ctime = mtime;
+        p.attr_rec = Some(idx);
+        Ok(())
+    }
+}
