@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it (.ci/run): formatting, lints, release build, then
-# every test of the workspace in release mode (so the crash and model tests run fast).
+# The whole test suite, as CI runs it (.ci/run): formatting, lints, build, then every
+# test of the workspace in the `ci` profile: optimised like release (so the crash and
+# model tests run fast), with debug assertions and overflow checks on
+# (`CAIRN_TEST_PROFILE=release` runs them in release instead).
 # Exits non-zero if any step fails; the last line sums up the tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,8 +12,9 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 
 TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+PROFILE="${CAIRN_TEST_PROFILE:-ci}"
 # The binary LibFS starts daemons from (cairn daemon --background) during the tests.
-export CAIRN_BIN="$TARGET_DIR/release/cairn"
+export CAIRN_BIN="$TARGET_DIR/$PROFILE/cairn"
 # Keep tests away from the user's default store: a test that falls back to the default
 # store gets a private one, removed (daemon stopped, NVM file deleted) at the end.
 XDG_DATA_HOME="$(mktemp -d "${TMPDIR:-/tmp}/cairn-test-home.XXXXXX")"
@@ -56,12 +59,12 @@ step() {
 step "format" cargo fmt --all -- --check || true
 step "clippy" cargo clippy --workspace --all-targets -- -D warnings || true
 built=1
-step "build cairn" cargo build --release -p cairn-cli || built=0
+step "build cairn" cargo build --profile "$PROFILE" -p cairn-cli || built=0
 if [ "$built" -eq 1 ]; then
-    step "build workspace" cargo build --release --workspace || true
+    step "build workspace" cargo build --profile "$PROFILE" --workspace || true
     # 25 minutes at most, so that a hung test cannot stall CI.
     step "test" bash -o pipefail -c \
-        "timeout --kill-after=30s 25m cargo test --workspace --release --no-fail-fast 2>&1 | tee '$TEST_LOG'" || true
+        "timeout --kill-after=30s 25m cargo test --workspace --profile '$PROFILE' --no-fail-fast 2>&1 | tee '$TEST_LOG'" || true
 else
     results+=("skip  build workspace, test (cairn did not build)")
 fi

@@ -71,6 +71,52 @@ pub(crate) fn timestamp(ns: i64) -> String {
     )
 }
 
+thread_local! {
+    /// The daemon log of the daemon this thread serves (`None`: not a daemon thread).
+    static DAEMON_LOG: std::cell::RefCell<Option<std::path::PathBuf>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Mark the calling thread as serving the daemon whose log is `log_path`: from now on a
+/// panic on it (a failed assertion, an integer overflow in a checked build, any bug)
+/// stops the process at once ([`install_fail_stop`]).
+pub(crate) fn daemon_thread(log_path: &Path) {
+    DAEMON_LOG.with(|l| *l.borrow_mut() = Some(log_path.to_path_buf()));
+}
+
+/// Fail-stop: a panic on a daemon thread is written to that daemon's log (message and
+/// source location) and aborts the process, before any unwinding. After a broken
+/// invariant the daemon's memory (allocation bitmaps, maps, leases) may be wrong, and
+/// going on could write that into the store; a stopped daemon is a crash like any
+/// other: clients keep their logs, and the next daemon (a client starts one) recovers
+/// the store from them. Panics on other threads go to the hook installed before.
+pub(crate) fn install_fail_stop() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let Some(path) = DAEMON_LOG.with(|l| l.borrow().clone()) else {
+                return previous(info);
+            };
+            let thread = std::thread::current();
+            let at = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            let msg = format!(
+                "internal error on thread {}: {} (at {at}); stopping at once (the next \
+                 start recovers the store from the client logs)",
+                thread.name().unwrap_or("?"),
+                info.payload_as_str()
+                    .unwrap_or("a panic")
+                    .replace('\n', " ")
+            );
+            Logger::open(&path, true).log(msg);
+            std::process::abort();
+        }));
+    });
+}
+
 /// The daemon's log: timestamped lines appended to `cairnd.log`, and echoed to stderr
 /// when the daemon runs in the foreground.
 pub(crate) struct Logger {

@@ -221,19 +221,55 @@ pub fn write_txn_len(n: usize) -> usize {
     txn_len(WRITE_HEADER_LEN + pad8(n))
 }
 
+/// Write the header of a transaction of `len` bytes into `h[..32]`, the crc field left
+/// zero: the crc covers `h[..28]` and every byte after the header ([`seal_txn`], or
+/// [`write_txn_head`] for one whose data is written elsewhere).
+fn put_txn_header(h: &mut [u8], kind: u16, seq: u64, len: usize, nrec: u32) {
+    debug_assert!(len.is_multiple_of(TXN_ALIGN as usize) && len >= TXN_HEADER);
+    le::put_u32(h, 0, TXN_MAGIC);
+    le::put_u16(h, 4, TXN_VERSION);
+    le::put_u16(h, 6, kind);
+    le::put_u64(h, 8, seq);
+    le::put_u32(h, 16, len as u32);
+    le::put_u32(h, 20, nrec);
+    le::put_u32(h, 24, 0);
+    le::put_u32(h, 28, 0);
+}
+
 /// Fill in the header of the transaction occupying all of `txn` (records already in
 /// `txn[32..]`, padding zeroed) and compute its crc.
 pub fn seal_txn(txn: &mut [u8], kind: u16, seq: u64, nrec: u32) {
-    debug_assert!(txn.len().is_multiple_of(TXN_ALIGN as usize));
-    le::put_u32(txn, 0, TXN_MAGIC);
-    le::put_u16(txn, 4, TXN_VERSION);
-    le::put_u16(txn, 6, kind);
-    le::put_u64(txn, 8, seq);
-    le::put_u32(txn, 16, txn.len() as u32);
-    le::put_u32(txn, 20, nrec);
-    le::put_u32(txn, 24, 0);
+    let len = txn.len();
+    put_txn_header(txn, kind, seq, len, nrec);
     let c = crc32c::crc32c_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
     le::put_u32(txn, 28, c);
+}
+
+/// Bytes before the first data byte of a one-record `WRITE` transaction.
+pub const WRITE_TXN_HEAD: usize = TXN_HEADER + WRITE_HEADER_LEN;
+
+/// The transaction header and `WRITE` record header of a one-record `WRITE` transaction
+/// carrying `data` (written after them by the caller, then as many zero bytes as the
+/// second value says), with the crc over all of it filled in.
+pub fn write_txn_head(
+    seq: u64,
+    ino: u64,
+    offset: u64,
+    size: u64,
+    mtime: i64,
+    data: &[u8],
+) -> ([u8; WRITE_TXN_HEAD], usize) {
+    static ZEROS: [u8; TXN_ALIGN as usize] = [0; TXN_ALIGN as usize];
+    let len = write_txn_len(data.len());
+    let mut h = [0u8; WRITE_TXN_HEAD];
+    put_txn_header(&mut h, KIND_COMMIT, seq, len, 1);
+    encode_write_header(&mut h[TXN_HEADER..], ino, offset, size, mtime, data.len());
+    let pad = len - WRITE_TXN_HEAD - data.len();
+    let mut c = crc32c::crc32c_append(crc(&h[..28]), &h[TXN_HEADER..]);
+    c = crc32c::crc32c_append(c, data);
+    c = crc32c::crc32c_append(c, &ZEROS[..pad]);
+    le::put_u32(&mut h, 28, c);
+    (h, pad)
 }
 
 /// Fill `txn` (at least 64 bytes, a multiple of 64) as a wrap transaction.

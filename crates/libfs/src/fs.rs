@@ -362,6 +362,46 @@ impl State {
     fn pin_floor(&self) -> u64 {
         self.long_pins.iter().copied().min().unwrap_or(0)
     }
+
+    /// A transaction of `len` bytes (a commit, a `WRITE` or a wrap) was just written at
+    /// `lsn` with sequence number `self.seq`: the tail moves past it and the next one
+    /// gets the next number. Returns the new tail (the transaction's tag).
+    fn appended(&mut self, lsn: u64, len: u64) -> u64 {
+        use cairn_format::log::TXN_ALIGN;
+        debug_assert!(
+            lsn >= self.tail,
+            "a transaction at {lsn}, behind the tail {}",
+            self.tail
+        );
+        debug_assert!(
+            lsn.is_multiple_of(TXN_ALIGN) && len.is_multiple_of(TXN_ALIGN) && len > 0,
+            "a transaction at {lsn} of {len} bytes: not {TXN_ALIGN}-byte aligned"
+        );
+        debug_assert!(
+            lsn + len <= self.ph + self.ring.bytes(),
+            "the tail {} would pass the published head {} by more than the ring",
+            lsn + len,
+            self.ph
+        );
+        debug_assert!(
+            lsn / self.ring.bytes() == (lsn + len - 1) / self.ring.bytes(),
+            "a transaction at {lsn} of {len} bytes crosses the end of the ring"
+        );
+        self.seq += 1;
+        self.tail = lsn + len;
+        self.tail
+    }
+
+    /// Spend `charge` space credits on a transaction just committed (the caller made
+    /// sure it had them: credits never go below zero).
+    fn spend(&mut self, charge: u64) {
+        assert!(
+            self.credits >= charge,
+            "spending {charge} credits with {} left",
+            self.credits
+        );
+        self.credits -= charge;
+    }
 }
 
 fn name_str(name: &[u8]) -> String {

@@ -7,17 +7,14 @@
 //! buffer: it encodes the 80-byte head on the stack, copies the caller's data into the
 //! ring and computes the crc incrementally over head, data and padding.
 
-use cairn_format::log::{
-    encode_write_header, seal_wrap, write_txn_len, KIND_COMMIT, TXN_HEADER, TXN_MAGIC, TXN_VERSION,
-    WRITE_HEADER_LEN,
-};
+use cairn_format::log::{seal_wrap, write_txn_head, write_txn_len, TXN_MAGIC, WRITE_TXN_HEAD};
 use cairn_format::slot::client_page;
 use cairn_format::BLOCK_SIZE;
 use cairn_media::Mapping;
 use std::io;
 
 /// Bytes before the first data byte of a `WRITE` transaction.
-pub const WRITE_HEAD: usize = TXN_HEADER + WRITE_HEADER_LEN;
+pub const WRITE_HEAD: usize = WRITE_TXN_HEAD;
 /// Bytes of the wrap transaction LibFS writes (the scanner skips to the next lap).
 pub const WRAP_LEN: u64 = 64;
 
@@ -25,34 +22,6 @@ static ZEROS: [u8; 128] = [0u8; 128];
 
 /// Data size from which `WRITE` data is copied with non-temporal stores.
 pub const NT_MIN: usize = 2048;
-
-/// The header and `WRITE` record head of a one-record `WRITE` transaction carrying
-/// `data`, with its crc filled in, and the number of zero bytes that follow the data.
-pub fn write_head(
-    seq: u64,
-    ino: u64,
-    offset: u64,
-    size: u64,
-    mtime: i64,
-    data: &[u8],
-) -> ([u8; WRITE_HEAD], usize) {
-    let len = write_txn_len(data.len());
-    let mut h = [0u8; WRITE_HEAD];
-    h[0..4].copy_from_slice(&TXN_MAGIC.to_le_bytes());
-    h[4..6].copy_from_slice(&TXN_VERSION.to_le_bytes());
-    h[6..8].copy_from_slice(&KIND_COMMIT.to_le_bytes());
-    h[8..16].copy_from_slice(&seq.to_le_bytes());
-    h[16..20].copy_from_slice(&(len as u32).to_le_bytes());
-    h[20..24].copy_from_slice(&1u32.to_le_bytes());
-    encode_write_header(&mut h[TXN_HEADER..], ino, offset, size, mtime, data.len());
-    let pad = len - WRITE_HEAD - data.len();
-    let mut c = crc32c::crc32c(&h[..28]);
-    c = crc32c::crc32c_append(c, &h[TXN_HEADER..]);
-    c = crc32c::crc32c_append(c, data);
-    c = crc32c::crc32c_append(c, &ZEROS[..pad]);
-    h[28..32].copy_from_slice(&c.to_le_bytes());
-    (h, pad)
-}
 
 /// The mapped slot: client page (one block) followed by the ring.
 pub struct Ring {
@@ -124,7 +93,7 @@ impl Ring {
         if off + len > wb_from {
             self.map.flush(wb_from, off + len - wb_from)?;
         }
-        let (mut head, _) = write_head(seq, ino, offset, size, mtime, data);
+        let (mut head, _) = write_txn_head(seq, ino, offset, size, mtime, data);
         if !sealed {
             head[..4].fill(0);
         }
@@ -183,7 +152,7 @@ mod tests {
     fn fast_write_encoding_equals_build_txn() {
         for n in [0usize, 1, 7, 8, 9, 63, 64, 100, 1024, 4096, 5000] {
             let data: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
-            let (head, pad) = write_head(42, 9, 100, 100 + n as u64, 77, &data);
+            let (head, pad) = write_txn_head(42, 9, 100, 100 + n as u64, 77, &data);
             let mut t = head.to_vec();
             t.extend_from_slice(&data);
             t.extend(std::iter::repeat_n(0u8, pad));

@@ -225,6 +225,16 @@ impl Drop for TestStore {
         if let Some(pid) = self.daemon_pid() {
             kill9(pid);
         }
+        // A daemon that stopped on an internal error (fail-stop: a failed assertion, an
+        // overflow) is restarted by the next client, so the test may not have noticed.
+        let log = std::fs::read_to_string(self.path().join("cairnd.log")).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("internal error")) {
+            let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+            panic!(
+                "the daemon stopped on an internal error (store kept at {}): {line}",
+                dir.keep().display()
+            );
+        }
         // Map objects and FIFO/socket rendezvous a test left.
         let objects = cairn::map_object_files(self.path()).unwrap_or_default();
         let rendezvous = cairn::rendezvous_files(self.path()).unwrap_or_default();

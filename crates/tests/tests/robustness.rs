@@ -294,3 +294,56 @@ fn random_damage_to_the_shared_area_never_crashes_the_daemon() {
         );
     }
 }
+
+/// Fail-stop: a panic in the daemon (here a planted one, in checked builds) is written to
+/// `cairnd.log` with its source location and stops the process at once; the client gets
+/// an error, and the next daemon (started by the client) recovers the store from the
+/// logs with nothing acknowledged lost.
+#[test]
+fn a_panic_stops_the_daemon_and_the_next_one_recovers() {
+    if !cfg!(debug_assertions) {
+        eprintln!("skipped: the planted panic exists in checked builds only (the ci profile)");
+        return;
+    }
+    let store = TestStore::new();
+    store.stop();
+    let mut daemon = std::process::Command::new(cairn_tests::harness::cairn_bin())
+        .args(["daemon", "--store"])
+        .arg(store.path())
+        .env("CAIRN_TEST_DAEMON_PANIC", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !store.path().join("cairnd.sock").exists() {
+        assert!(t.elapsed().as_secs() < 10, "the daemon did not start");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let fs = store.fs();
+    fs.write("/acked", b"durable before the panic").unwrap();
+    cairn::daemon_status(Some(store.path())).expect_err("status answered");
+    let st = daemon.wait().unwrap();
+    assert!(!st.success(), "the daemon went on after the panic: {st}");
+    let log_path = store.path().join("cairnd.log");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("internal error"))
+        .unwrap_or_else(|| panic!("no internal error logged: {log}"));
+    assert!(
+        line.contains("planted by CAIRN_TEST_DAEMON_PANIC") && line.contains("requests.rs"),
+        "{line}"
+    );
+    // The client goes on with a new daemon, which recovered the store.
+    fs.write("/after", b"written to the next daemon").unwrap();
+    assert_eq!(fs.read("/acked").unwrap(), b"durable before the panic");
+    drop(fs);
+    let fs = store.fs();
+    assert_eq!(fs.read("/acked").unwrap(), b"durable before the panic");
+    assert_eq!(fs.read("/after").unwrap(), b"written to the next daemon");
+    drop(fs);
+    // What the harness reports as a failure when a test does not expect it.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    std::fs::write(&log_path, log.replace("internal error", "planted error")).unwrap();
+}

@@ -335,6 +335,24 @@ pub(crate) fn publish_batch(
     )?;
     let (head_lsn, head_seq) = (end, end_seq);
     sh.retire_and_advance(std::mem::take(&mut w.retired))?;
+    if cfg!(debug_assertions) {
+        for (ino, inode, eff) in &publish {
+            if !matches!(eff, Effect::Freed) {
+                let r = crate::store::check::published_inode(sh, *ino, inode);
+                assert!(
+                    r.is_ok(),
+                    "after a digest of slot {slot}: {}",
+                    r.unwrap_err()
+                );
+            }
+        }
+        let r = crate::store::check::allocation(sh);
+        assert!(
+            r.is_ok(),
+            "after a digest of slot {slot}: {}",
+            r.unwrap_err()
+        );
+    }
     let records = plan.nrec as u64;
     let skipped = checked.survivors.iter().filter(|s| !**s).count() as u64 + noops;
     let out = Outcome {

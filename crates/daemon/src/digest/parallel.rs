@@ -96,14 +96,6 @@ impl CoreLock {
         }
         g
     }
-
-    /// Forget `slot`'s claim (a worker panicked in flight).
-    pub(crate) fn drop_claim(&self, slot: u32) {
-        let mut g = self.raw();
-        if g.par.claims.remove(&slot).is_some() {
-            self.cv.notify_all();
-        }
-    }
 }
 
 /// Whether `slot` is still served by connection `conn`.
@@ -333,21 +325,15 @@ impl Pool {
                     q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
             };
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                digest_client(cl, slot, job.conn, job.upto, &mut scratch)
-            }));
-            match r {
-                Ok(Ok(_)) => {}
-                Ok(Err(DigestError::Malformed { msg, discard_lsn })) => {
+            // A panic here stops the daemon (fail-stop, `util::install_fail_stop`).
+            match digest_client(cl, slot, job.conn, job.upto, &mut scratch) {
+                Ok(_) => {}
+                Err(DigestError::Malformed { msg, discard_lsn }) => {
                     job.refusal.set(slot, msg, discard_lsn)
                 }
-                Ok(Err(DigestError::Failed(e))) => log.log(format!(
+                Err(DigestError::Failed(e)) => log.log(format!(
                     "slot {slot}: digest failed: {e}; the log stays authoritative"
                 )),
-                Err(_) => {
-                    cl.drop_claim(slot);
-                    log.log(format!("slot {slot}: internal error (panic) in a digest"));
-                }
             }
             self.q().running.remove(&slot);
             self.cv.notify_all();

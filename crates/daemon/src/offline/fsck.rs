@@ -36,7 +36,7 @@ use crate::core::Core;
 use crate::offline::lock_store;
 use crate::store::alloc::Bitmap;
 use crate::store::shared::Shared;
-use crate::store::{maptree, recovery};
+use crate::store::{dirhash, maptree, recovery};
 use crate::util::Logger;
 use cairn_area::{Area, StoreDir};
 use cairn_format::dir;
@@ -390,7 +390,7 @@ fn walk_tree(sh: &Shared, opts: &FsckOptions, rep: &mut FsckReport) -> io::Resul
                 inode.attrs.parent
             ));
         }
-        let entries = match dir_entries(sh, &inode, &mut |b| mark(b, &mut w)) {
+        let entries = match dirhash::entries(sh, &inode, &mut |b| mark(b, &mut w)) {
             Ok(e) => e,
             Err(e) => {
                 rep.problems
@@ -486,34 +486,6 @@ fn mark_bit(m: &mut Bitmap, i: u64) -> bool {
     }
     m.set(i);
     true
-}
-
-/// Every entry of directory `d` with the bucket it sits in; `mark` gets every bucket
-/// block.
-fn dir_entries(
-    sh: &Shared,
-    d: &Inode,
-    mark: &mut dyn FnMut(u64),
-) -> io::Result<Vec<(u64, dir::Entry)>> {
-    let mut firsts = Vec::new();
-    maptree::walk(sh, d.map_root, d.map_height, &mut |_| {}, &mut |fb, _| {
-        firsts.push(fb)
-    })?;
-    let n = dir::bucket_count(d.dir_level, d.dir_split);
-    let mut out = Vec::new();
-    for b in firsts {
-        if b >= n {
-            return Err(crate::util::eio(format!(
-                "bucket {b} beyond the {n} buckets of its level"
-            )));
-        }
-        let (entries, blocks) = sh.area.dir_bucket(d, b)?;
-        for blk in blocks {
-            mark(blk);
-        }
-        out.extend(entries.into_iter().map(|e| (b, e)));
-    }
-    Ok(out)
 }
 
 fn check_links(sh: &Shared, w: &Walk, repair: bool, rep: &mut FsckReport) -> io::Result<()> {

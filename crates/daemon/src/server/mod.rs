@@ -66,6 +66,8 @@ struct Daemon {
     pool: crate::digest::parallel::Pool,
     stop: AtomicBool,
     log: Logger,
+    /// Where `log` writes (`cairnd.log`), for the fail-stop hook of each thread.
+    log_path: PathBuf,
     next_conn: AtomicU64,
     uid: u32,
     /// Advisory locks (their own mutex: waiting requests never hold `core`).
@@ -82,6 +84,11 @@ struct Daemon {
 impl Daemon {
     fn core(&self) -> MutexGuard<'_, Core> {
         self.core.serial()
+    }
+
+    /// The calling thread serves this daemon: a panic on it is fail-stop.
+    fn mark_thread(&self) {
+        crate::util::daemon_thread(&self.log_path);
     }
 }
 
@@ -130,6 +137,8 @@ struct Conn {
 pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     let store = StoreDir::new(&opts.store);
     let lock = lock_store(&store, opts.create)?;
+    crate::util::install_fail_stop();
+    crate::util::daemon_thread(&store.daemon_log_path());
     let mut log = Logger::open(&store.daemon_log_path(), !opts.background);
     log.log(format!(
         "starting for store {} (pid {})",
@@ -154,6 +163,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         pool: crate::digest::parallel::Pool::from_env(),
         stop: AtomicBool::new(false),
         log,
+        log_path: store.daemon_log_path(),
         next_conn: AtomicU64::new(1),
         uid: sys::ids().0,
         locks: crate::sharing::locks::LockService::default(),
@@ -266,14 +276,20 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
     threads.push(
         std::thread::Builder::new()
             .name("cairnd-timer".into())
-            .spawn(move || timer_loop(&dd))?,
+            .spawn(move || {
+                dd.mark_thread();
+                timer_loop(&dd)
+            })?,
     );
     for from in 0..3u8 {
         let d = d.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("cairnd-migrate-{from}"))
-                .spawn(move || migrate_loop(&d, from))?,
+                .spawn(move || {
+                    d.mark_thread();
+                    migrate_loop(&d, from)
+                })?,
         );
     }
     for _ in 0..d.pool.threads {
@@ -281,7 +297,10 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
         threads.push(
             std::thread::Builder::new()
                 .name("cairnd-digest".into())
-                .spawn(move || d.pool.work(&d.core, &d.log))?,
+                .spawn(move || {
+                    d.mark_thread();
+                    d.pool.work(&d.core, &d.log)
+                })?,
         );
     }
     d.log.log(format!(
@@ -311,7 +330,10 @@ fn accept_loop(d: &Arc<Daemon>, listener: &UnixListener) -> io::Result<()> {
                 let spawned = s.set_nonblocking(false).and_then(|()| {
                     std::thread::Builder::new()
                         .name("cairnd-conn".into())
-                        .spawn(move || serve(&d2, s))
+                        .spawn(move || {
+                            d2.mark_thread();
+                            serve(&d2, s)
+                        })
                 });
                 if let Err(e) = spawned {
                     d.log.log(format!("cannot serve a connection: {e}"));
@@ -395,17 +417,8 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         if take_refusal(d, &mut c) {
             break;
         }
-        let reply =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(d, &mut c, req)))
-                .unwrap_or_else(|_| {
-                    d.log.log(format!(
-                        "pid {pid}: internal error (panic) while serving a request"
-                    ));
-                    Reply::Close(Some(Response::Error {
-                        errno: libc::EIO,
-                        message: "internal daemon error".into(),
-                    }))
-                });
+        // A panic here stops the daemon (fail-stop, `util::install_fail_stop`).
+        let reply = handle(d, &mut c, req);
         let (resp, close) = match reply {
             Reply::Send(r) => (Some(r), false),
             Reply::Nothing => (None, false),

@@ -23,6 +23,12 @@ fn not_registered() -> Response {
 
 /// Answer one request of connection `c`.
 pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
+    // A planted bug, for the test that fail-stop works (checked builds only: the `ci`
+    // profile of the test suite, or debug).
+    #[cfg(debug_assertions)]
+    if matches!(req, Request::Status) && std::env::var_os("CAIRN_TEST_DAEMON_PANIC").is_some() {
+        panic!("planted by CAIRN_TEST_DAEMON_PANIC");
+    }
     match req {
         Request::Register { pid } => register(d, c, pid),
         Request::Reattach {

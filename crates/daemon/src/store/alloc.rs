@@ -148,12 +148,24 @@ impl BlockAlloc {
         self.free
     }
 
+    /// Break the free count (tests of the checks).
+    #[cfg(test)]
+    pub(crate) fn skew_free_count_for_test(&mut self) {
+        self.free += 1;
+    }
+
+    /// The free count kept, and the one the bitmap gives (a scan: for checks).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.free, self.map.len() - self.map.count_ones())
+    }
+
     /// Next free block after the previous allocation (sequential runs), `None` when full.
     pub(crate) fn alloc(&mut self) -> Option<u64> {
         if self.free == 0 {
             return None;
         }
         let i = self.map.find_clear_from(self.cursor)?;
+        debug_assert!(!self.map.get(i), "block {i} handed out twice");
         self.map.set(i);
         self.free -= 1;
         self.cursor = i + 1;

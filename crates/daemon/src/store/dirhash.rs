@@ -181,3 +181,31 @@ pub(crate) fn bucket_blocks(sh: &Shared, d: &Inode) -> io::Result<Vec<u64>> {
     }
     Ok(out)
 }
+
+/// Every entry of directory `d` with the bucket it sits in; `mark` gets every bucket
+/// block.
+pub(crate) fn entries(
+    sh: &Shared,
+    d: &Inode,
+    mark: &mut dyn FnMut(u64),
+) -> io::Result<Vec<(u64, Entry)>> {
+    let mut firsts = Vec::new();
+    maptree::walk(sh, d.map_root, d.map_height, &mut |_| {}, &mut |fb, _| {
+        firsts.push(fb)
+    })?;
+    let n = dir::bucket_count(d.dir_level, d.dir_split);
+    let mut out = Vec::new();
+    for b in firsts {
+        if b >= n {
+            return Err(crate::util::eio(format!(
+                "bucket {b} beyond the {n} buckets of its level"
+            )));
+        }
+        let (entries, blocks) = sh.area.dir_bucket(d, b)?;
+        for blk in blocks {
+            mark(blk);
+        }
+        out.extend(entries.into_iter().map(|e| (b, e)));
+    }
+    Ok(out)
+}

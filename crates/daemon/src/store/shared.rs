@@ -325,6 +325,10 @@ impl Shared {
             self.retired.push_back((e, blocks));
         }
         let off = BLOCK_SIZE + state::EPOCH;
+        debug_assert!(
+            self.retired.iter().all(|(r, _)| *r <= e),
+            "blocks retired in an epoch after the current one ({e})"
+        );
         self.map().store_u64(off, e + 1)?;
         self.map().persist(off, 8)?;
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
@@ -369,7 +373,32 @@ impl Shared {
 
     /// Durably replace the head of `slot` (A/B: the non-current copy), then publish
     /// `published_head`.
-    pub(crate) fn set_slot_head(&self, slot: u32, mut h: SlotHead) -> io::Result<SlotHead> {
+    pub(crate) fn set_slot_head(&self, slot: u32, h: SlotHead) -> io::Result<SlotHead> {
+        if cfg!(debug_assertions) {
+            // A client's head only moves forward (a new client of the slot starts over).
+            let cur = self.area.slot_head(slot)?.map(|x| x.0).unwrap_or_default();
+            assert!(
+                h.slot_gen != cur.slot_gen
+                    || !cur.active
+                    || (h.head_lsn >= cur.head_lsn && h.head_seq >= cur.head_seq),
+                "slot {slot}: head moving back from {}/{} to {}/{}",
+                cur.head_lsn,
+                cur.head_seq,
+                h.head_lsn,
+                h.head_seq
+            );
+        }
+        self.write_slot_head(slot, h)
+    }
+
+    /// Move the head of `slot` back (tests: the state a crash between a publish and its
+    /// head leaves).
+    #[cfg(test)]
+    pub(crate) fn rewind_slot_head(&self, slot: u32, h: SlotHead) -> io::Result<SlotHead> {
+        self.write_slot_head(slot, h)
+    }
+
+    fn write_slot_head(&self, slot: u32, mut h: SlotHead) -> io::Result<SlotHead> {
         let (cur, copy) = match self.area.slot_head(slot)? {
             Some(x) => x,
             None => (SlotHead::default(), 1),

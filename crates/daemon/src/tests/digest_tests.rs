@@ -265,7 +265,7 @@ fn replaying_a_batch_gives_identical_state() {
     reclaim_all(sh);
     let used1 = used_blocks(sh);
     // Crash before the head was persisted: the head is still the old one.
-    sh.set_slot_head(lw.slot, SlotHead { active: true, ..h0 })
+    sh.rewind_slot_head(lw.slot, SlotHead { active: true, ..h0 })
         .unwrap();
     let again = digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
     assert_eq!(again.head_lsn, first_digest.head_lsn);
@@ -453,7 +453,7 @@ fn nonempty_directory_cannot_be_freed_and_free_keeps_generation() {
         other => panic!("{other:?}"),
     }
     // Discard that log (as the server does) and do it properly.
-    sh.set_slot_head(
+    sh.rewind_slot_head(
         lw.slot,
         SlotHead {
             head_lsn: lw.tail,
@@ -641,4 +641,49 @@ fn ten_mib_batch_of_4k_writes_digests_fast() {
     let i = sh.area.read_inode(10).unwrap();
     assert_eq!(i.attrs.size, 10 << 20);
     assert_eq!(i.blocks, 2560 + 5 + 1);
+}
+
+/// The checks run after every digest in checked builds (`store::check`) find a wrong
+/// block count, a block of a file marked free, a wrong entry count and an allocator
+/// whose count disagrees with its bitmap.
+#[test]
+fn the_post_digest_checks_catch_planted_damage() {
+    use crate::store::check::{allocation, published_inode};
+    let ts = TestStore::small();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let sh = &mut core.sh;
+    let data = vec![7u8; 10_000];
+    lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+    lw.append(sh, &[write(10, 0, 10_000, &data)]);
+    lw.append(sh, &mkdir(11, ROOT_INO, b"d"));
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    let f = sh.area.read_inode(10).unwrap();
+    let d = sh.area.read_inode(ROOT_INO).unwrap();
+    assert_eq!(published_inode(sh, 10, &f), Ok(()));
+    assert_eq!(published_inode(sh, ROOT_INO, &d), Ok(()));
+    assert_eq!(allocation(sh), Ok(()));
+
+    let wrong = Inode {
+        blocks: f.blocks + 1,
+        ..f
+    };
+    assert!(published_inode(sh, 10, &wrong)
+        .unwrap_err()
+        .contains("block count"));
+    let wrong = Inode {
+        dir_entries: d.dir_entries + 1,
+        ..d
+    };
+    assert!(published_inode(sh, ROOT_INO, &wrong)
+        .unwrap_err()
+        .contains("entry count"));
+    let b = sh.area.block_of(&f, 1).unwrap().unwrap();
+    assert!(sh.blocks.free(b));
+    assert!(published_inode(sh, 10, &f).unwrap_err().contains("is free"));
+    // The allocator's count and bitmap still agree; a count off by one does not.
+    assert_eq!(allocation(sh), Ok(()));
+    sh.blocks.mark_used(b);
+    sh.blocks.skew_free_count_for_test();
+    assert!(allocation(sh).unwrap_err().contains("free blocks"));
 }

@@ -237,7 +237,7 @@ fn parallel_digests_equal_serial_and_replays_are_idempotent() {
             {
                 let g = cl.serial();
                 for &i in &replay {
-                    g.sh.set_slot_head(lw_p[i].slot, old_heads[i]).unwrap();
+                    g.sh.rewind_slot_head(lw_p[i].slot, old_heads[i]).unwrap();
                 }
             }
             if replay.len() == 2 && rng.below(2) == 0 {

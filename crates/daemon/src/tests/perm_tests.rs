@@ -634,7 +634,7 @@ fn replaying_a_checked_batch_passes_the_checks_again() {
     // A crash before the head was persisted: the batch is digested again.
     w.core
         .sh
-        .set_slot_head(w.user.slot, SlotHead { active: true, ..h0 })
+        .rewind_slot_head(w.user.slot, SlotHead { active: true, ..h0 })
         .unwrap();
     w.digest().unwrap();
     assert_eq!(snapshot(&w.core.sh), snap);
@@ -804,7 +804,7 @@ fn a_half_applied_batch_replays_after_an_unclean_start() {
     w.core.sh.write_inode(MINE, &mine_before).unwrap();
     w.core
         .sh
-        .set_slot_head(w.user.slot, SlotHead { active: true, ..h0 })
+        .rewind_slot_head(w.user.slot, SlotHead { active: true, ..h0 })
         .unwrap();
     let World {
         _ts: ts,

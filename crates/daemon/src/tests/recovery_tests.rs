@@ -138,7 +138,7 @@ fn crash_after_publish_before_head_is_repaired_by_replay() {
         digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
         let snap = snapshot(sh);
         // Undo the head: the crash hit between publishing inodes and persisting the head.
-        sh.set_slot_head(lw.slot, SlotHead { active: true, ..h0 })
+        sh.rewind_slot_head(lw.slot, SlotHead { active: true, ..h0 })
             .unwrap();
         // Also leave an inode update torn, as a crash inside it would: the sequence word
         // odd and the copy being written half garbage.

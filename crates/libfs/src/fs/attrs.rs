@@ -241,7 +241,7 @@ impl Inner {
         tx.inode(ino, gen, a);
         self.commit(st, tx)?;
         if off < in_file {
-            st.credits -= charge;
+            st.spend(charge);
         }
         if let Some(o) = st.objs.get(&ino) {
             // A shared mapping sees the zeros at once.

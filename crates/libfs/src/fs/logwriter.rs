@@ -35,8 +35,8 @@ impl Inner {
             if start + len <= st.ph + ring {
                 if start != st.tail {
                     st.ring.put_wrap(st.tail, st.seq)?;
-                    st.seq += 1;
-                    st.tail = start;
+                    let tail = st.tail;
+                    st.appended(tail, start - tail);
                 }
                 return Ok(start);
             }
@@ -141,16 +141,13 @@ impl Inner {
             self.drop_rendezvous(kind, ino, gen);
         }
         if !med.is_empty() {
-            st.seq += 1;
-            st.tail = lsn + len as u64;
+            st.appended(lsn, len as u64);
             // Digested: nothing of it (or before it) belongs in the overlay. (Committed:
             // no error may make the caller run the operation again.)
             let _ = self.refresh(st);
             return Ok(st.tail);
         }
-        st.seq += 1;
-        st.tail = lsn + len as u64;
-        let tag = st.tail;
+        let tag = st.appended(lsn, len as u64);
         // The overlay.
         for (ino, gen, a) in &tx.inodes {
             let o = st
@@ -341,10 +338,8 @@ impl Inner {
                     return partial(e);
                 }
             }
-            st.seq += 1;
-            st.tail = lsn + tlen as u64;
-            st.credits -= charge;
-            let tag = st.tail;
+            let tag = st.appended(lsn, tlen as u64);
+            st.spend(charge);
             attrs.size = size;
             attrs.mtime = now;
             attrs.ctime = now;

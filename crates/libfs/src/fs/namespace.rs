@@ -105,7 +105,7 @@ impl Inner {
             return Err(e);
         }
         if let Some(t) = symlink_target {
-            st.credits -= write_charge(0, t.len() as u64);
+            st.spend(write_charge(0, t.len() as u64));
         }
         Ok(ino)
     }
