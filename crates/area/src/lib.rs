@@ -7,10 +7,13 @@
 //! * [`cache`]: LibFS's DRAM cache of lower-tier (SSD, HDD) blocks.
 //! * [`error`]: `io::Error`s that carry a POSIX errno and a message.
 
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod error;
 pub mod reader;
 pub mod store;
+pub mod time;
 
 pub use error::{errno_of, fs_err};
 pub use reader::Area;

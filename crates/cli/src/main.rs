@@ -5,6 +5,8 @@
 //! benchmark (`bench latency`). Errors print `cairn: <message>` on stderr and exit with 1;
 //! usage errors exit with 2.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod commands;
 mod error;

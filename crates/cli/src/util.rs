@@ -118,41 +118,32 @@ pub fn type_name(mode: u32, size: u64) -> &'static str {
     }
 }
 
-/// Calendar date (year, month, day) of a day count since 1970-01-01 (proleptic
-/// Gregorian; Howard Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-fn split_ns(ns: i64) -> (i64, u32, u32, u32, u32) {
-    let secs = ns.div_euclid(1_000_000_000);
-    let sub = ns.rem_euclid(1_000_000_000) as u32;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400) as u32;
-    (days, rem / 3600, rem / 60 % 60, rem % 60, sub)
-}
-
 /// `YYYY-MM-DD HH:MM` (UTC) of nanoseconds since the epoch, for `ls -l`.
 pub fn format_minute(ns: i64) -> String {
-    let (days, h, mi, _, _) = split_ns(ns);
-    let (y, mo, d) = civil_from_days(days);
-    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}")
+    let t = cairn_area::time::utc(ns);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute()
+    )
 }
 
 /// `YYYY-MM-DD HH:MM:SS.nnnnnnnnn +0000` (UTC) of nanoseconds since the epoch, for `stat`.
 pub fn format_full(ns: i64) -> String {
-    let (days, h, mi, s, sub) = split_ns(ns);
-    let (y, mo, d) = civil_from_days(days);
-    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}.{sub:09} +0000")
+    let t = cairn_area::time::utc(ns);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:09} +0000",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.nanosecond()
+    )
 }
 
 /// `v` as pretty JSON with a final newline (the `--json` outputs).

@@ -7,6 +7,8 @@
 //! (recovery by the daemon's own code, `fsck`, the tree against the acknowledged calls)
 //! live with the workloads in `crates/tests` (`powerfail`).
 
+#![forbid(unsafe_code)]
+
 pub mod sim;
 pub mod trace;
 

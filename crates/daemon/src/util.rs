@@ -4,7 +4,6 @@ use cairn_area::fs_err;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `EINVAL` with a message.
 pub(crate) fn einval(msg: impl Into<String>) -> io::Error {
@@ -16,30 +15,15 @@ pub(crate) fn eio(msg: impl Into<String>) -> io::Error {
     fs_err(libc::EIO, msg)
 }
 
-/// Nanoseconds since the Unix epoch.
-pub(crate) fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
+pub(crate) use cairn_area::time::now_ns;
 
-/// `n` random bytes from the kernel (falls back to time and pid mixing).
-pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
+/// `n` random bytes from the kernel (`getrandom(2)`): store uuids and NVM file names,
+/// which must be unique, not secret.
+pub(crate) fn random_bytes(n: usize) -> io::Result<Vec<u8>> {
     let mut b = vec![0u8; n];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| io::Read::read_exact(&mut f, &mut b))
-        .is_ok();
-    if !ok {
-        let mut x = now_ns() as u64 ^ ((std::process::id() as u64) << 32);
-        for v in b.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *v = x as u8;
-        }
-    }
-    b
+    getrandom::getrandom(&mut b)
+        .map_err(|e| eio(format!("no random bytes from the kernel: {e}")))?;
+    Ok(b)
 }
 
 /// Lower-case hex of `b`.
@@ -49,25 +33,16 @@ pub(crate) fn hex(b: &[u8]) -> String {
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for nanoseconds since the epoch (UTC).
 pub(crate) fn timestamp(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    let t = cairn_area::time::utc(ns);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
     )
 }
 

@@ -2,6 +2,8 @@
 //! encoder and a validating decoder. Nothing here does I/O, so all of it can be unit
 //! tested and fuzzed. The byte layouts are specified in `docs/FORMAT.md`.
 
+#![forbid(unsafe_code)]
+
 pub mod alloc;
 pub mod dir;
 pub mod inode;

@@ -9,10 +9,12 @@
 //! drops them when the mount's client loses its lease on the inode or directory (another
 //! client is about to change it): see [`serve`] and ARCHITECTURE.md, "FUSE mount".
 
-use cairn::{At, File, FlockOp, Fs, LockKind, LockType, Metadata, OpenOptions};
-use cairn_proto::locktable::{LockTable, Owner, OFFSET_MAX};
+#![forbid(unsafe_code)]
+
+use cairn::{At, FlockOp, Fs, LockKind, LockType, OpenOptions};
+use cairn_proto::locktable::{LockTable, Owner};
 use fuser::{
-    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
@@ -25,137 +27,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+mod convert;
+mod state;
+
+use convert::{
+    answer_lock, attr_of, errno, euid, kill_suidgid, kind_of, lock_range, lock_type, mirror_range,
+    name_at, reply_empty, xattr_reply,
+};
+pub use state::Caching;
+use state::{lock, Caller, Change, Inner, Listing, Names};
+
 const BLOCK: u32 = 4096;
+
 /// Init flag (FUSE 7.33): the file system clears setuid/setgid on writes the kernel marks.
 const FUSE_HANDLE_KILLPRIV_V2: u32 = 1 << 28;
+
 /// Write flag: this write must clear setuid/setgid (with `FUSE_HANDLE_KILLPRIV_V2`).
 const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
-
-/// The errno of a Cairn error.
-fn errno(e: &io::Error) -> i32 {
-    match cairn_area::errno_of(e) {
-        0 => libc::EIO,
-        n => n,
-    }
-}
-
-fn kind_of(t: cairn::FileType) -> FileType {
-    if t.is_dir() {
-        FileType::Directory
-    } else if t.is_symlink() {
-        FileType::Symlink
-    } else if t.is_fifo() {
-        FileType::NamedPipe
-    } else if t.is_socket() {
-        FileType::Socket
-    } else if t.is_char_device() {
-        FileType::CharDevice
-    } else if t.is_block_device() {
-        FileType::BlockDevice
-    } else {
-        FileType::RegularFile
-    }
-}
-
-fn attr_of(m: &Metadata) -> FileAttr {
-    FileAttr {
-        ino: m.ino(),
-        size: m.len(),
-        blocks: m.blocks(),
-        atime: m.accessed(),
-        mtime: m.modified(),
-        ctime: m.changed(),
-        crtime: m.created(),
-        kind: kind_of(m.file_type()),
-        perm: (m.mode() & 0o7777) as u16,
-        nlink: m.nlink().min(u32::MAX as u64) as u32,
-        uid: m.uid(),
-        gid: m.gid(),
-        // Device numbers fit 32 bits (12-bit major, 20-bit minor), where the kernel's
-        // encoding and glibc's agree.
-        rdev: m.rdev() as u32,
-        blksize: BLOCK,
-        flags: 0,
-    }
-}
-
-/// Clear what a write or truncate by an unprivileged process with group `gid` clears
-/// (`cairn_format::perm::privs_killed`; the writer's supplementary groups are not known
-/// here). The kernel leaves it to the file system.
-fn kill_suidgid(fs: &Fs, ino: u64, gid: u32) -> io::Result<()> {
-    let m = fs.metadata(At::inode(ino))?;
-    let mode = m.mode() & 0o7777;
-    let kill = cairn_format::perm::privs_killed(mode, m.gid() == gid);
-    if kill != 0 {
-        fs.set_permissions(At::inode(ino), cairn::Permissions::from_mode(mode & !kill))?;
-    }
-    Ok(())
-}
-
-fn name_at(parent: u64, name: &OsStr) -> At<'_> {
-    At {
-        dir: parent,
-        path: Path::new(name),
-    }
-}
-
-fn time_of(t: TimeOrNow) -> SystemTime {
-    match t {
-        TimeOrNow::SpecificTime(t) => t,
-        TimeOrNow::Now => SystemTime::now(),
-    }
-}
-
-/// The caller's uid and gid.
-#[derive(Clone, Copy)]
-struct Caller(u32, u32);
-
-/// What a `setattr` changes.
-struct Change {
-    mode: Option<u32>,
-    uid: Option<u32>,
-    gid: Option<u32>,
-    size: Option<u64>,
-    atime: Option<TimeOrNow>,
-    mtime: Option<TimeOrNow>,
-}
-
-/// A directory listing taken at `opendir` (served by offset to `readdir`).
-struct Listing {
-    entries: Vec<(u64, FileType, Vec<u8>)>,
-}
-
-/// The state the request handlers share (the session thread, and the threads of lock
-/// requests that wait).
-struct Inner {
-    fs: Fs,
-    /// How long the kernel may cache names and attributes.
-    caching: Caching,
-    /// The kernel's lookup count of each inode it was given (entry replies add one,
-    /// `forget` subtracts): the inodes whose cached attributes a lost lease may spoil.
-    known: Arc<Mutex<HashMap<u64, u64>>>,
-    /// The names the kernel may cache (positive and negative entries), per directory:
-    /// dropped when the mount loses its lease on the directory.
-    names: Arc<Names>,
-    /// Leases lost so far (bumped before the kernel's copies are dropped). A reply built
-    /// while one was lost may carry what the lost lease protected: it is sent with no
-    /// caching ([`Inner::caching_since`]), so that the kernel does not keep it after the
-    /// invalidation went by.
-    lost: Arc<AtomicU64>,
-    /// Whether new files go to the calling user (the mount runs as root).
-    chown_new: bool,
-    files: Mutex<HashMap<u64, Arc<File>>>,
-    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
-    next_fh: AtomicU64,
-    /// POSIX record locks: per (inode, FUSE lock owner) a handle whose OFD locks stand
-    /// for that owner's locks; dropped (its locks released) when the owner closes a
-    /// descriptor of the file (`flush`), as POSIX releases a process's locks then.
-    locks: Mutex<HashMap<(u64, u64), Arc<File>>>,
-    /// The record locks taken through the mount, per FUSE lock owner with the pid of the
-    /// process that took them: the store's table reports them as OFD locks (no pid), so
-    /// `F_GETLK` looks here first to name the holder.
-    mirror: Mutex<LockTable>,
-}
 
 /// The FUSE file system over one Cairn client. Each request is handled and answered on
 /// the session thread: handing each to another thread cost a wakeup (measured: `fstat`
@@ -165,10 +53,6 @@ struct Inner {
 /// store's lease timeout).
 pub struct CairnFuse {
     inner: Arc<Inner>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl CairnFuse {
@@ -189,251 +73,6 @@ impl CairnFuse {
                 mirror: Mutex::new(LockTable::default()),
             }),
         }
-    }
-}
-
-impl Inner {
-    /// The lock handle of `owner` on `ino`.
-    fn lock_handle(&self, ino: u64, owner: u64) -> io::Result<Arc<File>> {
-        if let Some(h) = lock(&self.locks).get(&(ino, owner)) {
-            return Ok(h.clone());
-        }
-        let h = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&self.fs, At::inode(ino))?,
-        );
-        Ok(lock(&self.locks).entry((ino, owner)).or_insert(h).clone())
-    }
-
-    /// `owner` closed a descriptor of `ino` (a process's record locks) or released its
-    /// last one (an open file's `flock`): its locks on it go, even while a waiter of the
-    /// same owner still holds the handle.
-    fn drop_locks(&self, ino: u64, owner: u64) {
-        lock(&self.mirror).release_posix(owner, ino);
-        let h = lock(&self.locks).remove(&(ino, owner));
-        if let Some(h) = h {
-            let _ = h.unlock(LockKind::Ofd, 0, 0);
-            let _ = h.flock(FlockOp::Unlock, true);
-        }
-    }
-
-    fn fh(&self) -> u64 {
-        self.next_fh.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn file(&self, fh: u64) -> Option<Arc<File>> {
-        lock(&self.files).get(&fh).cloned()
-    }
-
-    /// Give a new inode to the caller: its uid, and its gid unless the directory is
-    /// setgid (then the directory's group was inherited).
-    fn own(&self, req: Caller, parent: u64, at: At<'_>, symlink: bool) -> io::Result<()> {
-        let Caller(uid, gid) = req;
-        if !self.chown_new || (uid == 0 && gid == 0) {
-            return Ok(());
-        }
-        let setgid = self.fs.metadata(At::inode(parent))?.mode() & 0o2000 != 0;
-        let gid = (!setgid).then_some(gid);
-        if symlink {
-            self.fs.set_symlink_owner(at, Some(uid), gid)
-        } else {
-            self.fs.set_owner(at, Some(uid), gid)
-        }
-    }
-
-    fn entry(&self, at: At<'_>, reply: ReplyEntry) {
-        self.entry_or_negative(at, reply, false)
-    }
-
-    /// Answer with the entry `at` names; a missing name is a negative entry the kernel
-    /// may cache when `negative` (a lookup). Entries are cached only while their name is
-    /// tracked for invalidation ([`Names`]).
-    fn entry_or_negative(&self, at: At<'_>, reply: ReplyEntry, negative: bool) {
-        let e0 = self.epoch();
-        let r = self.fs.symlink_metadata(at);
-        let c = &self.caching_since(e0);
-        let entry_ttl = if at.is_inode() {
-            Duration::ZERO
-        } else {
-            self.entry_ttl(c, at.dir, at.path)
-        };
-        let cached = !entry_ttl.is_zero();
-        match r {
-            Ok(m) => {
-                self.looked_up(m.ino());
-                reply.entry_ttls(&entry_ttl, &c.attr, &attr_of(&m), 0)
-            }
-            Err(e) if negative && cached && errno(&e) == libc::ENOENT => {
-                let none = FileAttr {
-                    ino: 0,
-                    size: 0,
-                    blocks: 0,
-                    atime: SystemTime::UNIX_EPOCH,
-                    mtime: SystemTime::UNIX_EPOCH,
-                    ctime: SystemTime::UNIX_EPOCH,
-                    crtime: SystemTime::UNIX_EPOCH,
-                    kind: FileType::RegularFile,
-                    perm: 0,
-                    nlink: 0,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    blksize: BLOCK,
-                    flags: 0,
-                };
-                reply.entry_ttls(&entry_ttl, &Duration::ZERO, &none, 0)
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    /// The count of lost leases, to pass to [`Inner::caching_since`] (read before the
-    /// client is asked).
-    fn epoch(&self) -> u64 {
-        self.lost.load(Ordering::SeqCst)
-    }
-
-    /// The caching for a reply built since [`Inner::epoch`] answered `e0`: none if a
-    /// lease was lost meanwhile.
-    fn caching_since(&self, e0: u64) -> Caching {
-        if self.epoch() == e0 {
-            self.caching
-        } else {
-            Caching {
-                entry: Duration::ZERO,
-                attr: Duration::ZERO,
-            }
-        }
-    }
-
-    /// How long the kernel may cache the name `name` in `dir` under caching `c`: not at
-    /// all unless it is tracked for invalidation ([`Names`]).
-    fn entry_ttl(&self, c: &Caching, dir: u64, name: &Path) -> Duration {
-        if !c.entry.is_zero() && self.names.track(dir, name) {
-            c.entry
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    /// Answer a create (named: `name`, or unnamed) with the new handle of `f`.
-    fn reply_created(
-        &self,
-        f: File,
-        m: &Metadata,
-        c: &Caching,
-        entry_ttl: Duration,
-        reply: ReplyCreate,
-    ) {
-        let fh = self.fh();
-        lock(&self.files).insert(fh, Arc::new(f));
-        self.looked_up(m.ino());
-        reply.created_ttls(&entry_ttl, &c.attr, &attr_of(m), 0, fh, 0);
-    }
-
-    /// The kernel was given inode `ino` in an entry reply (its lookup count grows).
-    fn looked_up(&self, ino: u64) {
-        *lock(&self.known).entry(ino).or_insert(0) += 1;
-    }
-
-    fn setattr_inner(&self, ino: u64, c: Change, fh: Option<u64>) -> io::Result<Metadata> {
-        let Change {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-        } = c;
-        let me = At::inode(ino);
-        if uid.is_some() || gid.is_some() {
-            self.fs.set_symlink_owner(me, uid, gid)?;
-        }
-        if let Some(m) = mode {
-            self.fs
-                .set_permissions(me, cairn::Permissions::from_mode(m & 0o7777))?;
-        }
-        if let Some(sz) = size {
-            match fh.and_then(|h| self.file(h)) {
-                Some(f) => f.set_len(sz)?,
-                None => OpenOptions::new()
-                    .write(true)
-                    .open(&self.fs, me)?
-                    .set_len(sz)?,
-            }
-        }
-        if atime.is_some() || mtime.is_some() {
-            self.fs
-                .set_times(me, atime.map(time_of), mtime.map(time_of))?;
-        }
-        self.fs.symlink_metadata(me)
-    }
-}
-
-/// The effective uid of this process.
-fn euid() -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self is owned by the process's effective uid.
-    std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
-}
-
-/// A FUSE lock range (`end` inclusive, `OFFSET_MAX`: to the end) as start and length
-/// (0: to the end).
-fn lock_range(start: u64, end: u64) -> (u64, u64) {
-    if end >= i64::MAX as u64 {
-        (start, 0)
-    } else {
-        (start, end.saturating_sub(start) + 1)
-    }
-}
-
-/// Answer a request that returns nothing: `Ok`, or the error's errno.
-fn reply_empty(reply: ReplyEmpty, r: io::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-/// A lock range `(start, len)` as the lock table's inclusive `[start, end]`.
-fn mirror_range(start: u64, len: u64) -> (u64, u64) {
-    cairn_proto::locktable::range(start, len).unwrap_or((start, OFFSET_MAX))
-}
-
-/// Answer a lock request with what `take` returns: at once, or (`wait`: it may block)
-/// from a thread of its own, so that a waiter does not hold up the other requests.
-fn answer_lock(
-    wait: bool,
-    reply: ReplyEmpty,
-    take: impl FnOnce() -> io::Result<()> + Send + 'static,
-) {
-    let answer = move || reply_empty(reply, take());
-    if wait {
-        std::thread::spawn(answer);
-    } else {
-        answer();
-    }
-}
-
-/// Answer `getxattr`/`listxattr`: the size for a size query (`size` 0), else the bytes,
-/// or `ERANGE` if they do not fit.
-fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
-    if size == 0 {
-        reply.size(v.len() as u32);
-    } else if v.len() > size as usize {
-        reply.error(libc::ERANGE);
-    } else {
-        reply.data(v);
-    }
-}
-
-fn lock_type(typ: i32) -> Option<LockType> {
-    match typ {
-        libc::F_RDLCK => Some(LockType::Read),
-        libc::F_WRLCK => Some(LockType::Write),
-        _ => None,
     }
 }
 
@@ -1223,77 +862,4 @@ pub fn serve(fs: Fs, mountpoint: &Path, caching: Caching) -> io::Result<()> {
     let r = session.run();
     inner.fs.on_lease_lost(None);
     r
-}
-
-/// Names of directory entries the kernel may cache, per directory, so that they can be
-/// dropped when the mount loses its lease on the directory (another client is about to
-/// change it). Bounded: past [`Names::PER_DIR`] names in a directory or
-/// [`Names::TOTAL`] in all, entries are answered without caching.
-#[derive(Default)]
-struct Names {
-    /// Per directory its tracked names, and their total.
-    dirs: Mutex<(HashMap<u64, NameSet>, usize)>,
-}
-
-type NameSet = std::collections::HashSet<Vec<u8>>;
-
-impl Names {
-    const PER_DIR: usize = 4096;
-    const TOTAL: usize = 1 << 20;
-
-    /// Track `name` in `dir`; whether it is (so the kernel may cache the entry).
-    fn track(&self, dir: u64, name: &Path) -> bool {
-        let mut g = lock(&self.dirs);
-        let (dirs, total) = &mut *g;
-        let set = dirs.entry(dir).or_default();
-        let n = name.as_os_str().as_bytes();
-        if set.contains(n) {
-            return true;
-        }
-        if set.len() >= Self::PER_DIR || *total >= Self::TOTAL {
-            return false;
-        }
-        set.insert(n.to_vec());
-        *total += 1;
-        true
-    }
-
-    /// Stop tracking the names of `dir` (`None`: of every directory) and return them.
-    fn take(&self, dir: Option<u64>) -> Vec<(u64, Vec<Vec<u8>>)> {
-        let mut g = lock(&self.dirs);
-        let (dirs, total) = &mut *g;
-        let taken: Vec<(u64, NameSet)> = match dir {
-            Some(d) => dirs.remove(&d).map(|s| (d, s)).into_iter().collect(),
-            None => dirs.drain().collect(),
-        };
-        taken
-            .into_iter()
-            .map(|(d, s)| {
-                *total -= s.len();
-                (d, s.into_iter().collect())
-            })
-            .collect()
-    }
-}
-
-/// How long the kernel may cache what the mount tells it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Caching {
-    /// Names, positive and negative: dropped when the mount loses its lease on the
-    /// directory (on another thread: a name another client changes may be seen for the
-    /// microseconds that takes).
-    pub entry: Duration,
-    /// Attributes: dropped at once when the mount loses its lease on the inode, so this
-    /// bounds only what a missed invalidation could cost.
-    pub attr: Duration,
-}
-
-impl Default for Caching {
-    /// Names and attributes for 60 s (kept current by the leases).
-    fn default() -> Caching {
-        Caching {
-            entry: Duration::from_secs(60),
-            attr: Duration::from_secs(60),
-        }
-    }
 }

@@ -29,6 +29,8 @@
 //!   "Leases"): a call that starts after another process's call returned sees its
 //!   effects; threads of one process see each other's updates at once.
 
+#![forbid(unsafe_code)]
+
 mod conn;
 pub mod extents;
 mod file;

@@ -8,31 +8,11 @@ use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-/// Convert nanoseconds since the Unix epoch to a `SystemTime`.
-pub(crate) fn system_time(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
-}
-
-/// Convert a `SystemTime` to nanoseconds since the Unix epoch (saturating).
-pub(crate) fn time_ns(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_nanos())
-            .map(|v| -v)
-            .unwrap_or(i64::MIN),
-    }
-}
-
-/// Now, in nanoseconds since the Unix epoch.
-pub(crate) fn now_ns() -> i64 {
-    time_ns(SystemTime::now())
-}
+pub(crate) use cairn_area::time::{
+    from_system_time as time_ns, now_ns, to_system_time as system_time,
+};
 
 /// The kind of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

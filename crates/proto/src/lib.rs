@@ -3,6 +3,8 @@
 //! The daemon learns the client's credentials from the socket (`SO_PEERCRED`), never from
 //! a message.
 
+#![forbid(unsafe_code)]
+
 pub mod locktable;
 
 use serde::{Deserialize, Serialize};

@@ -7,7 +7,7 @@
 use cairn_tests::harness::StoreSize;
 use cairn_tests::harness::{cairn_bin, daemon_pid, kill9};
 use cairn_tests::TestStore;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const REC: usize = 1024;
 
@@ -26,11 +26,9 @@ fn record(id: u64, seq: u64) -> Vec<u8> {
     b
 }
 
+/// Now, in nanoseconds since the Unix epoch (as the records carry it).
 fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+    cairn_area::time::now_ns() as u128
 }
 
 #[test]

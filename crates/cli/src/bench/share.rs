@@ -21,7 +21,7 @@ use serde::Serialize;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 const BLOCK: usize = 4096;
 /// Record size of the shared-append measurement.
@@ -108,11 +108,9 @@ struct Report {
     store: String,
 }
 
+/// Now, in nanoseconds since the Unix epoch (as the records carry it).
 fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    cairn_area::time::now_ns() as u128
 }
 
 fn sleep_until(t: u128) {

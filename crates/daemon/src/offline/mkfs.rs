@@ -257,10 +257,10 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         }
         let _ = std::fs::remove_file(store.socket_path());
     }
-    let nvm_path = opts
-        .nvm_path
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/cairn-{}.nvm", hex(&random_bytes(8)))));
+    let nvm_path = match &opts.nvm_path {
+        Some(p) => p.clone(),
+        None => PathBuf::from(format!("/dev/shm/cairn-{}.nvm", hex(&random_bytes(8)?))),
+    };
     let mut oo = OpenOptions::new();
     oo.read(true).write(true);
     if opts.force {
@@ -427,7 +427,7 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
     // fallocate gives zeros.
     let m = Mapping::new(file, 0, opts.nvm_size as usize, true, false)?;
     let mut uuid = [0u8; 16];
-    uuid.copy_from_slice(&random_bytes(16));
+    uuid.copy_from_slice(&random_bytes(16)?);
     let now = now_ns();
     let sb = Superblock {
         layout: *l,

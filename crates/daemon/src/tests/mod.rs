@@ -33,7 +33,10 @@ impl TestStore {
 
     pub fn with_inodes(nvm_size: u64, log_size: u64, slots: u32, inodes: u64) -> TestStore {
         let dir = tempfile::tempdir().unwrap();
-        let nvm = PathBuf::from(format!("/dev/shm/cairn-test-{}.nvm", hex(&random_bytes(8))));
+        let nvm = PathBuf::from(format!(
+            "/dev/shm/cairn-test-{}.nvm",
+            hex(&random_bytes(8).unwrap())
+        ));
         let store = StoreDir::new(dir.path().join("store"));
         mkfs(&MkfsOptions {
             store: store.path.clone(),

@@ -756,7 +756,10 @@ fn mkfs_gives_the_trust_domain_exactly_the_files_it_needs() {
         return; // giving files to an arbitrary group needs root
     }
     let d = tempfile::tempdir().unwrap();
-    let nvm = PathBuf::from(format!("/dev/shm/cairn-test-{}.nvm", hex(&random_bytes(8))));
+    let nvm = PathBuf::from(format!(
+        "/dev/shm/cairn-test-{}.nvm",
+        hex(&random_bytes(8).unwrap())
+    ));
     let st = StoreDir::new(d.path().join("g"));
     let cfg = mkfs(&MkfsOptions {
         nvm_path: Some(nvm.clone()),

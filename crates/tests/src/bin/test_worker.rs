@@ -193,11 +193,9 @@ fn load(store: &str, id: u32, n: usize) -> ! {
     std::process::exit(0);
 }
 
+/// Now, in nanoseconds since the Unix epoch (as the records carry it).
 fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+    cairn_area::time::now_ns() as u128
 }
 
 /// The multi-process visibility worker (see the usage above).

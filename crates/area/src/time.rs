@@ -1,0 +1,56 @@
+//! Wall-clock time as Cairn keeps it: signed nanoseconds since the Unix epoch (UTC), and
+//! the calendar fields of such a time (the `time` crate's proleptic Gregorian calendar)
+//! for the daemon log's timestamps and the CLI's listings.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+pub use time::OffsetDateTime;
+
+/// Now, in nanoseconds since the Unix epoch.
+pub fn now_ns() -> i64 {
+    from_system_time(SystemTime::now())
+}
+
+/// A `SystemTime` in nanoseconds since the Unix epoch (saturating).
+pub fn from_system_time(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos())
+            .map(|v| -v)
+            .unwrap_or(i64::MIN),
+    }
+}
+
+/// Nanoseconds since the Unix epoch as a `SystemTime`.
+pub fn to_system_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+/// The UTC date and time of `ns` (every `i64` is within the calendar's range).
+pub fn utc(ns: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(ns as i128).unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_calendar() {
+        for ns in [0, 1, -1, 1_700_000_000_123_456_789, i64::MIN, i64::MAX] {
+            assert_eq!(from_system_time(to_system_time(ns)), ns);
+        }
+        let t = utc(951_782_400 * 1_000_000_000);
+        assert_eq!((t.year(), t.month() as u8, t.day()), (2000, 2, 29));
+        let t = utc(-1);
+        assert_eq!(
+            (t.year(), t.hour(), t.nanosecond()),
+            (1969, 23, 999_999_999)
+        );
+        assert_eq!(utc(i64::MIN).year(), 1677);
+        assert_eq!(utc(i64::MAX).year(), 2262);
+    }
+}
