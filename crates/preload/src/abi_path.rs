@@ -1,18 +1,15 @@
 //! Calls that take paths. SAFETY: see `abi.rs` (the POSIX contract of each function).
 
-use crate::abi::{
-    both_cairn, empty_path, fd_call, fill_stat, give_bytes, ok0, path_call, route, run, slice,
-    xattr_name, Route,
-};
+use crate::abi::{both_cairn, empty_path, fd_call, fill_stat, ok0, path_call, route, run, Route};
 use crate::ops::{self, CPath};
 use crate::real;
 use crate::state::err;
 use crate::table;
-use libc::{c_char, c_int, c_uint, c_void, mode_t, size_t, ssize_t};
+use libc::{c_char, c_int, c_uint, mode_t, size_t, ssize_t};
 use std::io;
 use std::time::SystemTime;
 
-const FDCWD: c_int = libc::AT_FDCWD;
+pub(crate) const FDCWD: c_int = libc::AT_FDCWD;
 
 // ---- open -------------------------------------------------------------------------------
 
@@ -889,203 +886,6 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: libc::off64_t) -> 
 #[no_mangle]
 pub unsafe extern "C" fn truncate(path: *const c_char, len: libc::off64_t) -> c_int {
     unsafe { truncate64(path, len) }
-}
-
-// ---- extended attributes (kept by the daemon) ---------------------------------------------
-
-macro_rules! xattr_get {
-    ($name:ident, $follow:expr) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            path: *const c_char,
-            n: *const c_char,
-            v: *mut c_void,
-            sz: size_t,
-        ) -> ssize_t {
-            unsafe {
-                path_call(
-                    stringify!($name),
-                    FDCWD,
-                    path,
-                    |p| real::$name(p, n, v, sz),
-                    |cp| give_bytes(&ops::getxattr(cp, xattr_name(n)?, $follow)?, v, sz),
-                )
-            }
-        }
-    };
-}
-xattr_get!(getxattr, true);
-xattr_get!(lgetxattr, false);
-
-macro_rules! xattr_set {
-    ($name:ident, $follow:expr) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            path: *const c_char,
-            n: *const c_char,
-            v: *const c_void,
-            sz: size_t,
-            fl: c_int,
-        ) -> c_int {
-            unsafe {
-                path_call(
-                    stringify!($name),
-                    FDCWD,
-                    path,
-                    |p| real::$name(p, n, v, sz, fl),
-                    |cp| ok0(ops::setxattr(cp, xattr_name(n)?, slice(v, sz), fl, $follow)),
-                )
-            }
-        }
-    };
-}
-xattr_set!(setxattr, true);
-xattr_set!(lsetxattr, false);
-
-macro_rules! xattr_list {
-    ($name:ident, $follow:expr) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char, l: *mut c_char, sz: size_t) -> ssize_t {
-            unsafe {
-                path_call(
-                    stringify!($name),
-                    FDCWD,
-                    path,
-                    |p| real::$name(p, l, sz),
-                    |cp| give_bytes(&ops::listxattr(cp, $follow)?, l as *mut c_void, sz),
-                )
-            }
-        }
-    };
-}
-xattr_list!(listxattr, true);
-xattr_list!(llistxattr, false);
-
-macro_rules! xattr_remove {
-    ($name:ident, $follow:expr) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char, n: *const c_char) -> c_int {
-            unsafe {
-                path_call(
-                    stringify!($name),
-                    FDCWD,
-                    path,
-                    |p| real::$name(p, n),
-                    |cp| ok0(ops::removexattr(cp, xattr_name(n)?, $follow)),
-                )
-            }
-        }
-    };
-}
-xattr_remove!(removexattr, true);
-xattr_remove!(lremovexattr, false);
-
-// ---- temporary files: glibc's mkstemp opens internally ------------------------------------------
-
-/// Fill the `XXXXXX` before the last `suffix` bytes of `tmpl` and create it exclusively
-/// with `create` (`EEXIST`: try another name).
-unsafe fn mktemp_with(
-    tmpl: *mut c_char,
-    suffix: usize,
-    mut create: impl FnMut(*const c_char) -> c_int,
-) -> c_int {
-    let len = unsafe { libc::strlen(tmpl) };
-    if len < 6 + suffix {
-        crate::real::set_errno(libc::EINVAL);
-        return -1;
-    }
-    let x = unsafe { std::slice::from_raw_parts_mut(tmpl as *mut u8, len) };
-    let at = len - suffix - 6;
-    if &x[at..at + 6] != b"XXXXXX" {
-        crate::real::set_errno(libc::EINVAL);
-        return -1;
-    }
-    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7)
-        ^ ((std::process::id() as u64) << 32);
-    for _ in 0..10_000 {
-        for c in &mut x[at..at + 6] {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            *c = CHARS[(seed % CHARS.len() as u64) as usize];
-        }
-        let r = create(tmpl);
-        if r >= 0 || crate::real::errno() != libc::EEXIST {
-            return r;
-        }
-    }
-    crate::real::set_errno(libc::EEXIST);
-    -1
-}
-
-/// Is the template a Cairn path? (The directory part decides.)
-unsafe fn template_is_cairn(tmpl: *const c_char) -> bool {
-    matches!(unsafe { route(FDCWD, tmpl) }, Ok(Route::Cairn(_)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkostemps64(tmpl: *mut c_char, sfx: c_int, fl: c_int) -> c_int {
-    if !unsafe { template_is_cairn(tmpl) } {
-        return unsafe { real::mkostemps64(tmpl, sfx, fl) };
-    }
-    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | (fl & !libc::O_ACCMODE);
-    unsafe {
-        mktemp_with(tmpl, sfx.max(0) as usize, |p| {
-            openat64(FDCWD, p, flags, 0o600)
-        })
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkostemps(tmpl: *mut c_char, sfx: c_int, fl: c_int) -> c_int {
-    unsafe { mkostemps64(tmpl, sfx, fl) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkstemps64(tmpl: *mut c_char, sfx: c_int) -> c_int {
-    unsafe { mkostemps64(tmpl, sfx, 0) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkstemps(tmpl: *mut c_char, sfx: c_int) -> c_int {
-    unsafe { mkostemps64(tmpl, sfx, 0) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkostemp64(tmpl: *mut c_char, fl: c_int) -> c_int {
-    unsafe { mkostemps64(tmpl, 0, fl) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkostemp(tmpl: *mut c_char, fl: c_int) -> c_int {
-    unsafe { mkostemps64(tmpl, 0, fl) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkstemp64(tmpl: *mut c_char) -> c_int {
-    unsafe { mkostemps64(tmpl, 0, 0) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkstemp(tmpl: *mut c_char) -> c_int {
-    unsafe { mkostemps64(tmpl, 0, 0) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkdtemp(tmpl: *mut c_char) -> *mut c_char {
-    if !unsafe { template_is_cairn(tmpl) } {
-        return unsafe { real::mkdtemp(tmpl) };
-    }
-    let r = unsafe { mktemp_with(tmpl, 0, |p| mkdirat(FDCWD, p, 0o700)) };
-    if r < 0 {
-        std::ptr::null_mut()
-    } else {
-        tmpl
-    }
 }
 
 // ---- pathconf -------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ mod table;
 #[cfg(not(test))]
 mod abi;
 #[cfg(not(test))]
+mod abi_copy;
+#[cfg(not(test))]
 mod abi_dir;
 #[cfg(not(test))]
 mod abi_fd;
@@ -38,6 +40,10 @@ mod abi_proc;
 mod abi_sock;
 #[cfg(not(test))]
 mod abi_stdio;
+#[cfg(not(test))]
+mod abi_temp;
+#[cfg(not(test))]
+mod abi_xattr;
 
 /// Start-up, before `main`: adopt the Cairn descriptors and current directory inherited
 /// through `exec`, register the `fork` handlers and the exit-time write-back of shared
