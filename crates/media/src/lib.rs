@@ -492,180 +492,118 @@ mod tests {
     }
 }
 
-/// Small safe wrappers over the system calls the daemon and LibFS need, so that no other
-/// crate needs `unsafe`.
+/// The system calls the daemon and LibFS need beyond `std`, on `rustix`'s safe wrappers,
+/// so that no other crate needs `unsafe`. Three remain `unsafe` here, each with the
+/// reason: `BLKDISCARD` (no safe wrapper in `rustix`), closing an abandoned descriptor
+/// and `fork`.
 pub mod sys {
+    use rustix::fs::{FallocateFlags, FlockOperation};
     use std::fs::File;
     use std::io;
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsFd, AsRawFd};
     use std::os::unix::net::UnixStream;
+
+    fn flock(f: &File, op: FlockOperation) -> io::Result<()> {
+        Ok(rustix::fs::flock(f, op)?)
+    }
 
     /// `flock(2)`: take an exclusive lock (`nonblock`: fail with `WouldBlock` if held).
     pub fn flock_exclusive(f: &File, nonblock: bool) -> io::Result<()> {
-        let op = libc::LOCK_EX | if nonblock { libc::LOCK_NB } else { 0 };
-        // SAFETY: flock on a valid fd owned by `f`; no memory is passed.
-        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        flock(
+            f,
+            if nonblock {
+                FlockOperation::NonBlockingLockExclusive
+            } else {
+                FlockOperation::LockExclusive
+            },
+        )
     }
 
     /// `flock(2)`: take a shared lock (`nonblock`: fail with `WouldBlock` if an exclusive
     /// one is held).
     pub fn flock_shared(f: &File, nonblock: bool) -> io::Result<()> {
-        let op = libc::LOCK_SH | if nonblock { libc::LOCK_NB } else { 0 };
-        // SAFETY: flock on a valid fd owned by `f`; no memory is passed.
-        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    /// `bind(2)` of the Unix-domain socket `fd` to the filesystem path `path`.
-    pub fn bind_unix(fd: std::os::fd::BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        // SAFETY: an all-zero sockaddr_un is a valid value.
-        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        let b = path.as_os_str().as_bytes();
-        if b.len() >= a.sun_path.len() || b.contains(&0) {
-            return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-        }
-        for (d, s) in a.sun_path.iter_mut().zip(b) {
-            *d = *s as libc::c_char;
-        }
-        let len = std::mem::size_of::<libc::sa_family_t>() + b.len() + 1;
-        // SAFETY: `a` is a valid sockaddr_un of `len` bytes (NUL-terminated path), for
-        // a descriptor `fd` borrows.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&a as *const libc::sockaddr_un).cast(),
-                len as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    /// `mkfifo(2)`: make a FIFO at `path` with `mode` (minus the umask).
-    pub fn mkfifo(path: &std::ffi::CStr, mode: u32) -> io::Result<()> {
-        // SAFETY: `path` is a NUL-terminated string valid for the call.
-        let r = unsafe { libc::mkfifo(path.as_ptr(), mode as libc::mode_t) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    /// Wait until `fd` is readable (for a listening socket: a connection is pending) or
-    /// `timeout` passes; whether it is readable. An interrupted wait counts as a timeout.
-    pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> io::Result<bool> {
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one pollfd, valid for the call, for a descriptor `fd` owns.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        match r {
-            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => Ok(false),
-            -1 => Err(io::Error::last_os_error()),
-            n => Ok(n > 0),
-        }
+        flock(
+            f,
+            if nonblock {
+                FlockOperation::NonBlockingLockShared
+            } else {
+                FlockOperation::LockShared
+            },
+        )
     }
 
     /// `flock(2)` unlock.
     pub fn flock_unlock(f: &File) -> io::Result<()> {
-        // SAFETY: as above.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+        flock(f, FlockOperation::Unlock)
+    }
+
+    /// `bind(2)` of the Unix-domain socket `fd` to the filesystem path `path`.
+    pub fn bind_unix(fd: std::os::fd::BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+        let addr = rustix::net::SocketAddrUnix::new(path)?;
+        Ok(rustix::net::bind(fd, &addr)?)
+    }
+
+    /// `mkfifo(2)`: make a FIFO at `path` with `mode` (minus the umask).
+    pub fn mkfifo(path: &std::ffi::CStr, mode: u32) -> io::Result<()> {
+        Ok(rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(mode),
+            0,
+        )?)
+    }
+
+    /// Wait until `fd` is readable (for a listening socket: a connection is pending) or
+    /// `timeout` passes; whether it is readable. An interrupted wait counts as a timeout.
+    pub fn wait_readable(fd: &impl AsFd, timeout: std::time::Duration) -> io::Result<bool> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        let t = Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        match rustix::event::poll(&mut fds, Some(&t)) {
+            Ok(n) => Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Credentials of the peer of a Unix socket: (pid, uid, gid).
     pub fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32, u32)> {
-        let mut cred = libc::ucred {
-            pid: 0,
-            uid: 0,
-            gid: 0,
-        };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `cred`, a properly sized and
-        // aligned ucred on our stack; the fd is valid for the call.
-        let r = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                &mut cred as *mut libc::ucred as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        if r == 0 {
-            Ok((cred.pid as u32, cred.uid, cred.gid))
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        let c = rustix::net::sockopt::socket_peercred(s)?;
+        Ok((
+            c.pid.as_raw_nonzero().get() as u32,
+            c.uid.as_raw(),
+            c.gid.as_raw(),
+        ))
     }
 
     /// Reserve `len` bytes of `f` from offset 0 (`fallocate(2)`, mode 0), so that later
     /// stores through a mapping cannot fault for lack of space (tmpfs would `SIGBUS`).
     pub fn fallocate(f: &File, len: u64) -> io::Result<()> {
-        // SAFETY: fallocate on a valid fd; no memory is passed.
-        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        Ok(rustix::fs::fallocate(f, FallocateFlags::empty(), 0, len)?)
     }
 
-    /// Bytes of a block device (`BLKGETSIZE64`).
+    /// Bytes of a block device (its end, as `lseek(SEEK_END)` finds it).
     pub fn block_device_size(f: &File) -> io::Result<u64> {
-        const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-        let mut n: u64 = 0;
-        // SAFETY: the ioctl writes one u64 into `n`, which lives for the call.
-        let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut n as *mut u64) };
-        if r == 0 {
-            Ok(n)
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        Ok(rustix::fs::seek(f, rustix::fs::SeekFrom::End(0))?)
     }
 
     /// Trim `len` bytes at `off`: `BLKDISCARD` on a block device, else a punched hole
     /// (`fallocate(PUNCH_HOLE | KEEP_SIZE)`), so the file system frees the space.
     pub fn discard(f: &File, off: u64, len: u64) -> io::Result<()> {
         use std::os::unix::fs::FileTypeExt;
+        if !f.metadata()?.file_type().is_block_device() {
+            let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            return Ok(rustix::fs::fallocate(f, mode, off, len)?);
+        }
         const BLKDISCARD: libc::c_ulong = 0x1277;
-        let r = if f.metadata()?.file_type().is_block_device() {
-            let range = [off, len];
-            // SAFETY: the ioctl reads two u64 from `range`, which lives for the call.
-            unsafe { libc::ioctl(f.as_raw_fd(), BLKDISCARD, range.as_ptr()) }
-        } else {
-            // SAFETY: fallocate on a valid fd; no memory is passed.
-            unsafe {
-                libc::fallocate(
-                    f.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    off as libc::off_t,
-                    len as libc::off_t,
-                )
-            }
-        };
+        let range = [off, len];
+        // SAFETY: the ioctl reads two u64 from `range`, which lives for the call, on a
+        // descriptor `f` owns. (`rustix` has no safe wrapper for `BLKDISCARD`.)
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKDISCARD, range.as_ptr()) };
         if r == 0 {
             Ok(())
         } else {
@@ -676,91 +614,79 @@ pub mod sys {
     /// `renameat2(AT_FDCWD, from, AT_FDCWD, to, flags)` (`RENAME_NOREPLACE`,
     /// `RENAME_EXCHANGE`), which `std` does not offer.
     pub fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let c = |p: &std::path::Path| {
-            std::ffi::CString::new(p.as_os_str().as_bytes())
-                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-        };
-        let (f, t) = (c(from)?, c(to)?);
-        // SAFETY: two valid NUL-terminated strings that outlive the call.
-        let r = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                f.as_ptr(),
-                libc::AT_FDCWD,
-                t.as_ptr(),
-                flags,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        let flags = rustix::fs::RenameFlags::from_bits(flags)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        Ok(rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            from,
+            rustix::fs::CWD,
+            to,
+            flags,
+        )?)
     }
 
     /// Set the process's file mode creation mask (`umask(2)`); returns the previous one.
     pub fn set_umask(mask: u32) -> u32 {
-        // SAFETY: umask cannot fail and touches no memory.
-        unsafe { libc::umask(mask as libc::mode_t) as u32 }
+        rustix::process::umask(rustix::fs::Mode::from_raw_mode(mask)).as_raw_mode()
     }
 
     /// Close descriptor `fd`, which its owner (a structure this process abandoned after
     /// `fork`, never to be dropped) will not use again.
     pub fn close_abandoned(fd: std::os::fd::RawFd) {
         // SAFETY: close touches no memory; the caller guarantees no live object uses `fd`
-        // (its owner is leaked and never runs its destructor).
+        // (its owner is leaked and never runs its destructor). Taking ownership of a raw
+        // descriptor is `unsafe` in every API, `rustix`'s too.
         unsafe { libc::close(fd) };
     }
 
     /// Whether process `pid` exists (`kill(pid, 0)`).
     pub fn pid_alive(pid: u32) -> bool {
-        if pid == 0 || pid > i32::MAX as u32 {
+        if pid > i32::MAX as u32 {
             return false;
         }
-        // SAFETY: signal 0 performs only the existence and permission check.
-        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-        r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+            return false; // 0
+        };
+        match rustix::process::test_kill_process(p) {
+            Ok(()) => true,
+            Err(e) => e == rustix::io::Errno::PERM,
+        }
     }
 
     /// Current uid and gid of this process.
     pub fn ids() -> (u32, u32) {
-        // SAFETY: getuid/getgid cannot fail and take no arguments.
-        unsafe { (libc::getuid(), libc::getgid()) }
+        (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        )
     }
 
-    static TERMINATION: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-    extern "C" fn on_termination(_sig: libc::c_int) {
-        // Only an atomic store: async-signal-safe.
-        TERMINATION.store(true, std::sync::atomic::Ordering::SeqCst);
+    fn termination() -> &'static std::sync::Arc<std::sync::atomic::AtomicBool> {
+        static FLAG: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+            std::sync::OnceLock::new();
+        FLAG.get_or_init(Default::default)
     }
 
     /// Route SIGTERM and SIGINT to a process-wide flag (see [`termination_requested`])
-    /// instead of killing the process, and clear the flag.
+    /// instead of killing the process (`signal-hook`), and clear the flag.
     pub fn install_termination_flag() -> io::Result<()> {
-        TERMINATION.store(false, std::sync::atomic::Ordering::SeqCst);
-        for sig in [libc::SIGTERM, libc::SIGINT] {
-            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the
-            // handler only performs an atomic store, which is async-signal-safe; the
-            // pointers passed to sigemptyset/sigaction point to our stack value.
-            let r = unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = on_termination as extern "C" fn(libc::c_int) as usize;
-                sa.sa_flags = libc::SA_RESTART;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(sig, &sa, std::ptr::null_mut())
-            };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
+        static REGISTERED: std::sync::OnceLock<io::Result<()>> = std::sync::OnceLock::new();
+        termination().store(false, std::sync::atomic::Ordering::SeqCst);
+        let r = REGISTERED.get_or_init(|| {
+            for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+                signal_hook::flag::register(sig, termination().clone())?;
             }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
         }
-        Ok(())
     }
 
     /// Whether SIGTERM or SIGINT arrived since [`install_termination_flag`].
     pub fn termination_requested() -> bool {
-        TERMINATION.load(std::sync::atomic::Ordering::SeqCst)
+        termination().load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Number of threads of this process (from `/proc/self/task`).
@@ -778,7 +704,8 @@ pub mod sys {
         }
         let devnull = std::fs::OpenOptions::new().read(true).open("/dev/null")?;
         // SAFETY: the process is single-threaded (checked above), so the child cannot
-        // inherit a lock held by another thread; fork takes no memory arguments.
+        // inherit a lock held by another thread; fork takes no memory arguments. (`fork`
+        // is `unsafe` in every API.)
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error());
@@ -786,18 +713,10 @@ pub mod sys {
         if pid > 0 {
             return Ok(Some(pid as u32));
         }
-        // SAFETY: setsid and dup2 take no memory arguments; the fds are valid (owned by
-        // `devnull` and `log` for the duration of the calls); dup2 onto 0/1/2 replaces the
-        // standard streams atomically.
-        unsafe {
-            libc::setsid();
-            if libc::dup2(devnull.as_raw_fd(), 0) < 0
-                || libc::dup2(log.as_raw_fd(), 1) < 0
-                || libc::dup2(log.as_raw_fd(), 2) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        rustix::process::setsid()?;
+        rustix::stdio::dup2_stdin(&devnull)?;
+        rustix::stdio::dup2_stdout(log)?;
+        rustix::stdio::dup2_stderr(log)?;
         Ok(None)
     }
 }
