@@ -1,4 +1,4 @@
-//! The client↔daemon protocol. Messages are bincode-encoded enums in frames of
+//! The client↔daemon protocol. Messages are postcard-encoded enums in frames of
 //! `u32 little-endian length | payload` over the store's Unix socket (`cairnd.sock`).
 //! The daemon learns the client's credentials from the socket (`SO_PEERCRED`), never from
 //! a message.
@@ -389,7 +389,7 @@ pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
 pub fn send_with<T: Serialize>(w: &mut impl Write, msg: &T, buf: &mut Vec<u8>) -> io::Result<()> {
     buf.clear();
     buf.extend_from_slice(&[0; 4]);
-    bincode::serialize_into(&mut *buf, msg)
+    *buf = postcard::to_extend(msg, std::mem::take(buf))
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let len = buf.len() - 4;
     if len as u64 > MAX_FRAME as u64 {
@@ -424,7 +424,7 @@ pub fn recv_with<T: for<'de> Deserialize<'de>>(
     buf.clear();
     buf.resize(len as usize, 0);
     r.read_exact(buf)?;
-    bincode::deserialize(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]
