@@ -422,6 +422,8 @@ pub fn records(txn: &[u8], nrec: u32) -> Result<Vec<Record<'_>>> {
     Ok(out)
 }
 
+/// One record of type `ty`: one arm per record type, each checking its length and fields
+/// (about 110 lines; FORMAT.md's record table in code).
 fn decode_record(ty: u16, r: &[u8]) -> Result<Record<'_>> {
     match ty {
         REC_INODE_SET => {

@@ -317,7 +317,8 @@ pub(super) fn tempfile_dir(prefix: &str) -> CliResult<PathBuf> {
     Ok(d)
 }
 
-/// `cairn bench apps`.
+/// `cairn bench apps`. Long (about 170 lines) on purpose: the benchmark's script, each
+/// program's phases in the order they run and print.
 pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
     let fs = crate::commands::open_fs(store)?;
     let store_dir = fs.store_dir().to_path_buf();

@@ -130,6 +130,8 @@ pub fn host_system_name(fs_type: &str) -> String {
     }
 }
 
+/// `cairn bench latency`. Long (about 140 lines) on purpose: the benchmark's script, the
+/// systems and sizes in the order they run and print.
 pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
     let fs = open_fs(store)?;
     let store_dir = fs.store_dir().to_path_buf();

@@ -421,7 +421,8 @@ fn print_counts<'a>(
     }
 }
 
-/// `cairn bench share`.
+/// `cairn bench share`. Long (about 160 lines) on purpose: the benchmark's script, its
+/// three experiments in the order they run and print.
 pub fn run(store: Option<&Path>, args: &ShareArgs) -> CliResult {
     let fs = cairn::Fs::open_store(store)?;
     let store_dir = fs.store_dir().to_path_buf();

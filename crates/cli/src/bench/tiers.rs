@@ -411,6 +411,9 @@ impl Drop for BenchStore {
     }
 }
 
+/// `cairn bench tiers`. Long (about 180 lines) on purpose: it is the benchmark's script,
+/// its phases in the order they run and print, which a reader checks against
+/// docs/BENCHMARKS.md in one place.
 pub fn run(args: &TiersArgs) -> CliResult {
     let dir = &args.dir;
     if !dir.is_dir() {
@@ -593,6 +596,7 @@ pub fn run(args: &TiersArgs) -> CliResult {
         .map_err(crate::error::stdout_err)
 }
 
+/// The report as text: one table after the other, as docs/BENCHMARKS.md shows them.
 fn human(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(

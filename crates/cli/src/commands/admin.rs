@@ -13,6 +13,8 @@ fn daemon_running(dir: &StoreDir) -> bool {
     UnixStream::connect(dir.socket_path()).is_ok()
 }
 
+/// `cairn mkfs`. Long (about 120 lines): each option checked and turned into the daemon's
+/// `MkfsOptions` in the order `--help` lists them, then the summary printed.
 pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
     let dir = StoreDir::resolve(store);
     if args.force && dir.exists() && daemon_running(&dir) {
@@ -284,7 +286,8 @@ fn pct(used: u64, cap: u64) -> String {
     }
 }
 
-/// The human form of `cairn status`.
+/// The human form of `cairn status`: its sections in the order they print (long, about
+/// 120 lines, as the output is).
 pub fn format_status(r: &cairn_proto::StatusReport) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();

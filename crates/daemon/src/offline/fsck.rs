@@ -298,6 +298,10 @@ struct Walk {
     tiers: HashMap<u8, Bitmap>,
 }
 
+/// The walk from the root: every reachable inode, its map and a directory's entries,
+/// with the bitmaps of referenced blocks. One function (about 180 lines) because every
+/// check shares the walk's state (the stack, the marks, the counts per inode) and runs
+/// as the inode is reached.
 fn walk_tree(sh: &Shared, opts: &FsckOptions, rep: &mut FsckReport) -> io::Result<Walk> {
     let l = sh.layout;
     let mut w = Walk {

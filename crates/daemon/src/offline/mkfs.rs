@@ -191,7 +191,8 @@ fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
 /// mapping can never fault for lack of space), the superblock, the daemon state, the slot
 /// heads, the root directory, the allocation state, a lock file per slot, and
 /// `cairn.toml`. Refuses an existing store unless `force` (`EEXIST`), and a store whose
-/// daemon runs (`EBUSY`).
+/// daemon runs (`EBUSY`). Long (about 140 lines): the steps above, in the order that makes
+/// a crash part-way leave no store rather than a broken one (the superblock last).
 pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
     let layout = layout_of(opts)?;
     let store = StoreDir::new(&opts.store);

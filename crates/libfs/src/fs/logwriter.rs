@@ -65,39 +65,7 @@ impl Inner {
         let written = written.chain(tx.write.iter().map(|w| w.0));
         let written = written.chain(tx.punch.map(|p| p.0));
         let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
-        let mut recs: Vec<Record<'_>> = Vec::new();
-        for (ino, gen, a) in &tx.inodes {
-            recs.push(Record::InodeSet {
-                ino: *ino,
-                generation: *gen,
-                attrs: *a,
-            });
-        }
-        if let Some((ino, data, size, mtime)) = &tx.write {
-            recs.push(Record::Write {
-                ino: *ino,
-                offset: 0,
-                size: *size,
-                mtime: *mtime,
-                data,
-            });
-        }
-        if let Some((ino, offset, len, mtime)) = tx.punch {
-            recs.push(Record::Punch {
-                ino,
-                offset,
-                len,
-                mtime,
-            });
-        }
-        for (dir, name, ino, kind) in &tx.dirents {
-            recs.push(Record::DirentSet {
-                dir: *dir,
-                name,
-                ino: *ino,
-                kind: *kind,
-            });
-        }
+        let recs = tx.records();
         let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
         let len = txn_len(payload);
         if len as u64 > st.ring.bytes() / 4 {
@@ -148,38 +116,7 @@ impl Inner {
             return Ok(st.tail);
         }
         let tag = st.appended(lsn, len as u64);
-        // The overlay.
-        for (ino, gen, a) in &tx.inodes {
-            let o = st
-                .ov
-                .entry(*ino)
-                .or_insert_with(|| InodeOv::new(*gen, *a, tag, &mut st.spare));
-            o.gen = *gen;
-            o.attrs = *a;
-            o.tag = tag;
-            if a.nlink == 0 {
-                o.ext.clear();
-                o.dir.clear();
-            }
-        }
-        for &(ino, start, end) in &tx.zero {
-            if let Some(o) = st.ov.get_mut(&ino) {
-                o.ext.insert(start, end, Src::Zero, tag);
-            }
-        }
-        if let Some((ino, data, _, _)) = &tx.write {
-            if let Some(o) = st.ov.get_mut(ino) {
-                o.ext
-                    .insert(0, data.len() as u64, Src::Log(lsn + data_off as u64), tag);
-            }
-        }
-        for (dir, name, ino, kind) in tx.dirents {
-            if let Some(o) = st.ov.get_mut(&dir) {
-                let e = (ino != 0).then_some((ino, kind));
-                o.dir.insert(name, (e, tag));
-                o.tag = tag;
-            }
-        }
+        st.apply_committed(tx, tag, lsn + data_off as u64);
         self.maybe_request_digest(st);
         Ok(tag)
     }
@@ -374,5 +311,83 @@ impl Inner {
             done += n;
         }
         Ok((off, done))
+    }
+}
+
+impl Tx {
+    /// The log records of the transaction, in the order they are logged: inodes, the
+    /// write, the punch, then directory entries.
+    fn records(&self) -> Vec<Record<'_>> {
+        let mut recs: Vec<Record<'_>> = Vec::new();
+        for (ino, gen, a) in &self.inodes {
+            recs.push(Record::InodeSet {
+                ino: *ino,
+                generation: *gen,
+                attrs: *a,
+            });
+        }
+        if let Some((ino, data, size, mtime)) = &self.write {
+            recs.push(Record::Write {
+                ino: *ino,
+                offset: 0,
+                size: *size,
+                mtime: *mtime,
+                data,
+            });
+        }
+        if let Some((ino, offset, len, mtime)) = self.punch {
+            recs.push(Record::Punch {
+                ino,
+                offset,
+                len,
+                mtime,
+            });
+        }
+        for (dir, name, ino, kind) in &self.dirents {
+            recs.push(Record::DirentSet {
+                dir: *dir,
+                name,
+                ino: *ino,
+                kind: *kind,
+            });
+        }
+        recs
+    }
+}
+
+impl State {
+    /// The overlay after transaction `tx` committed with tag `tag` (its write's data at
+    /// `data_lsn` in the log).
+    fn apply_committed(&mut self, tx: Tx, tag: u64, data_lsn: u64) {
+        for (ino, gen, a) in &tx.inodes {
+            let o = self
+                .ov
+                .entry(*ino)
+                .or_insert_with(|| InodeOv::new(*gen, *a, tag, &mut self.spare));
+            o.gen = *gen;
+            o.attrs = *a;
+            o.tag = tag;
+            if a.nlink == 0 {
+                o.ext.clear();
+                o.dir.clear();
+            }
+        }
+        for &(ino, start, end) in &tx.zero {
+            if let Some(o) = self.ov.get_mut(&ino) {
+                o.ext.insert(start, end, Src::Zero, tag);
+            }
+        }
+        if let Some((ino, data, _, _)) = &tx.write {
+            if let Some(o) = self.ov.get_mut(ino) {
+                o.ext.insert(0, data.len() as u64, Src::Log(data_lsn), tag);
+            }
+        }
+        for (dir, name, ino, kind) in tx.dirents {
+            if let Some(o) = self.ov.get_mut(&dir) {
+                let e = (ino != 0).then_some((ino, kind));
+                o.dir.insert(name, (e, tag));
+                o.tag = tag;
+            }
+        }
     }
 }
