@@ -140,7 +140,7 @@ fn crash_images_during_migration_and_cleaning_recover() {
     // `fdatasync` of a round's copy before the switch, switched data can be lost.
     let site = call_after(
         "crates/daemon/src/tiers/migrate.rs",
-        "cairn_media::file::write_all_at(f, &buf, first * BLOCK_SIZE_U64)",
+        "cairn_media::file::write_all_at(f, buf, first * BLOCK_SIZE_U64)",
         "sync_data",
     );
     let rep = check(

@@ -31,7 +31,7 @@ use cairn_format::map::{entry_block, entry_tier, tier_entry, TIER_NAMES};
 use cairn_format::tier::SEG_WRITTEN_NS;
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
 use cairn_proto::MigrationStatus;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::sync::Mutex;
 
@@ -470,83 +470,8 @@ impl Migrator {
             return Err(eio(format!("no tier {to}")));
         };
         let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
-        // Phase 1.
-        let (dest, moves, epoch) = {
-            let mut c = core.serial();
-            if c.stopped || !needed(&mut c) {
-                return Ok(0);
-            }
-            let low = c.cfg.migrate_low_pct.clamp(1, 100) as u64;
-            let room = c.available_credits().min(promotion_room(&c.sh, 0, low));
-            let sh = &mut c.sh;
-            let dest = if to == 0 {
-                Dest::Nvm(Vec::new())
-            } else {
-                let Some(t) = sh.tier_mut(to) else {
-                    return Err(eio(format!(
-                        "the store has no {} tier",
-                        TIER_NAMES[to as usize]
-                    )));
-                };
-                let sb = t.geom.segment_blocks;
-                // Migration keeps one segment back, so that cleaning can always proceed.
-                let reserve = if kind == RoundKind::Clean { 0 } else { 1 };
-                let Some(seg) = t.take_segment(reserve) else {
-                    return Ok(0);
-                };
-                Dest::Segment {
-                    seg,
-                    first: seg * sb,
-                }
-            };
-            let want = match dest {
-                Dest::Nvm(_) => room,
-                Dest::Segment { .. } => sh.tier(to).map_or(0, |t| t.geom.segment_blocks),
-            };
-            let moves = match kind {
-                // A whole segment's worth (segments are written once).
-                RoundKind::Migrate => select_cold(sh, from, want),
-                RoundKind::Clean => select_victims(sh, from, want, 2),
-                RoundKind::Evacuate => select_victims(sh, from, want, 1),
-                RoundKind::Promote => select_hot(sh, from, want),
-            };
-            let release = |sh: &mut Shared, dest: &Dest| {
-                if let (Dest::Segment { seg, .. }, Some(t)) = (dest, sh.tier_mut(to)) {
-                    t.release_segment(*seg);
-                }
-                sh.trim_empty_segments();
-            };
-            let moves = match moves {
-                Ok(m) if !m.is_empty() => m,
-                other => {
-                    release(sh, &dest);
-                    return other.map(|_| 0);
-                }
-            };
-            let dest = match dest {
-                Dest::Nvm(_) => {
-                    let mut w = Work::default();
-                    for _ in &moves {
-                        if sh.alloc_block(&mut w).is_err() {
-                            sh.rollback(&w);
-                            return Ok(0);
-                        }
-                    }
-                    Dest::Nvm(w.allocated)
-                }
-                Dest::Segment { seg, first } => {
-                    let off = sh.layout.seg_entry_off(to, seg) as usize;
-                    let gen = sh.map().load_u64(off)?;
-                    sh.map().store_u64(off, gen + 1)?;
-                    sh.map()
-                        .store_u64(off + SEG_WRITTEN_NS as usize, now_ns().max(0) as u64)?;
-                    sh.map().persist(off, 16)?;
-                    Dest::Segment { seg, first }
-                }
-            };
-            let epoch = sh.epoch();
-            sh.held_epochs.push(epoch);
-            (dest, moves, epoch)
+        let Some((dest, moves, epoch)) = self.prepare(core, kind, from, to, needed)? else {
+            return Ok(0);
         };
         let kind_name = match kind {
             RoundKind::Migrate => "migrate",
@@ -566,37 +491,96 @@ impl Migrator {
         );
         let r = self.copy_and_switch(core, kind, from, to, &dest, &moves);
         self.set_progress(to, None);
-        let mut c = core.serial();
-        let sh = &mut c.sh;
-        // Only this round's hold (another round may hold the same epoch).
-        if let Some(i) = sh.held_epochs.iter().position(|&e| e == epoch) {
-            sh.held_epochs.swap_remove(i);
-        }
-        match &dest {
-            Dest::Segment { seg, .. } => {
-                if let Some(t) = sh.tier_mut(to) {
-                    t.release_segment(*seg);
-                }
-            }
-            Dest::Nvm(blocks) => {
-                // Blocks whose switch did not happen were never published.
-                let unused: Vec<u64> = match &r {
-                    Ok((_, used)) => blocks
-                        .iter()
-                        .filter(|b| !used.contains(b))
-                        .copied()
-                        .collect(),
-                    Err(_) => blocks.clone(),
-                };
-                for b in unused {
-                    sh.blocks.free(b);
-                }
-            }
-        }
-        // What the round replaced can go now that its hold is gone (so that the caller
-        // sees the space), and emptied segments are trimmed.
-        c.reclaim();
+        finish_round(core, to, epoch, &dest, &r);
         r.map(|(n, _)| n)
+    }
+
+    /// Phase 1 of a round, under the core lock: unless the store stops or `needed` says
+    /// no, the destination (a free segment of tier `to`, or NVM blocks), the moves (the
+    /// data to copy) and the epoch the round holds. `None`: nothing to do.
+    fn prepare(
+        &self,
+        core: &CoreLock,
+        kind: RoundKind,
+        from: u8,
+        to: u8,
+        needed: &dyn Fn(&mut crate::core::Core) -> bool,
+    ) -> io::Result<Option<(Dest, Vec<Move>, u64)>> {
+        let mut c = core.serial();
+        if c.stopped || !needed(&mut c) {
+            return Ok(None);
+        }
+        let low = c.cfg.migrate_low_pct.clamp(1, 100) as u64;
+        let room = c.available_credits().min(promotion_room(&c.sh, 0, low));
+        let sh = &mut c.sh;
+        let dest = if to == 0 {
+            Dest::Nvm(Vec::new())
+        } else {
+            let Some(t) = sh.tier_mut(to) else {
+                return Err(eio(format!(
+                    "the store has no {} tier",
+                    TIER_NAMES[to as usize]
+                )));
+            };
+            let sb = t.geom.segment_blocks;
+            // Migration keeps one segment back, so that cleaning can always proceed.
+            let reserve = if kind == RoundKind::Clean { 0 } else { 1 };
+            let Some(seg) = t.take_segment(reserve) else {
+                return Ok(None);
+            };
+            Dest::Segment {
+                seg,
+                first: seg * sb,
+            }
+        };
+        let want = match dest {
+            Dest::Nvm(_) => room,
+            Dest::Segment { .. } => sh.tier(to).map_or(0, |t| t.geom.segment_blocks),
+        };
+        let moves = match kind {
+            // A whole segment's worth (segments are written once).
+            RoundKind::Migrate => select_cold(sh, from, want),
+            RoundKind::Clean => select_victims(sh, from, want, 2),
+            RoundKind::Evacuate => select_victims(sh, from, want, 1),
+            RoundKind::Promote => select_hot(sh, from, want),
+        };
+        let release = |sh: &mut Shared, dest: &Dest| {
+            if let (Dest::Segment { seg, .. }, Some(t)) = (dest, sh.tier_mut(to)) {
+                t.release_segment(*seg);
+            }
+            sh.trim_empty_segments();
+        };
+        let moves = match moves {
+            Ok(m) if !m.is_empty() => m,
+            other => {
+                release(sh, &dest);
+                return other.map(|_| None);
+            }
+        };
+        let dest = match dest {
+            Dest::Nvm(_) => {
+                let mut w = Work::default();
+                for _ in &moves {
+                    if sh.alloc_block(&mut w).is_err() {
+                        sh.rollback(&w);
+                        return Ok(None);
+                    }
+                }
+                Dest::Nvm(w.allocated)
+            }
+            Dest::Segment { seg, first } => {
+                let off = sh.layout.seg_entry_off(to, seg) as usize;
+                let gen = sh.map().load_u64(off)?;
+                sh.map().store_u64(off, gen + 1)?;
+                sh.map()
+                    .store_u64(off + SEG_WRITTEN_NS as usize, now_ns().max(0) as u64)?;
+                sh.map().persist(off, 16)?;
+                Dest::Segment { seg, first }
+            }
+        };
+        let epoch = sh.epoch();
+        sh.held_epochs.push(epoch);
+        Ok(Some((dest, moves, epoch)))
     }
 
     /// Phases 2 and 3 of a round. Returns the blocks moved and, for NVM destinations,
@@ -609,52 +593,11 @@ impl Migrator {
         to: u8,
         dest: &Dest,
         moves: &[Move],
-    ) -> io::Result<(u64, std::collections::HashSet<u64>)> {
-        // Phase 2: read every block (one read per run of blocks consecutive on a lower
-        // tier), write them (a segment in one go, with direct I/O where the tier allows
-        // it; NVM blocks with non-temporal stores) and make them durable.
+    ) -> io::Result<(u64, HashSet<u64>)> {
+        // Phase 2: read every block, write them to the destination and make them durable.
         let area = core.serial().sh.area.clone();
-        let mut buf = cairn_media::AlignedBuf::zeroed(moves.len() * BLOCK_SIZE);
-        let mut i = 0;
-        while i < moves.len() {
-            let e = moves[i].old;
-            if entry_tier(e) == 0 {
-                area.read_leaf(e, &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE])?;
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < moves.len() && moves[j].old == e + (j - i) as u64 {
-                j += 1;
-            }
-            let at = entry_block(e) * BLOCK_SIZE_U64;
-            area.read_tier_aligned(entry_tier(e), at, &mut buf[i * BLOCK_SIZE..j * BLOCK_SIZE])?;
-            i = j;
-        }
-        let name = TIER_NAMES[to as usize];
-        let new_entry = |i: usize| match dest {
-            Dest::Segment { first, .. } => tier_entry(to, first + i as u64),
-            Dest::Nvm(blocks) => blocks[i],
-        };
-        match dest {
-            Dest::Segment { seg, first } => {
-                let f = area
-                    .tier_direct(to)
-                    .or_else(|| area.tier_file(to))
-                    .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
-                cairn_media::emulate::write(to, buf.len());
-                cairn_media::file::write_all_at(f, &buf, first * BLOCK_SIZE_U64)
-                    .and_then(|()| cairn_media::file::sync_data(f))
-                    .map_err(|e| eio(format!("write of segment {seg} of the {name} tier: {e}")))?;
-            }
-            Dest::Nvm(blocks) => {
-                for (i, &b) in blocks.iter().enumerate() {
-                    let data = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-                    area.map().write_nt((b * BLOCK_SIZE_U64) as usize, data)?;
-                }
-                cairn_media::fence();
-            }
-        }
+        let buf = read_moves(&area, moves)?;
+        write_copy(&area, to, dest, &buf)?;
         drop(buf);
         if let Some(p) =
             self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize].as_mut()
@@ -666,70 +609,8 @@ impl Migrator {
         if c.stopped {
             return Ok((0, Default::default()));
         }
+        let used = switch_maps(&mut c.sh, to, dest, moves)?;
         let sh = &mut c.sh;
-        let mut by_ino: BTreeMap<u64, Vec<(usize, &Move)>> = BTreeMap::new();
-        for (i, m) in moves.iter().enumerate() {
-            by_ino.entry(m.ino).or_default().push((i, m));
-        }
-        let mut retired = Vec::new();
-        let mut used = std::collections::HashSet::new();
-        for (ino, ms) in by_ino {
-            let Ok(old) = sh.inode(ino) else { continue };
-            if old.attrs.kind != Kind::File {
-                continue;
-            }
-            let mut changes = Vec::new();
-            for &(i, m) in &ms {
-                if sh.area.block_of(&old, m.fblk)? == Some(m.old) {
-                    changes.push((m.fblk, new_entry(i)));
-                }
-            }
-            // The map update takes its changes in file order, once each (the rounds
-            // choose blocks chunk by chunk, coldest or hottest first).
-            changes.sort_unstable_by_key(|c| c.0);
-            changes.dedup_by_key(|c| c.0);
-            if changes.is_empty() {
-                continue;
-            }
-            let mut w = Work::default();
-            let r = match maptree::update(
-                sh,
-                &mut w,
-                old.map_root,
-                old.map_height,
-                &changes,
-                u64::MAX,
-                true,
-            ) {
-                Ok(r) => r,
-                Err(e) => {
-                    // No NVM block for a map node: this inode stays where it is.
-                    sh.rollback(&w);
-                    if cairn_area::errno_of(&e) == libc::ENOSPC {
-                        continue;
-                    }
-                    return Err(e);
-                }
-            };
-            cairn_media::fence();
-            let new = Inode {
-                map_root: r.root,
-                map_height: r.height,
-                ..old
-            };
-            sh.write_inode(ino, &new)?;
-            for &(f, e) in &changes {
-                if let Some(t) = sh.tier_mut(to) {
-                    t.mark_used(entry_block(e));
-                }
-                used.insert(e);
-                sh.recency.touch(to, ino, f, f);
-            }
-            sh.counters.shared_bytes_written += w.bytes;
-            retired.extend(w.retired);
-        }
-        cairn_media::fence();
-        sh.retire_and_advance(retired)?;
         let moved = used.len() as u64;
         let b = bytes(moved);
         match kind {
@@ -983,6 +864,172 @@ impl Migrator {
         };
         starved && self.run(core, RoundKind::Clean, t, log) > 0
     }
+}
+
+/// The blocks of a round's moves, read in order (one read per run of blocks consecutive
+/// on a lower tier).
+fn read_moves(area: &cairn_area::Area, moves: &[Move]) -> io::Result<cairn_media::AlignedBuf> {
+    let mut buf = cairn_media::AlignedBuf::zeroed(moves.len() * BLOCK_SIZE);
+    let mut i = 0;
+    while i < moves.len() {
+        let e = moves[i].old;
+        if entry_tier(e) == 0 {
+            area.read_leaf(e, &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE])?;
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < moves.len() && moves[j].old == e + (j - i) as u64 {
+            j += 1;
+        }
+        let at = entry_block(e) * BLOCK_SIZE_U64;
+        area.read_tier_aligned(entry_tier(e), at, &mut buf[i * BLOCK_SIZE..j * BLOCK_SIZE])?;
+        i = j;
+    }
+    Ok(buf)
+}
+
+/// Write a round's copy and make it durable: a segment in one go and `fdatasync`ed
+/// (with direct I/O where the tier allows it), or NVM blocks with non-temporal stores
+/// and a fence.
+fn write_copy(area: &cairn_area::Area, to: u8, dest: &Dest, buf: &[u8]) -> io::Result<()> {
+    let name = TIER_NAMES[to as usize];
+    match dest {
+        Dest::Segment { seg, first } => {
+            let f = area
+                .tier_direct(to)
+                .or_else(|| area.tier_file(to))
+                .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
+            cairn_media::emulate::write(to, buf.len());
+            cairn_media::file::write_all_at(f, buf, first * BLOCK_SIZE_U64)
+                .and_then(|()| cairn_media::file::sync_data(f))
+                .map_err(|e| eio(format!("write of segment {seg} of the {name} tier: {e}")))?;
+        }
+        Dest::Nvm(blocks) => {
+            for (i, &b) in blocks.iter().enumerate() {
+                let data = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                area.map().write_nt((b * BLOCK_SIZE_U64) as usize, data)?;
+            }
+            cairn_media::fence();
+        }
+    }
+    Ok(())
+}
+
+/// Switch, file by file, the map entries that still name the blocks a round copied to
+/// their copies (one copy-on-write map update and inode write each), then retire the
+/// old blocks and advance the epoch. Returns the new entries now in use.
+fn switch_maps(sh: &mut Shared, to: u8, dest: &Dest, moves: &[Move]) -> io::Result<HashSet<u64>> {
+    let new_entry = |i: usize| match dest {
+        Dest::Segment { first, .. } => tier_entry(to, first + i as u64),
+        Dest::Nvm(blocks) => blocks[i],
+    };
+    let mut by_ino: BTreeMap<u64, Vec<(usize, &Move)>> = BTreeMap::new();
+    for (i, m) in moves.iter().enumerate() {
+        by_ino.entry(m.ino).or_default().push((i, m));
+    }
+    let mut retired = Vec::new();
+    let mut used = HashSet::new();
+    for (ino, ms) in by_ino {
+        let Ok(old) = sh.inode(ino) else { continue };
+        if old.attrs.kind != Kind::File {
+            continue;
+        }
+        let mut changes = Vec::new();
+        for &(i, m) in &ms {
+            if sh.area.block_of(&old, m.fblk)? == Some(m.old) {
+                changes.push((m.fblk, new_entry(i)));
+            }
+        }
+        // The map update takes its changes in file order, once each (the rounds
+        // choose blocks chunk by chunk, coldest or hottest first).
+        changes.sort_unstable_by_key(|c| c.0);
+        changes.dedup_by_key(|c| c.0);
+        if changes.is_empty() {
+            continue;
+        }
+        let mut w = Work::default();
+        let r = match maptree::update(
+            sh,
+            &mut w,
+            old.map_root,
+            old.map_height,
+            &changes,
+            u64::MAX,
+            true,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                // No NVM block for a map node: this inode stays where it is.
+                sh.rollback(&w);
+                if cairn_area::errno_of(&e) == libc::ENOSPC {
+                    continue;
+                }
+                return Err(e);
+            }
+        };
+        cairn_media::fence();
+        let new = Inode {
+            map_root: r.root,
+            map_height: r.height,
+            ..old
+        };
+        sh.write_inode(ino, &new)?;
+        for &(f, e) in &changes {
+            if let Some(t) = sh.tier_mut(to) {
+                t.mark_used(entry_block(e));
+            }
+            used.insert(e);
+            sh.recency.touch(to, ino, f, f);
+        }
+        sh.counters.shared_bytes_written += w.bytes;
+        retired.extend(w.retired);
+    }
+    cairn_media::fence();
+    sh.retire_and_advance(retired)?;
+    Ok(used)
+}
+
+/// After a round: drop its epoch hold, give its destination segment back to the free
+/// pool's bookkeeping or free the NVM blocks it did not publish, and reclaim what it
+/// replaced (so that the caller sees the space; emptied segments are trimmed).
+fn finish_round(
+    core: &CoreLock,
+    to: u8,
+    epoch: u64,
+    dest: &Dest,
+    r: &io::Result<(u64, HashSet<u64>)>,
+) {
+    let mut c = core.serial();
+    let sh = &mut c.sh;
+    // Only this round's hold (another round may hold the same epoch).
+    if let Some(i) = sh.held_epochs.iter().position(|&e| e == epoch) {
+        sh.held_epochs.swap_remove(i);
+    }
+    match dest {
+        Dest::Segment { seg, .. } => {
+            if let Some(t) = sh.tier_mut(to) {
+                t.release_segment(*seg);
+            }
+        }
+        Dest::Nvm(blocks) => {
+            // Blocks whose switch did not happen were never published.
+            let unused: Vec<u64> = match r {
+                Ok((_, used)) => blocks
+                    .iter()
+                    .filter(|b| !used.contains(b))
+                    .copied()
+                    .collect(),
+                Err(_) => blocks.clone(),
+            };
+            for b in unused {
+                sh.blocks.free(b);
+            }
+        }
+    }
+    // What the round replaced can go now that its hold is gone (so that the caller
+    // sees the space), and emptied segments are trimmed.
+    c.reclaim();
 }
 
 #[cfg(test)]
