@@ -106,6 +106,56 @@ fn estale(msg: impl Into<String>) -> io::Error {
     fs_err(libc::ESTALE, msg)
 }
 
+/// The allocation state at a start: loaded when the store was stopped cleanly (and it
+/// is usable), else rebuilt from the inodes (the slots with a log then replay it first).
+/// Marks the store in use (`clean = 0`, `mounts + 1`) and returns the mount count.
+fn allocation_state(
+    sh: &mut Shared,
+    clean: bool,
+    report: &mut StartReport,
+    log: &Logger,
+) -> io::Result<u64> {
+    let loaded = if clean {
+        match recovery::load(&sh.area) {
+            Ok((b, i, t)) => {
+                sh.blocks = b;
+                sh.inodes = i;
+                sh.tiers = t;
+                true
+            }
+            Err(e) => {
+                log.log(format!(
+                    "allocation state unusable ({e}); rebuilding it from the inodes"
+                ));
+                false
+            }
+        }
+    } else {
+        false
+    };
+    // From here on the shared area changes: the saved allocation state is stale.
+    sh.set_state(state::CLEAN, 0)?;
+    let mounts = sh.area.state_field(state::MOUNTS)? + 1;
+    sh.set_state(state::MOUNTS, mounts)?;
+    if !loaded {
+        let r = recovery::rebuild(sh)?;
+        report.rebuilt = true;
+        for slot in 0..sh.layout.nslots {
+            if sh.slot_head(slot)?.0.active {
+                sh.replaying.insert(slot);
+            }
+        }
+        log.log(format!(
+            "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
+            r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed
+        ));
+        for w in r.warnings {
+            log.log(format!("rebuild warning: {w}"));
+        }
+    }
+    Ok(mounts)
+}
+
 impl Core {
     /// Open the store's tier, get the allocation state (load after a clean stop, else
     /// rebuild), mark the store in use (`clean = 0`, `mounts + 1`) and recover every
@@ -128,44 +178,7 @@ impl Core {
             cfg.recency_grain_ssd_kib,
         );
         let mut report = StartReport::default();
-        let loaded = if clean {
-            match recovery::load(&sh.area) {
-                Ok((b, i, t)) => {
-                    sh.blocks = b;
-                    sh.inodes = i;
-                    sh.tiers = t;
-                    true
-                }
-                Err(e) => {
-                    log.log(format!(
-                        "allocation state unusable ({e}); rebuilding it from the inodes"
-                    ));
-                    false
-                }
-            }
-        } else {
-            false
-        };
-        // From here on the shared area changes: the saved allocation state is stale.
-        sh.set_state(state::CLEAN, 0)?;
-        let mounts = sh.area.state_field(state::MOUNTS)? + 1;
-        sh.set_state(state::MOUNTS, mounts)?;
-        if !loaded {
-            let r = recovery::rebuild(&mut sh)?;
-            report.rebuilt = true;
-            for slot in 0..l.nslots {
-                if sh.slot_head(slot)?.0.active {
-                    sh.replaying.insert(slot);
-                }
-            }
-            log.log(format!(
-                "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
-                r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed
-            ));
-            for w in r.warnings {
-                log.log(format!("rebuild warning: {w}"));
-            }
-        }
+        let mounts = allocation_state(&mut sh, clean, &mut report, log)?;
         let mut core = Core {
             sh,
             store: store.clone(),
@@ -175,41 +188,7 @@ impl Core {
             leases: Arc::new(Leases::new(Duration::ZERO, &[])),
             par: Default::default(),
         };
-        for slot in 0..l.nslots {
-            let (h, _) = core.sh.slot_head(slot)?;
-            if !h.active {
-                continue;
-            }
-            let pid_off = (l.client_page_off(slot) + client_page::PID) as usize;
-            let pid = core.sh.map().load_u64(pid_off).unwrap_or(0) as u32;
-            core.clients[slot as usize] = Some(Client {
-                pid,
-                uid: 0,
-                gid: 0,
-                slot_gen: h.slot_gen,
-                credits: 0,
-                conn: None,
-                awaiting_reattach: true,
-                retry_at: Instant::now(),
-            });
-            match try_lock_slot(store, slot)? {
-                Some(_lock) => {
-                    core.recover_slot(slot, log);
-                    report.recovered_slots.push(slot);
-                }
-                None => {
-                    let (new, charge) = digest::logged(&core.sh, slot)?;
-                    for ino in new {
-                        core.sh.inodes.reserve_one(slot, ino);
-                    }
-                    // The space its log was promised stays promised until digested.
-                    if let Some(c) = core.clients[slot as usize].as_mut() {
-                        c.credits = charge;
-                    }
-                    report.live_slots.push(slot);
-                }
-            }
-        }
+        core.take_over_slots(&mut report, log)?;
         // Every log there was at the start is replayed: inodes still unnamed are garbage.
         let freed = recovery::free_unreachable(&mut core.sh)?;
         if freed > 0 {
@@ -247,6 +226,48 @@ impl Core {
             core.sh.keep_unlinked = true;
         }
         Ok((core, report))
+    }
+
+    /// The slots with a log at a start: a dead client's is recovered at once; a live one
+    /// (its process still holds the slot lock) waits for it to re-attach, its log's new
+    /// inodes and promised space kept for it.
+    fn take_over_slots(&mut self, report: &mut StartReport, log: &Logger) -> io::Result<()> {
+        for slot in 0..self.sh.layout.nslots {
+            let (h, _) = self.sh.slot_head(slot)?;
+            if !h.active {
+                continue;
+            }
+            let pid_off = (self.sh.layout.client_page_off(slot) + client_page::PID) as usize;
+            let pid = self.sh.map().load_u64(pid_off).unwrap_or(0) as u32;
+            self.clients[slot as usize] = Some(Client {
+                pid,
+                uid: 0,
+                gid: 0,
+                slot_gen: h.slot_gen,
+                credits: 0,
+                conn: None,
+                awaiting_reattach: true,
+                retry_at: Instant::now(),
+            });
+            match try_lock_slot(&self.store, slot)? {
+                Some(_lock) => {
+                    self.recover_slot(slot, log);
+                    report.recovered_slots.push(slot);
+                }
+                None => {
+                    let (new, charge) = digest::logged(&self.sh, slot)?;
+                    for ino in new {
+                        self.sh.inodes.reserve_one(slot, ino);
+                    }
+                    // The space its log was promised stays promised until digested.
+                    if let Some(c) = self.clients[slot as usize].as_mut() {
+                        c.credits = charge;
+                    }
+                    report.live_slots.push(slot);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Slots with a client (their readers' epochs hold back reclamation).
