@@ -107,13 +107,40 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         seqlocks_fixed: fix_seqlocks(&sh.area)?,
         ..Default::default()
     };
-    let mut blocks = BlockAlloc::new(l.data_start, l.data_blocks);
-    let mut tiers: Vec<TierAlloc> = sh
-        .tiers
-        .iter()
-        .map(|t| TierAlloc::new(t.num, t.geom))
-        .collect();
-    let mut inodes = InodeAlloc::new(l.inode_count);
+    let mut a = Allocs {
+        blocks: BlockAlloc::new(l.data_start, l.data_blocks),
+        tiers: sh
+            .tiers
+            .iter()
+            .map(|t| TierAlloc::new(t.num, t.geom))
+            .collect(),
+        inodes: InodeAlloc::new(l.inode_count),
+    };
+    let visited = mark_reachable(sh, &mut a, &mut rep)?;
+    let unnamed = keep_unreachable(sh, &mut a, &visited, &mut rep)?;
+    cairn_media::fence();
+    rep.blocks = a.blocks.capacity() - a.blocks.free_count();
+    sh.blocks = a.blocks;
+    sh.inodes = a.inodes;
+    sh.tiers = a.tiers;
+    sh.retired.clear();
+    rep.unnamed_kept = unnamed.len() as u64;
+    sh.unreachable = unnamed;
+    Ok(rep)
+}
+
+/// The allocators a rebuild fills.
+struct Allocs {
+    blocks: BlockAlloc,
+    tiers: Vec<TierAlloc>,
+    inodes: InodeAlloc,
+}
+
+/// Walk the tree from the root, marking every inode reached and every block its map
+/// (and a directory's buckets) holds. Returns the inodes reached.
+fn mark_reachable(sh: &Shared, a: &mut Allocs, rep: &mut RebuildReport) -> io::Result<Bitmap> {
+    let l = sh.layout;
+    let (blocks, tiers, inodes) = (&mut a.blocks, &mut a.tiers, &mut a.inodes);
     let mut visited = Bitmap::new(l.inode_count);
     let root = sh.inode(ROOT_INO)?;
     if root.attrs.kind != Kind::Dir {
@@ -140,7 +167,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         inodes.mark_used(ino);
         rep.inodes += 1;
         let mut mark = |b: u64| {
-            if !mark_in_use(&mut blocks, &mut tiers, b) {
+            if !mark_in_use(blocks, tiers, b) {
                 dup += 1;
             }
         };
@@ -187,6 +214,20 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
         rep.warnings
             .push(format!("{dup} blocks are referenced twice"));
     }
+    Ok(visited)
+}
+
+/// Live inodes the walk did not reach: kept, with their blocks (see below); undecodable
+/// ones are freed. Returns those kept that are not unlinked files (the replay of the
+/// logs may name them again).
+fn keep_unreachable(
+    sh: &mut Shared,
+    a: &mut Allocs,
+    visited: &Bitmap,
+    rep: &mut RebuildReport,
+) -> io::Result<Vec<u64>> {
+    let l = sh.layout;
+    let (blocks, tiers, inodes) = (&mut a.blocks, &mut a.tiers, &mut a.inodes);
     // Orphans: live inodes nobody reaches.
     let mut raw = [0u8; INODE_BYTES];
     let mut unnamed = Vec::new();
@@ -216,7 +257,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
                 }
                 match owned_blocks(sh, &i) {
                     Ok(v) => v.into_iter().for_each(|b| {
-                        mark_in_use(&mut blocks, &mut tiers, b);
+                        mark_in_use(blocks, tiers, b);
                     }),
                     Err(e) => rep.warnings.push(format!("unnamed inode {ino}: {e}")),
                 }
@@ -228,15 +269,7 @@ pub(crate) fn rebuild(sh: &mut Shared) -> io::Result<RebuildReport> {
             }
         }
     }
-    cairn_media::fence();
-    rep.blocks = blocks.capacity() - blocks.free_count();
-    sh.blocks = blocks;
-    sh.inodes = inodes;
-    sh.tiers = tiers;
-    sh.retired.clear();
-    rep.unnamed_kept = unnamed.len() as u64;
-    sh.unreachable = unnamed;
-    Ok(rep)
+    Ok(unnamed)
 }
 
 /// Mark block or leaf entry `e` (of any tier) in use; false if it was already (or is
