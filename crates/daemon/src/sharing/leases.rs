@@ -112,6 +112,46 @@ struct State {
     gate: Option<Gate>,
 }
 
+impl Holders {
+    /// The holders standing in the way of `slot`'s lease (`write`: any other holder;
+    /// read: another writer).
+    fn conflicts(&self, slot: u32, write: bool) -> Vec<u32> {
+        let mut c: Vec<u32> = self.writer.filter(|&w| w != slot).into_iter().collect();
+        if write {
+            c.extend(self.readers.iter().copied().filter(|&r| r != slot));
+        }
+        c
+    }
+}
+
+impl State {
+    /// Grant `slot` its lease on `ino` (nobody stands in the way), or with `mediate` put
+    /// the inode in shared-write mode with `slot` a member.
+    fn grant(&mut self, slot: u32, ino: u64, write: bool, mediate: bool, now: Instant) -> Grant {
+        if mediate {
+            self.counters.mode_entries += 1;
+            let e = self.table.entry(ino).or_default();
+            e.writer = None;
+            e.readers.insert(slot);
+            e.mediated = Some(Mediated {
+                window: now,
+                writers: BTreeSet::new(),
+            });
+            return Grant::Mediated;
+        }
+        let e = self.table.entry(ino).or_default();
+        // Only write leases are held (revoking a reader digests nothing).
+        if write {
+            e.granted = Some(now);
+            e.readers.remove(&slot);
+            e.writer = Some(slot);
+        } else if e.writer != Some(slot) {
+            e.readers.insert(slot);
+        }
+        Grant::Lease
+    }
+}
+
 /// The lease manager.
 pub(crate) struct Leases {
     st: Mutex<State>,
@@ -373,13 +413,7 @@ impl Leases {
                 }
             }
             let h = g.table.get(&ino).cloned().unwrap_or_default();
-            let mut conflicts: Vec<u32> = Vec::new();
-            if let Some(w) = h.writer.filter(|&w| w != slot) {
-                conflicts.push(w);
-            }
-            if write {
-                conflicts.extend(h.readers.iter().copied().filter(|&r| r != slot));
-            }
+            let mut conflicts = h.conflicts(slot, write);
             if !conflicts.is_empty() && !counted && mediable && h.writer != Some(slot) {
                 counted = true;
                 // A second conflict soon after the first: shared-write mode. Only a
@@ -397,50 +431,10 @@ impl Leases {
                 conflicts.retain(|&c| h.writer == Some(c));
             }
             if conflicts.is_empty() {
-                if mediate {
-                    g.counters.mode_entries += 1;
-                    let e = g.table.entry(ino).or_default();
-                    e.writer = None;
-                    e.readers.insert(slot);
-                    e.mediated = Some(Mediated {
-                        window: now,
-                        writers: BTreeSet::new(),
-                    });
-                    return Ok(Grant::Mediated);
-                }
-                let e = g.table.entry(ino).or_default();
-                // Only write leases are held (revoking a reader digests nothing).
-                if write {
-                    e.granted = Some(now);
-                }
-                if write {
-                    e.readers.remove(&slot);
-                    e.writer = Some(slot);
-                } else if e.writer != Some(slot) {
-                    e.readers.insert(slot);
-                }
-                return Ok(Grant::Lease);
+                return Ok(g.grant(slot, ino, write, mediate, now));
             }
-            let mut next = now + POLL;
             let hold_until = h.writer.and(h.granted).map(|t| t + self.hold);
-            for h in conflicts {
-                match g.pending.get(&(h, ino)).copied() {
-                    None if hold_until.is_some_and(|t| t > now) => {
-                        next = next.min(hold_until.expect("some"));
-                    }
-                    None => {
-                        let deadline = now + self.timeout;
-                        g.pending.insert((h, ino), Revoking::Sent(deadline));
-                        if let Some((_, ch)) = g.channels.get_mut(&h) {
-                            send_revoke(ch, ino);
-                        }
-                        next = next.min(deadline);
-                    }
-                    Some(Revoking::Sent(d)) if d <= now => return Err(Step::Expire(h)),
-                    Some(Revoking::Sent(d)) => next = next.min(d),
-                    Some(Revoking::Acked) => {}
-                }
-            }
+            let next = self.revoke(&mut g, &conflicts, ino, hold_until, now)?;
             let wait = next
                 .saturating_duration_since(now)
                 .max(Duration::from_micros(20));
@@ -450,6 +444,39 @@ impl Leases {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Ask each holder in `conflicts` to give up its lease on `ino` (unless the writer's
+    /// hold time has not passed, `hold_until`); `Err(Expire(h))` when `h` did not answer
+    /// in time. Returns when to look again.
+    fn revoke(
+        &self,
+        g: &mut State,
+        conflicts: &[u32],
+        ino: u64,
+        hold_until: Option<Instant>,
+        now: Instant,
+    ) -> Result<Instant, Step> {
+        let mut next = now + POLL;
+        for &h in conflicts {
+            match g.pending.get(&(h, ino)).copied() {
+                None if hold_until.is_some_and(|t| t > now) => {
+                    next = next.min(hold_until.expect("some"));
+                }
+                None => {
+                    let deadline = now + self.timeout;
+                    g.pending.insert((h, ino), Revoking::Sent(deadline));
+                    if let Some((_, ch)) = g.channels.get_mut(&h) {
+                        send_revoke(ch, ino);
+                    }
+                    next = next.min(deadline);
+                }
+                Some(Revoking::Sent(d)) if d <= now => return Err(Step::Expire(h)),
+                Some(Revoking::Sent(d)) => next = next.min(d),
+                Some(Revoking::Acked) => {}
+            }
+        }
+        Ok(next)
     }
 
     /// `slot` answered the revocation of `ino`. `Some(was_writer)` if a revocation was

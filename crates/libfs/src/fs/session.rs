@@ -22,6 +22,61 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// The slot the daemon handed out: its lock taken (waiting for a dead previous owner's
+/// lock to go), the NVM tier mapped read-only with the lower tiers attached, and the
+/// slot's client page and ring mapped read-write.
+fn map_slot(store: &StoreDir, reg: &Registration, pid: u32) -> io::Result<(File, Area, Ring)> {
+    let lock_path = store.slot_lock_path(reg.slot);
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| {
+            fs_err(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("open {}: {e}", lock_path.display()),
+            )
+        })?;
+    lock_timeout(&lock, &lock_path)?;
+    let ro = File::open(&reg.nvm_path).map_err(|e| {
+        fs_err(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("open the NVM tier {}: {e}", reg.nvm_path),
+        )
+    })?;
+    let mut area = Area::open(&ro, false)?;
+    let cfg = store.load_config()?;
+    cfg.apply_emulation();
+    if area.layout().tiers.iter().any(|t| t.present()) {
+        area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
+        area.set_cache(cfg.read_cache_mib << 20, cfg.readahead_kib << 10);
+    }
+    let l = *area.layout();
+    if reg.slot >= l.nslots {
+        return Err(fs_err(
+            libc::EPROTO,
+            "daemon handed out a slot out of range",
+        ));
+    }
+    let rw = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&reg.nvm_path)?;
+    let map = Mapping::new(
+        &rw,
+        l.client_page_off(reg.slot),
+        (BLOCK_SIZE_U64 + l.ring_bytes()) as usize,
+        true,
+        true,
+    )?;
+    let ring = Ring::new(map, l.ring_bytes());
+    ring.set_pid(pid)?;
+    ring.set_reader_epoch(0)?;
+    Ok((lock, area, ring))
+}
+
 pub(super) fn lock_timeout(f: &File, what: &Path) -> io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -89,57 +144,7 @@ impl Inner {
         reg: Registration,
         pid: u32,
     ) -> Result<Inner, (io::Error, Conn, Registration)> {
-        let r = (|| -> io::Result<(File, Area, Ring)> {
-            let lock_path = store.slot_lock_path(reg.slot);
-            let lock = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&lock_path)
-                .map_err(|e| {
-                    fs_err(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                        format!("open {}: {e}", lock_path.display()),
-                    )
-                })?;
-            lock_timeout(&lock, &lock_path)?;
-            let ro = File::open(&reg.nvm_path).map_err(|e| {
-                fs_err(
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                    format!("open the NVM tier {}: {e}", reg.nvm_path),
-                )
-            })?;
-            let mut area = Area::open(&ro, false)?;
-            let cfg = store.load_config()?;
-            cfg.apply_emulation();
-            if area.layout().tiers.iter().any(|t| t.present()) {
-                area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
-                area.set_cache(cfg.read_cache_mib << 20, cfg.readahead_kib << 10);
-            }
-            let l = *area.layout();
-            if reg.slot >= l.nslots {
-                return Err(fs_err(
-                    libc::EPROTO,
-                    "daemon handed out a slot out of range",
-                ));
-            }
-            let rw = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&reg.nvm_path)?;
-            let map = Mapping::new(
-                &rw,
-                l.client_page_off(reg.slot),
-                (BLOCK_SIZE_U64 + l.ring_bytes()) as usize,
-                true,
-                true,
-            )?;
-            let ring = Ring::new(map, l.ring_bytes());
-            ring.set_pid(pid)?;
-            ring.set_reader_epoch(0)?;
-            Ok((lock, area, ring))
-        })();
+        let r = map_slot(&store, &reg, pid);
         let (lock, area, ring) = match r {
             Ok(x) => x,
             Err(e) => return Err((e, conn, reg)),
