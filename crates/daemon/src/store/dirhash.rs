@@ -38,36 +38,23 @@ pub(crate) fn apply(
     new: &mut Inode,
     changes: &[NameChange<'_>],
 ) -> io::Result<u64> {
-    let mut noops = 0u64;
-    let mut level = old.dir_level;
-    let mut split = old.dir_split;
-    let mut entries = old.dir_entries;
-    let mut bucket_blocks = old.attrs.size / BLOCK_SIZE_U64;
+    let (mut level, mut split) = (old.dir_level, old.dir_split);
     if level >= 62 || split >= (1u64 << level) {
         return Err(crate::util::eio(format!(
             "directory with bad linear-hashing state (level {level}, split {split})"
         )));
     }
-    let mut cache: HashMap<u64, Bucket> = HashMap::new();
-    let load = |cache: &mut HashMap<u64, Bucket>, b: u64| -> io::Result<()> {
-        if let std::collections::hash_map::Entry::Vacant(v) = cache.entry(b) {
-            let (entries, chain) = if old.map_root == 0 {
-                (Vec::new(), Vec::new())
-            } else {
-                sh.area.dir_bucket(old, b)?
-            };
-            v.insert(Bucket {
-                entries,
-                old_chain: chain,
-                dirty: false,
-            });
-        }
-        Ok(())
+    let area = sh.area.clone();
+    let mut bs = Buckets {
+        area: &area,
+        old,
+        cache: HashMap::new(),
     };
+    let mut entries = old.dir_entries;
+    let mut noops = 0u64;
     for c in changes {
         let b = dir::bucket_of(dir::hash(c.name), level, split);
-        load(&mut cache, b)?;
-        let bk = cache.get_mut(&b).unwrap();
+        let bk = bs.get(b)?;
         let pos = bk.entries.iter().position(|e| e.name == c.name);
         match (pos, c.ino) {
             (Some(p), 0) => {
@@ -98,27 +85,101 @@ pub(crate) fn apply(
         }
     }
     while entries > SPLIT_LOAD.saturating_mul(dir::bucket_count(level, split)) && level < 62 {
-        let b = split;
-        let nb = b + (1u64 << level);
-        load(&mut cache, b)?;
-        load(&mut cache, nb)?;
-        split += 1;
-        if split == 1u64 << level {
-            level += 1;
-            split = 0;
+        bs.split(&mut level, &mut split)?;
+    }
+    let Rewritten {
+        map_changes,
+        delta,
+        bucket_blocks,
+    } = write_buckets(sh, w, bs.cache, old.attrs.size / BLOCK_SIZE_U64)?;
+    let r = maptree::update(
+        sh,
+        w,
+        old.map_root,
+        old.map_height,
+        &map_changes,
+        u64::MAX,
+        false,
+    )?;
+    new.map_root = r.root;
+    new.map_height = r.height;
+    new.dir_level = level;
+    new.dir_split = split;
+    new.dir_entries = entries;
+    new.attrs.size = bucket_blocks * BLOCK_SIZE_U64;
+    new.blocks = (old.blocks as i64 + delta + r.delta).max(0) as u64;
+    Ok(noops)
+}
+
+/// The buckets a batch touches, each read once from the published directory.
+struct Buckets<'a> {
+    area: &'a cairn_area::Area,
+    old: &'a Inode,
+    cache: HashMap<u64, Bucket>,
+}
+
+impl Buckets<'_> {
+    /// Bucket `b` (read on first use; empty in a new directory).
+    fn get(&mut self, b: u64) -> io::Result<&mut Bucket> {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.cache.entry(b) {
+            let (entries, chain) = if self.old.map_root == 0 {
+                (Vec::new(), Vec::new())
+            } else {
+                self.area.dir_bucket(self.old, b)?
+            };
+            v.insert(Bucket {
+                entries,
+                old_chain: chain,
+                dirty: false,
+            });
         }
-        let moving = std::mem::take(&mut cache.get_mut(&b).unwrap().entries);
+        Ok(self.cache.get_mut(&b).expect("just inserted"))
+    }
+
+    /// One linear-hashing split: bucket `split` shares its entries with its new buddy
+    /// `split + 2^level`, and the split point moves on (a level up when it wraps).
+    fn split(&mut self, level: &mut u8, split: &mut u64) -> io::Result<()> {
+        let b = *split;
+        let nb = b + (1u64 << *level);
+        self.get(nb)?;
+        let moving = std::mem::take(&mut self.get(b)?.entries);
+        *split += 1;
+        if *split == 1u64 << *level {
+            *level += 1;
+            *split = 0;
+        }
+        let (lv, sp) = (*level, *split);
         let (stay, go): (Vec<Entry>, Vec<Entry>) = moving
             .into_iter()
-            .partition(|e| dir::bucket_of(dir::hash(&e.name), level, split) == b);
-        let bk = cache.get_mut(&b).unwrap();
+            .partition(|e| dir::bucket_of(dir::hash(&e.name), lv, sp) == b);
+        let bk = self.get(b)?;
         bk.entries = stay;
         bk.dirty = true;
-        let nk = cache.get_mut(&nb).unwrap();
+        let nk = self.get(nb)?;
         nk.entries.extend(go);
         nk.dirty = true;
+        Ok(())
     }
-    // Rewrite the touched buckets, in bucket order (deterministic placement).
+}
+
+/// What [`write_buckets`] did.
+struct Rewritten {
+    /// (bucket, first block of its new chain; 0 for an emptied bucket).
+    map_changes: Vec<(u64, u64)>,
+    /// Blocks gained (negative: given back).
+    delta: i64,
+    /// Bucket blocks after.
+    bucket_blocks: u64,
+}
+
+/// Rewrite the changed buckets, in bucket order (deterministic placement): new chains
+/// written out of place, the old ones retired; `bucket_blocks`: the bucket blocks before.
+fn write_buckets(
+    sh: &mut Shared,
+    w: &mut Work,
+    cache: HashMap<u64, Bucket>,
+    mut bucket_blocks: u64,
+) -> io::Result<Rewritten> {
     let dirty: BTreeMap<u64, Bucket> = cache.into_iter().filter(|(_, b)| b.dirty).collect();
     let mut map_changes = Vec::with_capacity(dirty.len());
     let mut delta: i64 = 0;
@@ -150,23 +211,11 @@ pub(crate) fn apply(
         bucket_blocks += blks.len() as u64;
         map_changes.push((b, blks[0]));
     }
-    let r = maptree::update(
-        sh,
-        w,
-        old.map_root,
-        old.map_height,
-        &map_changes,
-        u64::MAX,
-        false,
-    )?;
-    new.map_root = r.root;
-    new.map_height = r.height;
-    new.dir_level = level;
-    new.dir_split = split;
-    new.dir_entries = entries;
-    new.attrs.size = bucket_blocks * BLOCK_SIZE_U64;
-    new.blocks = (old.blocks as i64 + delta + r.delta).max(0) as u64;
-    Ok(noops)
+    Ok(Rewritten {
+        map_changes,
+        delta,
+        bucket_blocks,
+    })
 }
 
 /// Every block of directory `d`'s buckets (all chains).
