@@ -347,37 +347,10 @@ fn check_txn<'r>(
     recs: &[Record<'r>],
     replay: bool,
 ) -> Result<(), Denial> {
-    let u = c.uid;
     let mut t = TxnLinks::default();
     for r in recs {
         match *r {
-            Record::InodeSet { ino, attrs: n, .. } => {
-                let pre = s.attrs(ino)?;
-                t.first_pre.entry(ino).or_insert(pre);
-                // An unnamed file (`O_TMPFILE`) is created with no link: checked as any
-                // creation.
-                let unnamed = pre.is_none() && s.sh.pinned_by(ino, s.slot);
-                match pre {
-                    _ if n.nlink == 0 && !unnamed => {} // freeing: the link-count rule decides
-                    None => {
-                        if n.uid != u {
-                            return Err(eperm(format!(
-                                "uid {u} may not create inode {ino} owned by uid {}",
-                                n.uid
-                            )));
-                        }
-                        if n.kind.is_device() && !c.is_root() {
-                            return Err(eperm(format!(
-                                "uid {u} may not create device node {ino}: only root may"
-                            )));
-                        }
-                        t.created.push((ino, n.gid, n.perm, n.kind));
-                        s.created.insert(ino);
-                    }
-                    Some(o) => check_update(c, ino, &o, &n, &mut t)?,
-                }
-                s.set(ino, (n.nlink > 0).then_some(n));
-            }
+            Record::InodeSet { ino, attrs: n, .. } => check_inode_set(s, c, ino, n, &mut t)?,
             Record::Write {
                 ino, size, mtime, ..
             } => write_data(s, c, ino, Some(size), mtime)?,
@@ -387,53 +360,118 @@ fn check_txn<'r>(
                 name,
                 ino,
                 kind,
-            } => {
-                let old = s.entry(dir, name)?;
-                if old.map_or(0, |o| o.0) == ino {
-                    continue; // no change (a replay, or removing a missing name)
-                }
-                // A change in a non-directory is a structural error (validation).
-                let Some(d) = s.dir_attrs(dir)? else { continue };
-                if !c.may(&d, W | X) {
-                    return Err(eacces(format!(
-                        "uid {u} may not change entry {:?} of directory {dir} ({})",
-                        String::from_utf8_lossy(name),
-                        describe(&d)
-                    )));
-                }
-                if let Some((victim, vkind)) = old {
-                    if d.perm & 0o1000 != 0 && !c.owns(&d) {
-                        let va = s
-                            .attrs(victim)?
-                            .or_else(|| s.last_live.get(&victim).copied());
-                        if !matches!(va, Some(v) if v.uid == u) {
-                            return Err(eperm(format!(
-                                "uid {u} may not remove or replace entry {:?} of sticky directory {dir} ({}): it owns neither",
-                                String::from_utf8_lossy(name),
-                                describe(&d)
-                            )));
-                        }
-                    }
-                    *t.removes.entry(victim).or_default() += 1;
-                    t.named.insert(victim);
-                    if vkind == Kind::Dir {
-                        *t.subdirs.entry(dir).or_default() -= 1;
-                    }
-                }
-                if ino != 0 {
-                    *t.adds.entry(ino).or_default() += 1;
-                    t.named.insert(ino);
-                    t.linked_in.entry(ino).or_default().push(d);
-                    if kind == Kind::Dir {
-                        *t.subdirs.entry(dir).or_default() += 1;
-                    }
-                }
-                s.entries
-                    .insert((dir, name), (ino != 0).then_some((ino, kind)));
-            }
+            } => check_dirent(s, c, dir, name, ino, kind, &mut t)?,
         }
     }
-    // Checks that depend on the whole transaction.
+    check_whole(c, &t)?;
+    if replay {
+        return Ok(());
+    }
+    check_links(s, c, &t)
+}
+
+/// An `INODE_SET` of `ino` with attributes `n`: a creation (by its owner; a device by
+/// root only), or an update (`check_update`); a freeing is for the link-count rule.
+fn check_inode_set<'r>(
+    s: &mut Shadow<'_, 'r>,
+    c: &Cred,
+    ino: u64,
+    n: Attrs,
+    t: &mut TxnLinks,
+) -> Result<(), Denial> {
+    let u = c.uid;
+    let pre = s.attrs(ino)?;
+    t.first_pre.entry(ino).or_insert(pre);
+    // An unnamed file (`O_TMPFILE`) is created with no link: checked as any
+    // creation.
+    let unnamed = pre.is_none() && s.sh.pinned_by(ino, s.slot);
+    match pre {
+        _ if n.nlink == 0 && !unnamed => {} // freeing: the link-count rule decides
+        None => {
+            if n.uid != u {
+                return Err(eperm(format!(
+                    "uid {u} may not create inode {ino} owned by uid {}",
+                    n.uid
+                )));
+            }
+            if n.kind.is_device() && !c.is_root() {
+                return Err(eperm(format!(
+                    "uid {u} may not create device node {ino}: only root may"
+                )));
+            }
+            t.created.push((ino, n.gid, n.perm, n.kind));
+            s.created.insert(ino);
+        }
+        Some(o) => check_update(c, ino, &o, &n, t)?,
+    }
+    s.set(ino, (n.nlink > 0).then_some(n));
+    Ok(())
+}
+
+/// A `DIRENT_SET` of `name` in `dir` to `ino` (0: removed): write and search permission
+/// on the directory, the sticky bit's owner rule; counted for the link-count rule.
+fn check_dirent<'r>(
+    s: &mut Shadow<'_, 'r>,
+    c: &Cred,
+    dir: u64,
+    name: &'r [u8],
+    ino: u64,
+    kind: Kind,
+    t: &mut TxnLinks,
+) -> Result<(), Denial> {
+    let u = c.uid;
+    let old = s.entry(dir, name)?;
+    if old.map_or(0, |o| o.0) == ino {
+        return Ok(()); // no change (a replay, or removing a missing name)
+    }
+    // A change in a non-directory is a structural error (validation).
+    let Some(d) = s.dir_attrs(dir)? else {
+        return Ok(());
+    };
+    if !c.may(&d, W | X) {
+        return Err(eacces(format!(
+            "uid {u} may not change entry {:?} of directory {dir} ({})",
+            String::from_utf8_lossy(name),
+            describe(&d)
+        )));
+    }
+    if let Some((victim, vkind)) = old {
+        if d.perm & 0o1000 != 0 && !c.owns(&d) {
+            let va = s
+                .attrs(victim)?
+                .or_else(|| s.last_live.get(&victim).copied());
+            if !matches!(va, Some(v) if v.uid == u) {
+                return Err(eperm(format!(
+                    "uid {u} may not remove or replace entry {:?} of sticky directory {dir} ({}): it owns neither",
+                    String::from_utf8_lossy(name),
+                    describe(&d)
+                )));
+            }
+        }
+        *t.removes.entry(victim).or_default() += 1;
+        t.named.insert(victim);
+        if vkind == Kind::Dir {
+            *t.subdirs.entry(dir).or_default() -= 1;
+        }
+    }
+    if ino != 0 {
+        *t.adds.entry(ino).or_default() += 1;
+        t.named.insert(ino);
+        t.linked_in.entry(ino).or_default().push(d);
+        if kind == Kind::Dir {
+            *t.subdirs.entry(dir).or_default() += 1;
+        }
+    }
+    s.entries
+        .insert((dir, name), (ino != 0).then_some((ino, kind)));
+    Ok(())
+}
+
+/// The checks that depend on the whole transaction: the group of each creation (one of
+/// the creator's, or inherited from a setgid directory it is linked in), and a ctime-only
+/// change allowed only to a file the transaction links or unlinks.
+fn check_whole(c: &Cred, t: &TxnLinks) -> Result<(), Denial> {
+    let u = c.uid;
     for &(ino, gid, perm, kind) in &t.created {
         let setgid_parent = t
             .linked_in
@@ -457,10 +495,7 @@ fn check_txn<'r>(
             )));
         }
     }
-    if replay {
-        return Ok(());
-    }
-    check_links(s, c, &t)
+    Ok(())
 }
 
 /// A `WRITE` (`size`: the size after it) or `PUNCH` of `ino`: owner or writer only.
