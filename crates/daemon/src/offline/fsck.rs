@@ -577,7 +577,7 @@ fn check_orphans(
 /// code (checked like any batch, except the link-count rule: the inodes keep their
 /// counts, which had no names to match).
 fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()> {
-    use cairn_format::log::{self, Record};
+    use cairn_format::log::Record;
     let log = Logger::open(&store.daemon_log_path(), false);
     log.log("fsck: putting unreachable inodes into /lost+found");
     let (mut core, _) = Core::open(store, &log)?;
@@ -591,36 +591,7 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
         .collect();
     let subdirs = lost.iter().filter(|(_, k)| *k == Kind::Dir).count() as u64;
     let mut recs = Vec::new();
-    let (lf, mut lf_attrs, lf_gen, fresh) = match sh.area.dir_lookup(&root, b"lost+found")? {
-        Some((ino, Kind::Dir)) => {
-            let i = sh.inode(ino)?;
-            (ino, i.attrs, i.generation, false)
-        }
-        Some(_) => {
-            return Err(crate::util::eio(
-                "/lost+found exists and is not a directory: move it away first",
-            ))
-        }
-        None => {
-            let ino = *reg
-                .inodes
-                .first()
-                .ok_or_else(|| crate::util::eio("no free inode for /lost+found"))?;
-            let now = crate::util::now_ns();
-            let attrs = cairn_format::inode::Attrs {
-                kind: Kind::Dir,
-                perm: 0o700,
-                nlink: 2,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                btime: now,
-                parent: ROOT_INO,
-                ..root.attrs
-            };
-            (ino, attrs, sh.inode(ino)?.generation + 1, true)
-        }
-    };
+    let (lf, mut lf_attrs, lf_gen, fresh) = lost_found_dir(sh, &root, &reg.inodes)?;
     lf_attrs.nlink += subdirs;
     recs.push(Record::InodeSet {
         ino: lf,
@@ -671,14 +642,71 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
             kind: *kind,
         });
     }
+    let end = append_at_head(sh, slot, reg.head_lsn, reg.head_seq, &recs)?;
+    sh.replaying.insert(slot);
+    crate::digest::digest(sh, slot, crate::digest::Mode::Upto(end)).map_err(|e| {
+        crate::util::eio(format!("/lost+found: the daemon refused the links: {e:?}"))
+    })?;
+    core.release(slot, None)?;
+    core.shutdown(&log)
+}
+
+/// `/lost+found`: the existing directory (inode, attributes, generation), or a new one
+/// (mode 0700, the first of `inodes`, the numbers the daemon reserved for the repair).
+fn lost_found_dir(
+    sh: &Shared,
+    root: &Inode,
+    inodes: &[u64],
+) -> io::Result<(u64, cairn_format::inode::Attrs, u64, bool)> {
+    Ok(match sh.area.dir_lookup(root, b"lost+found")? {
+        Some((ino, Kind::Dir)) => {
+            let i = sh.inode(ino)?;
+            (ino, i.attrs, i.generation, false)
+        }
+        Some(_) => {
+            return Err(crate::util::eio(
+                "/lost+found exists and is not a directory: move it away first",
+            ))
+        }
+        None => {
+            let ino = *inodes
+                .first()
+                .ok_or_else(|| crate::util::eio("no free inode for /lost+found"))?;
+            let now = crate::util::now_ns();
+            let attrs = cairn_format::inode::Attrs {
+                kind: Kind::Dir,
+                perm: 0o700,
+                nlink: 2,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                parent: ROOT_INO,
+                ..root.attrs
+            };
+            (ino, attrs, sh.inode(ino)?.generation + 1, true)
+        }
+    })
+}
+
+/// Write transaction `recs` into `slot`'s ring at its head (`head_lsn`, `head_seq`),
+/// after a wrap if it does not fit in the lap, persisted. Returns the LSN after it.
+fn append_at_head(
+    sh: &Shared,
+    slot: u32,
+    head_lsn: u64,
+    head_seq: u64,
+    recs: &[cairn_format::log::Record<'_>],
+) -> io::Result<u64> {
+    use cairn_format::log;
     // The transaction at the slot's head (after a wrap if it does not fit in the lap).
     let ring = sh.layout.ring_bytes();
-    let (mut lsn, mut seq) = (reg.head_lsn, reg.head_seq);
-    let len = log::build_txn(seq, &recs).len() as u64;
+    let (mut lsn, mut seq) = (head_lsn, head_seq);
+    let len = log::build_txn(seq, recs).len() as u64;
     if len > ring / 4 {
         return Err(crate::util::eio(format!(
-            "{} unreachable inodes are too many for one transaction",
-            lost.len()
+            "{} records are too many for one transaction",
+            recs.len()
         )));
     }
     let put = |lsn: u64, t: &[u8]| -> io::Result<()> {
@@ -694,15 +722,10 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
         lsn += left;
         seq += 1;
     }
-    let txn = log::build_txn(seq, &recs);
+    let txn = log::build_txn(seq, recs);
     put(lsn, &txn)?;
     let end = lsn + txn.len() as u64;
-    sh.replaying.insert(slot);
-    crate::digest::digest(sh, slot, crate::digest::Mode::Upto(end)).map_err(|e| {
-        crate::util::eio(format!("/lost+found: the daemon refused the links: {e:?}"))
-    })?;
-    core.release(slot, None)?;
-    core.shutdown(&log)
+    Ok(end)
 }
 
 /// The lower tiers' segment tables: a segment holding referenced blocks was written (its
