@@ -1,6 +1,7 @@
 //! Namespace operations: create, remove, rename and exchange, hard and symbolic links,
 //! listing a directory.
 
+use super::resolve::Walk;
 use super::{At, FromBytesExt, Inner, Lease, State, Tx};
 use crate::meta::{now_ns, R, W, X};
 use crate::path::{self, Comp};
@@ -394,53 +395,8 @@ impl Inner {
                 ));
             };
             let (src, skind) = Self::need_found(&wf, &op)?;
-            if noreplace && wt.found.is_some() {
-                return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
-            }
-            if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
-                return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
-            }
-            if skind == Kind::Dir && self.is_ancestor(st, src, wt.parent)? {
-                return Err(fs_err(
-                    libc::EINVAL,
-                    format!("{op}: cannot move a directory into itself"),
-                ));
-            }
-            if let Some((t, Kind::Dir)) = wt.found {
-                if t != src && self.is_ancestor(st, t, wf.parent)? {
-                    return Err(fs_err(
-                        libc::ENOTEMPTY,
-                        format!("{op}: the destination is an ancestor of the source"),
-                    ));
-                }
-            }
-            if wt.found.is_some_and(|(t, _)| t == src) {
+            if self.check_rename(st, &wf, &wt, (src, skind), noreplace, &op)? {
                 return Ok(()); // Same file: nothing to do (POSIX).
-            }
-            self.check_parent_write(st, wf.parent, &op)?;
-            self.check_parent_write(st, wt.parent, &op)?;
-            self.check_sticky(st, wf.parent, src, &op)?;
-            if let Some((t, tkind)) = wt.found {
-                self.check_sticky(st, wt.parent, t, &op)?;
-                if skind == Kind::Dir {
-                    if tkind != Kind::Dir {
-                        return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
-                    }
-                    if !self.dir_is_empty(st, t)? {
-                        return Err(fs_err(
-                            libc::ENOTEMPTY,
-                            format!("{op}: directory not empty"),
-                        ));
-                    }
-                } else if tkind == Kind::Dir {
-                    return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
-                }
-            }
-            if skind == Kind::Dir && wf.parent != wt.parent {
-                let (_, sa) = self.attrs(st, src)?;
-                if !self.cred.may(&sa, W) {
-                    return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
-                }
             }
             // Every write lease the transaction needs, before anything changes.
             self.need(st, src, true)?;
@@ -472,6 +428,70 @@ impl Inner {
             self.commit(st, tx)?;
             Ok(())
         })
+    }
+
+    /// The checks of a rename of `src` (of kind `skind`) from `wf` to `wt`, in Linux's
+    /// order so that a call fails with the same errno: an existing destination under
+    /// `RENAME_NOREPLACE`, trailing slashes, the subtree traps, same file (`Ok(true)`:
+    /// nothing to do), permissions, sticky directories, types, emptiness.
+    pub(super) fn check_rename(
+        &self,
+        st: &mut State,
+        wf: &Walk,
+        wt: &Walk,
+        (src, skind): (u64, Kind),
+        noreplace: bool,
+        op: &str,
+    ) -> io::Result<bool> {
+        if noreplace && wt.found.is_some() {
+            return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
+        }
+        if skind != Kind::Dir && (wt.trailing_slash || wf.trailing_slash) {
+            return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+        }
+        if skind == Kind::Dir && self.is_ancestor(st, src, wt.parent)? {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("{op}: cannot move a directory into itself"),
+            ));
+        }
+        if let Some((t, Kind::Dir)) = wt.found {
+            if t != src && self.is_ancestor(st, t, wf.parent)? {
+                return Err(fs_err(
+                    libc::ENOTEMPTY,
+                    format!("{op}: the destination is an ancestor of the source"),
+                ));
+            }
+        }
+        if wt.found.is_some_and(|(t, _)| t == src) {
+            return Ok(true);
+        }
+        self.check_parent_write(st, wf.parent, op)?;
+        self.check_parent_write(st, wt.parent, op)?;
+        self.check_sticky(st, wf.parent, src, op)?;
+        if let Some((t, tkind)) = wt.found {
+            self.check_sticky(st, wt.parent, t, op)?;
+            if skind == Kind::Dir {
+                if tkind != Kind::Dir {
+                    return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
+                }
+                if !self.dir_is_empty(st, t)? {
+                    return Err(fs_err(
+                        libc::ENOTEMPTY,
+                        format!("{op}: directory not empty"),
+                    ));
+                }
+            } else if tkind == Kind::Dir {
+                return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
+            }
+        }
+        if skind == Kind::Dir && wf.parent != wt.parent {
+            let (_, sa) = self.attrs(st, src)?;
+            if !self.cred.may(&sa, W) {
+                return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
+            }
+        }
+        Ok(false)
     }
 
     /// `RENAME_EXCHANGE`: swap the entries `a` and `b` (both must exist; they may be of

@@ -72,7 +72,9 @@ pub(crate) struct Walk {
 
 impl Inner {
     /// Resolve `p` from the root. `follow_last`: follow a symlink in the last component
-    /// (a trailing `/` always does).
+    /// (a trailing `/` always does). One loop (about 115 lines) over the components: each
+    /// step shares its state (the directory, the components left, the symlinks followed)
+    /// and checks search permission and takes the directory's lease as it goes.
     pub(crate) fn walk(
         &self,
         st: &State,
