@@ -34,6 +34,21 @@ pub fn utc(ns: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp_nanos(ns as i128).unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
 
+/// `YYYY-MM-DD{sep}HH:MM:SS` (UTC) of `ns`: the daemon log's timestamps (`T`) and the
+/// CLI's listings (a space) add their own fraction and zone.
+pub fn date_time(ns: i64, sep: char) -> String {
+    let t = utc(ns);
+    format!(
+        "{:04}-{:02}-{:02}{sep}{:02}:{:02}:{:02}",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +67,6 @@ mod tests {
         );
         assert_eq!(utc(i64::MIN).year(), 1677);
         assert_eq!(utc(i64::MAX).year(), 2262);
+        assert_eq!(date_time(-1, 'T'), "1969-12-31T23:59:59");
     }
 }

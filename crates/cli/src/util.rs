@@ -120,30 +120,15 @@ pub fn type_name(mode: u32, size: u64) -> &'static str {
 
 /// `YYYY-MM-DD HH:MM` (UTC) of nanoseconds since the epoch, for `ls -l`.
 pub fn format_minute(ns: i64) -> String {
-    let t = cairn_area::time::utc(ns);
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}",
-        t.year(),
-        t.month() as u8,
-        t.day(),
-        t.hour(),
-        t.minute()
-    )
+    let mut s = cairn_area::time::date_time(ns, ' ');
+    s.truncate(16);
+    s
 }
 
 /// `YYYY-MM-DD HH:MM:SS.nnnnnnnnn +0000` (UTC) of nanoseconds since the epoch, for `stat`.
 pub fn format_full(ns: i64) -> String {
-    let t = cairn_area::time::utc(ns);
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:09} +0000",
-        t.year(),
-        t.month() as u8,
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-        t.nanosecond()
-    )
+    let sub = cairn_area::time::utc(ns).nanosecond();
+    format!("{}.{sub:09} +0000", cairn_area::time::date_time(ns, ' '))
 }
 
 /// `v` as pretty JSON with a final newline (the `--json` outputs).

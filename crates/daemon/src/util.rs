@@ -33,17 +33,8 @@ pub(crate) fn hex(b: &[u8]) -> String {
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for nanoseconds since the epoch (UTC).
 pub(crate) fn timestamp(ns: i64) -> String {
-    let t = cairn_area::time::utc(ns);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        t.year(),
-        t.month() as u8,
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-        t.millisecond()
-    )
+    let ms = cairn_area::time::utc(ns).millisecond();
+    format!("{}.{ms:03}Z", cairn_area::time::date_time(ns, 'T'))
 }
 
 thread_local! {
