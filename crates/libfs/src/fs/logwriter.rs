@@ -86,13 +86,19 @@ impl Inner {
             r.encode_into(&mut buf[off..]);
             off += r.encoded_len();
         }
-        let lsn = match self.reserve(st, len) {
+        // Space credits after the reservation: a re-attach while it waited replaced them.
+        let charge = tx.charge();
+        let lsn = match self
+            .reserve(st, len)
+            .and_then(|l| self.ensure_credits(st, charge).map(|()| l))
+        {
             Ok(l) => l,
             Err(e) => {
                 st.buf = buf;
                 return Err(e);
             }
         };
+        st.spend(charge);
         seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
         if !med.is_empty() {
             buf[..4].fill(0);
@@ -255,11 +261,6 @@ impl Inner {
             // A write split into several transactions that fails part-way returns the
             // bytes already committed (a short write), as POSIX requires.
             let partial = |e: io::Error| if done > 0 { Ok((off, done)) } else { Err(e) };
-            if st.credits < charge {
-                if let Err(e) = self.ensure_credits(st, charge) {
-                    return partial(e);
-                }
-            }
             let size = attrs.size.max(off + n as u64);
             let now = now_ns();
             let tlen = write_txn_len(n);
@@ -267,6 +268,12 @@ impl Inner {
                 Ok(l) => l,
                 Err(e) => return partial(e),
             };
+            // Space credits after the reservation: a re-attach while it waited replaced
+            // them with what the new daemon promised (the log as it was then).
+            if let Err(e) = self.ensure_credits(st, charge) {
+                return partial(e);
+            }
+            st.spend(charge);
             st.ring
                 .put_write(lsn, st.seq, ino, off, size, now, chunk, med.is_none())?;
             fence();
@@ -276,7 +283,6 @@ impl Inner {
                 }
             }
             let tag = st.appended(lsn, tlen as u64);
-            st.spend(charge);
             attrs.size = size;
             attrs.mtime = now;
             attrs.ctime = now;
@@ -315,6 +321,18 @@ impl Inner {
 }
 
 impl Tx {
+    /// The space credits the transaction takes (as the digest charges its records).
+    fn charge(&self) -> u64 {
+        let w = self
+            .write
+            .as_ref()
+            .map_or(0, |(_, data, _, _)| write_charge(0, data.len() as u64));
+        let p = self.punch.map_or(0, |(_, off, len, _)| {
+            cairn_format::log::punch_charge(off, len)
+        });
+        w + p
+    }
+
     /// The log records of the transaction, in the order they are logged: inodes, the
     /// write, the punch, then directory entries.
     fn records(&self) -> Vec<Record<'_>> {

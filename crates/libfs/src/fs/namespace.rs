@@ -7,7 +7,6 @@ use crate::meta::{now_ns, R, W, X};
 use crate::path::{self, Comp};
 use cairn_area::fs_err;
 use cairn_format::inode::{Attrs, Kind};
-use cairn_format::log::write_charge;
 use cairn_format::{LINK_MAX, ROOT_INO};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -57,12 +56,6 @@ impl Inner {
         op: &str,
     ) -> io::Result<u64> {
         let (pgen, mut pa) = self.check_parent_write(st, parent, op)?;
-        if let Some(t) = symlink_target {
-            let charge = write_charge(0, t.len() as u64);
-            if st.credits < charge {
-                self.ensure_credits(st, charge)?;
-            }
-        }
         let (ino, gen) = self.alloc_ino(st)?;
         // Nobody else can name it before its entry is digested: its write lease is ours
         // (the daemon records it when it digests the creation).
@@ -104,9 +97,6 @@ impl Inner {
             st.drop_lease(ino);
             st.inodes.push(ino);
             return Err(e);
-        }
-        if let Some(t) = symlink_target {
-            st.spend(write_charge(0, t.len() as u64));
         }
         Ok(ino)
     }
