@@ -77,7 +77,7 @@ pub(crate) fn install_fail_stop() {
                     .unwrap_or("a panic")
                     .replace('\n', " ")
             );
-            Logger::open(&path, true).log(msg);
+            Logger::open(&path, std::io::IsTerminal::is_terminal(&std::io::stderr())).log(msg);
             std::process::abort();
         }));
     });
