@@ -8,7 +8,7 @@ use crate::sharing::leases::Leases;
 use crate::store::alloc::{BlockAlloc, InodeAlloc};
 use crate::store::recovery;
 use crate::store::shared::Shared;
-use crate::util::{einval, now_ns, Logger};
+use crate::util::{einval, now_ns};
 use cairn_area::{fs_err, Area, StoreConfig, StoreDir};
 use cairn_format::slot::{client_page, SlotHead};
 use cairn_format::superblock::state;
@@ -109,12 +109,7 @@ fn estale(msg: impl Into<String>) -> io::Error {
 /// The allocation state at a start: loaded when the store was stopped cleanly (and it
 /// is usable), else rebuilt from the inodes (the slots with a log then replay it first).
 /// Marks the store in use (`clean = 0`, `mounts + 1`) and returns the mount count.
-fn allocation_state(
-    sh: &mut Shared,
-    clean: bool,
-    report: &mut StartReport,
-    log: &Logger,
-) -> io::Result<u64> {
+fn allocation_state(sh: &mut Shared, clean: bool, report: &mut StartReport) -> io::Result<u64> {
     let loaded = if clean {
         match recovery::load(&sh.area) {
             Ok((b, i, t)) => {
@@ -124,9 +119,7 @@ fn allocation_state(
                 true
             }
             Err(e) => {
-                log.log(format!(
-                    "allocation state unusable ({e}); rebuilding it from the inodes"
-                ));
+                tracing::warn!("allocation state unusable ({e}); rebuilding it from the inodes");
                 false
             }
         }
@@ -145,12 +138,10 @@ fn allocation_state(
                 sh.replaying.insert(slot);
             }
         }
-        log.log(format!(
-            "unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
-            r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed
-        ));
+        tracing::warn!("unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
+            r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed);
         for w in r.warnings {
-            log.log(format!("rebuild warning: {w}"));
+            tracing::warn!("rebuild warning: {w}");
         }
     }
     Ok(mounts)
@@ -160,7 +151,7 @@ impl Core {
     /// Open the store's tier, get the allocation state (load after a clean stop, else
     /// rebuild), mark the store in use (`clean = 0`, `mounts + 1`) and recover every
     /// active slot whose owner is dead.
-    pub(crate) fn open(store: &StoreDir, log: &Logger) -> io::Result<(Core, StartReport)> {
+    pub(crate) fn open(store: &StoreDir) -> io::Result<(Core, StartReport)> {
         let cfg = store.load_config()?;
         let file = open_nvm(store, &cfg)?;
         cfg.apply_emulation();
@@ -178,7 +169,7 @@ impl Core {
             cfg.recency_grain_ssd_kib,
         );
         let mut report = StartReport::default();
-        let mounts = allocation_state(&mut sh, clean, &mut report, log)?;
+        let mounts = allocation_state(&mut sh, clean, &mut report)?;
         let mut core = Core {
             sh,
             store: store.clone(),
@@ -188,13 +179,11 @@ impl Core {
             leases: Arc::new(Leases::new(Duration::ZERO, &[])),
             par: Default::default(),
         };
-        core.take_over_slots(&mut report, log)?;
+        core.take_over_slots(&mut report)?;
         // Every log there was at the start is replayed: inodes still unnamed are garbage.
         let freed = recovery::free_unreachable(&mut core.sh)?;
         if freed > 0 {
-            log.log(format!(
-                "freed {freed} inodes no directory names after the replay"
-            ));
+            tracing::info!("freed {freed} inodes no directory names after the replay");
         }
         // No lease is granted until the live clients re-attached with theirs (or the
         // lease timeout passed).
@@ -208,19 +197,17 @@ impl Core {
                 core.cfg.shared_write,
             ),
         );
-        log.log(format!(
-            "store {} mounted (mount {mounts}): {} dead clients recovered, {} live clients may re-attach; {} of {} data blocks and {} of {} inodes in use",
+        tracing::info!("store {} mounted (mount {mounts}): {} dead clients recovered, {} live clients may re-attach; {} of {} data blocks and {} of {} inodes in use",
             store.path.display(),
             report.recovered_slots.len(),
             report.live_slots.len(),
             core.sh.blocks.capacity() - core.sh.blocks.free_count(),
             core.sh.blocks.capacity(),
             core.sh.inodes.used_count(),
-            core.sh.inodes.capacity(),
-        ));
+            core.sh.inodes.capacity());
         if report.live_slots.is_empty() {
             // No client can still have an unlinked file open.
-            core.sweep_orphans(log);
+            core.sweep_orphans();
         } else {
             // Until they re-attached with their pins, unlinks keep their files.
             core.sh.keep_unlinked = true;
@@ -231,7 +218,7 @@ impl Core {
     /// The slots with a log at a start: a dead client's is recovered at once; a live one
     /// (its process still holds the slot lock) waits for it to re-attach, its log's new
     /// inodes and promised space kept for it.
-    fn take_over_slots(&mut self, report: &mut StartReport, log: &Logger) -> io::Result<()> {
+    fn take_over_slots(&mut self, report: &mut StartReport) -> io::Result<()> {
         for slot in 0..self.sh.layout.nslots {
             let (h, _) = self.sh.slot_head(slot)?;
             if !h.active {
@@ -251,7 +238,7 @@ impl Core {
             });
             match try_lock_slot(&self.store, slot)? {
                 Some(_lock) => {
-                    self.recover_slot(slot, log);
+                    self.recover_slot(slot);
                     report.recovered_slots.push(slot);
                 }
                 None => {
@@ -477,45 +464,41 @@ impl Core {
     /// Lease expiry (PROTOCOL.md, "Leases"): `slot`'s client did not answer a
     /// revocation in time. Its `lease_gen` is incremented, its committed log digested and
     /// every lease it holds removed.
-    pub(crate) fn expire_leases(&mut self, slot: u32, log: &Logger) {
+    pub(crate) fn expire_leases(&mut self, slot: u32) {
         if !self.leases.overdue(slot) {
             return; // Another waiter expired it already.
         }
         let pid = self.clients[slot as usize].as_ref().map_or(0, |c| c.pid);
         if let Err(e) = self.sh.bump_lease_gen(slot) {
-            log.log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+            tracing::warn!("slot {slot}: cannot increment lease_gen: {e}");
         }
         match self.digest_committed(slot) {
-            Ok(o) => log.log(format!(
-                "slot {slot} (pid {pid}): did not answer a lease revocation within {} ms: every lease taken away, log digested up to {}",
-                self.cfg.lease_timeout_ms, o.head_lsn
-            )),
-            Err(e) => log.log(format!(
-                "slot {slot} (pid {pid}): lease expiry: cannot digest its log: {e}"
-            )),
+            Ok(o) => tracing::warn!("slot {slot} (pid {pid}): did not answer a lease revocation within {} ms: every lease taken away, log digested up to {}",
+                self.cfg.lease_timeout_ms, o.head_lsn),
+            Err(e) => tracing::warn!("slot {slot} (pid {pid}): lease expiry: cannot digest its log: {e}"),
         }
         self.leases.drop_slot(slot, false);
     }
 
     /// Close the restart gate once its deadline passed: slots that did not re-attach
     /// in time lose the leases they may hold (`lease_gen` + 1).
-    pub(crate) fn lease_gate_tick(&mut self, log: &Logger) {
+    pub(crate) fn lease_gate_tick(&mut self) {
         let Some(missing) = self.leases.close_gate_if_due() else {
             return;
         };
         for slot in missing {
             if let Err(e) = self.sh.bump_lease_gen(slot) {
-                log.log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+                tracing::warn!("slot {slot}: cannot increment lease_gen: {e}");
             }
-            log.log(format!(
+            tracing::warn!(
                 "slot {slot}: did not re-attach within {} ms: its leases are void",
                 self.cfg.lease_timeout_ms
-            ));
+            );
         }
         // Every client that may still have an unlinked file open has re-attached with
         // its pins (or never will).
         self.sh.keep_unlinked = false;
-        self.sweep_orphans(log);
+        self.sweep_orphans();
     }
 
     /// `slot`'s client has `ino` open (it said so answering a revocation, or at
@@ -555,7 +538,7 @@ impl Core {
 
     /// Free every unlinked inode nobody pins (after a restart: orphans of clients that
     /// are gone). Scans the inode table.
-    pub(crate) fn sweep_orphans(&mut self, log: &Logger) {
+    pub(crate) fn sweep_orphans(&mut self) {
         let mut freed = 0u64;
         for ino in 1..self.sh.layout.inode_count {
             if self.sh.pins.contains_key(&ino) {
@@ -564,11 +547,11 @@ impl Core {
             match digest::free_orphan(&mut self.sh, ino) {
                 Ok(true) => freed += 1,
                 Ok(false) => {}
-                Err(e) => log.log(format!("cannot free unlinked inode {ino}: {e}")),
+                Err(e) => tracing::warn!("cannot free unlinked inode {ino}: {e}"),
             }
         }
         if freed > 0 {
-            log.log(format!("freed {freed} unlinked inodes nobody has open"));
+            tracing::info!("freed {freed} unlinked inodes nobody has open");
         }
         self.reclaim();
     }
@@ -594,31 +577,29 @@ impl Core {
 
     /// Digest a dead client's committed transactions and release its slot. Failures are
     /// logged; a batch that cannot be applied (`ENOSPC`) is retried later.
-    pub(crate) fn recover_slot(&mut self, slot: u32, log: &Logger) {
+    pub(crate) fn recover_slot(&mut self, slot: u32) {
         let pid = self.clients[slot as usize].as_ref().map_or(0, |c| c.pid);
         match digest::digest(&mut self.sh, slot, Mode::Committed) {
             Ok(o) => {
                 if let Err(e) = self.release(slot, None) {
-                    log.log(format!("slot {slot}: cannot release: {e}"));
+                    tracing::warn!("slot {slot}: cannot release: {e}");
                     return;
                 }
-                log.log(format!(
-                    "slot {slot} (pid {pid}): dead client recovered: {} transactions, {} records digested, log head at {}",
-                    o.txns, o.records, o.head_lsn
-                ));
+                tracing::info!("slot {slot} (pid {pid}): dead client recovered: {} transactions, {} records digested, log head at {}",
+                    o.txns, o.records, o.head_lsn);
             }
             Err(DigestError::Malformed { msg, discard_lsn }) => {
-                log.log(format!(
+                tracing::info!(
                     "slot {slot} (pid {pid}): dead client's log is malformed and discarded: {msg}"
-                ));
+                );
                 if let Err(e) = self.release(slot, Some(discard_lsn)) {
-                    log.log(format!("slot {slot}: cannot release: {e}"));
+                    tracing::warn!("slot {slot}: cannot release: {e}");
                 }
             }
             Err(DigestError::Failed(e)) => {
-                log.log(format!(
+                tracing::warn!(
                     "slot {slot} (pid {pid}): cannot digest the dead client's log yet: {e}"
-                ));
+                );
                 if let Some(c) = self.clients[slot as usize].as_mut() {
                     c.retry_at = Instant::now() + RETRY_FAILED;
                 }
@@ -627,7 +608,7 @@ impl Core {
     }
 
     /// Recover every slot whose connection is gone and whose lock nobody holds.
-    pub(crate) fn recover_dead(&mut self, log: &Logger) {
+    pub(crate) fn recover_dead(&mut self) {
         if self.stopped {
             return;
         }
@@ -639,9 +620,9 @@ impl Core {
                 continue;
             }
             match try_lock_slot(&self.store, slot) {
-                Ok(Some(_lock)) => self.recover_slot(slot, log),
+                Ok(Some(_lock)) => self.recover_slot(slot),
                 Ok(None) => {}
-                Err(e) => log.log(format!("slot {slot}: cannot check its lock: {e}")),
+                Err(e) => tracing::warn!("slot {slot}: cannot check its lock: {e}"),
             }
         }
     }
@@ -759,7 +740,7 @@ impl Core {
     /// Clean stop: digest every active slot's committed transactions (dead owners'
     /// slots are released, live ones stay active for `Reattach`), free every retired
     /// block, save the allocation state and set `clean = 1`. Idempotent.
-    pub(crate) fn shutdown(&mut self, log: &Logger) -> io::Result<()> {
+    pub(crate) fn shutdown(&mut self) -> io::Result<()> {
         if self.stopped {
             return Ok(());
         }
@@ -775,15 +756,13 @@ impl Core {
                     }
                 }
                 Err(DigestError::Malformed { msg, discard_lsn }) => {
-                    log.log(format!(
-                        "slot {slot}: malformed log discarded at shutdown: {msg}"
-                    ));
+                    tracing::info!("slot {slot}: malformed log discarded at shutdown: {msg}");
                     self.release(slot, Some(discard_lsn))?;
                 }
                 Err(DigestError::Failed(e)) => {
-                    log.log(format!(
+                    tracing::warn!(
                         "slot {slot}: cannot digest at shutdown ({e}); the log stays authoritative"
-                    ));
+                    );
                 }
             }
         }
@@ -793,10 +772,11 @@ impl Core {
         self.sh.set_state(state::LAST_CLEAN_NS, now_ns() as u64)?;
         self.sh.set_state(state::CLEAN, 1)?;
         self.stopped = true;
-        log.log(format!(
+        tracing::info!(
             "clean stop: {} digests, {} records digested so far",
-            self.sh.counters.digests, self.sh.counters.records_digested
-        ));
+            self.sh.counters.digests,
+            self.sh.counters.records_digested
+        );
         Ok(())
     }
 }

@@ -77,64 +77,68 @@ pub(crate) fn install_fail_stop() {
                     .unwrap_or("a panic")
                     .replace('\n', " ")
             );
-            Logger::open(&path, std::io::IsTerminal::is_terminal(&std::io::stderr())).log(msg);
+            let line = format!(
+                "{} cairnd[{}] ERROR {msg}\n",
+                timestamp(now_ns()),
+                std::process::id()
+            );
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
+            if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                let _ = io::stderr().write_all(line.as_bytes());
+            }
             std::process::abort();
         }));
     });
 }
 
-/// The daemon's log: timestamped lines appended to `cairnd.log`, and echoed to stderr
-/// when the daemon runs in the foreground.
-pub(crate) struct Logger {
-    file: Mutex<Option<std::fs::File>>,
-    echo: bool,
+/// The daemon's log (`tracing`): timestamped lines with their level appended to
+/// `cairnd.log` (`path`), and echoed to stderr with `echo` (a daemon in the foreground).
+/// Each daemon thread makes it its default (`tracing::dispatcher::set_default`), so that
+/// daemons run in one process (the tests) each log to their own store.
+pub(crate) fn log_to(path: &Path, echo: bool) -> tracing::Dispatch {
+    use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .ok();
+    let to_file = Mutex::new(file.map_or_else(
+        || Box::new(io::sink()) as Box<dyn Write + Send>,
+        |f| Box::new(f) as Box<dyn Write + Send>,
+    ));
+    let writer = if echo {
+        BoxMakeWriter::new(to_file.and(io::stderr))
+    } else {
+        BoxMakeWriter::new(to_file)
+    };
+    let sub = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_timer(Stamp)
+        .with_target(false)
+        .with_ansi(false)
+        .finish();
+    tracing::Dispatch::new(sub)
 }
 
-impl Logger {
-    /// Open (append) the log file; `echo` also prints every line to stderr.
-    pub(crate) fn open(path: &Path, echo: bool) -> Logger {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .ok();
-        Logger {
-            file: Mutex::new(file),
-            echo,
-        }
-    }
+/// The log's timer: [`timestamp`] and the daemon's pid (which changes when it detaches).
+struct Stamp;
 
-    /// A logger that writes nowhere (tests of internals).
-    #[cfg(test)]
-    pub(crate) fn null() -> Logger {
-        Logger {
-            file: Mutex::new(None),
-            echo: false,
-        }
+impl tracing_subscriber::fmt::time::FormatTime for Stamp {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{} cairnd[{}]", timestamp(now_ns()), std::process::id())
     }
+}
 
-    /// Stop echoing (after the daemon detached: stderr is the log file itself).
-    pub(crate) fn set_echo(&mut self, echo: bool) {
-        self.echo = echo;
-    }
-
-    /// Append one line.
-    pub(crate) fn log(&self, msg: impl AsRef<str>) {
-        let line = format!(
-            "{} cairnd[{}]: {}\n",
-            timestamp(now_ns()),
-            std::process::id(),
-            msg.as_ref()
-        );
-        if let Ok(mut g) = self.file.lock() {
-            if let Some(f) = g.as_mut() {
-                let _ = f.write_all(line.as_bytes());
-            }
-        }
-        if self.echo {
-            let _ = io::stderr().write_all(line.as_bytes());
-        }
-    }
+/// Log to `path` (as [`log_to`], no echo) for as long as the guard lives: the daemon's
+/// work done outside a daemon (`cairn fsck`, `recover`).
+pub(crate) fn logging_to(path: &Path) -> tracing::dispatcher::DefaultGuard {
+    tracing::dispatcher::set_default(&log_to(path, false))
 }
 
 #[cfg(test)]

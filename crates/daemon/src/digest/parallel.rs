@@ -307,7 +307,7 @@ impl Pool {
     }
 
     /// A worker: run queued digests until [`Pool::stop`].
-    pub(crate) fn work(&self, cl: &CoreLock, log: &crate::util::Logger) {
+    pub(crate) fn work(&self, cl: &CoreLock) {
         let mut scratch = Vec::new();
         loop {
             let (slot, job) = {
@@ -331,9 +331,9 @@ impl Pool {
                 Err(DigestError::Malformed { msg, discard_lsn }) => {
                     job.refusal.set(slot, msg, discard_lsn)
                 }
-                Err(DigestError::Failed(e)) => log.log(format!(
-                    "slot {slot}: digest failed: {e}; the log stays authoritative"
-                )),
+                Err(DigestError::Failed(e)) => {
+                    tracing::warn!("slot {slot}: digest failed: {e}; the log stays authoritative")
+                }
             }
             self.q().running.remove(&slot);
             self.cv.notify_all();

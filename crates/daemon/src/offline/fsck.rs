@@ -37,7 +37,6 @@ use crate::offline::lock_store;
 use crate::store::alloc::Bitmap;
 use crate::store::shared::Shared;
 use crate::store::{dirhash, maptree, recovery};
-use crate::util::Logger;
 use cairn_area::{Area, StoreDir};
 use cairn_format::dir;
 use cairn_format::inode::{Inode, Kind, INODE_BYTES};
@@ -271,10 +270,10 @@ fn open(store: &StoreDir) -> io::Result<Area> {
 
 /// Recovery while the caller holds the daemon lock.
 fn recover_locked(store: &StoreDir) -> io::Result<()> {
-    let log = Logger::open(&store.daemon_log_path(), false);
-    log.log("fsck: recovery");
-    let (mut core, _) = Core::open(store, &log)?;
-    core.shutdown(&log)
+    let _log = crate::util::logging_to(&store.daemon_log_path());
+    tracing::info!("{}", "fsck: recovery");
+    let (mut core, _) = Core::open(store)?;
+    core.shutdown()
 }
 
 fn dirty_slots(area: &Area) -> io::Result<u32> {
@@ -578,9 +577,9 @@ fn check_orphans(
 /// counts, which had no names to match).
 fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()> {
     use cairn_format::log::Record;
-    let log = Logger::open(&store.daemon_log_path(), false);
-    log.log("fsck: putting unreachable inodes into /lost+found");
-    let (mut core, _) = Core::open(store, &log)?;
+    let _log = crate::util::logging_to(&store.daemon_log_path());
+    tracing::info!("{}", "fsck: putting unreachable inodes into /lost+found");
+    let (mut core, _) = Core::open(store)?;
     let reg = core.register(std::process::id(), 0, 0, 0)?;
     let slot = reg.slot;
     let sh = &mut core.sh;
@@ -648,7 +647,7 @@ fn link_into_lost_found(store: &StoreDir, lost: &[(u64, Kind)]) -> io::Result<()
         crate::util::eio(format!("/lost+found: the daemon refused the links: {e:?}"))
     })?;
     core.release(slot, None)?;
-    core.shutdown(&log)
+    core.shutdown()
 }
 
 /// `/lost+found`: the existing directory (inode, attributes, generation), or a new one

@@ -5,7 +5,6 @@ pub(crate) mod fsck;
 pub(crate) mod mkfs;
 
 use crate::core::Core;
-use crate::util::Logger;
 use cairn_area::{fs_err, StoreDir};
 use cairn_media::sys;
 use std::collections::{BTreeMap, HashMap};
@@ -57,13 +56,13 @@ pub(crate) fn try_daemon_lock(store: &StoreDir) -> io::Result<Option<File>> {
 pub fn recover(path: &Path) -> io::Result<()> {
     let store = StoreDir::new(path);
     let _lock = lock_store(&store, "recover it offline")?;
-    let log = Logger::open(&store.daemon_log_path(), false);
-    log.log(format!("offline recovery of {}", store.path.display()));
-    let (mut core, _) = Core::open(&store, &log)?;
+    let _log = crate::util::logging_to(&store.daemon_log_path());
+    tracing::info!("offline recovery of {}", store.path.display());
+    let (mut core, _) = Core::open(&store)?;
     // The extended-attribute journal as a start replays it (a torn record cut off).
-    let xattrs = open_xattrs(&store, &core, &log)?;
+    let xattrs = open_xattrs(&store, &core)?;
     crate::server::mark_xattr_inodes(&mut core, &xattrs)?;
-    core.shutdown(&log)
+    core.shutdown()
 }
 
 /// A stopped store's extended attributes, from its journal: (inode, generation) → name →
@@ -98,16 +97,12 @@ pub fn stored_xattrs(path: &Path) -> io::Result<StoredXattrs> {
 }
 
 /// Open (and replay) the store's extended-attribute journal, as a start does.
-pub(crate) fn open_xattrs(
-    store: &StoreDir,
-    core: &Core,
-    log: &Logger,
-) -> io::Result<crate::xattr::Xattrs> {
+pub(crate) fn open_xattrs(store: &StoreDir, core: &Core) -> io::Result<crate::xattr::Xattrs> {
     let gid = core.cfg.trusted_gid;
     crate::xattr::Xattrs::open(
         &store.xattr_path(),
         core.sh.area.superblock().uuid,
         Box::new(move |p| crate::offline::mkfs::restrict(p, gid, 0o600, 0o660)),
-        &|note| log.log(format!("extended attributes: {note}")),
+        &|note| tracing::info!("extended attributes: {note}"),
     )
 }

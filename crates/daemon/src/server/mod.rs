@@ -9,8 +9,6 @@ use crate::core::Core;
 
 use crate::offline::mkfs::{mkfs, MkfsOptions};
 
-use crate::util::Logger;
-
 use cairn_area::{errno_of, fs_err, StoreDir};
 
 use cairn_media::sys;
@@ -65,7 +63,8 @@ struct Daemon {
     /// Asynchronous digests of different clients run in parallel on its workers.
     pool: crate::digest::parallel::Pool,
     stop: AtomicBool,
-    log: Logger,
+    /// The daemon log (`util::log_to`), every daemon thread's default.
+    log: tracing::Dispatch,
     /// Where `log` writes (`cairnd.log`), for the fail-stop hook of each thread.
     log_path: PathBuf,
     next_conn: AtomicU64,
@@ -86,9 +85,11 @@ impl Daemon {
         self.core.serial()
     }
 
-    /// The calling thread serves this daemon: a panic on it is fail-stop.
-    fn mark_thread(&self) {
+    /// The calling thread serves this daemon: it logs to the daemon's log (while the
+    /// guard lives), and a panic on it is fail-stop.
+    fn mark_thread(&self) -> tracing::dispatcher::DefaultGuard {
         crate::util::daemon_thread(&self.log_path);
+        tracing::dispatcher::set_default(&self.log)
     }
 }
 
@@ -139,23 +140,24 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     let lock = lock_store(&store, opts.create)?;
     crate::util::install_fail_stop();
     crate::util::daemon_thread(&store.daemon_log_path());
-    let mut log = Logger::open(&store.daemon_log_path(), !opts.background);
-    log.log(format!(
+    let log = crate::util::log_to(&store.daemon_log_path(), !opts.background);
+    let _log = tracing::dispatcher::set_default(&log);
+    tracing::info!(
         "starting for store {} (pid {})",
         store.path.display(),
         std::process::id()
-    ));
-    let (mut core, _report) = Core::open(&store, &log).inspect_err(|e| {
-        log.log(format!("cannot start: {e}"));
+    );
+    let (mut core, _report) = Core::open(&store).inspect_err(|e| {
+        tracing::warn!("cannot start: {e}");
     })?;
     let (sock, listener) = listen(&store)?;
     if opts.background {
-        detach(&store, &sock, &mut log)?;
+        detach(&store, &sock)?;
     }
-    let xattrs = crate::offline::open_xattrs(&store, &core, &log)?;
+    let xattrs = crate::offline::open_xattrs(&store, &core)?;
     mark_xattr_inodes(&mut core, &xattrs)?;
     sys::install_termination_flag()?;
-    log.log(format!("listening on {}", sock.display()));
+    tracing::info!("listening on {}", sock.display());
     let leases = core.leases.clone();
     let d = Arc::new(Daemon {
         leases,
@@ -174,11 +176,11 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     let threads = spawn_threads(&d)?;
     accept_loop(&d, &listener)?;
     if sys::termination_requested() {
-        d.log.log("termination signal: stopping");
+        tracing::info!("{}", "termination signal: stopping");
     }
     // No migration round is in flight while the store stops.
     let paused = d.migrator.pause();
-    let r = d.core().shutdown(&d.log);
+    let r = d.core().shutdown();
     drop(paused);
     d.stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);
@@ -187,9 +189,9 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         let _ = t.join();
     }
     if let Err(e) = &r {
-        d.log.log(format!("unclean stop: {e}"));
+        tracing::warn!("unclean stop: {e}");
     }
-    d.log.log("stopped");
+    tracing::info!("{}", "stopped");
     drop(lock);
     r
 }
@@ -247,17 +249,14 @@ fn listen(store: &StoreDir) -> io::Result<(PathBuf, UnixListener)> {
 
 /// `--background`: fork; the parent exits with status 0 once the socket listens, the
 /// child goes on in a new session with its output in the daemon's log.
-fn detach(store: &StoreDir, sock: &std::path::Path, log: &mut Logger) -> io::Result<()> {
+fn detach(store: &StoreDir, sock: &std::path::Path) -> io::Result<()> {
     let logf = OpenOptions::new()
         .create(true)
         .append(true)
         .open(store.daemon_log_path())?;
     match sys::fork_detach(&logf) {
         Ok(Some(_child)) => std::process::exit(0),
-        Ok(None) => {
-            log.set_echo(false);
-            Ok(())
-        }
+        Ok(None) => Ok(()),
         Err(e) => {
             let _ = std::fs::remove_file(sock);
             Err(fs_err(
@@ -277,7 +276,7 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
         std::thread::Builder::new()
             .name("cairnd-timer".into())
             .spawn(move || {
-                dd.mark_thread();
+                let _log = dd.mark_thread();
                 timer_loop(&dd)
             })?,
     );
@@ -287,7 +286,7 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
             std::thread::Builder::new()
                 .name(format!("cairnd-migrate-{from}"))
                 .spawn(move || {
-                    d.mark_thread();
+                    let _log = d.mark_thread();
                     migrate_loop(&d, from)
                 })?,
         );
@@ -298,15 +297,15 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
             std::thread::Builder::new()
                 .name("cairnd-digest".into())
                 .spawn(move || {
-                    d.mark_thread();
-                    d.pool.work(&d.core, &d.log)
+                    let _log = d.mark_thread();
+                    d.pool.work(&d.core)
                 })?,
         );
     }
-    d.log.log(format!(
+    tracing::info!(
         "{} digest workers (CAIRN_DIGEST_THREADS; 0: digests run serially)",
         d.pool.threads
-    ));
+    );
     Ok(threads)
 }
 
@@ -319,7 +318,7 @@ fn accept_loop(d: &Arc<Daemon>, listener: &UnixListener) -> io::Result<()> {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                d.log.log(format!("waiting for connections failed: {e}"));
+                tracing::warn!("waiting for connections failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -331,18 +330,18 @@ fn accept_loop(d: &Arc<Daemon>, listener: &UnixListener) -> io::Result<()> {
                     std::thread::Builder::new()
                         .name("cairnd-conn".into())
                         .spawn(move || {
-                            d2.mark_thread();
+                            let _log = d2.mark_thread();
                             serve(&d2, s)
                         })
                 });
                 if let Err(e) = spawned {
-                    d.log.log(format!("cannot serve a connection: {e}"));
+                    tracing::warn!("cannot serve a connection: {e}");
                 }
             }
             // Taken by nobody else, but a connection may have gone before `accept`.
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
-                d.log.log(format!("accept failed: {e}"));
+                tracing::warn!("accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
@@ -367,7 +366,7 @@ fn migrate_loop(d: &Daemon, from: u8) {
         if stopped {
             break;
         }
-        worked = background && d.migrator.tick(&d.core, from, &d.log);
+        worked = background && d.migrator.tick(&d.core, from);
     }
 }
 
@@ -379,8 +378,8 @@ fn timer_loop(d: &Daemon) {
             break;
         }
         core.reclaim();
-        core.recover_dead(&d.log);
-        core.lease_gate_tick(&d.log);
+        core.recover_dead();
+        core.lease_gate_tick();
     }
 }
 
@@ -388,8 +387,7 @@ fn serve(d: &Daemon, mut s: UnixStream) {
     let (pid, uid, gid) = match sys::peer_cred(&s) {
         Ok(c) => c,
         Err(e) => {
-            d.log
-                .log(format!("connection without credentials refused: {e}"));
+            tracing::warn!("connection without credentials refused: {e}");
             return;
         }
     };
@@ -409,7 +407,7 @@ fn serve(d: &Daemon, mut s: UnixStream) {
             Ok(r) => r,
             Err(e) => {
                 if e.kind() != io::ErrorKind::UnexpectedEof {
-                    d.log.log(format!("pid {pid}: bad message, closing: {e}"));
+                    tracing::info!("pid {pid}: bad message, closing: {e}");
                 }
                 break;
             }
@@ -442,11 +440,9 @@ fn serve(d: &Daemon, mut s: UnixStream) {
     if let Some(slot) = c.slot {
         let mut core = d.core();
         if core.disconnected(slot, c.id) {
-            d.log.log(format!(
-                "slot {slot} (pid {}): connection closed without goodbye; its log is recovered once the client is gone",
-                c.pid
-            ));
-            core.recover_dead(&d.log);
+            tracing::warn!("slot {slot} (pid {}): connection closed without goodbye; its log is recovered once the client is gone",
+                c.pid);
+            core.recover_dead();
         }
     }
 }

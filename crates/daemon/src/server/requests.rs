@@ -106,7 +106,7 @@ fn register(d: &Daemon, c: &mut Conn, claimed: u32) -> Reply {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let mut core = loop {
         let mut core = d.core();
-        core.recover_dead(&d.log);
+        core.recover_dead();
         if !core.dead_recovery_due() || std::time::Instant::now() >= deadline {
             break core;
         }
@@ -117,15 +117,17 @@ fn register(d: &Daemon, c: &mut Conn, claimed: u32) -> Reply {
         Ok(r) => {
             c.slot = Some(r.slot);
             d.locks.add_client(c.id, c.pid, r.slot, r.slot_gen);
-            d.log.log(format!(
+            tracing::info!(
                 "slot {} (pid {}, claimed {claimed}, uid {}): client registered, generation {}",
-                r.slot, c.pid, c.uid, r.slot_gen
-            ));
+                r.slot,
+                c.pid,
+                c.uid,
+                r.slot_gen
+            );
             Reply::Send(Response::Registered(r))
         }
         Err(e) => {
-            d.log
-                .log(format!("pid {}: registration refused: {e}", c.pid));
+            tracing::warn!("pid {}: registration refused: {e}", c.pid);
             Reply::Send(err_response(&e))
         }
     }
@@ -154,31 +156,25 @@ fn reattach(
             // Revocations the previous daemon had acknowledged may not have been
             // digested: digest the committed log before any lease is granted.
             if let Err(e) = core.digest_committed(slot) {
-                d.log.log(format!("slot {slot}: digest at re-attach: {e}"));
+                tracing::info!("slot {slot}: digest at re-attach: {e}");
             }
             for ino in pinned {
                 core.pin(slot, ino);
             }
             if !d.leases.reattached(slot, &leases) {
-                d.log.log(format!(
-                        "slot {slot}: leases sent at re-attach conflict with granted ones: all taken away"
-                    ));
+                tracing::warn!("slot {slot}: leases sent at re-attach conflict with granted ones: all taken away");
                 if let Err(e) = core.sh.bump_lease_gen(slot) {
-                    d.log
-                        .log(format!("slot {slot}: cannot increment lease_gen: {e}"));
+                    tracing::warn!("slot {slot}: cannot increment lease_gen: {e}");
                 }
             }
-            d.log.log(format!(
+            tracing::info!(
                 "slot {slot} (pid {}): client re-attached, generation {slot_gen}",
                 c.pid
-            ));
+            );
             Reply::Send(Response::Registered(r))
         }
         Err(e) => {
-            d.log.log(format!(
-                "pid {}: re-attach to slot {slot} refused: {e}",
-                c.pid
-            ));
+            tracing::warn!("pid {}: re-attach to slot {slot} refused: {e}", c.pid);
             Reply::Send(err_response(&e))
         }
     }
@@ -220,7 +216,7 @@ fn digest(d: &Daemon, c: &mut Conn, upto_lsn: u64, wait: bool) -> Reply {
                 Reply::Nothing
             }
         }
-        Err(e) => digest_failed(d, &mut core, c, slot, e, wait, "digest"),
+        Err(e) => digest_failed(&mut core, c, slot, e, wait, "digest"),
     }
 }
 
@@ -232,14 +228,10 @@ fn free_nvm<'a>(
     short: impl Fn(&Core) -> bool,
 ) -> MutexGuard<'a, Core> {
     drop(core);
-    d.migrator.free_nvm(
-        &d.core,
-        &|c| {
-            c.reclaim();
-            short(c)
-        },
-        &d.log,
-    );
+    d.migrator.free_nvm(&d.core, &|c| {
+        c.reclaim();
+        short(c)
+    });
     let mut core = d.core();
     core.reclaim();
     core
@@ -292,7 +284,7 @@ fn migrate(d: &Daemon, from: u8, to: u8, max_bytes: u64) -> Reply {
         )));
     }
     let max = max_bytes.div_ceil(cairn_format::BLOCK_SIZE_U64);
-    let n = d.migrator.migrate(&d.core, from, max, &d.log);
+    let n = d.migrator.migrate(&d.core, from, max);
     let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, from);
     Reply::Send(Response::Migrated {
         bytes: n * cairn_format::BLOCK_SIZE_U64,
@@ -308,7 +300,7 @@ fn clean(d: &Daemon, tier: u8) -> Reply {
             format!("cannot clean tier {tier}: only a lower tier the store has is cleaned"),
         )));
     }
-    let n = d.migrator.clean(&d.core, tier, &d.log);
+    let n = d.migrator.clean(&d.core, tier);
     let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, tier);
     Reply::Send(Response::Migrated {
         bytes: n * cairn_format::BLOCK_SIZE_U64,
@@ -326,13 +318,12 @@ fn goodbye(d: &Daemon, c: &mut Conn, tail_lsn: u64) -> Reply {
         Ok(_) => match core.release(slot, None) {
             Ok(()) => {
                 c.slot = None;
-                d.log
-                    .log(format!("slot {slot} (pid {}): client left", c.pid));
+                tracing::info!("slot {slot} (pid {}): client left", c.pid);
                 Reply::Close(Some(Response::Ok))
             }
             Err(e) => Reply::Send(err_response(&e)),
         },
-        Err(e) => digest_failed(d, &mut core, c, slot, e, true, "goodbye"),
+        Err(e) => digest_failed(&mut core, c, slot, e, true, "goodbye"),
     }
 }
 
@@ -344,7 +335,7 @@ fn unpin(d: &Daemon, c: &mut Conn, ino: u64, tail_lsn: u64) -> Reply {
     let mut core = d.core();
     // Its records about the inode are applied before it may be freed.
     if let Err(e) = core.digest_client(slot, tail_lsn) {
-        return digest_failed(d, &mut core, c, slot, e, true, "unpin");
+        return digest_failed(&mut core, c, slot, e, true, "unpin");
     }
     match core.unpin(slot, Some(ino)) {
         Ok(()) => Reply::Send(Response::Ok),
@@ -384,9 +375,9 @@ fn shutdown(d: &Daemon, c: &Conn) -> Reply {
             message: "only the daemon's user can stop it".into(),
         });
     }
-    d.log.log(format!("shutdown requested by pid {}", c.pid));
+    tracing::info!("shutdown requested by pid {}", c.pid);
     let paused = d.migrator.pause();
-    let r = d.core().shutdown(&d.log);
+    let r = d.core().shutdown();
     drop(paused);
     d.stop.store(true, Ordering::SeqCst);
     match r {
@@ -426,8 +417,8 @@ fn lease(d: &Daemon, c: &mut Conn, ino: u64, write: bool) -> Reply {
         match d.leases.acquire(slot, ino, write, file) {
             Ok(Grant::Lease) => return Reply::Send(Response::Leased { ino, write }),
             Ok(Grant::Mediated) => return Reply::Send(Response::Mediated { ino }),
-            Err(crate::sharing::leases::Step::Expire(h)) => d.core().expire_leases(h, &d.log),
-            Err(crate::sharing::leases::Step::GateDue) => d.core().lease_gate_tick(&d.log),
+            Err(crate::sharing::leases::Step::Expire(h)) => d.core().expire_leases(h),
+            Err(crate::sharing::leases::Step::GateDue) => d.core().lease_gate_tick(),
             Err(crate::sharing::leases::Step::NotLive) => {
                 return Reply::Send(Response::Error {
                     errno: libc::ESTALE,
@@ -465,7 +456,7 @@ fn commit(d: &Daemon, c: &mut Conn, lsn: u64, len: u32, seq: u64, claimed: &[(u6
         return Reply::Send(err_response(&e));
     }
     if let Err(e) = core.digest_client(slot, lsn + len as u64) {
-        return digest_failed(d, &mut core, c, slot, e, true, "commit");
+        return digest_failed(&mut core, c, slot, e, true, "commit");
     }
     let ended = d.leases.committed(slot, &written);
     Reply::Send(Response::Committed { ended })
@@ -518,16 +509,14 @@ fn upcall_ack(d: &Daemon, slot: u32, ino: u64, tail_lsn: u64, open: bool) {
         match core.digest_client(slot, tail_lsn) {
             Ok(_) => {}
             Err(DigestError::Malformed { msg, .. }) => {
-                d.log.log(format!(
-                    "slot {slot}: revocation answer with a bad tail ({msg}): digesting its committed log instead"
-                ));
+                tracing::info!("slot {slot}: revocation answer with a bad tail ({msg}): digesting its committed log instead");
                 if let Err(e) = core.digest_committed(slot) {
-                    d.log.log(format!("slot {slot}: {e}"));
+                    tracing::info!("slot {slot}: {e}");
                 }
             }
-            Err(DigestError::Failed(e)) => d.log.log(format!(
+            Err(DigestError::Failed(e)) => tracing::warn!(
                 "slot {slot}: cannot digest its log for a revoked lease on inode {ino}: {e}"
-            )),
+            ),
         }
     }
     d.leases.ack_done(slot, ino);
@@ -542,7 +531,7 @@ pub(super) fn take_refusal(d: &Daemon, c: &mut Conn) -> bool {
     if c.slot == Some(slot) {
         let mut core = d.core();
         let e = DigestError::Malformed { msg, discard_lsn };
-        let _ = digest_failed(d, &mut core, c, slot, e, false, "digest");
+        let _ = digest_failed(&mut core, c, slot, e, false, "digest");
     }
     true
 }
@@ -550,7 +539,6 @@ pub(super) fn take_refusal(d: &Daemon, c: &mut Conn) -> bool {
 /// A digest for a client failed: a malformed log refuses the client (its log is
 /// discarded, the slot released, the connection closed); other failures are reported.
 fn digest_failed(
-    d: &Daemon,
     core: &mut Core,
     c: &mut Conn,
     slot: u32,
@@ -560,12 +548,10 @@ fn digest_failed(
 ) -> Reply {
     match e {
         DigestError::Malformed { msg, discard_lsn } => {
-            d.log.log(format!(
-                "slot {slot} (pid {}): malformed log refused ({what}): {msg}; log discarded up to {discard_lsn}, slot released",
-                c.pid
-            ));
+            tracing::warn!("slot {slot} (pid {}): malformed log refused ({what}): {msg}; log discarded up to {discard_lsn}, slot released",
+                c.pid);
             if let Err(e) = core.release(slot, Some(discard_lsn)) {
-                d.log.log(format!("slot {slot}: cannot release: {e}"));
+                tracing::warn!("slot {slot}: cannot release: {e}");
             }
             c.slot = None;
             let resp = wait.then(|| Response::Error {
@@ -575,10 +561,10 @@ fn digest_failed(
             Reply::Close(resp)
         }
         DigestError::Failed(e) => {
-            d.log.log(format!(
+            tracing::warn!(
                 "slot {slot} (pid {}): {what} failed: {e}; the log stays authoritative",
                 c.pid
-            ));
+            );
             if wait {
                 Reply::Send(err_response(&e))
             } else {

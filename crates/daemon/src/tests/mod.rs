@@ -11,7 +11,7 @@ mod server_tests;
 use crate::core::Core;
 use crate::offline::mkfs::{mkfs, MkfsOptions};
 use crate::store::shared::Shared;
-use crate::util::{hex, random_bytes, Logger};
+use crate::util::{hex, random_bytes};
 use cairn_area::StoreDir;
 use cairn_format::inode::{Attrs, Inode, Kind};
 use cairn_format::log::{self, Record};
@@ -64,7 +64,7 @@ impl TestStore {
     }
 
     pub fn core(&self) -> Core {
-        Core::open(&self.store, &Logger::null()).unwrap().0
+        Core::open(&self.store).unwrap().0
     }
 }
 

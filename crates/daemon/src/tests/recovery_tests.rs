@@ -64,7 +64,7 @@ fn unclean_start_rebuild_equals_incremental_state() {
         )
         // dropped without shutdown: clean stays 0
     };
-    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (core, rep) = Core::open(&ts.store).unwrap();
     assert!(rep.rebuilt);
     assert_eq!(core.sh.blocks.bitmap(), blocks.bitmap());
     assert_eq!(core.sh.inodes.bitmap(), &inodes);
@@ -81,7 +81,7 @@ fn clean_stop_saves_and_reloads_the_allocation_state() {
         let mut core = ts.core();
         let lw = populate(&mut core);
         core.release(lw.slot, None).unwrap();
-        core.shutdown(&Logger::null()).unwrap();
+        core.shutdown().unwrap();
         assert_eq!(core.sh.area.state_field(state::CLEAN).unwrap(), 1);
         (
             core.sh.blocks.clone(),
@@ -89,7 +89,7 @@ fn clean_stop_saves_and_reloads_the_allocation_state() {
             snapshot(&core.sh),
         )
     };
-    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (core, rep) = Core::open(&ts.store).unwrap();
     assert!(!rep.rebuilt, "loaded, not rebuilt");
     assert_eq!(core.sh.blocks.bitmap(), blocks.bitmap());
     assert_eq!(core.sh.inodes.bitmap(), &inodes);
@@ -115,7 +115,7 @@ fn dead_client_log_is_digested_at_start() {
         lw.put(sh, &t);
         // The daemon and the client die here: nothing digested.
     }
-    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (core, rep) = Core::open(&ts.store).unwrap();
     assert_eq!(rep.recovered_slots, vec![0]);
     let snap = snapshot(&core.sh);
     assert_eq!(snap["/survivor"].3, data);
@@ -149,7 +149,7 @@ fn crash_after_publish_before_head_is_repaired_by_replay() {
         sh.map().write(off + other + 10, &[0xab; 40]).unwrap();
         snap
     };
-    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (core, rep) = Core::open(&ts.store).unwrap();
     assert!(rep.rebuilt);
     assert_eq!(rep.recovered_slots, vec![0]);
     assert_eq!(snapshot(&core.sh), snap);
@@ -168,7 +168,7 @@ fn orphans_are_freed_by_the_rebuild() {
         };
         core.sh.write_inode(40, &orphan).unwrap();
     }
-    let (core, _) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (core, _) = Core::open(&ts.store).unwrap();
     let i = core.sh.area.read_inode(40).unwrap();
     assert_eq!((i.attrs.kind, i.generation), (Kind::Free, 4));
     assert!(!core.sh.inodes.is_used(40));
@@ -226,7 +226,7 @@ fn a_rename_half_applied_by_a_dead_daemon_is_redone() {
         digest(sh, other.slot, Mode::Upto(other.tail)).unwrap();
         core.release(other.slot, None).unwrap();
     }
-    let (core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (core, rep) = Core::open(&ts.store).unwrap();
     assert!(rep.rebuilt);
     assert_eq!(rep.recovered_slots, vec![0]);
     let snap = snapshot(&core.sh);
@@ -248,7 +248,7 @@ fn live_client_is_kept_for_reattach_and_its_new_inodes_reserved() {
             .unwrap();
         lw.append(&core.sh, &create_file(10, ROOT_INO, b"pending"));
     }
-    let (mut core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (mut core, rep) = Core::open(&ts.store).unwrap();
     assert_eq!(rep.live_slots, vec![0]);
     assert_eq!(core.sh.inodes.reserved_by(10), Some(0));
     let gen = core.clients[0].as_ref().unwrap().slot_gen;
@@ -262,7 +262,7 @@ fn live_client_is_kept_for_reattach_and_its_new_inodes_reserved() {
     drop(lock);
     // After the owner is gone, the timer path recovers the slot.
     assert!(core.disconnected(0, 7));
-    core.recover_dead(&Logger::null());
+    core.recover_dead();
     assert!(core.clients[0].is_none());
     assert!(snapshot(&core.sh).contains_key("/pending"));
 }
@@ -287,7 +287,7 @@ fn unlinked_files_wait_for_the_restart_gate() {
             core.sh.write_inode(ino, &unlinked).unwrap();
         }
     }
-    let (mut core, rep) = Core::open(&ts.store, &Logger::null()).unwrap();
+    let (mut core, rep) = Core::open(&ts.store).unwrap();
     assert_eq!(rep.live_slots, vec![0]);
     // Kept while the live client may re-attach with its pins.
     assert!(core.sh.inodes.is_used(41) && core.sh.inodes.is_used(42));
@@ -295,7 +295,7 @@ fn unlinked_files_wait_for_the_restart_gate() {
     core.reattach(1, 0, 0, 0, gen, 7).unwrap();
     assert!(core.leases.reattached(0, &[]));
     core.pin(0, 42);
-    core.lease_gate_tick(&Logger::null());
+    core.lease_gate_tick();
     assert!(!core.sh.inodes.is_used(41), "nobody has it open: freed");
     assert_eq!(core.sh.area.read_inode(41).unwrap().attrs.kind, Kind::Free);
     assert!(core.sh.inodes.is_used(42), "pinned: kept");

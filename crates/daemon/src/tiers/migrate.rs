@@ -25,7 +25,7 @@
 use crate::digest::parallel::CoreLock;
 use crate::store::maptree;
 use crate::store::shared::{Shared, Work};
-use crate::util::{eio, now_ns, Logger};
+use crate::util::{eio, now_ns};
 use cairn_format::inode::{Inode, Kind};
 use cairn_format::map::{entry_block, entry_tier, tier_entry, TIER_NAMES};
 use cairn_format::tier::SEG_WRITTEN_NS;
@@ -626,7 +626,7 @@ impl Migrator {
 
     /// Make tier `to` able to take a migration round (a free segment beyond the reserve):
     /// migrate its own coldest data further down, else clean it. False if neither helped.
-    fn room_in(&self, core: &CoreLock, to: u8, log: &Logger) -> bool {
+    fn room_in(&self, core: &CoreLock, to: u8) -> bool {
         let has_room = |c: &CoreLock| {
             let mut c = c.serial();
             c.reclaim();
@@ -636,25 +636,25 @@ impl Migrator {
             return true;
         }
         let below = core.serial().sh.tier(to + 1).is_some();
-        if below && self.run(core, RoundKind::Migrate, to, log) > 0 && has_room(core) {
+        if below && self.run(core, RoundKind::Migrate, to) > 0 && has_room(core) {
             return true;
         }
         // The coldest chunks are spread over segments that stay partly live: move whole
         // segments down instead, or compact them in place.
-        if below && self.run(core, RoundKind::Evacuate, to, log) > 0 && has_room(core) {
+        if below && self.run(core, RoundKind::Evacuate, to) > 0 && has_room(core) {
             return true;
         }
-        self.run(core, RoundKind::Clean, to, log);
+        self.run(core, RoundKind::Clean, to);
         has_room(core)
     }
 
     /// A round, with failures logged (0 moved).
-    fn run(&self, core: &CoreLock, kind: RoundKind, from: u8, log: &Logger) -> u64 {
+    fn run(&self, core: &CoreLock, kind: RoundKind, from: u8) -> u64 {
         match self.round(core, kind, from) {
             Ok(n) => {
                 if n > 0 && matches!(kind, RoundKind::Clean | RoundKind::Evacuate) {
                     let free = core.serial().sh.tier(from).map_or(0, |t| t.free_segments());
-                    log.log(format!(
+                    tracing::info!(
                         "{} the {} tier: {} KiB moved, {free} segments free",
                         if kind == RoundKind::Clean {
                             "cleaned"
@@ -663,15 +663,15 @@ impl Migrator {
                         },
                         TIER_NAMES[from as usize],
                         bytes(n) >> 10
-                    ));
+                    );
                 }
                 n
             }
             Err(e) => {
-                log.log(format!(
+                tracing::warn!(
                     "{kind:?} round from the {} tier failed: {e}",
                     TIER_NAMES[from as usize]
-                ));
+                );
                 0
             }
         }
@@ -679,20 +679,20 @@ impl Migrator {
 
     /// One cleaning round on lower tier `t`, asked for by a client. Returns the blocks
     /// moved.
-    pub(crate) fn clean(&self, core: &CoreLock, t: u8, log: &Logger) -> u64 {
-        self.run(core, RoundKind::Clean, t, log)
+    pub(crate) fn clean(&self, core: &CoreLock, t: u8) -> u64 {
+        self.run(core, RoundKind::Clean, t)
     }
 
     /// Move at least `max` blocks of the coldest data of `from` one tier down (in whole
     /// segments, so up to a segment more), making room below first when needed. Returns
     /// the blocks moved.
-    pub(crate) fn migrate(&self, core: &CoreLock, from: u8, max: u64, log: &Logger) -> u64 {
+    pub(crate) fn migrate(&self, core: &CoreLock, from: u8, max: u64) -> u64 {
         let mut moved = 0;
         while moved < max {
-            if !self.room_in(core, from + 1, log) {
+            if !self.room_in(core, from + 1) {
                 break;
             }
-            let n = self.run(core, RoundKind::Migrate, from, log);
+            let n = self.run(core, RoundKind::Migrate, from);
             if n == 0 {
                 break;
             }
@@ -704,22 +704,17 @@ impl Migrator {
     /// Move NVM's coldest data down while `short` says NVM lacks space (a client waits
     /// for it): one round at a time, each started only if the rounds before (this
     /// caller's or the background's) did not free enough.
-    pub(crate) fn free_nvm(
-        &self,
-        core: &CoreLock,
-        short: &dyn Fn(&mut crate::core::Core) -> bool,
-        log: &Logger,
-    ) {
+    pub(crate) fn free_nvm(&self, core: &CoreLock, short: &dyn Fn(&mut crate::core::Core) -> bool) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
             if !short(&mut core.serial()) {
                 return;
             }
-            let moved = self.room_in(core, 1, log)
+            let moved = self.room_in(core, 1)
                 && match self.round_when(core, RoundKind::Migrate, 0, short) {
                     Ok(n) => n > 0,
                     Err(e) => {
-                        log.log(format!("migration for a waiting client failed: {e}"));
+                        tracing::warn!("migration for a waiting client failed: {e}");
                         false
                     }
                 };
@@ -733,11 +728,11 @@ impl Migrator {
             if !busy || std::time::Instant::now() >= deadline {
                 let c = core.serial();
                 let free: Vec<u64> = c.sh.tiers.iter().map(|t| t.free_segments()).collect();
-                log.log(format!(
+                tracing::info!(
                     "no room for a waiting client: NVM {} blocks free, lower tiers' free \
                      segments {free:?}",
                     c.sh.blocks.free_count()
-                ));
+                );
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -763,8 +758,8 @@ impl Migrator {
     /// moves a segment down as soon as it has no free segment to spare beyond the one
     /// reserved for cleaning (so that the tier above never waits for it), and is
     /// cleaned when it has none beyond the reserved one. Returns whether it did work.
-    pub(crate) fn tick(&self, core: &CoreLock, from: u8, log: &Logger) -> bool {
-        let promoted = self.promote_if_hot(core, from, log);
+    pub(crate) fn tick(&self, core: &CoreLock, from: u8) -> bool {
+        let promoted = self.promote_if_hot(core, from);
         let (high, low, has_below, free) = {
             let c = core.serial();
             (
@@ -779,22 +774,22 @@ impl Migrator {
             let (used, cap) = Self::usage(&core.serial().sh, from);
             let spare = free.is_none_or(|f| f > 2);
             if cap == 0 || (used * 100 < cap * high && spare) {
-                return self.clean_if_starved(core, from, log) || promoted;
+                return self.clean_if_starved(core, from) || promoted;
             }
             let goal = cap * low.min(high) / 100;
             let want = used.saturating_sub(goal).max(1);
-            let n = self.migrate(core, from, want, log);
+            let n = self.migrate(core, from, want);
             if n > 0 {
                 worked = true;
                 let (after, _) = Self::usage(&core.serial().sh, from);
-                log.log(format!(
+                tracing::info!(
                     "migrated {} MiB from the {} tier to the {} tier ({}% -> {}% used)",
                     bytes(n) >> 20,
                     TIER_NAMES[from as usize],
                     TIER_NAMES[from as usize + 1],
                     used * 100 / cap,
-                    after * 100 / cap,
-                ));
+                    after * 100 / cap
+                );
             }
             // A lower tier whose coldest chunks lie in segments that stay partly live
             // frees segments by moving whole ones down.
@@ -803,16 +798,16 @@ impl Migrator {
                 c.reclaim();
                 c.sh.tier(from).is_none_or(|t| t.free_segments() > 2)
             };
-            if !spare && self.room_in(core, from + 1, log) {
-                worked |= self.run(core, RoundKind::Evacuate, from, log) > 0;
+            if !spare && self.room_in(core, from + 1) {
+                worked |= self.run(core, RoundKind::Evacuate, from) > 0;
             }
         }
-        self.clean_if_starved(core, from, log) || worked || promoted
+        self.clean_if_starved(core, from) || worked || promoted
     }
 
     /// Read hints first; then, for a lower tier whose data clients read often, one
     /// round moving the hottest of it up, into room the tier above has.
-    fn promote_if_hot(&self, core: &CoreLock, from: u8, log: &Logger) -> bool {
+    fn promote_if_hot(&self, core: &CoreLock, from: u8) -> bool {
         let room = {
             let mut c = core.serial();
             let slots = c.reader_slots();
@@ -839,21 +834,21 @@ impl Migrator {
         if room < PROMOTE_MIN {
             return false;
         }
-        let n = self.run(core, RoundKind::Promote, from, log);
+        let n = self.run(core, RoundKind::Promote, from);
         if n > 0 {
-            log.log(format!(
+            tracing::info!(
                 "promoted {} KiB read often from the {} tier to the {} tier",
                 bytes(n) >> 10,
                 TIER_NAMES[from as usize],
-                TIER_NAMES[from as usize - 1],
-            ));
+                TIER_NAMES[from as usize - 1]
+            );
         }
         n > 0
     }
 
     /// Clean lower tier `t` if fewer than `clean_free_pct` of its segments are free, or
     /// none beyond the reserved one.
-    fn clean_if_starved(&self, core: &CoreLock, t: u8, log: &Logger) -> bool {
+    fn clean_if_starved(&self, core: &CoreLock, t: u8) -> bool {
         let starved = {
             let c = core.serial();
             let pct = c.cfg.clean_free_pct.min(100) as u64;
@@ -862,7 +857,7 @@ impl Migrator {
                 free <= 1 || free * 100 < ta.data_segments() * pct
             })
         };
-        starved && self.run(core, RoundKind::Clean, t, log) > 0
+        starved && self.run(core, RoundKind::Clean, t) > 0
     }
 }
 
