@@ -430,12 +430,19 @@ impl Core {
             )));
         }
         let o = digest::digest(&mut self.sh, slot, Mode::Upto(upto))?;
+        self.digested(slot, &o);
+        Ok(o)
+    }
+
+    /// After a digest of `slot`'s log: the space its records used is no longer promised
+    /// to the client, the inodes it created are leased to it, and what it replaced goes
+    /// once no reader can still use it.
+    pub(crate) fn digested(&mut self, slot: u32, o: &Outcome) {
         if let Some(c) = self.clients[slot as usize].as_mut() {
             c.credits = c.credits.saturating_sub(o.charge);
         }
         self.leases.record_created(slot, &o.created);
         self.reclaim();
-        Ok(o)
     }
 
     /// Digest a live client's committed transactions (from its head for as long as they
@@ -453,11 +460,7 @@ impl Core {
             ))));
         }
         let o = digest::digest(&mut self.sh, slot, Mode::Committed)?;
-        if let Some(c) = self.clients[slot as usize].as_mut() {
-            c.credits = c.credits.saturating_sub(o.charge);
-        }
-        self.leases.record_created(slot, &o.created);
-        self.reclaim();
+        self.digested(slot, &o);
         Ok(o)
     }
 

@@ -184,11 +184,7 @@ pub(crate) fn digest_client(
         };
         g.par.claims.remove(&slot);
         if let Ok(o) = &r {
-            if let Some(c) = g.clients[slot as usize].as_mut() {
-                c.credits = c.credits.saturating_sub(o.charge);
-            }
-            g.leases.record_created(slot, &o.created);
-            g.reclaim();
+            g.digested(slot, o);
         }
         drop(g);
         cl.cv.notify_all();
