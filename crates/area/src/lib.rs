@@ -6,6 +6,7 @@
 //!   uses it through a read-only mapping, the daemon through its read-write one.
 //! * [`cache`]: LibFS's DRAM cache of lower-tier (SSD, HDD) blocks.
 //! * [`error`]: `io::Error`s that carry a POSIX errno and a message.
+//! * [`time`]: wall-clock time in nanoseconds since the epoch, and its UTC calendar.
 
 #![forbid(unsafe_code)]
 
