@@ -62,7 +62,7 @@ impl Area {
             // Say whether the copy (format version 4) could restore it.
             let copy = cairn_format::superblock::copy_block_of(len);
             let intact = map.read(copy as usize * BLOCK_SIZE, &mut b).is_ok()
-                && Superblock::decode(&b, len).is_ok_and(|c| c.layout.sb_copy == copy);
+                && Superblock::decode_copy(&b, len).is_ok();
             eio(if intact {
                 format!(
                     "{e}; its copy in block {copy} is intact: `cairn fsck --repair` restores it"

@@ -434,10 +434,25 @@ pub fn stored_version(b: &[u8]) -> Option<u32> {
 
 /// The block where a store of format version 4 or later keeps the copy of its
 /// superblock, found from the NVM file's length alone (for when block 0 is damaged): the
-/// file's last whole block. A copy read there is the store's only if it decodes and its
-/// layout names that block as its copy.
+/// file's last whole block ([`Superblock::decode_copy`] checks what it holds).
 pub fn copy_block_of(file_len: u64) -> u64 {
     (file_len / BLOCK_SIZE_U64).saturating_sub(1)
+}
+
+impl Superblock {
+    /// Decode the copy of the superblock read from block [`copy_block_of`]`(file_len)`
+    /// (for when block 0 is damaged): it is the store's only if it decodes and its layout
+    /// names that block as its copy.
+    pub fn decode_copy(b: &[u8], file_len: u64) -> Result<Superblock> {
+        let at = copy_block_of(file_len);
+        let sb = Superblock::decode(b, file_len)?;
+        if sb.layout.sb_copy != at {
+            return bad(format!(
+                "block {at} holds no copy of this store's superblock"
+            ));
+        }
+        Ok(sb)
+    }
 }
 
 /// Encode a fresh daemon state block.
@@ -547,6 +562,13 @@ mod tests {
         let b4 = v4.encode();
         assert_eq!(le::u32(&b4, 8), FORMAT_VERSION);
         assert_eq!(Superblock::decode(&b4, 64 << 20).unwrap(), v4);
+        // The copy is the store's only where its layout puts it: the last block.
+        assert_eq!(Superblock::decode_copy(&b4, 64 << 20).unwrap(), v4);
+        assert!(Superblock::decode_copy(&b4, 128 << 20).is_err());
+        assert!(
+            Superblock::decode_copy(&b2, 64 << 20).is_err(),
+            "no copy before v4"
+        );
 
         let mut p = params();
         p.tiers[0] = TierGeom {

@@ -232,8 +232,8 @@ fn check_superblock(store: &StoreDir, repair: bool, rep: &mut FsckReport) -> io:
         Err(e) => {
             let at = copy_block_of(len);
             let copy = block(at)?;
-            match Superblock::decode(&copy, len) {
-                Ok(c) if c.layout.sb_copy == at => {
+            match Superblock::decode_copy(&copy, len) {
+                Ok(_) => {
                     let what = format!("the superblock (block 0) is damaged: {e}");
                     if repair {
                         restore(0, &copy)?;

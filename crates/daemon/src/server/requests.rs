@@ -285,7 +285,12 @@ fn migrate(d: &Daemon, from: u8, to: u8, max_bytes: u64) -> Reply {
     }
     let max = max_bytes.div_ceil(cairn_format::BLOCK_SIZE_U64);
     let n = d.migrator.migrate(&d.core, from, max);
-    let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, from);
+    moved(d, from, n)
+}
+
+/// The answer to `Migrate` and `Clean`: `n` blocks moved, and what tier `tier` uses now.
+fn moved(d: &Daemon, tier: u8, n: u64) -> Reply {
+    let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, tier);
     Reply::Send(Response::Migrated {
         bytes: n * cairn_format::BLOCK_SIZE_U64,
         used_bytes: used * cairn_format::BLOCK_SIZE_U64,
@@ -301,11 +306,7 @@ fn clean(d: &Daemon, tier: u8) -> Reply {
         )));
     }
     let n = d.migrator.clean(&d.core, tier);
-    let (used, _) = crate::tiers::migrate::Migrator::usage(&d.core().sh, tier);
-    Reply::Send(Response::Migrated {
-        bytes: n * cairn_format::BLOCK_SIZE_U64,
-        used_bytes: used * cairn_format::BLOCK_SIZE_U64,
-    })
+    moved(d, tier, n)
 }
 
 /// `Goodbye`: digest the leaving client's log and free its slot.
