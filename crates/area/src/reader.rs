@@ -316,6 +316,16 @@ impl Area {
         Ok(e)
     }
 
+    /// The first block of the superpage extent a level-2 entry `e` names.
+    pub fn check_huge(&self, e: u64) -> io::Result<u64> {
+        if !self.layout().huge_valid(e) {
+            return Err(eio(format!(
+                "map entry {e:#x} is not a 2 MiB-aligned extent of the data region"
+            )));
+        }
+        Ok(map::huge_first(e))
+    }
+
     /// Read `buf.len()` bytes at byte `off` of lower tier `tier`.
     pub fn read_tier(&self, tier: u8, off: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
@@ -364,6 +374,9 @@ impl Area {
             if e == 0 {
                 return Ok(None);
             }
+            if level == 2 && map::is_huge(e) {
+                return Ok(Some(self.check_huge(e)? + map::index_at(fblk, 1) as u64));
+            }
             node = if level == 1 {
                 self.check_leaf(e)?
             } else {
@@ -371,6 +384,39 @@ impl Area {
             };
         }
         Ok(Some(node))
+    }
+
+    /// The level-2 entry of `inode`'s map that covers file block `fblk` (the leaf node
+    /// or superpage entry of its 2 MiB range; for a map of height 1, its root), or
+    /// `None` (a hole).
+    pub fn range_entry(&self, inode: &Inode, fblk: u64) -> io::Result<Option<u64>> {
+        let h = inode.map_height;
+        if inode.map_root == 0 || h == 0 || fblk >= map::coverage(h) {
+            return Ok(None);
+        }
+        if h == 1 {
+            // The root is the leaf node of range 0.
+            return Ok(Some(self.check_ptr(inode.map_root, "map root")?));
+        }
+        let mut node = self.check_ptr(inode.map_root, "map root")?;
+        for level in (3..=h).rev() {
+            let e = self.node_entry(node, map::index_at(fblk, level))?;
+            if e == 0 {
+                return Ok(None);
+            }
+            node = self.check_ptr(e, "map entry")?;
+        }
+        let e = self.node_entry(node, map::index_at(fblk, 2))?;
+        Ok((e != 0).then_some(e))
+    }
+
+    /// The first block of the superpage extent holding file block `fblk` of `inode`, if
+    /// it lies in one.
+    pub fn huge_of(&self, inode: &Inode, fblk: u64) -> io::Result<Option<u64>> {
+        match self.range_entry(inode, fblk)? {
+            Some(e) if map::is_huge(e) => Ok(Some(self.check_huge(e)?)),
+            _ => Ok(None),
+        }
     }
 
     /// The first file block in `[from, end)` of `inode` that holds data (`data`) or is a
@@ -420,6 +466,10 @@ impl Area {
             let e = self.node_entry(node, idx)?;
             let found = if e == 0 {
                 (!data).then_some(at)
+            } else if level == 2 && map::is_huge(e) {
+                // A superpage extent holds every block it covers.
+                self.check_huge(e)?;
+                data.then_some(at)
             } else if level == 1 {
                 self.check_leaf(e)?;
                 data.then_some(at)

@@ -76,6 +76,21 @@ pub struct StoreConfig {
     /// Read-ahead on sequential misses of lower-tier data (KiB).
     #[serde(default = "default_readahead_kib")]
     pub readahead_kib: u64,
+    /// Whether the daemon promotes well-used 2 MiB ranges of files into superpage
+    /// extents of the NVM tier (format version 5; ARCHITECTURE.md, "Superpages").
+    #[serde(default = "default_superpages")]
+    pub superpages: bool,
+    /// A 2 MiB range of a file is promoted when at least this percentage of its 512
+    /// blocks hold data in NVM (Ingens: 90).
+    #[serde(default = "default_superpage_promote_pct")]
+    pub superpage_promote_pct: u32,
+    /// A superpage extent is demoted to 4 KiB blocks when fewer than this percentage of
+    /// its blocks still hold data (holes punched into it).
+    #[serde(default = "default_superpage_demote_pct")]
+    pub superpage_demote_pct: u32,
+    /// Most data promotion and compaction copy per second (MiB).
+    #[serde(default = "default_superpage_rate_mib")]
+    pub superpage_rate_mib: u64,
     /// Emulated media (for experiments; all absent = off): per tier, nanoseconds added
     /// to every read and a bandwidth cap in MB/s (10^6 bytes per second).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,6 +137,29 @@ fn default_read_cache_mib() -> u64 {
 
 fn default_readahead_kib() -> u64 {
     DEFAULT_READAHEAD_KIB
+}
+
+/// Default `superpage_promote_pct` (Ingens' 90%).
+pub const DEFAULT_SUPERPAGE_PROMOTE_PCT: u32 = 90;
+/// Default `superpage_demote_pct`.
+pub const DEFAULT_SUPERPAGE_DEMOTE_PCT: u32 = 50;
+/// Default `superpage_rate_mib`.
+pub const DEFAULT_SUPERPAGE_RATE_MIB: u64 = 256;
+
+fn default_superpages() -> bool {
+    true
+}
+
+fn default_superpage_promote_pct() -> u32 {
+    DEFAULT_SUPERPAGE_PROMOTE_PCT
+}
+
+fn default_superpage_demote_pct() -> u32 {
+    DEFAULT_SUPERPAGE_DEMOTE_PCT
+}
+
+fn default_superpage_rate_mib() -> u64 {
+    DEFAULT_SUPERPAGE_RATE_MIB
 }
 
 /// Default `migrate_high_pct` (Strata's 95%).
@@ -233,6 +271,10 @@ impl StoreConfig {
             clean_free_pct: DEFAULT_CLEAN_FREE_PCT,
             read_cache_mib: DEFAULT_READ_CACHE_MIB,
             readahead_kib: DEFAULT_READAHEAD_KIB,
+            superpages: default_superpages(),
+            superpage_promote_pct: DEFAULT_SUPERPAGE_PROMOTE_PCT,
+            superpage_demote_pct: DEFAULT_SUPERPAGE_DEMOTE_PCT,
+            superpage_rate_mib: DEFAULT_SUPERPAGE_RATE_MIB,
             nvm_read_latency_ns: None,
             nvm_bandwidth_mbps: None,
             ssd_read_latency_ns: None,

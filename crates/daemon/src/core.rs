@@ -164,12 +164,17 @@ impl Core {
             BlockAlloc::new(l.data_start, l.data_blocks),
             InodeAlloc::new(l.inode_count),
         );
-        sh.recency = crate::tiers::migrate::Recency::new(
-            cfg.recency_grain_nvm_kib,
-            cfg.recency_grain_ssd_kib,
-        );
+        // With superpages, NVM's recency chunk holds whole extents (they migrate whole).
+        let nvm_grain = if sh.area.superblock().superpages() && cfg.superpages {
+            cfg.recency_grain_nvm_kib.next_multiple_of(2048)
+        } else {
+            cfg.recency_grain_nvm_kib
+        };
+        sh.recency = crate::tiers::migrate::Recency::new(nvm_grain, cfg.recency_grain_ssd_kib);
         let mut report = StartReport::default();
         let mounts = allocation_state(&mut sh, clean, &mut report)?;
+        let v5 = sh.area.superblock().superpages();
+        sh.superpages = crate::superpage::Superpages::new(&sh, &cfg, v5);
         let mut core = Core {
             sh,
             store: store.clone(),
@@ -737,6 +742,7 @@ impl Core {
             digest: self.sh.counters.clone(),
             sharing: self.leases.sharing_status(),
             migration: None,
+            superpages: Some(Box::new(crate::superpage::status(&self.sh))),
         })
     }
 

@@ -30,6 +30,7 @@ mod perm;
 mod server;
 mod sharing;
 mod store;
+mod superpage;
 mod tiers;
 mod util;
 mod xattr;

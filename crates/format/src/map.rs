@@ -6,8 +6,10 @@
 //! Bits 56..63 of an entry are flags. Bits 60..61 of a *leaf* entry of a regular file's
 //! map name the tier holding the data block (0 = NVM, 1 = SSD, 2 = HDD; the block number
 //! is then the tier's own block number, `entry_block`). Map nodes, directory buckets and
-//! symlink data always live in NVM. The other flag bits must be 0 (they will mark 2 MiB
-//! runs for superpage mapping).
+//! symlink data always live in NVM. Bit 56 of a *level-2* entry of a regular file's map
+//! (format version 5) marks a superpage extent: the entry names the first of 512
+//! consecutive NVM blocks, 2 MiB aligned within the NVM file, that hold the 512 file
+//! blocks the entry covers, in order (`huge_entry`). The other flag bits must be 0.
 
 use crate::BLOCK_SIZE_U64;
 
@@ -19,6 +21,30 @@ pub const FANOUT_SHIFT: u32 = 9;
 pub const MAX_HEIGHT: u8 = 4;
 /// Reserved flag bits of an entry.
 pub const ENTRY_FLAGS: u64 = 0xff << 56;
+
+/// Bit of a level-2 entry that marks a superpage extent (`huge_entry`).
+pub const HUGE_FLAG: u64 = 1 << 56;
+/// Blocks of a superpage extent (2 MiB).
+pub const HUGE_BLOCKS: u64 = FANOUT;
+/// Bytes of a superpage extent.
+pub const HUGE_BYTES: u64 = HUGE_BLOCKS * BLOCK_SIZE_U64;
+
+/// The level-2 entry for the superpage extent whose first NVM block is `first` (a
+/// multiple of [`HUGE_BLOCKS`]).
+pub fn huge_entry(first: u64) -> u64 {
+    debug_assert!(first.is_multiple_of(HUGE_BLOCKS) && first & ENTRY_FLAGS == 0);
+    HUGE_FLAG | first
+}
+
+/// Whether a level-2 entry names a superpage extent.
+pub fn is_huge(e: u64) -> bool {
+    e & HUGE_FLAG != 0
+}
+
+/// The first NVM block of the superpage extent a huge entry names.
+pub fn huge_first(e: u64) -> u64 {
+    e & !ENTRY_FLAGS
+}
 
 /// The tier bits of a leaf entry.
 pub const TIER_SHIFT: u32 = 60;
@@ -102,5 +128,14 @@ mod tests {
             assert_eq!((entry_tier(e), entry_block(e)), (t, 123_456));
         }
         assert_eq!(tier_entry(TIER_NVM, 77), 77);
+    }
+
+    #[test]
+    fn huge_entries() {
+        let e = huge_entry(512 * 9);
+        assert!(is_huge(e) && !is_huge(512 * 9));
+        assert_eq!(huge_first(e), 512 * 9);
+        assert_eq!(entry_tier(e), TIER_NVM);
+        assert_eq!(HUGE_BYTES, 2 << 20);
     }
 }

@@ -10,7 +10,10 @@ pub const STATE_MAGIC: &[u8; 8] = b"CAIRNST\0";
 /// Current format version (2: lower tiers; 3: special files, inode kinds 4–7; 4: a copy
 /// of the superblock in the tier's last block). Version 1 stores (no lower tiers) and
 /// versions 2 and 3 (no copy) are still read.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+/// The first version whose file maps may hold superpage extents
+/// (`crate::map::HUGE_FLAG`).
+pub const VERSION_SUPERPAGES: u32 = 5;
 /// The last version without a copy of the superblock.
 const VERSION_NO_COPY: u32 = 3;
 /// Bytes of a version-1 superblock covered by its checksum (the crc sits right after).
@@ -40,6 +43,9 @@ pub mod state {
     /// Migration and cleaning counters: per tier (NVM, SSD, HDD) three u64, bytes
     /// migrated down out of the tier, bytes migrated up into it, bytes cleaned in it.
     pub const TRAFFIC: usize = 80;
+    /// Superpage counters (format version 5; zero before): promotions, demotions,
+    /// bytes promoted (copied into extents), bytes compacted.
+    pub const SUPERPAGES: usize = 152;
 }
 
 /// Number of lower tiers a store can have (SSD, HDD).
@@ -292,6 +298,26 @@ impl Layout {
     pub fn ino_valid(&self, ino: u64) -> bool {
         ino >= 1 && ino < self.inode_count
     }
+    /// Whether `e` is a valid superpage entry of a level-2 map node: the flag, no other
+    /// flag, a first block aligned to 2 MiB within the NVM file, all 512 blocks in the
+    /// data region.
+    pub fn huge_valid(&self, e: u64) -> bool {
+        use crate::map::{huge_first, ENTRY_FLAGS, HUGE_BLOCKS, HUGE_FLAG};
+        let first = huge_first(e);
+        e & ENTRY_FLAGS == HUGE_FLAG
+            && first.is_multiple_of(HUGE_BLOCKS)
+            && self.data_block_valid(first)
+            && self.data_block_valid(first + HUGE_BLOCKS - 1)
+    }
+    /// The first and one past the last block of the data region's 2 MiB-aligned extents
+    /// (equal when it holds none).
+    pub fn huge_range(&self) -> (u64, u64) {
+        use crate::map::HUGE_BLOCKS;
+        let end = self.data_start + self.data_blocks;
+        let first = self.data_start.next_multiple_of(HUGE_BLOCKS);
+        let last = end / HUGE_BLOCKS * HUGE_BLOCKS;
+        (first.min(last), last)
+    }
     /// Whether `blk` is a block of the data region.
     pub fn data_block_valid(&self, blk: u64) -> bool {
         blk >= self.data_start && blk < self.data_start + self.data_blocks
@@ -305,23 +331,27 @@ impl Layout {
 /// The superblock: immutable after mkfs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format version the store was made with (`FORMAT_VERSION` at mkfs; older
+    /// stores keep theirs: 1 to 3 have no copy of the superblock, `layout.sb_copy == 0`).
+    pub version: u32,
     pub layout: Layout,
     pub uuid: [u8; 16],
     pub created_ns: i64,
 }
 
 impl Superblock {
+    /// Whether file maps may hold superpage extents (format version 5 and later).
+    pub fn superpages(&self) -> bool {
+        self.version >= VERSION_SUPERPAGES
+    }
+
     /// Encode into one block.
     pub fn encode(&self) -> Vec<u8> {
         let l = &self.layout;
         let mut b = vec![0u8; BLOCK_SIZE];
         b[0..8].copy_from_slice(SB_MAGIC);
-        let version = if l.sb_copy == 0 {
-            VERSION_NO_COPY
-        } else {
-            FORMAT_VERSION
-        };
-        le::put_u32(&mut b, 8, version);
+        debug_assert_eq!(self.version > VERSION_NO_COPY, l.sb_copy != 0);
+        le::put_u32(&mut b, 8, self.version);
         le::put_u32(&mut b, 12, BLOCK_SIZE as u32);
         le::put_u64(&mut b, 16, l.total_blocks);
         le::put_u32(&mut b, 24, l.nslots);
@@ -419,6 +449,7 @@ impl Superblock {
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[104..120]);
         Ok(Superblock {
+            version: v,
             layout,
             uuid,
             created_ns: le::i64(b, 120),
@@ -507,6 +538,7 @@ mod tests {
     #[test]
     fn superblock_roundtrip_and_corruption() {
         let sb = Superblock {
+            version: FORMAT_VERSION,
             layout: Layout::compute(params()).unwrap(),
             uuid: [7; 16],
             created_ns: 42,
@@ -529,6 +561,7 @@ mod tests {
         assert_eq!(v1.data_start + v1.data_blocks, v1.total_blocks);
         // A version-1 superblock (crc at 144, no tier fields) still decodes.
         let sb = Superblock {
+            version: 1,
             layout: v1,
             uuid: [1; 16],
             created_ns: 5,
@@ -541,8 +574,7 @@ mod tests {
         assert_eq!(Superblock::decode(&b, 64 << 20).unwrap(), sb);
         // A version-2 superblock (the layout of version 3, before special files) too;
         // an unknown version does not.
-        let mut b2 = sb.encode();
-        assert_eq!(le::u32(&b2, 8), 3, "a layout without a copy is version 3's");
+        let mut b2 = Superblock { version: 3, ..sb }.encode();
         for (v, ok) in [(2, true), (3, true), (5, false)] {
             le::put_u32(&mut b2, 8, v);
             let c = crc(&b2[..SB_CRC_OFF]);
@@ -556,12 +588,20 @@ mod tests {
         le::put_u32(&mut b2, SB_CRC_OFF, c);
         assert!(Superblock::decode(&b2, 64 << 20).is_err());
         let v4 = Superblock {
+            version: 4,
             layout: Layout::compute(params()).unwrap(),
             ..sb
         };
         let b4 = v4.encode();
-        assert_eq!(le::u32(&b4, 8), FORMAT_VERSION);
+        assert_eq!(le::u32(&b4, 8), 4);
         assert_eq!(Superblock::decode(&b4, 64 << 20).unwrap(), v4);
+        assert!(!v4.superpages());
+        let v5 = Superblock {
+            version: FORMAT_VERSION,
+            ..v4
+        };
+        assert!(v5.superpages());
+        assert_eq!(Superblock::decode(&v5.encode(), 64 << 20).unwrap(), v5);
         // The copy is the store's only where its layout puts it: the last block.
         assert_eq!(Superblock::decode_copy(&b4, 64 << 20).unwrap(), v4);
         assert!(Superblock::decode_copy(&b4, 128 << 20).is_err());
@@ -586,6 +626,7 @@ mod tests {
         assert!(l.seg_entry_off(2, 7) < l.log_start * BLOCK_SIZE_U64);
         assert!(l.seg_entry_off(2, 0) >= l.seg_entry_off(1, 39) + 16);
         let sb = Superblock {
+            version: FORMAT_VERSION,
             layout: l,
             uuid: [2; 16],
             created_ns: 6,
@@ -613,6 +654,27 @@ mod tests {
         q = p;
         q.tiers[1].segments = 2;
         assert!(Layout::compute(q).is_err());
+    }
+
+    #[test]
+    fn superpage_entries_are_aligned_extents_of_the_data_region() {
+        use crate::map::{huge_entry, HUGE_BLOCKS};
+        let l = Layout::compute(params()).unwrap();
+        let (first, end) = l.huge_range();
+        assert!(first >= l.data_start && first % HUGE_BLOCKS == 0 && end % HUGE_BLOCKS == 0);
+        assert!(end <= l.data_start + l.data_blocks && end > first);
+        assert!(l.huge_valid(huge_entry(first)));
+        assert!(l.huge_valid(huge_entry(end - HUGE_BLOCKS)));
+        assert!(!l.huge_valid(huge_entry(end)), "past the data region");
+        assert!(!l.huge_valid(first), "no flag");
+        assert!(!l.huge_valid(huge_entry(first) + 1), "unaligned");
+        assert!(!l.huge_valid(huge_entry(first) | 1 << 60), "a tier bit");
+        if first >= HUGE_BLOCKS {
+            assert!(
+                !l.huge_valid(huge_entry(first - HUGE_BLOCKS)),
+                "before the data region"
+            );
+        }
     }
 
     #[test]

@@ -334,6 +334,42 @@ pub struct StatusReport {
     pub sharing: SharingStatus,
     /// The migration or cleaning round in flight, if any.
     pub migration: Option<MigrationStatus>,
+    /// Superpages of the NVM tier (absent from daemons before them).
+    #[serde(default)]
+    pub superpages: Option<Box<SuperpageStatus>>,
+}
+
+/// Superpages of the NVM tier (ARCHITECTURE.md, "Superpages").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct SuperpageStatus {
+    /// Whether ranges are placed in and promoted to 2 MiB extents.
+    pub enabled: bool,
+    /// Why not, when not.
+    pub off_reason: Option<String>,
+    /// Whether the kernel backs extents with huge pages (else they use 4 KiB pages).
+    pub huge_pages: bool,
+    pub huge_pages_refusal: Option<String>,
+    /// Bytes of file data ranges held in superpage extents.
+    pub extent_bytes: u64,
+    /// Free 2 MiB extents, and all the data region could hold.
+    pub extents_free: u64,
+    pub extents_total: u64,
+    /// Since the store was made.
+    pub promotions: u64,
+    pub demotions: u64,
+    pub bytes_promoted: u64,
+    pub bytes_compacted: u64,
+    /// Collapses the kernel refused since the daemon started.
+    pub collapse_failures: u64,
+    /// Ingens' free-memory fragmentation index of the tier: the share of free space
+    /// that cannot serve a 2 MiB extent (0: none, 1: all).
+    pub fragmentation_index: f64,
+    /// Bytes of extents that hold no file data (past a file's end, or punched holes
+    /// not yet demoted), and their share of `extent_bytes`.
+    pub internal_fragmentation_bytes: u64,
+    pub internal_fragmentation: f64,
+    /// Ranges waiting to be looked at for promotion.
+    pub candidates: u64,
 }
 
 /// Shared-write mode since the daemon started.

@@ -410,6 +410,7 @@ fn a_version_3_store_opens_and_checks_clean() {
     let mut b = vec![0u8; BLOCK_SIZE];
     s.nvm.read_exact_at(&mut b, 0).unwrap();
     let sb = Superblock {
+        version: 3,
         layout: v3,
         ..Superblock::decode(&b, u64::MAX).unwrap()
     };

@@ -288,6 +288,47 @@ fn pct(used: u64, cap: u64) -> String {
 
 /// The human form of `cairn status`: its sections in the order they print (long, about
 /// 120 lines, as the output is).
+/// The NVM tier's superpage lines of `cairn status`.
+fn format_superpages(s: &mut String, sp: &cairn_proto::SuperpageStatus) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s);
+    if let Some(why) = &sp.off_reason {
+        let _ = writeln!(s, "superpages: off: {why}");
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "superpages: {} in 2 MiB extents; {} of {} extents free; fragmentation index {:.2}",
+        human_bytes(sp.extent_bytes),
+        sp.extents_free,
+        sp.extents_total,
+        sp.fragmentation_index
+    );
+    let _ = writeln!(
+        s,
+        "  {} promoted ({}), {} demoted, {} compacted; internal fragmentation {} ({:.2}%)",
+        sp.promotions,
+        human_bytes(sp.bytes_promoted),
+        sp.demotions,
+        human_bytes(sp.bytes_compacted),
+        human_bytes(sp.internal_fragmentation_bytes),
+        sp.internal_fragmentation * 100.0
+    );
+    match &sp.huge_pages_refusal {
+        Some(why) => {
+            let _ = writeln!(s, "  huge pages: none, 4 KiB pages only: {why}");
+        }
+        None if sp.collapse_failures > 0 => {
+            let _ = writeln!(
+                s,
+                "  huge pages: the kernel refused {} collapses (those extents use 4 KiB pages)",
+                sp.collapse_failures
+            );
+        }
+        None => {}
+    }
+}
+
 pub fn format_status(r: &cairn_proto::StatusReport) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
@@ -358,6 +399,9 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
             human_bytes(m.bytes_done),
             human_bytes(m.bytes_planned)
         );
+    }
+    if let Some(sp) = &r.superpages {
+        format_superpages(&mut s, sp);
     }
     let _ = writeln!(s);
     if r.clients.is_empty() {
@@ -525,6 +569,17 @@ mod tests {
                 bytes_done: 0,
                 bytes_planned: 4 << 20,
             }),
+            superpages: Some(Box::new(SuperpageStatus {
+                enabled: true,
+                huge_pages: true,
+                extent_bytes: 6 << 20,
+                extents_free: 9,
+                extents_total: 12,
+                promotions: 2,
+                bytes_promoted: 4 << 20,
+                fragmentation_index: 0.25,
+                ..Default::default()
+            })),
         };
         let s = format_status(&r);
         assert!(s.contains("nvm"), "{s}");
@@ -535,5 +590,7 @@ mod tests {
         assert!(s.contains("14 free/2 used"), "{s}");
         assert!(s.contains("75.0%"), "{s}");
         assert!(s.contains("in flight: migrate nvm -> ssd"), "{s}");
+        assert!(s.contains("superpages: 6 MiB in 2 MiB extents; 9 of 12 extents free"), "{s}");
+        assert!(s.contains("fragmentation index 0.25"), "{s}");
     }
 }

@@ -6,6 +6,7 @@ use crate::store::dirhash::{self};
 use crate::store::maptree;
 use crate::store::shared::{Shared, Work};
 use cairn_format::inode::{Inode, Kind};
+use cairn_format::map::{huge_entry, HUGE_BLOCKS};
 use cairn_format::slot::SlotHead;
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
 use std::io;
@@ -48,7 +49,12 @@ pub(super) fn apply_file<'a>(
     let limit = t.unwrap_or(u64::MAX);
     let mut changes = Vec::with_capacity(touched.len());
     let mut buf = vec![0u8; BLOCK_SIZE];
-    for fb in touched {
+    // Superpage extents: the ranges this batch fills from nothing go into new extents;
+    // blocks of existing extents (below a truncation) are written in place.
+    let fresh = fresh_extents(sh, w, old, &touched, keep_blocks)?;
+    let mut inplace = false;
+    let mut small = Vec::new();
+    for &fb in &touched {
         let bs = fb * BLOCK_SIZE_U64;
         let be = bs + BLOCK_SIZE_U64;
         let covered: u64 = pending
@@ -75,16 +81,53 @@ pub(super) fn apply_file<'a>(
             pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
         }
         // The block's content is written later (`write_data`), possibly without the core
-        // lock (`crate::digest::parallel`); it is unreachable until the inode is published.
-        let nb = sh.alloc_block(w)?;
+        // lock (`crate::digest::parallel`); a new block is unreachable until the inode is
+        // published, and a block of an extent is rewritten with what the log says (a
+        // crash before the digest's end repeats it).
+        let r = fb / HUGE_BLOCKS;
+        let nb = if let Some(&(_, first)) = fresh.iter().find(|f| f.0 == r) {
+            first + fb % HUGE_BLOCKS
+        } else if let Some(first) = in_extent(sh, old, fb, keep_blocks)? {
+            inplace = true;
+            first + fb % HUGE_BLOCKS
+        } else {
+            let nb = sh.alloc_block(w)?;
+            changes.push((fb, nb));
+            small.push(fb);
+            nb
+        };
         w.bytes += BLOCK_SIZE_U64;
         data.push(DataWrite {
             blk: nb,
             base,
             pieces,
         });
-        changes.push((fb, nb));
     }
+    // The blocks of a new extent the batch does not write are zeroed.
+    for &(r, first) in &fresh {
+        let mut written = [false; HUGE_BLOCKS as usize];
+        let at = touched.partition_point(|&b| b < r * HUGE_BLOCKS);
+        for &b in touched[at..].iter().take_while(|&&b| b / HUGE_BLOCKS == r) {
+            written[(b % HUGE_BLOCKS) as usize] = true;
+        }
+        for k in 0..HUGE_BLOCKS {
+            if !written[k as usize] {
+                data.push(DataWrite {
+                    blk: first + k,
+                    base: None,
+                    pieces: Vec::new(),
+                });
+                w.bytes += BLOCK_SIZE_U64;
+            }
+        }
+        changes.push((r * HUGE_BLOCKS, huge_entry(first)));
+    }
+    inplace |= punch_in_extents(sh, ino, old, plan, keep_blocks, data, &changes)?;
+    if inplace {
+        sh.superpages.note_inplace(ino);
+    }
+    sh.superpages.note_written(ino, small.into_iter());
+    changes.sort_unstable_by_key(|c| c.0);
     add_holes(sh, old, plan, keep_blocks, &mut changes)?;
     let r = maptree::update(
         sh,
@@ -99,6 +142,91 @@ pub(super) fn apply_file<'a>(
     new.map_height = r.height;
     new.blocks = (old.blocks as i64 + r.delta).max(0) as u64;
     Ok(())
+}
+
+/// The first block of the superpage extent holding file block `fb` of `old`, if it
+/// lies in one and below the truncation point `keep_blocks` (a block at or past it is
+/// dropped by the truncation: a new write there takes a new block).
+fn in_extent(sh: &Shared, old: &Inode, fb: u64, keep_blocks: u64) -> io::Result<Option<u64>> {
+    if fb >= keep_blocks {
+        return Ok(None);
+    }
+    sh.area.huge_of(old, fb)
+}
+
+/// The 2 MiB ranges of `touched` (sorted) that the batch writes to at least the
+/// promotion threshold and that hold nothing yet in `old` (or only what the truncation
+/// drops), each with a new extent for it (its blocks are `w`'s allocations).
+fn fresh_extents(
+    sh: &mut Shared,
+    w: &mut Work,
+    old: &Inode,
+    touched: &[u64],
+    keep_blocks: u64,
+) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    if !sh.superpages.enabled {
+        return Ok(out);
+    }
+    let mut i = 0;
+    while i < touched.len() {
+        let r = touched[i] / HUGE_BLOCKS;
+        let j = i + touched[i..].partition_point(|&b| b / HUGE_BLOCKS == r);
+        let (s, e) = (r * HUGE_BLOCKS, (r + 1) * HUGE_BLOCKS);
+        let empty = s >= keep_blocks || sh.area.next_block(old, s, e, true)?.is_none();
+        if (j - i) as u64 >= sh.superpages.promote_blocks && empty {
+            match sh.alloc_extent(w) {
+                Some(first) => out.push((r, first)),
+                None => {
+                    sh.superpages.short = true;
+                    break;
+                }
+            }
+        }
+        i = j;
+    }
+    Ok(out)
+}
+
+/// Holes punched into superpage extents (below the truncation point, in blocks the
+/// batch does not write) are zeroed in place: the extent stays whole and its range
+/// becomes a demotion candidate. Returns whether any was.
+fn punch_in_extents(
+    sh: &mut Shared,
+    ino: u64,
+    old: &Inode,
+    plan: &InodePlan<'_>,
+    keep_blocks: u64,
+    data: &mut Vec<DataWrite<'_>>,
+    changes: &[(u64, u64)],
+) -> io::Result<bool> {
+    let mut any = false;
+    if plan.holes.is_empty() {
+        return Ok(false);
+    }
+    let mut written: std::collections::HashSet<u64> = data.iter().map(|d| d.blk).collect();
+    let changed: std::collections::HashSet<u64> = changes.iter().map(|c| c.0).collect();
+    for &(s, e) in &plan.holes {
+        let mut b = s;
+        while b < e.min(keep_blocks) {
+            let Some(first) = sh.area.huge_of(old, b)? else {
+                b = (b / HUGE_BLOCKS + 1) * HUGE_BLOCKS;
+                continue;
+            };
+            let blk = first + b % HUGE_BLOCKS;
+            if !changed.contains(&b) && written.insert(blk) {
+                data.push(DataWrite {
+                    blk,
+                    base: None,
+                    pieces: Vec::new(),
+                });
+                sh.superpages.sparse.insert((ino, b / HUGE_BLOCKS));
+                any = true;
+            }
+            b += 1;
+        }
+    }
+    Ok(any)
 }
 
 /// The file blocks a batch writes (in order): those its pending data covers, and the
@@ -141,6 +269,12 @@ fn add_holes(
     for &(s, e) in &plan.holes {
         let mut b = s;
         while let Some(d) = sh.area.next_block(old, b, e.min(keep_blocks), true)? {
+            if let Some(first) = sh.area.huge_of(old, d)? {
+                // Zeroed in place (`punch_in_extents`).
+                debug_assert_eq!(first % HUGE_BLOCKS, 0);
+                b = (d / HUGE_BLOCKS + 1) * HUGE_BLOCKS;
+                continue;
+            }
             if changes[..rewritten]
                 .binary_search_by_key(&d, |c| c.0)
                 .is_err()

@@ -431,6 +431,7 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
     uuid.copy_from_slice(&random_bytes(16)?);
     let now = now_ns();
     let sb = Superblock {
+        version: cairn_format::superblock::FORMAT_VERSION,
         layout: *l,
         uuid,
         created_ns: now,

@@ -268,7 +268,8 @@ fn detach(store: &StoreDir, sock: &std::path::Path) -> io::Result<()> {
 }
 
 /// The daemon's own threads: the timer, one migration policy thread per tier that can
-/// hold file data (NVM, SSD, HDD; the last one only cleans) and the digest workers.
+/// hold file data (NVM, SSD, HDD; the last one only cleans), the superpage policy and
+/// the digest workers.
 fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut threads = Vec::new();
     let dd = d.clone();
@@ -291,6 +292,15 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
                 })?,
         );
     }
+    let dd = d.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name("cairnd-superpage".into())
+            .spawn(move || {
+                let _log = dd.mark_thread();
+                superpage_loop(&dd)
+            })?,
+    );
     for _ in 0..d.pool.threads {
         let d = d.clone();
         threads.push(
@@ -367,6 +377,29 @@ fn migrate_loop(d: &Daemon, from: u8) {
             break;
         }
         worked = background && d.migrator.tick(&d.core, from);
+    }
+}
+
+/// The superpage policy (`crate::superpage::pass`): every 100 ms, with a copy budget of
+/// a tenth of `superpage_rate_mib`.
+fn superpage_loop(d: &Daemon) {
+    let tick = Duration::from_millis(100);
+    while !d.stop.load(Ordering::SeqCst) {
+        let (stopped, enabled, rate) = {
+            let c = d.core();
+            let sp = &c.sh.superpages;
+            (c.stopped, sp.enabled, c.cfg.superpage_rate_mib.max(1))
+        };
+        if stopped {
+            break;
+        }
+        let budget = (rate << 20) / 10;
+        let start = std::time::Instant::now();
+        if enabled {
+            crate::superpage::pass(&d.core, budget);
+        }
+        // One pass per tick keeps the copying within the rate.
+        std::thread::sleep(tick.saturating_sub(start.elapsed()));
     }
 }
 

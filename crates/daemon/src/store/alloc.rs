@@ -1,6 +1,12 @@
 //! DRAM allocators of the shared area: a bitmap over the data region (next-fit, so
 //! consecutive allocations form sequential runs) and a bitmap over the inode table with
 //! per-client reservations.
+//!
+//! The data region is also seen as 2 MiB chunks (512 blocks aligned to 2 MiB within the
+//! NVM file; the partial chunks at its ends are never whole). A whole chunk with no block
+//! in use is a free superpage extent ([`BlockAlloc::alloc_extent`]). 4 KiB allocations
+//! keep free extents whole where they can: they take blocks of chunks already in use
+//! first and break into an empty chunk only when no other block is free.
 
 use std::collections::HashMap;
 
@@ -103,6 +109,9 @@ impl Bitmap {
     }
 }
 
+/// Blocks of a chunk (a superpage extent).
+const CHUNK: u64 = cairn_format::map::HUGE_BLOCKS;
+
 /// The data-block allocator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BlockAlloc {
@@ -110,28 +119,136 @@ pub(crate) struct BlockAlloc {
     data_start: u64,
     free: u64,
     cursor: u64,
+    /// The first whole chunk (absolute block number / 512).
+    first_chunk: u64,
+    /// Blocks in use in each whole chunk.
+    chunk_used: Vec<u16>,
+    /// Whole chunks with no block in use.
+    free_extents: u64,
+    /// Where the search for a free extent resumes (chunk index).
+    extent_cursor: usize,
 }
 
 impl BlockAlloc {
     /// All `data_blocks` blocks from `data_start` free.
     pub(crate) fn new(data_start: u64, data_blocks: u64) -> BlockAlloc {
-        BlockAlloc {
-            map: Bitmap::new(data_blocks),
-            data_start,
-            free: data_blocks,
-            cursor: 0,
-        }
+        BlockAlloc::from_bitmap(data_start, Bitmap::new(data_blocks))
     }
 
     /// From a saved bitmap.
     pub(crate) fn from_bitmap(data_start: u64, map: Bitmap) -> BlockAlloc {
         let free = map.len() - map.count_ones();
-        BlockAlloc {
+        let first_chunk = data_start.div_ceil(CHUNK);
+        let end_chunk = (data_start + map.len()) / CHUNK;
+        let mut a = BlockAlloc {
             map,
             data_start,
             free,
             cursor: 0,
+            first_chunk,
+            chunk_used: vec![0; end_chunk.saturating_sub(first_chunk) as usize],
+            free_extents: 0,
+            extent_cursor: 0,
+        };
+        for c in 0..a.chunk_used.len() {
+            let first = (first_chunk + c as u64) * CHUNK - data_start;
+            a.chunk_used[c] = (first..first + CHUNK).filter(|&i| a.map.get(i)).count() as u16;
         }
+        a.free_extents = a.chunk_used.iter().filter(|&&u| u == 0).count() as u64;
+        a
+    }
+
+    /// The whole chunk holding bitmap index `i`, if any.
+    fn chunk_of(&self, i: u64) -> Option<usize> {
+        let c = ((self.data_start + i) / CHUNK).checked_sub(self.first_chunk)? as usize;
+        (c < self.chunk_used.len()).then_some(c)
+    }
+
+    /// Account for bit `i` set (`used`) or cleared.
+    fn count(&mut self, i: u64, used: bool) {
+        if let Some(c) = self.chunk_of(i) {
+            let u = &mut self.chunk_used[c];
+            if used {
+                if *u == 0 {
+                    self.free_extents -= 1;
+                }
+                *u += 1;
+            } else {
+                *u -= 1;
+                if *u == 0 {
+                    self.free_extents += 1;
+                }
+            }
+        }
+    }
+
+    /// Free superpage extents (whole chunks with no block in use).
+    pub(crate) fn free_extents(&self) -> u64 {
+        self.free_extents
+    }
+
+    /// Whole chunks of the data region (the superpage extents it could hold).
+    pub(crate) fn extent_capacity(&self) -> u64 {
+        self.chunk_used.len() as u64
+    }
+
+    /// Blocks in use in each whole chunk, by chunk (first block of each:
+    /// [`BlockAlloc::chunk_first`]).
+    #[cfg(test)]
+    pub(crate) fn chunk_usage(&self) -> &[u16] {
+        &self.chunk_used
+    }
+
+    /// The first block of whole chunk `c`.
+    pub(crate) fn chunk_first(&self, c: usize) -> u64 {
+        (self.first_chunk + c as u64) * CHUNK
+    }
+
+    /// A free superpage extent, taken whole: its first block (a multiple of 512), or
+    /// `None` when no whole chunk is free.
+    pub(crate) fn alloc_extent(&mut self) -> Option<u64> {
+        let n = self.chunk_used.len();
+        if self.free_extents == 0 || n == 0 {
+            return None;
+        }
+        let c = (0..n)
+            .map(|k| (self.extent_cursor + k) % n)
+            .find(|&c| self.chunk_used[c] == 0)?;
+        let first = self.chunk_first(c);
+        for b in first..first + CHUNK {
+            self.map.set(b - self.data_start);
+        }
+        self.chunk_used[c] = CHUNK as u16;
+        self.free_extents -= 1;
+        self.free -= CHUNK;
+        self.extent_cursor = (c + 1) % n;
+        Some(first)
+    }
+
+    /// The first free bit at or after `from` (one lap) that does not lie in an empty
+    /// whole chunk, if any.
+    fn find_clear_outside_empty(&self, from: u64) -> Option<u64> {
+        let len = self.map.len();
+        let mut pos = from;
+        let mut travelled = 0u64;
+        while travelled <= len {
+            let i = self.map.find_clear_from(pos)?;
+            travelled += if i >= pos {
+                i - pos + 1
+            } else {
+                len - pos + i + 1
+            };
+            match self.chunk_of(i) {
+                Some(c) if self.chunk_used[c] == 0 => {
+                    // Skip the empty chunk.
+                    let next = self.chunk_first(c) + CHUNK - self.data_start;
+                    travelled += next - i - 1;
+                    pos = if next >= len { 0 } else { next };
+                }
+                _ => return Some(i),
+            }
+        }
+        None
     }
 
     pub(crate) fn bitmap(&self) -> &Bitmap {
@@ -164,9 +281,16 @@ impl BlockAlloc {
         if self.free == 0 {
             return None;
         }
-        let i = self.map.find_clear_from(self.cursor)?;
+        let mut i = self.map.find_clear_from(self.cursor)?;
+        if self.chunk_of(i).is_some_and(|c| self.chunk_used[c] == 0)
+            && self.free > self.free_extents * CHUNK
+        {
+            // Free blocks remain outside the empty chunks: keep the extent whole.
+            i = self.find_clear_outside_empty(i).unwrap_or(i);
+        }
         debug_assert!(!self.map.get(i), "block {i} handed out twice");
         self.map.set(i);
+        self.count(i, true);
         self.free -= 1;
         self.cursor = i + 1;
         Some(self.data_start + i)
@@ -187,6 +311,7 @@ impl BlockAlloc {
         match self.index(blk) {
             Some(i) if self.map.get(i) => {
                 self.map.clear(i);
+                self.count(i, false);
                 self.free += 1;
                 true
             }
@@ -199,6 +324,7 @@ impl BlockAlloc {
         match self.index(blk) {
             Some(i) if !self.map.get(i) => {
                 self.map.set(i);
+                self.count(i, true);
                 self.free -= 1;
                 true
             }
@@ -375,6 +501,55 @@ mod tests {
         let b = BlockAlloc::from_bitmap(1000, a.bitmap().clone());
         assert_eq!(b.free_count(), 0);
         assert!(b.is_used(1003));
+    }
+
+    #[test]
+    fn extents_are_aligned_whole_chunks_kept_whole_by_small_allocations() {
+        // Data region 1000..1000+3000: whole chunks at 1024, 1536, 2048, 2560, 3072,
+        // 3584 (6); blocks 1000..1024 and 3584+512=4096 > 4000, so 3584 is not whole:
+        // 5 whole chunks (1024..3584).
+        let mut a = BlockAlloc::new(1000, 3000);
+        assert_eq!(a.extent_capacity(), 5);
+        assert_eq!(a.free_extents(), 5);
+        // Small allocations take the unaligned head (1000..1024) first, then the tail
+        // beyond the last whole chunk, before breaking into a whole one.
+        let small: Vec<u64> = (0..24).map(|_| a.alloc().unwrap()).collect();
+        assert_eq!(small, (1000..1024).collect::<Vec<_>>());
+        assert_eq!(a.alloc(), Some(3584), "the tail, not an empty chunk");
+        assert_eq!(a.free_extents(), 5);
+        let e = a.alloc_extent().unwrap();
+        assert_eq!(e % 512, 0);
+        assert!((1024..3584).contains(&e));
+        assert_eq!(a.free_extents(), 4);
+        assert!((0..512).all(|k| a.is_used(e + k)));
+        // Freeing one block of the extent makes the chunk partial; freeing all makes it
+        // a free extent again.
+        assert!(a.free(e + 7));
+        assert_eq!(a.free_extents(), 4);
+        // The freed block is taken before any empty chunk.
+        let tail_left = 4000 - 3585;
+        for _ in 0..tail_left {
+            a.alloc().unwrap();
+        }
+        assert_eq!(a.alloc(), Some(e + 7));
+        for k in 0..512 {
+            assert!(a.free(e + k));
+        }
+        assert_eq!(a.free_extents(), 5);
+        // The counts survive a round trip through the bitmap.
+        let b = BlockAlloc::from_bitmap(1000, a.bitmap().clone());
+        assert_eq!(
+            (b.free_extents(), b.free_count()),
+            (a.free_extents(), a.free_count())
+        );
+        assert_eq!(b.chunk_usage(), a.chunk_usage());
+        // When only empty chunks have room, small allocations break into them.
+        let mut c = BlockAlloc::new(1024, 1024);
+        assert_eq!(c.alloc(), Some(1024));
+        assert_eq!(c.free_extents(), 1);
+        while c.alloc_extent().is_some() {}
+        assert_eq!(c.free_extents(), 0);
+        assert_eq!(c.free_count(), 511);
     }
 
     #[test]

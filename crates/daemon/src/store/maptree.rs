@@ -5,9 +5,18 @@
 //! and written back; untouched subtrees are shared with the old tree; the tree grows when
 //! a change lies beyond its coverage. Replaced nodes and (for files) replaced or dropped
 //! data blocks are retired in the digest's `Work`, never modified in place.
+//!
+//! Superpage extents (`cairn_format::map::HUGE_FLAG`, level-2 entries of file maps) are
+//! set by a change `(first file block of the 2 MiB range, huge entry)`, which replaces
+//! whatever the range held (its leaf node and blocks are retired). A change of a single
+//! block inside an extent, or a truncation inside it, splits it: a leaf node pointing
+//! into the extent takes its place and the blocks replaced or dropped are retired one
+//! by one (the rest of the extent stays in use, now as 4 KiB blocks).
 
 use crate::store::shared::{Shared, Work};
-use cairn_format::map::{coverage, height_for_blocks, FANOUT, MAX_HEIGHT};
+use cairn_format::map::{
+    coverage, height_for_blocks, huge_entry, is_huge, FANOUT, HUGE_BLOCKS, MAX_HEIGHT,
+};
 use std::io;
 
 /// The new root of an updated map.
@@ -27,6 +36,9 @@ enum Src {
     Empty,
     /// A published node.
     Node(u64),
+    /// A superpage extent (first block) in place of a leaf node: entry `i` is
+    /// `first + i`.
+    Huge(u64),
     /// A node above the old root, created because the tree grows: entry 0 leads down to
     /// the old root of height `height`.
     Wrap { root: u64, height: u8 },
@@ -62,7 +74,15 @@ pub(crate) fn update(
     let need = changes
         .iter()
         .filter(|c| c.1 != 0)
-        .map(|c| height_for_blocks(c.0 + 1))
+        .map(|c| {
+            let h = height_for_blocks(c.0 + 1);
+            if is_huge(c.1) {
+                debug_assert!(c.0.is_multiple_of(HUGE_BLOCKS));
+                h.max(2)
+            } else {
+                h
+            }
+        })
         .max()
         .unwrap_or(0);
     if need > MAX_HEIGHT {
@@ -113,11 +133,23 @@ impl Ctx<'_> {
         match src {
             Src::Empty => Ok(()),
             Src::Wrap { root, height } => self.retire_src(Src::Node(root), height),
+            Src::Huge(first) => {
+                if self.leaf_owned {
+                    for b in first..first + HUGE_BLOCKS {
+                        self.retire(b);
+                    }
+                    self.delta -= HUGE_BLOCKS as i64;
+                }
+                Ok(())
+            }
             Src::Node(b) => {
                 let b = self.sh.check_ptr(b, "map node")?;
                 let n = self.sh.read_node(b)?;
                 for &e in n.iter().filter(|&&e| e != 0) {
-                    if level == 1 {
+                    if level == 2 && is_huge(e) {
+                        let first = self.sh.check_huge(e)?;
+                        self.retire_src(Src::Huge(first), 1)?;
+                    } else if level == 1 {
                         if self.leaf_owned {
                             let e = self.sh.check_leaf(e, "map entry")?;
                             self.retire(e);
@@ -142,11 +174,24 @@ impl Ctx<'_> {
             _ => 0,
         };
         let wrap = matches!(src, Src::Wrap { .. });
+        if let Src::Huge(first) = src {
+            if changes.is_empty() && !trunc_here {
+                return Ok(huge_entry(first));
+            }
+        }
         if changes.is_empty() && !trunc_here && !wrap {
             return Ok(cur);
         }
         let mut ents = match src {
             Src::Node(b) => self.sh.read_node(b)?,
+            Src::Huge(first) => {
+                // Split: a leaf node pointing into the extent takes its place.
+                let mut n = Box::new([0u64; FANOUT as usize]);
+                for (i, e) in n.iter_mut().enumerate() {
+                    *e = first + i as u64;
+                }
+                n
+            }
             _ => Box::new([0u64; FANOUT as usize]),
         };
         let mut changed = wrap;
@@ -161,6 +206,11 @@ impl Ctx<'_> {
             let beyond = child_base >= self.keep;
             let partial = !beyond && self.keep < child_end;
             if level == 1 {
+                if cs.iter().any(|c| is_huge(c.1)) {
+                    return Err(crate::util::eio(
+                        "a superpage extent set together with a block of its range",
+                    ));
+                }
                 let old = ents[idx];
                 let new = match cs.last() {
                     Some(c) => c.1,
@@ -182,9 +232,10 @@ impl Ctx<'_> {
                 continue;
             }
             let child = match src {
-                Src::Empty => Src::Empty,
+                Src::Empty | Src::Huge(_) => Src::Empty,
                 Src::Node(_) => match ents[idx] {
                     0 => Src::Empty,
+                    e if level == 2 && is_huge(e) => Src::Huge(self.sh.check_huge(e)?),
                     e => Src::Node(e),
                 },
                 Src::Wrap { root, height } => {
@@ -199,8 +250,24 @@ impl Ctx<'_> {
             };
             let child_ptr = match child {
                 Src::Node(b) => b,
+                Src::Huge(first) => huge_entry(first),
                 _ => 0,
             };
+            if level == 2 {
+                if let [(fb, e)] = cs {
+                    if is_huge(*e) {
+                        // A superpage extent replaces the whole range.
+                        debug_assert_eq!(*fb, child_base);
+                        self.retire_src(child, 1)?;
+                        if self.leaf_owned {
+                            self.delta += HUGE_BLOCKS as i64;
+                        }
+                        ents[idx] = *e;
+                        changed = true;
+                        continue;
+                    }
+                }
+            }
             let forced = matches!(child, Src::Wrap { .. });
             if cs.is_empty() && !beyond && !partial && !forced {
                 if ents[idx] != child_ptr {
@@ -224,7 +291,10 @@ impl Ctx<'_> {
             }
         }
         if !changed {
-            return Ok(cur);
+            return Ok(match src {
+                Src::Huge(first) => huge_entry(first),
+                _ => cur,
+            });
         }
         if ents.iter().all(|&e| e == 0) {
             if cur != 0 {
@@ -279,7 +349,12 @@ fn walk_node(
             continue;
         }
         let fb = base + i as u64 * child_span;
-        if level == 1 {
+        if level == 2 && is_huge(e) {
+            let first = sh.check_huge(e)?;
+            for k in 0..HUGE_BLOCKS {
+                on_leaf(fb + k, first + k);
+            }
+        } else if level == 1 {
             on_leaf(fb, sh.check_leaf(e, "map entry")?);
         } else {
             walk_node(sh, e, level - 1, fb, on_node, on_leaf)?;

@@ -76,6 +76,8 @@ pub(crate) struct Shared {
     /// Inodes (number, generation) that may have extended attributes (`crate::xattr`):
     /// every inode written gets its `xattrs` flag from here.
     pub xattr_inodes: std::collections::HashSet<(u64, u64)>,
+    /// Superpage extents: candidates, counters, policy (`crate::superpage`).
+    pub superpages: crate::superpage::Superpages,
 }
 
 impl Shared {
@@ -124,6 +126,7 @@ impl Shared {
             recency: Default::default(),
             traffic,
             xattr_inodes: Default::default(),
+            superpages: Default::default(),
         }
     }
 
@@ -229,6 +232,11 @@ impl Shared {
             )));
         }
         Ok(e)
+    }
+
+    /// Check a superpage entry read from a level-2 map node; its first block.
+    pub(crate) fn check_huge(&self, e: u64) -> io::Result<u64> {
+        self.area.check_huge(e)
     }
 
     /// Check a block pointer read from the media.

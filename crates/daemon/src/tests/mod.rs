@@ -7,6 +7,7 @@ mod par_tests;
 mod perm_tests;
 mod recovery_tests;
 mod server_tests;
+mod superpage_tests;
 
 use crate::core::Core;
 use crate::offline::mkfs::{mkfs, MkfsOptions};

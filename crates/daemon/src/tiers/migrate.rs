@@ -201,6 +201,10 @@ struct Move {
     old: u64,
 }
 
+/// A prepared round: its destination, its moves, the epoch it holds and the in-place
+/// sequence of superpage extents when it began.
+type Prepared = (Dest, Vec<Move>, (u64, u64));
+
 /// What a round does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RoundKind {
@@ -303,8 +307,14 @@ fn select_cold(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
         .last
         .retain(|&(t, ino, c), _| t != from || seen.contains(&(ino, c)));
     chunks.sort_by_key(|c| (c.0, c.1, c.2));
+    // NVM chunks are superpage extents or hold several (the grain is at least 2 MiB
+    // with superpages, `Core::open`): an extent moves whole or not at all.
+    let whole = from == 0 && sh.superpages.enabled;
     let mut out = Vec::new();
     for (_, ino, _, v) in chunks {
+        if whole && !out.is_empty() && out.len() + v.len() > max as usize {
+            continue;
+        }
         for (fblk, old) in v {
             if out.len() as u64 >= max {
                 return Ok(out);
@@ -470,7 +480,8 @@ impl Migrator {
             return Err(eio(format!("no tier {to}")));
         };
         let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((dest, moves, epoch)) = self.prepare(core, kind, from, to, needed)? else {
+        let Some((dest, moves, (epoch, since))) = self.prepare(core, kind, from, to, needed)?
+        else {
             return Ok(0);
         };
         let kind_name = match kind {
@@ -489,7 +500,7 @@ impl Migrator {
                 bytes_planned: bytes(moves.len() as u64),
             }),
         );
-        let r = self.copy_and_switch(core, kind, from, to, &dest, &moves);
+        let r = self.copy_and_switch(core, kind, (from, to), &dest, &moves, since);
         self.set_progress(to, None);
         finish_round(core, to, epoch, &dest, &r);
         r.map(|(n, _)| n)
@@ -497,7 +508,8 @@ impl Migrator {
 
     /// Phase 1 of a round, under the core lock: unless the store stops or `needed` says
     /// no, the destination (a free segment of tier `to`, or NVM blocks), the moves (the
-    /// data to copy) and the epoch the round holds. `None`: nothing to do.
+    /// data to copy), the epoch the round holds and the in-place sequence of superpage
+    /// extents (`Superpages::inplace_seq`) now. `None`: nothing to do.
     fn prepare(
         &self,
         core: &CoreLock,
@@ -505,7 +517,7 @@ impl Migrator {
         from: u8,
         to: u8,
         needed: &dyn Fn(&mut crate::core::Core) -> bool,
-    ) -> io::Result<Option<(Dest, Vec<Move>, u64)>> {
+    ) -> io::Result<Option<Prepared>> {
         let mut c = core.serial();
         if c.stopped || !needed(&mut c) {
             return Ok(None);
@@ -580,7 +592,7 @@ impl Migrator {
         };
         let epoch = sh.epoch();
         sh.held_epochs.push(epoch);
-        Ok(Some((dest, moves, epoch)))
+        Ok(Some((dest, moves, (epoch, sh.superpages.inplace_seq))))
     }
 
     /// Phases 2 and 3 of a round. Returns the blocks moved and, for NVM destinations,
@@ -589,10 +601,10 @@ impl Migrator {
         &self,
         core: &CoreLock,
         kind: RoundKind,
-        from: u8,
-        to: u8,
+        (from, to): (u8, u8),
         dest: &Dest,
         moves: &[Move],
+        since: u64,
     ) -> io::Result<(u64, HashSet<u64>)> {
         // Phase 2: read every block, write them to the destination and make them durable.
         let area = core.serial().sh.area.clone();
@@ -609,7 +621,7 @@ impl Migrator {
         if c.stopped {
             return Ok((0, Default::default()));
         }
-        let used = switch_maps(&mut c.sh, to, dest, moves)?;
+        let used = switch_maps(&mut c.sh, to, dest, moves, since)?;
         let sh = &mut c.sh;
         let moved = used.len() as u64;
         let b = bytes(moved);
@@ -913,8 +925,16 @@ fn write_copy(area: &cairn_area::Area, to: u8, dest: &Dest, buf: &[u8]) -> io::R
 
 /// Switch, file by file, the map entries that still name the blocks a round copied to
 /// their copies (one copy-on-write map update and inode write each), then retire the
-/// old blocks and advance the epoch. Returns the new entries now in use.
-fn switch_maps(sh: &mut Shared, to: u8, dest: &Dest, moves: &[Move]) -> io::Result<HashSet<u64>> {
+/// old blocks and advance the epoch. Blocks of superpage extents are written in place
+/// by digests: those of a file written so after the round began (`since`, the
+/// in-place sequence then) stay. Returns the new entries now in use.
+fn switch_maps(
+    sh: &mut Shared,
+    to: u8,
+    dest: &Dest,
+    moves: &[Move],
+    since: u64,
+) -> io::Result<HashSet<u64>> {
     let new_entry = |i: usize| match dest {
         Dest::Segment { first, .. } => tier_entry(to, first + i as u64),
         Dest::Nvm(blocks) => blocks[i],
@@ -930,9 +950,12 @@ fn switch_maps(sh: &mut Shared, to: u8, dest: &Dest, moves: &[Move]) -> io::Resu
         if old.attrs.kind != Kind::File {
             continue;
         }
+        let stale_extents = sh.superpages.written_in_place_since(ino, since);
         let mut changes = Vec::new();
         for &(i, m) in &ms {
-            if sh.area.block_of(&old, m.fblk)? == Some(m.old) {
+            if sh.area.block_of(&old, m.fblk)? == Some(m.old)
+                && !(stale_extents && sh.area.huge_of(&old, m.fblk)?.is_some())
+            {
                 changes.push((m.fblk, new_entry(i)));
             }
         }
@@ -970,6 +993,10 @@ fn switch_maps(sh: &mut Shared, to: u8, dest: &Dest, moves: &[Move]) -> io::Resu
             ..old
         };
         sh.write_inode(ino, &new)?;
+        if to == 0 {
+            // Data back in NVM may fill a range enough for a superpage extent.
+            sh.superpages.note_written(ino, changes.iter().map(|c| c.0));
+        }
         for &(f, e) in &changes {
             if let Some(t) = sh.tier_mut(to) {
                 t.mark_used(entry_block(e));

@@ -1,0 +1,394 @@
+//! Superpage extents: placement at digest, in-place writes, punch and demotion,
+//! promotion, truncation, rebuild; and copy-on-write maps with extents against a model.
+
+use super::map_tests::Rng;
+use super::*;
+use crate::digest::parallel::CoreLock;
+use crate::digest::{digest, Mode};
+use crate::store::shared::Work;
+use crate::store::{check, maptree};
+use cairn_format::map::{huge_entry, is_huge, HUGE_BLOCKS, HUGE_BYTES};
+
+fn write<'a>(ino: u64, offset: u64, size: u64, data: &'a [u8]) -> Record<'a> {
+    Record::Write {
+        ino,
+        offset,
+        size,
+        mtime: 77,
+        data,
+    }
+}
+
+fn read_all(sh: &Shared, ino: u64) -> Vec<u8> {
+    let i = sh.area.read_inode(ino).unwrap();
+    let mut b = vec![0u8; i.attrs.size as usize];
+    sh.area.read_file(&i, 0, &mut b).unwrap();
+    b
+}
+
+/// Whether range `r` of `ino` is a superpage extent.
+fn huge(sh: &Shared, ino: u64, r: u64) -> bool {
+    let i = sh.area.read_inode(ino).unwrap();
+    sh.area
+        .range_entry(&i, r * HUGE_BLOCKS)
+        .unwrap()
+        .is_some_and(is_huge)
+}
+
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8 | 1)
+        .collect()
+}
+
+fn check_inode(sh: &Shared, ino: u64) {
+    let i = sh.area.read_inode(ino).unwrap();
+    check::published_inode(sh, ino, &i).unwrap();
+    check::allocation(sh).unwrap();
+}
+
+/// 64 MiB tier (30 whole extents), 8 MiB logs.
+fn store() -> TestStore {
+    TestStore::new(64 << 20, 8 << 20, 2)
+}
+
+#[test]
+fn a_range_filled_by_one_digest_goes_into_an_extent_written_in_place_later() {
+    let ts = store();
+    let mut core = ts.core();
+    assert!(core.sh.superpages.enabled, "a new store has superpages");
+    let mut lw = LogWriter::register(&mut core);
+    let sh = &mut core.sh;
+    let size = 2 * HUGE_BYTES + 100 * 1024;
+    let mut want = pattern(size as usize, 1);
+    lw.append(sh, &create_file(10, ROOT_INO, b"big"));
+    for (k, c) in want.chunks(1 << 20).enumerate() {
+        let off = k as u64 * (1 << 20);
+        lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
+    }
+    let free_ext = sh.blocks.free_extents();
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    assert!(
+        huge(sh, 10, 0) && huge(sh, 10, 1),
+        "both whole ranges are extents"
+    );
+    assert!(!huge(sh, 10, 2), "the 100 KiB tail stays in 4 KiB blocks");
+    assert_eq!(sh.blocks.free_extents(), free_ext - 2);
+    assert_eq!(read_all(sh, 10), want);
+    check_inode(sh, 10);
+    // Two extents, 25 tail blocks, a leaf for them and the level-2 root.
+    assert_eq!(sh.area.read_inode(10).unwrap().blocks, 1024 + 25 + 2);
+    // An overwrite inside an extent is made in place: the extent stays.
+    let patch = pattern(10_000, 9);
+    lw.append(sh, &[write(10, HUGE_BYTES + 5000, size, &patch)]);
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    want[(HUGE_BYTES + 5000) as usize..][..10_000].copy_from_slice(&patch);
+    assert!(huge(sh, 10, 1));
+    assert_eq!(read_all(sh, 10), want);
+    assert!(sh.superpages.inplace_seq > 0);
+    check_inode(sh, 10);
+    // Removing the file frees everything (after the epoch).
+    lw.append(
+        sh,
+        &[
+            Record::DirentSet {
+                dir: ROOT_INO,
+                ino: 0,
+                kind: Kind::Free,
+                name: b"big",
+            },
+            Record::InodeSet {
+                ino: 10,
+                generation: 1,
+                attrs: Attrs {
+                    nlink: 0,
+                    ..attrs(Kind::File, size, 0, 0)
+                },
+            },
+        ],
+    );
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    reclaim_all(sh);
+    assert_eq!(
+        used_blocks(sh),
+        sh.area.read_inode(ROOT_INO).unwrap().blocks
+    );
+    assert_eq!(sh.blocks.free_extents(), free_ext);
+}
+
+#[test]
+fn punched_extents_stay_until_demoted_and_truncation_splits_them() {
+    let ts = store();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let sh = &mut core.sh;
+    let size = 3 * HUGE_BYTES;
+    let mut want = pattern(size as usize, 2);
+    lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+    for (k, c) in want.chunks(1 << 20).enumerate() {
+        let off = k as u64 * (1 << 20);
+        lw.append(sh, &[write(10, off, size, c)]);
+    }
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    assert!((0..3).all(|r| huge(sh, 10, r)));
+    // Punch 300 of range 1's blocks: zeroed in place, the extent stays (Ingens'
+    // deferred demotion) and becomes a candidate.
+    let (ps, pl) = (HUGE_BYTES + 10 * 4096, 300 * 4096);
+    lw.append(
+        sh,
+        &[Record::Punch {
+            ino: 10,
+            offset: ps,
+            len: pl,
+            mtime: 5,
+        }],
+    );
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    want[ps as usize..(ps + pl) as usize].fill(0);
+    assert!(huge(sh, 10, 1));
+    assert_eq!(read_all(sh, 10), want);
+    assert!(sh.superpages.sparse.contains(&(10, 1)));
+    let st = crate::superpage::status(sh);
+    assert_eq!(st.internal_fragmentation_bytes, 300 * 4096);
+    // 212 of 512 blocks still hold data: below 50%, demoted; the 300 zero blocks go.
+    let blocks = sh.area.read_inode(10).unwrap().blocks;
+    assert_eq!(blocks, 3 * 512 + 1);
+    assert!(crate::superpage::demote(sh, 10, 1).unwrap());
+    assert!(!huge(sh, 10, 1) && huge(sh, 10, 0) && huge(sh, 10, 2));
+    assert_eq!(read_all(sh, 10), want);
+    assert_eq!(sh.area.read_inode(10).unwrap().blocks, blocks - 300 + 1);
+    check_inode(sh, 10);
+    assert!(
+        !crate::superpage::demote(sh, 10, 0).unwrap(),
+        "a full extent stays"
+    );
+    // Truncation into extent 2 splits it; past extent 0's end drops the rest.
+    let t = 2 * HUGE_BYTES + 7 * 4096 + 100;
+    lw.append(
+        sh,
+        &[Record::InodeSet {
+            ino: 10,
+            generation: 1,
+            attrs: attrs(Kind::File, t, 1, 0),
+        }],
+    );
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    want.truncate(t as usize);
+    assert!(!huge(sh, 10, 2) && huge(sh, 10, 0));
+    assert_eq!(read_all(sh, 10), want);
+    check_inode(sh, 10);
+    // Growing again reads zeros where the extent was cut.
+    lw.append(
+        sh,
+        &[Record::InodeSet {
+            ino: 10,
+            generation: 1,
+            attrs: attrs(Kind::File, 3 * HUGE_BYTES, 1, 0),
+        }],
+    );
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    want.resize(3 * HUGE_BYTES as usize, 0);
+    assert_eq!(read_all(sh, 10), want);
+    check_inode(sh, 10);
+    // A rebuild (unclean start) finds the same blocks in use.
+    reclaim_all(sh);
+    let (used, ext) = (used_blocks(sh), sh.blocks.free_extents());
+    drop(core);
+    let core = ts.core();
+    assert_eq!(used_blocks(&core.sh), used);
+    assert_eq!(core.sh.blocks.free_extents(), ext);
+    assert_eq!(read_all(&core.sh, 10), want);
+}
+
+#[test]
+fn a_range_filled_in_small_digests_is_promoted_by_copy() {
+    let ts = store();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let size = HUGE_BYTES + 4096;
+    let want = pattern(size as usize, 3);
+    {
+        let sh = &mut core.sh;
+        lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+        // 64 KiB per digest: no digest fills a range, so 4 KiB blocks.
+        for (k, c) in want.chunks(64 << 10).enumerate() {
+            let off = k as u64 * (64 << 10);
+            lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
+            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        }
+        assert!(!huge(sh, 10, 0));
+        assert!(sh.superpages.candidates.contains(&(10, 0)));
+    }
+    let blocks = core.sh.area.read_inode(10).unwrap().blocks;
+    let lock = CoreLock::new(core);
+    assert!(
+        !crate::superpage::promote(&lock, 10, 1).unwrap(),
+        "1 of 512 blocks"
+    );
+    assert!(crate::superpage::promote(&lock, 10, 0).unwrap());
+    assert!(
+        !crate::superpage::promote(&lock, 10, 0).unwrap(),
+        "already an extent"
+    );
+    let mut c = lock.serial();
+    let sh = &mut c.sh;
+    assert!(huge(sh, 10, 0));
+    assert_eq!(read_all(sh, 10), want);
+    // 512 data blocks and their leaf became one extent.
+    assert_eq!(sh.area.read_inode(10).unwrap().blocks, blocks - 1);
+    assert_eq!(sh.superpages.promotions, 1);
+    reclaim_all(sh);
+    check_inode(sh, 10);
+    let st = crate::superpage::status(sh);
+    assert_eq!((st.extent_bytes, st.promotions), (HUGE_BYTES, 1));
+    assert_eq!(st.internal_fragmentation_bytes, 0);
+    // A pass finds nothing more to do; the counters are persistent.
+    drop(c);
+    crate::superpage::pass(&lock, 64 << 20);
+    let c = lock.serial();
+    assert_eq!(
+        c.sh.area
+            .state_field(cairn_format::superblock::state::SUPERPAGES)
+            .unwrap(),
+        1
+    );
+}
+
+#[test]
+fn a_promotion_whose_range_changed_meanwhile_is_dropped() {
+    let ts = store();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let want = pattern(HUGE_BYTES as usize, 4);
+    let sh = &mut core.sh;
+    lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+    for (k, c) in want.chunks(256 << 10).enumerate() {
+        let off = k as u64 * (256 << 10);
+        lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
+        digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    }
+    // The switch compares the range's leaf node with the one copied: a digest that
+    // wrote the range replaced it.
+    let inode = sh.area.read_inode(10).unwrap();
+    let leaf = sh.area.range_entry(&inode, 0).unwrap().unwrap();
+    lw.append(sh, &[write(10, 100, HUGE_BYTES, b"new")]);
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    let inode = sh.area.read_inode(10).unwrap();
+    assert_ne!(sh.area.range_entry(&inode, 0).unwrap().unwrap(), leaf);
+}
+
+/// Maps with superpage extents against a model: random sets of whole extents, single
+/// blocks inside them (splits), holes and truncations.
+#[test]
+fn maps_with_extents_match_a_model() {
+    let ts = TestStore::new(256 << 20, 1 << 20, 1);
+    let mut core = ts.core();
+    let sh = &mut core.sh;
+    let base_used = used_blocks(sh);
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut root, mut h) = (0u64, 0u8);
+    let mut owned: i64 = 0;
+    for round in 0..200 {
+        let mut w = Work::default();
+        let mut changes: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut extents = Vec::new();
+        for _ in 0..rng.below(4) {
+            let r = rng.below(6);
+            if let Some(first) = sh.alloc_extent(&mut w) {
+                // No other change in an extent's range.
+                changes.retain(|&f, b| {
+                    let keep = f / HUGE_BLOCKS != r;
+                    if !keep && *b != 0 {
+                        sh.blocks.free(*b);
+                    }
+                    keep
+                });
+                extents.retain(|&(x, f)| {
+                    x != r || {
+                        (f..f + HUGE_BLOCKS).for_each(|b| {
+                            sh.blocks.free(b);
+                        });
+                        false
+                    }
+                });
+                extents.push((r, first));
+            }
+        }
+        for _ in 0..rng.below(20) {
+            let fb = rng.below(6 * HUGE_BLOCKS);
+            if extents.iter().any(|&(r, _)| r == fb / HUGE_BLOCKS) {
+                continue;
+            }
+            let blk = if rng.below(4) == 0 {
+                0
+            } else {
+                sh.alloc_block(&mut w).unwrap()
+            };
+            if let Some(old) = changes.insert(fb, blk) {
+                if old != 0 {
+                    sh.blocks.free(old);
+                }
+            }
+        }
+        let keep = if rng.below(8) == 0 {
+            rng.below(6 * HUGE_BLOCKS)
+        } else {
+            u64::MAX
+        };
+        let mut ch: Vec<(u64, u64)> = changes.iter().map(|(a, b)| (*a, *b)).collect();
+        for &(r, first) in &extents {
+            ch.push((r * HUGE_BLOCKS, huge_entry(first)));
+        }
+        ch.sort_unstable_by_key(|c| c.0);
+        let r = maptree::update(sh, &mut w, root, h, &ch, keep, true).unwrap();
+        let _ = model.split_off(&keep);
+        for &(r, first) in &extents {
+            for k in 0..HUGE_BLOCKS {
+                model.insert(r * HUGE_BLOCKS + k, first + k);
+            }
+        }
+        for (f, b) in &changes {
+            if *b == 0 {
+                model.remove(f);
+            } else {
+                model.insert(*f, *b);
+            }
+        }
+        let mut got = BTreeMap::new();
+        let mut nodes = 0u64;
+        maptree::walk(sh, r.root, r.height, &mut |_| nodes += 1, &mut |f, b| {
+            got.insert(f, b);
+        })
+        .unwrap();
+        assert_eq!(got, model, "round {round}");
+        owned += r.delta;
+        assert_eq!(
+            owned,
+            (nodes + got.len() as u64) as i64,
+            "round {round}: count"
+        );
+        for b in w.retired.drain(..) {
+            assert!(sh.blocks.free(b), "round {round}: block {b} retired twice");
+        }
+        (root, h) = (r.root, r.height);
+        assert_eq!(
+            used_blocks(sh) - base_used,
+            nodes + got.len() as u64,
+            "round {round}: leak"
+        );
+        // What the reader sees agrees.
+        let inode = Inode {
+            map_root: root,
+            map_height: h,
+            ..Default::default()
+        };
+        for _ in 0..20 {
+            let fb = rng.below(6 * HUGE_BLOCKS);
+            assert_eq!(
+                sh.area.block_of(&inode, fb).unwrap(),
+                model.get(&fb).copied()
+            );
+        }
+    }
+}

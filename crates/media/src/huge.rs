@@ -1,0 +1,203 @@
+//! Huge pages: 2 MiB-aligned placement of mappings, what the kernel allows, and what
+//! `/proc` says a mapping is backed by. Shared by every Cairn component that maps NVM
+//! (the shared area, superpage extents, and later the key-value store's segments).
+//!
+//! On tmpfs (`/dev/shm`, the default NVM stand-in) a file's pages become 2 MiB folios
+//! only through `madvise(MADV_COLLAPSE)` (`crate::Mapping::collapse`) unless the mount
+//! says `huge=`; a mapping then uses PMDs where both its address and the file offset are
+//! 2 MiB aligned (`crate::Mapping::new` places every mapping of 2 MiB or more so).
+//! `/sys/kernel/mm/transparent_hugepage/shmem_enabled = deny` refuses all of it; Cairn
+//! then runs on 4 KiB pages and says why ([`refusal`]).
+
+use std::io;
+
+/// Bytes of a huge page (PMD) on x86-64.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Reserve `len` bytes of address space (no access, no memory) at an address congruent
+/// to `offset` modulo [`HUGE_PAGE`], for a `MAP_FIXED` mapping of a file at `offset`.
+pub(crate) fn reserve_aligned(len: usize, offset: u64) -> io::Result<*mut u8> {
+    let span = len
+        .checked_add(HUGE_PAGE)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "mapping too long"))?;
+    // SAFETY: a fresh anonymous reservation chosen by the kernel (addr NULL), checked
+    // below; nothing can be read or written through it (PROT_NONE).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let base = p as usize;
+    let want = (offset % HUGE_PAGE as u64) as usize;
+    let at = base + (want + HUGE_PAGE - base % HUGE_PAGE) % HUGE_PAGE;
+    let (head, tail) = (at - base, base + span - (at + len));
+    // SAFETY: both ranges are parts of the reservation just made, outside
+    // `at..at + len`; unmapping them releases address space only.
+    unsafe {
+        if head > 0 {
+            libc::munmap(p, head);
+        }
+        if tail > 0 {
+            libc::munmap((at + len) as *mut libc::c_void, tail);
+        }
+    }
+    Ok(at as *mut u8)
+}
+
+/// The kernel's policy for huge pages of shared memory (tmpfs), as
+/// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` selects it (`never`,
+/// `always`, `within_size`, `advise`, `deny`, `force`), if readable.
+pub fn shmem_policy() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+    selected(&s).map(str::to_owned)
+}
+
+/// The bracketed word of a sysfs choice list (`always [never] deny`).
+fn selected(s: &str) -> Option<&str> {
+    let a = s.find('[')?;
+    let b = a + s[a..].find(']')?;
+    Some(&s[a + 1..b])
+}
+
+/// Why the kernel will not back the NVM tier with huge pages, or `None` when it may.
+pub fn refusal() -> Option<String> {
+    match shmem_policy().as_deref() {
+        Some("deny") => Some(
+            "the kernel refuses huge pages for shared memory \
+             (/sys/kernel/mm/transparent_hugepage/shmem_enabled is deny)"
+                .into(),
+        ),
+        None if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() => {
+            Some("the kernel has no transparent huge pages".into())
+        }
+        _ => None,
+    }
+}
+
+/// Kibibytes of the address range `start..end` of process `pid` (0: this one) that its
+/// page tables map with PMDs (huge pages of shared memory or of files), from
+/// `/proc/PID/smaps` (`ShmemPmdMapped` + `FilePmdMapped` of the areas overlapping the
+/// range, pro rata when an area sticks out of it).
+pub fn pmd_mapped_kib(pid: u32, start: usize, end: usize) -> io::Result<u64> {
+    let path = if pid == 0 {
+        "/proc/self/smaps".to_string()
+    } else {
+        format!("/proc/{pid}/smaps")
+    };
+    let text = std::fs::read_to_string(path)?;
+    Ok(pmd_mapped_in(&text, start, end))
+}
+
+/// [`pmd_mapped_kib`] over the text of an smaps file.
+pub fn pmd_mapped_in(smaps: &str, start: usize, end: usize) -> u64 {
+    let mut total = 0u64;
+    let mut area: Option<(usize, usize)> = None;
+    for line in smaps.lines() {
+        if let Some((a, b)) = area_of(line) {
+            area = Some((a, b));
+            continue;
+        }
+        let Some((lo, hi)) = area else { continue };
+        let kib = ["ShmemPmdMapped:", "FilePmdMapped:"]
+            .iter()
+            .find_map(|k| line.strip_prefix(k))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        if let Some(kib) = kib {
+            let (s, e) = (lo.max(start), hi.min(end));
+            if s < e && hi > lo {
+                total += kib * (e - s) as u64 / (hi - lo) as u64;
+            }
+        }
+    }
+    total
+}
+
+/// The range of an smaps area header line (`7f..-7f.. r--s 00000000 00:1a 12 /path`).
+fn area_of(line: &str) -> Option<(usize, usize)> {
+    let range = line.split_whitespace().next()?;
+    let (a, b) = range.split_once('-')?;
+    let a = usize::from_str_radix(a, 16).ok()?;
+    let b = usize::from_str_radix(b, 16).ok()?;
+    // A header has permissions next; key lines ("Size:") do not parse as ranges.
+    Some((a, b))
+}
+
+/// A counter of `/proc/vmstat` (for example `thp_collapse_alloc`), if present.
+pub fn vmstat(name: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/vmstat").ok()?;
+    s.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_choice() {
+        assert_eq!(
+            selected("always within_size advise [never] deny force\n"),
+            Some("never")
+        );
+        assert_eq!(selected("[deny] never"), Some("deny"));
+        assert_eq!(selected("never"), None);
+    }
+
+    #[test]
+    fn smaps_pmd_sums() {
+        let t = "\
+7f0000000000-7f0000400000 r--s 00000000 00:1a 12 /dev/shm/x
+Size:               4096 kB
+ShmemPmdMapped:     2048 kB
+FilePmdMapped:         0 kB
+7f0000400000-7f0000600000 r--p 00000000 00:00 0
+ShmemPmdMapped:        0 kB
+FilePmdMapped:      2048 kB
+";
+        assert_eq!(pmd_mapped_in(t, 0x7f00_0000_0000, 0x7f00_0040_0000), 2048);
+        assert_eq!(pmd_mapped_in(t, 0, usize::MAX), 4096);
+        assert_eq!(pmd_mapped_in(t, 0x7f00_0000_0000, 0x7f00_0020_0000), 1024);
+        assert_eq!(pmd_mapped_in(t, 0x1000, 0x2000), 0);
+    }
+
+    #[test]
+    fn aligned_mappings_and_collapse() {
+        use std::io::Write;
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("cairn-media-huge-{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(&vec![7u8; 6 * HUGE_PAGE]).unwrap();
+        let _ = std::fs::remove_file(&path);
+        // The address follows the file offset modulo 2 MiB.
+        for off in [0u64, 4096, HUGE_PAGE as u64 + 8192] {
+            let m = crate::Mapping::new(&f, off, 3 * HUGE_PAGE, false, false).unwrap();
+            assert_eq!(m.as_ptr() as u64 % HUGE_PAGE as u64, off % HUGE_PAGE as u64);
+            let mut b = [0u8; 1];
+            m.read(3 * HUGE_PAGE - 1, &mut b).unwrap();
+            assert_eq!(b[0], 7);
+        }
+        let m = crate::Mapping::new(&f, 0, 6 * HUGE_PAGE, true, false).unwrap();
+        assert!(m.collapse(4096, HUGE_PAGE).is_err(), "unaligned");
+        // Whether the kernel collapses depends on the host; the bytes never change.
+        let _ = m.collapse(HUGE_PAGE, HUGE_PAGE);
+        let mut b = vec![0u8; HUGE_PAGE];
+        m.read(HUGE_PAGE, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7));
+    }
+}
