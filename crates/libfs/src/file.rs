@@ -246,6 +246,16 @@ impl File {
         self.fs.run(|st| self.fs.map_plan(st, self.ino, off, pages))
     }
 
+    /// Whether the handle was opened for reading.
+    pub(crate) fn readable(&self) -> bool {
+        self.read
+    }
+
+    /// The file system this handle belongs to.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.fs
+    }
+
     /// The mapping pinned at epoch `e` by [`File::map_plan`] is gone.
     pub fn map_unpin(&self, e: u64) -> io::Result<()> {
         self.fs.run(|st| self.fs.map_unpin(st, e))

@@ -40,6 +40,7 @@ mod meta;
 mod ordmap;
 pub mod path;
 mod ring;
+mod view;
 
 pub use conn::set_daemon_binary;
 pub use file::{File, OpenOptions};
@@ -51,6 +52,7 @@ pub use fs::special::{
 pub use fs::At;
 pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
+pub use view::Map;
 
 use cairn_area::{fs_err, StoreDir};
 use cairn_proto::{Request, Response, StatusReport, XattrOp};

@@ -15,8 +15,9 @@ use std::io;
 pub const HUGE_PAGE: usize = 2 << 20;
 
 /// Reserve `len` bytes of address space (no access, no memory) at an address congruent
-/// to `offset` modulo [`HUGE_PAGE`], for a `MAP_FIXED` mapping of a file at `offset`.
-pub(crate) fn reserve_aligned(len: usize, offset: u64) -> io::Result<*mut u8> {
+/// to `offset` modulo [`HUGE_PAGE`], for a `MAP_FIXED` mapping of a file at `offset`
+/// (the caller maps over it or unmaps it).
+pub fn reserve_aligned(len: usize, offset: u64) -> io::Result<*mut u8> {
     let span = len
         .checked_add(HUGE_PAGE)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "mapping too long"))?;

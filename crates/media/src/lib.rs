@@ -15,8 +15,10 @@ pub mod aligned;
 pub mod emulate;
 pub mod huge;
 pub mod trace;
+pub mod view;
 
 pub use aligned::AlignedBuf;
+pub use view::View;
 
 use std::fs::File;
 use std::io;

@@ -122,8 +122,20 @@ fn map_cairn(
         return map_shared(addr, len, prot, flags, o, off);
     }
     let size = f.metadata()?.len();
-    let fl = (flags & !0x3 & !libc::MAP_SYNC) | libc::MAP_ANONYMOUS | libc::MAP_PRIVATE;
-    // SAFETY: anonymous memory, at `addr` only as the caller asked (MAP_FIXED).
+    let mut fl = (flags & !0x3 & !libc::MAP_SYNC) | libc::MAP_ANONYMOUS | libc::MAP_PRIVATE;
+    let mut addr = addr;
+    if flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) == 0
+        && len >= cairn_media::huge::HUGE_PAGE
+    {
+        // Where the kernel chooses: an address congruent to the offset modulo 2 MiB, so
+        // that superpage extents mapped in place below can use PMDs.
+        if let Ok(at) = cairn_media::huge::reserve_aligned(len, off as u64) {
+            addr = at as *mut c_void;
+            fl |= libc::MAP_FIXED;
+        }
+    }
+    // SAFETY: anonymous memory, at `addr` only as the caller asked (MAP_FIXED) or over
+    // the reservation made just above for this mapping.
     let p = unsafe { real::mmap64(addr, len, libc::PROT_READ | libc::PROT_WRITE, fl, -1, 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());

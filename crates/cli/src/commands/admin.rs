@@ -590,7 +590,10 @@ mod tests {
         assert!(s.contains("14 free/2 used"), "{s}");
         assert!(s.contains("75.0%"), "{s}");
         assert!(s.contains("in flight: migrate nvm -> ssd"), "{s}");
-        assert!(s.contains("superpages: 6 MiB in 2 MiB extents; 9 of 12 extents free"), "{s}");
+        assert!(
+            s.contains("superpages: 6 MiB in 2 MiB extents; 9 of 12 extents free"),
+            "{s}"
+        );
         assert!(s.contains("fragmentation index 0.25"), "{s}");
     }
 }

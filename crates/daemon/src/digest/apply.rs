@@ -121,6 +121,11 @@ pub(super) fn apply_file<'a>(
             }
         }
         changes.push((r * HUGE_BLOCKS, huge_entry(first)));
+        sh.superpages.to_collapse.push(first);
+        if (written.iter().filter(|&&x| x).count() as u64) < sh.superpages.demote_blocks {
+            // Filled below the demotion threshold (a promotion threshold under it).
+            sh.superpages.sparse.insert((ino, r));
+        }
     }
     inplace |= punch_in_extents(sh, ino, old, plan, keep_blocks, data, &changes)?;
     if inplace {

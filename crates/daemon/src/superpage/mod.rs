@@ -63,6 +63,8 @@ pub(crate) struct Superpages {
     pub inplace: HashMap<u64, u64>,
     /// The last promotion found no free extent.
     pub short: bool,
+    /// Extents a digest filled, to be collapsed into huge folios by the background pass.
+    pub to_collapse: Vec<u64>,
     /// Persistent counters (daemon state block, [`state::SUPERPAGES`]).
     pub promotions: u64,
     pub demotions: u64,
@@ -156,24 +158,44 @@ impl Shared {
         }
         self.map().persist(off, 32)
     }
+}
 
-    /// Back the extent at `first` with a huge folio (best effort: a refusal is counted,
-    /// the data is unaffected).
-    pub(crate) fn collapse_extent(&mut self, first: u64) {
-        if self.superpages.kernel_refusal.is_some() {
-            return;
-        }
-        if let Err(e) = self
+/// Back the extents at `firsts` with huge folios (`MADV_COLLAPSE` through the daemon's
+/// mapping; the bytes do not change, so no lock is needed). Returns the refusals.
+fn collapse(area: &cairn_area::Area, firsts: &[u64]) -> u64 {
+    let mut failed = 0;
+    for &first in firsts {
+        if let Err(e) = area
             .map()
             .collapse((first * BLOCK_SIZE_U64) as usize, HUGE_BYTES as usize)
         {
-            self.superpages.collapse_failures += 1;
-            if self.superpages.collapse_failures == 1 {
-                tracing::info!(
-                    "the kernel did not collapse a superpage extent ({e}); it keeps 4 KiB pages"
-                );
+            if failed == 0 {
+                tracing::debug!("the kernel did not collapse the extent at block {first}: {e}");
             }
+            failed += 1;
         }
+    }
+    failed
+}
+
+/// Collapse `firsts` without the core lock and count the refusals.
+fn collapse_unlocked(core: &CoreLock, firsts: &[u64]) {
+    let (area, refused) = {
+        let c = core.serial();
+        (c.sh.area.clone(), c.sh.superpages.kernel_refusal.is_some())
+    };
+    if refused || firsts.is_empty() {
+        return;
+    }
+    let failed = collapse(&area, firsts);
+    if failed > 0 {
+        let mut c = core.serial();
+        if c.sh.superpages.collapse_failures == 0 {
+            tracing::info!(
+                "the kernel did not collapse {failed} superpage extent(s); they keep 4 KiB pages"
+            );
+        }
+        c.sh.superpages.collapse_failures += failed;
     }
 }
 
@@ -291,7 +313,6 @@ pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
         {
             return Ok(false);
         }
-        sh.collapse_extent(p.first);
         let mut w = Work::default();
         let r = maptree::update(
             sh,
@@ -326,8 +347,16 @@ pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
     })();
     if !matches!(switched, Ok(true)) {
         give_back(&mut c.sh);
+    } else if p.entries.iter().filter(|&&e| e != 0).count() < c.sh.superpages.demote_blocks as usize
+    {
+        // Promoted below the demotion threshold (a promotion threshold set under it).
+        c.sh.superpages.sparse.insert((p.ino, p.range));
     }
     c.reclaim();
+    drop(c);
+    if matches!(switched, Ok(true)) {
+        collapse_unlocked(core, &[p.first]);
+    }
     switched
 }
 
@@ -407,7 +436,8 @@ fn empty_blocks(sh: &Shared, inode: &Inode, r: u64, first: u64) -> io::Result<Ve
 }
 
 /// Add every range of every regular file held in 4 KiB blocks to the promotion
-/// candidates (once after the daemon starts: digests name the ranges they write).
+/// candidates and every extent to the demotion checks (once after the daemon starts:
+/// from then on digests name the ranges they write and punch).
 fn scan_candidates(sh: &mut Shared) -> io::Result<()> {
     let mut found = Vec::new();
     for ino in 1..sh.layout.inode_count {
@@ -422,21 +452,31 @@ fn scan_candidates(sh: &mut Shared) -> io::Result<()> {
         }
         for r in 0..inode.attrs.size.div_ceil(HUGE_BYTES) {
             let e = range_entry(sh, &inode, r)?;
-            if e != 0 && !is_huge(e) {
-                found.push((ino, r));
+            if e != 0 {
+                found.push((ino, r, is_huge(e)));
             }
         }
     }
-    sh.superpages.candidates.extend(found);
+    // Extents are checked for holes punched before the start (their candidacy for
+    // demotion lives in DRAM only); ranges in 4 KiB blocks for promotion.
+    for (ino, r, huge) in found {
+        if huge {
+            sh.superpages.sparse.insert((ino, r));
+        } else {
+            sh.superpages.candidates.insert((ino, r));
+        }
+    }
     sh.superpages.scanned = true;
     Ok(())
 }
 
-/// One background pass: demote what became sparse, then promote candidates, within
-/// `budget` bytes of copying. Returns the bytes copied or examined (0: nothing to do).
+/// One background pass within `budget` bytes of work: collapse the extents digests
+/// filled, demote what became sparse (a demotion check reads the extent: a quarter of
+/// its size counted), promote candidates (a promotion copies 2 MiB; a candidate that
+/// does not qualify costs 1/64 of that). The core lock is taken per step. Returns the
+/// work done (0: nothing to do).
 pub(crate) fn pass(core: &CoreLock, budget: u64) -> u64 {
-    let mut spent = 0u64;
-    let todo: Vec<(u64, u64)> = {
+    let fresh = {
         let mut c = core.serial();
         if c.stopped || !c.sh.superpages.enabled {
             return 0;
@@ -447,32 +487,31 @@ pub(crate) fn pass(core: &CoreLock, budget: u64) -> u64 {
                 c.sh.superpages.scanned = true;
             }
         }
-        // Demotion first: it frees blocks and costs no copy.
-        while spent < budget {
-            let Some((ino, r)) = c.sh.superpages.sparse.pop_first() else {
-                break;
-            };
-            spent += HUGE_BYTES / 8;
-            if let Err(e) = demote(&mut c.sh, ino, r) {
-                tracing::warn!("demotion of inode {ino}, range {r} failed: {e}");
-            }
-        }
-        let n = (budget.saturating_sub(spent) / HUGE_BYTES).max(1) as usize;
-        let sp = &mut c.sh.superpages;
-        let mut v = Vec::with_capacity(n);
-        while v.len() < n {
-            match sp.candidates.pop_first() {
-                Some(x) => v.push(x),
-                None => break,
-            }
-        }
-        v
+        std::mem::take(&mut c.sh.superpages.to_collapse)
     };
-    for (ino, r) in todo {
+    let mut spent = fresh.len() as u64 * HUGE_BYTES / 8;
+    collapse_unlocked(core, &fresh);
+    while spent < budget {
+        let mut c = core.serial();
+        let Some((ino, r)) = c.sh.superpages.sparse.pop_first() else {
+            break;
+        };
+        spent += HUGE_BYTES / 4;
+        if let Err(e) = demote(&mut c.sh, ino, r) {
+            tracing::warn!("demotion of inode {ino}, range {r} failed: {e}");
+        }
+    }
+    while spent < budget {
+        let Some((ino, r)) = core.serial().sh.superpages.candidates.pop_first() else {
+            break;
+        };
         match promote(core, ino, r) {
             Ok(true) => spent += HUGE_BYTES,
-            Ok(false) => spent += BLOCK_SIZE_U64,
-            Err(e) => tracing::warn!("promotion of inode {ino}, range {r} failed: {e}"),
+            Ok(false) => spent += HUGE_BYTES / 64,
+            Err(e) => {
+                spent += HUGE_BYTES / 64;
+                tracing::warn!("promotion of inode {ino}, range {r} failed: {e}");
+            }
         }
     }
     spent
