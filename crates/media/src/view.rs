@@ -78,7 +78,11 @@ impl View {
         len: usize,
     ) -> io::Result<()> {
         self.check(at, len)?;
-        if self.sealed || at % 4096 != 0 || file_off % 4096 != 0 || len % 4096 != 0 {
+        if self.sealed
+            || !at.is_multiple_of(4096)
+            || !file_off.is_multiple_of(4096)
+            || !len.is_multiple_of(4096)
+        {
             return Err(einval("view: unaligned or sealed"));
         }
         // SAFETY: replaces pages of this view (inside it: checked above) that no Rust
@@ -144,7 +148,7 @@ impl View {
     /// The 8 bytes at `off` (8-aligned), read with one load.
     pub fn load_u64(&self, off: usize) -> io::Result<u64> {
         self.check(off, 8)?;
-        if off % 8 != 0 {
+        if !off.is_multiple_of(8) {
             return Err(einval("unaligned load"));
         }
         // SAFETY: inside the view, 8-aligned; atomic load of bytes another process may
