@@ -44,7 +44,7 @@ pub mod state {
     /// migrated down out of the tier, bytes migrated up into it, bytes cleaned in it.
     pub const TRAFFIC: usize = 80;
     /// Superpage counters (format version 5; zero before): promotions, demotions,
-    /// bytes promoted (copied into extents), bytes compacted.
+    /// bytes promoted (copied into extents), bytes compacted, extents placed by digests.
     pub const SUPERPAGES: usize = 152;
 }
 

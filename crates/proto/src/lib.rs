@@ -359,6 +359,8 @@ pub struct SuperpageStatus {
     pub demotions: u64,
     pub bytes_promoted: u64,
     pub bytes_compacted: u64,
+    /// Extents digests filled directly (a range written whole in one digest).
+    pub placed: u64,
     /// Collapses the kernel refused since the daemon started.
     pub collapse_failures: u64,
     /// Ingens' free-memory fragmentation index of the tier: the share of free space

@@ -115,6 +115,25 @@ fn matches_reference_on_three_tiers_with_tiny_nvm() {
 }
 
 #[test]
+fn matches_reference_with_superpages_promoted_and_demoted_constantly() {
+    // A promotion threshold of 0% (any range holding data) under the demotion one
+    // (50%): every range a digest writes goes into a superpage extent (at the digest,
+    // or promoted by the background pass it wakes) and is demoted right after, then
+    // promoted again when written: writes in place into extents, truncations and punched
+    // holes splitting and zeroing them, all under the operations.
+    let store = TestStore::with_size(StoreSize {
+        log: "64K",
+        ..StoreSize::default()
+    });
+    store.set_config("superpage_promote_pct", "0");
+    store.set_config("superpage_rate_mib", "100000");
+    run_generated(&store);
+    let s = store.fs().status().unwrap().superpages.unwrap();
+    assert!(s.placed + s.promotions > 0 && s.demotions > 0, "{s:?}");
+    eprintln!("superpages: {} placed, {} promoted, {} demoted", s.placed, s.promotions, s.demotions);
+}
+
+#[test]
 fn survives_clean_daemon_restart() {
     let store = TestStore::with_size(StoreSize {
         log: "128K",

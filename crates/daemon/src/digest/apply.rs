@@ -122,9 +122,10 @@ pub(super) fn apply_file<'a>(
         }
         changes.push((r * HUGE_BLOCKS, huge_entry(first)));
         sh.superpages.to_collapse.push(first);
+        sh.superpages.placed += 1;
         if (written.iter().filter(|&&x| x).count() as u64) < sh.superpages.demote_blocks {
             // Filled below the demotion threshold (a promotion threshold under it).
-            sh.superpages.sparse.insert((ino, r));
+            sh.superpages.note_sparse(ino, r);
         }
     }
     inplace |= punch_in_extents(sh, ino, old, plan, keep_blocks, data, &changes)?;
@@ -225,7 +226,7 @@ fn punch_in_extents(
                     base: None,
                     pieces: Vec::new(),
                 });
-                sh.superpages.sparse.insert((ino, b / HUGE_BLOCKS));
+                sh.superpages.note_sparse(ino, b / HUGE_BLOCKS);
                 any = true;
             }
             b += 1;

@@ -380,10 +380,15 @@ fn migrate_loop(d: &Daemon, from: u8) {
     }
 }
 
-/// The superpage policy (`crate::superpage::pass`): every 100 ms, with a copy budget of
-/// a tenth of `superpage_rate_mib`.
+/// The superpage policy (`crate::superpage::pass`): at once when a digest adds
+/// candidates, else every 100 ms; at most a tenth of `superpage_rate_mib` of work per
+/// 100 ms window.
 fn superpage_loop(d: &Daemon) {
     let tick = Duration::from_millis(100);
+    let wake = d.core().sh.superpages.wake.clone();
+    let mut seen = 0;
+    let mut window = std::time::Instant::now();
+    let mut spent = 0u64;
     while !d.stop.load(Ordering::SeqCst) {
         let (stopped, enabled, rate) = {
             let c = d.core();
@@ -394,12 +399,20 @@ fn superpage_loop(d: &Daemon) {
             break;
         }
         let budget = (rate << 20) / 10;
-        let start = std::time::Instant::now();
-        if enabled {
-            crate::superpage::pass(&d.core, budget);
+        if window.elapsed() >= tick {
+            window = std::time::Instant::now();
+            spent = 0;
         }
-        // One pass per tick keeps the copying within the rate.
-        std::thread::sleep(tick.saturating_sub(start.elapsed()));
+        if enabled && spent < budget {
+            spent += crate::superpage::pass(&d.core, budget - spent);
+        }
+        let rest = tick.saturating_sub(window.elapsed());
+        if spent >= budget {
+            // The window's budget is used up: wait for the next one.
+            std::thread::sleep(rest);
+        } else {
+            seen = wake.wait(seen, rest.max(Duration::from_millis(1)));
+        }
     }
 }
 

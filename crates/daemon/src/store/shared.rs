@@ -459,7 +459,8 @@ impl Shared {
         ] {
             m.store_u64(BLOCK_SIZE + f, v)?;
         }
-        m.persist(BLOCK_SIZE + state::RECORDS_DIGESTED, 40)
+        m.persist(BLOCK_SIZE + state::RECORDS_DIGESTED, 40)?;
+        self.persist_superpage_counters()
     }
 
     /// Set a daemon state field durably.

@@ -65,13 +65,44 @@ pub(crate) struct Superpages {
     pub short: bool,
     /// Extents a digest filled, to be collapsed into huge folios by the background pass.
     pub to_collapse: Vec<u64>,
+    /// Wakes the background pass (Ingens' fault handler waking Promote-kth): digests
+    /// that add candidates ring it.
+    pub wake: std::sync::Arc<Wake>,
     /// Persistent counters (daemon state block, [`state::SUPERPAGES`]).
     pub promotions: u64,
     pub demotions: u64,
     pub bytes_promoted: u64,
     pub bytes_compacted: u64,
+    /// Extents digests filled directly (no promotion needed).
+    pub placed: u64,
     /// Collapses the kernel refused since the daemon started.
     pub collapse_failures: u64,
+}
+
+/// A doorbell: a counter and a condition variable.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    rung: std::sync::Mutex<u64>,
+    cv: std::sync::Condvar,
+}
+
+impl Wake {
+    /// Ring.
+    pub(crate) fn ring(&self) {
+        *self.rung.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.cv.notify_all();
+    }
+
+    /// Wait until rung after `seen` (the count a previous wait returned) or `timeout`
+    /// passed; the count.
+    pub(crate) fn wait(&self, seen: u64, timeout: std::time::Duration) -> u64 {
+        let g = self.rung.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |n| *n == seen)
+            .unwrap_or_else(|e| e.into_inner());
+        *g
+    }
 }
 
 impl Superpages {
@@ -90,7 +121,8 @@ impl Superpages {
         } else {
             None
         };
-        let pct = |p: u32| (HUGE_BLOCKS * p.clamp(1, 100) as u64).div_ceil(100);
+        // At least one block: 0% promotes any range holding data.
+        let pct = |p: u32| (HUGE_BLOCKS * p.min(100) as u64).div_ceil(100).max(1);
         Superpages {
             enabled: off_reason.is_none(),
             off_reason,
@@ -101,6 +133,7 @@ impl Superpages {
             demotions: f(1),
             bytes_promoted: f(2),
             bytes_compacted: f(3),
+            placed: f(4),
             ..Default::default()
         }
     }
@@ -111,12 +144,23 @@ impl Superpages {
             return;
         }
         let mut last = u64::MAX;
+        let mut added = false;
         for fb in fblks {
             let r = fb / HUGE_BLOCKS;
             if r != last {
-                self.candidates.insert((ino, r));
+                added |= self.candidates.insert((ino, r));
                 last = r;
             }
+        }
+        if added {
+            self.wake.ring();
+        }
+    }
+
+    /// Range `r` of `ino`, an extent, may hold data in too few blocks: check it.
+    pub(crate) fn note_sparse(&mut self, ino: u64, r: u64) {
+        if self.sparse.insert((ino, r)) {
+            self.wake.ring();
         }
     }
 
@@ -150,13 +194,14 @@ impl Shared {
             sp.demotions,
             sp.bytes_promoted,
             sp.bytes_compacted,
+            sp.placed,
         ]
         .into_iter()
         .enumerate()
         {
             self.map().store_u64(off + 8 * k, v)?;
         }
-        self.map().persist(off, 32)
+        self.map().persist(off, 40)
     }
 }
 
@@ -573,6 +618,7 @@ pub(crate) fn status(sh: &Shared) -> SuperpageStatus {
         demotions: sp.demotions,
         bytes_promoted: sp.bytes_promoted,
         bytes_compacted: sp.bytes_compacted,
+        placed: sp.placed,
         collapse_failures: sp.collapse_failures,
         fragmentation_index: fmfi,
         internal_fragmentation_bytes: empty * BLOCK_SIZE_U64,
