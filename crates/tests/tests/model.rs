@@ -130,7 +130,10 @@ fn matches_reference_with_superpages_promoted_and_demoted_constantly() {
     run_generated(&store);
     let s = store.fs().status().unwrap().superpages.unwrap();
     assert!(s.placed + s.promotions > 0 && s.demotions > 0, "{s:?}");
-    eprintln!("superpages: {} placed, {} promoted, {} demoted", s.placed, s.promotions, s.demotions);
+    eprintln!(
+        "superpages: {} placed, {} promoted, {} demoted",
+        s.placed, s.promotions, s.demotions
+    );
 }
 
 #[test]

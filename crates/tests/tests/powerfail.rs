@@ -159,6 +159,57 @@ fn crash_images_during_migration_and_cleaning_recover() {
     );
 }
 
+/// Superpages on a store whose promotion threshold (0%: any range holding data) is
+/// under its demotion threshold (50%): every range a digest writes goes into a 2 MiB
+/// extent at the digest and is demoted by the background pass right after; written
+/// again, it is promoted back (a copy made durable, then a copy-on-write map switch).
+/// Placements, writes and punches in place in extents, demotions and promotions are in
+/// the trace (the background ones as often as the pass gets to them while the workload
+/// runs: printed). No single fence is a promotion's own: its copy is ordered before the
+/// switch by the fence after the copy, the one before the inode is written and the
+/// inode's own, so removing one cannot lose it (the simulator agrees);
+/// `removing_a_fence_is_caught` covers the inode's.
+#[test]
+fn crash_images_with_superpages_promoted_and_demoted_recover() {
+    let store = cairn_tests::harness::TestStore::with_size(cairn_tests::harness::StoreSize {
+        nvm: "16M",
+        log: "512K",
+        clients: 2,
+        inodes: Some(1024),
+        tiers: None,
+    });
+    store.set_config("superpage_promote_pct", "0");
+    store.set_config("superpage_rate_mib", "100000");
+    let w = Workload {
+        digest_every: 10,
+        ..Workload::new(11, 300)
+    };
+    let rec = record_with(worker(), store, &w);
+    let rep = check(
+        &rec,
+        &CheckOptions {
+            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+            ..Default::default()
+        },
+    );
+    let s = rec
+        .store
+        .fs()
+        .status()
+        .expect("status")
+        .superpages
+        .expect("superpages");
+    show(
+        &format!(
+            "superpages, seed 11, 300 calls ({} placed, {} promoted, {} demoted)",
+            s.placed, s.promotions, s.demotions
+        ),
+        &rep,
+    );
+    assert!(rep.violations.is_empty());
+    assert!(s.placed > 0, "{s:?}");
+}
+
 /// The line of `file` holding the first `fence()` at or after the line containing
 /// `anchor`, as a trace site name (`file:line`).
 fn fence_after(file: &str, anchor: &str) -> String {

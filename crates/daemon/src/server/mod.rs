@@ -75,6 +75,9 @@ struct Daemon {
     leases: Arc<crate::sharing::leases::Leases>,
     /// Migration and cleaning rounds (one at a time).
     migrator: crate::tiers::migrate::Migrator,
+    /// Held by a superpage promotion from its allocation of an extent to its switch
+    /// (`Superpages::gate`): a stop waits for it.
+    superpage_gate: Arc<std::sync::Mutex<()>>,
     /// Extended attributes (their own mutex: `core` may be taken while holding it, never
     /// the other way round).
     xattrs: std::sync::Mutex<crate::xattr::Xattrs>,
@@ -159,6 +162,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     sys::install_termination_flag()?;
     tracing::info!("listening on {}", sock.display());
     let leases = core.leases.clone();
+    let superpage_gate = core.sh.superpages.gate.clone();
     let d = Arc::new(Daemon {
         leases,
         core: crate::digest::parallel::CoreLock::new(core),
@@ -170,6 +174,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         uid: sys::ids().0,
         locks: crate::sharing::locks::LockService::default(),
         migrator: Default::default(),
+        superpage_gate,
         xattrs: std::sync::Mutex::new(xattrs),
     });
     d.locks.set_recaller(d.leases.clone());
@@ -178,10 +183,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     if sys::termination_requested() {
         tracing::info!("{}", "termination signal: stopping");
     }
-    // No migration round is in flight while the store stops.
-    let paused = d.migrator.pause();
-    let r = d.core().shutdown();
-    drop(paused);
+    let r = d.quiesced_shutdown();
     d.stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);
     d.pool.stop();
@@ -413,6 +415,22 @@ fn superpage_loop(d: &Daemon) {
         } else {
             seen = wake.wait(seen, rest.max(Duration::from_millis(1)));
         }
+    }
+}
+
+impl Daemon {
+    /// Stop the store (`Core::shutdown`) with no migration round and no superpage
+    /// promotion in flight (their allocations would be saved as in use).
+    fn quiesced_shutdown(&self) -> io::Result<()> {
+        let paused = self.migrator.pause();
+        let promoting = self
+            .superpage_gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let r = self.core().shutdown();
+        drop(promoting);
+        drop(paused);
+        r
     }
 }
 

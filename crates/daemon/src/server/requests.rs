@@ -377,9 +377,7 @@ fn shutdown(d: &Daemon, c: &Conn) -> Reply {
         });
     }
     tracing::info!("shutdown requested by pid {}", c.pid);
-    let paused = d.migrator.pause();
-    let r = d.core().shutdown();
-    drop(paused);
+    let r = d.quiesced_shutdown();
     d.stop.store(true, Ordering::SeqCst);
     match r {
         Ok(()) => Reply::Close(Some(Response::Ok)),

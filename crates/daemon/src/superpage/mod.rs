@@ -68,6 +68,9 @@ pub(crate) struct Superpages {
     /// Wakes the background pass (Ingens' fault handler waking Promote-kth): digests
     /// that add candidates ring it.
     pub wake: std::sync::Arc<Wake>,
+    /// Held by a promotion from its allocation of an extent to its switch, so that the
+    /// daemon does not stop (and save that extent as in use) in between.
+    pub gate: std::sync::Arc<std::sync::Mutex<()>>,
     /// Persistent counters (daemon state block, [`state::SUPERPAGES`]).
     pub promotions: u64,
     pub demotions: u64,
@@ -305,6 +308,8 @@ fn plan_promotion(sh: &mut Shared, ino: u64, r: u64) -> io::Result<Option<Plan>>
 /// Promote range `r` of `ino` into a superpage extent if it qualifies. Returns whether
 /// it was promoted.
 pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
+    let gate = core.serial().sh.superpages.gate.clone();
+    let _promoting = gate.lock().unwrap_or_else(|e| e.into_inner());
     let plan = {
         let mut c = core.serial();
         if c.stopped || !c.sh.superpages.enabled {
