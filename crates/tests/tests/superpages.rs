@@ -343,3 +343,59 @@ fn killing_the_daemon_during_promotion_and_demotion_loses_nothing() {
     drop(fs);
     fsck_clean(&store);
 }
+
+#[test]
+fn killing_the_daemon_during_compaction_loses_nothing() {
+    let store = store("64M");
+    store.set_config("superpage_rate_mib", "16");
+    store.stop();
+    let fs = store.fs();
+    // Small files until no extent is free, then every other one goes: free space in
+    // every chunk, no free extent.
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut i = 0u64;
+    while superpages(&fs).extents_free > 0 {
+        let name = format!("/s{i}");
+        let data = content(i, 48 << 10);
+        fs.write(&name, &data).unwrap();
+        fs.digest().unwrap();
+        files.push((name, data));
+        i += 1;
+    }
+    let mut kept = Vec::new();
+    for (k, f) in files.into_iter().enumerate() {
+        if k % 2 == 1 {
+            fs.remove_file(&f.0).unwrap();
+        } else {
+            kept.push(f);
+        }
+    }
+    fs.digest().unwrap();
+    // Ranges filled in 4 KiB blocks want extents: compaction makes them.
+    let big = content(7, 4 * MIB);
+    append_in_pieces(&fs, "/big", &big, 64 << 10);
+    kept.push(("/big".into(), big));
+    drop(fs);
+    let mut rng = 0x1234_5678_9abc_def1u64;
+    for round in 0..8 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(rng % 300));
+        kill_daemon(&store);
+        let fs = store.fs();
+        for (n, d) in &kept {
+            assert!(fs.read(n).unwrap() == *d, "round {round}: {n} differs");
+        }
+    }
+    let fs = store.fs();
+    let s = wait_for(&fs, "compaction and promotion", |s| {
+        s.bytes_compacted > 0 && s.extent_bytes >= 4 * MIB as u64
+    });
+    eprintln!("{s:?}");
+    for (n, d) in &kept {
+        assert!(fs.read(n).unwrap() == *d, "{n} differs at the end");
+    }
+    drop(fs);
+    fsck_clean(&store);
+}

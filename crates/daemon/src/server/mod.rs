@@ -382,9 +382,9 @@ fn migrate_loop(d: &Daemon, from: u8) {
     }
 }
 
-/// The superpage policy (`crate::superpage::pass`): at once when a digest adds
-/// candidates, else every 100 ms; at most a tenth of `superpage_rate_mib` of work per
-/// 100 ms window.
+/// The superpage policy (`crate::superpage::pass`, then a compaction round when one is
+/// needed: `crate::superpage::compact`): at once when a digest adds candidates, else
+/// every 100 ms; at most a tenth of `superpage_rate_mib` of work per 100 ms window.
 fn superpage_loop(d: &Daemon) {
     let tick = Duration::from_millis(100);
     let wake = d.core().sh.superpages.wake.clone();
@@ -407,6 +407,18 @@ fn superpage_loop(d: &Daemon) {
         }
         if enabled && spent < budget {
             spent += crate::superpage::pass(&d.core, budget - spent);
+        }
+        if enabled && spent < budget && crate::superpage::compact::needed(&d.core().sh) {
+            let moved = d.migrator.compact(&d.core);
+            spent += moved * cairn_format::BLOCK_SIZE_U64;
+            if moved > 0 {
+                let c = d.core();
+                tracing::info!(
+                    "compacted the NVM tier: {} KiB moved, {} extents free",
+                    moved * 4,
+                    c.sh.blocks.free_extents()
+                );
+            }
         }
         let rest = tick.saturating_sub(window.elapsed());
         if spent >= budget {

@@ -77,6 +77,41 @@ impl Bitmap {
         None
     }
 
+    /// Last clear bit at or before `start`, wrapping around once (to the end).
+    pub(crate) fn find_clear_before(&self, start: u64) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let start = start.min(self.len - 1);
+        let nwords = self.words.len();
+        let first = (start / 64) as usize;
+        // Bits above `start` in its word are ignored on the first visit, bits at or
+        // below it on the second.
+        let above = if start % 64 == 63 {
+            0
+        } else {
+            !0u64 << (start % 64 + 1)
+        };
+        for k in 0..=nwords {
+            let wi = (first + nwords - k % nwords) % nwords;
+            let mut w = self.words[wi];
+            if k == 0 {
+                w |= above;
+            }
+            if k == nwords {
+                w |= !above;
+            }
+            if wi == nwords - 1 && !self.len.is_multiple_of(64) {
+                // Bits past `len` are not blocks.
+                w |= !0u64 << (self.len % 64);
+            }
+            if w != u64::MAX {
+                return Some(wi as u64 * 64 + 63 - (!w).leading_zeros() as u64);
+            }
+        }
+        None
+    }
+
     /// Bytes, bit `i` = byte `i / 8`, bit `i % 8` (LSB first).
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let n = self.len.div_ceil(8) as usize;
@@ -127,6 +162,11 @@ pub(crate) struct BlockAlloc {
     free_extents: u64,
     /// Where the search for a free extent resumes (chunk index).
     extent_cursor: usize,
+    /// Where the downward search for a metadata block resumes (bitmap index).
+    meta_cursor: u64,
+    /// Whether each whole chunk in use was started by a metadata allocation (DRAM only:
+    /// after a start every chunk counts as data until it empties).
+    chunk_meta: Vec<bool>,
 }
 
 impl BlockAlloc {
@@ -149,12 +189,15 @@ impl BlockAlloc {
             chunk_used: vec![0; end_chunk.saturating_sub(first_chunk) as usize],
             free_extents: 0,
             extent_cursor: 0,
+            meta_cursor: u64::MAX,
+            chunk_meta: Vec::new(),
         };
         for c in 0..a.chunk_used.len() {
             let first = (first_chunk + c as u64) * CHUNK - data_start;
             a.chunk_used[c] = (first..first + CHUNK).filter(|&i| a.map.get(i)).count() as u16;
         }
         a.free_extents = a.chunk_used.iter().filter(|&&u| u == 0).count() as u64;
+        a.chunk_meta = vec![false; a.chunk_used.len()];
         a
     }
 
@@ -194,7 +237,6 @@ impl BlockAlloc {
 
     /// Blocks in use in each whole chunk, by chunk (first block of each:
     /// [`BlockAlloc::chunk_first`]).
-    #[cfg(test)]
     pub(crate) fn chunk_usage(&self) -> &[u16] {
         &self.chunk_used
     }
@@ -219,36 +261,108 @@ impl BlockAlloc {
             self.map.set(b - self.data_start);
         }
         self.chunk_used[c] = CHUNK as u16;
+        self.chunk_meta[c] = false;
         self.free_extents -= 1;
         self.free -= CHUNK;
         self.extent_cursor = (c + 1) % n;
         Some(first)
     }
 
-    /// The first free bit at or after `from` (one lap) that does not lie in an empty
-    /// whole chunk, if any.
-    fn find_clear_outside_empty(&self, from: u64) -> Option<u64> {
+    /// The first free bit at or after `from` (or, `!forward`, at or before it; one lap)
+    /// whose chunk `ok` accepts (`None`: a block outside the whole chunks), if any.
+    /// A chunk refused is skipped whole.
+    fn search(
+        &self,
+        from: u64,
+        forward: bool,
+        ok: &dyn Fn(&Self, Option<usize>) -> bool,
+    ) -> Option<u64> {
         let len = self.map.len();
-        let mut pos = from;
+        let mut pos = from.min(len.saturating_sub(1));
         let mut travelled = 0u64;
         while travelled <= len {
-            let i = self.map.find_clear_from(pos)?;
-            travelled += if i >= pos {
-                i - pos + 1
+            let i = if forward {
+                self.map.find_clear_from(pos)?
             } else {
-                len - pos + i + 1
+                self.map.find_clear_before(pos)?
             };
-            match self.chunk_of(i) {
-                Some(c) if self.chunk_used[c] == 0 => {
-                    // Skip the empty chunk.
-                    let next = self.chunk_first(c) + CHUNK - self.data_start;
-                    travelled += next - i - 1;
-                    pos = if next >= len { 0 } else { next };
+            travelled += 1 + match (forward, i >= pos) {
+                (true, true) => i - pos,
+                (true, false) => len - pos + i,
+                (false, false) | (false, true) if i <= pos => pos - i,
+                (false, _) => pos + len - i,
+            };
+            let c = self.chunk_of(i);
+            if ok(self, c) {
+                return Some(i);
+            }
+            // Past this chunk (or block).
+            let (lo, hi) = match c {
+                Some(c) => {
+                    let lo = self.chunk_first(c) - self.data_start;
+                    (lo, lo + CHUNK)
                 }
-                _ => return Some(i),
+                None => (i, i + 1),
+            };
+            if forward {
+                travelled += hi - 1 - i;
+                pos = if hi >= len { 0 } else { hi };
+            } else {
+                travelled += i - lo;
+                pos = if lo == 0 { len - 1 } else { lo - 1 };
             }
         }
         None
+    }
+
+    /// Take a free block for data (`!meta`: upwards from the data cursor) or metadata
+    /// (downwards from the metadata cursor): first in a chunk of the same kind already in
+    /// use (or outside the whole chunks), else in an empty chunk (which takes that kind:
+    /// a free extent is broken only when needed), else anywhere.
+    fn take(&mut self, meta: bool) -> Option<u64> {
+        if self.free == 0 {
+            return None;
+        }
+        let forward = !meta;
+        let from = if meta { self.meta_cursor } else { self.cursor };
+        let i = self
+            .search(from, forward, &|a, c| {
+                c.is_none_or(|c| a.chunk_used[c] > 0 && a.chunk_meta[c] == meta)
+            })
+            .or_else(|| {
+                self.search(from, forward, &|a, c| {
+                    c.is_some_and(|c| a.chunk_used[c] == 0)
+                })
+            })
+            .or_else(|| {
+                if forward {
+                    self.map.find_clear_from(from)
+                } else {
+                    self.map.find_clear_before(from)
+                }
+            })?;
+        debug_assert!(!self.map.get(i), "block {i} handed out twice");
+        if let Some(c) = self.chunk_of(i) {
+            if self.chunk_used[c] == 0 {
+                self.chunk_meta[c] = meta;
+            }
+        }
+        self.map.set(i);
+        self.count(i, true);
+        self.free -= 1;
+        if meta {
+            self.meta_cursor = i.checked_sub(1).unwrap_or(u64::MAX);
+        } else {
+            self.cursor = i + 1;
+        }
+        Some(self.data_start + i)
+    }
+
+    /// A block for metadata (map nodes, directory buckets): taken from the end of the
+    /// data region downwards, in chunks of its own ([`BlockAlloc::take`]), so that the
+    /// chunks holding file data stay movable by compaction (`crate::superpage::compact`).
+    pub(crate) fn alloc_meta(&mut self) -> Option<u64> {
+        self.take(true)
     }
 
     pub(crate) fn bitmap(&self) -> &Bitmap {
@@ -276,24 +390,10 @@ impl BlockAlloc {
         (self.free, self.map.len() - self.map.count_ones())
     }
 
-    /// Next free block after the previous allocation (sequential runs), `None` when full.
+    /// Next free block for file data after the previous allocation (sequential runs),
+    /// in chunks of data ([`BlockAlloc::take`]), `None` when full.
     pub(crate) fn alloc(&mut self) -> Option<u64> {
-        if self.free == 0 {
-            return None;
-        }
-        let mut i = self.map.find_clear_from(self.cursor)?;
-        if self.chunk_of(i).is_some_and(|c| self.chunk_used[c] == 0)
-            && self.free > self.free_extents * CHUNK
-        {
-            // Free blocks remain outside the empty chunks: keep the extent whole.
-            i = self.find_clear_outside_empty(i).unwrap_or(i);
-        }
-        debug_assert!(!self.map.get(i), "block {i} handed out twice");
-        self.map.set(i);
-        self.count(i, true);
-        self.free -= 1;
-        self.cursor = i + 1;
-        Some(self.data_start + i)
+        self.take(false)
     }
 
     fn index(&self, blk: u64) -> Option<u64> {
@@ -480,6 +580,20 @@ mod tests {
         assert_eq!(b.len(), 17);
         assert_eq!(Bitmap::from_bytes(&b, 130), m);
         assert_eq!(m.count_ones(), 130);
+        let mut m = Bitmap::new(130);
+        for i in 0..130 {
+            if i != 5 && i != 70 {
+                m.set(i);
+            }
+        }
+        assert_eq!(m.find_clear_before(129), Some(70));
+        assert_eq!(m.find_clear_before(70), Some(70));
+        assert_eq!(m.find_clear_before(69), Some(5));
+        assert_eq!(m.find_clear_before(4), Some(70), "wraps around to the end");
+        assert_eq!(m.find_clear_before(u64::MAX), Some(70));
+        m.set(5);
+        m.set(70);
+        assert_eq!(m.find_clear_before(100), None);
     }
 
     #[test]
@@ -550,6 +664,34 @@ mod tests {
         while c.alloc_extent().is_some() {}
         assert_eq!(c.free_extents(), 0);
         assert_eq!(c.free_count(), 511);
+    }
+
+    #[test]
+    fn metadata_and_data_keep_to_chunks_of_their_own() {
+        // Four whole chunks, no edges.
+        let mut a = BlockAlloc::new(1024, 4 * 512);
+        let d: Vec<u64> = (0..10).map(|_| a.alloc().unwrap()).collect();
+        let m: Vec<u64> = (0..10).map(|_| a.alloc_meta().unwrap()).collect();
+        assert_eq!(d, (1024..1034).collect::<Vec<_>>());
+        assert_eq!(
+            m,
+            (3062..3072).rev().collect::<Vec<_>>(),
+            "from the top down"
+        );
+        assert_eq!(a.free_extents(), 2);
+        // Data fills its chunk, then breaks a new one: never the metadata's.
+        for _ in 0..600 {
+            let b = a.alloc().unwrap();
+            assert!(b < 2560, "data block {b} in the metadata chunk");
+        }
+        // Metadata fills its chunk, then takes the last empty one, then what is left.
+        for _ in 0..502 {
+            assert!(a.alloc_meta().unwrap() >= 2560);
+        }
+        assert_eq!(a.free_extents(), 1);
+        assert!(a.alloc_meta().unwrap() < 2560);
+        assert_eq!(a.free_extents(), 0);
+        assert!((2560..3072).all(|b| a.is_used(b)));
     }
 
     #[test]

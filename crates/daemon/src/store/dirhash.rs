@@ -196,7 +196,7 @@ fn write_buckets(
         let parts = dir::pack_chain(bk.entries);
         let mut blks = Vec::with_capacity(parts.len());
         for _ in 0..parts.len() {
-            blks.push(sh.alloc_block(w)?);
+            blks.push(sh.alloc_meta_block(w)?);
         }
         for (i, part) in parts.into_iter().enumerate() {
             let next = blks.get(i + 1).copied().unwrap_or(0);

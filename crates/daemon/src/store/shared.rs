@@ -217,9 +217,24 @@ impl Shared {
         Ok(())
     }
 
-    /// Allocate and write a new block.
+    /// Allocate one metadata block (map node, directory bucket) for `w`: from the top of
+    /// the data region (`BlockAlloc::alloc_meta`).
+    pub(crate) fn alloc_meta_block(&mut self, w: &mut Work) -> io::Result<u64> {
+        match self.blocks.alloc_meta() {
+            Some(b) => {
+                w.allocated.push(b);
+                Ok(b)
+            }
+            None => Err(fs_err(
+                libc::ENOSPC,
+                "the NVM tier is full (no free data block)",
+            )),
+        }
+    }
+
+    /// Allocate and write a new metadata block.
     pub(crate) fn new_block(&mut self, w: &mut Work, data: &[u8], nt: bool) -> io::Result<u64> {
-        let b = self.alloc_block(w)?;
+        let b = self.alloc_meta_block(w)?;
         self.write_block(w, b, data, nt)?;
         Ok(b)
     }

@@ -27,6 +27,8 @@
 //!   the empty blocks are freed. No data moves.
 //! * Promotion and demotion run at most `superpage_rate_mib` per second.
 
+pub(crate) mod compact;
+
 use crate::digest::parallel::CoreLock;
 use crate::store::maptree;
 use crate::store::shared::{Shared, Work};
@@ -61,8 +63,11 @@ pub(crate) struct Superpages {
     /// into inode `ino` (a copy of an extent taken before that is stale: migration).
     pub inplace_seq: u64,
     pub inplace: HashMap<u64, u64>,
-    /// The last promotion found no free extent.
+    /// The last placement or promotion found no free extent (compaction may help).
     pub short: bool,
+    /// Ranges that qualified for promotion when no extent was free: candidates again
+    /// once one is.
+    pub waiting: BTreeSet<(u64, u64)>,
     /// Extents a digest filled, to be collapsed into huge folios by the background pass.
     pub to_collapse: Vec<u64>,
     /// Wakes the background pass (Ingens' fault handler waking Promote-kth): digests
@@ -289,6 +294,7 @@ fn plan_promotion(sh: &mut Shared, ino: u64, r: u64) -> io::Result<Option<Plan>>
     let mut w = Work::default();
     let Some(first) = sh.alloc_extent(&mut w) else {
         sh.superpages.short = true;
+        sh.superpages.waiting.insert((ino, r));
         return Ok(None);
     };
     sh.superpages.short = false;
@@ -537,6 +543,12 @@ pub(crate) fn pass(core: &CoreLock, budget: u64) -> u64 {
                 c.sh.superpages.scanned = true;
             }
         }
+        let room = c.sh.blocks.free_extents() > 0;
+        let sp = &mut c.sh.superpages;
+        if room && !sp.waiting.is_empty() {
+            let mut w = std::mem::take(&mut sp.waiting);
+            sp.candidates.append(&mut w);
+        }
         std::mem::take(&mut c.sh.superpages.to_collapse)
     };
     let mut spent = fresh.len() as u64 * HUGE_BYTES / 8;
@@ -601,15 +613,8 @@ pub(crate) fn status(sh: &Shared) -> SuperpageStatus {
             }
         }
     }
-    let free = sh.blocks.free_count();
     let free_ext = sh.blocks.free_extents();
-    // Ingens' free-memory fragmentation index for order-9 requests: the share of free
-    // space that cannot serve a 2 MiB allocation.
-    let fmfi = if free == 0 {
-        0.0
-    } else {
-        (free - free_ext * HUGE_BLOCKS) as f64 / free as f64
-    };
+    let fmfi = compact::fmfi(sh);
     let bytes = extents * HUGE_BYTES;
     SuperpageStatus {
         enabled: sp.enabled,

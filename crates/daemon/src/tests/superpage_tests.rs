@@ -392,3 +392,95 @@ fn maps_with_extents_match_a_model() {
         }
     }
 }
+
+/// With every extent broken up by small files and half of them deleted, a promotion
+/// finds no extent; compaction moves the emptiest chunks' blocks elsewhere, which frees
+/// whole extents, and the waiting range is promoted.
+#[test]
+fn compaction_frees_extents_for_a_waiting_promotion() {
+    let ts = store();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let mut files = Vec::new();
+    {
+        let sh = &mut core.sh;
+        let mut ino = 100;
+        while sh.blocks.free_extents() > 0 {
+            let name = format!("s{ino}");
+            let data = pattern(64 << 10, ino as u32);
+            lw.append(sh, &create_file(ino, ROOT_INO, name.as_bytes()));
+            lw.append(sh, &[write(ino, 0, data.len() as u64, &data)]);
+            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+            files.push((ino, name, data));
+            ino += 1;
+        }
+        // Every other file goes (not the last, which broke the last extent): half of
+        // every chunk is free, no extent is.
+        let last = files.len() - 1;
+        for (ino, name, data) in files[..last].iter().skip(1).step_by(2) {
+            lw.append(
+                sh,
+                &[
+                    Record::DirentSet {
+                        dir: ROOT_INO,
+                        ino: 0,
+                        kind: Kind::Free,
+                        name: name.as_bytes(),
+                    },
+                    Record::InodeSet {
+                        ino: *ino,
+                        generation: 1,
+                        attrs: attrs(Kind::File, data.len() as u64, 0, 0),
+                    },
+                ],
+            );
+            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+            reclaim_all(sh);
+        }
+        assert_eq!(sh.blocks.free_extents(), 0);
+        assert!(crate::superpage::compact::fmfi(sh) > 0.8);
+    }
+    let last = files.len() - 1;
+    let kept: Vec<_> = files
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 0 || *i == last)
+        .map(|x| x.1)
+        .collect();
+    // A range filled in 4 KiB blocks.
+    let big = pattern(HUGE_BYTES as usize + 4096, 77);
+    {
+        let sh = &mut core.sh;
+        lw.append(sh, &create_file(10, ROOT_INO, b"big"));
+        for (k, c) in big.chunks(64 << 10).enumerate() {
+            let off = k as u64 * (64 << 10);
+            lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
+            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        }
+    }
+    let lock = CoreLock::new(core);
+    let migrator = crate::tiers::migrate::Migrator::default();
+    assert!(
+        !crate::superpage::promote(&lock, 10, 0).unwrap(),
+        "no free extent"
+    );
+    assert!(crate::superpage::compact::needed(&lock.serial().sh));
+    let moved = migrator.compact(&lock);
+    assert!(moved > 0);
+    {
+        let mut c = lock.serial();
+        c.reclaim();
+        assert!(c.sh.blocks.free_extents() > 0, "compaction freed no extent");
+        assert_eq!(c.sh.superpages.bytes_compacted, moved * 4096);
+        check::allocation(&c.sh).unwrap();
+        for (ino, _, data) in &kept {
+            assert!(read_all(&c.sh, *ino) == *data, "file {ino} differs");
+            check_inode(&c.sh, *ino);
+        }
+    }
+    crate::superpage::pass(&lock, 1 << 30);
+    let c = lock.serial();
+    assert!(huge(&c.sh, 10, 0), "the waiting range was promoted");
+    assert_eq!(read_all(&c.sh, 10), big);
+    assert!(!crate::superpage::compact::needed(&c.sh));
+}

@@ -188,17 +188,17 @@ impl Recency {
         }
     }
 
-    fn get(&self, tier: u8, ino: u64, chunk: u64) -> u64 {
+    pub(crate) fn get(&self, tier: u8, ino: u64, chunk: u64) -> u64 {
         self.last.get(&(tier, ino, chunk)).copied().unwrap_or(0)
     }
 }
 
 /// One block to move: file block `fblk` of `ino`, whose map entry was `old`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Move {
-    ino: u64,
-    fblk: u64,
-    old: u64,
+pub(crate) struct Move {
+    pub ino: u64,
+    pub fblk: u64,
+    pub old: u64,
 }
 
 /// A prepared round: its destination, its moves, the epoch it holds and the in-place
@@ -217,6 +217,9 @@ pub(crate) enum RoundKind {
     /// The live blocks of `from`'s best segments (by cost-benefit) to the tier below,
     /// which frees those segments whatever their blocks' recency.
     Evacuate,
+    /// NVM only: the 4 KiB blocks of its emptiest, coldest 2 MiB chunks to other NVM
+    /// blocks, which frees whole superpage extents (`crate::superpage::compact`).
+    Compact,
 }
 
 /// Where a round writes.
@@ -473,7 +476,7 @@ impl Migrator {
     ) -> io::Result<u64> {
         let to = match kind {
             RoundKind::Migrate | RoundKind::Evacuate => from + 1,
-            RoundKind::Clean => from,
+            RoundKind::Clean | RoundKind::Compact => from,
             RoundKind::Promote => from.wrapping_sub(1),
         };
         let Some(lock) = self.running.get(to as usize) else {
@@ -489,6 +492,7 @@ impl Migrator {
             RoundKind::Clean => "clean",
             RoundKind::Promote => "promote",
             RoundKind::Evacuate => "evacuate",
+            RoundKind::Compact => "compact",
         };
         self.set_progress(
             to,
@@ -546,15 +550,22 @@ impl Migrator {
             }
         };
         let want = match dest {
+            // A compaction moves blocks within NVM (each old one is freed after it).
+            Dest::Nvm(_) if kind == RoundKind::Compact => crate::superpage::compact::ROUND_MAX,
             Dest::Nvm(_) => room,
             Dest::Segment { .. } => sh.tier(to).map_or(0, |t| t.geom.segment_blocks),
         };
+        let mut victims = Vec::new();
         let moves = match kind {
             // A whole segment's worth (segments are written once).
             RoundKind::Migrate => select_cold(sh, from, want),
             RoundKind::Clean => select_victims(sh, from, want, 2),
             RoundKind::Evacuate => select_victims(sh, from, want, 1),
             RoundKind::Promote => select_hot(sh, from, want),
+            RoundKind::Compact => crate::superpage::compact::select(sh, want).map(|(m, v)| {
+                victims = v;
+                m
+            }),
         };
         let release = |sh: &mut Shared, dest: &Dest| {
             if let (Dest::Segment { seg, .. }, Some(t)) = (dest, sh.tier_mut(to)) {
@@ -571,12 +582,22 @@ impl Migrator {
         };
         let dest = match dest {
             Dest::Nvm(_) => {
+                // A compaction's copies go outside the chunks it empties.
+                let held = crate::superpage::compact::hold_free(sh, &victims);
                 let mut w = Work::default();
+                let mut short = false;
                 for _ in &moves {
                     if sh.alloc_block(&mut w).is_err() {
-                        sh.rollback(&w);
-                        return Ok(None);
+                        short = true;
+                        break;
                     }
+                }
+                for b in held {
+                    sh.blocks.free(b);
+                }
+                if short {
+                    sh.rollback(&w);
+                    return Ok(None);
                 }
                 Dest::Nvm(w.allocated)
             }
@@ -631,6 +652,10 @@ impl Migrator {
             }
             RoundKind::Clean => sh.traffic[to as usize].bytes_cleaned += b,
             RoundKind::Promote => sh.traffic[to as usize].bytes_migrated_up += b,
+            RoundKind::Compact => {
+                sh.superpages.bytes_compacted += b;
+                sh.persist_superpage_counters()?;
+            }
         }
         sh.persist_traffic()?;
         Ok((moved, used))
@@ -687,6 +712,11 @@ impl Migrator {
                 0
             }
         }
+    }
+
+    /// One compaction round of NVM (`RoundKind::Compact`). Returns the blocks moved.
+    pub(crate) fn compact(&self, core: &CoreLock) -> u64 {
+        self.run(core, RoundKind::Compact, 0)
     }
 
     /// One cleaning round on lower tier `t`, asked for by a client. Returns the blocks
