@@ -252,6 +252,9 @@ pub enum BenchCommand {
     /// Cairn across NVM, SSD and HDD (a three-tier store made for the run) against the
     /// host file system: multi-layer appends, a Zipfian mix, write amplification
     Tiers(bench::TiersArgs),
+    /// Superpage extents of the NVM tier against 4 KiB blocks and tmpfs: random loads,
+    /// copies and reads, page faults to map; the promotion of a file
+    Superpages(bench::SuperpagesArgs),
     /// One worker process of `bench share` (started by it)
     #[command(hide = true)]
     ShareWorker(bench::ShareWorkerArgs),

@@ -131,6 +131,15 @@ fn area_of(line: &str) -> Option<(usize, usize)> {
     Some((a, b))
 }
 
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10).
+pub fn minor_faults() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The command name (field 2) is in parentheses and may hold spaces.
+    s.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(7)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A counter of `/proc/vmstat` (for example `thp_collapse_alloc`), if present.
 pub fn vmstat(name: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/vmstat").ok()?;
@@ -143,6 +152,17 @@ pub fn vmstat(name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minor_faults_count_touched_pages() {
+        let before = minor_faults();
+        let v = vec![1u8; 64 << 20];
+        let after = minor_faults();
+        assert!(
+            v[12345] == 1 && after >= before + 1000,
+            "{before} -> {after}"
+        );
+    }
 
     #[test]
     fn sysfs_choice() {

@@ -7,12 +7,14 @@
 //! * [`apps`](apps::run): SQLite, RocksDB and Redis on the FUSE mount, the host file
 //!   system and tmpfs.
 //! * [`tiers`](tiers::run): NVM, SSD and HDD tiers against the host file system.
+//! * [`superpages`](superpages::run): 2 MiB extents against 4 KiB blocks and tmpfs.
 
 mod apps;
 mod hostfs;
 mod latency;
 mod report;
 mod share;
+mod superpages;
 mod targets;
 mod tiers;
 
@@ -22,6 +24,7 @@ use std::path::PathBuf;
 pub use apps::{run as apps, AppsArgs};
 pub use latency::run as latency;
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
+pub use superpages::{run as superpages, SuperpagesArgs};
 pub use tiers::{run as tiers, TiersArgs};
 
 /// `cairn bench latency` options.
