@@ -432,7 +432,7 @@ fn promotion(size: u64) -> CliResult<Promotion> {
         let _ = during.record(w.elapsed().as_nanos() as u64);
         std::thread::sleep(Duration::from_millis(1));
         k += 1;
-        if k % 100 == 0 && done(&fs)? {
+        if k.is_multiple_of(100) && done(&fs)? {
             seconds = t.elapsed().as_secs_f64();
             break;
         }
