@@ -372,6 +372,9 @@ pub struct SuperpageStatus {
     pub internal_fragmentation: f64,
     /// Ranges waiting to be looked at for promotion.
     pub candidates: u64,
+    /// Extents waiting to be collapsed into huge folios.
+    #[serde(default)]
+    pub collapse_pending: u64,
 }
 
 /// Shared-write mode since the daemon started.

@@ -70,6 +70,8 @@ pub(crate) struct Superpages {
     pub waiting: BTreeSet<(u64, u64)>,
     /// Extents a digest filled, to be collapsed into huge folios by the background pass.
     pub to_collapse: Vec<u64>,
+    /// Extents being collapsed now (taken from `to_collapse`).
+    pub collapsing: u64,
     /// Wakes the background pass (Ingens' fault handler waking Promote-kth): digests
     /// that add candidates ring it.
     pub wake: std::sync::Arc<Wake>,
@@ -549,10 +551,13 @@ pub(crate) fn pass(core: &CoreLock, budget: u64) -> u64 {
             let mut w = std::mem::take(&mut sp.waiting);
             sp.candidates.append(&mut w);
         }
-        std::mem::take(&mut c.sh.superpages.to_collapse)
+        let fresh = std::mem::take(&mut c.sh.superpages.to_collapse);
+        c.sh.superpages.collapsing += fresh.len() as u64;
+        fresh
     };
     let mut spent = fresh.len() as u64 * HUGE_BYTES / 8;
     collapse_unlocked(core, &fresh);
+    core.serial().sh.superpages.collapsing -= fresh.len() as u64;
     while spent < budget {
         let mut c = core.serial();
         let Some((ino, r)) = c.sh.superpages.sparse.pop_first() else {
@@ -638,5 +643,6 @@ pub(crate) fn status(sh: &Shared) -> SuperpageStatus {
             (empty * BLOCK_SIZE_U64) as f64 / bytes as f64
         },
         candidates: sp.candidates.len() as u64,
+        collapse_pending: sp.to_collapse.len() as u64 + sp.collapsing,
     }
 }

@@ -484,3 +484,68 @@ fn compaction_frees_extents_for_a_waiting_promotion() {
     assert_eq!(read_all(&c.sh, 10), big);
     assert!(!crate::superpage::compact::needed(&c.sh));
 }
+
+/// A superpage entry that is not a 2 MiB-aligned extent of the data region is damage:
+/// reads fail with `EIO` and `fsck` reports it; a store of format version 4 opens with
+/// superpages off and never gets extents.
+#[test]
+fn bad_extent_entries_are_caught_and_older_stores_get_none() {
+    use std::os::unix::fs::FileExt;
+    let ts = store();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let data = pattern(HUGE_BYTES as usize * 2, 5);
+    {
+        let sh = &mut core.sh;
+        lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+        for (k, c) in data.chunks(1 << 20).enumerate() {
+            let off = k as u64 * (1 << 20);
+            lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
+        }
+        digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        assert!(huge(sh, 10, 1));
+    }
+    let inode = core.sh.area.read_inode(10).unwrap();
+    assert_eq!(inode.map_height, 2);
+    let at = inode.map_root * 4096 + 8;
+    let e = core.sh.area.map().load_u64(at as usize).unwrap();
+    assert!(is_huge(e));
+    core.shutdown().unwrap();
+    drop(core);
+    let nvm = std::fs::OpenOptions::new().read(true).write(true).open(&ts.nvm).unwrap();
+    let opts = crate::offline::fsck::FsckOptions::default();
+    let clean = crate::offline::fsck::fsck(&ts.store.path, &opts).unwrap();
+    assert!(clean.problems.is_empty(), "{clean:?}");
+    // Misaligned by one block: caught by the reader and by fsck.
+    nvm.write_all_at(&(e + 1).to_le_bytes(), at).unwrap();
+    let rep = crate::offline::fsck::fsck(&ts.store.path, &opts).unwrap();
+    assert!(!rep.problems.is_empty(), "a misaligned extent went unnoticed");
+    let area = cairn_area::Area::open(&nvm, false).unwrap();
+    let inode = area.read_inode(10).unwrap();
+    assert!(area.block_of(&inode, 512 + 3).is_err());
+    nvm.write_all_at(&e.to_le_bytes(), at).unwrap();
+    drop(area);
+    // The same store stamped version 4 (its layout is the same): superpages off.
+    let mut b = vec![0u8; 4096];
+    nvm.read_exact_at(&mut b, 0).unwrap();
+    let mut sb = cairn_format::superblock::Superblock::decode(&b, u64::MAX).unwrap();
+    sb.version = 4;
+    let enc = sb.encode();
+    nvm.write_all_at(&enc, 0).unwrap();
+    nvm.write_all_at(&enc, sb.layout.sb_copy * 4096).unwrap();
+    let mut core = ts.core();
+    assert!(!core.sh.superpages.enabled);
+    let st = crate::superpage::status(&core.sh);
+    assert!(st.off_reason.unwrap().contains("format version (4)"));
+    let mut lw = LogWriter::register(&mut core);
+    let sh = &mut core.sh;
+    lw.append(sh, &create_file(11, ROOT_INO, b"g"));
+    for (k, c) in data.chunks(1 << 20).enumerate() {
+        let off = k as u64 * (1 << 20);
+        lw.append(sh, &[write(11, off, off + c.len() as u64, c)]);
+    }
+    digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+    assert!(!huge(sh, 11, 0) && !huge(sh, 11, 1));
+    assert_eq!(read_all(sh, 11), data);
+    assert_eq!(read_all(sh, 10), data, "its existing extents still read");
+}
