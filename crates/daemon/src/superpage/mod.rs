@@ -188,8 +188,15 @@ impl Superpages {
 
 impl Shared {
     /// A free superpage extent for `w` (its 512 blocks are `w`'s allocations), or
-    /// `None` when there is none.
+    /// `None` when there is none, or when taking one would leave less than a sixteenth
+    /// of the tier (and two extents) free: an extent's blocks that hold no data yet
+    /// must not use up the space promised to clients' logs (credits, which count 4 KiB
+    /// blocks).
     pub(crate) fn alloc_extent(&mut self, w: &mut Work) -> Option<u64> {
+        let floor = 3 * HUGE_BLOCKS + self.blocks.capacity() / 16;
+        if self.blocks.free_count() < floor {
+            return None;
+        }
         let first = self.blocks.alloc_extent()?;
         w.allocated.extend(first..first + HUGE_BLOCKS);
         Some(first)
