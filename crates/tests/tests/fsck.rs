@@ -176,7 +176,9 @@ fn leaked_and_lost_blocks_are_found_and_the_allocation_state_rebuilt() {
     let s = store();
     // A block nobody references marked in use (leaked), and one of /d/f's blocks marked
     // free (it would be handed out again).
-    s.flip_block_bit(s.l.data_start + s.l.data_blocks - 1);
+    // (The middle of the data region: data is allocated from its start, metadata from
+    // its end.)
+    s.flip_block_bit(s.l.data_start + s.l.data_blocks / 2);
     let f = s.inode(s.f);
     let node = f.map_root;
     s.flip_block_bit(node);

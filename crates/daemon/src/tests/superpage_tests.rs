@@ -512,14 +512,21 @@ fn bad_extent_entries_are_caught_and_older_stores_get_none() {
     assert!(is_huge(e));
     core.shutdown().unwrap();
     drop(core);
-    let nvm = std::fs::OpenOptions::new().read(true).write(true).open(&ts.nvm).unwrap();
+    let nvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&ts.nvm)
+        .unwrap();
     let opts = crate::offline::fsck::FsckOptions::default();
     let clean = crate::offline::fsck::fsck(&ts.store.path, &opts).unwrap();
     assert!(clean.problems.is_empty(), "{clean:?}");
     // Misaligned by one block: caught by the reader and by fsck.
     nvm.write_all_at(&(e + 1).to_le_bytes(), at).unwrap();
     let rep = crate::offline::fsck::fsck(&ts.store.path, &opts).unwrap();
-    assert!(!rep.problems.is_empty(), "a misaligned extent went unnoticed");
+    assert!(
+        !rep.problems.is_empty(),
+        "a misaligned extent went unnoticed"
+    );
     let area = cairn_area::Area::open(&nvm, false).unwrap();
     let inode = area.read_inode(10).unwrap();
     assert!(area.block_of(&inode, 512 + 3).is_err());

@@ -1017,9 +1017,12 @@ fn switch_maps(
             }
         };
         cairn_media::fence();
+        // Moving blocks one for one leaves the count alone, except where an extent is
+        // split (its leaf node is new).
         let new = Inode {
             map_root: r.root,
             map_height: r.height,
+            blocks: (old.blocks as i64 + r.delta).max(0) as u64,
             ..old
         };
         sh.write_inode(ino, &new)?;
