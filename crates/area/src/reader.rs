@@ -365,6 +365,14 @@ impl Area {
     /// The leaf entry of file block `fblk` of `inode` (an NVM block number, or a
     /// lower-tier entry: `cairn_format::map::entry_tier`), or `None` for a hole.
     pub fn block_of(&self, inode: &Inode, fblk: u64) -> io::Result<Option<u64>> {
+        if inode.map_height == 0 && inode.map_root != 0 {
+            // A direct map: the root is file block 0's entry.
+            return if fblk == 0 {
+                Ok(Some(self.check_leaf(inode.map_root)?))
+            } else {
+                Ok(None)
+            };
+        }
         if inode.map_root == 0 || inode.map_height == 0 || fblk >= map::coverage(inode.map_height) {
             return Ok(None);
         }
@@ -433,6 +441,12 @@ impl Area {
             return Ok(None);
         }
         let h = inode.map_height;
+        if h == 0 && inode.map_root != 0 {
+            // A direct map: file block 0 holds data, every other is a hole.
+            self.check_leaf(inode.map_root)?;
+            let first = if data { 0 } else { from.max(1) };
+            return Ok((first >= from && first < end).then_some(first));
+        }
         if inode.map_root == 0 || h == 0 || from >= map::coverage(h) {
             return Ok((!data).then_some(from));
         }

@@ -6,6 +6,9 @@
 //! a change lies beyond its coverage. Replaced nodes and (for files) replaced or dropped
 //! data blocks are retired in the digest's `Work`, never modified in place.
 //!
+//! A map of one block, file block 0, is *direct* (height 0, the inode's root is that
+//! block's entry): [`update`] makes it so and grows it back into a tree when needed.
+//!
 //! Superpage extents (`cairn_format::map::HUGE_FLAG`, level-2 entries of file maps) are
 //! set by a change `(first file block of the 2 MiB range, huge entry)`, which replaces
 //! whatever the range held (its leaf node and blocks are retired). A change of a single
@@ -55,8 +58,87 @@ struct Ctx<'a> {
 }
 
 /// Apply `changes` (sorted by file block, unique; 0 = hole) and drop file blocks `>= keep`
-/// (`u64::MAX`: no truncation) on the map `root`/`height`.
+/// (`u64::MAX`: no truncation) on the map `root`/`height`. On a store of format version
+/// 5 a map whose only block is file block 0 comes out *direct* (height 0, the root is
+/// that block's entry: no map node; `cairn_format::map`).
 pub(crate) fn update(
+    sh: &mut Shared,
+    w: &mut Work,
+    root: u64,
+    height: u8,
+    changes: &[(u64, u64)],
+    keep: u64,
+    leaf_owned: bool,
+) -> io::Result<MapResult> {
+    if height == 0 && root != 0 {
+        return update_direct(sh, w, root, changes, keep, leaf_owned);
+    }
+    if let [(0, e)] = changes {
+        if root == 0 && *e != 0 && !is_huge(*e) && keep > 0 && sh.area.superblock().superpages() {
+            // A new map of one block (a small file's first write): direct at once.
+            return Ok(MapResult {
+                root: *e,
+                height: 0,
+                delta: leaf_owned as i64,
+            });
+        }
+    }
+    let r = update_tree(sh, w, root, height, changes, keep, leaf_owned)?;
+    make_direct(sh, w, r)
+}
+
+/// [`update`] of a direct map: its block becomes a change (unless a change or the
+/// truncation replaces it) of an empty map.
+fn update_direct(
+    sh: &mut Shared,
+    w: &mut Work,
+    leaf: u64,
+    changes: &[(u64, u64)],
+    keep: u64,
+    leaf_owned: bool,
+) -> io::Result<MapResult> {
+    let leaf = sh.check_leaf(leaf, "direct map entry")?;
+    let mut ch = changes.to_vec();
+    let mut delta = 0;
+    if ch.first().is_some_and(|c| c.0 == 0) || keep == 0 {
+        if leaf_owned {
+            w.retired.push(leaf);
+            delta -= 1;
+        }
+    } else {
+        ch.insert(0, (0, leaf));
+        if leaf_owned {
+            // Counted as a new leaf entry below; it is not.
+            delta -= 1;
+        }
+    }
+    let r = update(sh, w, 0, 0, &ch, keep, leaf_owned)?;
+    Ok(MapResult {
+        delta: r.delta + delta,
+        ..r
+    })
+}
+
+/// A map of height 1 holding only file block 0 becomes direct (its node retired), on
+/// stores whose format has direct maps (version 5).
+fn make_direct(sh: &mut Shared, w: &mut Work, r: MapResult) -> io::Result<MapResult> {
+    if r.height != 1 || r.root == 0 || !sh.area.superblock().superpages() {
+        return Ok(r);
+    }
+    let n = sh.read_node(r.root)?;
+    if n[0] == 0 || n[1..].iter().any(|&e| e != 0) {
+        return Ok(r);
+    }
+    w.retired.push(r.root);
+    Ok(MapResult {
+        root: n[0],
+        height: 0,
+        delta: r.delta - 1,
+    })
+}
+
+/// [`update`] of a map of nodes.
+fn update_tree(
     sh: &mut Shared,
     w: &mut Work,
     root: u64,
@@ -323,7 +405,12 @@ pub(crate) fn walk(
     on_node: &mut dyn FnMut(u64),
     on_leaf: &mut dyn FnMut(u64, u64),
 ) -> io::Result<()> {
-    if root == 0 || height == 0 {
+    if root == 0 {
+        return Ok(());
+    }
+    if height == 0 {
+        // A direct map: the root is file block 0's entry.
+        on_leaf(0, sh.check_leaf(root, "direct map entry")?);
         return Ok(());
     }
     if height > MAX_HEIGHT {

@@ -75,7 +75,7 @@ pub(crate) fn select(sh: &mut Shared, want: u64) -> io::Result<(Vec<Move>, Vec<u
         let Ok(inode) = sh.area.read_inode(ino) else {
             continue;
         };
-        if inode.attrs.kind != Kind::File || inode.map_root == 0 || inode.map_height == 0 {
+        if inode.attrs.kind != Kind::File || inode.map_root == 0 {
             continue;
         }
         let mut w = Walk {
@@ -85,7 +85,12 @@ pub(crate) fn select(sh: &mut Shared, want: u64) -> io::Result<(Vec<Move>, Vec<u
             ino,
             grain: g,
         };
-        w.node(inode.map_root, inode.map_height, 0)?;
+        if inode.map_height == 0 {
+            // A direct map: its one block has no node above it.
+            w.leaf(0, inode.map_root)?;
+        } else {
+            w.node(inode.map_root, inode.map_height, 0)?;
+        }
     }
     let mut cands: Vec<(u64, u64, u64)> = found
         .iter()
@@ -119,6 +124,26 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// Data block entry `e` of file block `fb`: a move if it lies in a candidate chunk
+    /// (which it returns).
+    fn leaf(&mut self, fb: u64, e: u64) -> io::Result<Option<u64>> {
+        let e = self.sh.check_leaf(e, "map entry")?;
+        let c = e / HUGE_BLOCKS * HUGE_BLOCKS;
+        if entry_tier(e) != 0 || !self.firsts.contains_key(&c) {
+            return Ok(None);
+        }
+        let hot = self.sh.recency.get(0, self.ino, fb / self.grain);
+        let f = self.found.entry(c).or_default();
+        f.0.push(Move {
+            ino: self.ino,
+            fblk: fb,
+            old: e,
+        });
+        f.1 += 1;
+        f.2 = f.2.max(hot);
+        Ok(Some(c))
+    }
+
     /// Visit node `blk` at `level` (covering file blocks from `base`); returns the
     /// candidate chunks holding data blocks below it.
     fn node(&mut self, blk: u64, level: u8, base: u64) -> io::Result<Vec<u64>> {
@@ -139,22 +164,10 @@ impl Walk<'_> {
                 }
                 continue;
             }
-            let e = self.sh.check_leaf(e, "map entry")?;
-            let c = e / HUGE_BLOCKS * HUGE_BLOCKS;
-            if entry_tier(e) != 0 || !self.firsts.contains_key(&c) {
-                continue;
-            }
-            let hot = self.sh.recency.get(0, self.ino, fb / self.grain);
-            let f = self.found.entry(c).or_default();
-            f.0.push(Move {
-                ino: self.ino,
-                fblk: fb,
-                old: e,
-            });
-            f.1 += 1;
-            f.2 = f.2.max(hot);
-            if !below.contains(&c) {
-                below.push(c);
+            if let Some(c) = self.leaf(fb, e)? {
+                if !below.contains(&c) {
+                    below.push(c);
+                }
             }
         }
         // This node is copied when a data block below it moves: it leaves its chunk

@@ -142,3 +142,59 @@ fn unchanged_subtrees_are_shared() {
     assert_eq!((r3.root, r3.height), (0, 0));
     assert_eq!(r3.delta, -(r1.delta + r2.delta));
 }
+
+/// A map holding only file block 0 is direct (no node), grows into a tree when another
+/// block comes and becomes direct again when it goes.
+#[test]
+fn one_block_maps_are_direct() {
+    let ts = TestStore::new(64 << 20, 1 << 20, 1);
+    let mut core = ts.core();
+    let sh = &mut core.sh;
+    let base = used_blocks(sh);
+    let mut w = Work::default();
+    let b0 = sh.alloc_block(&mut w).unwrap();
+    let r = maptree::update(sh, &mut w, 0, 0, &[(0, b0)], u64::MAX, true).unwrap();
+    assert_eq!((r.root, r.height, r.delta), (b0, 0, 1));
+    let i = |root, h| Inode {
+        map_root: root,
+        map_height: h,
+        ..Default::default()
+    };
+    assert_eq!(sh.area.block_of(&i(r.root, 0), 0).unwrap(), Some(b0));
+    assert_eq!(sh.area.block_of(&i(r.root, 0), 1).unwrap(), None);
+    assert_eq!(
+        sh.area.next_block(&i(r.root, 0), 0, 10, true).unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        sh.area.next_block(&i(r.root, 0), 0, 10, false).unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        sh.area.next_block(&i(r.root, 0), 1, 10, true).unwrap(),
+        None
+    );
+    // A second block: a leaf node again, block 0 kept.
+    let b1 = sh.alloc_block(&mut w).unwrap();
+    let r2 = maptree::update(sh, &mut w, r.root, r.height, &[(1, b1)], u64::MAX, true).unwrap();
+    assert_eq!((r2.height, r2.delta), (1, 2));
+    assert_eq!(sh.area.block_of(&i(r2.root, 1), 0).unwrap(), Some(b0));
+    // Block 1 goes: direct again (the node retired).
+    let mut w2 = Work::default();
+    let r3 = maptree::update(sh, &mut w2, r2.root, r2.height, &[], 1, true).unwrap();
+    assert_eq!((r3.root, r3.height, r3.delta), (b0, 0, -2));
+    // Block 1, the old leaf node and the one the update wrote before it saw a single
+    // block left.
+    assert_eq!(w2.retired.len(), 3);
+    // Replaced, then truncated away.
+    let b2 = sh.alloc_block(&mut w2).unwrap();
+    let r4 = maptree::update(sh, &mut w2, r3.root, 0, &[(0, b2)], u64::MAX, true).unwrap();
+    assert_eq!((r4.root, r4.height, r4.delta), (b2, 0, 0));
+    let r5 = maptree::update(sh, &mut w2, r4.root, 0, &[], 0, true).unwrap();
+    assert_eq!((r5.root, r5.height, r5.delta), (0, 0, -1));
+    assert!(w.retired.is_empty(), "a new one-block map writes no node");
+    for b in w.retired.drain(..).chain(w2.retired.drain(..)) {
+        assert!(sh.blocks.free(b));
+    }
+    assert_eq!(used_blocks(sh), base);
+}
