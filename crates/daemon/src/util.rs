@@ -152,3 +152,30 @@ mod tests {
         );
     }
 }
+
+/// A doorbell: a counter and a condition variable. Background threads wait on it with a
+/// period; whoever has work for them rings it.
+#[derive(Debug, Default)]
+pub(crate) struct Doorbell {
+    rung: std::sync::Mutex<u64>,
+    cv: std::sync::Condvar,
+}
+
+impl Doorbell {
+    /// Ring.
+    pub(crate) fn ring(&self) {
+        *self.rung.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.cv.notify_all();
+    }
+
+    /// Wait until rung after `seen` (the count a previous wait returned) or `timeout`
+    /// passed; the count.
+    pub(crate) fn wait(&self, seen: u64, timeout: std::time::Duration) -> u64 {
+        let g = self.rung.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |n| *n == seen)
+            .unwrap_or_else(|e| e.into_inner());
+        *g
+    }
+}

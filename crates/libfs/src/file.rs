@@ -256,6 +256,28 @@ impl File {
         &self.fs
     }
 
+    /// The runs of a [`File::map_plan`] plan that can be mapped in place: `(first page,
+    /// end page, NVM offset of the first)` for each maximal run of pages whose data lies
+    /// at consecutive offsets.
+    pub fn in_place_runs(plan: &[Option<u64>]) -> Vec<(usize, usize, u64)> {
+        const PAGE: u64 = 4096;
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < plan.len() {
+            let Some(start) = plan[i] else {
+                i += 1;
+                continue;
+            };
+            let mut j = i + 1;
+            while j < plan.len() && plan[j] == Some(start + (j - i) as u64 * PAGE) {
+                j += 1;
+            }
+            runs.push((i, j, start));
+            i = j;
+        }
+        runs
+    }
+
     /// The mapping pinned at epoch `e` by [`File::map_plan`] is gone.
     pub fn map_unpin(&self, e: u64) -> io::Result<()> {
         self.fs.run(|st| self.fs.map_unpin(st, e))

@@ -103,20 +103,10 @@ impl File {
         let mut copy = vec![true; filled.div_ceil(PAGE)];
         if pin.is_some() {
             let nvm = std::fs::File::open(self.inner().nvm_path.as_path())?;
-            let mut i = 0;
-            while i < plan.len() {
-                let Some(start) = plan[i] else {
-                    i += 1;
-                    continue;
-                };
-                let mut j = i + 1;
-                while j < plan.len() && plan[j] == Some(start + ((j - i) * PAGE) as u64) {
-                    j += 1;
-                }
+            for (i, j, start) in File::in_place_runs(&plan) {
                 view.map_file(i * PAGE, &nvm, start, (j - i) * PAGE)?;
                 copy[i..j].iter_mut().for_each(|c| *c = false);
                 m.in_place += (j - i) * PAGE;
-                i = j;
             }
         }
         let mut buf = Vec::new();

@@ -149,16 +149,7 @@ fn map_cairn(
     let mut in_place = vec![false; plan.len()];
     if epoch.is_some() {
         let nvm = nvm_fd()?;
-        let mut i = 0;
-        while i < plan.len() {
-            let Some(start) = plan[i] else {
-                i += 1;
-                continue;
-            };
-            let mut j = i + 1;
-            while j < plan.len() && plan[j] == Some(start + ((j - i) * PAGE) as u64) {
-                j += 1;
-            }
+        for (i, j, start) in cairn::File::in_place_runs(&plan) {
             // SAFETY: replaces pages of the anonymous mapping made above, with a private
             // mapping of the NVM tier file (read-only descriptor) at a block boundary.
             let q = unsafe {
@@ -174,7 +165,6 @@ fn map_cairn(
             if q != libc::MAP_FAILED {
                 in_place[i..j].iter_mut().for_each(|x| *x = true);
             }
-            i = j;
         }
     }
     // The other pages (and the tail) are read from the file.

@@ -27,6 +27,21 @@ pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as S
 pub use superpages::{run as superpages, SuperpagesArgs};
 pub use tiers::{run as tiers, TiersArgs};
 
+/// A store made for a benchmark run: its directory `root` (the store is `root/store`)
+/// and its NVM file; at drop its daemon is stopped and both are removed.
+struct BenchStore {
+    root: PathBuf,
+    nvm: PathBuf,
+}
+
+impl Drop for BenchStore {
+    fn drop(&mut self) {
+        let _ = cairn::daemon_shutdown(Some(&self.root.join("store")));
+        let _ = std::fs::remove_dir_all(&self.root);
+        let _ = std::fs::remove_file(&self.nvm);
+    }
+}
+
 /// `cairn bench latency` options.
 #[derive(Debug, Args)]
 pub struct LatencyArgs {

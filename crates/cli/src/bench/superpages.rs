@@ -18,6 +18,7 @@
 //! in 64 KiB pieces (4 KiB blocks): how long it takes at the configured rate, and the
 //! latency of 4 KiB writes into that file meanwhile against the same writes after.
 
+use super::BenchStore;
 use crate::error::{ctx, ctx_msg, CliError, CliResult};
 use crate::progress::note as progress;
 use crate::util::{human_bytes, human_ns};
@@ -86,14 +87,14 @@ struct Output {
     promotion: Option<Promotion>,
 }
 
-/// A store made for the run (removed with its NVM file at drop).
-struct BenchStore {
-    root: PathBuf,
-    nvm: PathBuf,
-}
-
 impl BenchStore {
-    fn new(tag: &str, nvm_size: u64, superpages: bool) -> CliResult<(BenchStore, cairn::Fs)> {
+    /// A one-client store of `nvm_size` in `/dev/shm` for the superpage runs, with
+    /// superpages on or off.
+    fn superpages(
+        tag: &str,
+        nvm_size: u64,
+        superpages: bool,
+    ) -> CliResult<(BenchStore, cairn::Fs)> {
         let pid = std::process::id();
         let root = std::env::temp_dir().join(format!("cairn-bench-sp-{tag}-{pid}"));
         let _ = std::fs::remove_dir_all(&root);
@@ -119,14 +120,6 @@ impl BenchStore {
         sd.save_config(&cfg)?;
         let fs = cairn::Fs::open(&store).map_err(ctx_msg("opening the benchmark store"))?;
         Ok((bs, fs))
-    }
-}
-
-impl Drop for BenchStore {
-    fn drop(&mut self) {
-        let _ = cairn::daemon_shutdown(Some(&self.root.join("store")));
-        let _ = std::fs::remove_dir_all(&self.root);
-        let _ = std::fs::remove_file(&self.nvm);
     }
 }
 
@@ -325,7 +318,7 @@ fn cairn_runs(size: u64, ops: u64, on: bool, rows: &mut Vec<Row>) -> CliResult<O
         "bench superpages: cairn, {pages} pages, a {} file\n",
         human_bytes(size)
     ));
-    let (_bs, fs) = BenchStore::new(pages, size + size / 8 + (256 << 20), on)?;
+    let (_bs, fs) = BenchStore::superpages(pages, size + size / 8 + (256 << 20), on)?;
     let f = cairn::OpenOptions::new()
         .read(true)
         .write(true)
@@ -432,7 +425,7 @@ fn promotion(size: u64) -> CliResult<Promotion> {
         "bench superpages: promotion of a {} file written in 64 KiB pieces\n",
         human_bytes(size)
     ));
-    let (bs, fs) = BenchStore::new("promote", size + size / 4 + (256 << 20), false)?;
+    let (bs, fs) = BenchStore::superpages("promote", size + size / 4 + (256 << 20), false)?;
     let f = cairn::OpenOptions::new()
         .read(true)
         .write(true)

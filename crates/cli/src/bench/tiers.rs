@@ -13,6 +13,7 @@
 
 use super::hostfs;
 use super::latency::host_system_name;
+use super::BenchStore;
 use crate::error::{ctx, ctx_msg, CliError, CliResult};
 use crate::progress::note as progress;
 use crate::util::{human_bytes, human_ns};
@@ -395,20 +396,6 @@ fn fill(len: u64, write: &dyn Fn(u64, &[u8]) -> std::io::Result<()>) -> std::io:
         off += n as u64;
     }
     Ok(())
-}
-
-/// The benchmark store: made in `dir`, removed at drop.
-struct BenchStore {
-    root: PathBuf,
-    nvm: PathBuf,
-}
-
-impl Drop for BenchStore {
-    fn drop(&mut self) {
-        let _ = cairn::daemon_shutdown(Some(&self.root.join("store")));
-        let _ = std::fs::remove_dir_all(&self.root);
-        let _ = std::fs::remove_file(&self.nvm);
-    }
 }
 
 /// `cairn bench tiers`. Long (about 180 lines) on purpose: it is the benchmark's script,

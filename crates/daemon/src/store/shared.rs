@@ -184,7 +184,13 @@ impl Shared {
 
     /// Allocate one data block for `w`.
     pub(crate) fn alloc_block(&mut self, w: &mut Work) -> io::Result<u64> {
-        match self.blocks.alloc() {
+        let b = self.blocks.alloc();
+        Self::taken(w, b)
+    }
+
+    /// `b`, a block just taken for `w`, or `ENOSPC`.
+    fn taken(w: &mut Work, b: Option<u64>) -> io::Result<u64> {
+        match b {
             Some(b) => {
                 w.allocated.push(b);
                 Ok(b)
@@ -220,16 +226,8 @@ impl Shared {
     /// Allocate one metadata block (map node, directory bucket) for `w`: from the top of
     /// the data region (`BlockAlloc::alloc_meta`).
     pub(crate) fn alloc_meta_block(&mut self, w: &mut Work) -> io::Result<u64> {
-        match self.blocks.alloc_meta() {
-            Some(b) => {
-                w.allocated.push(b);
-                Ok(b)
-            }
-            None => Err(fs_err(
-                libc::ENOSPC,
-                "the NVM tier is full (no free data block)",
-            )),
-        }
+        let b = self.blocks.alloc_meta();
+        Self::taken(w, b)
     }
 
     /// Allocate and write a new metadata block.

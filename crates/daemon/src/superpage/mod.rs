@@ -74,7 +74,7 @@ pub(crate) struct Superpages {
     pub collapsing: u64,
     /// Wakes the background pass (Ingens' fault handler waking Promote-kth): digests
     /// that add candidates ring it.
-    pub wake: std::sync::Arc<Wake>,
+    pub wake: std::sync::Arc<crate::util::Doorbell>,
     /// Held by a promotion from its allocation of an extent to its switch, so that the
     /// daemon does not stop (and save that extent as in use) in between.
     pub gate: std::sync::Arc<std::sync::Mutex<()>>,
@@ -87,32 +87,6 @@ pub(crate) struct Superpages {
     pub placed: u64,
     /// Collapses the kernel refused since the daemon started.
     pub collapse_failures: u64,
-}
-
-/// A doorbell: a counter and a condition variable.
-#[derive(Debug, Default)]
-pub(crate) struct Wake {
-    rung: std::sync::Mutex<u64>,
-    cv: std::sync::Condvar,
-}
-
-impl Wake {
-    /// Ring.
-    pub(crate) fn ring(&self) {
-        *self.rung.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.cv.notify_all();
-    }
-
-    /// Wait until rung after `seen` (the count a previous wait returned) or `timeout`
-    /// passed; the count.
-    pub(crate) fn wait(&self, seen: u64, timeout: std::time::Duration) -> u64 {
-        let g = self.rung.lock().unwrap_or_else(|e| e.into_inner());
-        let (g, _) = self
-            .cv
-            .wait_timeout_while(g, timeout, |n| *n == seen)
-            .unwrap_or_else(|e| e.into_inner());
-        *g
-    }
 }
 
 impl Superpages {
@@ -378,33 +352,13 @@ pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
         {
             return Ok(false);
         }
-        let mut w = Work::default();
-        let r = maptree::update(
+        switch_map(
             sh,
-            &mut w,
-            old.map_root,
-            old.map_height,
+            p.ino,
+            &old,
             &[(p.range * HUGE_BLOCKS, huge_entry(p.first))],
-            u64::MAX,
-            true,
-        );
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                sh.rollback(&w);
-                return Err(e);
-            }
-        };
-        cairn_media::fence();
-        let new = Inode {
-            map_root: r.root,
-            map_height: r.height,
-            blocks: (old.blocks as i64 + r.delta).max(0) as u64,
-            ..old
-        };
-        sh.write_inode(p.ino, &new)?;
-        sh.counters.shared_bytes_written += w.bytes + HUGE_BYTES;
-        sh.retire_and_advance(w.retired)?;
+        )?;
+        sh.counters.shared_bytes_written += HUGE_BYTES;
         sh.superpages.promotions += 1;
         sh.superpages.bytes_promoted += HUGE_BYTES;
         sh.persist_superpage_counters()?;
@@ -423,6 +377,38 @@ pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
         collapse_unlocked(core, &[p.first]);
     }
     switched
+}
+
+/// Publish `changes` to the map of inode `ino` (now `old`): one copy-on-write update,
+/// written back and fenced, the inode published, the replaced blocks retired to the
+/// epochs.
+fn switch_map(sh: &mut Shared, ino: u64, old: &Inode, changes: &[(u64, u64)]) -> io::Result<()> {
+    let mut w = Work::default();
+    let r = match maptree::update(
+        sh,
+        &mut w,
+        old.map_root,
+        old.map_height,
+        changes,
+        u64::MAX,
+        true,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            sh.rollback(&w);
+            return Err(e);
+        }
+    };
+    cairn_media::fence();
+    let new = Inode {
+        map_root: r.root,
+        map_height: r.height,
+        blocks: (old.blocks as i64 + r.delta).max(0) as u64,
+        ..*old
+    };
+    sh.write_inode(ino, &new)?;
+    sh.counters.shared_bytes_written += w.bytes;
+    sh.retire_and_advance(w.retired)
 }
 
 /// Demote range `r` of `ino` if it is an extent holding data in fewer blocks than the
@@ -447,35 +433,9 @@ pub(crate) fn demote(sh: &mut Shared, ino: u64, r: u64) -> io::Result<bool> {
     }
     let base = r * HUGE_BLOCKS;
     let changes: Vec<(u64, u64)> = empty.iter().map(|&k| (base + k, 0)).collect();
-    let mut w = Work::default();
     // Every empty block leaves the map (all of them: the range becomes a hole); the
     // split leaf points into the extent for the others.
-    let res = maptree::update(
-        sh,
-        &mut w,
-        old.map_root,
-        old.map_height,
-        &changes,
-        u64::MAX,
-        true,
-    );
-    let r2 = match res {
-        Ok(r2) => r2,
-        Err(e) => {
-            sh.rollback(&w);
-            return Err(e);
-        }
-    };
-    cairn_media::fence();
-    let new = Inode {
-        map_root: r2.root,
-        map_height: r2.height,
-        blocks: (old.blocks as i64 + r2.delta).max(0) as u64,
-        ..old
-    };
-    sh.write_inode(ino, &new)?;
-    sh.counters.shared_bytes_written += w.bytes;
-    sh.retire_and_advance(w.retired)?;
+    switch_map(sh, ino, &old, &changes)?;
     sh.superpages.demotions += 1;
     sh.persist_superpage_counters()?;
     Ok(true)

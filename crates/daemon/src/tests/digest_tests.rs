@@ -5,16 +5,6 @@ use super::*;
 use crate::digest::{digest, DigestError, Mode};
 use cairn_format::slot::SlotHead;
 
-fn write<'a>(ino: u64, offset: u64, size: u64, data: &'a [u8]) -> Record<'a> {
-    Record::Write {
-        ino,
-        offset,
-        size,
-        mtime: 77,
-        data,
-    }
-}
-
 fn set_size(ino: u64, kind: Kind, size: u64) -> Record<'static> {
     Record::InodeSet {
         ino,
@@ -29,13 +19,6 @@ fn lookup(sh: &Shared, dir: u64, name: &str) -> Option<u64> {
         .dir_lookup(&d, name.as_bytes())
         .unwrap()
         .map(|x| x.0)
-}
-
-fn read_all(sh: &Shared, ino: u64) -> Vec<u8> {
-    let i = sh.area.read_inode(ino).unwrap();
-    let mut b = vec![0u8; i.attrs.size as usize];
-    sh.area.read_file(&i, 0, &mut b).unwrap();
-    b
 }
 
 #[test]

@@ -127,6 +127,25 @@ impl LogWriter {
     }
 }
 
+/// A `WRITE` record (mtime 77).
+pub(crate) fn write<'a>(ino: u64, offset: u64, size: u64, data: &'a [u8]) -> Record<'a> {
+    Record::Write {
+        ino,
+        offset,
+        size,
+        mtime: 77,
+        data,
+    }
+}
+
+/// All of file `ino` as published.
+pub(crate) fn read_all(sh: &Shared, ino: u64) -> Vec<u8> {
+    let i = sh.area.read_inode(ino).unwrap();
+    let mut b = vec![0u8; i.attrs.size as usize];
+    sh.area.read_file(&i, 0, &mut b).unwrap();
+    b
+}
+
 pub(crate) fn attrs(kind: Kind, size: u64, nlink: u64, parent: u64) -> Attrs {
     Attrs {
         kind,

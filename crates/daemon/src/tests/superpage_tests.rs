@@ -9,23 +9,6 @@ use crate::store::shared::Work;
 use crate::store::{check, maptree};
 use cairn_format::map::{huge_entry, is_huge, HUGE_BLOCKS, HUGE_BYTES};
 
-fn write<'a>(ino: u64, offset: u64, size: u64, data: &'a [u8]) -> Record<'a> {
-    Record::Write {
-        ino,
-        offset,
-        size,
-        mtime: 77,
-        data,
-    }
-}
-
-fn read_all(sh: &Shared, ino: u64) -> Vec<u8> {
-    let i = sh.area.read_inode(ino).unwrap();
-    let mut b = vec![0u8; i.attrs.size as usize];
-    sh.area.read_file(&i, 0, &mut b).unwrap();
-    b
-}
-
 /// Whether range `r` of `ino` is a superpage extent.
 fn huge(sh: &Shared, ino: u64, r: u64) -> bool {
     let i = sh.area.read_inode(ino).unwrap();

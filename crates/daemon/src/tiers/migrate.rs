@@ -402,9 +402,8 @@ pub(crate) struct Migrator {
     running: [Mutex<()>; 3],
     /// By target tier.
     progress: Mutex<[Option<MigrationStatus>; 3]>,
-    /// Counts [`Migrator::kick`]s: the background policy should run now.
-    kicked: Mutex<u64>,
-    wake: std::sync::Condvar,
+    /// Rung by [`Migrator::kick`]: the background policy should run now.
+    kicked: crate::util::Doorbell,
 }
 
 /// Bytes of `n` blocks.
@@ -422,19 +421,13 @@ impl Migrator {
 
     /// Wake the background policy's threads.
     pub(crate) fn kick(&self) {
-        *self.kicked.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.wake.notify_all();
+        self.kicked.ring();
     }
 
     /// Wait until kicked (after `seen`, the count a previous wait returned) or `period`
     /// passed; returns the kick count.
     pub(crate) fn wait(&self, seen: u64, period: std::time::Duration) -> u64 {
-        let g = self.kicked.lock().unwrap_or_else(|e| e.into_inner());
-        let (g, _) = self
-            .wake
-            .wait_timeout_while(g, period, |k| *k == seen)
-            .unwrap_or_else(|e| e.into_inner());
-        *g
+        self.kicked.wait(seen, period)
     }
 
     /// Wait for the rounds in flight and keep new ones from starting while the guards
