@@ -399,3 +399,88 @@ fn killing_the_daemon_during_compaction_loses_nothing() {
     drop(fs);
     fsck_clean(&store);
 }
+
+/// A store whose NVM file is on a tmpfs mounted `huge=within_size`, in a private mount
+/// namespace (`unshare -m`: no system-wide change): extents and 4 KiB files work as on
+/// `/dev/shm`, and a program's mapping of a file in extents is PMD-mapped.
+#[test]
+fn a_store_on_a_private_huge_tmpfs_works() {
+    let ok = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("no private mount namespace here (unshare -m): skipped");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-test-")
+        .tempdir()
+        .unwrap();
+    let mnt = dir.path().join("huge");
+    std::fs::create_dir(&mnt).unwrap();
+    let store = dir.path().join("store");
+    let cairn = cairn_tests::harness::cairn_bin();
+    let prog = dir.path().join("map.py");
+    std::fs::write(
+        &prog,
+        r#"import mmap, os, ctypes
+fd = os.open('/cairn/big', os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+s = sum(m[i] for i in range(0, len(m), 4096))
+a = ctypes.addressof(ctypes.c_char.from_buffer(m))
+kb = 0
+lo = None
+for l in open('/proc/self/smaps'):
+    f = l.split()
+    if '-' in f[0] and len(f) > 1 and f[1][0] in 'r-':
+        lo, hi = (int(x, 16) for x in f[0].split('-'))
+    elif f[0] == 'ShmemPmdMapped:' and lo is not None and lo < a + len(m) and hi > a:
+        kb += int(f[1])
+print('pmd', kb)
+"#,
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -e
+mount -t tmpfs -o huge=within_size,size=256M cairn-huge '{mnt}'
+C='{cairn}'
+trap '"$C" --store "{store}" stop >/dev/null 2>&1' EXIT
+"$C" mkfs --store '{store}' --nvm-size 128M --log-size 8M --nvm-path '{mnt}/x.nvm' >/dev/null
+head -c 8388608 /dev/urandom > '{dir}/big'
+"$C" --store '{store}' put '{dir}/big' /big
+for i in 1 2 3; do echo small$i | "$C" --store '{store}' put - /small$i; done
+"$C" --store '{store}' cat /big | cmp - '{dir}/big'
+sleep 1
+"$C" --store '{store}' run -- python3 '{prog}'
+"$C" --store '{store}' status --json
+"#,
+        mnt = mnt.display(),
+        cairn = cairn.display(),
+        store = store.display(),
+        dir = dir.path().display(),
+        prog = prog.display(),
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pmd: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("pmd "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let json = &stdout[stdout.find('{').unwrap()..];
+    let r: cairn_proto::StatusReport = serde_json::from_str(json).unwrap();
+    let s = r.superpages.unwrap();
+    assert_eq!(s.extent_bytes, 8 * MIB as u64, "{s:?}");
+    assert_eq!(pmd, 8 * 1024, "the mapping of /big on a huge tmpfs");
+}
