@@ -563,6 +563,12 @@ pub mod sys {
         Ok(rustix::fs::flock(f, op)?)
     }
 
+    /// The CPU the calling thread runs on now (for per-core structures; it may have
+    /// moved by the time the caller uses it).
+    pub fn current_cpu() -> usize {
+        rustix::thread::sched_getcpu()
+    }
+
     /// `flock(2)`: take an exclusive lock (`nonblock`: fail with `WouldBlock` if held).
     pub fn flock_exclusive(f: &File, nonblock: bool) -> io::Result<()> {
         flock(

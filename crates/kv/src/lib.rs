@@ -1,0 +1,19 @@
+//! `cairn-kv`: a persistent log-structured key-value store in the manner of Nibble and
+//! Nibble-2 (Merritt's dissertation), on a pool file in the NVM tier (docs/KV.md).
+//!
+//! Records are appended to 2 MiB segments of a pool file, one log head per core, each
+//! record written with non-temporal stores and fenced before the call returns (durable
+//! on return, on the medium's persistence model). An optimistic index of cache-line
+//! buckets maps keys to their newest record. Opening a pool scans its segments: the
+//! newest version of each key wins, deletions are tombstones.
+//!
+//! Modules: `format` (the pool's on-media format, pure), `pool` (the file and its
+//! mapping), `index` (the optimistic hash index), `store` (the API).
+#![forbid(unsafe_code)]
+
+pub mod format;
+mod index;
+mod pool;
+mod store;
+
+pub use store::{KvError, Options, Stats, Store};
