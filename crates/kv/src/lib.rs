@@ -7,10 +7,15 @@
 //! buckets maps keys to their newest record. Opening a pool scans its segments: the
 //! newest version of each key wins, deletions are tombstones.
 //!
+//! Compaction copies the current records of the segments with the best cost-benefit
+//! and frees them once no reader can be in them (epochs).
+//!
 //! Modules: `format` (the pool's on-media format, pure), `pool` (the file and its
-//! mapping), `index` (the optimistic hash index), `store` (the API).
+//! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `store`
+//! (the API, recovery and compaction).
 #![forbid(unsafe_code)]
 
+mod epoch;
 pub mod format;
 mod index;
 mod pool;
