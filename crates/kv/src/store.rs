@@ -400,7 +400,7 @@ impl Store {
                             .map_err(|()| KvError::IndexFull)?;
                         if prev != 0 {
                             let old = self.header_at(prev)?;
-                            self.live[seg_of(prev) as usize].fetch_sub(old.len, Ordering::Relaxed);
+                            self.unlive(seg_of(prev), old.len, "replaced");
                         }
                         match (prev != 0, kind) {
                             (false, Kind::Value) => {
@@ -614,6 +614,15 @@ impl Store {
         Ok(emptied)
     }
 
+    /// Take `n` live bytes from segment `s` (checked builds check the count).
+    fn unlive(&self, s: u64, n: u64, why: &str) {
+        let before = self.live[s as usize].fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(
+            before >= n,
+            "segment {s}: {before} live bytes, {n} taken ({why})"
+        );
+    }
+
     fn free_count(&self) -> usize {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -676,7 +685,7 @@ impl Store {
                     needed
                 }
             };
-            self.live[s as usize].fetch_sub(rh.len, Ordering::Relaxed);
+            self.unlive(s, rh.len, if live { "moved" } else { "tombstone dropped" });
             if live {
                 self.compacted_bytes.fetch_add(rh.len, Ordering::Relaxed);
             }

@@ -382,3 +382,45 @@ fn churn_far_beyond_the_pool_is_compacted_and_recovers() {
         );
     }
 }
+
+/// A thread compacting all along (`Store::compact`) while two threads write and read.
+#[test]
+fn compaction_racing_writers_and_readers() {
+    let pf = PoolFile::new("race");
+    let s = Arc::new(open(&pf.0, 32 << 20));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c = {
+        let (s, stop) = (s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                s.compact(2).unwrap();
+            }
+        })
+    };
+    let ws: Vec<_> = (0..2u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(77 + t);
+                for version in 1..15_000u64 {
+                    let key = rng.next() % 1000;
+                    if rng.next().is_multiple_of(8) {
+                        s.delete(&key.to_le_bytes()).unwrap();
+                    } else {
+                        s.put(&key.to_le_bytes(), &value_of(key, version, 3000))
+                            .unwrap();
+                    }
+                    if version.is_multiple_of(7) {
+                        let _ = get(&s, &(key ^ 1).to_le_bytes());
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in ws {
+        w.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    c.join().unwrap();
+    let _ = s.stats();
+}
