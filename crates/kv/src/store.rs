@@ -2,12 +2,15 @@
 //! optimistic index over them, recovery by scanning the segments.
 
 use crate::epoch::Epochs;
+// A key's 64-bit hash: FNV-1a with the splitmix64 finaliser, as Cairn's directories hash
+// their names.
 use crate::format::{
     self, decode_record_header, encode_record, encode_segment_header, record_len, record_valid,
     Kind, MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
 };
 use crate::index::Index;
 use crate::pool::Pool;
+use cairn_format::dir::hash;
 use std::collections::HashMap;
 use std::io;
 use std::path::Path;
@@ -121,20 +124,6 @@ pub struct Store {
 
 /// Free segments only compaction may take (so that it can always make room).
 const RESERVE: usize = 1;
-
-/// FNV-1a 64 with the splitmix64 finaliser (the same mix as Cairn's directories).
-fn hash(key: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
 
 /// The segment of a location (a byte offset in the pool).
 fn seg_of(loc: u64) -> u64 {
