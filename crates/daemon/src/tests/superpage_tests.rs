@@ -18,6 +18,25 @@ fn huge(sh: &Shared, ino: u64, r: u64) -> bool {
         .is_some_and(is_huge)
 }
 
+/// Log `data` as the content of file `ino` in writes of `piece` bytes (each digested on
+/// its own when `digest_each`).
+fn write_in_pieces(
+    lw: &mut LogWriter,
+    sh: &mut Shared,
+    ino: u64,
+    data: &[u8],
+    piece: usize,
+    digest_each: bool,
+) {
+    for (k, c) in data.chunks(piece).enumerate() {
+        let off = (k * piece) as u64;
+        lw.append(sh, &[write(ino, off, off + c.len() as u64, c)]);
+        if digest_each {
+            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        }
+    }
+}
+
 fn pattern(n: usize, seed: u32) -> Vec<u8> {
     (0..n as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8 | 1)
@@ -45,10 +64,7 @@ fn a_range_filled_by_one_digest_goes_into_an_extent_written_in_place_later() {
     let size = 2 * HUGE_BYTES + 100 * 1024;
     let mut want = pattern(size as usize, 1);
     lw.append(sh, &create_file(10, ROOT_INO, b"big"));
-    for (k, c) in want.chunks(1 << 20).enumerate() {
-        let off = k as u64 * (1 << 20);
-        lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
-    }
+    write_in_pieces(&mut lw, sh, 10, &want, 1 << 20, false);
     let free_ext = sh.blocks.free_extents();
     digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
     assert!(
@@ -108,10 +124,7 @@ fn punched_extents_stay_until_demoted_and_truncation_splits_them() {
     let size = 3 * HUGE_BYTES;
     let mut want = pattern(size as usize, 2);
     lw.append(sh, &create_file(10, ROOT_INO, b"f"));
-    for (k, c) in want.chunks(1 << 20).enumerate() {
-        let off = k as u64 * (1 << 20);
-        lw.append(sh, &[write(10, off, size, c)]);
-    }
+    write_in_pieces(&mut lw, sh, 10, &want, 1 << 20, false);
     digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
     assert!((0..3).all(|r| huge(sh, 10, r)));
     // Punch 300 of range 1's blocks: zeroed in place, the extent stays (Ingens'
@@ -194,11 +207,7 @@ fn a_range_filled_in_small_digests_is_promoted_by_copy() {
         let sh = &mut core.sh;
         lw.append(sh, &create_file(10, ROOT_INO, b"f"));
         // 64 KiB per digest: no digest fills a range, so 4 KiB blocks.
-        for (k, c) in want.chunks(64 << 10).enumerate() {
-            let off = k as u64 * (64 << 10);
-            lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
-            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
-        }
+        write_in_pieces(&mut lw, sh, 10, &want, 64 << 10, true);
         assert!(!huge(sh, 10, 0));
         assert!(sh.superpages.candidates.contains(&(10, 0)));
     }
@@ -245,11 +254,7 @@ fn a_promotion_whose_range_changed_meanwhile_is_dropped() {
     let want = pattern(HUGE_BYTES as usize, 4);
     let sh = &mut core.sh;
     lw.append(sh, &create_file(10, ROOT_INO, b"f"));
-    for (k, c) in want.chunks(256 << 10).enumerate() {
-        let off = k as u64 * (256 << 10);
-        lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
-        digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
-    }
+    write_in_pieces(&mut lw, sh, 10, &want, 256 << 10, true);
     // The switch compares the range's leaf node with the one copied: a digest that
     // wrote the range replaced it.
     let inode = sh.area.read_inode(10).unwrap();
@@ -435,11 +440,7 @@ fn compaction_frees_extents_for_a_waiting_promotion() {
     {
         let sh = &mut core.sh;
         lw.append(sh, &create_file(10, ROOT_INO, b"big"));
-        for (k, c) in big.chunks(64 << 10).enumerate() {
-            let off = k as u64 * (64 << 10);
-            lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
-            digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
-        }
+        write_in_pieces(&mut lw, sh, 10, &big, 64 << 10, true);
     }
     let lock = CoreLock::new(core);
     let migrator = crate::tiers::migrate::Migrator::default();
@@ -481,10 +482,7 @@ fn bad_extent_entries_are_caught_and_older_stores_get_none() {
     {
         let sh = &mut core.sh;
         lw.append(sh, &create_file(10, ROOT_INO, b"f"));
-        for (k, c) in data.chunks(1 << 20).enumerate() {
-            let off = k as u64 * (1 << 20);
-            lw.append(sh, &[write(10, off, off + c.len() as u64, c)]);
-        }
+        write_in_pieces(&mut lw, sh, 10, &data, 1 << 20, false);
         digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
         assert!(huge(sh, 10, 1));
     }
@@ -530,10 +528,7 @@ fn bad_extent_entries_are_caught_and_older_stores_get_none() {
     let mut lw = LogWriter::register(&mut core);
     let sh = &mut core.sh;
     lw.append(sh, &create_file(11, ROOT_INO, b"g"));
-    for (k, c) in data.chunks(1 << 20).enumerate() {
-        let off = k as u64 * (1 << 20);
-        lw.append(sh, &[write(11, off, off + c.len() as u64, c)]);
-    }
+    write_in_pieces(&mut lw, sh, 11, &data, 1 << 20, false);
     digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
     assert!(!huge(sh, 11, 0) && !huge(sh, 11, 1));
     assert_eq!(read_all(sh, 11), data);
