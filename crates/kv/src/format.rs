@@ -1,7 +1,9 @@
 //! The pool file's format (docs/KV.md): pure encode and decode, no I/O.
 //!
 //! The pool is a sequence of segments of [`SEGMENT_BYTES`], 2 MiB aligned in the file.
-//! Segment 0 holds the pool header in its first 4 KiB. Every other segment is free
+//! Segment 0 holds the pool header in its first 4 KiB and the in-place journal's slots
+//! after it (a record an in-place update is writing: redone at recovery if the update
+//! was cut short). Every other segment is free
 //! (its header's sequence number is 0) or holds records appended after its header:
 //!
 //! * segment header (64 bytes): magic `KVSG`, version, the segment's sequence number (a
@@ -147,7 +149,29 @@ fn record_crc(seq: u64, head: &[u8], key: &[u8], value: &[u8]) -> u32 {
 
 /// A whole record (header, key, value, padding) for a segment opened under `seq`.
 pub fn encode_record(seq: u64, version: u64, kind: Kind, key: &[u8], value: &[u8]) -> Vec<u8> {
-    let len = record_len(key.len(), value.len()) as usize;
+    encode_record_in(
+        record_len(key.len(), value.len()),
+        seq,
+        version,
+        kind,
+        key,
+        value,
+    )
+}
+
+/// [`encode_record`] into an allocation of `len` bytes (at least the record's
+/// [`record_len`], a multiple of 8: an in-place update of a record by a shorter value
+/// keeps the allocation; the padding is zero).
+pub fn encode_record_in(
+    len: u64,
+    seq: u64,
+    version: u64,
+    kind: Kind,
+    key: &[u8],
+    value: &[u8],
+) -> Vec<u8> {
+    debug_assert!(len >= record_len(key.len(), value.len()) && len.is_multiple_of(8));
+    let len = len as usize;
     let mut b = vec![0u8; len];
     b[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&(len as u32).to_le_bytes());
@@ -180,7 +204,8 @@ pub fn decode_record_header(b: &[u8], room: u64) -> Option<RecordHeader> {
     if b[25..28] != [0, 0, 0]
         || key_len == 0
         || key_len > MAX_KEY
-        || len != record_len(key_len, value_len)
+        || len < record_len(key_len, value_len)
+        || !len.is_multiple_of(8)
         || len > room
     {
         return None;
@@ -206,6 +231,63 @@ pub fn record_valid(seq: u64, h: &RecordHeader, rec: &[u8]) -> bool {
             &rec[k..k + h.key_len],
             &rec[k + h.key_len..k + h.key_len + h.value_len],
         ) == h.crc
+}
+
+/// Where segment 0's in-place journal starts (after the pool header's page), its number
+/// of slots, and the bytes of each (a slot: a 32-byte header, then a whole record).
+pub const JOURNAL_START: u64 = 4096;
+pub const JOURNAL_SLOTS: u64 = 16;
+pub const JOURNAL_SLOT_BYTES: u64 = ((SEGMENT_BYTES - JOURNAL_START) / JOURNAL_SLOTS) & !63;
+const JOURNAL_HEADER: u64 = 32;
+/// The longest record an in-place update may write (it must fit a journal slot).
+pub const JOURNAL_MAX_RECORD: u64 = JOURNAL_SLOT_BYTES - JOURNAL_HEADER;
+const JOURNAL_MAGIC: u32 = 0x314a_564b; // "KVJ1"
+const _: () = assert!(JOURNAL_START + JOURNAL_SLOTS * JOURNAL_SLOT_BYTES <= SEGMENT_BYTES);
+
+/// A journal entry: the whole new record `record`, to be written at pool offset `target`
+/// in the segment opened under `seg_seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub target: u64,
+    pub seg_seq: u64,
+    pub record: Vec<u8>,
+}
+
+fn journal_crc(head: &[u8], record: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&head[..24]), record)
+}
+
+/// A journal slot's bytes for an entry: 0 magic `KVJ1`, 4 record length, 8 target,
+/// 16 segment sequence number, 24 crc32c of bytes 0..24 and the record, 28 zero,
+/// 32 the record.
+pub fn encode_journal(target: u64, seg_seq: u64, record: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; JOURNAL_HEADER as usize + record.len()];
+    b[0..4].copy_from_slice(&JOURNAL_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&(record.len() as u32).to_le_bytes());
+    b[8..16].copy_from_slice(&target.to_le_bytes());
+    b[16..24].copy_from_slice(&seg_seq.to_le_bytes());
+    let c = journal_crc(&b, record);
+    b[24..28].copy_from_slice(&c.to_le_bytes());
+    b[JOURNAL_HEADER as usize..].copy_from_slice(record);
+    b
+}
+
+/// The entry in a journal slot's bytes, if it holds a whole one.
+pub fn decode_journal(b: &[u8]) -> Option<JournalEntry> {
+    let h = JOURNAL_HEADER as usize;
+    if b.len() < h || u32_at(b, 0) != JOURNAL_MAGIC {
+        return None;
+    }
+    let len = u32_at(b, 4) as usize;
+    if len as u64 > JOURNAL_MAX_RECORD || b.len() < h + len {
+        return None;
+    }
+    let record = &b[h..h + len];
+    (journal_crc(b, record) == u32_at(b, 24)).then(|| JournalEntry {
+        target: u64_at(b, 8),
+        seg_seq: u64_at(b, 16),
+        record: record.to_vec(),
+    })
 }
 
 #[cfg(test)]
@@ -267,9 +349,29 @@ mod tests {
             "past the segment's end"
         );
         assert!(decode_record_header(&[0u8; 64], 1 << 20).is_none());
+        // A shorter value in place keeps the allocation.
+        let s = encode_record_in(r.len() as u64, 5, 44, Kind::Value, b"key", b"v");
+        let h = decode_record_header(&s, 1 << 20).unwrap();
+        assert_eq!((h.len, h.value_len), (r.len() as u64, 1));
+        assert!(record_valid(5, &h, &s));
         let d = encode_record(5, 43, Kind::Tombstone, b"key", b"");
         let h = decode_record_header(&d, 1 << 20).unwrap();
         assert_eq!(h.kind, Kind::Tombstone);
         assert!(record_valid(5, &h, &d));
+    }
+
+    #[test]
+    fn journal_entries_are_whole_or_nothing() {
+        let rec = encode_record(5, 42, Kind::Value, b"key", b"value");
+        let j = encode_journal(123 << 21 | 64, 77, &rec);
+        let e = decode_journal(&j).unwrap();
+        assert_eq!((e.target, e.seg_seq, &e.record), (123 << 21 | 64, 77, &rec));
+        for i in [0, 5, 9, 17, 25, 40, j.len() - 1] {
+            let mut t = j.clone();
+            t[i] ^= 1;
+            assert!(decode_journal(&t).is_none(), "byte {i}");
+        }
+        assert!(decode_journal(&j[..j.len() - 1]).is_none(), "cut short");
+        assert!(decode_journal(&[0u8; 64]).is_none());
     }
 }

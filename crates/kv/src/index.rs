@@ -108,6 +108,36 @@ impl Index {
         None
     }
 
+    /// Run `f` on the location of the entry for `hash` that `is_key` accepts, and return
+    /// its result only if no writer held the home bucket meanwhile (a seqlock over the
+    /// home bucket, whose lock every writer of the key holds, in-place writers included:
+    /// `f` may see bytes being rewritten, and is then run again). `None`: no entry.
+    pub fn read<R>(
+        &self,
+        hash: u64,
+        is_key: &dyn Fn(u64) -> bool,
+        mut f: impl FnMut(u64) -> R,
+    ) -> Option<R> {
+        let home = &self.buckets[self.home(hash)];
+        loop {
+            let v = home.version.load(Ordering::Acquire);
+            if v & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let r = self.get(hash, is_key).map(&mut f);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if home.version.load(Ordering::Relaxed) == v {
+                return r;
+            }
+        }
+    }
+
+    /// Buckets' bytes (for the store's memory figures).
+    pub fn bytes(&self) -> u64 {
+        std::mem::size_of_val(&*self.buckets) as u64
+    }
+
     /// [`Index::get`] for the holder of the key's lock ([`Index::lock_key`]): only the
     /// key's writers change its entry, so no version needs checking (and the home
     /// bucket's is odd: the caller's own lock).

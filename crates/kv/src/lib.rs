@@ -11,14 +11,19 @@
 //! and frees them once no reader can be in them (epochs).
 //!
 //! Modules: `format` (the pool's on-media format, pure), `pool` (the file and its
-//! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `store`
-//! (the API, recovery and compaction).
+//! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `log` (the
+//! shared state and the write path: appends, in-place updates), `recover`, `compact`
+//! (compaction and its background threads), `store` (the API).
 #![forbid(unsafe_code)]
 
+mod compact;
 mod epoch;
 pub mod format;
 mod index;
+mod log;
 mod pool;
+mod recover;
 mod store;
 
-pub use store::{KvError, Options, Stats, Store};
+pub use log::Change;
+pub use store::{KvError, Options, Stats, Store, UpdatePolicy};

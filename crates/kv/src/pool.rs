@@ -1,6 +1,7 @@
 //! The pool file: created (fully allocated) or opened, mapped whole (2 MiB aligned, so
 //! that each segment can be one huge page: `cairn_media::huge`), its segments collapsed
-//! into huge folios where the kernel allows.
+//! into huge folios where the kernel allows. An open pool holds an exclusive `flock` on
+//! its file: one process at a time.
 
 use crate::format::{PoolHeader, SEGMENT_BYTES};
 use cairn_media::Mapping;
@@ -21,7 +22,9 @@ pub struct Pool {
 
 impl Pool {
     /// Open the pool at `path`, creating it with `size` bytes (rounded down to whole
-    /// segments) if it does not exist.
+    /// segments) if it does not exist. Fails with `WouldBlock` while another process
+    /// has it open (after waiting a second: a child forked by the last user may hold
+    /// the lock until it executes its program).
     pub fn open(path: &Path, size: u64) -> io::Result<Pool> {
         let file = OpenOptions::new()
             .read(true)
@@ -29,6 +32,44 @@ impl Pool {
             .create(true)
             .truncate(false)
             .open(path)?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match cairn_media::sys::flock_exclusive(&file, true) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::WouldBlock,
+                            format!("{}: the pool is open in another process", path.display()),
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Self::on_file(file, size)
+    }
+
+    /// A pool of `size` bytes in memory only (an unlinked file on `/dev/shm`): gone when
+    /// the store is dropped.
+    pub fn volatile(size: u64) -> io::Result<Pool> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::path::PathBuf::from(format!(
+            "/dev/shm/cairn-kv-volatile-{}-{n}",
+            std::process::id()
+        ));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        std::fs::remove_file(&path)?;
+        Self::on_file(file, size)
+    }
+
+    fn on_file(file: File, size: u64) -> io::Result<Pool> {
         let len = file.metadata()?.len();
         if len == 0 {
             let segments = size / SEGMENT_BYTES;

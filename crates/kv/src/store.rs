@@ -1,21 +1,16 @@
-//! The store: a log of records in the pool's segments, one log head per core, the
-//! optimistic index over them, recovery by scanning the segments.
+//! The store's API: open (recovery), reads, writes, statistics; the compaction threads'
+//! lifetime.
 
-use crate::epoch::Epochs;
-// A key's 64-bit hash: FNV-1a with the splitmix64 finaliser, as Cairn's directories hash
-// their names.
-use crate::format::{
-    self, decode_record_header, encode_record, encode_segment_header, record_len, record_valid,
-    Kind, MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
-};
-use crate::index::Index;
+use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
+use crate::log::{Change, Core, Setup};
 use crate::pool::Pool;
 use cairn_format::dir::hash;
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 /// Why an operation failed.
 #[derive(Debug)]
@@ -49,6 +44,18 @@ impl From<io::Error> for KvError {
     }
 }
 
+/// What an update of an existing key does (Nibble or Nibble-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpdatePolicy {
+    /// Append the new value and drop the old one (Nibble): the old copy is garbage
+    /// until compaction.
+    #[default]
+    Append,
+    /// Overwrite the current record in place when the new value fits its allocation
+    /// (Nibble-2), through the journal; a value that grows is appended.
+    InPlace,
+}
+
 /// How to open a store.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -58,6 +65,15 @@ pub struct Options {
     pub expected_keys: Option<u64>,
     /// Log heads (default: one per CPU).
     pub heads: Option<usize>,
+    /// Updates in place or appended.
+    pub policy: UpdatePolicy,
+    /// Compaction in a background thread (off: compaction runs only when a write
+    /// finds the pool full, or on [`Store::compact`]). One thread: on this machine's
+    /// two cores more would only take turns (rounds are serialized).
+    pub background_compaction: bool,
+    /// Background compaction runs while fewer than this fraction of the segments are
+    /// free.
+    pub compact_below: f64,
 }
 
 impl Default for Options {
@@ -66,6 +82,9 @@ impl Default for Options {
             size: 256 << 20,
             expected_keys: None,
             heads: None,
+            policy: UpdatePolicy::Append,
+            background_compaction: true,
+            compact_below: 0.2,
         }
     }
 }
@@ -73,353 +92,110 @@ impl Default for Options {
 /// Figures of a store ([`Store::stats`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
-    /// Keys present.
+    /// Keys present, and the bytes of their keys and values (the live data).
     pub keys: u64,
-    /// Bytes of the records that are current (values and tombstones).
+    pub data_bytes: u64,
+    /// Bytes of the records that are current (values and tombstones, with their
+    /// headers and padding).
     pub live_bytes: u64,
-    /// Bytes of segments holding records, and of the whole pool.
+    /// Bytes of segments holding records, of the index, and of the whole pool.
     pub used_bytes: u64,
+    pub index_bytes: u64,
     pub pool_bytes: u64,
-    /// Segments free.
+    /// Segments free, and retired (emptied, waiting for readers to leave).
     pub free_segments: u64,
-    /// Bytes compaction copied, and segments it emptied.
+    pub retired_segments: u64,
+    /// Bytes compaction copied, segments it emptied, rounds it ran, segments it could
+    /// not empty or errors it met.
     pub compacted_bytes: u64,
     pub compacted_segments: u64,
+    pub compaction_rounds: u64,
+    pub compaction_errors: u64,
+    /// Records appended by writes, and updates made in place.
+    pub appends: u64,
+    pub in_place_updates: u64,
+    /// Segments in use by the fraction of their bytes that is live: `[0]` under 10%,
+    /// `[1]` 10–20%, …, `[9]` 90% and more.
+    pub utilization: [u64; 10],
+    /// Whether writes are fenced (not the volatile mode), and the update policy.
+    pub durable: bool,
+    pub policy: UpdatePolicy,
 }
 
-/// A log head: the segment it appends to and where.
-#[derive(Debug, Default)]
-struct Head {
-    seg: u64,
-    seq: u64,
-    off: u64,
+impl Stats {
+    /// Memory used (segments in use and the index) over the live data, minus one: the
+    /// store's memory overhead (0.1 = 10%).
+    pub fn overhead(&self) -> f64 {
+        if self.data_bytes == 0 {
+            return 0.0;
+        }
+        (self.used_bytes + self.index_bytes) as f64 / self.data_bytes as f64 - 1.0
+    }
 }
 
 /// A persistent key-value store in a pool file.
 pub struct Store {
-    pool: Pool,
-    index: Index,
-    heads: Vec<Mutex<Head>>,
-    /// The next record version.
-    version: AtomicU64,
-    /// The next segment sequence number.
-    next_seq: AtomicU64,
-    free: Mutex<Vec<u64>>,
-    /// Live bytes per segment.
-    live: Vec<AtomicU64>,
-    /// Per segment: the sequence number it was opened under (0: free), whether it is a
-    /// log head now, and the version counter when it was opened (its age).
-    seqs: Vec<AtomicU64>,
-    is_head: Vec<AtomicBool>,
-    born: Vec<AtomicU64>,
-    keys: AtomicU64,
-    epochs: Epochs,
-    /// Segments emptied by compaction, by the epoch they were retired at.
-    retired: Mutex<Vec<(u64, u64)>>,
-    /// Compaction's own head (one compaction at a time: its lock).
-    compactor: Mutex<Head>,
-    compacted_bytes: AtomicU64,
-    compacted_segments: AtomicU64,
+    core: Arc<Core>,
+    compactors: Vec<JoinHandle<()>>,
 }
 
-/// Free segments only compaction may take (so that it can always make room).
-const RESERVE: usize = 1;
-
-/// The segment of a location (a byte offset in the pool).
-fn seg_of(loc: u64) -> u64 {
-    loc / SEGMENT_BYTES
-}
-
-/// What recovery found for a key: the newest record.
-struct Found {
-    version: u64,
-    loc: u64,
-    len: u64,
-    kind: Kind,
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.core.stop.store(true, Ordering::Release);
+        self.core.ring();
+        for t in self.compactors.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Store {
     /// Open the store in the pool file at `path`, creating it if it does not exist,
-    /// and recover its index from the records.
+    /// and recover its index from the records (redoing the in-place updates a crash cut
+    /// short). One process at a time: the pool is locked (`flock`) while open.
     pub fn open(path: &Path, opts: &Options) -> Result<Store, KvError> {
-        let pool = Pool::open(path, opts.size)?;
-        let segments = pool.header.segments;
-        let pool_bytes = segments * SEGMENT_BYTES;
-        let nheads = opts
-            .heads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .max(1);
-        let store = Store {
-            index: Index::new(opts.expected_keys.unwrap_or(pool_bytes / 1024).max(64)),
-            pool,
-            heads: (0..nheads).map(|_| Mutex::new(Head::default())).collect(),
-            version: AtomicU64::new(1),
-            next_seq: AtomicU64::new(1),
-            free: Mutex::new(Vec::new()),
-            live: (0..segments).map(|_| AtomicU64::new(0)).collect(),
-            seqs: (0..segments).map(|_| AtomicU64::new(0)).collect(),
-            is_head: (0..segments).map(|_| AtomicBool::new(false)).collect(),
-            born: (0..segments).map(|_| AtomicU64::new(0)).collect(),
-            keys: AtomicU64::new(0),
-            epochs: Epochs::new(),
-            retired: Mutex::new(Vec::new()),
-            compactor: Mutex::new(Head::default()),
-            compacted_bytes: AtomicU64::new(0),
-            compacted_segments: AtomicU64::new(0),
-        };
-        store.recover()?;
-        Ok(store)
+        Self::start(Pool::open(path, opts.size)?, opts, true)
     }
 
-    /// Scan every segment; the newest record of each key wins; install the values.
-    fn recover(&self) -> Result<(), KvError> {
-        let segments = self.pool.header.segments;
-        let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
-        let (mut max_seq, mut max_version) = (0u64, 0u64);
-        let mut free = Vec::new();
-        let mut buf = vec![0u8; SEGMENT_BYTES as usize];
-        for s in (1..segments).rev() {
-            let base = Pool::seg_off(s);
-            let mut h = [0u8; SEGMENT_HEADER as usize];
-            self.pool.map.read(base, &mut h)?;
-            let Some(seq) = format::decode_segment_header(&h) else {
-                free.push(s);
-                continue;
-            };
-            max_seq = max_seq.max(seq);
-            self.seqs[s as usize].store(seq, Ordering::Relaxed);
-            self.pool.map.read(base, &mut buf)?;
-            let mut off = SEGMENT_HEADER;
-            while off + RECORD_HEADER <= SEGMENT_BYTES {
-                let at = off as usize;
-                let Some(rh) = decode_record_header(&buf[at..], SEGMENT_BYTES - off) else {
-                    break;
-                };
-                if !record_valid(seq, &rh, &buf[at..at + rh.len as usize]) {
-                    break;
-                }
-                max_version = max_version.max(rh.version);
-                let k = at + RECORD_HEADER as usize;
-                let key = &buf[k..k + rh.key_len];
-                let f = Found {
-                    version: rh.version,
-                    loc: base as u64 + off,
-                    len: rh.len,
-                    kind: rh.kind,
-                };
-                match newest.get_mut(key) {
-                    Some(old) if old.version >= f.version => {}
-                    Some(old) => *old = f,
-                    None => {
-                        newest.insert(key.to_vec(), f);
-                    }
-                }
-                off += rh.len;
-            }
-        }
-        for (key, f) in &newest {
-            self.live[seg_of(f.loc) as usize].fetch_add(f.len, Ordering::Relaxed);
-            if f.kind == Kind::Value {
-                let h = hash(key);
-                let g = self.index.lock_key(h);
-                self.index
-                    .set(&g, h, &|l| self.key_is(l, key), f.loc)
-                    .map_err(|()| KvError::IndexFull)?;
-                self.keys.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.version.store(max_version + 1, Ordering::Relaxed);
-        self.next_seq.store(max_seq + 1, Ordering::Relaxed);
-        // Segments holding nothing current (emptied by a compaction the crash
-        // interrupted before they were reused) are free; they keep their sequence number
-        // until reused, for the tombstones that name their records.
-        for s in 1..segments {
-            if self.seqs[s as usize].load(Ordering::Relaxed) != 0
-                && self.live[s as usize].load(Ordering::Relaxed) == 0
-            {
-                free.push(s);
-            }
-        }
-        *self.free.lock().unwrap_or_else(|e| e.into_inner()) = free;
-        Ok(())
+    /// A store in memory only (DRAM, no fences, nothing kept when it is dropped).
+    pub fn open_volatile(opts: &Options) -> Result<Store, KvError> {
+        Self::start(Pool::volatile(opts.size)?, opts, false)
     }
 
-    /// The header of the record at `loc`.
-    fn header_at(&self, loc: u64) -> io::Result<format::RecordHeader> {
-        let mut h = [0u8; RECORD_HEADER as usize];
-        self.pool.map.read(loc as usize, &mut h)?;
-        let room = SEGMENT_BYTES - loc % SEGMENT_BYTES;
-        decode_record_header(&h, room)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "index: not a record"))
-    }
-
-    /// Whether the record at `loc` is `key`'s.
-    fn key_is(&self, loc: u64, key: &[u8]) -> bool {
-        let Ok(h) = self.header_at(loc) else {
-            return false;
-        };
-        if h.key_len != key.len() {
-            return false;
-        }
-        let mut k = vec![0u8; key.len()];
-        self.pool
-            .map
-            .read((loc + RECORD_HEADER) as usize, &mut k)
-            .is_ok()
-            && k == key
-    }
-
-    fn check(key: &[u8], value: &[u8]) -> Result<(), KvError> {
-        if key.is_empty() || key.len() > MAX_KEY {
+    fn start(pool: Pool, opts: &Options, durable: bool) -> Result<Store, KvError> {
+        if !(0.0..=1.0).contains(&opts.compact_below) {
             return Err(KvError::TooBig(format!(
-                "a key has 1 to {MAX_KEY} bytes, not {}",
-                key.len()
+                "the compaction trigger is a fraction of the pool (0 to 1), not {}",
+                opts.compact_below
             )));
         }
-        if value.len() > MAX_VALUE {
-            return Err(KvError::TooBig(format!(
-                "a value has at most {MAX_VALUE} bytes, not {}",
-                value.len()
-            )));
-        }
-        Ok(())
-    }
-
-    /// The log head of the calling CPU (one per core: appends from different cores
-    /// never contend; a thread that moved meanwhile only shares a head for a while).
-    fn head(&self) -> std::sync::MutexGuard<'_, Head> {
-        let i = cairn_media::sys::current_cpu() % self.heads.len();
-        self.heads[i].lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Take a free segment for a head (a client's: not the last [`RESERVE`] ones, which
-    /// only compaction takes) and open it under a new sequence number.
-    fn roll(&self, head: &mut Head, for_compaction: bool) -> Result<(), KvError> {
-        let s = {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() <= RESERVE && !for_compaction {
-                return Err(KvError::Full);
-            }
-            let s = free.pop().ok_or(KvError::Full)?;
-            // A head from now on (under the free list's lock: compaction chooses among
-            // segments neither free nor heads under the same lock).
-            self.is_head[s as usize].store(true, Ordering::Release);
-            s
+        let pool_bytes = pool.header.segments * SEGMENT_BYTES;
+        let setup = Setup {
+            heads: opts
+                .heads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            expected_keys: opts.expected_keys.unwrap_or(pool_bytes / 1024),
+            policy: opts.policy,
+            durable,
+            trigger: opts.compact_below,
         };
-        if head.seg != 0 {
-            self.is_head[head.seg as usize].store(false, Ordering::Release);
-        }
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let h = encode_segment_header(seq);
-        let off = Pool::seg_off(s);
-        self.pool.map.write(off, &h)?;
-        self.pool.map.persist(off, h.len())?;
-        self.seqs[s as usize].store(seq, Ordering::Release);
-        self.born[s as usize].store(self.version.load(Ordering::Relaxed), Ordering::Relaxed);
-        *head = Head {
-            seg: s,
-            seq,
-            off: SEGMENT_HEADER,
+        let core = Arc::new(Core::new(pool, &setup));
+        core.recover()?;
+        let compactors = if opts.background_compaction {
+            let c = core.clone();
+            vec![std::thread::Builder::new()
+                .name("kv-compact".into())
+                .spawn(move || crate::compact::run(c))?]
+        } else {
+            Vec::new()
         };
-        Ok(())
-    }
-
-    /// Append the record `rec` (`len` bytes, encoded for `head.seq` by `encode`) to
-    /// `head`, durable when this returns; its location.
-    fn append_to(
-        &self,
-        head: &mut Head,
-        len: u64,
-        for_compaction: bool,
-        encode: &dyn Fn(u64) -> Vec<u8>,
-    ) -> Result<u64, KvError> {
-        if head.seg == 0 || head.off + len > SEGMENT_BYTES {
-            self.roll(head, for_compaction)?;
-        }
-        let rec = encode(head.seq);
-        let loc = Pool::seg_off(head.seg) as u64 + head.off;
-        self.pool.map.write_nt(loc as usize, &rec)?;
-        cairn_media::fence();
-        head.off += len;
-        self.live[head.seg as usize].fetch_add(len, Ordering::Relaxed);
-        Ok(loc)
-    }
-
-    /// Write `key`'s record of `kind` (a value, or a tombstone holding `value`), durable
-    /// when this returns, and make it current. The key's lock is held from the version
-    /// to the index, so a key's versions follow the order its writes take effect in (a
-    /// deletion, which leaves no index entry, is ordered too). A full pool is compacted
-    /// (on the caller's thread, with no lock held) while that makes room. Returns the
-    /// previous record's location, `None` for the deletion of an absent key.
-    fn write(&self, key: &[u8], kind: Kind, value: &[u8]) -> Result<Option<u64>, KvError> {
-        let h = hash(key);
-        for _ in 0..16 {
-            {
-                let _pin = self.epochs.pin();
-                let g = self.index.lock_key(h);
-                let is_key = |l: u64| self.key_is(l, key);
-                let cur = self.index.get_locked(&g, h, &is_key);
-                if kind == Kind::Tombstone && cur.is_none() {
-                    return Ok(None);
-                }
-                let version = self.version.fetch_add(1, Ordering::Relaxed);
-                // A tombstone's horizon, read under the key's lock: no record of the key
-                // can be written into a segment opened from now on but by later calls.
-                let horizon = self.next_seq.load(Ordering::Acquire).to_le_bytes();
-                let value = if kind == Kind::Tombstone {
-                    &horizon[..]
-                } else {
-                    value
-                };
-                let r = {
-                    let mut head = self.head();
-                    self.append_to(
-                        &mut head,
-                        record_len(key.len(), value.len()),
-                        false,
-                        &|seq| encode_record(seq, version, kind, key, value),
-                    )
-                };
-                match r {
-                    Ok(loc) => {
-                        let new = if kind == Kind::Value { loc } else { 0 };
-                        let prev = self
-                            .index
-                            .set(&g, h, &is_key, new)
-                            .map_err(|()| KvError::IndexFull)?;
-                        if prev != 0 {
-                            let old = self.header_at(prev)?;
-                            self.unlive(seg_of(prev), old.len, "replaced");
-                        }
-                        match (prev != 0, kind) {
-                            (false, Kind::Value) => {
-                                self.keys.fetch_add(1, Ordering::Relaxed);
-                            }
-                            (true, Kind::Tombstone) => {
-                                self.keys.fetch_sub(1, Ordering::Relaxed);
-                            }
-                            _ => {}
-                        }
-                        return Ok(Some(prev));
-                    }
-                    Err(KvError::Full) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            // Compact while that makes room (here or in another thread); full when not.
-            let emptied = self.compact(4)?;
-            let freed = self.reclaim_waiting();
-            if emptied == 0 && !freed && self.free_count() <= RESERVE {
-                return Err(KvError::Full);
-            }
-        }
-        Err(KvError::Full)
+        Ok(Store { core, compactors })
     }
 
     /// Set `key` to `value`, durably.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), KvError> {
-        Self::check(key, value)?;
-        self.write(key, Kind::Value, value).map(|_| ())
+        self.core
+            .update(key, |_| Ok((Change::Put(Cow::Borrowed(value)), ())))
     }
 
     /// Remove `key`, durably: a tombstone record, which holds the segment sequence
@@ -427,41 +203,89 @@ impl Store {
     /// opened before it; compaction keeps the tombstone while such a segment may still be
     /// read at a recovery). Whether it was present.
     pub fn delete(&self, key: &[u8]) -> Result<bool, KvError> {
-        Self::check(key, b"")?;
-        Ok(self.write(key, Kind::Tombstone, b"")?.is_some())
+        self.core
+            .update(key, |cur| Ok((Change::Delete, cur.is_some())))
     }
 
-    /// The location of `key`'s current record.
-    fn find(&self, key: &[u8]) -> Option<u64> {
-        self.index.get(hash(key), &|l| self.key_is(l, key))
+    /// Change `key` atomically: `decide` gets its current value (`None`: absent) and
+    /// says what to do ([`Change`]) and what to return. Nothing else changes the key
+    /// between the two; the change is durable on return. `decide` may be called again
+    /// when the pool had to be compacted to make room.
+    pub fn update<'v, R>(
+        &self,
+        key: &[u8],
+        decide: impl FnMut(Option<&[u8]>) -> Result<(Change<'v>, R), KvError>,
+    ) -> Result<R, KvError> {
+        self.core.update(key, decide)
     }
 
     /// Whether `key` is present.
     pub fn contains(&self, key: &[u8]) -> Result<bool, KvError> {
-        let _pin = self.epochs.pin();
-        Ok(self.find(key).is_some())
+        Core::check_key(key)?;
+        let _pin = self.core.epochs.pin();
+        Ok(self
+            .core
+            .index
+            .get(hash(key), &|l| self.core.key_is(l, key))
+            .is_some())
     }
 
-    /// `key`'s value appended to `out` (its length), or `None`.
+    /// `key`'s value appended to `out` (its length), or `None`. Never a torn value: in
+    /// the in-place mode the copy is validated against the key's bucket version after
+    /// it is made (a seqlock), and made again if a writer came by.
     pub fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, KvError> {
+        Core::check_key(key)?;
+        let core = &*self.core;
         // The record stays where it is while the pin lives (compaction reuses a segment
         // only after every reader that could have found it is gone).
-        let _pin = self.epochs.pin();
-        let Some(loc) = self.find(key) else {
-            return Ok(None);
-        };
-        let h = self.header_at(loc)?;
+        let _pin = core.epochs.pin();
+        let h = hash(key);
+        let is_key = |l: u64| core.key_is(l, key);
         let at = out.len();
-        out.resize(at + h.value_len, 0);
-        self.pool
-            .map
-            .read((loc + RECORD_HEADER) as usize + h.key_len, &mut out[at..])?;
-        Ok(Some(h.value_len))
+        let copy = |loc: u64, out: &mut Vec<u8>| -> io::Result<usize> {
+            let rh = core.header_at(loc)?;
+            let v = core.value_at(loc, &rh)?;
+            out.truncate(at);
+            out.extend_from_slice(v);
+            Ok(v.len())
+        };
+        let r = match core.policy {
+            // Records are never rewritten: the index's own validation is enough.
+            crate::UpdatePolicy::Append => core.index.get(h, &is_key).map(|l| copy(l, out)),
+            crate::UpdatePolicy::InPlace => core.index.read(h, &is_key, |l| copy(l, out)),
+        };
+        Ok(r.transpose()?)
+    }
+
+    /// Run `f` on `key`'s value in place (no copy), under an epoch: the bytes stay
+    /// where they are while `f` runs. In the in-place mode `f` runs under the key's
+    /// bucket lock (so that no update rewrites the bytes meanwhile): keep it short.
+    pub fn get_with<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, KvError> {
+        Core::check_key(key)?;
+        let core = &*self.core;
+        let _pin = core.epochs.pin();
+        let h = hash(key);
+        let is_key = |l: u64| core.key_is(l, key);
+        let _lock;
+        let loc = match core.policy {
+            crate::UpdatePolicy::Append => core.index.get(h, &is_key),
+            crate::UpdatePolicy::InPlace => {
+                _lock = core.index.lock_key(h);
+                core.index.get_locked(&_lock, h, &is_key)
+            }
+        };
+        let Some(loc) = loc else { return Ok(None) };
+        let rh = core.header_at(loc)?;
+        Ok(Some(f(core.value_at(loc, &rh)?)))
     }
 
     /// Keys present.
     pub fn len(&self) -> u64 {
-        self.keys.load(Ordering::Relaxed)
+        self.core.keys.load(Ordering::Relaxed)
     }
 
     /// Whether no key is present.
@@ -471,214 +295,49 @@ impl Store {
 
     /// Figures of the store.
     pub fn stats(&self) -> Stats {
-        let free = self.free_count() as u64;
-        let segments = self.pool.header.segments;
+        let c = &*self.core;
+        let free = c.free_count() as u64;
+        let retired = crate::log::lock(&c.retired).len() as u64;
+        let segments = c.pool.header.segments;
+        let mut utilization = [0u64; 10];
+        for s in 1..segments as usize {
+            if c.seqs[s].load(Ordering::Relaxed) != 0 {
+                let live = c.live[s].load(Ordering::Relaxed);
+                let decile = live * 10 / (SEGMENT_BYTES - SEGMENT_HEADER);
+                utilization[decile.min(9) as usize] += 1;
+            }
+        }
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             keys: self.len(),
-            live_bytes: self.live.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
+            data_bytes: n(&c.data),
+            live_bytes: c.live.iter().map(n).sum(),
             used_bytes: (segments - 1 - free) * SEGMENT_BYTES,
+            index_bytes: c.index.bytes(),
             pool_bytes: segments * SEGMENT_BYTES,
             free_segments: free,
-            compacted_bytes: self.compacted_bytes.load(Ordering::Relaxed),
-            compacted_segments: self.compacted_segments.load(Ordering::Relaxed),
+            retired_segments: retired,
+            compacted_bytes: n(&c.counters.compacted_bytes),
+            compacted_segments: n(&c.counters.compacted_segments),
+            compaction_rounds: n(&c.counters.compaction_rounds),
+            compaction_errors: n(&c.counters.compaction_errors),
+            appends: n(&c.counters.appends),
+            in_place_updates: n(&c.counters.in_place),
+            utilization,
+            durable: c.durable,
+            policy: c.policy,
         }
     }
 
-    /// [`Store::reclaim`], waiting up to 100 ms for readers to leave the epochs that
-    /// hold retired segments back; whether any was freed.
-    fn reclaim_waiting(&self) -> bool {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
-        loop {
-            if self.reclaim() {
-                return true;
-            }
-            let waiting = !self
-                .retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty();
-            if !waiting || std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::yield_now();
-        }
+    /// One compaction round of at most `max` segments (see `Core::compact`); the
+    /// segments emptied.
+    pub fn compact(&self, max: usize) -> Result<usize, KvError> {
+        self.core.compact(max)
     }
 
-    /// Free the segments compaction retired that no reader can still be in; whether any
+    /// Free the segments compaction emptied that no reader can still be in; whether any
     /// was.
     pub fn reclaim(&self) -> bool {
-        let min = self.epochs.min_pinned();
-        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        let before = retired.len();
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let mut freed = Vec::new();
-        retired.retain(|&(e, s)| {
-            let keep = e >= min;
-            if !keep {
-                freed.push(s);
-            }
-            keep
-        });
-        for s in freed {
-            // Its header erased (durably), its records are nothing to a recovery: no
-            // tombstone has to stay for them.
-            let off = Pool::seg_off(s);
-            if self
-                .pool
-                .map
-                .zero(off, SEGMENT_HEADER as usize)
-                .and_then(|()| self.pool.map.persist(off, SEGMENT_HEADER as usize))
-                .is_ok()
-            {
-                self.seqs[s as usize].store(0, Ordering::Release);
-            }
-            free.push(s);
-        }
-        retired.len() < before
-    }
-
-    /// One compaction round: the closed segments with the best cost-benefit
-    /// (`(1 − u)·age / (1 + u)`, u = live bytes / segment), at most `max` of them, their
-    /// current records copied to compaction's head (durable before anything else
-    /// changes), the index switched key by key under each key's lock (a writer that got
-    /// there first wins), the emptied segments retired until no reader can be in them.
-    /// Returns the segments emptied.
-    pub fn compact(&self, max: usize) -> Result<usize, KvError> {
-        let mut head = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
-        // The segment the previous round copied into is closed: it can be a candidate
-        // (what it holds may have died since).
-        if head.seg != 0 {
-            self.is_head[head.seg as usize].store(false, Ordering::Release);
-            *head = Head::default();
-        }
-        self.reclaim();
-        let now = self.version.load(Ordering::Relaxed);
-        let closed: Vec<u64> = {
-            let retired: Vec<u64> = self
-                .retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .map(|&(_, s)| s)
-                .collect();
-            let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            (1..self.pool.header.segments)
-                .filter(|&s| {
-                    self.seqs[s as usize].load(Ordering::Acquire) != 0
-                        && !self.is_head[s as usize].load(Ordering::Acquire)
-                        && !retired.contains(&s)
-                        && !free.contains(&s)
-                })
-                .collect()
-        };
-        let mut cands: Vec<(f64, u64)> = closed
-            .into_iter()
-            .filter_map(|s| {
-                let u = self.live[s as usize].load(Ordering::Relaxed) as f64 / SEGMENT_BYTES as f64;
-                let age =
-                    now.saturating_sub(self.born[s as usize].load(Ordering::Relaxed)) as f64 + 1.0;
-                // A segment over 98% live is not worth copying.
-                (u < 0.98).then_some(((1.0 - u) * age / (1.0 + u), s))
-            })
-            .collect();
-        cands.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut emptied = 0;
-        for &(_, s) in cands.iter().take(max) {
-            match self.compact_segment(&mut head, s) {
-                Ok(()) => {}
-                // No room left for the copies: the segment keeps what was not moved.
-                Err(KvError::Full) => break,
-                Err(e) => return Err(e),
-            }
-            let at = self.epochs.advance();
-            self.retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((at, s));
-            self.compacted_segments.fetch_add(1, Ordering::Relaxed);
-            emptied += 1;
-            // Free at once if no reader can be in it: the next copies can go there.
-            self.reclaim();
-        }
-        Ok(emptied)
-    }
-
-    /// Take `n` live bytes from segment `s` (checked builds check the count).
-    fn unlive(&self, s: u64, n: u64, why: &str) {
-        let before = self.live[s as usize].fetch_sub(n, Ordering::Relaxed);
-        debug_assert!(
-            before >= n,
-            "segment {s}: {before} live bytes, {n} taken ({why})"
-        );
-    }
-
-    fn free_count(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Copy segment `s`'s current records to compaction's head.
-    fn compact_segment(&self, head: &mut Head, s: u64) -> Result<(), KvError> {
-        let seq = self.seqs[s as usize].load(Ordering::Acquire);
-        // The oldest incarnation of any other segment that may hold records.
-        let oldest = (1..self.seqs.len())
-            .filter(|&o| o != s as usize)
-            .map(|o| self.seqs[o].load(Ordering::Acquire))
-            .filter(|&q| q != 0)
-            .min()
-            .unwrap_or(u64::MAX);
-        let base = Pool::seg_off(s);
-        let mut buf = vec![0u8; SEGMENT_BYTES as usize];
-        self.pool.map.read(base, &mut buf)?;
-        let mut off = SEGMENT_HEADER;
-        while off + RECORD_HEADER <= SEGMENT_BYTES {
-            let at = off as usize;
-            let Some(rh) = decode_record_header(&buf[at..], SEGMENT_BYTES - off) else {
-                break;
-            };
-            let rec = &buf[at..at + rh.len as usize];
-            if !record_valid(seq, &rh, rec) {
-                break;
-            }
-            let loc = base as u64 + off;
-            off += rh.len;
-            let k = RECORD_HEADER as usize;
-            let key = &rec[k..k + rh.key_len];
-            let value = &rec[k + rh.key_len..k + rh.key_len + rh.value_len];
-            let live = match rh.kind {
-                Kind::Value => {
-                    let _pin = self.epochs.pin();
-                    let h = hash(key);
-                    let g = self.index.lock_key(h);
-                    let is_key = |l: u64| self.key_is(l, key);
-                    if self.index.get_locked(&g, h, &is_key) != Some(loc) {
-                        continue;
-                    }
-                    let new = self.append_to(head, rh.len, true, &|sq| {
-                        encode_record(sq, rh.version, Kind::Value, key, value)
-                    })?;
-                    self.index
-                        .set(&g, h, &is_key, new)
-                        .map_err(|()| KvError::IndexFull)?;
-                    true
-                }
-                Kind::Tombstone => {
-                    // Kept while a segment opened before it (other than this one) may
-                    // still hold an older record of the key.
-                    let horizon = u64::from_le_bytes(value.try_into().unwrap_or([0; 8]));
-                    let needed = oldest < horizon;
-                    if needed {
-                        self.append_to(head, rh.len, true, &|sq| {
-                            encode_record(sq, rh.version, Kind::Tombstone, key, value)
-                        })?;
-                    }
-                    needed
-                }
-            };
-            self.unlive(s, rh.len, if live { "moved" } else { "tombstone dropped" });
-            if live {
-                self.compacted_bytes.fetch_add(rh.len, Ordering::Relaxed);
-            }
-        }
-        Ok(())
+        self.core.reclaim()
     }
 }

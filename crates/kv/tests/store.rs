@@ -1,7 +1,8 @@
 //! The store against a model, across reopenings (recovery), under concurrency, and
 //! across a process killed in the middle of its writes.
 
-use cairn_kv::{KvError, Options, Store};
+use cairn_kv::{Change, KvError, Options, Store, UpdatePolicy};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,10 +26,15 @@ impl Drop for PoolFile {
 }
 
 fn open(p: &Path, size: u64) -> Store {
+    open_with(p, size, UpdatePolicy::Append)
+}
+
+fn open_with(p: &Path, size: u64, policy: UpdatePolicy) -> Store {
     Store::open(
         p,
         &Options {
             size,
+            policy,
             ..Options::default()
         },
     )
@@ -53,11 +59,25 @@ impl Rng {
 
 #[test]
 fn operations_match_a_model_across_reopenings() {
-    let pf = PoolFile::new("model");
+    model_across_reopenings(UpdatePolicy::Append);
+}
+
+#[test]
+fn in_place_operations_match_a_model_across_reopenings() {
+    model_across_reopenings(UpdatePolicy::InPlace);
+}
+
+fn model_across_reopenings(policy: UpdatePolicy) {
+    let pf = PoolFile::new(&format!("model-{policy:?}"));
     let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
     let mut rng = Rng(0x1234_5678);
     for round in 0..4 {
-        let s = open(&pf.0, 64 << 20);
+        let s = open_with(&pf.0, 64 << 20, policy);
+        // Compaction of what recovery found (superseded tombstones included: checked
+        // builds check every live-byte count it takes).
+        for _ in 0..10 {
+            s.compact(8).unwrap();
+        }
         assert_eq!(
             s.len(),
             model.len() as u64,
@@ -88,6 +108,11 @@ fn operations_match_a_model_across_reopenings() {
         assert_eq!(s.len(), model.len() as u64);
         let st = s.stats();
         assert!(st.live_bytes <= st.used_bytes && st.used_bytes <= st.pool_bytes);
+        let data: usize = model.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert_eq!(st.data_bytes, data as u64, "round {round}");
+        if policy == UpdatePolicy::InPlace {
+            assert!(st.in_place_updates > 0, "{st:?}");
+        }
     }
 }
 
@@ -189,7 +214,21 @@ fn check_value(key: u64, v: &[u8]) -> u64 {
 
 #[test]
 fn concurrent_writers_and_readers_never_see_a_torn_value() {
-    concurrent(256 << 20, 200, 2000, 20_000);
+    concurrent(256 << 20, 200, 2000, 20_000, UpdatePolicy::Append);
+}
+
+/// In-place updates (Nibble-2) rewrite records readers may be copying: the copy is
+/// validated after it is made. Values of 1000–2000 bytes: many updates fit in place,
+/// the others are appended.
+#[test]
+fn in_place_updates_never_show_a_torn_value() {
+    concurrent(256 << 20, 200, 2000, 20_000, UpdatePolicy::InPlace);
+}
+
+/// The same with compaction all along at about 90% of the pool's data segments.
+#[test]
+fn in_place_updates_with_compaction_never_show_a_torn_value() {
+    concurrent(32 << 20, 6000, 4000, 15_000, UpdatePolicy::InPlace);
 }
 
 /// The same in a pool where compaction runs all along: 2,000 keys of 3–4 KiB (about
@@ -197,12 +236,12 @@ fn concurrent_writers_and_readers_never_see_a_torn_value() {
 /// the reserve take four of them).
 #[test]
 fn concurrent_writers_readers_and_compaction_never_see_a_torn_value() {
-    concurrent(32 << 20, 2000, 4000, 15_000);
+    concurrent(32 << 20, 2000, 4000, 15_000, UpdatePolicy::Append);
 }
 
-fn concurrent(pool: u64, keys: u64, max_len: u64, ops: u64) {
-    let pf = PoolFile::new(&format!("conc-{pool}"));
-    let s = Arc::new(open(&pf.0, pool));
+fn concurrent(pool: u64, keys: u64, max_len: u64, ops: u64, policy: UpdatePolicy) {
+    let pf = PoolFile::new(&format!("conc-{pool}-{policy:?}"));
+    let s = Arc::new(open_with(&pf.0, pool, policy));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writers: Vec<_> = (0..2u64)
         .map(|t| {
@@ -233,6 +272,11 @@ fn concurrent(pool: u64, keys: u64, max_len: u64, ops: u64) {
                         check_value(key, &v);
                         n += 1;
                     }
+                    // Zero-copy reads too.
+                    if key % 7 == 0 {
+                        s.get_with(&key.to_le_bytes(), |v| check_value(key, v))
+                            .unwrap();
+                    }
                 }
             }
             n
@@ -246,8 +290,11 @@ fn concurrent(pool: u64, keys: u64, max_len: u64, ops: u64) {
     // The index and the log agree after recovery too.
     let present = s.len();
     let st = s.stats();
+    if policy == UpdatePolicy::InPlace {
+        assert!(st.in_place_updates > 0, "{st:?}");
+    }
     drop(s);
-    let s = open(&pf.0, pool);
+    let s = open_with(&pf.0, pool, policy);
     assert_eq!(s.len(), present);
     if pool < 64 << 20 {
         assert!(st.compacted_segments > 0, "{st:?}");
@@ -264,7 +311,11 @@ fn concurrent(pool: u64, keys: u64, max_len: u64, ops: u64) {
 fn worker(pool: &Path) {
     use std::io::Write;
     let base: u64 = std::env::var("CAIRN_KV_BASE").unwrap().parse().unwrap();
-    let s = open(pool, 64 << 20);
+    let policy = match std::env::var("CAIRN_KV_POLICY").as_deref() {
+        Ok("InPlace") => UpdatePolicy::InPlace,
+        _ => UpdatePolicy::Append,
+    };
+    let s = open_with(pool, 64 << 20, policy);
     let mut out = std::io::stdout().lock();
     let mut rng = Rng(std::process::id() as u64);
     for version in base.. {
@@ -288,7 +339,12 @@ fn acknowledged_writes_survive_kill_9() {
         worker(Path::new(&p));
         return;
     }
-    let pf = PoolFile::new("kill");
+    killed_workers(UpdatePolicy::Append);
+    killed_workers(UpdatePolicy::InPlace);
+}
+
+fn killed_workers(policy: UpdatePolicy) {
+    let pf = PoolFile::new(&format!("kill-{policy:?}"));
     // What each key must hold: the last acknowledged operation (a put's version, or a
     // deletion), over several workers killed in turn.
     let mut last: HashMap<u64, Option<u64>> = HashMap::new();
@@ -301,6 +357,7 @@ fn acknowledged_writes_survive_kill_9() {
                 "--nocapture",
             ])
             .env("CAIRN_KV_WORKER", &pf.0)
+            .env("CAIRN_KV_POLICY", format!("{policy:?}"))
             .env("CAIRN_KV_BASE", base.to_string())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -324,7 +381,7 @@ fn acknowledged_writes_survive_kill_9() {
         assert!(acked > 0, "round {round}: the worker acknowledged nothing");
         // Every key holds its acknowledged state, but for one key: the call in flight
         // at the kill (version `newest + 1`) may have happened, whole.
-        let s = open(&pf.0, 64 << 20);
+        let s = open_with(&pf.0, 64 << 20, policy);
         let mut in_flight = Vec::new();
         for key in 0..300u64 {
             let want = last.get(&key).copied().flatten();
@@ -434,4 +491,121 @@ fn compaction_racing_writers_and_readers() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     c.join().unwrap();
     let _ = s.stats();
+}
+
+/// An in-place update cut short in the middle of its record is redone from the journal
+/// at recovery; without the journal entry the torn record would end its segment's scan
+/// (the key's value lost: what the journal is for).
+#[test]
+fn an_in_place_update_cut_short_is_redone_from_the_journal() {
+    let pf = PoolFile::new("journal");
+    let old = vec![b'o'; 3000];
+    let new = vec![b'n'; 3000];
+    {
+        let s = open_with(&pf.0, 16 << 20, UpdatePolicy::InPlace);
+        s.put(b"a", &old).unwrap();
+        s.put(b"z", b"after a").unwrap();
+        s.put(b"a", &new).unwrap();
+        assert_eq!(s.stats().in_place_updates, 1);
+    }
+    let data = std::fs::read(&pf.0).unwrap();
+    // The record in its segment (past segment 0, which holds the journal's copy).
+    let at = 2 * 1024 * 1024
+        + data[2 << 20..]
+            .windows(3000)
+            .position(|w| w == &new[..])
+            .expect("a's new value in place");
+    let tear = |f: &std::fs::File| {
+        // Half the new value back to the old one: a write cut short.
+        std::os::unix::fs::FileExt::write_all_at(f, &old[..1500], at as u64 + 1500).unwrap();
+    };
+    let f = std::fs::OpenOptions::new().write(true).open(&pf.0).unwrap();
+    tear(&f);
+    {
+        let s = open_with(&pf.0, 16 << 20, UpdatePolicy::Append);
+        assert_eq!(get(&s, b"a").unwrap(), new, "redone from the journal");
+        assert_eq!(get(&s, b"z").unwrap(), b"after a");
+    }
+    // The same damage with the journal's slots wiped: the torn record ends the scan.
+    tear(&f);
+    std::os::unix::fs::FileExt::write_all_at(&f, &vec![0u8; 1 << 20], 4096).unwrap();
+    let s = open(&pf.0, 16 << 20);
+    assert_eq!(
+        get(&s, b"a"),
+        None,
+        "without the journal the update is torn"
+    );
+    assert_eq!(
+        get(&s, b"z"),
+        None,
+        "and the records after it are not reached"
+    );
+}
+
+/// `update` reads and changes a key atomically; `get_with` reads in place.
+#[test]
+fn update_and_get_with() {
+    let pf = PoolFile::new("update");
+    let s = Arc::new(open(&pf.0, 32 << 20));
+    // Two threads incrementing one counter: no increment lost.
+    let ts: Vec<_> = (0..2)
+        .map(|_| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2000 {
+                    s.update(b"n", |cur| {
+                        let n: u64 =
+                            cur.map_or(0, |v| std::str::from_utf8(v).unwrap().parse().unwrap());
+                        Ok((
+                            Change::Put(Cow::Owned((n + 1).to_string().into_bytes())),
+                            (),
+                        ))
+                    })
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in ts {
+        t.join().unwrap();
+    }
+    assert_eq!(s.get_with(b"n", |v| v.to_vec()).unwrap().unwrap(), b"4000");
+    assert_eq!(s.get_with(b"absent", |v| v.len()).unwrap(), None);
+    // Keep and Delete, and what the closure returns.
+    let was = s
+        .update(b"n", |cur| Ok((Change::Keep, cur.map(|v| v.len()))))
+        .unwrap();
+    assert_eq!(was, Some(4));
+    let had = s
+        .update(b"n", |cur| Ok((Change::Delete, cur.is_some())))
+        .unwrap();
+    assert!(had && !s.contains(b"n").unwrap());
+    // An error from the closure changes nothing.
+    s.put(b"k", b"v").unwrap();
+    let e = s.update(b"k", |_| -> Result<(Change<'_>, ()), KvError> {
+        Err(KvError::TooBig("no".into()))
+    });
+    assert!(e.is_err());
+    assert_eq!(get(&s, b"k").unwrap(), b"v");
+}
+
+#[test]
+fn a_volatile_store_keeps_nothing_and_a_pool_has_one_user() {
+    let s = Store::open_volatile(&Options {
+        size: 16 << 20,
+        ..Options::default()
+    })
+    .unwrap();
+    s.put(b"k", b"v").unwrap();
+    assert_eq!(get(&s, b"k").unwrap(), b"v");
+    assert!(!s.stats().durable);
+    drop(s);
+    let pf = PoolFile::new("lock");
+    let a = open(&pf.0, 16 << 20);
+    let err = Store::open(&pf.0, &Options::default())
+        .err()
+        .expect("a second open");
+    assert!(err.to_string().contains("open in another process"), "{err}");
+    drop(a);
+    open(&pf.0, 16 << 20);
 }

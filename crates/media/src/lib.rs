@@ -160,6 +160,18 @@ impl Mapping {
         Ok(())
     }
 
+    /// The bytes at `off..off + len`, in place (no copy). The mapping is shared memory,
+    /// as with `memmap2`'s maps: the caller's own protocol (a lock, or epochs over
+    /// records nobody rewrites) must keep writers out of the range while the slice is in
+    /// use, or accept that it may read a mix of old and new bytes and validate after.
+    pub fn bytes(&self, off: usize, len: usize) -> io::Result<&[u8]> {
+        self.check(off, len)?;
+        emulate::read(0, len);
+        // SAFETY: bounds checked; the mapping lives as long as `self`, which the slice
+        // borrows. Concurrent writers are excluded by the caller's protocol (above).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) })
+    }
+
     /// Atomic 8-byte load (acquire) at `off` (must be 8-aligned).
     pub fn load_u64(&self, off: usize) -> io::Result<u64> {
         self.check(off, 8)?;

@@ -1,0 +1,299 @@
+//! Compaction: cost-benefit selection of closed segments, copying their current records
+//! to a compaction head, retiring them until no reader can be in them; and the
+//! background threads that run it when the free segments fall below the trigger.
+
+use crate::format::{
+    encode_record, record_len, record_valid, Kind, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
+};
+use crate::log::{lock, Core, Head};
+use crate::pool::Pool;
+use crate::store::KvError;
+use cairn_format::dir::hash;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Segments at least this full are not worth copying.
+const FULL_ENOUGH: f64 = 0.98;
+
+impl Core {
+    /// [`Core::reclaim`], waiting up to 100 ms for readers to leave the epochs that
+    /// hold retired segments back; whether any was freed.
+    pub fn reclaim_waiting(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        loop {
+            if self.reclaim() {
+                return true;
+            }
+            if lock(&self.retired).is_empty() || Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Free the segments compaction retired that no reader can still be in; whether any
+    /// was.
+    pub fn reclaim(&self) -> bool {
+        let mut retired = lock(&self.retired);
+        // The minimum after the lock: every segment retired by then had its records'
+        // index entries switched before, so a reader that pins later cannot find them.
+        let min = self.epochs.min_pinned();
+        let before = retired.len();
+        let mut free = lock(&self.free);
+        let mut freed = Vec::new();
+        retired.retain(|&(e, s)| {
+            let keep = e >= min;
+            if !keep {
+                freed.push(s);
+            }
+            keep
+        });
+        for s in freed {
+            // Its header erased (durably), its records are nothing to a recovery: no
+            // tombstone has to stay for them.
+            let off = Pool::seg_off(s);
+            if self
+                .pool
+                .map
+                .zero(off, SEGMENT_HEADER as usize)
+                .and_then(|()| self.persist(off as u64, SEGMENT_HEADER))
+                .is_ok()
+            {
+                self.seqs[s as usize].store(0, Ordering::Release);
+            }
+            self.claimed[s as usize].store(false, Ordering::Release);
+            free.push(s);
+        }
+        retired.len() < before
+    }
+
+    /// One compaction round (rounds are serialized): the closed segments with the
+    /// best cost-benefit (`(1 − u)·age / (1 + u)`, u = live bytes / segment), at most
+    /// `max` of them; their current records copied to a compaction head (durable
+    /// before anything else changes), the index switched key by key under each key's
+    /// lock (a writer that got there first wins), the emptied segments retired until no
+    /// reader can be in them. Returns the segments emptied.
+    pub fn compact(&self, max: usize) -> Result<usize, KvError> {
+        let mut head = lock(&self.compactor);
+        // The head keeps its segment from round to round (a new one each round would
+        // leave the rest of the last one unused), unless most of what it copied there
+        // has died since (then it is closed, and can be a candidate) and a free
+        // segment remains for the copies (closing the head with the last one gone
+        // would leave compaction nowhere to copy to).
+        if head.seg != 0
+            && self.live[head.seg as usize].load(Ordering::Relaxed) * 2 < head.off
+            && self.free_count() >= 1
+        {
+            self.is_head[head.seg as usize].store(false, Ordering::Release);
+            *head = Head::default();
+        }
+        self.reclaim();
+        self.counters
+            .compaction_rounds
+            .fetch_add(1, Ordering::Relaxed);
+        let now = self.version.load(Ordering::Relaxed);
+        let chosen: Vec<u64> = {
+            // Under the free list's lock: heads are taken from it under the same lock.
+            let free = lock(&self.free);
+            let mut cands: Vec<(f64, u64)> = (1..self.pool.header.segments)
+                .filter(|&s| {
+                    let i = s as usize;
+                    self.seqs[i].load(Ordering::Acquire) != 0
+                        && !self.is_head[i].load(Ordering::Acquire)
+                        && !self.claimed[i].load(Ordering::Acquire)
+                        && !free.contains(&s)
+                })
+                .filter_map(|s| {
+                    let i = s as usize;
+                    let u = self.live[i].load(Ordering::Relaxed) as f64 / SEGMENT_BYTES as f64;
+                    let age = now.saturating_sub(self.born[i].load(Ordering::Relaxed)) as f64 + 1.0;
+                    (u < FULL_ENOUGH).then_some(((1.0 - u) * age / (1.0 + u), s))
+                })
+                .collect();
+            cands.sort_by(|a, b| b.0.total_cmp(&a.0));
+            cands.truncate(max);
+            for &(_, s) in &cands {
+                self.claimed[s as usize].store(true, Ordering::Release);
+            }
+            cands.into_iter().map(|(_, s)| s).collect()
+        };
+        let mut emptied = 0;
+        let mut result = Ok(());
+        for &s in &chosen {
+            // Only a segment whose live bytes fit the room left for copies (the head's
+            // and the free segments'): a copy cut short by a full pool frees nothing and
+            // would spend the last free segment, leaving no room to compact into.
+            let room = if head.seg == 0 {
+                0
+            } else {
+                SEGMENT_BYTES - head.off
+            } + self.free_count() as u64 * (SEGMENT_BYTES - SEGMENT_HEADER);
+            if result.is_err() || self.live[s as usize].load(Ordering::Relaxed) > room {
+                self.claimed[s as usize].store(false, Ordering::Release);
+                continue;
+            }
+            match self.compact_segment(&mut head, s) {
+                Ok(false) => {
+                    // Records the walk could not reach are still current: the segment
+                    // stays (and can be chosen again).
+                    self.claimed[s as usize].store(false, Ordering::Release);
+                    self.counters
+                        .compaction_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(true) => {
+                    let at = self.epochs.advance();
+                    lock(&self.retired).push((at, s));
+                    self.counters
+                        .compacted_segments
+                        .fetch_add(1, Ordering::Relaxed);
+                    emptied += 1;
+                    // Free at once if no reader can be in it: the next copies can go there.
+                    self.reclaim();
+                }
+                Err(e) => {
+                    // The segment keeps what was not moved (no room left for the copies:
+                    // `Full`); it can be chosen again.
+                    self.claimed[s as usize].store(false, Ordering::Release);
+                    result = Err(e);
+                }
+            }
+        }
+        match result {
+            Ok(()) | Err(KvError::Full) => Ok(emptied),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Copy segment `s`'s current records to a compaction head; whether it holds
+    /// nothing current any more (its live bytes are down to 0: the walk reached every
+    /// record). A segment not emptied must not be retired.
+    fn compact_segment(&self, head: &mut Head, s: u64) -> Result<bool, KvError> {
+        let seq = self.seqs[s as usize].load(Ordering::Acquire);
+        // The oldest incarnation of any other segment that may hold records.
+        let oldest = (1..self.seqs.len())
+            .filter(|&o| o != s as usize)
+            .map(|o| self.seqs[o].load(Ordering::Acquire))
+            .filter(|&q| q != 0)
+            .min()
+            .unwrap_or(u64::MAX);
+        let base = Pool::seg_off(s) as u64;
+        let swept = &self.swept[s as usize];
+        let mut off = swept.load(Ordering::Acquire).max(SEGMENT_HEADER);
+        while off + RECORD_HEADER <= SEGMENT_BYTES {
+            let loc = base + off;
+            // The record may be rewritten by an in-place update until its key's lock is
+            // held: the walk takes from it unlocked only what such updates keep (the
+            // magic, the lengths, the key; a header caught in the middle of a rewrite
+            // is read again) and everything else under the lock.
+            let mut tries = 0;
+            let rh = loop {
+                match self.header_at(loc) {
+                    Ok(rh) => break Some(rh),
+                    Err(_) if tries < 100 => {
+                        tries += 1;
+                        std::thread::yield_now();
+                    }
+                    Err(_) => break None,
+                }
+            };
+            let Some(rh) = rh else { break };
+            let key = self
+                .pool
+                .map
+                .bytes((loc + RECORD_HEADER) as usize, rh.key_len)?;
+            let h = hash(key);
+            let _pin = self.epochs.pin();
+            let g = self.index.lock_key(h);
+            let rh = match self.header_at(loc) {
+                Ok(rh)
+                    if record_valid(
+                        seq,
+                        &rh,
+                        self.pool.map.bytes(loc as usize, rh.len as usize)?,
+                    ) =>
+                {
+                    rh
+                }
+                _ => break,
+            };
+            off += rh.len;
+            let value = self.value_at(loc, &rh)?;
+            let live = match rh.kind {
+                Kind::Value => {
+                    let is_key = |l: u64| self.key_is(l, key);
+                    if self.index.get_locked(&g, h, &is_key) != Some(loc) {
+                        swept.store(off, Ordering::Release);
+                        continue;
+                    }
+                    // The copy is tight: an in-place update by a shorter value left
+                    // slack in the allocation.
+                    let tight = record_len(rh.key_len, rh.value_len);
+                    let new = self.append_to(head, tight, true, &|sq| {
+                        encode_record(sq, rh.version, Kind::Value, key, value)
+                    })?;
+                    self.index
+                        .set(&g, h, &is_key, new)
+                        .map_err(|()| KvError::IndexFull)?;
+                    true
+                }
+                Kind::Tombstone => {
+                    drop(g);
+                    // Kept while a segment opened before it (other than this one) may
+                    // still hold an older record of the key.
+                    let horizon = u64::from_le_bytes(value.try_into().unwrap_or([0; 8]));
+                    let needed = oldest < horizon;
+                    if needed {
+                        self.append_to(head, rh.len, true, &|sq| {
+                            encode_record(sq, rh.version, Kind::Tombstone, key, value)
+                        })?;
+                    }
+                    needed
+                }
+            };
+            self.unlive(s, rh.len, if live { "moved" } else { "tombstone dropped" });
+            swept.store(off, Ordering::Release);
+            if live {
+                self.counters
+                    .compacted_bytes
+                    .fetch_add(rh.len, Ordering::Relaxed);
+            }
+        }
+        Ok(self.live[s as usize].load(Ordering::Acquire) == 0)
+    }
+}
+
+/// The body of a background compaction thread: compact while the free segments are
+/// below the trigger and compaction empties some; otherwise sleep until a head that
+/// takes a segment below the trigger rings, or for a while (reclaiming what readers
+/// have left).
+pub(crate) fn run(core: Arc<Core>) {
+    while !core.stop.load(Ordering::Acquire) {
+        let mut worked = false;
+        if core.wants_compaction() {
+            match core.compact(3) {
+                Ok(n) => worked = n > 0,
+                Err(_) => {
+                    core.counters
+                        .compaction_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        core.reclaim();
+        if worked {
+            continue;
+        }
+        let mut rung = lock(&core.bell.0);
+        if !*rung && !core.stop.load(Ordering::Acquire) {
+            rung = core
+                .bell
+                .1
+                .wait_timeout(rung, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *rung = false;
+    }
+}

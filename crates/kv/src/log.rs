@@ -1,0 +1,452 @@
+//! The log: the store's shared state ([`Core`]), its heads, and the write path (appends,
+//! in-place updates through the journal, the index switch).
+
+use crate::epoch::Epochs;
+use crate::format::{
+    decode_record_header, encode_journal, encode_record, encode_record_in, encode_segment_header,
+    record_len, Kind, JOURNAL_MAX_RECORD, JOURNAL_SLOTS, JOURNAL_SLOT_BYTES, JOURNAL_START,
+    MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
+};
+use crate::index::Index;
+use crate::pool::Pool;
+use crate::store::{KvError, UpdatePolicy};
+use cairn_format::dir::hash;
+use std::borrow::Cow;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// What an update ([`Core::update`]) does with a key, decided from its current value.
+pub enum Change<'v> {
+    /// Leave it as it is.
+    Keep,
+    /// Set it to this value.
+    Put(Cow<'v, [u8]>),
+    /// Remove it.
+    Delete,
+}
+
+/// A log head: the segment it appends to and where.
+#[derive(Debug, Default)]
+pub(crate) struct Head {
+    pub seg: u64,
+    pub seq: u64,
+    pub off: u64,
+}
+
+/// Free segments only compaction may take (so that it can always make room).
+pub(crate) const RESERVE: usize = 1;
+
+/// The segment of a location (a byte offset in the pool).
+pub(crate) fn seg_of(loc: u64) -> u64 {
+    loc / SEGMENT_BYTES
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The state of an open store, shared with its compaction threads.
+pub(crate) struct Core {
+    pub pool: Pool,
+    pub index: Index,
+    pub heads: Vec<Mutex<Head>>,
+    /// The next record version.
+    pub version: AtomicU64,
+    /// The next segment sequence number.
+    pub next_seq: AtomicU64,
+    pub free: Mutex<Vec<u64>>,
+    /// Per segment: the bytes of its records that are current (values and
+    /// tombstones); the sequence number it was opened under (0: free); whether it is a
+    /// log head now; the version counter when it was opened (its age); whether a
+    /// compaction has chosen it.
+    pub live: Vec<AtomicU64>,
+    pub seqs: Vec<AtomicU64>,
+    pub is_head: Vec<AtomicBool>,
+    pub born: Vec<AtomicU64>,
+    pub claimed: Vec<AtomicBool>,
+    /// Per segment: how far compaction has processed its records in this incarnation
+    /// (a round cut short by a full pool resumes there: a tombstone it already copied
+    /// must not be copied, and counted out, twice).
+    pub swept: Vec<AtomicU64>,
+    /// Keys present, and the bytes of their keys and values.
+    pub keys: AtomicU64,
+    pub data: AtomicU64,
+    pub epochs: Epochs,
+    /// Segments emptied by compaction, by the epoch they were retired at.
+    pub retired: Mutex<Vec<(u64, u64)>>,
+    /// Compaction's head (and the lock that serializes rounds: a round checks that the
+    /// room it has for copies covers a segment before it starts on it).
+    pub compactor: Mutex<Head>,
+    /// The in-place journal's slots.
+    journal: Vec<Mutex<()>>,
+    pub policy: UpdatePolicy,
+    /// Fenced writes (off: the volatile mode).
+    pub durable: bool,
+    /// Background compaction starts when the free segments fall below this fraction.
+    pub trigger: f64,
+    /// Wakes the compaction threads (set: there is work), and tells them to stop.
+    pub bell: (Mutex<bool>, Condvar),
+    pub stop: AtomicBool,
+    pub counters: Counters,
+}
+
+/// Event counters ([`crate::Stats`]).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub compacted_bytes: AtomicU64,
+    pub compacted_segments: AtomicU64,
+    pub compaction_rounds: AtomicU64,
+    pub appends: AtomicU64,
+    pub in_place: AtomicU64,
+    pub compaction_errors: AtomicU64,
+}
+
+/// How a [`Core`] is built.
+pub(crate) struct Setup {
+    pub heads: usize,
+    pub expected_keys: u64,
+    pub policy: UpdatePolicy,
+    pub durable: bool,
+    pub trigger: f64,
+}
+
+impl Core {
+    pub fn new(pool: Pool, s: &Setup) -> Core {
+        let segments = pool.header.segments;
+        let per_seg = |_| AtomicU64::new(0);
+        Core {
+            index: Index::new(s.expected_keys.max(64)),
+            pool,
+            heads: (0..s.heads.max(1))
+                .map(|_| Mutex::new(Head::default()))
+                .collect(),
+            version: AtomicU64::new(1),
+            next_seq: AtomicU64::new(1),
+            free: Mutex::new(Vec::new()),
+            live: (0..segments).map(per_seg).collect(),
+            seqs: (0..segments).map(per_seg).collect(),
+            is_head: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            born: (0..segments).map(per_seg).collect(),
+            claimed: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            swept: (0..segments).map(per_seg).collect(),
+            keys: AtomicU64::new(0),
+            data: AtomicU64::new(0),
+            epochs: Epochs::new(),
+            retired: Mutex::new(Vec::new()),
+            compactor: Mutex::new(Head::default()),
+            journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
+            policy: s.policy,
+            durable: s.durable,
+            trigger: s.trigger,
+            bell: (Mutex::new(false), Condvar::new()),
+            stop: AtomicBool::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Write `data` at `off` for the log: non-temporal stores (durable at the next
+    /// [`Core::fence`]), or plain ones in the volatile mode.
+    pub fn put_bytes(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        if self.durable {
+            self.pool.map.write_nt(off as usize, data)
+        } else {
+            self.pool.map.write(off as usize, data)
+        }
+    }
+
+    /// Make the writes before it durable (nothing in the volatile mode).
+    pub fn fence(&self) {
+        if self.durable {
+            cairn_media::fence();
+        }
+    }
+
+    /// Write back and fence `off..off+len` (nothing in the volatile mode).
+    pub fn persist(&self, off: u64, len: u64) -> io::Result<()> {
+        if self.durable {
+            self.pool.map.persist(off as usize, len as usize)?;
+        }
+        Ok(())
+    }
+
+    /// The header of the record at `loc`.
+    pub fn header_at(&self, loc: u64) -> io::Result<crate::format::RecordHeader> {
+        let h = self.pool.map.bytes(loc as usize, RECORD_HEADER as usize)?;
+        let room = SEGMENT_BYTES - loc % SEGMENT_BYTES;
+        decode_record_header(h, room)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "index: not a record"))
+    }
+
+    /// The value of the record at `loc` (with its header `h`), in place.
+    pub fn value_at(&self, loc: u64, h: &crate::format::RecordHeader) -> io::Result<&[u8]> {
+        self.pool
+            .map
+            .bytes((loc + RECORD_HEADER) as usize + h.key_len, h.value_len)
+    }
+
+    /// Whether the record at `loc` is `key`'s.
+    pub fn key_is(&self, loc: u64, key: &[u8]) -> bool {
+        match self.header_at(loc) {
+            Ok(h) if h.key_len == key.len() => self
+                .pool
+                .map
+                .bytes((loc + RECORD_HEADER) as usize, key.len())
+                .is_ok_and(|k| k == key),
+            _ => false,
+        }
+    }
+
+    pub fn check_key(key: &[u8]) -> Result<(), KvError> {
+        if key.is_empty() || key.len() > MAX_KEY {
+            return Err(KvError::TooBig(format!(
+                "a key has 1 to {MAX_KEY} bytes, not {}",
+                key.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_value(value: &[u8]) -> Result<(), KvError> {
+        if value.len() > MAX_VALUE {
+            return Err(KvError::TooBig(format!(
+                "a value has at most {MAX_VALUE} bytes, not {}",
+                value.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The log head of the calling CPU (one per core: appends from different cores
+    /// never contend; a thread that moved meanwhile only shares a head for a while).
+    fn head(&self) -> MutexGuard<'_, Head> {
+        let i = cairn_media::sys::current_cpu() % self.heads.len();
+        lock(&self.heads[i])
+    }
+
+    pub fn free_count(&self) -> usize {
+        lock(&self.free).len()
+    }
+
+    /// Whether the free segments are below the compaction trigger.
+    pub fn wants_compaction(&self) -> bool {
+        let usable = self.pool.header.segments.saturating_sub(1) as f64;
+        (self.free_count() as f64) < self.trigger * usable
+    }
+
+    /// Wake the compaction threads.
+    pub fn ring(&self) {
+        *lock(&self.bell.0) = true;
+        self.bell.1.notify_all();
+    }
+
+    /// Take a free segment for a head (a client's: not the last [`RESERVE`] ones, which
+    /// only compaction takes) and open it under a new sequence number.
+    pub fn roll(&self, head: &mut Head, for_compaction: bool) -> Result<(), KvError> {
+        let (s, left) = {
+            let mut free = lock(&self.free);
+            if free.len() <= RESERVE && !for_compaction {
+                return Err(KvError::Full);
+            }
+            let s = free.pop().ok_or(KvError::Full)?;
+            // A head from now on (under the free list's lock: compaction chooses among
+            // segments neither free nor heads under the same lock).
+            self.is_head[s as usize].store(true, Ordering::Release);
+            (s, free.len())
+        };
+        if head.seg != 0 {
+            self.is_head[head.seg as usize].store(false, Ordering::Release);
+        }
+        let usable = self.pool.header.segments.saturating_sub(1) as f64;
+        if (left as f64) < self.trigger * usable {
+            self.ring();
+        }
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let h = encode_segment_header(seq);
+        let off = Pool::seg_off(s) as u64;
+        self.pool.map.write(off as usize, &h)?;
+        self.persist(off, h.len() as u64)?;
+        self.seqs[s as usize].store(seq, Ordering::Release);
+        self.swept[s as usize].store(0, Ordering::Release);
+        self.born[s as usize].store(self.version.load(Ordering::Relaxed), Ordering::Relaxed);
+        *head = Head {
+            seg: s,
+            seq,
+            off: SEGMENT_HEADER,
+        };
+        Ok(())
+    }
+
+    /// Append a record of `len` bytes (encoded for `head.seq` by `encode`) to `head`,
+    /// durable when this returns; its location.
+    pub fn append_to(
+        &self,
+        head: &mut Head,
+        len: u64,
+        for_compaction: bool,
+        encode: &dyn Fn(u64) -> Vec<u8>,
+    ) -> Result<u64, KvError> {
+        if head.seg == 0 || head.off + len > SEGMENT_BYTES {
+            self.roll(head, for_compaction)?;
+        }
+        let rec = encode(head.seq);
+        let loc = Pool::seg_off(head.seg) as u64 + head.off;
+        self.put_bytes(loc, &rec)?;
+        self.fence();
+        head.off += len;
+        self.live[head.seg as usize].fetch_add(len, Ordering::Relaxed);
+        Ok(loc)
+    }
+
+    /// Rewrite the record at `loc` (an allocation of `len` bytes, the key's current
+    /// record) in place with a new version of `key`'s value, under the key's lock.
+    /// The whole new record goes to a journal slot first (durable), then in place
+    /// (durable): a crash in the middle of the second write leaves the first, which
+    /// recovery redoes; a crash in the first leaves the record as it was.
+    fn overwrite(
+        &self,
+        loc: u64,
+        len: u64,
+        version: u64,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), KvError> {
+        let seq = self.seqs[seg_of(loc) as usize].load(Ordering::Acquire);
+        let rec = encode_record_in(len, seq, version, Kind::Value, key, value);
+        if !self.durable {
+            self.pool.map.write(loc as usize, &rec)?;
+            return Ok(());
+        }
+        let slot = cairn_media::sys::current_cpu() as u64 % JOURNAL_SLOTS;
+        let _slot = lock(&self.journal[slot as usize]);
+        let entry = encode_journal(loc, seq, &rec);
+        self.put_bytes(JOURNAL_START + slot * JOURNAL_SLOT_BYTES, &entry)?;
+        self.fence();
+        self.put_bytes(loc, &rec)?;
+        self.fence();
+        Ok(())
+    }
+
+    /// Change `key` as `decide` says from its current value (`None`: absent), durably
+    /// when this returns, atomically with respect to every other change of the key:
+    /// the key's lock is held from reading its value to switching the index, and a
+    /// key's versions follow the order its changes take effect in (a deletion too,
+    /// though it leaves no index entry: recovery orders a key's records by version).
+    /// A full pool is compacted (on the caller's thread, with no lock held) while that
+    /// makes room, and `decide` asked again. Returns what `decide` returned.
+    pub fn update<'v, R>(
+        &self,
+        key: &[u8],
+        mut decide: impl FnMut(Option<&[u8]>) -> Result<(Change<'v>, R), KvError>,
+    ) -> Result<R, KvError> {
+        Self::check_key(key)?;
+        let h = hash(key);
+        for _ in 0..64 {
+            {
+                let _pin = self.epochs.pin();
+                let g = self.index.lock_key(h);
+                let is_key = |l: u64| self.key_is(l, key);
+                let cur = match self.index.get_locked(&g, h, &is_key) {
+                    Some(l) => Some((l, self.header_at(l)?)),
+                    None => None,
+                };
+                let value = match &cur {
+                    Some((l, rh)) => Some(self.value_at(*l, rh)?),
+                    None => None,
+                };
+                let (change, r) = decide(value)?;
+                // A tombstone's horizon, read under the key's lock: no record of the key
+                // can be written into a segment opened from now on but by later calls.
+                let horizon = self.next_seq.load(Ordering::Acquire).to_le_bytes();
+                let (kind, value): (Kind, &[u8]) = match &change {
+                    Change::Keep => return Ok(r),
+                    Change::Delete if cur.is_none() => return Ok(r),
+                    Change::Delete => (Kind::Tombstone, &horizon),
+                    Change::Put(v) => {
+                        Self::check_value(v)?;
+                        (Kind::Value, v)
+                    }
+                };
+                let version = self.version.fetch_add(1, Ordering::Relaxed);
+                let data = (key.len() + value.len()) as u64;
+                if let (Kind::Value, UpdatePolicy::InPlace, Some((l, rh))) =
+                    (kind, self.policy, &cur)
+                {
+                    if rh.kind == Kind::Value
+                        && record_len(key.len(), value.len()) <= rh.len
+                        && rh.len <= JOURNAL_MAX_RECORD
+                    {
+                        self.overwrite(*l, rh.len, version, key, value)?;
+                        self.data.fetch_add(data, Ordering::Relaxed);
+                        self.data
+                            .fetch_sub((rh.key_len + rh.value_len) as u64, Ordering::Relaxed);
+                        self.counters.in_place.fetch_add(1, Ordering::Relaxed);
+                        return Ok(r);
+                    }
+                }
+                let appended = {
+                    let mut head = self.head();
+                    self.append_to(
+                        &mut head,
+                        record_len(key.len(), value.len()),
+                        false,
+                        &|seq| encode_record(seq, version, kind, key, value),
+                    )
+                };
+                match appended {
+                    Ok(loc) => {
+                        self.counters.appends.fetch_add(1, Ordering::Relaxed);
+                        let new = if kind == Kind::Value { loc } else { 0 };
+                        self.index
+                            .set(&g, h, &is_key, new)
+                            .map_err(|()| KvError::IndexFull)?;
+                        if let Some((l, rh)) = &cur {
+                            self.unlive(seg_of(*l), rh.len, "replaced");
+                            self.data
+                                .fetch_sub((rh.key_len + rh.value_len) as u64, Ordering::Relaxed);
+                        }
+                        match (cur.is_some(), kind) {
+                            (false, Kind::Value) => {
+                                self.keys.fetch_add(1, Ordering::Relaxed);
+                            }
+                            (true, Kind::Tombstone) => {
+                                self.keys.fetch_sub(1, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                        if kind == Kind::Value {
+                            self.data.fetch_add(data, Ordering::Relaxed);
+                        }
+                        return Ok(r);
+                    }
+                    Err(KvError::Full) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // Compact while that makes room (here or in another thread); full when not:
+            // when this round emptied nothing, nothing retired could be freed, and no
+            // other round made progress meanwhile or is making it now.
+            let progress = self.counters.compacted_segments.load(Ordering::Relaxed);
+            let emptied = self.compact(4)?;
+            let freed = self.reclaim_waiting();
+            if emptied == 0 && !freed && self.free_count() <= RESERVE {
+                let others = self.counters.compacted_segments.load(Ordering::Relaxed) > progress
+                    || self.compactor.try_lock().is_err();
+                if !others {
+                    return Err(KvError::Full);
+                }
+                std::thread::yield_now();
+            }
+        }
+        Err(KvError::Full)
+    }
+
+    /// Take `n` live bytes from segment `s` (checked builds check the count).
+    pub fn unlive(&self, s: u64, n: u64, why: &str) {
+        let before = self.live[s as usize].fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(
+            before >= n,
+            "segment {s}: {before} live bytes, {n} taken ({why})"
+        );
+    }
+}

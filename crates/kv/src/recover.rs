@@ -1,0 +1,158 @@
+//! Recovery: redo the in-place updates the journal holds, then scan every segment;
+//! the newest record of each key wins.
+
+use crate::format::{
+    self, decode_journal, decode_record_header, record_valid, Kind, JOURNAL_SLOTS,
+    JOURNAL_SLOT_BYTES, JOURNAL_START, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
+};
+use crate::log::{lock, seg_of, Core};
+use crate::pool::Pool;
+use crate::store::KvError;
+use cairn_format::dir::hash;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+/// What recovery found for a key: the newest record.
+struct Found {
+    version: u64,
+    loc: u64,
+    len: u64,
+    kind: Kind,
+    data: u64,
+}
+
+impl Core {
+    /// The version of the valid record at `loc` in a segment opened under `seq`.
+    fn version_at(&self, loc: u64, seq: u64) -> Option<u64> {
+        let room = SEGMENT_BYTES - loc % SEGMENT_BYTES;
+        let h = self
+            .pool
+            .map
+            .bytes(loc as usize, RECORD_HEADER as usize)
+            .ok()?;
+        let h = decode_record_header(h, room)?;
+        let rec = self.pool.map.bytes(loc as usize, h.len as usize).ok()?;
+        record_valid(seq, &h, rec).then_some(h.version)
+    }
+
+    /// Redo the journal's in-place updates that may have been cut short: an entry whose
+    /// segment is still the incarnation it names and whose target holds an older or
+    /// damaged record is written again (in version order, so the newest wins). Entries
+    /// of completed updates, and of segments since reused, change nothing.
+    fn redo_journal(&self) -> Result<u64, KvError> {
+        let mut entries = Vec::new();
+        for slot in 0..JOURNAL_SLOTS {
+            let off = (JOURNAL_START + slot * JOURNAL_SLOT_BYTES) as usize;
+            let b = self.pool.map.bytes(off, JOURNAL_SLOT_BYTES as usize)?;
+            let Some(e) = decode_journal(b) else { continue };
+            let Some(rh) = decode_record_header(&e.record, e.record.len() as u64) else {
+                continue;
+            };
+            let s = seg_of(e.target);
+            if s == 0
+                || s >= self.pool.header.segments
+                || e.target % SEGMENT_BYTES < SEGMENT_HEADER
+                || e.target % SEGMENT_BYTES + rh.len > SEGMENT_BYTES
+            {
+                continue;
+            }
+            entries.push((rh.version, e));
+        }
+        entries.sort_by_key(|(v, _)| *v);
+        let mut redone = 0;
+        for (version, e) in entries {
+            let base = Pool::seg_off(seg_of(e.target));
+            let h = self.pool.map.bytes(base, SEGMENT_HEADER as usize)?;
+            if format::decode_segment_header(h) != Some(e.seg_seq) {
+                continue;
+            }
+            if self
+                .version_at(e.target, e.seg_seq)
+                .is_some_and(|v| v >= version)
+            {
+                continue;
+            }
+            self.pool.map.write(e.target as usize, &e.record)?;
+            self.persist(e.target, e.record.len() as u64)?;
+            redone += 1;
+        }
+        Ok(redone)
+    }
+
+    /// Scan every segment; the newest record of each key wins; install the values.
+    /// Every tombstone counts as live until compaction drops it (as at run time).
+    pub fn recover(&self) -> Result<(), KvError> {
+        self.redo_journal()?;
+        let segments = self.pool.header.segments;
+        let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
+        let (mut max_seq, mut max_version) = (0u64, 0u64);
+        let mut free = Vec::new();
+        for s in (1..segments).rev() {
+            let base = Pool::seg_off(s);
+            let buf = self.pool.map.bytes(base, SEGMENT_BYTES as usize)?;
+            let Some(seq) = format::decode_segment_header(buf) else {
+                free.push(s);
+                continue;
+            };
+            max_seq = max_seq.max(seq);
+            self.seqs[s as usize].store(seq, Ordering::Relaxed);
+            let mut off = SEGMENT_HEADER;
+            while off + RECORD_HEADER <= SEGMENT_BYTES {
+                let at = off as usize;
+                let Some(rh) = decode_record_header(&buf[at..], SEGMENT_BYTES - off) else {
+                    break;
+                };
+                if !record_valid(seq, &rh, &buf[at..at + rh.len as usize]) {
+                    break;
+                }
+                max_version = max_version.max(rh.version);
+                let k = at + RECORD_HEADER as usize;
+                let key = &buf[k..k + rh.key_len];
+                let f = Found {
+                    version: rh.version,
+                    loc: base as u64 + off,
+                    len: rh.len,
+                    kind: rh.kind,
+                    data: (rh.key_len + rh.value_len) as u64,
+                };
+                if rh.kind == Kind::Tombstone {
+                    self.live[s as usize].fetch_add(rh.len, Ordering::Relaxed);
+                }
+                match newest.get_mut(key) {
+                    Some(old) if old.version >= f.version => {}
+                    Some(old) => *old = f,
+                    None => {
+                        newest.insert(key.to_vec(), f);
+                    }
+                }
+                off += rh.len;
+            }
+        }
+        for (key, f) in &newest {
+            if f.kind == Kind::Value {
+                self.live[seg_of(f.loc) as usize].fetch_add(f.len, Ordering::Relaxed);
+                let h = hash(key);
+                let g = self.index.lock_key(h);
+                self.index
+                    .set(&g, h, &|l| self.key_is(l, key), f.loc)
+                    .map_err(|()| KvError::IndexFull)?;
+                self.keys.fetch_add(1, Ordering::Relaxed);
+                self.data.fetch_add(f.data, Ordering::Relaxed);
+            }
+        }
+        self.version.store(max_version + 1, Ordering::Relaxed);
+        self.next_seq.store(max_seq + 1, Ordering::Relaxed);
+        // Segments holding nothing current (emptied by a compaction the crash
+        // interrupted before they were reused) are free; they keep their sequence number
+        // until reused, for the tombstones that name their records.
+        for s in 1..segments {
+            if self.seqs[s as usize].load(Ordering::Relaxed) != 0
+                && self.live[s as usize].load(Ordering::Relaxed) == 0
+            {
+                free.push(s);
+            }
+        }
+        *lock(&self.free) = free;
+        Ok(())
+    }
+}
