@@ -179,6 +179,85 @@ pub enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
+    /// The persistent key-value store (cairn-kv) and its Redis-compatible server
+    Kv {
+        #[command(subcommand)]
+        which: KvCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct KvPoolArgs {
+    /// Pool file [default: /dev/shm/cairn-kv.pool]
+    #[arg(long, value_name = "PATH", default_value = "/dev/shm/cairn-kv.pool")]
+    pub pool: PathBuf,
+    /// Port of the server that has the pool open, used when it is (127.0.0.1)
+    #[arg(long, default_value_t = 6379)]
+    pub port: u16,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KvCommand {
+    /// Serve a pool over the Redis protocol (RESP 2 and 3) until SIGINT or SIGTERM
+    Serve(KvServeArgs),
+    /// A pool's figures: keys, live data, memory, compaction, segment utilization
+    Status {
+        #[command(flatten)]
+        at: KvPoolArgs,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a key's value on standard output
+    Get {
+        key: String,
+        #[command(flatten)]
+        at: KvPoolArgs,
+    },
+    /// Set a key (VALUE, or standard input with `-`)
+    Put {
+        key: String,
+        value: String,
+        #[command(flatten)]
+        at: KvPoolArgs,
+    },
+    /// Remove a key
+    Del {
+        key: String,
+        #[command(flatten)]
+        at: KvPoolArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct KvServeArgs {
+    /// Pool file (created if missing) [default: /dev/shm/cairn-kv.pool]
+    #[arg(long, value_name = "PATH", default_value = "/dev/shm/cairn-kv.pool")]
+    pub pool: PathBuf,
+    /// Size of a new pool (e.g. 256M, 4G)
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size, default_value = "1G")]
+    pub size: u64,
+    /// TCP port
+    #[arg(long, default_value_t = 6379)]
+    pub port: u16,
+    /// Address to listen on
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: String,
+    /// Worker threads [default: one per CPU]
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Update values in place when they fit (Nibble-2) instead of appending (Nibble)
+    #[arg(long)]
+    pub in_place: bool,
+    /// Keep the data in memory only (no pool file, no fences, nothing kept at exit)
+    #[arg(long)]
+    pub volatile: bool,
+    /// Keys the index is sized for [default: one per KiB of pool]
+    #[arg(long, value_name = "N")]
+    pub expected_keys: Option<u64>,
+    /// Background compaction runs while fewer than this fraction of segments are free
+    #[arg(long, value_name = "F", default_value_t = 0.2)]
+    pub compact_below: f64,
 }
 
 #[derive(Debug, Args)]

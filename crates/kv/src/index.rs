@@ -133,6 +133,32 @@ impl Index {
         }
     }
 
+    /// Buckets in the table.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// The locations of the entries in bucket `i`, read optimistically (for scans).
+    pub fn bucket_locations(&self, i: usize) -> Vec<u64> {
+        let b = &self.buckets[i];
+        loop {
+            let v = b.version.load(Ordering::Acquire);
+            if v & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let locs: Vec<u64> = b
+                .loc
+                .iter()
+                .map(|l| l.load(Ordering::Acquire))
+                .filter(|&l| l != 0)
+                .collect();
+            if b.version.load(Ordering::Acquire) == v {
+                return locs;
+            }
+        }
+    }
+
     /// Buckets' bytes (for the store's memory figures).
     pub fn bytes(&self) -> u64 {
         std::mem::size_of_val(&*self.buckets) as u64

@@ -283,6 +283,40 @@ impl Store {
         Ok(Some(f(core.value_at(loc, &rh)?)))
     }
 
+    /// Keys from the index's buckets `cursor..`, about `count` of them (whole buckets):
+    /// `f` gets each key; returns the cursor to continue from, 0 when the scan is
+    /// complete. As Redis's `SCAN`: a key present for the whole scan is seen at least
+    /// once (entries never move between buckets); one added or removed meanwhile may
+    /// or may not be.
+    pub fn scan(&self, cursor: u64, count: usize, mut f: impl FnMut(&[u8])) -> u64 {
+        let core = &*self.core;
+        let n = core.index.buckets() as u64;
+        let mut i = cursor;
+        let mut seen = 0;
+        let _pin = core.epochs.pin();
+        while i < n && seen < count.max(1) {
+            for loc in core.index.bucket_locations(i as usize) {
+                // Under the pin the record stays where it is; keys are never rewritten.
+                if let Ok(h) = core.header_at(loc) {
+                    if let Ok(k) = core
+                        .pool
+                        .map
+                        .bytes((loc + crate::format::RECORD_HEADER) as usize, h.key_len)
+                    {
+                        f(k);
+                        seen += 1;
+                    }
+                }
+            }
+            i += 1;
+        }
+        if i >= n {
+            0
+        } else {
+            i
+        }
+    }
+
     /// Keys present.
     pub fn len(&self) -> u64 {
         self.core.keys.load(Ordering::Relaxed)

@@ -1,0 +1,278 @@
+//! The network side: an acceptor and `threads` workers, each with its own `epoll` set
+//! of connections (non-blocking sockets, level-triggered). A connection's requests are
+//! parsed as they arrive, as many as its buffer holds (pipelining), executed in order,
+//! and their replies written back in order; a connection whose client does not read
+//! its replies stops being read from (4 MiB of replies pending) until it does.
+
+use crate::commands::{execute, After, Session, Shared};
+use crate::resp::{parse, wanted, Out};
+use rustix::buffer::spare_capacity;
+use rustix::event::epoll;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Replies pending on a connection beyond which it is not read from.
+const MAX_PENDING: usize = 4 << 20;
+/// Bytes read from one connection per wake-up (then the others get their turn).
+const READ_BUDGET: usize = 1 << 20;
+
+struct Conn {
+    stream: TcpStream,
+    inb: Vec<u8>,
+    out: Vec<u8>,
+    sent: usize,
+    session: Session,
+    /// Close once the replies are out (`QUIT`, a protocol error, the peer's EOF).
+    closing: bool,
+    /// The interest registered now (readable, writable).
+    interest: (bool, bool),
+}
+
+impl Conn {
+    /// Read what is there, execute every whole request, write what can be written.
+    /// Whether the connection is finished.
+    fn serve(&mut self, sh: &Shared, scratch: &mut [u8]) -> bool {
+        let mut got = 0;
+        while !self.closing && self.out.len() - self.sent < MAX_PENDING && got < READ_BUDGET {
+            match self.stream.read(scratch) {
+                Ok(0) => {
+                    self.closing = true;
+                    break;
+                }
+                Ok(n) => {
+                    self.inb.extend_from_slice(&scratch[..n]);
+                    got += n;
+                    // A large bulk announced: make room for it at once.
+                    let w = wanted(&self.inb);
+                    if w > 0 {
+                        self.inb.reserve(w);
+                    }
+                    self.run(sh);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+        self.flush().is_err() || (self.closing && self.sent == self.out.len())
+    }
+
+    /// Execute the whole requests in the input buffer.
+    fn run(&mut self, sh: &Shared) {
+        let mut at = 0;
+        while !self.closing {
+            match parse(&self.inb[at..]) {
+                Ok(Some((args, n))) => {
+                    at += n;
+                    let mut o = Out {
+                        buf: &mut self.out,
+                        resp3: self.session.resp3,
+                    };
+                    if execute(sh, &mut self.session, &args, &mut o) == After::Close {
+                        self.closing = true;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // As Redis: the error, then the connection is closed.
+                    let mut o = Out {
+                        buf: &mut self.out,
+                        resp3: self.session.resp3,
+                    };
+                    o.error(&format!("ERR {}", e.0));
+                    self.closing = true;
+                }
+            }
+        }
+        self.inb.drain(..at);
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        while self.sent < self.out.len() {
+            match self.stream.write(&self.out[self.sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        } else if self.sent > 1 << 20 {
+            self.out.drain(..self.sent);
+            self.sent = 0;
+        }
+        Ok(())
+    }
+
+    fn wants(&self) -> (bool, bool) {
+        let pending = self.out.len() - self.sent;
+        (!self.closing && pending < MAX_PENDING, pending > 0)
+    }
+}
+
+fn flags((read, write): (bool, bool)) -> epoll::EventFlags {
+    let mut f = epoll::EventFlags::RDHUP;
+    if read {
+        f |= epoll::EventFlags::IN;
+    }
+    if write {
+        f |= epoll::EventFlags::OUT;
+    }
+    f
+}
+
+/// A worker: its `epoll` set and the connections the acceptor handed it.
+struct Worker {
+    ep: OwnedFd,
+    inbox: Mutex<Vec<(u64, TcpStream)>>,
+}
+
+fn work(w: Arc<Worker>, sh: Arc<Shared>, stop: Arc<dyn Fn() -> bool + Send + Sync>) {
+    let mut conns: HashMap<u64, Conn> = HashMap::new();
+    let mut events = Vec::with_capacity(256);
+    let mut scratch = vec![0u8; 64 << 10];
+    let tick = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    while !stop() {
+        events.clear();
+        if let Err(e) = epoll::wait(&w.ep, spare_capacity(&mut events), Some(&tick)) {
+            if e != rustix::io::Errno::INTR {
+                eprintln!("cairn kv serve: epoll_wait: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        for ev in events.drain(..) {
+            let token = ev.data.u64();
+            if !conns.contains_key(&token) {
+                for (t, stream) in crate::lock(&w.inbox).drain(..) {
+                    conns.insert(
+                        t,
+                        Conn {
+                            stream,
+                            inb: Vec::new(),
+                            out: Vec::new(),
+                            sent: 0,
+                            session: Session {
+                                id: t,
+                                resp3: false,
+                                name: Vec::new(),
+                            },
+                            closing: false,
+                            interest: (true, false),
+                        },
+                    );
+                }
+            }
+            let Some(c) = conns.get_mut(&token) else {
+                continue;
+            };
+            let done = c.serve(&sh, &mut scratch);
+            if done {
+                let _ = epoll::delete(&w.ep, &c.stream);
+                conns.remove(&token);
+                sh.clients.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let want = c.wants();
+            if want != c.interest {
+                c.interest = want;
+                if epoll::modify(&w.ep, &c.stream, epoll::EventData::new_u64(token), flags(want))
+                    .is_err()
+                {
+                    conns.remove(&token);
+                    sh.clients.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// Serve on `listener` with `threads` workers until `stop` says so.
+pub fn serve(
+    sh: Arc<Shared>,
+    listener: TcpListener,
+    threads: usize,
+    stop: Arc<dyn Fn() -> bool + Send + Sync>,
+) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let workers: Vec<Arc<Worker>> = (0..threads.max(1))
+        .map(|_| {
+            Ok(Arc::new(Worker {
+                ep: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+                inbox: Mutex::new(Vec::new()),
+            }))
+        })
+        .collect::<io::Result<_>>()?;
+    let handles: Vec<_> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let (w, sh, stop) = (w.clone(), sh.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("kv-serve-{i}"))
+                .spawn(move || work(w, sh, stop))
+        })
+        .collect::<io::Result<_>>()?;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    epoll::add(&ep, &listener, epoll::EventData::new_u64(0), epoll::EventFlags::IN)?;
+    let mut events = Vec::with_capacity(4);
+    let tick = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    let mut next = 0usize;
+    while !stop() {
+        events.clear();
+        match epoll::wait(&ep, spare_capacity(&mut events), Some(&tick)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        loop {
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Out of descriptors and the like: the listener stays, try again soon.
+                Err(e) => {
+                    eprintln!("cairn kv serve: accept: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    break;
+                }
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let token = sh.next_id.fetch_add(1, Ordering::Relaxed);
+            let w = &workers[next % workers.len()];
+            next += 1;
+            sh.clients.fetch_add(1, Ordering::Relaxed);
+            sh.connections.fetch_add(1, Ordering::Relaxed);
+            // Registered first (an event that comes before the worker has the stream
+            // is seen again: level-triggered).
+            if epoll::add(&w.ep, &stream, epoll::EventData::new_u64(token), flags((true, false)))
+                .is_err()
+            {
+                sh.clients.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            crate::lock(&w.inbox).push((token, stream));
+        }
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
