@@ -88,6 +88,11 @@ if ! python3 -c 'import lmdb' >/dev/null 2>&1; then
     log "installing the Python package lmdb"
     python3 -m pip install -q lmdb || python3 -m pip install -q --break-system-packages lmdb
 fi
+# The redis client (crates/tests/tests/kv_server.rs: against `cairn kv serve`).
+if ! python3 -c 'import redis' >/dev/null 2>&1; then
+    log "installing the Python package redis"
+    python3 -m pip install -q redis || python3 -m pip install -q --break-system-packages redis
+fi
 
 # ---- Runtime ---------------------------------------------------------------------
 # The NVM tier file lives on /dev/shm by default (tmpfs).

@@ -58,9 +58,9 @@ fn syntax(o: &mut Out<'_>) {
 fn store_error(o: &mut Out<'_>, e: &KvError) {
     match e {
         KvError::Full => o.error("OOM command not allowed when used memory > 'maxmemory'."),
-        KvError::IndexFull => {
-            o.error("OOM command not allowed: the index is full (open the pool with more expected keys)")
-        }
+        KvError::IndexFull => o.error(
+            "OOM command not allowed: the index is full (open the pool with more expected keys)",
+        ),
         KvError::TooBig(m) => o.error(&format!("ERR {m}")),
         KvError::Io(e) => o.error(&format!("ERR I/O error: {e}")),
     }
@@ -186,7 +186,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
             }
         }
         "mset" => {
-            if a.is_empty() || a.len() % 2 != 0 {
+            if a.is_empty() || !a.len().is_multiple_of(2) {
                 arity(o, &name);
                 return After::Continue;
             }
@@ -245,7 +245,11 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
         },
         "ttl" | "pttl" => match a {
             // Keys never expire here: -1 for a key, -2 for none.
-            [k] => o.int(if s.contains(k).unwrap_or(false) { -1 } else { -2 }),
+            [k] => o.int(if s.contains(k).unwrap_or(false) {
+                -1
+            } else {
+                -2
+            }),
             _ => arity(o, &name),
         },
         "dbsize" => o.int(s.len() as i64),
@@ -288,7 +292,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
         "hello" => hello(sh, se, a, o),
         "command" => match a.first().map(|c| lower(c)).as_deref() {
             None | Some("docs") => {
-                if se.resp3 && a.first().is_some() {
+                if se.resp3 && !a.is_empty() {
                     o.map(0);
                 } else {
                     o.array(0);
@@ -330,10 +334,10 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
 
 /// The commands this server knows (`COMMAND COUNT`, docs/KV.md).
 pub const COMMANDS: &[&str] = &[
-    "ping", "echo", "quit", "get", "set", "getdel", "del", "unlink", "exists", "mget",
-    "mset", "incr", "decr", "incrby", "decrby", "append", "strlen", "type", "ttl", "pttl",
-    "dbsize", "flushdb", "flushall", "scan", "keys", "select", "client", "hello", "command",
-    "config", "info",
+    "ping", "echo", "quit", "get", "set", "getdel", "del", "unlink", "exists", "mget", "mset",
+    "incr", "decr", "incrby", "decrby", "append", "strlen", "type", "ttl", "pttl", "dbsize",
+    "flushdb", "flushall", "scan", "keys", "select", "client", "hello", "command", "config",
+    "info",
 ];
 
 fn get(s: &Store, k: &[u8], o: &mut Out<'_>) {
@@ -471,7 +475,9 @@ fn client(sh: &Shared, se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     match (lower(sub).as_str(), &a[1..]) {
         ("setname", [n]) => {
             if n.iter().any(|&b| b <= b' ' || b > b'~') {
-                return o.error("ERR Client names cannot contain spaces, newlines or special characters.");
+                return o.error(
+                    "ERR Client names cannot contain spaces, newlines or special characters.",
+                );
             }
             se.name = n.clone();
             o.ok();
@@ -521,7 +527,8 @@ fn hello(sh: &Shared, se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     while i < a.len() {
         match lower(&a[i]).as_str() {
             "auth" if i + 2 < a.len() => {
-                return o.error("WRONGPASS cairn-kv has no users or passwords (AUTH is not supported)");
+                return o
+                    .error("WRONGPASS cairn-kv has no users or passwords (AUTH is not supported)");
             }
             "setname" if i + 1 < a.len() => {
                 se.name = a[i + 1].clone();
@@ -572,7 +579,11 @@ fn config(sh: &Shared, a: &[Vec<u8>], o: &mut Out<'_>) {
             ];
             let found: Vec<&(&str, String)> = table
                 .iter()
-                .filter(|(k, _)| a[1..].iter().any(|p| matches(&p.to_ascii_lowercase(), k.as_bytes())))
+                .filter(|(k, _)| {
+                    a[1..]
+                        .iter()
+                        .any(|p| matches(&p.to_ascii_lowercase(), k.as_bytes()))
+                })
                 .collect();
             o.map(found.len());
             for (k, v) in found {
@@ -584,7 +595,9 @@ fn config(sh: &Shared, a: &[Vec<u8>], o: &mut Out<'_>) {
             sh.commands.store(0, Ordering::Relaxed);
             o.ok();
         }
-        "set" => o.error("ERR CONFIG SET is not supported by cairn-kv (see `cairn kv serve --help`)"),
+        "set" => {
+            o.error("ERR CONFIG SET is not supported by cairn-kv (see `cairn kv serve --help`)")
+        }
         _ => o.error(&format!(
             "ERR unknown subcommand '{}'. Try CONFIG HELP.",
             String::from_utf8_lossy(sub)
@@ -640,7 +653,10 @@ pub fn stats_pairs(st: &cairn_kv::Stats) -> Vec<(&'static str, String)> {
 /// `INFO`'s text: the sections asked for (all by default).
 pub fn info(sh: &Shared, a: &[Vec<u8>]) -> String {
     let want: Vec<String> = a.iter().map(|x| lower(x)).collect();
-    let all = want.is_empty() || want.iter().any(|w| w == "all" || w == "everything" || w == "default");
+    let all = want.is_empty()
+        || want
+            .iter()
+            .any(|w| w == "all" || w == "everything" || w == "default");
     let on = |s: &str| all || want.iter().any(|w| w == s);
     let st = sh.store.stats();
     let used = st.used_bytes + st.index_bytes;
@@ -711,7 +727,17 @@ mod tests {
         for (s, v) in [("0", Some(0)), ("-5", Some(-5)), ("123", Some(123))] {
             assert_eq!(parse_i64(s.as_bytes()), v, "{s}");
         }
-        for s in ["", "-", "+1", "01", "-0", " 1", "1 ", "9223372036854775808", "1e3"] {
+        for s in [
+            "",
+            "-",
+            "+1",
+            "01",
+            "-0",
+            " 1",
+            "1 ",
+            "9223372036854775808",
+            "1e3",
+        ] {
             assert_eq!(parse_i64(s.as_bytes()), None, "{s}");
         }
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));

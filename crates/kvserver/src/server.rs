@@ -187,8 +187,13 @@ fn work(w: Arc<Worker>, sh: Arc<Shared>, stop: Arc<dyn Fn() -> bool + Send + Syn
             let want = c.wants();
             if want != c.interest {
                 c.interest = want;
-                if epoll::modify(&w.ep, &c.stream, epoll::EventData::new_u64(token), flags(want))
-                    .is_err()
+                if epoll::modify(
+                    &w.ep,
+                    &c.stream,
+                    epoll::EventData::new_u64(token),
+                    flags(want),
+                )
+                .is_err()
                 {
                     conns.remove(&token);
                     sh.clients.fetch_sub(1, Ordering::Relaxed);
@@ -225,7 +230,12 @@ pub fn serve(
         })
         .collect::<io::Result<_>>()?;
     let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-    epoll::add(&ep, &listener, epoll::EventData::new_u64(0), epoll::EventFlags::IN)?;
+    epoll::add(
+        &ep,
+        &listener,
+        epoll::EventData::new_u64(0),
+        epoll::EventFlags::IN,
+    )?;
     let mut events = Vec::with_capacity(4);
     let tick = rustix::event::Timespec {
         tv_sec: 0,
@@ -262,8 +272,13 @@ pub fn serve(
             sh.connections.fetch_add(1, Ordering::Relaxed);
             // Registered first (an event that comes before the worker has the stream
             // is seen again: level-triggered).
-            if epoll::add(&w.ep, &stream, epoll::EventData::new_u64(token), flags((true, false)))
-                .is_err()
+            if epoll::add(
+                &w.ep,
+                &stream,
+                epoll::EventData::new_u64(token),
+                flags((true, false)),
+            )
+            .is_err()
             {
                 sh.clients.fetch_sub(1, Ordering::Relaxed);
                 continue;

@@ -220,7 +220,10 @@ fn status(at: &KvPoolArgs, json: bool) -> CliResult {
     }
     println!("pool {} (read from the {via})", at.pool.display());
     for (k, v) in &pairs {
-        println!("  {:<28} {v}", k.trim_start_matches("kv_").replace('_', " "));
+        println!(
+            "  {:<28} {v}",
+            k.trim_start_matches("kv_").replace('_', " ")
+        );
     }
     Ok(())
 }
