@@ -334,6 +334,9 @@ pub enum BenchCommand {
     /// Superpage extents of the NVM tier against 4 KiB blocks and tmpfs: random loads,
     /// copies and reads, page faults to map; the promotion of a file
     Superpages(bench::SuperpagesArgs),
+    /// The key-value store: embedded YCSB-style mixes (append and in-place), and
+    /// `cairn kv serve` against redis-server under redis-benchmark
+    Kv(bench::KvArgs),
     /// One worker process of `bench share` (started by it)
     #[command(hide = true)]
     ShareWorker(bench::ShareWorkerArgs),

@@ -93,7 +93,6 @@ impl Pool {
                 header,
                 _file: file,
             };
-            pool.collapse_all();
             return Ok(pool);
         }
         let map = Mapping::new(&file, 0, len as usize, true, false)?;
@@ -105,16 +104,20 @@ impl Pool {
             header,
             _file: file,
         };
-        pool.collapse_all();
         Ok(pool)
     }
 
-    /// Back every segment with a huge folio where the kernel allows (best effort).
-    fn collapse_all(&self) {
+    /// Back every segment with a huge folio where the kernel allows (best effort; the
+    /// kernel copies 2 MiB per segment, about 2.4 ms each here: the store runs this in
+    /// a thread of its own after recovery). Stops early when `stop` says so.
+    pub fn collapse_all(&self, stop: &dyn Fn() -> bool) {
         if cairn_media::huge::refusal().is_some() {
             return;
         }
         for s in 0..self.header.segments {
+            if stop() {
+                return;
+            }
             if self
                 .map
                 .collapse((s * SEGMENT_BYTES) as usize, SEGMENT_BYTES as usize)

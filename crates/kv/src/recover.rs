@@ -10,6 +10,25 @@ use crate::pool::Pool;
 use crate::store::KvError;
 use cairn_format::dir::hash;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The identity hasher for keys that are hashes already.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = self.0.rotate_left(8) ^ u64::from(x);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
 use std::sync::atomic::Ordering;
 
 /// What recovery found for a key: the newest record.
@@ -84,7 +103,9 @@ impl Core {
     pub fn recover(&self) -> Result<(), KvError> {
         self.redo_journal()?;
         let segments = self.pool.header.segments;
-        let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
+        // By key hash (already a good hash: no rehashing), the newest record of each key
+        // with that hash (several only on a 64-bit collision; keys compared in place).
+        let mut newest: HashMap<u64, Vec<Found>, BuildHasherDefault<Identity>> = HashMap::default();
         let (mut max_seq, mut max_version) = (0u64, 0u64);
         let mut free = Vec::new();
         for s in (1..segments).rev() {
@@ -108,6 +129,7 @@ impl Core {
                 max_version = max_version.max(rh.version);
                 let k = at + RECORD_HEADER as usize;
                 let key = &buf[k..k + rh.key_len];
+                let kh = hash(key);
                 let f = Found {
                     version: rh.version,
                     loc: base as u64 + off,
@@ -118,20 +140,23 @@ impl Core {
                 if rh.kind == Kind::Tombstone {
                     self.live[s as usize].fetch_add(rh.len, Ordering::Relaxed);
                 }
-                match newest.get_mut(key) {
+                let same = newest.entry(kh).or_default();
+                match same.iter_mut().find(|o| self.key_is(o.loc, key)) {
                     Some(old) if old.version >= f.version => {}
                     Some(old) => *old = f,
-                    None => {
-                        newest.insert(key.to_vec(), f);
-                    }
+                    None => same.push(f),
                 }
                 off += rh.len;
             }
         }
-        for (key, f) in &newest {
-            if f.kind == Kind::Value {
+        for (&h, same) in &newest {
+            for f in same.iter().filter(|f| f.kind == Kind::Value) {
                 self.live[seg_of(f.loc) as usize].fetch_add(f.len, Ordering::Relaxed);
-                let h = hash(key);
+                let rh = self.header_at(f.loc)?;
+                let key = self
+                    .pool
+                    .map
+                    .bytes((f.loc + RECORD_HEADER) as usize, rh.key_len)?;
                 let g = self.index.lock_key(h);
                 self.index
                     .set(&g, h, &|l| self.key_is(l, key), f.loc)

@@ -136,14 +136,15 @@ impl Stats {
 /// A persistent key-value store in a pool file.
 pub struct Store {
     core: Arc<Core>,
-    compactors: Vec<JoinHandle<()>>,
+    /// The compaction thread, and the one collapsing segments into huge folios.
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
         self.core.stop.store(true, Ordering::Release);
         self.core.ring();
-        for t in self.compactors.drain(..) {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -181,15 +182,23 @@ impl Store {
         };
         let core = Arc::new(Core::new(pool, &setup));
         core.recover()?;
-        let compactors = if opts.background_compaction {
+        let mut threads = Vec::new();
+        if opts.background_compaction {
             let c = core.clone();
-            vec![std::thread::Builder::new()
-                .name("kv-compact".into())
-                .spawn(move || crate::compact::run(c))?]
-        } else {
-            Vec::new()
-        };
-        Ok(Store { core, compactors })
+            threads.push(
+                std::thread::Builder::new()
+                    .name("kv-compact".into())
+                    .spawn(move || crate::compact::run(c))?,
+            );
+        }
+        // Huge folios for the segments, after recovery and off the opening's path.
+        let c = core.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("kv-collapse".into())
+                .spawn(move || c.pool.collapse_all(&|| c.stop.load(Ordering::Acquire)))?,
+        );
+        Ok(Store { core, threads })
     }
 
     /// Set `key` to `value`, durably.

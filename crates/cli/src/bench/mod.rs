@@ -11,6 +11,7 @@
 
 mod apps;
 mod hostfs;
+mod kv;
 mod latency;
 mod report;
 mod share;
@@ -22,6 +23,7 @@ use clap::Args;
 use std::path::PathBuf;
 
 pub use apps::{run as apps, AppsArgs};
+pub use kv::{run as kv, KvArgs};
 pub use latency::run as latency;
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
 pub use superpages::{run as superpages, SuperpagesArgs};

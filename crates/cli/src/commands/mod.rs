@@ -62,6 +62,7 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::Share(args) => crate::bench::share(store, &args),
             BenchCommand::Apps(args) => crate::bench::apps(store, &args),
             BenchCommand::Tiers(args) => crate::bench::tiers(&args),
+            BenchCommand::Kv(args) => crate::bench::kv(&args),
             BenchCommand::Superpages(args) => crate::bench::superpages(&args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
         },
