@@ -636,3 +636,110 @@ fn bench_latency_json_shape() {
     assert_eq!(s.ok_text(&["ls", "-a", "/"]), "");
     let _ = Path::new("/");
 }
+
+#[test]
+fn bench_kv_json_shape() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "bench",
+            "kv",
+            "--json",
+            "--keys",
+            "2000",
+            "--ops",
+            "2000",
+            "--requests",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["keys"].as_u64(), Some(2000));
+    assert!(v["recovery_secs"].as_f64().unwrap() > 0.0);
+    let rows = v["embedded"].as_array().unwrap();
+    // 2 policies × 2 distributions × 4 mixes × 2 thread counts.
+    assert_eq!(rows.len(), 32, "{v}");
+    for r in rows {
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["p50_ns"].as_u64().unwrap() <= r["p99_ns"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+    assert!(v["server"].as_array().unwrap().is_empty());
+}
+
+/// `cairn kv put/get/del/status` on a pool directly (no server).
+#[test]
+fn kv_get_put_del_status_on_a_pool() {
+    let pool = format!("/dev/shm/cairn-kv-cli-{}.pool", std::process::id());
+    let kv = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("kv")
+            .args(args)
+            .args(["--pool", &pool])
+            .output()
+            .unwrap()
+    };
+    let missing = kv(&["get", "k"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no such pool"));
+    // A pool is made by the server (or the library); make a small one.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut srv = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args([
+            "kv",
+            "serve",
+            "--size",
+            "16M",
+            "--port",
+            &port.to_string(),
+            "--pool",
+            &pool,
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t.elapsed().as_secs() < 20);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Through the server (it has the pool open).
+    let via = |args: &[&str]| kv(&[args, &["--port", &port.to_string()]].concat());
+    assert!(via(&["put", "k", "v1"]).status.success());
+    assert_eq!(via(&["get", "k"]).stdout, b"v1");
+    let st = via(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(
+        (v["via"].as_str(), v["keys"].as_u64()),
+        (Some("server"), Some(1)),
+        "{v}"
+    );
+    srv.kill().unwrap();
+    srv.wait().unwrap();
+    // Directly.
+    assert_eq!(kv(&["get", "k"]).stdout, b"v1");
+    assert!(kv(&["put", "k2", "v2"]).status.success());
+    let st = kv(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(
+        (v["via"].as_str(), v["keys"].as_u64()),
+        (Some("pool"), Some(2)),
+        "{v}"
+    );
+    assert!(kv(&["del", "k"]).status.success());
+    let gone = kv(&["get", "k"]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("k: no such key"));
+    let _ = std::fs::remove_file(&pool);
+}

@@ -121,44 +121,8 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
             }
             _ => arity(o, &name),
         },
-        "del" | "unlink" => {
-            if a.is_empty() {
-                return {
-                    arity(o, &name);
-                    After::Continue
-                };
-            }
-            let mut n = 0;
-            for k in a {
-                match s.delete(k) {
-                    Ok(true) => n += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        store_error(o, &e);
-                        return After::Continue;
-                    }
-                }
-            }
-            o.int(n);
-        }
-        "exists" => {
-            if a.is_empty() {
-                arity(o, &name);
-                return After::Continue;
-            }
-            let mut n = 0;
-            for k in a {
-                match s.contains(k) {
-                    Ok(true) => n += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        store_error(o, &e);
-                        return After::Continue;
-                    }
-                }
-            }
-            o.int(n);
-        }
+        "del" | "unlink" => count(&name, a, o, |k| s.delete(k)),
+        "exists" => count(&name, a, o, |k| s.contains(k)),
         "mget" => {
             if a.is_empty() {
                 arity(o, &name);
@@ -288,8 +252,8 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
             },
             _ => arity(o, &name),
         },
-        "client" => client(sh, se, a, o),
-        "hello" => hello(sh, se, a, o),
+        "client" => client(se, a, o),
+        "hello" => hello(se, a, o),
         "command" => match a.first().map(|c| lower(c)).as_deref() {
             None | Some("docs") => {
                 if se.resp3 && !a.is_empty() {
@@ -339,6 +303,22 @@ pub const COMMANDS: &[&str] = &[
     "flushdb", "flushall", "scan", "keys", "select", "client", "hello", "command", "config",
     "info",
 ];
+
+/// `DEL`, `EXISTS`: how many of the keys `f` says yes for (each key counted as often
+/// as it is named).
+fn count(name: &str, a: &[Vec<u8>], o: &mut Out<'_>, f: impl Fn(&[u8]) -> Result<bool, KvError>) {
+    if a.is_empty() {
+        return arity(o, name);
+    }
+    let mut n = 0;
+    for k in a {
+        match f(k) {
+            Ok(yes) => n += i64::from(yes),
+            Err(e) => return store_error(o, &e),
+        }
+    }
+    o.int(n);
+}
 
 fn get(s: &Store, k: &[u8], o: &mut Out<'_>) {
     let mut v = Vec::new();
@@ -468,7 +448,7 @@ fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
     }
 }
 
-fn client(sh: &Shared, se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     let Some(sub) = a.first() else {
         return arity(o, "client");
     };
@@ -510,10 +490,9 @@ fn client(sh: &Shared, se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
             String::from_utf8_lossy(sub)
         )),
     }
-    let _ = sh;
 }
 
-fn hello(sh: &Shared, se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     let mut i = 0;
     if let Some(v) = a.first() {
         match parse_i64(v) {
@@ -553,7 +532,6 @@ fn hello(sh: &Shared, se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     o.bulk(b"master");
     o.bulk(b"modules");
     o.array(0);
-    let _ = sh;
 }
 
 fn config(sh: &Shared, a: &[Vec<u8>], o: &mut Out<'_>) {

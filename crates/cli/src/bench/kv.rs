@@ -10,6 +10,7 @@
 //!   always`, `everysec` and no persistence (its AOF in a temporary directory of the
 //!   host file system), all started here.
 
+use super::Rng;
 use crate::error::{CliError, CliResult};
 use crate::progress::note as progress;
 use cairn_kv::{Options, Store, UpdatePolicy};
@@ -112,20 +113,6 @@ impl Zipf {
             return 1;
         }
         (self.n * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

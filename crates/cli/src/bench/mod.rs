@@ -58,3 +58,20 @@ pub struct LatencyArgs {
     #[arg(long, value_name = "DIR")]
     pub dir_host: Option<PathBuf>,
 }
+
+/// A small fast PRNG (xorshift64*), enough for workload generation.
+pub(crate) struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

@@ -19,6 +19,7 @@
 //! latency of 4 KiB writes into that file meanwhile against the same writes after.
 
 use super::BenchStore;
+use super::Rng;
 use crate::error::{ctx, ctx_msg, CliError, CliResult};
 use crate::progress::note as progress;
 use crate::util::{human_bytes, human_ns};
@@ -120,18 +121,6 @@ impl BenchStore {
         sd.save_config(&cfg)?;
         let fs = cairn::Fs::open(&store).map_err(ctx_msg("opening the benchmark store"))?;
         Ok((bs, fs))
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
 

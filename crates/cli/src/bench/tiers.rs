@@ -14,6 +14,7 @@
 use super::hostfs;
 use super::latency::host_system_name;
 use super::BenchStore;
+use super::Rng;
 use crate::error::{ctx, ctx_msg, CliError, CliResult};
 use crate::progress::note as progress;
 use crate::util::{human_bytes, human_ns};
@@ -221,21 +222,6 @@ fn amplification(
             _ => None,
         },
         traffic: cairn.map_or(Vec::new(), |(a, b)| traffic(a, b)),
-    }
-}
-
-/// A small fast PRNG (xorshift64*), enough for workload generation.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
