@@ -718,25 +718,21 @@ fn kv_get_put_del_status_on_a_pool() {
     let via = |args: &[&str]| kv(&[args, &["--port", &port.to_string()]].concat());
     assert!(via(&["put", "k", "v1"]).status.success());
     assert_eq!(via(&["get", "k"]).stdout, b"v1");
-    let st = via(&["status", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
-    assert_eq!(
-        (v["via"].as_str(), v["keys"].as_u64()),
-        (Some("server"), Some(1)),
-        "{v}"
-    );
+    // `status --json`: where it read the figures, and the keys.
+    let status = |out: Output| -> (String, u64) {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["via"].as_str().unwrap().to_string(),
+            v["keys"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(status(via(&["status", "--json"])), ("server".into(), 1));
     srv.kill().unwrap();
     srv.wait().unwrap();
     // Directly.
     assert_eq!(kv(&["get", "k"]).stdout, b"v1");
     assert!(kv(&["put", "k2", "v2"]).status.success());
-    let st = kv(&["status", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
-    assert_eq!(
-        (v["via"].as_str(), v["keys"].as_u64()),
-        (Some("pool"), Some(2)),
-        "{v}"
-    );
+    assert_eq!(status(kv(&["status", "--json"])), ("pool".into(), 2));
     assert!(kv(&["del", "k"]).status.success());
     let gone = kv(&["get", "k"]);
     assert_eq!(gone.status.code(), Some(1));
