@@ -5,7 +5,7 @@
 use crate::format::{
     encode_record, record_len, record_valid, Kind, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
 };
-use crate::log::{lock, Core, Head};
+use crate::log::{lock, seg_of, Core, Head};
 use crate::pool::Pool;
 use crate::store::KvError;
 use cairn_format::dir::hash;
@@ -65,6 +65,7 @@ impl Core {
             self.claimed[s as usize].store(false, Ordering::Release);
             free.push(s);
         }
+        self.release_cold(&free);
         retired.len() < before
     }
 
@@ -82,7 +83,7 @@ impl Core {
         // segment remains for the copies (closing the head with the last one gone
         // would leave compaction nowhere to copy to).
         if head.seg != 0
-            && self.live[head.seg as usize].load(Ordering::Relaxed) * 2 < head.off
+            && self.live[head.seg as usize].load(Ordering::Relaxed) * 2 < head.off - SEGMENT_HEADER
             && self.free_count() >= 1
         {
             self.is_head[head.seg as usize].store(false, Ordering::Release);
@@ -93,6 +94,7 @@ impl Core {
             .compaction_rounds
             .fetch_add(1, Ordering::Relaxed);
         let now = self.version.load(Ordering::Relaxed);
+        let oldest = self.oldest();
         let chosen: Vec<u64> = {
             // Under the free list's lock: heads are taken from it under the same lock.
             let free = lock(&self.free);
@@ -106,7 +108,7 @@ impl Core {
                 })
                 .filter_map(|s| {
                     let i = s as usize;
-                    let u = self.live[i].load(Ordering::Relaxed) as f64 / SEGMENT_BYTES as f64;
+                    let u = self.needed(i, oldest) as f64 / SEGMENT_BYTES as f64;
                     let age = now.saturating_sub(self.born[i].load(Ordering::Relaxed)) as f64 + 1.0;
                     (u < FULL_ENOUGH).then_some(((1.0 - u) * age / (1.0 + u), s))
                 })
@@ -172,12 +174,10 @@ impl Core {
     fn compact_segment(&self, head: &mut Head, s: u64) -> Result<bool, KvError> {
         let seq = self.seqs[s as usize].load(Ordering::Acquire);
         // The oldest incarnation of any other segment that may hold records.
-        let oldest = (1..self.seqs.len())
-            .filter(|&o| o != s as usize)
-            .map(|o| self.seqs[o].load(Ordering::Acquire))
-            .filter(|&q| q != 0)
-            .min()
-            .unwrap_or(u64::MAX);
+        let oldest = match self.oldest() {
+            (_, at, next) if at == s as usize => next,
+            (first, _, _) => first,
+        };
         let base = Pool::seg_off(s) as u64;
         let swept = &self.swept[s as usize];
         let mut off = swept.load(Ordering::Acquire).max(SEGMENT_HEADER);
@@ -245,9 +245,10 @@ impl Core {
                     let horizon = u64::from_le_bytes(value.try_into().unwrap_or([0; 8]));
                     let needed = oldest < horizon;
                     if needed {
-                        self.append_to(head, rh.len, true, &|sq| {
+                        let at = self.append_to(head, rh.len, true, &|sq| {
                             encode_record(sq, rh.version, Kind::Tombstone, key, value)
                         })?;
+                        self.note_tombstone(seg_of(at), rh.len, horizon);
                     }
                     needed
                 }

@@ -3,7 +3,7 @@
 //! location) and a version word: readers read the version (even), scan, and read it
 //! again (a change means a writer came by: retry); writers make it odd (a compare and
 //! swap, the bucket's lock) for the whole operation on a key whose home it is, and even
-//! again. A key lives in its home bucket (`hash & mask`) or, when that was full, in one
+//! again. A key lives in its home bucket (the hash scaled to the table) or, when that was full, in one
 //! of the next buckets (each bucket remembers that an insert went past it: `overflow`).
 //! Free slots are claimed by compare-and-swap, so no other lock is ever taken while a
 //! home lock is held (no lock order to keep). Hashes are 64-bit; every match is
@@ -29,7 +29,6 @@ struct Bucket {
 /// The index.
 pub struct Index {
     buckets: Box<[Bucket]>,
-    mask: usize,
 }
 
 /// A write lock on a bucket (released at drop).
@@ -44,19 +43,26 @@ impl Drop for Locked<'_> {
 }
 
 impl Index {
-    /// A table for about `entries` entries (buckets: a power of two, about 70% full).
+    /// A table for about `entries` entries (buckets about 70% full).
     pub fn new(entries: u64) -> Index {
-        let n = ((entries as f64 / (SLOTS as f64 * 0.7)).ceil() as usize)
-            .max(16)
-            .next_power_of_two();
+        let n = ((entries as f64 / (SLOTS as f64 * 0.7)).ceil() as usize).max(16);
         Index {
             buckets: (0..n).map(|_| Bucket::default()).collect(),
-            mask: n - 1,
         }
     }
 
+    /// The home bucket of `hash` (its high bits scaled to the table: any size works).
     fn home(&self, hash: u64) -> usize {
-        (hash as usize) & self.mask
+        ((hash as u128 * self.buckets.len() as u128) >> 64) as usize
+    }
+
+    /// The bucket after `i` (wrapping).
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.buckets.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     fn lock(&self, i: usize) -> Locked<'_> {
@@ -103,7 +109,7 @@ impl Index {
             if found.is_some() || !more {
                 return found;
             }
-            i = (i + 1) & self.mask;
+            i = self.next(i);
         }
         None
     }
@@ -186,7 +192,7 @@ impl Index {
             if b.overflow.load(Ordering::Acquire) == 0 {
                 return None;
             }
-            i = (i + 1) & self.mask;
+            i = self.next(i);
         }
         None
     }
@@ -228,7 +234,7 @@ impl Index {
             if b.overflow.load(Ordering::Acquire) == 0 {
                 break;
             }
-            i = (i + 1) & self.mask;
+            i = self.next(i);
         }
         if loc == 0 {
             return Ok(0);
@@ -248,7 +254,7 @@ impl Index {
                 }
             }
             b.overflow.store(1, Ordering::Release);
-            j = (j + 1) & self.mask;
+            j = self.next(j);
         }
         Err(())
     }

@@ -69,6 +69,12 @@ pub(crate) struct Core {
     /// (a round cut short by a full pool resumes there: a tombstone it already copied
     /// must not be copied, and counted out, twice).
     pub swept: Vec<AtomicU64>,
+    /// Per segment: the bytes of tombstones written into it in this incarnation, and
+    /// the newest of their horizons (once every segment opened before that is gone,
+    /// none of them is needed: compaction drops them, so they count as garbage when
+    /// choosing what to compact).
+    pub tombs: Vec<AtomicU64>,
+    pub horizon: Vec<AtomicU64>,
     /// Keys present, and the bytes of their keys and values.
     pub keys: AtomicU64,
     pub data: AtomicU64,
@@ -83,8 +89,16 @@ pub(crate) struct Core {
     pub policy: UpdatePolicy,
     /// Fenced writes (off: the volatile mode).
     pub durable: bool,
-    /// Background compaction starts when the free segments fall below this fraction.
+    /// Background compaction starts when the free segments fall below this fraction,
+    /// or when more than `max_garbage` of the bytes of the closed segments is dead.
     pub trigger: f64,
+    pub max_garbage: Option<f64>,
+    /// Per segment: whether its memory is handed back to the system (a free segment
+    /// beyond the `warm` most recently freed, which heads take first).
+    pub released: Vec<AtomicBool>,
+    pub warm: usize,
+    /// Whether segments are backed by huge folios (asked for, and the kernel allows).
+    pub huge: bool,
     /// Wakes the compaction threads (set: there is work), and tells them to stop.
     pub bell: (Mutex<bool>, Condvar),
     pub stop: AtomicBool,
@@ -109,6 +123,8 @@ pub(crate) struct Setup {
     pub policy: UpdatePolicy,
     pub durable: bool,
     pub trigger: f64,
+    pub max_garbage: Option<f64>,
+    pub huge_pages: bool,
 }
 
 impl Core {
@@ -130,6 +146,8 @@ impl Core {
             born: (0..segments).map(per_seg).collect(),
             claimed: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             swept: (0..segments).map(per_seg).collect(),
+            tombs: (0..segments).map(per_seg).collect(),
+            horizon: (0..segments).map(per_seg).collect(),
             keys: AtomicU64::new(0),
             data: AtomicU64::new(0),
             epochs: Epochs::new(),
@@ -139,6 +157,11 @@ impl Core {
             policy: s.policy,
             durable: s.durable,
             trigger: s.trigger,
+            max_garbage: s.max_garbage,
+            released: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            // The segments heads and compaction may take at once.
+            warm: s.heads.max(1) + RESERVE,
+            huge: s.huge_pages && cairn_media::huge::refusal().is_none(),
             bell: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -147,6 +170,7 @@ impl Core {
 
     /// Write `data` at `off` for the log: non-temporal stores (durable at the next
     /// [`Core::fence`]), or plain ones in the volatile mode.
+    #[track_caller]
     pub fn put_bytes(&self, off: u64, data: &[u8]) -> io::Result<()> {
         if self.durable {
             self.pool.map.write_nt(off as usize, data)
@@ -156,6 +180,7 @@ impl Core {
     }
 
     /// Make the writes before it durable (nothing in the volatile mode).
+    #[track_caller]
     pub fn fence(&self) {
         if self.durable {
             cairn_media::fence();
@@ -163,6 +188,7 @@ impl Core {
     }
 
     /// Write back and fence `off..off+len` (nothing in the volatile mode).
+    #[track_caller]
     pub fn persist(&self, off: u64, len: u64) -> io::Result<()> {
         if self.durable {
             self.pool.map.persist(off as usize, len as usize)?;
@@ -228,10 +254,89 @@ impl Core {
         lock(&self.free).len()
     }
 
-    /// Whether the free segments are below the compaction trigger.
+    /// Whether the free segments are below the compaction trigger, or the dead bytes of
+    /// the closed segments above `max_garbage`.
     pub fn wants_compaction(&self) -> bool {
         let usable = self.pool.header.segments.saturating_sub(1) as f64;
         (self.free_count() as f64) < self.trigger * usable
+            || self.max_garbage.is_some_and(|g| self.garbage() > g)
+    }
+
+    /// The fraction of the bytes of the closed segments (in use, not log heads) that
+    /// holds no current value: dead records, and tombstones (needed or not: those still
+    /// needed go once compaction has emptied the older segments that hold what they
+    /// delete).
+    pub fn garbage(&self) -> f64 {
+        let (mut used, mut live) = (0u64, 0u64);
+        for s in 1..self.pool.header.segments as usize {
+            if self.seqs[s].load(Ordering::Relaxed) != 0 && !self.is_head[s].load(Ordering::Relaxed)
+            {
+                used += SEGMENT_BYTES - SEGMENT_HEADER;
+                live += self.live[s]
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(self.tombs[s].load(Ordering::Relaxed));
+            }
+        }
+        if used == 0 {
+            return 0.0;
+        }
+        1.0 - live.min(used) as f64 / used as f64
+    }
+
+    /// The two smallest sequence numbers of segments holding records (`u64::MAX`: none),
+    /// and the segment of the first.
+    pub fn oldest(&self) -> (u64, usize, u64) {
+        let (mut a, mut at, mut b) = (u64::MAX, 0, u64::MAX);
+        for (s, q) in self.seqs.iter().enumerate().skip(1) {
+            let q = q.load(Ordering::Acquire);
+            if q == 0 {
+                continue;
+            }
+            if q < a {
+                (b, a, at) = (a, q, s);
+            } else if q < b {
+                b = q;
+            }
+        }
+        (a, at, b)
+    }
+
+    /// The live bytes of segment `s` that are needed: its tombstones are not once no
+    /// other segment is older than the newest of their horizons (`oldest`: from
+    /// [`Core::oldest`]). A hint for choosing segments to compact (the walk decides
+    /// each record).
+    pub fn needed(&self, s: usize, oldest: (u64, usize, u64)) -> u64 {
+        let live = self.live[s].load(Ordering::Relaxed);
+        let other = if oldest.1 == s { oldest.2 } else { oldest.0 };
+        let h = self.horizon[s].load(Ordering::Relaxed);
+        if h != 0 && other >= h {
+            live.saturating_sub(self.tombs[s].load(Ordering::Relaxed))
+        } else {
+            live
+        }
+    }
+
+    /// A tombstone of `len` bytes with horizon `h` was written into segment `s`.
+    pub fn note_tombstone(&self, s: u64, len: u64, h: u64) {
+        self.tombs[s as usize].fetch_add(len, Ordering::Relaxed);
+        self.horizon[s as usize].fetch_max(h, Ordering::Relaxed);
+    }
+
+    /// Hand the memory of the free segments beyond the `warm` most recently freed (the
+    /// end of `free`, which heads take first) back to the system. Called under the free
+    /// list's lock (no head can take one meanwhile). Only segments whose header is
+    /// durably erased: a recovery finds nothing in them either way.
+    pub fn release_cold(&self, free: &[u64]) {
+        let cold = free.len().saturating_sub(self.warm);
+        for &s in &free[..cold] {
+            let i = s as usize;
+            if self.seqs[i].load(Ordering::Acquire) == 0
+                && !self.released[i].load(Ordering::Relaxed)
+                && self.pool.release(s).is_ok()
+            {
+                self.released[i].store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Wake the compaction threads.
@@ -243,7 +348,7 @@ impl Core {
     /// Take a free segment for a head (a client's: not the last [`RESERVE`] ones, which
     /// only compaction takes) and open it under a new sequence number.
     pub fn roll(&self, head: &mut Head, for_compaction: bool) -> Result<(), KvError> {
-        let (s, left) = {
+        let (s, released) = {
             let mut free = lock(&self.free);
             if free.len() <= RESERVE && !for_compaction {
                 return Err(KvError::Full);
@@ -252,22 +357,27 @@ impl Core {
             // A head from now on (under the free list's lock: compaction chooses among
             // segments neither free nor heads under the same lock).
             self.is_head[s as usize].store(true, Ordering::Release);
-            (s, free.len())
+            (s, self.released[s as usize].swap(false, Ordering::Relaxed))
         };
         if head.seg != 0 {
             self.is_head[head.seg as usize].store(false, Ordering::Release);
         }
-        let usable = self.pool.header.segments.saturating_sub(1) as f64;
-        if (left as f64) < self.trigger * usable {
+        if self.wants_compaction() {
             self.ring();
         }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let h = encode_segment_header(seq);
         let off = Pool::seg_off(s) as u64;
         self.pool.map.write(off as usize, &h)?;
+        if released && self.huge {
+            // Memory again, as one huge folio (best effort).
+            let _ = self.pool.collapse(s);
+        }
         self.persist(off, h.len() as u64)?;
         self.seqs[s as usize].store(seq, Ordering::Release);
         self.swept[s as usize].store(0, Ordering::Release);
+        self.tombs[s as usize].store(0, Ordering::Relaxed);
+        self.horizon[s as usize].store(0, Ordering::Relaxed);
         self.born[s as usize].store(self.version.load(Ordering::Relaxed), Ordering::Relaxed);
         *head = Head {
             seg: s,
@@ -411,6 +521,8 @@ impl Core {
                             }
                             (true, Kind::Tombstone) => {
                                 self.keys.fetch_sub(1, Ordering::Relaxed);
+                                let len = record_len(key.len(), value.len());
+                                self.note_tombstone(seg_of(loc), len, u64::from_le_bytes(horizon));
                             }
                             _ => {}
                         }

@@ -17,7 +17,7 @@ fn invalid(msg: impl Into<String>) -> io::Error {
 pub struct Pool {
     pub map: Mapping,
     pub header: PoolHeader,
-    _file: File,
+    file: File,
 }
 
 impl Pool {
@@ -88,29 +88,22 @@ impl Pool {
             let b = header.encode();
             map.write(0, &b)?;
             map.persist(0, b.len())?;
-            let pool = Pool {
-                map,
-                header,
-                _file: file,
-            };
+            let pool = Pool { map, header, file };
             return Ok(pool);
         }
         let map = Mapping::new(&file, 0, len as usize, true, false)?;
         let mut b = vec![0u8; 64];
         map.read(0, &mut b)?;
         let header = PoolHeader::decode(&b, len).map_err(|e| invalid(e.0))?;
-        let pool = Pool {
-            map,
-            header,
-            _file: file,
-        };
+        let pool = Pool { map, header, file };
         Ok(pool)
     }
 
-    /// Back every segment with a huge folio where the kernel allows (best effort; the
-    /// kernel copies 2 MiB per segment, about 4 ms each here (4.8 s for 2.2 GB): the store runs this in
-    /// a thread of its own after recovery). Stops early when `stop` says so.
-    pub fn collapse_all(&self, stop: &dyn Fn() -> bool) {
+    /// Back every segment but those `skip` names with a huge folio where the kernel
+    /// allows (best effort; the kernel copies 2 MiB per segment, about 4 ms each here
+    /// (4.8 s for 2.2 GB): the store runs this in a thread of its own after recovery).
+    /// Stops early when `stop` says so.
+    pub fn collapse_all(&self, skip: &dyn Fn(u64) -> bool, stop: &dyn Fn() -> bool) {
         if cairn_media::huge::refusal().is_some() {
             return;
         }
@@ -118,14 +111,27 @@ impl Pool {
             if stop() {
                 return;
             }
-            if self
-                .map
-                .collapse((s * SEGMENT_BYTES) as usize, SEGMENT_BYTES as usize)
-                .is_err()
-            {
+            if !skip(s) && self.collapse(s).is_err() {
                 break;
             }
         }
+    }
+
+    /// Back segment `s` with a huge folio (see [`Pool::collapse_all`]).
+    pub fn collapse(&self, s: u64) -> io::Result<()> {
+        self.map.collapse(Self::seg_off(s), SEGMENT_BYTES as usize)
+    }
+
+    /// Hand the memory of segment `s` back to the system (`fallocate` punching a hole:
+    /// its bytes read as zeros, and take memory again when written).
+    pub fn release(&self, s: u64) -> io::Result<()> {
+        cairn_media::sys::discard(&self.file, s * SEGMENT_BYTES, SEGMENT_BYTES)
+    }
+
+    /// Bytes of the pool file the system holds (its allocated blocks).
+    pub fn resident_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map_or(0, |m| m.blocks() * 512)
     }
 
     /// Byte offset of segment `s`.

@@ -139,6 +139,9 @@ impl Core {
                 };
                 if rh.kind == Kind::Tombstone {
                     self.live[s as usize].fetch_add(rh.len, Ordering::Relaxed);
+                    let v = &buf[k + rh.key_len..k + rh.key_len + rh.value_len];
+                    let h = u64::from_le_bytes(v.try_into().unwrap_or([0; 8]));
+                    self.note_tombstone(s, rh.len, h);
                 }
                 let same = newest.entry(kh).or_default();
                 match same.iter_mut().find(|o| self.key_is(o.loc, key)) {
@@ -177,7 +180,9 @@ impl Core {
                 free.push(s);
             }
         }
-        *lock(&self.free) = free;
+        let mut free_list = lock(&self.free);
+        *free_list = free;
+        self.release_cold(&free_list);
         Ok(())
     }
 }

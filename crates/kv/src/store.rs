@@ -74,6 +74,16 @@ pub struct Options {
     /// Background compaction runs while fewer than this fraction of the segments are
     /// free.
     pub compact_below: f64,
+    /// Background compaction also runs while more than this fraction of the bytes of
+    /// the closed segments is dead (`None`: only when free segments run short). The
+    /// bound on memory over live data, paid for in compaction traffic: free segments
+    /// beyond a few are handed back to the system, so the memory a store holds follows
+    /// the segments in use.
+    pub max_garbage: Option<f64>,
+    /// Back the segments with huge folios where the kernel allows (collapsed in a
+    /// thread after opening, and when a head takes a segment whose memory was handed
+    /// back).
+    pub huge_pages: bool,
 }
 
 impl Default for Options {
@@ -85,6 +95,8 @@ impl Default for Options {
             policy: UpdatePolicy::Append,
             background_compaction: true,
             compact_below: 0.2,
+            max_garbage: None,
+            huge_pages: true,
         }
     }
 }
@@ -102,6 +114,10 @@ pub struct Stats {
     pub used_bytes: u64,
     pub index_bytes: u64,
     pub pool_bytes: u64,
+    /// Bytes of the pool the system holds in memory (free segments beyond a few are
+    /// handed back), and the fraction of the closed segments' bytes that is dead.
+    pub resident_bytes: u64,
+    pub garbage: f64,
     /// Segments free, and retired (emptied, waiting for readers to leave).
     pub free_segments: u64,
     pub retired_segments: u64,
@@ -170,6 +186,11 @@ impl Store {
                 opts.compact_below
             )));
         }
+        if let Some(g) = opts.max_garbage.filter(|g| !(0.0..1.0).contains(g)) {
+            return Err(KvError::TooBig(format!(
+                "the garbage bound is a fraction of the segments' bytes (0 to 1), not {g}"
+            )));
+        }
         let pool_bytes = pool.header.segments * SEGMENT_BYTES;
         let setup = Setup {
             heads: opts
@@ -179,6 +200,8 @@ impl Store {
             policy: opts.policy,
             durable,
             trigger: opts.compact_below,
+            max_garbage: opts.max_garbage,
+            huge_pages: opts.huge_pages,
         };
         let core = Arc::new(Core::new(pool, &setup));
         core.recover()?;
@@ -193,11 +216,19 @@ impl Store {
         }
         // Huge folios for the segments, after recovery and off the opening's path.
         let c = core.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("kv-collapse".into())
-                .spawn(move || c.pool.collapse_all(&|| c.stop.load(Ordering::Acquire)))?,
-        );
+        if c.huge {
+            threads.push(
+                std::thread::Builder::new()
+                    .name("kv-collapse".into())
+                    .spawn(move || {
+                        // Segment 0 holds the header and the journal's slots: a few pages.
+                        let skip =
+                            |s: u64| s == 0 || c.released[s as usize].load(Ordering::Relaxed);
+                        c.pool
+                            .collapse_all(&skip, &|| c.stop.load(Ordering::Acquire))
+                    })?,
+            );
+        }
         Ok(Store { core, threads })
     }
 
@@ -358,6 +389,8 @@ impl Store {
             used_bytes: (segments - 1 - free) * SEGMENT_BYTES,
             index_bytes: c.index.bytes(),
             pool_bytes: segments * SEGMENT_BYTES,
+            resident_bytes: c.pool.resident_bytes(),
+            garbage: c.garbage(),
             free_segments: free,
             retired_segments: retired,
             compacted_bytes: n(&c.counters.compacted_bytes),

@@ -609,3 +609,77 @@ fn a_volatile_store_keeps_nothing_and_a_pool_has_one_user() {
     drop(a);
     open(&pf.0, 16 << 20);
 }
+
+/// Memory follows the data: free segments beyond a few are handed back to the system,
+/// and with a garbage bound background compaction keeps the segments in use close to
+/// the live data, dropping tombstones once nothing older needs them. Without the bound
+/// it leaves the dead data where it is (the pool has room).
+#[test]
+fn memory_follows_the_live_data_under_a_garbage_bound() {
+    let settle = |s: &Store| {
+        let t = std::time::Instant::now();
+        let (mut last, mut still) = (u64::MAX, 0);
+        while still < 5 && t.elapsed() < std::time::Duration::from_secs(20) {
+            let n = s.stats().compacted_segments;
+            still = if n == last { still + 1 } else { 0 };
+            last = n;
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        s.reclaim();
+        s.stats()
+    };
+    let mut seen = Vec::new();
+    for bound in [None, Some(0.05)] {
+        let p = PoolFile::new(&format!("memory-{bound:?}"));
+        let s = Store::open(
+            &p.0,
+            &Options {
+                size: 128 << 20,
+                max_garbage: bound,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        let fresh = s.stats().resident_bytes;
+        assert!(fresh <= 16 << 20, "a fresh pool holds {fresh} bytes");
+        let value = vec![7u8; 4000];
+        for i in 0u64..10_000 {
+            s.put(&i.to_le_bytes(), &value).unwrap();
+        }
+        for i in (0u64..10_000).filter(|i| i % 10 != 0) {
+            s.delete(&i.to_le_bytes()).unwrap();
+        }
+        // More values: the head holding the tombstones fills and closes (a head is
+        // never compacted).
+        for i in 10_000u64..10_800 {
+            s.put(&i.to_le_bytes(), &value).unwrap();
+        }
+        let st = settle(&s);
+        // 1,800 values of 4 KB live.
+        assert_eq!(st.keys, 1800);
+        for i in (0u64..10_000).step_by(10) {
+            assert_eq!(get(&s, &i.to_le_bytes()).as_deref(), Some(&value[..]));
+        }
+        seen.push((bound, st.resident_bytes, st.garbage, st.live_bytes));
+        if bound.is_some() {
+            // Segments in use about the live data (7.2 MB) plus a few kept warm.
+            assert!(
+                st.resident_bytes < 20 << 20,
+                "resident {} bytes for {} live: {st:?}",
+                st.resident_bytes,
+                st.data_bytes
+            );
+            assert!(st.garbage <= 0.05, "{st:?}");
+            // The tombstones went too (the values they deleted were compacted away):
+            // 9,000 of them would be 6% of the live data.
+            assert!(st.live_bytes < st.data_bytes + st.data_bytes / 25, "{st:?}");
+        } else {
+            // Everything written is still there, dead or not.
+            assert!(st.resident_bytes > 36 << 20, "{st:?}");
+        }
+        drop(s);
+        let s = open(&p.0, 0);
+        assert_eq!(s.len(), 1800);
+    }
+    eprintln!("(bound, resident, garbage, live bytes): {seen:?}");
+}
