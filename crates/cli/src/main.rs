@@ -258,6 +258,11 @@ pub struct KvServeArgs {
     /// Background compaction runs while fewer than this fraction of segments are free
     #[arg(long, value_name = "F", default_value_t = 0.2)]
     pub compact_below: f64,
+    /// Background compaction also runs while more than this fraction of the bytes of
+    /// the segments in use is dead (bounds memory over live data; costs compaction
+    /// traffic) [default: only when free segments run short]
+    #[arg(long, value_name = "F")]
+    pub max_garbage: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -340,6 +345,9 @@ pub enum BenchCommand {
     /// One worker process of `bench share` (started by it)
     #[command(hide = true)]
     ShareWorker(bench::ShareWorkerArgs),
+    /// One churn run of `bench kv` (started by it)
+    #[command(hide = true)]
+    KvChurnWorker(bench::KvChurnWorkerArgs),
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {

@@ -15,6 +15,16 @@ pub enum Reply {
     Array(Vec<Reply>),
 }
 
+/// Append one command to `b` as RESP (an array of bulk strings).
+pub fn encode(b: &mut Vec<u8>, args: &[&[u8]]) {
+    b.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        b.extend_from_slice(a);
+        b.extend_from_slice(b"\r\n");
+    }
+}
+
 /// A connection to a server.
 pub struct Client {
     r: BufReader<TcpStream>,
@@ -33,14 +43,17 @@ impl Client {
 
     /// Send one command and read its reply.
     pub fn call(&mut self, args: &[&[u8]]) -> io::Result<Reply> {
-        let mut b = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            b.extend_from_slice(a);
-            b.extend_from_slice(b"\r\n");
-        }
+        let mut b = Vec::new();
+        encode(&mut b, args);
         self.r.get_mut().write_all(&b)?;
         self.reply()
+    }
+
+    /// Send commands already encoded ([`encode`]) in one write, and read `n` replies
+    /// (pipelining).
+    pub fn pipeline(&mut self, encoded: &[u8], n: usize) -> io::Result<Vec<Reply>> {
+        self.r.get_mut().write_all(encoded)?;
+        (0..n).map(|_| self.reply()).collect()
     }
 
     fn line(&mut self) -> io::Result<String> {

@@ -613,6 +613,8 @@ pub fn stats_pairs(st: &cairn_kv::Stats) -> Vec<(&'static str, String)> {
         ("kv_used_bytes", st.used_bytes.to_string()),
         ("kv_index_bytes", st.index_bytes.to_string()),
         ("kv_pool_bytes", st.pool_bytes.to_string()),
+        ("kv_resident_bytes", st.resident_bytes.to_string()),
+        ("kv_garbage", format!("{:.4}", st.garbage)),
         ("kv_overhead", format!("{:.4}", st.overhead())),
         ("kv_free_segments", st.free_segments.to_string()),
         ("kv_retired_segments", st.retired_segments.to_string()),

@@ -9,6 +9,8 @@
 //!   `cairn kv serve` (append and in-place) and `redis-server` with `appendfsync
 //!   always`, `everysec` and no persistence (its AOF in a temporary directory of the
 //!   host file system), all started here.
+//! * **Memory under churn** ([`super::kv_churn`]): Nibble's size-change patterns and a
+//!   Postmark-like mix on cairn-kv, redis-server and a `HashMap` of boxed values.
 
 use super::Rng;
 use crate::error::{CliError, CliResult};
@@ -45,6 +47,13 @@ pub struct KvArgs {
     /// Requests per redis-benchmark run (0: skip the server runs)
     #[arg(long, value_name = "N", default_value_t = 200_000)]
     pub requests: u64,
+    /// Live data of the churn patterns, and capacity of the Postmark-like mix (0: skip
+    /// the memory-under-churn runs)
+    #[arg(long, value_name = "SIZE", value_parser = crate::util::parse_size, default_value = "256M")]
+    pub churn_bytes: u64,
+    /// cairn-kv's garbage bound in the churn runs (see `cairn kv serve --max-garbage`)
+    #[arg(long, value_name = "F", default_value_t = 0.05)]
+    pub max_garbage: f64,
 }
 
 /// One embedded measurement.
@@ -78,6 +87,7 @@ struct Results {
     recovery_secs: f64,
     embedded: Vec<Embedded>,
     server: Vec<Served>,
+    churn: Vec<super::kv_churn::Churn>,
 }
 
 /// YCSB's Zipfian generator (Gray et al.), constant `theta`, items `0..n`.
@@ -235,8 +245,8 @@ fn embedded(args: &KvArgs, out: &mut Results) -> CliResult {
 }
 
 /// A server process, killed at drop (and its files removed).
-struct Proc {
-    child: Child,
+pub(super) struct Proc {
+    pub child: Child,
     cleanup: Vec<PathBuf>,
 }
 
@@ -251,7 +261,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> CliResult<u16> {
+pub(super) fn free_port() -> CliResult<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -271,7 +281,7 @@ fn wait_port(port: u16, child: &mut Child) -> CliResult {
     Ok(())
 }
 
-fn start(name: &str, port: u16) -> CliResult<Proc> {
+pub(super) fn start(name: &str, port: u16) -> CliResult<Proc> {
     let p = port.to_string();
     let (mut cmd, cleanup) = if let Some(mode) = name.strip_prefix("cairn-kv ") {
         let pool = pool_path("server");
@@ -356,10 +366,17 @@ pub fn run(args: &KvArgs) -> CliResult {
         recovery_secs: 0.0,
         embedded: Vec::new(),
         server: Vec::new(),
+        churn: Vec::new(),
     };
     embedded(args, &mut r)?;
     if args.requests > 0 {
         server(args, &mut r)?;
+    }
+    if args.churn_bytes > 0 {
+        if !(0.0..1.0).contains(&args.max_garbage) {
+            return Err(CliError::new("--max-garbage: a fraction from 0 to 1"));
+        }
+        r.churn = super::kv_churn::run(args.churn_bytes, args.max_garbage)?;
     }
     let mut o = std::io::stdout().lock();
     if args.json {
@@ -398,6 +415,35 @@ pub fn run(args: &KvArgs) -> CliResult {
                 o,
                 "{:<18} {:<4} {:>3} {:>12.0} {:>8.3} {:>8.3}",
                 s.server, s.test, s.pipeline, s.requests_per_sec, s.p50_ms, s.p99_ms
+            )?;
+        }
+    }
+    if !r.churn.is_empty() {
+        writeln!(
+            o,
+            "\n{:<12} {:<18} {:>9} {:>10} {:>6} {:>8} {:>8} {:>13}",
+            "churn",
+            "system",
+            "live MiB",
+            "memory MiB",
+            "ratio",
+            "secs",
+            "refused",
+            "compacted MiB"
+        )?;
+        for c in &r.churn {
+            writeln!(
+                o,
+                "{:<12} {:<18} {:>9} {:>10} {:>6.2} {:>8.1} {:>8} {:>13}",
+                c.workload,
+                c.system,
+                c.live_bytes >> 20,
+                c.memory_bytes >> 20,
+                c.ratio,
+                c.secs,
+                c.refused,
+                c.compacted_bytes
+                    .map_or("-".into(), |b| (b >> 20).to_string())
             )?;
         }
     }

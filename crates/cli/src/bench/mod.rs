@@ -12,6 +12,7 @@
 mod apps;
 mod hostfs;
 mod kv;
+mod kv_churn;
 mod latency;
 mod report;
 mod share;
@@ -24,6 +25,7 @@ use std::path::PathBuf;
 
 pub use apps::{run as apps, AppsArgs};
 pub use kv::{run as kv, KvArgs};
+pub use kv_churn::{worker as kv_churn_worker, WorkerArgs as KvChurnWorkerArgs};
 pub use latency::run as latency;
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
 pub use superpages::{run as superpages, SuperpagesArgs};

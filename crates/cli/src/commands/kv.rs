@@ -40,6 +40,7 @@ fn serve(a: &KvServeArgs) -> CliResult {
             UpdatePolicy::Append
         },
         compact_below: a.compact_below,
+        max_garbage: a.max_garbage,
         ..Options::default()
     };
     let started = std::time::Instant::now();

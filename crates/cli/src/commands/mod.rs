@@ -65,6 +65,7 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::Kv(args) => crate::bench::kv(&args),
             BenchCommand::Superpages(args) => crate::bench::superpages(&args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
+            BenchCommand::KvChurnWorker(args) => crate::bench::kv_churn_worker(&args),
         },
     }
 }
