@@ -709,3 +709,26 @@ fn read_whole(area: &Area, inode: &Inode) -> io::Result<Vec<u8>> {
     v.truncate(at);
     Ok(v)
 }
+
+/// The line of `file` (from the workspace's root) holding the first `fence()` at or
+/// after the line containing `anchor`, as a trace site name (`file:line`): a persistence
+/// point for fault injection that moves with the code.
+pub fn fence_after(file: &str, anchor: &str) -> String {
+    call_after(file, anchor, "fence()")
+}
+
+/// The line of `file` holding the first `call` at or after the line containing
+/// `anchor`, as a trace site name (`file:line`).
+pub fn call_after(file: &str, anchor: &str, call: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join(file)).expect("source file");
+    let lines: Vec<&str> = text.lines().collect();
+    let a = lines
+        .iter()
+        .position(|l| l.contains(anchor))
+        .unwrap_or_else(|| panic!("{anchor:?} not in {file}"));
+    let f = (a..lines.len())
+        .find(|&i| lines[i].contains(call))
+        .expect("the call after the anchor");
+    format!("{file}:{}", f + 1)
+}

@@ -7,7 +7,8 @@
 //! sites; `CAIRN_PF_KEEP=<file>` saves the first violating image.
 
 use cairn_tests::powerfail::{
-    check, record, record_with, CheckOptions, CheckReport, Recorded, Workload,
+    call_after, check, fence_after, record, record_with, CheckOptions, CheckReport, Recorded,
+    Workload,
 };
 use std::path::Path;
 
@@ -208,28 +209,6 @@ fn crash_images_with_superpages_promoted_and_demoted_recover() {
     );
     assert!(rep.violations.is_empty());
     assert!(s.placed > 0, "{s:?}");
-}
-
-/// The line of `file` holding the first `fence()` at or after the line containing
-/// `anchor`, as a trace site name (`file:line`).
-fn fence_after(file: &str, anchor: &str) -> String {
-    call_after(file, anchor, "fence()")
-}
-
-/// The line of `file` holding the first `call` at or after the line containing
-/// `anchor`, as a trace site name (`file:line`).
-fn call_after(file: &str, anchor: &str, call: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let text = std::fs::read_to_string(root.join(file)).expect("source file");
-    let lines: Vec<&str> = text.lines().collect();
-    let a = lines
-        .iter()
-        .position(|l| l.contains(anchor))
-        .unwrap_or_else(|| panic!("{anchor:?} not in {file}"));
-    let f = (a..lines.len())
-        .find(|&i| lines[i].contains(call))
-        .expect("the call after the anchor");
-    format!("{file}:{}", f + 1)
 }
 
 /// The simulator must be able to fail: with one fence (or `fdatasync`) removed from the

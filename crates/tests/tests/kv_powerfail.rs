@@ -1,0 +1,483 @@
+//! Power failure in the key-value store: every crash image of a traced workload (puts
+//! small and large, overwrites, deletes, compaction, in both update policies) recovers
+//! to the store after exactly the acknowledged calls, or after the call in flight too
+//! (issue 17 on issue 14's simulator, `cairn_crashsim`).
+//!
+//! The workload runs in a child process (this test binary again, `record_child`) with
+//! persistence tracing on; the parent follows the trace with the simulator and, at every
+//! fence and after every acknowledged call, builds the images a power failure could
+//! leave. Each distinct image is opened by `Store::open` (recovery: journal redo, scan,
+//! index), read whole (every value must be one that was written: a torn value fails),
+//! compacted completely and read again.
+//!
+//! `CAIRN_KV_PF_OPS`: calls per workload (default 300); `CAIRN_KV_PF_IMAGES`: distinct
+//! images per policy at most (default 4000; 0: no limit).
+
+use cairn_crashsim::{Event, Sim, Trace};
+use cairn_kv::{Options, Store, UpdatePolicy};
+use cairn_tests::powerfail::{fence_after, MARK_BEGIN, MARK_END};
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The mark a workload starts with (value: the policy's index in [`POLICIES`]).
+const MARK_WORKLOAD: u32 = 10;
+const POLICIES: [UpdatePolicy; 2] = [UpdatePolicy::Append, UpdatePolicy::InPlace];
+const RECORD_ENV: &str = "CAIRN_KV_PF_RECORD";
+
+fn env_or(k: &str, d: u64) -> u64 {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Key, value length, fill byte.
+    Put(Vec<u8>, usize, u8),
+    Del(Vec<u8>),
+    /// A compaction round and a reclaim.
+    Compact,
+}
+
+/// A key's value in the model: length and fill byte.
+type State = BTreeMap<Vec<u8>, (usize, u8)>;
+
+fn gen_ops(seed: u64, n: usize) -> Vec<Op> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let key = format!("key-{}", rng.gen_range(0..12)).into_bytes();
+            let fill = (i % 251) as u8 + 1;
+            match rng.gen_range(0..100) {
+                0..=39 => Op::Put(key, rng.gen_range(1..200), fill),
+                40..=69 => Op::Put(key, rng.gen_range(200..8192), fill),
+                70..=77 => Op::Put(key, rng.gen_range(64 << 10..160 << 10), fill),
+                78..=93 => Op::Del(key),
+                _ => Op::Compact,
+            }
+        })
+        .collect()
+}
+
+fn states(ops: &[Op]) -> Vec<State> {
+    let mut s = State::new();
+    let mut v = vec![s.clone()];
+    for op in ops {
+        match op {
+            Op::Put(k, len, fill) => {
+                s.insert(k.clone(), (*len, *fill));
+            }
+            Op::Del(k) => {
+                s.remove(k);
+            }
+            Op::Compact => {}
+        }
+        v.push(s.clone());
+    }
+    v
+}
+
+/// A pool of four segments (the smallest: every image is a copy of it), one head, no
+/// background threads (the trace is one thread's).
+fn options(policy: UpdatePolicy) -> Options {
+    Options {
+        size: 8 << 20,
+        expected_keys: Some(64),
+        heads: Some(1),
+        policy,
+        background_compaction: false,
+        huge_pages: false,
+        ..Options::default()
+    }
+}
+
+fn seed() -> u64 {
+    env_or("CAIRN_KV_PF_SEED", 7)
+}
+
+fn n_ops() -> usize {
+    env_or("CAIRN_KV_PF_OPS", 300) as usize
+}
+
+/// The child: both workloads on fresh pools in the directory `RECORD_ENV` names, traced
+/// into `trace` there (the pools' images before the trace: `<pool>.base`).
+#[test]
+fn record_child() {
+    let Some(dir) = std::env::var_os(RECORD_ENV) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let ops = gen_ops(seed(), n_ops());
+    let pools: Vec<PathBuf> = (0..POLICIES.len())
+        .map(|i| dir.join(format!("pool{i}")))
+        .collect();
+    for (p, &policy) in pools.iter().zip(&POLICIES) {
+        drop(Store::open(p, &options(policy)).expect("create the pool"));
+        std::fs::copy(p, p.with_extension("base")).expect("base image");
+    }
+    let trace = dir.join("trace");
+    cairn_media::trace::create(&trace, 1 << 30).expect("trace file");
+    cairn_media::trace::start(&trace).expect("start tracing");
+    for (w, (p, &policy)) in pools.iter().zip(&POLICIES).enumerate() {
+        cairn_media::trace::mark(MARK_WORKLOAD, w as u64);
+        let store = Store::open(p, &options(policy)).expect("open the pool");
+        for (i, op) in ops.iter().enumerate() {
+            cairn_media::trace::mark(MARK_BEGIN, i as u64);
+            match op {
+                Op::Put(k, len, fill) => store.put(k, &vec![*fill; *len]).expect("put"),
+                Op::Del(k) => {
+                    store.delete(k).expect("delete");
+                }
+                Op::Compact => {
+                    store.compact(2).expect("compact");
+                    store.reclaim();
+                }
+            }
+            cairn_media::trace::mark(MARK_END, i as u64);
+        }
+        drop(store);
+    }
+}
+
+/// The recorded trace, the base images, and the files' identities.
+struct Recorded {
+    dir: tempfile::TempDir,
+    trace: Trace,
+    /// Per policy: (dev, ino) of the pool and its image before the trace.
+    pools: Vec<((u64, u64), Vec<u8>)>,
+}
+
+fn recorded() -> &'static Recorded {
+    static R: OnceLock<Recorded> = OnceLock::new();
+    R.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-pf-kv-")
+            .tempdir_in("/dev/shm")
+            .expect("tempdir");
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "record_child", "--nocapture", "--test-threads=1"])
+            .env(RECORD_ENV, dir.path())
+            .output()
+            .expect("run the recording child");
+        assert!(
+            out.status.success(),
+            "recording failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let trace = Trace::read(&dir.path().join("trace")).expect("read the trace");
+        let pools = (0..POLICIES.len())
+            .map(|i| {
+                let p = dir.path().join(format!("pool{i}"));
+                let m = std::fs::metadata(&p).expect("pool");
+                let base = std::fs::read(p.with_extension("base")).expect("base image");
+                ((m.dev(), m.ino()), base)
+            })
+            .collect();
+        Recorded { dir, trace, pools }
+    })
+}
+
+#[derive(Debug, Default)]
+struct Report {
+    crash_points: usize,
+    images: usize,
+    distinct: usize,
+    dropped_hits: u64,
+    /// Violations found, and the first 20 described.
+    violation_count: usize,
+    violations: Vec<String>,
+}
+
+/// What one image recovered to: the state, or why it did not.
+fn recover(path: &Path, image: &[u8], policy: UpdatePolicy) -> Result<State, String> {
+    std::fs::write(path, image).map_err(|e| format!("write the image: {e}"))?;
+    let r = std::panic::catch_unwind(|| -> Result<State, String> {
+        let store = Store::open(path, &options(policy)).map_err(|e| format!("open: {e}"))?;
+        let first = read_all(&store)?;
+        // Everything compacted: the recovered accounting must hold up (the checked
+        // build asserts that no segment's live bytes go below zero).
+        let mut rounds = 0;
+        while store.compact(8).map_err(|e| format!("compact: {e}"))? > 0 {
+            store.reclaim();
+            rounds += 1;
+            if rounds > 64 {
+                return Err(
+                    "compaction never settles (64 rounds that each emptied a segment)".into(),
+                );
+            }
+        }
+        let second = read_all(&store)?;
+        if first != second {
+            return Err(format!(
+                "compaction after recovery changed the data: {first:?} → {second:?}"
+            ));
+        }
+        drop(store);
+        let again = Store::open(path, &options(policy)).map_err(|e| format!("reopen: {e}"))?;
+        let third = read_all(&again)?;
+        if third != first {
+            return Err(format!(
+                "reopening after compaction changed the data: {first:?} → {third:?}"
+            ));
+        }
+        Ok(first)
+    });
+    match r {
+        Ok(r) => r,
+        Err(p) => Err(format!(
+            "panic: {}",
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+/// Every key and value of a store, each value one that was written (one fill byte).
+fn read_all(store: &Store) -> Result<State, String> {
+    let mut keys = Vec::new();
+    let mut cursor = 0;
+    loop {
+        cursor = store.scan(cursor, 64, |k| keys.push(k.to_vec()));
+        if cursor == 0 {
+            break;
+        }
+    }
+    let mut st = State::new();
+    let mut buf = Vec::new();
+    for k in keys {
+        buf.clear();
+        match store.get(&k, &mut buf) {
+            Ok(Some(len)) => {
+                let fill = buf.first().copied().unwrap_or(0);
+                if buf.iter().any(|&b| b != fill) {
+                    return Err(format!(
+                        "{}: a torn value ({len} bytes, not all {fill})",
+                        String::from_utf8_lossy(&k)
+                    ));
+                }
+                st.insert(k, (len, fill));
+            }
+            Ok(None) => {
+                return Err(format!(
+                    "{}: scanned, not found",
+                    String::from_utf8_lossy(&k)
+                ))
+            }
+            Err(e) => return Err(format!("get: {e}")),
+        }
+    }
+    if st.len() as u64 != store.len() {
+        return Err(format!(
+            "{} keys read, len() says {}",
+            st.len(),
+            store.len()
+        ));
+    }
+    Ok(st)
+}
+
+fn show(st: &State) -> String {
+    let v: Vec<String> = st
+        .iter()
+        .map(|(k, (l, f))| format!("{}={l}×{f}", String::from_utf8_lossy(k)))
+        .collect();
+    v.join(" ")
+}
+
+/// Check the crash images of policy `w`'s workload; `drop_sites`: fault injection.
+fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
+    let r = recorded();
+    let ops = gen_ops(seed(), n_ops());
+    let states = states(&ops);
+    let (file, base) = r.pools[w].clone();
+    let mut sim = Sim::new(file, base);
+    let dropped: Vec<u32> = r
+        .trace
+        .sites
+        .iter()
+        .filter(|(_, name)| drop_sites.iter().any(|d| name.contains(d.as_str())))
+        .map(|(&id, _)| id)
+        .collect();
+    assert!(
+        drop_sites.is_empty() || !dropped.is_empty(),
+        "no traced site matches {drop_sites:?}"
+    );
+    sim.drop_sites(dropped);
+    let scratch = r.dir.path().join(format!("image{w}-{}", drop_sites.len()));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut seen: HashMap<u64, Result<State, String>> = HashMap::new();
+    let mut rep = Report::default();
+    let events = &r.trace.events;
+    let start = events
+        .iter()
+        .position(
+            |e| matches!(e, Event::Mark { label: MARK_WORKLOAD, value, .. } if *value == w as u64),
+        )
+        .expect("the workload's start");
+    let end = events[start + 1..]
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                Event::Mark {
+                    label: MARK_WORKLOAD,
+                    ..
+                }
+            )
+        })
+        .map_or(events.len(), |p| start + 1 + p);
+    let points = events[start..end]
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::Fence { .. }
+                    | Event::Mark {
+                        label: MARK_END,
+                        ..
+                    }
+            )
+        })
+        .count();
+    let (mut acked, mut in_flight) = (0usize, None::<usize>);
+    let mut imgs = Vec::new();
+    for e in &events[start..end] {
+        let point = match e {
+            Event::Mark {
+                label: MARK_BEGIN,
+                value,
+                ..
+            } => {
+                in_flight = Some(*value as usize);
+                false
+            }
+            Event::Mark {
+                label: MARK_END,
+                value,
+                ..
+            } => {
+                acked = *value as usize + 1;
+                in_flight = None;
+                true
+            }
+            Event::Fence { .. } => true,
+            _ => false,
+        };
+        if point {
+            let per = if max_distinct == 0 {
+                24
+            } else {
+                let left = max_distinct.saturating_sub(seen.len());
+                (left / (points - rep.crash_points).max(1)).clamp(2, 24)
+            };
+            rep.crash_points += 1;
+            for c in sim.choices(per as u64, per, &mut rng) {
+                rep.images += 1;
+                let h = sim.image_hash(&c);
+                seen.entry(h).or_insert_with(|| {
+                    sim.build(&c, &mut imgs);
+                    recover(&scratch, &imgs[0], POLICIES[w])
+                });
+                let ok = match &seen[&h] {
+                    Ok(st) => {
+                        *st == states[acked] || (in_flight.is_some() && *st == states[acked + 1])
+                    }
+                    Err(_) => false,
+                };
+                rep.violation_count += usize::from(!ok);
+                if !ok && rep.violations.len() < 20 {
+                    let got = match &seen[&h] {
+                        Ok(st) => show(st),
+                        Err(e) => e.clone(),
+                    };
+                    let mut lost: Vec<String> = sim
+                        .lost_sites(&c)
+                        .into_iter()
+                        .map(|(s, n)| format!("{n} words at {}", r.trace.site_name(s)))
+                        .collect();
+                    lost.sort();
+                    rep.violations.push(format!(
+                        "{:?}: after {acked} acknowledged calls (in flight: {}): recovered {got}\n  expected {}\n  lost: {}",
+                        POLICIES[w],
+                        in_flight.map_or("none".into(), |k| format!("#{k} {:?}", ops[k])),
+                        show(&states[acked]),
+                        lost.join(", ")
+                    ));
+                }
+            }
+        }
+        sim.step(e);
+    }
+    rep.distinct = seen.len();
+    rep.dropped_hits = sim.dropped_hits;
+    let _ = std::fs::remove_file(&scratch);
+    rep
+}
+
+#[test]
+fn every_crash_image_of_the_store_recovers() {
+    let max = env_or("CAIRN_KV_PF_IMAGES", 4000) as usize;
+    for (w, policy) in POLICIES.iter().enumerate() {
+        let t = std::time::Instant::now();
+        let rep = check(w, max, &[]);
+        eprintln!(
+            "kv power failure, {policy:?}: {} crash points, {} images checked, {} distinct, {} violations, {:.1} s",
+            rep.crash_points,
+            rep.images,
+            rep.distinct,
+            rep.violation_count,
+            t.elapsed().as_secs_f64()
+        );
+        assert!(rep.distinct > 500, "too few images: {rep:?}");
+        assert!(
+            rep.violations.is_empty(),
+            "{} violations; the first:\n{}",
+            rep.violation_count,
+            rep.violations.join("\n")
+        );
+    }
+}
+
+/// The simulator sees a missing persistence point of the store: without the fence that
+/// makes an appended record durable before the call returns, an acknowledged put can be
+/// lost; without the fence between the in-place journal entry and the overwrite, an
+/// overwrite can be torn with nothing to redo it from.
+#[test]
+fn removing_a_store_fence_is_caught() {
+    let faults = [
+        (
+            0,
+            fence_after("crates/kv/src/log.rs", "self.put_bytes(loc, &rec)?;"),
+        ),
+        (
+            1,
+            fence_after(
+                "crates/kv/src/log.rs",
+                "let entry = encode_journal(loc, seq, &rec);",
+            ),
+        ),
+    ];
+    for (w, site) in faults {
+        let rep = check(w, 1500, std::slice::from_ref(&site));
+        eprintln!(
+            "without the fence at {site}: {} images, {} violations{}",
+            rep.distinct,
+            rep.violation_count,
+            rep.violations
+                .first()
+                .map_or(String::new(), |v| format!("; the first:\n{v}"))
+        );
+        assert!(rep.dropped_hits > 0, "the fence at {site} was never traced");
+        assert!(
+            !rep.violations.is_empty(),
+            "removing the fence at {site} went unnoticed"
+        );
+    }
+}
