@@ -650,6 +650,8 @@ fn bench_kv_json_shape() {
             "2000",
             "--requests",
             "0",
+            "--churn-bytes",
+            "32M",
         ])
         .output()
         .unwrap();
@@ -660,6 +662,20 @@ fn bench_kv_json_shape() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["keys"].as_u64(), Some(2000));
+    // 4 patterns on 3 systems, 3 Postmark-like levels on 4 (cairn-kv in both policies).
+    let churn = v["churn"].as_array().unwrap();
+    assert_eq!(churn.len(), 4 * 3 + 3 * 4, "{v}");
+    for c in churn {
+        let live = c["live_bytes"].as_u64().unwrap();
+        assert!(live > 8 << 20, "{c}");
+        // Memory is at least the live data.
+        assert!(c["ratio"].as_f64().unwrap() >= 1.0, "{c}");
+        assert_eq!(
+            c["compacted_bytes"].is_u64(),
+            c["system"].as_str().unwrap().starts_with("cairn-kv"),
+            "{c}"
+        );
+    }
     assert!(v["recovery_secs"].as_f64().unwrap() > 0.0);
     let rows = v["embedded"].as_array().unwrap();
     // 2 policies × 2 distributions × 4 mixes × 2 thread counts.

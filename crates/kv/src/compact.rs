@@ -63,9 +63,10 @@ impl Core {
                 self.seqs[s as usize].store(0, Ordering::Release);
             }
             self.claimed[s as usize].store(false, Ordering::Release);
+            self.freed_at[s as usize].store(self.now_ms(), Ordering::Relaxed);
             free.push(s);
         }
-        self.release_cold(&free);
+        self.release_cold(&free, crate::log::RELEASE_AFTER);
         retired.len() < before
     }
 
@@ -266,9 +267,10 @@ impl Core {
 }
 
 /// The body of a background compaction thread: compact while the free segments are
-/// below the trigger and compaction empties some; otherwise sleep until a head that
-/// takes a segment below the trigger rings, or for a while (reclaiming what readers
-/// have left).
+/// below the trigger (or the garbage above its bound) and compaction empties some;
+/// otherwise sleep until a head that takes a segment rings, or for 100 ms. Each pass
+/// also reclaims what readers have left, hands back the memory of segments free for
+/// long enough, and collapses the segments heads took back into huge folios.
 pub(crate) fn run(core: Arc<Core>) {
     while !core.stop.load(Ordering::Acquire) {
         let mut worked = false;
@@ -283,6 +285,7 @@ pub(crate) fn run(core: Arc<Core>) {
             }
         }
         core.reclaim();
+        core.collapse_fresh();
         if worked {
             continue;
         }

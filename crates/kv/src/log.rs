@@ -37,6 +37,9 @@ pub(crate) struct Head {
 /// Free segments only compaction may take (so that it can always make room).
 pub(crate) const RESERVE: usize = 1;
 
+/// How long a free segment keeps its memory (ms) before it is handed back.
+pub(crate) const RELEASE_AFTER: u64 = 1000;
+
 /// The segment of a location (a byte offset in the pool).
 pub(crate) fn seg_of(loc: u64) -> u64 {
     loc / SEGMENT_BYTES
@@ -93,10 +96,16 @@ pub(crate) struct Core {
     /// or when more than `max_garbage` of the bytes of the closed segments is dead.
     pub trigger: f64,
     pub max_garbage: Option<f64>,
-    /// Per segment: whether its memory is handed back to the system (a free segment
-    /// beyond the `warm` most recently freed, which heads take first).
+    /// Per segment, with a garbage bound: whether its memory is handed back to the
+    /// system (a free segment beyond the `warm` most recently freed, which heads take
+    /// first, once it has been free for [`RELEASE_AFTER`]); when it was last freed (ms since `opened`); whether
+    /// a head took it after its release (it is collapsed into a huge folio again by the
+    /// background thread, off the writer's path).
     pub released: Vec<AtomicBool>,
+    pub freed_at: Vec<AtomicU64>,
+    pub fresh: Vec<AtomicBool>,
     pub warm: usize,
+    pub opened: std::time::Instant,
     /// Whether segments are backed by huge folios (asked for, and the kernel allows).
     pub huge: bool,
     /// Wakes the compaction threads (set: there is work), and tells them to stop.
@@ -159,6 +168,9 @@ impl Core {
             trigger: s.trigger,
             max_garbage: s.max_garbage,
             released: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            freed_at: (0..segments).map(per_seg).collect(),
+            fresh: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            opened: std::time::Instant::now(),
             // The segments heads and compaction may take at once.
             warm: s.heads.max(1) + RESERVE,
             huge: s.huge_pages && cairn_media::huge::refusal().is_none(),
@@ -322,19 +334,47 @@ impl Core {
         self.horizon[s as usize].fetch_max(h, Ordering::Relaxed);
     }
 
+    /// Milliseconds since the store was opened.
+    pub fn now_ms(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64
+    }
+
     /// Hand the memory of the free segments beyond the `warm` most recently freed (the
-    /// end of `free`, which heads take first) back to the system. Called under the free
-    /// list's lock (no head can take one meanwhile). Only segments whose header is
-    /// durably erased: a recovery finds nothing in them either way.
-    pub fn release_cold(&self, free: &[u64]) {
+    /// end of `free`, which heads take first) back to the system, once they have been
+    /// free for [`RELEASE_AFTER`] (a segment that a busy log takes again soon keeps its
+    /// memory: taking back a released one costs a 2 MiB zeroing and a collapse). Called
+    /// under the free list's lock (no head can take one meanwhile). Only segments whose
+    /// header is durably erased: a recovery finds nothing in them either way. `after`:
+    /// the time a segment must have been free (ms; recovery releases at once).
+    pub fn release_cold(&self, free: &[u64], after: u64) {
+        if self.max_garbage.is_none() {
+            // Without a garbage bound the pool's size is the bound on memory, and
+            // compaction keeps free segments for the log to take again.
+            return;
+        }
         let cold = free.len().saturating_sub(self.warm);
+        let now = self.now_ms();
         for &s in &free[..cold] {
             let i = s as usize;
             if self.seqs[i].load(Ordering::Acquire) == 0
                 && !self.released[i].load(Ordering::Relaxed)
+                && now.saturating_sub(self.freed_at[i].load(Ordering::Relaxed)) >= after
                 && self.pool.release(s).is_ok()
             {
                 self.released[i].store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Collapse the segments heads took after their release into huge folios again (the
+    /// background thread; best effort).
+    pub fn collapse_fresh(&self) {
+        if !self.huge {
+            return;
+        }
+        for (s, f) in self.fresh.iter().enumerate() {
+            if f.swap(false, Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
+                let _ = self.pool.collapse(s as u64);
             }
         }
     }
@@ -369,9 +409,8 @@ impl Core {
         let h = encode_segment_header(seq);
         let off = Pool::seg_off(s) as u64;
         self.pool.map.write(off as usize, &h)?;
-        if released && self.huge {
-            // Memory again, as one huge folio (best effort).
-            let _ = self.pool.collapse(s);
+        if released {
+            self.fresh[s as usize].store(true, Ordering::Relaxed);
         }
         self.persist(off, h.len() as u64)?;
         self.seqs[s as usize].store(seq, Ordering::Release);

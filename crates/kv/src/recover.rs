@@ -182,7 +182,7 @@ impl Core {
         }
         let mut free_list = lock(&self.free);
         *free_list = free;
-        self.release_cold(&free_list);
+        self.release_cold(&free_list, 0);
         Ok(())
     }
 }

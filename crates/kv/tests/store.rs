@@ -625,6 +625,8 @@ fn memory_follows_the_live_data_under_a_garbage_bound() {
             last = n;
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+        // Free segments keep their memory for a second.
+        std::thread::sleep(std::time::Duration::from_millis(1200));
         s.reclaim();
         s.stats()
     };
