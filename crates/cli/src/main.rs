@@ -259,8 +259,9 @@ pub struct KvServeArgs {
     #[arg(long, value_name = "F", default_value_t = 0.2)]
     pub compact_below: f64,
     /// Background compaction also runs while more than this fraction of the bytes of
-    /// the segments in use is dead (bounds memory over live data; costs compaction
-    /// traffic) [default: only when free segments run short]
+    /// the segments in use is dead, and free segments give their memory back (bounds
+    /// memory over live data; costs compaction traffic) [default: the pool's size is
+    /// the bound]
     #[arg(long, value_name = "F")]
     pub max_garbage: Option<f64>,
 }

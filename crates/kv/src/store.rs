@@ -75,10 +75,11 @@ pub struct Options {
     /// free.
     pub compact_below: f64,
     /// Background compaction also runs while more than this fraction of the bytes of
-    /// the closed segments is dead (`None`: only when free segments run short). The
-    /// bound on memory over live data, paid for in compaction traffic: free segments
-    /// beyond a few are handed back to the system, so the memory a store holds follows
-    /// the segments in use.
+    /// the closed segments is dead, and free segments beyond a few give their memory
+    /// back to the system after a second, so that the memory a store holds follows the
+    /// segments in use: a bound on memory over live data, paid for in compaction
+    /// traffic. `None`: compaction runs only when free segments run short, and they
+    /// keep their memory (the pool's size is the bound).
     pub max_garbage: Option<f64>,
     /// Back the segments with huge folios where the kernel allows (collapsed in a
     /// thread after opening, and when a head takes a segment whose memory was handed

@@ -54,6 +54,10 @@ pub struct KvArgs {
     /// cairn-kv's garbage bound in the churn runs (see `cairn kv serve --max-garbage`)
     #[arg(long, value_name = "F", default_value_t = 0.05)]
     pub max_garbage: f64,
+    /// Runs of the embedded and server measurements: each figure is the median
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub runs: u32,
 }
 
 /// One embedded measurement.
@@ -81,6 +85,8 @@ pub struct Served {
 
 #[derive(Debug, Serialize)]
 struct Results {
+    /// Runs each embedded and server figure is the median of.
+    runs: u32,
     keys: u64,
     value_bytes: u64,
     load_secs: f64,
@@ -358,20 +364,81 @@ fn server(args: &KvArgs, out: &mut Results) -> CliResult {
     Ok(())
 }
 
-pub fn run(args: &KvArgs) -> CliResult {
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Each figure of `runs` (rows in the same order in every run) replaced by its median.
+fn medians(runs: Vec<Results>) -> Results {
     let mut r = Results {
-        keys: args.keys,
-        value_bytes: args.value,
-        load_secs: 0.0,
-        recovery_secs: 0.0,
-        embedded: Vec::new(),
-        server: Vec::new(),
+        runs: runs.len() as u32,
+        keys: runs[0].keys,
+        value_bytes: runs[0].value_bytes,
+        load_secs: median(runs.iter().map(|x| x.load_secs).collect()),
+        recovery_secs: median(runs.iter().map(|x| x.recovery_secs).collect()),
+        embedded: runs[0].embedded.clone(),
+        server: runs[0].server.clone(),
         churn: Vec::new(),
     };
-    embedded(args, &mut r)?;
-    if args.requests > 0 {
-        server(args, &mut r)?;
+    for (i, e) in r.embedded.iter_mut().enumerate() {
+        let of =
+            |f: &dyn Fn(&Embedded) -> f64| median(runs.iter().map(|x| f(&x.embedded[i])).collect());
+        e.ops_per_sec = of(&|x| x.ops_per_sec);
+        e.p50_ns = of(&|x| x.p50_ns as f64) as u64;
+        e.p99_ns = of(&|x| x.p99_ns as f64) as u64;
     }
+    for e in r.server.iter_mut() {
+        // Matched by what was measured (a run whose redis-benchmark printed nothing for
+        // one test lacks that row).
+        let key = (e.server.clone(), e.test.clone(), e.pipeline);
+        let of = |f: &dyn Fn(&Served) -> f64| {
+            median(
+                runs.iter()
+                    .flat_map(|x| &x.server)
+                    .filter(|s| (&s.server, &s.test, s.pipeline) == (&key.0, &key.1, key.2))
+                    .map(f)
+                    .collect(),
+            )
+        };
+        e.requests_per_sec = of(&|x| x.requests_per_sec);
+        e.p50_ms = of(&|x| x.p50_ms);
+        e.p99_ms = of(&|x| x.p99_ms);
+    }
+    r
+}
+
+pub fn run(args: &KvArgs) -> CliResult {
+    let mut runs = Vec::new();
+    for k in 0..args.runs {
+        if args.runs > 1 {
+            progress(format_args!("kv: run {} of {}\n", k + 1, args.runs));
+        }
+        let mut r = Results {
+            runs: 1,
+            keys: args.keys,
+            value_bytes: args.value,
+            load_secs: 0.0,
+            recovery_secs: 0.0,
+            embedded: Vec::new(),
+            server: Vec::new(),
+            churn: Vec::new(),
+        };
+        embedded(args, &mut r)?;
+        if args.requests > 0 {
+            server(args, &mut r)?;
+        }
+        runs.push(r);
+    }
+    let mut r = medians(runs);
     if args.churn_bytes > 0 {
         if !(0.0..1.0).contains(&args.max_garbage) {
             return Err(CliError::new("--max-garbage: a fraction from 0 to 1"));
@@ -389,8 +456,16 @@ pub fn run(args: &KvArgs) -> CliResult {
     }
     writeln!(
         o,
-        "cairn-kv, {} keys of {} B: load {:.2} s, recovery {:.2} s\n",
-        r.keys, r.value_bytes, r.load_secs, r.recovery_secs
+        "cairn-kv, {} keys of {} B: load {:.2} s, recovery {:.2} s{}\n",
+        r.keys,
+        r.value_bytes,
+        r.load_secs,
+        r.recovery_secs,
+        if r.runs > 1 {
+            format!(" (medians of {} runs)", r.runs)
+        } else {
+            String::new()
+        }
     )?;
     writeln!(
         o,

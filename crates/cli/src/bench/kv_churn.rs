@@ -239,7 +239,8 @@ impl Sink for MapSink {
     }
 }
 
-struct StoreSink(Store);
+/// The store, and its garbage bound.
+struct StoreSink(Store, f64);
 
 impl Sink for StoreSink {
     fn put(&mut self, key: u64, len: usize) -> CliResult<bool> {
@@ -256,14 +257,19 @@ impl Sink for StoreSink {
             .map_err(|e| CliError::new(e.to_string()))
     }
     fn finish(&mut self) -> CliResult {
-        // Let background compaction settle (until it has emptied nothing for half a
-        // second, at most 30 s), and the memory of the segments it freed go back to
-        // the system (after a second free).
+        // Let background compaction settle (the garbage within its bound and no
+        // segment emptied for half a second; at most 60 s), and the memory of the
+        // segments it freed go back to the system (after a second free).
         let t = Instant::now();
         let (mut last, mut still) = (u64::MAX, 0);
-        while still < 5 && t.elapsed() < Duration::from_secs(30) {
-            let n = self.0.stats().compacted_segments;
-            still = if n == last { still + 1 } else { 0 };
+        while still < 5 && t.elapsed() < Duration::from_secs(60) {
+            let st = self.0.stats();
+            let n = st.compacted_segments;
+            still = if n == last && st.garbage <= self.1 + 0.005 {
+                still + 1
+            } else {
+                0
+            };
             last = n;
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -399,8 +405,10 @@ pub fn worker(a: &WorkerArgs) -> CliResult {
         };
         let store = Store::open(&path, &opts);
         let _ = std::fs::remove_file(&path);
-        let mut sink =
-            StoreSink(store.map_err(|e| CliError::new(format!("{}: {e}", path.display())))?);
+        let mut sink = StoreSink(
+            store.map_err(|e| CliError::new(format!("{}: {e}", path.display())))?,
+            a.max_garbage.unwrap_or(1.0),
+        );
         let done = drive(&a.workload, a.bytes, &mut sink)?;
         let st = sink.0.stats();
         let mut r = result(
