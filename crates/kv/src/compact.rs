@@ -70,6 +70,24 @@ impl Core {
         retired.len() < before
     }
 
+    /// Close a writer's head that stayed open while a quarter of the pool's segments
+    /// were opened after it (its thread has been running on another CPU): a head is
+    /// never compacted, and an old one keeps every tombstone written since it opened
+    /// (their older records may be in it). Closed, it is a candidate like any other; the
+    /// next write on that CPU takes a new segment. (Lock order: compaction's head, then
+    /// a writer's; writers never take compaction's head while holding theirs.)
+    fn close_stale_heads(&self) {
+        let next = self.next_seq.load(Ordering::Relaxed);
+        let stale = (self.pool.header.segments / 4).max(2);
+        for h in &self.heads {
+            let Ok(mut g) = h.try_lock() else { continue };
+            if g.seg != 0 && next.saturating_sub(g.seq) > stale {
+                self.is_head[g.seg as usize].store(false, Ordering::Release);
+                *g = Head::default();
+            }
+        }
+    }
+
     /// One compaction round (rounds are serialized): the closed segments with the
     /// best cost-benefit (`(1 − u)·age / (1 + u)`, u = live bytes / segment), at most
     /// `max` of them; their current records copied to a compaction head (durable
@@ -90,6 +108,7 @@ impl Core {
             self.is_head[head.seg as usize].store(false, Ordering::Release);
             *head = Head::default();
         }
+        self.close_stale_heads();
         self.reclaim();
         self.counters
             .compaction_rounds
