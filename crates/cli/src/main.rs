@@ -184,6 +184,66 @@ pub enum Command {
         #[command(subcommand)]
         which: KvCommand,
     },
+    /// Huge pages for ordinary processes (Ingens): promote well-used 2 MiB regions of
+    /// the watched processes, fairly; `cairn hugepaged status` shows what it did
+    Hugepaged(HugepagedArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct HugepagedArgs {
+    #[command(subcommand)]
+    pub status: Option<HugepagedCommand>,
+    /// Watch this process (repeatable)
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Watch the processes of this cgroup (its cgroup.procs, read every interval)
+    #[arg(long, value_name = "PATH", conflicts_with = "pids")]
+    pub cgroup: Option<PathBuf>,
+    /// Watch every process
+    #[arg(long, conflicts_with_all = ["pids", "cgroup"])]
+    pub all: bool,
+    /// Promote a region once this fraction of its base pages is present
+    #[arg(long, value_name = "F", default_value_t = 0.9)]
+    pub threshold: f64,
+    /// Promotions per second at most, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = 256.0)]
+    pub rate: f64,
+    /// Share of a process, PID=S (repeatable; default 10000 each)
+    #[arg(long = "share", value_name = "PID=S")]
+    pub shares: Vec<String>,
+    /// Idleness penalty τ of the promotion metric, in (0, 1] (1: none)
+    #[arg(long, value_name = "T", default_value_t = 0.5)]
+    pub tau: f64,
+    /// Seconds between scans
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub interval: f64,
+    /// Do not track accesses (no clear_refs: every region counts as busy)
+    #[arg(long)]
+    pub no_access: bool,
+    /// Ask the kernel to compact memory when the fragmentation index passes 0.8
+    #[arg(long)]
+    pub compact: bool,
+    /// Decide and report, but promote nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM)
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Where the daemon writes its status every interval
+    #[arg(long, value_name = "PATH", default_value = "/run/cairn-hugepaged.json")]
+    pub status_file: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HugepagedCommand {
+    /// What the running daemon did, per process
+    Status {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, value_name = "PATH", default_value = "/run/cairn-hugepaged.json")]
+        status_file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -561,9 +561,9 @@ mod tests {
 }
 
 /// The system calls the daemon and LibFS need beyond `std`, on `rustix`'s safe wrappers,
-/// so that no other crate needs `unsafe`. Three remain `unsafe` here, each with the
-/// reason: `BLKDISCARD` (no safe wrapper in `rustix`), closing an abandoned descriptor
-/// and `fork`.
+/// so that no other crate needs `unsafe`. Four remain `unsafe` here, each with the
+/// reason: `BLKDISCARD` and `process_madvise` (no safe wrappers in `rustix`), closing an
+/// abandoned descriptor and `fork`.
 pub mod sys {
     use rustix::fs::{FallocateFlags, FlockOperation};
     use std::fs::File;
@@ -573,6 +573,46 @@ pub mod sys {
 
     fn flock(f: &File, op: FlockOperation) -> io::Result<()> {
         Ok(rustix::fs::flock(f, op)?)
+    }
+
+    /// A descriptor for process `pid` (`pidfd_open`, Linux 5.3): it names that process
+    /// and no other, even once its pid is reused.
+    pub fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
+        let pid = rustix::process::Pid::from_raw(pid as i32)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(rustix::process::pidfd_open(
+            pid,
+            rustix::process::PidfdFlags::empty(),
+        )?)
+    }
+
+    /// `process_madvise(pidfd, [addr, addr + len), MADV_COLLAPSE)` (Linux 6.1): ask the
+    /// kernel to back that range of the process `pidfd` names with huge pages now
+    /// (copying its base pages into a 2 MiB page; holes are filled with zeros). The bytes
+    /// advised.
+    pub fn collapse_remote(pidfd: &std::os::fd::OwnedFd, addr: u64, len: u64) -> io::Result<usize> {
+        let iov = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len as usize,
+        };
+        // SAFETY: the kernel reads one `iovec` from `iov`, which lives for the call, and
+        // a descriptor the caller owns; the range it names is in the other process and is
+        // only advised, never dereferenced here.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd.as_raw_fd(),
+                &iov as *const libc::iovec,
+                1usize,
+                libc::MADV_COLLAPSE,
+                0u32,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
     }
 
     /// The CPU the calling thread runs on now (for per-core structures; it may have

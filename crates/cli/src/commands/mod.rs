@@ -3,6 +3,7 @@
 mod admin;
 mod files;
 mod fsck;
+mod hugepaged;
 mod kv;
 pub(crate) mod mount;
 pub(crate) mod run;
@@ -57,6 +58,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Run { prefix, command } => run::run(store, &prefix, &command),
         Command::Kv { which } => kv::run(which),
+        Command::Hugepaged(args) => hugepaged::run(&args),
         Command::Bench { which } => match which {
             BenchCommand::Latency(args) => crate::bench::latency(store, &args),
             BenchCommand::Share(args) => crate::bench::share(store, &args),

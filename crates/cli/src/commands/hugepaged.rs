@@ -1,0 +1,155 @@
+//! `cairn hugepaged`: the Ingens-style huge-page daemon (`cairn_hugepage::daemon`), and
+//! `cairn hugepaged status`, which reads the status file the daemon writes every
+//! interval.
+
+use crate::error::{CliError, CliResult};
+use crate::{HugepagedArgs, HugepagedCommand};
+use cairn_hugepage::daemon::{Config, Daemon, Status, Targets};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub fn run(a: &HugepagedArgs) -> CliResult {
+    match &a.status {
+        Some(HugepagedCommand::Status { json, status_file }) => status(status_file, *json),
+        None => serve(a),
+    }
+}
+
+fn config(a: &HugepagedArgs) -> CliResult<Config> {
+    if !(0.0..=1.0).contains(&a.threshold) {
+        return Err(CliError::new("--threshold: a fraction from 0 to 1"));
+    }
+    if a.tau.is_nan() || a.tau <= 0.0 || a.tau > 1.0 {
+        return Err(CliError::new("--tau: a number in (0, 1]"));
+    }
+    if a.rate.is_nan() || a.rate <= 0.0 {
+        return Err(CliError::new("--rate: MiB per second, more than 0"));
+    }
+    if !(0.05..=3600.0).contains(&a.interval) {
+        return Err(CliError::new("--interval: 0.05 to 3600 seconds"));
+    }
+    let mut shares = std::collections::HashMap::new();
+    for s in &a.shares {
+        let (p, v) = s
+            .split_once('=')
+            .and_then(|(p, v)| Some((p.parse::<u32>().ok()?, v.parse::<f64>().ok()?)))
+            .filter(|&(_, v)| v > 0.0)
+            .ok_or_else(|| CliError::new(format!("--share {s}: PID=SHARE, a share above 0")))?;
+        shares.insert(p, v);
+    }
+    Ok(Config {
+        threshold: a.threshold,
+        rate_mib: a.rate,
+        tau: a.tau,
+        shares,
+        access: !a.no_access,
+        dry_run: a.dry_run,
+        compact: a.compact,
+        ..Config::default()
+    })
+}
+
+fn serve(a: &HugepagedArgs) -> CliResult {
+    let targets = if a.all {
+        Targets::All
+    } else if let Some(c) = &a.cgroup {
+        Targets::Cgroup(c.clone())
+    } else if !a.pids.is_empty() {
+        Targets::Pids(a.pids.clone())
+    } else {
+        return Err(CliError::new(
+            "what to watch: --pid PID (repeatable), --cgroup PATH or --all",
+        ));
+    };
+    let mut d = Daemon::new(config(a)?, targets);
+    cairn_media::sys::install_termination_flag()?;
+    let t = Instant::now();
+    eprintln!(
+        "cairn hugepaged: promoting regions at least {:.0}% populated, at most {} MiB/s{}; status in {}",
+        a.threshold * 100.0,
+        a.rate,
+        if a.dry_run { " (dry run)" } else { "" },
+        a.status_file.display()
+    );
+    loop {
+        d.step().map_err(|e| CliError::new(e.to_string()))?;
+        let st = d.status();
+        write_status(&a.status_file, &st)?;
+        if a.duration.is_some_and(|s| t.elapsed().as_secs_f64() >= s)
+            || cairn_media::sys::termination_requested()
+        {
+            break;
+        }
+        // Sleep in short steps so that a signal ends the wait.
+        let until = Instant::now() + Duration::from_secs_f64(a.interval);
+        while Instant::now() < until && !cairn_media::sys::termination_requested() {
+            std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+        }
+    }
+    Ok(())
+}
+
+/// Write the status atomically (a temporary file renamed over the old one).
+fn write_status(path: &Path, st: &Status) -> CliResult {
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_string_pretty(st).map_err(|e| CliError::new(e.to_string()))?;
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))
+}
+
+fn status(path: &Path, json: bool) -> CliResult {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::new(format!(
+            "{}: {e} (is cairn hugepaged running with this --status-file?)",
+            path.display()
+        ))
+    })?;
+    let st: Status = serde_json::from_str(&text)
+        .map_err(|e| CliError::new(format!("{}: not a status file: {e}", path.display())))?;
+    let mut o = std::io::stdout().lock();
+    if json {
+        writeln!(o, "{text}")?;
+        return Ok(());
+    }
+    writeln!(
+        o,
+        "cairn hugepaged (pid {}): {} intervals in {:.0} s, CPU {:.2} s ({:.2}% of a core), {} MiB watched, fragmentation index {:.2}{}",
+        st.pid,
+        st.intervals,
+        st.uptime_secs,
+        st.cpu_secs,
+        st.cpu_fraction * 100.0,
+        st.watched_bytes >> 20,
+        st.fmfi,
+        if st.dry_run { ", dry run" } else { "" }
+    )?;
+    writeln!(
+        o,
+        "{:>8} {:>8} {:>9} {:>10} {:>9} {:>6} {:>9}  regions by utilization (0-10% … 90-100%, huge)",
+        "pid", "share", "huge MiB", "promotions", "failures", "idle", "fairness"
+    )?;
+    for p in &st.processes {
+        let r: Vec<String> = p.regions.iter().map(u64::to_string).collect();
+        writeln!(
+            o,
+            "{:>8} {:>8.0} {:>9} {:>10} {:>9} {:>6.2} {:>9}  {}",
+            p.pid,
+            p.share,
+            p.huge_bytes >> 20,
+            p.promotions,
+            p.failures,
+            p.idle,
+            p.fairness.map_or("-".into(), |f| format!("{f:.2}")),
+            r.join(" ")
+        )?;
+        if let Some(e) = &p.last_error {
+            writeln!(o, "         last error: {e}")?;
+        }
+    }
+    for d in &st.dropped {
+        writeln!(o, "dropped: {d}")?;
+    }
+    Ok(())
+}

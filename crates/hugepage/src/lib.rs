@@ -1,0 +1,11 @@
+//! Ingens (OSDI'16) for ordinary processes on an unmodified Linux 6.x, from user space
+//! (issue 18): the policy ([`policy`]: access history, utilization-based promotion,
+//! share-proportional fairness), the fragmentation index ([`fmfi`]), and what can be
+//! read of and done to a watched process through `/proc` ([`scan`]).
+
+#![forbid(unsafe_code)]
+
+pub mod daemon;
+pub mod fmfi;
+pub mod policy;
+pub mod scan;

@@ -1,0 +1,277 @@
+//! What the daemon reads of a watched process, through `/proc` only: its anonymous
+//! mappings (`maps`), per 2 MiB region the base pages present (`pagemap`) and whether a
+//! huge page maps it (`/proc/kpageflags`, root), the memory its huge pages back
+//! (`smaps_rollup`), and per mapping whether it was touched since the last scan
+//! (`clear_refs` then `smaps`' `Referenced`: this kernel has neither `page_idle` nor
+//! DAMON's virtual-address mode, so access is known per mapping, not per page). And the
+//! one thing it does to it: `process_madvise(MADV_COLLAPSE)` on a region.
+
+use crate::policy::{HUGE, PAGES};
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+
+/// An anonymous private writable mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Vma {
+    /// The 2 MiB-aligned regions wholly inside it.
+    pub fn regions(&self) -> impl Iterator<Item = u64> {
+        let first = self.start.next_multiple_of(HUGE);
+        let end = self.end;
+        (first..end)
+            .step_by(HUGE as usize)
+            .filter(move |r| r + HUGE <= end)
+    }
+}
+
+/// The anonymous private writable mappings of a `maps` text (the heap and unnamed
+/// mappings; not the stack, not files, not shared memory).
+pub fn parse_maps(text: &str) -> Vec<Vma> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let range = w.next()?;
+            let perms = w.next()?;
+            let _offset = w.next()?;
+            let _dev = w.next()?;
+            let inode = w.next()?;
+            let path = w.next().unwrap_or("");
+            let anon =
+                inode == "0" && (path.is_empty() || path == "[heap]" || path.starts_with("[anon:"));
+            if !anon || !perms.starts_with("rw") || !perms.ends_with('p') {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            Some(Vma {
+                start: u64::from_str_radix(a, 16).ok()?,
+                end: u64::from_str_radix(b, 16).ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Per mapping of an `smaps` text: start, end and the value of field `key` (kB).
+pub fn smaps_field(text: &str, key: &str) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    let mut cur: Option<(u64, u64)> = None;
+    for l in text.lines() {
+        let first = l.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                cur = Some((a, b));
+                continue;
+            }
+        }
+        if let (Some((a, b)), Some(rest)) = (cur, l.strip_prefix(key)) {
+            if let Some(v) = rest
+                .strip_prefix(':')
+                .and_then(|r| r.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                out.push((a, b, v));
+            }
+        }
+    }
+    out
+}
+
+/// A region as a scan saw it: base pages present, mapped by a huge page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub start: u64,
+    pub present: u32,
+    pub huge: bool,
+}
+
+/// `kpageflags` bit of a page that is part of a transparent huge page.
+const KPF_THP: u64 = 1 << 22;
+const PM_PRESENT: u64 = 1 << 63;
+const PM_PFN: u64 = (1 << 55) - 1;
+
+/// An open watched process.
+pub struct Proc {
+    pub pid: u32,
+    pidfd: OwnedFd,
+    pagemap: File,
+    /// `/proc/kpageflags` (root only; without it no region is known to be huge and
+    /// only `smaps_rollup` tells the total).
+    kpageflags: Option<File>,
+}
+
+/// An error about process `pid`, said plainly.
+fn about(pid: u32, what: &str, e: io::Error) -> io::Error {
+    let why = match e.raw_os_error() {
+        // ESRCH
+        Some(3) => "no such process (it exited)".to_string(),
+        // EPERM, EACCES
+        Some(1) | Some(13) => {
+            "permission denied (watching another user's process needs root or ptrace access)"
+                .to_string()
+        }
+        _ => e.to_string(),
+    };
+    io::Error::new(e.kind(), format!("process {pid}: {what}: {why}"))
+}
+
+impl Proc {
+    pub fn open(pid: u32) -> io::Result<Proc> {
+        let pidfd = cairn_media::sys::pidfd_open(pid).map_err(|e| about(pid, "pidfd_open", e))?;
+        let pagemap =
+            File::open(format!("/proc/{pid}/pagemap")).map_err(|e| about(pid, "pagemap", e))?;
+        Ok(Proc {
+            pid,
+            pidfd,
+            pagemap,
+            kpageflags: File::open("/proc/kpageflags").ok(),
+        })
+    }
+
+    fn read(&self, name: &str) -> io::Result<String> {
+        std::fs::read_to_string(format!("/proc/{}/{name}", self.pid))
+            .map_err(|e| about(self.pid, name, e))
+    }
+
+    /// Its anonymous mappings now.
+    pub fn vmas(&self) -> io::Result<Vec<Vma>> {
+        Ok(parse_maps(&self.read("maps")?))
+    }
+
+    /// Each 2 MiB region of `vmas`: base pages present, and whether a huge page maps it.
+    pub fn scan(&self, vmas: &[Vma]) -> io::Result<Vec<Seen>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; PAGES as usize * 8];
+        for v in vmas {
+            for start in v.regions() {
+                self.pagemap
+                    .read_exact_at(&mut buf, start / 4096 * 8)
+                    .map_err(|e| about(self.pid, "pagemap", e))?;
+                let entries: Vec<u64> = buf
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                let present = entries.iter().filter(|&&e| e & PM_PRESENT != 0).count() as u32;
+                let huge = present == PAGES && self.is_thp(entries[0]);
+                out.push(Seen {
+                    start,
+                    present,
+                    huge,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn is_thp(&self, entry: u64) -> bool {
+        let pfn = entry & PM_PFN;
+        let Some(k) = &self.kpageflags else {
+            return false;
+        };
+        let mut b = [0u8; 8];
+        pfn != 0 && k.read_exact_at(&mut b, pfn * 8).is_ok() && u64::from_le_bytes(b) & KPF_THP != 0
+    }
+
+    /// Bytes of its anonymous memory huge pages back (`AnonHugePages`).
+    pub fn huge_bytes(&self) -> io::Result<u64> {
+        let t = self.read("smaps_rollup")?;
+        Ok(t.lines()
+            .find_map(|l| l.strip_prefix("AnonHugePages:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024)
+    }
+
+    /// Clear the accessed bits of all its pages (`clear_refs` 1), so that `referenced`
+    /// tells what it touched after.
+    pub fn clear_refs(&self) -> io::Result<()> {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid), "1")
+            .map_err(|e| about(self.pid, "clear_refs", e))
+    }
+
+    /// Per mapping: start, end, kB referenced since the last `clear_refs`.
+    pub fn referenced(&self) -> io::Result<Vec<(u64, u64, u64)>> {
+        Ok(smaps_field(&self.read("smaps")?, "Referenced"))
+    }
+
+    /// Ask the kernel to back the region at `start` with a huge page now.
+    pub fn collapse(&self, start: u64) -> io::Result<()> {
+        cairn_media::sys::collapse_remote(&self.pidfd, start, HUGE)
+            .map(|_| ())
+            .map_err(|e| about(self.pid, "MADV_COLLAPSE", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_private_writable_mappings_only() {
+        let t = "\
+55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000600000 rw-p 00000000 00:00 0 
+7f0000600000-7f0000800000 r--p 00000000 00:00 0 
+7f0000800000-7f0000a00000 rw-s 00000000 00:05 1234                       /dev/shm/x
+7f0000a00000-7f0000c00000 rw-p 00000000 08:01 99                         /usr/lib/libc.so
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+";
+        let v = parse_maps(t);
+        assert_eq!(
+            v,
+            vec![
+                Vma {
+                    start: 0x55d0c0a00000,
+                    end: 0x55d0c0a21000
+                },
+                Vma {
+                    start: 0x7f0000000000,
+                    end: 0x7f0000600000
+                }
+            ]
+        );
+        // The heap holds no whole aligned region; the second mapping three.
+        assert_eq!(v[0].regions().count(), 0);
+        assert_eq!(
+            v[1].regions().collect::<Vec<_>>(),
+            vec![0x7f0000000000, 0x7f0000200000, 0x7f0000400000]
+        );
+        let odd = Vma {
+            start: 0x1000,
+            end: 0x600000,
+        };
+        assert_eq!(odd.regions().collect::<Vec<_>>(), vec![0x200000, 0x400000]);
+    }
+
+    #[test]
+    fn smaps_fields_by_mapping() {
+        let t = "\
+7f0000000000-7f0000600000 rw-p 00000000 00:00 0 
+Size:               6144 kB
+Referenced:         2048 kB
+AnonHugePages:      4096 kB
+7f0000600000-7f0000800000 r--p 00000000 00:00 0 
+Referenced:            0 kB
+";
+        assert_eq!(
+            smaps_field(t, "Referenced"),
+            vec![
+                (0x7f0000000000, 0x7f0000600000, 2048),
+                (0x7f0000600000, 0x7f0000800000, 0)
+            ]
+        );
+        assert_eq!(
+            smaps_field(t, "AnonHugePages"),
+            vec![(0x7f0000000000, 0x7f0000600000, 4096)]
+        );
+    }
+
+    #[test]
+    fn a_process_that_does_not_exist_is_a_clear_error() {
+        let e = Proc::open(u32::MAX / 2).err().expect("no such process");
+        assert!(e.to_string().contains("no such process"), "{e}");
+    }
+}

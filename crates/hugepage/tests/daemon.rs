@@ -1,0 +1,145 @@
+//! The daemon on real processes: a Python program maps 64 MiB of anonymous memory and
+//! fills its 2 MiB regions alternately to 95% and to 30%; one 95% region is marked
+//! `MADV_NOHUGEPAGE` (the kernel refuses to collapse it). One interval of the daemon
+//! must promote every other 95% region (`AnonHugePages` and `thp_collapse_alloc` rise),
+//! never a 30% one, report the refusal, and then see the process exit.
+
+use cairn_hugepage::daemon::{Config, Daemon, Targets};
+use cairn_hugepage::policy::HUGE;
+use cairn_hugepage::scan::{Proc, Vma};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const WORKLOAD: &str = r#"
+import ctypes, mmap, sys
+H = 2 << 20
+N = 32
+m = mmap.mmap(-1, (N + 1) * H, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+first = (base + H - 1) // H * H - base
+for k in range(N):
+    off = first + k * H
+    pages = 487 if k % 2 == 0 else 154   # 95% and 30% of 512
+    for p in range(pages):
+        m[off + p * 4096] = 1
+m.madvise(mmap.MADV_NOHUGEPAGE, first, H)
+print(base + first, N, flush=True)
+sys.stdin.read()
+"#;
+
+/// The workload, started; its first aligned region and the number of regions.
+fn workload() -> (Child, u64, u64) {
+    let mut c = Command::new("python3")
+        .args(["-c", WORKLOAD])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut w = line.split_whitespace().map(|x| x.parse::<u64>().unwrap());
+    (c, w.next().unwrap(), w.next().unwrap())
+}
+
+fn vmstat(name: &str) -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn well_used_regions_are_promoted_and_sparse_ones_never() {
+    let (mut child, first, n) = workload();
+    let pid = child.id();
+    let before = vmstat("thp_collapse_alloc");
+    let mut d = Daemon::new(
+        Config {
+            access: false,
+            ..Config::default()
+        },
+        Targets::Pids(vec![pid]),
+    );
+    d.step().unwrap();
+    let st = d.status();
+    let p = &st.processes[0];
+    // Regions 2, 4, …, 30: promoted; region 0 refused (MADV_NOHUGEPAGE). (Python's own
+    // heap may hold a well-used region or two as well.)
+    let dense = n / 2 - 1;
+    assert!(p.promotions >= dense, "{st:#?}");
+    assert!(p.failures >= 1, "{st:#?}");
+    assert!(
+        p.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("MADV_COLLAPSE"),
+        "{st:#?}"
+    );
+    assert!(vmstat("thp_collapse_alloc") >= before + dense);
+    // What the kernel says now.
+    let proc = Proc::open(pid).unwrap();
+    assert!(proc.huge_bytes().unwrap() >= dense * HUGE);
+    let seen = proc
+        .scan(&[Vma {
+            start: first,
+            end: first + n * HUGE,
+        }])
+        .unwrap();
+    for (k, s) in seen.iter().enumerate() {
+        if k % 2 == 1 {
+            assert!(!s.huge, "a 30% region was promoted: {s:?}");
+            assert_eq!(s.present, 154, "its holes were filled: {s:?}");
+        } else if k > 0 {
+            assert!(s.huge, "region {k} was not promoted: {s:?}");
+        } else {
+            assert!(!s.huge, "the region marked MADV_NOHUGEPAGE is huge: {s:?}");
+        }
+    }
+    // Nothing more to do at the next interval but to try the refused region again.
+    let promoted = p.promotions;
+    d.step().unwrap();
+    assert_eq!(d.status().processes[0].promotions, promoted);
+    // The process exits: the daemon says so and goes on.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    d.step().unwrap();
+    let st = d.status();
+    assert!(st.processes.is_empty(), "{st:#?}");
+    assert!(
+        st.dropped
+            .iter()
+            .any(|m| m.contains(&format!("process {pid}"))),
+        "{st:#?}"
+    );
+}
+
+#[test]
+fn a_dry_run_promotes_nothing() {
+    let (mut child, first, n) = workload();
+    let pid = child.id();
+    let mut d = Daemon::new(
+        Config {
+            access: false,
+            dry_run: true,
+            ..Config::default()
+        },
+        Targets::Pids(vec![pid]),
+    );
+    d.step().unwrap();
+    // It would have promoted all 16 dense regions (it does not try, so it does not
+    // learn of the refusal), and maybe a region of Python's heap.
+    assert!(d.status().processes[0].promotions >= n / 2);
+    let proc = Proc::open(pid).unwrap();
+    let seen = proc
+        .scan(&[Vma {
+            start: first,
+            end: first + n * HUGE,
+        }])
+        .unwrap();
+    assert!(seen.iter().all(|s| !s.huge));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
