@@ -11,23 +11,9 @@ missing).
 """
 
 import json
-import subprocess
 import sys
 
-
-def need_matplotlib():
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"]
-        if subprocess.call(cmd) != 0:
-            subprocess.check_call(cmd + ["--break-system-packages"])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from plotlib import need_matplotlib
 
 
 def bars(ax, groups, series, value, width=0.8):
@@ -42,6 +28,8 @@ def bars(ax, groups, series, value, width=0.8):
 
 def ycsb(plt, r, out):
     rows = r["embedded"]
+    if not rows:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, dist in zip(axes, ["uniform", "zipfian"]):
         groups = [f"{g}% GET" for g in [100, 95, 50, 0]]

@@ -9,23 +9,9 @@ docs/BENCHMARKS.md. Needs matplotlib (installed with pip if missing).
 """
 
 import json
-import subprocess
 import sys
 
-
-def need_matplotlib():
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"]
-        if subprocess.call(cmd) != 0:
-            subprocess.check_call(cmd + ["--break-system-packages"])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from plotlib import need_matplotlib
 
 
 SYSTEMS = [("cairn", "2M"), ("cairn", "4K"), ("tmpfs", "4K")]

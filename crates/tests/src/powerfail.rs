@@ -464,6 +464,40 @@ impl Drop for Watchdog {
     }
 }
 
+/// Whether a crash is simulated before `e`: a fence, or the end of a call.
+pub fn is_crash_point(e: &Event) -> bool {
+    matches!(
+        e,
+        Event::Fence { .. }
+            | Event::Mark {
+                label: MARK_END,
+                ..
+            }
+    )
+}
+
+/// Follow a workload's marks: `MARK_BEGIN` puts call `value` in flight, `MARK_END`
+/// acknowledges it. Whether `e` is a crash point.
+pub fn follow_marks(e: &Event, acked: &mut usize, in_flight: &mut Option<usize>) -> bool {
+    match e {
+        Event::Mark {
+            label: MARK_BEGIN,
+            value,
+            ..
+        } => *in_flight = Some(*value as usize),
+        Event::Mark {
+            label: MARK_END,
+            value,
+            ..
+        } => {
+            *acked = *value as usize + 1;
+            *in_flight = None;
+        }
+        _ => {}
+    }
+    is_crash_point(e)
+}
+
 /// Check every crash image of a recorded workload.
 pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let start = Instant::now();
@@ -490,39 +524,9 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let mut rep = CheckReport::default();
     let (mut acked, mut in_flight) = (0usize, None::<usize>);
     let mut imgs = Vec::new();
-    let is_point = |e: &Event| {
-        matches!(
-            e,
-            Event::Fence { .. }
-                | Event::Mark {
-                    label: MARK_END,
-                    ..
-                }
-        )
-    };
-    let points = r.trace.events.iter().filter(|e| is_point(e)).count();
+    let points = r.trace.events.iter().filter(|e| is_crash_point(e)).count();
     for (i, e) in r.trace.events.iter().enumerate() {
-        let point = match e {
-            Event::Mark {
-                label: MARK_BEGIN,
-                value,
-                ..
-            } => {
-                in_flight = Some(*value as usize);
-                false
-            }
-            Event::Mark {
-                label: MARK_END,
-                value,
-                ..
-            } => {
-                acked = *value as usize + 1;
-                in_flight = None;
-                true
-            }
-            Event::Fence { .. } => true,
-            _ => false,
-        };
+        let point = follow_marks(e, &mut acked, &mut in_flight);
         if point && !rep.truncated {
             // Spread what is left of the budget over the crash points still ahead.
             let per = if opts.max_distinct == 0 {

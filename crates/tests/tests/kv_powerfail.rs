@@ -15,7 +15,7 @@
 
 use cairn_crashsim::{Event, Sim, Trace};
 use cairn_kv::{Options, Store, UpdatePolicy};
-use cairn_tests::powerfail::{fence_after, MARK_BEGIN, MARK_END};
+use cairn_tests::powerfail::{fence_after, follow_marks, is_crash_point, MARK_BEGIN, MARK_END};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -335,41 +335,12 @@ fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
         .map_or(events.len(), |p| start + 1 + p);
     let points = events[start..end]
         .iter()
-        .filter(|e| {
-            matches!(
-                e,
-                Event::Fence { .. }
-                    | Event::Mark {
-                        label: MARK_END,
-                        ..
-                    }
-            )
-        })
+        .filter(|e| is_crash_point(e))
         .count();
     let (mut acked, mut in_flight) = (0usize, None::<usize>);
     let mut imgs = Vec::new();
     for e in &events[start..end] {
-        let point = match e {
-            Event::Mark {
-                label: MARK_BEGIN,
-                value,
-                ..
-            } => {
-                in_flight = Some(*value as usize);
-                false
-            }
-            Event::Mark {
-                label: MARK_END,
-                value,
-                ..
-            } => {
-                acked = *value as usize + 1;
-                in_flight = None;
-                true
-            }
-            Event::Fence { .. } => true,
-            _ => false,
-        };
+        let point = follow_marks(e, &mut acked, &mut in_flight);
         if point {
             let per = if max_distinct == 0 {
                 24

@@ -40,9 +40,9 @@ pub struct KvArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(8..=1_000_000))]
     pub value: u64,
-    /// Operations per embedded configuration
+    /// Operations per embedded configuration (0: skip the embedded runs)
     #[arg(long, value_name = "N", default_value_t = 500_000,
-          value_parser = clap::value_parser!(u64).range(1000..=1_000_000_000))]
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     pub ops: u64,
     /// Requests per redis-benchmark run (0: skip the server runs)
     #[arg(long, value_name = "N", default_value_t = 200_000)]
@@ -432,7 +432,9 @@ pub fn run(args: &KvArgs) -> CliResult {
             server: Vec::new(),
             churn: Vec::new(),
         };
-        embedded(args, &mut r)?;
+        if args.ops > 0 {
+            embedded(args, &mut r)?;
+        }
         if args.requests > 0 {
             server(args, &mut r)?;
         }

@@ -118,16 +118,7 @@ fn drive(workload: &str, bytes: u64, sink: &mut dyn Sink) -> CliResult<Done> {
 /// `b`-byte values.
 fn pattern(total: u64, a: u64, b: u64, sink: &mut dyn Sink) -> CliResult<Done> {
     let (mut live, mut refused) = (0u64, 0u64);
-    let mut n = 0u64;
-    while live < total {
-        if sink.put(n, a as usize)? {
-            live += KEY + a;
-        } else {
-            refused += 1;
-            break;
-        }
-        n += 1;
-    }
+    let n = fill(sink, 0, a, total, &mut live, &mut refused)?;
     // A random 90% (by a hash of the key), deleted in a scattered order (a stride
     // through the keys that visits each once).
     let stride = (0x9e37_79b1u64..)
@@ -141,18 +132,30 @@ fn pattern(total: u64, a: u64, b: u64, sink: &mut dyn Sink) -> CliResult<Done> {
             live -= KEY + a;
         }
     }
-    let mut k = n;
-    while live < total {
-        if sink.put(k, b as usize)? {
-            live += KEY + b;
-        } else {
-            refused += 1;
-            break;
-        }
-        k += 1;
-    }
+    fill(sink, n, b, total, &mut live, &mut refused)?;
     sink.finish()?;
     Ok(Done { live, refused })
+}
+
+/// Put keys from `k` on with values of `len` bytes until the live data is back at
+/// `total` (or the store refuses one); the next key.
+fn fill(
+    sink: &mut dyn Sink,
+    mut k: u64,
+    len: u64,
+    total: u64,
+    live: &mut u64,
+    refused: &mut u64,
+) -> CliResult<u64> {
+    while *live < total {
+        if !sink.put(k, len as usize)? {
+            *refused += 1;
+            break;
+        }
+        *live += KEY + len;
+        k += 1;
+    }
+    Ok(k)
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
