@@ -5,7 +5,7 @@
 use crate::format::{
     encode_record, record_len, record_valid, Kind, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
 };
-use crate::log::{lock, seg_of, Core, Head};
+use crate::log::{lock, seg_of, Core, Head, RESERVE};
 use crate::pool::Pool;
 use crate::store::KvError;
 use cairn_format::dir::hash;
@@ -71,12 +71,17 @@ impl Core {
     }
 
     /// Close a writer's head that stayed open while a quarter of the pool's segments
-    /// were opened after it (its thread has been running on another CPU): a head is
+    /// were opened after it, when free segments are not scarce (its thread has been running on another CPU): a head is
     /// never compacted, and an old one keeps every tombstone written since it opened
     /// (their older records may be in it). Closed, it is a candidate like any other; the
     /// next write on that CPU takes a new segment. (Lock order: compaction's head, then
     /// a writer's; writers never take compaction's head while holding theirs.)
     fn close_stale_heads(&self) {
+        // Only with segments to spare: in a full pool a head's room is worth more than
+        // the tombstones it holds back (a deletion needs room for its tombstone).
+        if self.free_count() <= self.heads.len() + RESERVE + 1 {
+            return;
+        }
         let next = self.next_seq.load(Ordering::Relaxed);
         let stale = (self.pool.header.segments / 4).max(2);
         for h in &self.heads {
@@ -93,7 +98,8 @@ impl Core {
     /// `max` of them; their current records copied to a compaction head (durable
     /// before anything else changes), the index switched key by key under each key's
     /// lock (a writer that got there first wins), the emptied segments retired until no
-    /// reader can be in them. Returns the segments emptied.
+    /// reader can be in them. Returns the segments gained: emptied, less those the
+    /// compaction head took.
     pub fn compact(&self, max: usize) -> Result<usize, KvError> {
         let mut head = lock(&self.compactor);
         // The head keeps its segment from round to round (a new one each round would
@@ -140,7 +146,30 @@ impl Core {
             }
             cands.into_iter().map(|(_, s)| s).collect()
         };
-        let mut emptied = 0;
+        // Nothing to gain when the chosen segments' live bytes (less the tombstones no
+        // longer needed), beyond the room left in the head, would fill as many new
+        // segments as they empty.
+        let live: u64 = chosen
+            .iter()
+            .map(|&s| self.needed(s as usize, oldest))
+            .sum();
+        let room = if head.seg == 0 {
+            0
+        } else {
+            SEGMENT_BYTES - head.off
+        };
+        if live
+            .saturating_sub(room)
+            .div_ceil(SEGMENT_BYTES - SEGMENT_HEADER)
+            >= chosen.len() as u64
+        {
+            for &s in &chosen {
+                self.claimed[s as usize].store(false, Ordering::Release);
+            }
+            return Ok(0);
+        }
+        let rolls = self.counters.compaction_rolls.load(Ordering::Relaxed);
+        let mut emptied: usize = 0;
         let mut result = Ok(());
         for &s in &chosen {
             // Only a segment whose live bytes fit the room left for copies (the head's
@@ -183,7 +212,13 @@ impl Core {
             }
         }
         match result {
-            Ok(()) | Err(KvError::Full) => Ok(emptied),
+            // What the round gained: segments emptied less those its head took (moving
+            // a segment's records into a new one, as records too large to pack better
+            // would be, frees nothing: counted as progress, it kept compaction copying
+            // the same data round after round in a full pool).
+            Ok(()) | Err(KvError::Full) => Ok(emptied.saturating_sub(
+                (self.counters.compaction_rolls.load(Ordering::Relaxed) - rolls) as usize,
+            )),
             Err(e) => Err(e),
         }
     }
@@ -291,6 +326,9 @@ impl Core {
 /// also reclaims what readers have left, hands back the memory of segments free for
 /// long enough, and collapses the segments heads took back into huge folios.
 pub(crate) fn run(core: Arc<Core>) {
+    // Rounds in a row that gained nothing while compaction was wanted (a pool full of
+    // live data): wait longer each time, up to 3.2 s, until a head rings.
+    let mut fruitless = 0u32;
     while !core.stop.load(Ordering::Acquire) {
         let mut worked = false;
         if core.wants_compaction() {
@@ -302,6 +340,7 @@ pub(crate) fn run(core: Arc<Core>) {
                         .fetch_add(1, Ordering::Relaxed);
                 }
             }
+            fruitless = if worked { 0 } else { fruitless + 1 };
         }
         core.reclaim();
         core.collapse_fresh();
@@ -313,9 +352,12 @@ pub(crate) fn run(core: Arc<Core>) {
             rung = core
                 .bell
                 .1
-                .wait_timeout(rung, Duration::from_millis(100))
+                .wait_timeout(rung, Duration::from_millis(100 << fruitless.min(5)))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+        if *rung {
+            fruitless = 0;
         }
         *rung = false;
     }

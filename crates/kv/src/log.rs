@@ -123,6 +123,8 @@ pub(crate) struct Counters {
     pub appends: AtomicU64,
     pub in_place: AtomicU64,
     pub compaction_errors: AtomicU64,
+    /// Segments compaction's head has taken.
+    pub compaction_rolls: AtomicU64,
 }
 
 /// How a [`Core`] is built.
@@ -402,7 +404,13 @@ impl Core {
         if head.seg != 0 {
             self.is_head[head.seg as usize].store(false, Ordering::Release);
         }
-        if self.wants_compaction() {
+        if for_compaction {
+            self.counters
+                .compaction_rolls
+                .fetch_add(1, Ordering::Relaxed);
+        } else if self.wants_compaction() {
+            // A writer's: wake compaction (its own rolls must not: a round that gains
+            // nothing would wake the next one at once).
             self.ring();
         }
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -424,6 +432,18 @@ impl Core {
             off: SEGMENT_HEADER,
         };
         Ok(())
+    }
+
+    /// With no free segment for this CPU's head: append to another writer's head that
+    /// has the room (a deletion's small tombstone in a full pool, most often).
+    fn append_anywhere(&self, len: u64, encode: &dyn Fn(u64) -> Vec<u8>) -> Result<u64, KvError> {
+        for h in &self.heads {
+            let Ok(mut g) = h.try_lock() else { continue };
+            if g.seg != 0 && g.off + len <= SEGMENT_BYTES {
+                return self.append_to(&mut g, len, false, encode);
+            }
+        }
+        Err(KvError::Full)
     }
 
     /// Append a record of `len` bytes (encoded for `head.seq` by `encode`) to `head`,
@@ -534,13 +554,16 @@ impl Core {
                     }
                 }
                 let appended = {
+                    let len = record_len(key.len(), value.len());
+                    let encode = |seq| encode_record(seq, version, kind, key, value);
                     let mut head = self.head();
-                    self.append_to(
-                        &mut head,
-                        record_len(key.len(), value.len()),
-                        false,
-                        &|seq| encode_record(seq, version, kind, key, value),
-                    )
+                    match self.append_to(&mut head, len, false, &encode) {
+                        Err(KvError::Full) => {
+                            drop(head);
+                            self.append_anywhere(len, &encode)
+                        }
+                        r => r,
+                    }
                 };
                 match appended {
                     Ok(loc) => {

@@ -693,3 +693,36 @@ fn memory_follows_the_live_data_under_a_garbage_bound() {
     }
     eprintln!("(bound, resident, garbage, live bytes): {seen:?}");
 }
+
+/// A pool full of values too large to pack better than they are (three 512 KiB values
+/// per 2 MiB segment): compaction gains nothing by moving them, and must not keep
+/// moving them (it once copied 20 GB in a few seconds here, counting each move as
+/// progress); deleting some makes room again.
+#[test]
+fn a_pool_full_of_unpackable_values_does_not_keep_compacting() {
+    let p = PoolFile::new("unpackable");
+    let s = open(&p.0, 16 << 20);
+    let v = vec![b'v'; 512 << 10];
+    let mut n = 0u32;
+    loop {
+        match s.put(&n.to_le_bytes(), &v) {
+            Ok(()) => n += 1,
+            Err(KvError::Full) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(n < 100, "the pool never filled");
+    }
+    let before = s.stats().compacted_bytes;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let moved = s.stats().compacted_bytes - before;
+    assert!(
+        moved < 8 << 20,
+        "{moved} bytes compacted in a second: {:?}",
+        s.stats()
+    );
+    for k in 0u32..3 {
+        assert!(s.delete(&k.to_le_bytes()).unwrap());
+    }
+    s.put(b"again", &v).unwrap();
+    assert_eq!(s.len(), n as u64 - 3 + 1);
+}
