@@ -146,28 +146,6 @@ impl Core {
             }
             cands.into_iter().map(|(_, s)| s).collect()
         };
-        // Nothing to gain when the chosen segments' live bytes (less the tombstones no
-        // longer needed), beyond the room left in the head, would fill as many new
-        // segments as they empty.
-        let live: u64 = chosen
-            .iter()
-            .map(|&s| self.needed(s as usize, oldest))
-            .sum();
-        let room = if head.seg == 0 {
-            0
-        } else {
-            SEGMENT_BYTES - head.off
-        };
-        if live
-            .saturating_sub(room)
-            .div_ceil(SEGMENT_BYTES - SEGMENT_HEADER)
-            >= chosen.len() as u64
-        {
-            for &s in &chosen {
-                self.claimed[s as usize].store(false, Ordering::Release);
-            }
-            return Ok(0);
-        }
         let rolls = self.counters.compaction_rolls.load(Ordering::Relaxed);
         let mut emptied: usize = 0;
         let mut result = Ok(());

@@ -597,16 +597,14 @@ impl Core {
                     Err(e) => return Err(e),
                 }
             }
-            // Compact while that makes room (here or in another thread); full when not:
-            // when this round emptied nothing, nothing retired could be freed, and no
-            // other round made progress meanwhile or is making it now.
-            let progress = self.counters.compacted_segments.load(Ordering::Relaxed);
-            let emptied = self.compact(4)?;
-            let freed = self.reclaim_waiting();
-            if emptied == 0 && !freed && self.free_count() <= RESERVE {
-                let others = self.counters.compacted_segments.load(Ordering::Relaxed) > progress
-                    || self.compactor.try_lock().is_err();
-                if !others {
+            // Compact while that makes room (here or in another thread); full when this
+            // round gained no segment, none is free beyond the reserve, and no other
+            // round is running now.
+            let gained = self.compact(4)?;
+            self.reclaim_waiting();
+            if gained == 0 && self.free_count() <= RESERVE {
+                // Unless another round is running now (and may make room), full.
+                if self.compactor.try_lock().is_ok() {
                     return Err(KvError::Full);
                 }
                 std::thread::yield_now();

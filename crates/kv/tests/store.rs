@@ -697,7 +697,7 @@ fn memory_follows_the_live_data_under_a_garbage_bound() {
 /// A pool full of values too large to pack better than they are (three 512 KiB values
 /// per 2 MiB segment): compaction gains nothing by moving them, and must not keep
 /// moving them (it once copied 20 GB in a few seconds here, counting each move as
-/// progress); deleting some makes room again.
+/// progress); deleting some makes room again, the deletions themselves included.
 #[test]
 fn a_pool_full_of_unpackable_values_does_not_keep_compacting() {
     let p = PoolFile::new("unpackable");
@@ -712,12 +712,13 @@ fn a_pool_full_of_unpackable_values_does_not_keep_compacting() {
         }
         assert!(n < 100, "the pool never filled");
     }
+    // Fruitless rounds back off (0.1, 0.2, 0.4, … s): a few in three seconds.
     let before = s.stats().compacted_bytes;
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    std::thread::sleep(std::time::Duration::from_secs(3));
     let moved = s.stats().compacted_bytes - before;
     assert!(
-        moved < 8 << 20,
-        "{moved} bytes compacted in a second: {:?}",
+        moved < 32 << 20,
+        "{moved} bytes compacted in three seconds: {:?}",
         s.stats()
     );
     for k in 0u32..3 {
