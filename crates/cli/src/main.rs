@@ -244,6 +244,21 @@ pub enum HugepagedCommand {
         #[arg(long, value_name = "PATH", default_value = "/run/cairn-hugepaged.json")]
         status_file: PathBuf,
     },
+    /// Simulate Linux's, FreeBSD's and Ingens' policies on a synthetic trace: `redis`
+    /// (objects written, 70% deleted) or `fairness` (two processes, scarce huge pages)
+    Simulate {
+        #[arg(long, default_value = "redis", value_parser = ["redis", "fairness"])]
+        scenario: String,
+        /// Redis: objects of 8 KiB
+        #[arg(long, value_name = "N", default_value_t = 65_536)]
+        objects: u64,
+        /// Redis: fraction of the deleted objects whose pages the allocator gives back
+        #[arg(long, value_name = "F", default_value_t = 1.0)]
+        purged: f64,
+        /// Print every interval's figures as JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -1,7 +1,8 @@
 //! Ingens (OSDI'16) for ordinary processes on an unmodified Linux 6.x, from user space
 //! (issue 18): the policy ([`policy`]: access history, utilization-based promotion,
 //! share-proportional fairness), the fragmentation index ([`fmfi`]), and what can be
-//! read of and done to a watched process through `/proc` ([`scan`]).
+//! read of and done to a watched process through `/proc` ([`scan`]), and a simulator of
+//! what user space cannot reach ([`sim`]).
 
 #![forbid(unsafe_code)]
 
@@ -9,3 +10,4 @@ pub mod daemon;
 pub mod fmfi;
 pub mod policy;
 pub mod scan;
+pub mod sim;

@@ -82,11 +82,17 @@ impl Core {
         if self.free_count() <= self.heads.len() + RESERVE + 1 {
             return;
         }
-        let next = self.next_seq.load(Ordering::Relaxed);
         let stale = (self.pool.header.segments / 4).max(2);
+        self.close_heads(stale);
+    }
+
+    /// Close the writers' heads (not in use right now) opened more than `age` segments
+    /// ago, so that compaction can take them.
+    fn close_heads(&self, age: u64) {
+        let next = self.next_seq.load(Ordering::Relaxed);
         for h in &self.heads {
             let Ok(mut g) = h.try_lock() else { continue };
-            if g.seg != 0 && next.saturating_sub(g.seq) > stale {
+            if g.seg != 0 && next.saturating_sub(g.seq) > age {
                 self.is_head[g.seg as usize].store(false, Ordering::Release);
                 *g = Head::default();
             }
@@ -304,8 +310,10 @@ impl Core {
 /// also reclaims what readers have left, hands back the memory of segments free for
 /// long enough, and collapses the segments heads took back into huge folios.
 pub(crate) fn run(core: Arc<Core>) {
-    // Rounds in a row that gained nothing while compaction was wanted (a pool full of
-    // live data): wait longer each time, up to 3.2 s, until a head rings.
+    // Rounds in a row that gained no whole segment while compaction was wanted. At high
+    // utilization a few such rounds still add up (the head's room carries over); after
+    // eight (a pool full of live data that packs no better), wait longer each time, up
+    // to 3.2 s, until a writer rings.
     let mut fruitless = 0u32;
     while !core.stop.load(Ordering::Acquire) {
         let mut worked = false;
@@ -322,7 +330,7 @@ pub(crate) fn run(core: Arc<Core>) {
         }
         core.reclaim();
         core.collapse_fresh();
-        if worked {
+        if worked || (fruitless > 0 && fruitless < 8) {
             continue;
         }
         let mut rung = lock(&core.bell.0);
@@ -330,7 +338,10 @@ pub(crate) fn run(core: Arc<Core>) {
             rung = core
                 .bell
                 .1
-                .wait_timeout(rung, Duration::from_millis(100 << fruitless.min(5)))
+                .wait_timeout(
+                    rung,
+                    Duration::from_millis(100 << fruitless.saturating_sub(8).min(5)),
+                )
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }

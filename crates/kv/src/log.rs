@@ -510,6 +510,7 @@ impl Core {
     ) -> Result<R, KvError> {
         Self::check_key(key)?;
         let h = hash(key);
+        let mut fruitless = 0;
         for _ in 0..64 {
             {
                 let _pin = self.epochs.pin();
@@ -597,17 +598,22 @@ impl Core {
                     Err(e) => return Err(e),
                 }
             }
-            // Compact while that makes room (here or in another thread); full when this
-            // round gained no segment, none is free beyond the reserve, and no other
-            // round is running now.
+            // Compact while that makes room (here or in another thread); full when four
+            // rounds in a row gained no segment, none is free beyond the reserve, and no
+            // other round is running now.
             let gained = self.compact(4)?;
             self.reclaim_waiting();
             if gained == 0 && self.free_count() <= RESERVE {
-                // Unless another round is running now (and may make room), full.
-                if self.compactor.try_lock().is_ok() {
+                // A round can gain nothing whole and still leave room in compaction's
+                // head for the next one (at high utilization): a few in a row; then,
+                // unless another round is running now, full.
+                fruitless += 1;
+                if fruitless >= 4 && self.compactor.try_lock().is_ok() {
                     return Err(KvError::Full);
                 }
                 std::thread::yield_now();
+            } else {
+                fruitless = 0;
             }
         }
         Err(KvError::Full)

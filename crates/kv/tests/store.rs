@@ -712,18 +712,22 @@ fn a_pool_full_of_unpackable_values_does_not_keep_compacting() {
         }
         assert!(n < 100, "the pool never filled");
     }
-    // Fruitless rounds back off (0.1, 0.2, 0.4, … s): a few in three seconds.
+    // After eight fruitless rounds in a row, compaction backs off (0.1, 0.2, 0.4, … s):
+    // a few rounds in three seconds.
     let before = s.stats().compacted_bytes;
     std::thread::sleep(std::time::Duration::from_secs(3));
     let moved = s.stats().compacted_bytes - before;
     assert!(
-        moved < 32 << 20,
+        moved < 64 << 20,
         "{moved} bytes compacted in three seconds: {:?}",
         s.stats()
     );
-    for k in 0u32..3 {
+    // Ten of the eighteen: whatever the two open heads hold (heads are not compacted),
+    // the closed segments lose enough to pack into fewer.
+    assert!(n > 12, "{n}");
+    for k in 0u32..10 {
         assert!(s.delete(&k.to_le_bytes()).unwrap());
     }
     s.put(b"again", &v).unwrap();
-    assert_eq!(s.len(), n as u64 - 3 + 1);
+    assert_eq!(s.len(), n as u64 - 10 + 1);
 }

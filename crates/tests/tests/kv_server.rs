@@ -449,8 +449,13 @@ fn bad_input_gets_error_replies() {
         );
     }
     assert_eq!(call(&mut c, &["GET", "keep"]), Reply::Bulk(b"me".to_vec()));
-    // Deleting makes room again.
-    assert_eq!(call(&mut c, &["DEL", "f0", "f1", "f2"]), Reply::Int(3));
+    // Deleting makes room again (ten: whatever the open log heads hold, which are not
+    // compacted, the closed segments lose enough to pack into fewer).
+    assert!(n > 12, "{n}");
+    let keys: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    let mut del = vec!["DEL"];
+    del.extend(keys.iter().map(String::as_str));
+    assert_eq!(call(&mut c, &del), Reply::Int(10));
     assert_eq!(
         c.call(&[b"SET", b"again", &v]).unwrap(),
         Reply::Simple("OK".into())

@@ -82,7 +82,9 @@ pub struct WorkerArgs {
 trait Sink {
     /// Set `key` to `len` bytes; false when the store refuses (full).
     fn put(&mut self, key: u64, len: usize) -> CliResult<bool>;
-    fn del(&mut self, key: u64) -> CliResult;
+    /// Delete `key`; false when the store refuses (a full pool has no room for the
+    /// deletion's record).
+    fn del(&mut self, key: u64) -> CliResult<bool>;
     /// Wait until everything sent is done.
     fn finish(&mut self) -> CliResult;
 }
@@ -128,8 +130,11 @@ fn pattern(total: u64, a: u64, b: u64, sink: &mut dyn Sink) -> CliResult<Done> {
     for i in 0..n {
         let k = (i as u128 * stride as u128 % n as u128) as u64;
         if !(k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32).is_multiple_of(10) {
-            sink.del(k)?;
-            live -= KEY + a;
+            if sink.del(k)? {
+                live -= KEY + a;
+            } else {
+                refused += 1;
+            }
         }
     }
     fill(sink, n, b, total, &mut live, &mut refused)?;
@@ -206,11 +211,17 @@ fn postmark(target: u64, sink: &mut dyn Sink) -> CliResult<Done> {
                 break k;
             }
         };
-        live -= KEY + sizes[k] as u64;
         if delete {
-            sink.del(k as u64)?;
-            sizes[k] = 0;
-        } else {
+            if sink.del(k as u64)? {
+                live -= KEY + sizes[k] as u64;
+                sizes[k] = 0;
+            } else {
+                refused += 1;
+            }
+            continue;
+        }
+        live -= KEY + sizes[k] as u64;
+        {
             let len = size(&mut rng);
             if sink.put(k as u64, len as usize)? {
                 live += KEY + len as u64;
@@ -233,9 +244,9 @@ impl Sink for MapSink {
         self.0.insert(key, value(len).into());
         Ok(true)
     }
-    fn del(&mut self, key: u64) -> CliResult {
+    fn del(&mut self, key: u64) -> CliResult<bool> {
         self.0.remove(&key);
-        Ok(())
+        Ok(true)
     }
     fn finish(&mut self) -> CliResult {
         Ok(())
@@ -253,11 +264,12 @@ impl Sink for StoreSink {
             Err(e) => Err(CliError::new(e.to_string())),
         }
     }
-    fn del(&mut self, key: u64) -> CliResult {
-        self.0
-            .delete(&key.to_le_bytes())
-            .map(|_| ())
-            .map_err(|e| CliError::new(e.to_string()))
+    fn del(&mut self, key: u64) -> CliResult<bool> {
+        match self.0.delete(&key.to_le_bytes()) {
+            Ok(_) => Ok(true),
+            Err(KvError::Full) => Ok(false),
+            Err(e) => Err(CliError::new(e.to_string())),
+        }
     }
     fn finish(&mut self) -> CliResult {
         // Let background compaction settle (the garbage within its bound and no
@@ -314,8 +326,9 @@ impl Sink for RedisSink {
         self.send(&[b"SET", &key.to_le_bytes(), value(len)])?;
         Ok(true)
     }
-    fn del(&mut self, key: u64) -> CliResult {
-        self.send(&[b"DEL", &key.to_le_bytes()])
+    fn del(&mut self, key: u64) -> CliResult<bool> {
+        self.send(&[b"DEL", &key.to_le_bytes()])?;
+        Ok(true)
     }
     fn finish(&mut self) -> CliResult {
         self.flush()

@@ -5,6 +5,7 @@
 use crate::error::{CliError, CliResult};
 use crate::{HugepagedArgs, HugepagedCommand};
 use cairn_hugepage::daemon::{Config, Daemon, Status, Targets};
+use cairn_hugepage::sim::{self, Params, Policy, Report, Sim};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,6 +13,12 @@ use std::time::{Duration, Instant};
 pub fn run(a: &HugepagedArgs) -> CliResult {
     match &a.status {
         Some(HugepagedCommand::Status { json, status_file }) => status(status_file, *json),
+        Some(HugepagedCommand::Simulate {
+            scenario,
+            objects,
+            purged,
+            json,
+        }) => simulate(scenario, *objects, *purged, *json),
         None => serve(a),
     }
 }
@@ -150,6 +157,69 @@ fn status(path: &Path, json: bool) -> CliResult {
     }
     for d in &st.dropped {
         writeln!(o, "dropped: {d}")?;
+    }
+    Ok(())
+}
+
+/// `cairn hugepaged simulate`: each policy on the scenario's trace.
+fn simulate(scenario: &str, objects: u64, purged: f64, json: bool) -> CliResult {
+    if !(0.0..=1.0).contains(&purged) {
+        return Err(CliError::new("--purged: a fraction from 0 to 1"));
+    }
+    if objects == 0 || objects > 1 << 24 {
+        return Err(CliError::new("--objects: 1 to 16777216"));
+    }
+    let policies = [Policy::Linux, Policy::FreeBsd, Policy::Ingens];
+    let reports: Vec<Report> = policies
+        .iter()
+        .map(|&p| match scenario {
+            "fairness" => sim::fairness(p, 8, 7, 16, 5),
+            _ => {
+                // Memory for the objects and as much again; 100 intervals after the
+                // deletions (khugepaged scans 8 regions per interval).
+                let pages = 2 * objects;
+                let frames = (2 * pages).max(1 << 14);
+                let ticks = (pages / 512 / 8 + 20).min(10_000);
+                Sim::new(p, Params::default(), frames)
+                    .run(sim::redis_trace(objects, 256, purged, ticks, 7))
+            }
+        })
+        .collect();
+    let mut o = std::io::stdout().lock();
+    if json {
+        writeln!(
+            o,
+            "{}",
+            serde_json::to_string_pretty(&reports).map_err(|e| CliError::new(e.to_string()))?
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        o,
+        "{:<8} {:>8} {:>10} {:>10} {:>10} {:>11} {:>6}  huge pages per process",
+        "policy", "bloat", "huge flt", "promoted", "demoted", "compacted", "FMFI"
+    )?;
+    for r in &reports {
+        let last = r.samples.last().cloned().unwrap_or(sim::Sample {
+            tick: 0,
+            bloat: 0.0,
+            huge: Vec::new(),
+            objective: 0.0,
+            fmfi: 0.0,
+        });
+        let huge: Vec<String> = last.huge.iter().map(|(p, h)| format!("{p}:{h}")).collect();
+        writeln!(
+            o,
+            "{:<8} {:>7.1}% {:>10} {:>10} {:>10} {:>11} {:>6.2}  {}",
+            format!("{:?}", r.policy),
+            last.bloat * 100.0,
+            r.huge_faults,
+            r.promotions,
+            r.demotions,
+            r.compacted_pages,
+            last.fmfi,
+            huge.join(" ")
+        )?;
     }
     Ok(())
 }
