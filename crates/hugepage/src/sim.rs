@@ -214,6 +214,21 @@ struct Proc {
     regions: BTreeMap<u64, Region>,
 }
 
+impl Proc {
+    /// Its regions as the policy sees them (the region number as the start).
+    fn view(&self) -> Vec<policy::Region> {
+        self.regions
+            .iter()
+            .map(|(&r, g)| policy::Region {
+                start: r,
+                present: g.present,
+                huge: g.huge.is_some(),
+                history: g.history,
+            })
+            .collect()
+    }
+}
+
 /// Figures at one interval.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Sample {
@@ -578,16 +593,7 @@ impl Sim {
                 .procs
                 .iter()
                 .map(|(&pid, p)| {
-                    let regions: Vec<policy::Region> = p
-                        .regions
-                        .iter()
-                        .map(|(&r, g)| policy::Region {
-                            start: r,
-                            present: g.present,
-                            huge: g.huge.is_some(),
-                            history: g.history,
-                        })
-                        .collect();
+                    let regions = p.view();
                     let huge: Vec<&policy::Region> = regions.iter().filter(|x| x.huge).collect();
                     Claim {
                         pid,
@@ -607,17 +613,7 @@ impl Sim {
             let Some(pid) = policy::choose(&claims, self.params.tau, 0.0) else {
                 return;
             };
-            let p = &self.procs[&pid];
-            let regions: Vec<policy::Region> = p
-                .regions
-                .iter()
-                .map(|(&r, g)| policy::Region {
-                    start: r,
-                    present: g.present,
-                    huge: g.huge.is_some(),
-                    history: g.history,
-                })
-                .collect();
+            let regions = self.procs[&pid].view();
             let best = policy::candidates(&regions, self.params.threshold)[0];
             if !self.promote(pid, regions[best].start) {
                 return;

@@ -70,12 +70,22 @@ impl Core {
         retired.len() < before
     }
 
+    /// Whether tombstones wait for the segment opened under `seq` to go: some were
+    /// written after it was opened.
+    fn pins_tombstones(&self, seq: u64) -> bool {
+        (1..self.pool.header.segments as usize).any(|s| {
+            self.tombs[s].load(Ordering::Relaxed) > 0
+                && self.horizon[s].load(Ordering::Relaxed) > seq
+        })
+    }
+
     /// Close a writer's head that stayed open while a quarter of the pool's segments
-    /// were opened after it, when free segments are not scarce (its thread has been running on another CPU): a head is
-    /// never compacted, and an old one keeps every tombstone written since it opened
-    /// (their older records may be in it). Closed, it is a candidate like any other; the
-    /// next write on that CPU takes a new segment. (Lock order: compaction's head, then
-    /// a writer's; writers never take compaction's head while holding theirs.)
+    /// were opened after it (its thread has been running on another CPU), when free
+    /// segments are not scarce: a head is never compacted, and an old one keeps every
+    /// tombstone written since it opened (their older records may be in it). Closed, it
+    /// is a candidate like any other; the next write on that CPU takes a new segment.
+    /// (Lock order: compaction's head, then a writer's; writers never take compaction's
+    /// head while holding theirs.)
     fn close_stale_heads(&self) {
         // Only with segments to spare: in a full pool a head's room is worth more than
         // the tombstones it holds back (a deletion needs room for its tombstone).
@@ -113,8 +123,14 @@ impl Core {
         // has died since (then it is closed, and can be a candidate) and a free
         // segment remains for the copies (closing the head with the last one gone
         // would leave compaction nowhere to copy to).
+        // It is closed too when it has become the oldest segment and tombstones wait for
+        // it (they are needed while a segment older than them may hold what they delete,
+        // and a head is never compacted: with no more deletions coming, they would stay
+        // for ever).
         if head.seg != 0
-            && self.live[head.seg as usize].load(Ordering::Relaxed) * 2 < head.off - SEGMENT_HEADER
+            && (self.live[head.seg as usize].load(Ordering::Relaxed) * 2
+                < head.off - SEGMENT_HEADER
+                || (self.oldest().1 == head.seg as usize && self.pins_tombstones(head.seq)))
             && self.free_count() >= 1
         {
             self.is_head[head.seg as usize].store(false, Ordering::Release);

@@ -3,8 +3,9 @@
 //! location) and a version word: readers read the version (even), scan, and read it
 //! again (a change means a writer came by: retry); writers make it odd (a compare and
 //! swap, the bucket's lock) for the whole operation on a key whose home it is, and even
-//! again. A key lives in its home bucket (the hash scaled to the table) or, when that was full, in one
-//! of the next buckets (each bucket remembers that an insert went past it: `overflow`).
+//! again. A key lives in its home bucket (the hash scaled to the table) or, when that
+//! was full, in one of the next buckets (each bucket remembers that an insert went past
+//! it: `overflow`).
 //! Free slots are claimed by compare-and-swap, so no other lock is ever taken while a
 //! home lock is held (no lock order to keep). Hashes are 64-bit; every match is
 //! confirmed by the caller against the key stored in the record.

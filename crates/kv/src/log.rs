@@ -98,9 +98,9 @@ pub(crate) struct Core {
     pub max_garbage: Option<f64>,
     /// Per segment, with a garbage bound: whether its memory is handed back to the
     /// system (a free segment beyond the `warm` most recently freed, which heads take
-    /// first, once it has been free for [`RELEASE_AFTER`]); when it was last freed (ms since `opened`); whether
-    /// a head took it after its release (it is collapsed into a huge folio again by the
-    /// background thread, off the writer's path).
+    /// first, once it has been free for [`RELEASE_AFTER`]); when it was last freed (ms
+    /// since `opened`); whether a head took it after its release (it is collapsed into
+    /// a huge folio again by the background thread, off the writer's path).
     pub released: Vec<AtomicBool>,
     pub freed_at: Vec<AtomicU64>,
     pub fresh: Vec<AtomicBool>,

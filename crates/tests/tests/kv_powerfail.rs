@@ -143,9 +143,9 @@ fn record_child() {
     }
 }
 
-/// The recorded trace, the base images, and the files' identities.
+/// The recorded trace, the base images, and the files' identities (read into memory:
+/// the recording's directory is gone).
 struct Recorded {
-    dir: tempfile::TempDir,
     trace: Trace,
     /// Per policy: (dev, ino) of the pool and its image before the trace.
     pools: Vec<((u64, u64), Vec<u8>)>,
@@ -178,7 +178,8 @@ fn recorded() -> &'static Recorded {
                 ((m.dev(), m.ino()), base)
             })
             .collect();
-        Recorded { dir, trace, pools }
+        drop(dir);
+        Recorded { trace, pools }
     })
 }
 
@@ -310,7 +311,11 @@ fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
         "no traced site matches {drop_sites:?}"
     );
     sim.drop_sites(dropped);
-    let scratch = r.dir.path().join(format!("image{w}-{}", drop_sites.len()));
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-pf-kv-img-")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir");
+    let scratch = dir.path().join("image");
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut seen: HashMap<u64, Result<State, String>> = HashMap::new();
     let mut rep = Report::default();
@@ -388,7 +393,6 @@ fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
     }
     rep.distinct = seen.len();
     rep.dropped_hits = sim.dropped_hits;
-    let _ = std::fs::remove_file(&scratch);
     rep
 }
 

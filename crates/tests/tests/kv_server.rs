@@ -63,17 +63,37 @@ fn wait_port(port: u16, child: &mut Child) {
     }
 }
 
+/// Start `cairn kv serve` on a port the kernel chooses (`--port 0`), read from the line
+/// it prints once listening: no other process can hold it (a port found free and then
+/// bound by the server could be taken meanwhile, and a connection to it reach another
+/// test's server).
 fn start(pool: &Path, size: &str, extra: &[&str]) -> Server {
-    let port = free_port();
     let mut child = Command::new(cairn_bin())
         .args(["kv", "serve", "--pool"])
         .arg(pool)
-        .args(["--size", size, "--port", &port.to_string()])
+        .args(["--size", size, "--port", "0"])
         .args(extra)
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_port(port, &mut child);
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let port = loop {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "the server exited before listening");
+        if let Some(p) = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse::<u16>().ok())
+        {
+            break p;
+        }
+    };
+    // Keep draining what it says (a full pipe would block it).
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
     Server { child, port }
 }
 

@@ -177,14 +177,9 @@ fn postmark(target: u64, sink: &mut dyn Sink) -> CliResult<Done> {
     // Per key: its value's size (0: absent).
     let mut sizes: Vec<u16> = Vec::new();
     let (mut live, mut refused) = (0u64, 0u64);
-    let size = |rng: &mut Rng| 500 + (rng.next() % 3597) as u16;
     while live < target {
-        let len = size(&mut rng);
-        if sink.put(sizes.len() as u64, len as usize)? {
-            live += KEY + len as u64;
-            sizes.push(len);
-        } else {
-            refused += 1;
+        let k = sizes.len();
+        if !set_random(sink, &mut rng, &mut sizes, k, &mut live, &mut refused)? {
             break;
         }
     }
@@ -195,14 +190,8 @@ fn postmark(target: u64, sink: &mut dyn Sink) -> CliResult<Done> {
         let insert = (r == 0 && live < high) || live < low;
         let delete = !insert && (r == 1 || live > high);
         if insert {
-            let len = size(&mut rng);
-            if sink.put(sizes.len() as u64, len as usize)? {
-                live += KEY + len as u64;
-                sizes.push(len);
-            } else {
-                refused += 1;
-                sizes.push(0);
-            }
+            let k = sizes.len();
+            set_random(sink, &mut rng, &mut sizes, k, &mut live, &mut refused)?;
             continue;
         }
         let k = loop {
@@ -211,30 +200,43 @@ fn postmark(target: u64, sink: &mut dyn Sink) -> CliResult<Done> {
                 break k;
             }
         };
-        if delete {
-            if sink.del(k as u64)? {
-                live -= KEY + sizes[k] as u64;
-                sizes[k] = 0;
-            } else {
-                refused += 1;
-            }
-            continue;
-        }
-        live -= KEY + sizes[k] as u64;
-        {
-            let len = size(&mut rng);
-            if sink.put(k as u64, len as usize)? {
-                live += KEY + len as u64;
-                sizes[k] = len;
-            } else {
-                // A refused overwrite leaves the old value.
-                live += KEY + sizes[k] as u64;
-                refused += 1;
-            }
+        if !delete {
+            set_random(sink, &mut rng, &mut sizes, k, &mut live, &mut refused)?;
+        } else if sink.del(k as u64)? {
+            live -= KEY + sizes[k] as u64;
+            sizes[k] = 0;
+        } else {
+            refused += 1;
         }
     }
     sink.finish()?;
     Ok(Done { live, refused })
+}
+
+/// Set key `k` (a new one when `k == sizes.len()`) to a value of 500–4096 bytes; the
+/// live bytes and sizes follow. A refused write leaves the key as it was: false.
+fn set_random(
+    sink: &mut dyn Sink,
+    rng: &mut Rng,
+    sizes: &mut Vec<u16>,
+    k: usize,
+    live: &mut u64,
+    refused: &mut u64,
+) -> CliResult<bool> {
+    let len = 500 + (rng.next() % 3597) as u16;
+    if k == sizes.len() {
+        sizes.push(0);
+    }
+    if !sink.put(k as u64, len as usize)? {
+        *refused += 1;
+        return Ok(false);
+    }
+    if sizes[k] != 0 {
+        *live -= KEY + sizes[k] as u64;
+    }
+    *live += KEY + len as u64;
+    sizes[k] = len;
+    Ok(true)
 }
 
 struct MapSink(HashMap<u64, Box<[u8]>>);
