@@ -143,3 +143,40 @@ fn a_dry_run_promotes_nothing() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Two identical processes and a promotion budget far smaller than their demand
+/// (8 MiB/s: four regions a second, for 32 dense regions): at every interval their huge
+/// memory differs by at most one region (Ingens' fair promotion), where a linear scan
+/// would serve the first process entirely first.
+#[test]
+fn two_identical_processes_share_a_scarce_budget() {
+    let (mut a, _, _) = workload();
+    let (mut b, _, _) = workload();
+    let mut d = Daemon::new(
+        Config {
+            access: false,
+            rate_mib: 8.0,
+            ..Config::default()
+        },
+        Targets::Pids(vec![a.id(), b.id()]),
+    );
+    let mut total = 0;
+    for _ in 0..4 {
+        d.step().unwrap();
+        let st = d.status();
+        assert_eq!(st.processes.len(), 2, "{st:#?}");
+        let (x, y) = (st.processes[0].huge_bytes, st.processes[1].huge_bytes);
+        assert!(
+            x.abs_diff(y) <= HUGE,
+            "{x} and {y} bytes of huge pages: {st:#?}"
+        );
+        total = st.processes.iter().map(|p| p.promotions).sum::<u64>();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    // The budget held: about four regions a second (and the first burst).
+    assert!((2..=12).contains(&total), "{total} promotions");
+    for c in [&mut a, &mut b] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+}
