@@ -79,32 +79,37 @@ impl Core {
         })
     }
 
-    /// Close a writer's head that stayed open while a quarter of the pool's segments
-    /// were opened after it (its thread has been running on another CPU), when free
-    /// segments are not scarce: a head is never compacted, and an old one keeps every
-    /// tombstone written since it opened (their older records may be in it). Closed, it
-    /// is a candidate like any other; the next write on that CPU takes a new segment.
-    /// (Lock order: compaction's head, then a writer's; writers never take compaction's
-    /// head while holding theirs.)
-    fn close_stale_heads(&self) {
-        // Only with segments to spare: in a full pool a head's room is worth more than
-        // the tombstones it holds back (a deletion needs room for its tombstone).
+    /// Close a log head that has become the oldest segment while tombstones wait for
+    /// it: a tombstone is needed while a segment older than it may hold what it
+    /// deletes, and a head is never compacted, so with no more writes on that head (its
+    /// thread runs on the other CPU, or compaction has nothing more to copy) they would
+    /// stay for ever. Closed, it is a candidate like any other. Compaction's head needs
+    /// a free segment left for the copies; a writer's, segments to spare (in a full
+    /// pool its room is worth more: a deletion needs room for its tombstone). (Lock
+    /// order: compaction's head, then a writer's; writers never take compaction's head
+    /// while holding theirs.)
+    fn close_pinning_head(&self, comp: &mut Head) {
+        let (_, oldest, _) = self.oldest();
+        let close = |h: &mut Head| {
+            self.is_head[h.seg as usize].store(false, Ordering::Release);
+            *h = Head::default();
+        };
+        if oldest == 0 {
+            return;
+        }
+        if comp.seg as usize == oldest {
+            if self.free_count() >= 1 && self.pins_tombstones(comp.seq) {
+                close(comp);
+            }
+            return;
+        }
         if self.free_count() <= self.heads.len() + RESERVE + 1 {
             return;
         }
-        let stale = (self.pool.header.segments / 4).max(2);
-        self.close_heads(stale);
-    }
-
-    /// Close the writers' heads (not in use right now) opened more than `age` segments
-    /// ago, so that compaction can take them.
-    fn close_heads(&self, age: u64) {
-        let next = self.next_seq.load(Ordering::Relaxed);
         for h in &self.heads {
             let Ok(mut g) = h.try_lock() else { continue };
-            if g.seg != 0 && next.saturating_sub(g.seq) > age {
-                self.is_head[g.seg as usize].store(false, Ordering::Release);
-                *g = Head::default();
+            if g.seg as usize == oldest && self.pins_tombstones(g.seq) {
+                close(&mut g);
             }
         }
     }
@@ -123,20 +128,14 @@ impl Core {
         // has died since (then it is closed, and can be a candidate) and a free
         // segment remains for the copies (closing the head with the last one gone
         // would leave compaction nowhere to copy to).
-        // It is closed too when it has become the oldest segment and tombstones wait for
-        // it (they are needed while a segment older than them may hold what they delete,
-        // and a head is never compacted: with no more deletions coming, they would stay
-        // for ever).
         if head.seg != 0
-            && (self.live[head.seg as usize].load(Ordering::Relaxed) * 2
-                < head.off - SEGMENT_HEADER
-                || (self.oldest().1 == head.seg as usize && self.pins_tombstones(head.seq)))
+            && self.live[head.seg as usize].load(Ordering::Relaxed) * 2 < head.off - SEGMENT_HEADER
             && self.free_count() >= 1
         {
             self.is_head[head.seg as usize].store(false, Ordering::Release);
             *head = Head::default();
         }
-        self.close_stale_heads();
+        self.close_pinning_head(&mut head);
         self.reclaim();
         self.counters
             .compaction_rounds
