@@ -539,13 +539,11 @@ impl Core {
                 };
                 let version = self.version.fetch_add(1, Ordering::Relaxed);
                 let data = (key.len() + value.len()) as u64;
+                let len = record_len(key.len(), value.len());
                 if let (Kind::Value, UpdatePolicy::InPlace, Some((l, rh))) =
                     (kind, self.policy, &cur)
                 {
-                    if rh.kind == Kind::Value
-                        && record_len(key.len(), value.len()) <= rh.len
-                        && rh.len <= JOURNAL_MAX_RECORD
-                    {
+                    if rh.kind == Kind::Value && len <= rh.len && rh.len <= JOURNAL_MAX_RECORD {
                         self.overwrite(*l, rh.len, version, key, value)?;
                         self.data.fetch_add(data, Ordering::Relaxed);
                         self.data
@@ -555,7 +553,6 @@ impl Core {
                     }
                 }
                 let appended = {
-                    let len = record_len(key.len(), value.len());
                     let encode = |seq| encode_record(seq, version, kind, key, value);
                     let mut head = self.head();
                     match self.append_to(&mut head, len, false, &encode) {
@@ -584,7 +581,6 @@ impl Core {
                             }
                             (true, Kind::Tombstone) => {
                                 self.keys.fetch_sub(1, Ordering::Relaxed);
-                                let len = record_len(key.len(), value.len());
                                 self.note_tombstone(seg_of(loc), len, u64::from_le_bytes(horizon));
                             }
                             _ => {}
