@@ -651,8 +651,13 @@ fn memory_follows_the_live_data_under_a_garbage_bound() {
             },
         )
         .unwrap();
+        // Under a bound a fresh pool holds only a few warm segments (without one, the
+        // store's thread collapses every segment into a huge folio after opening: the
+        // pool's size is the bound, and how far that thread got is a race).
         let fresh = s.stats().resident_bytes;
-        assert!(fresh <= 16 << 20, "a fresh pool holds {fresh} bytes");
+        if bound.is_some() {
+            assert!(fresh <= 16 << 20, "a fresh pool holds {fresh} bytes");
+        }
         let value = vec![7u8; 4000];
         for i in 0u64..10_000 {
             s.put(&i.to_le_bytes(), &value).unwrap();
