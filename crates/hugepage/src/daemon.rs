@@ -328,7 +328,9 @@ impl Daemon {
                 (p, c.into_iter().rev().map(|i| w.regions[i].start).collect())
             })
             .collect();
+        // Per process, this pass: regions promoted, collapses refused.
         let mut promoted: HashMap<u32, u64> = HashMap::new();
+        let mut refused: HashMap<u32, u64> = HashMap::new();
         loop {
             let now = self.now();
             let claims: Vec<Claim> = self
@@ -362,6 +364,7 @@ impl Daemon {
                     Err(e) => {
                         w.failures += 1;
                         w.last_error = Some(e.to_string());
+                        *refused.entry(pid).or_default() += 1;
                         false
                     }
                 }
@@ -376,12 +379,11 @@ impl Daemon {
                 *promoted.entry(pid).or_default() += 1;
             }
         }
-        // A process with candidates whose pass promoted nothing (every collapse was
-        // refused) waits a while.
+        // A process whose collapses in this pass were all refused waits a while (one
+        // the budget did not reach does not).
         let now = self.now();
         for (p, w) in self.watched.iter_mut() {
-            let had = !policy::candidates(&w.regions, self.cfg.threshold).is_empty();
-            if had && promoted.get(p).copied().unwrap_or(0) == 0 && w.failures > 0 {
+            if refused.contains_key(p) && !promoted.contains_key(p) {
                 w.skip_until = now + self.cfg.skip_secs;
             }
         }
