@@ -135,24 +135,6 @@ pub fn choose(claims: &[Claim], tau: f64, now: f64) -> Option<u32> {
         .map(|(_, pid)| pid)
 }
 
-/// xorshift64* (for simulations and synthetic traces: deterministic, no dependency).
-#[derive(Debug, Clone)]
-pub struct XorShift(pub u64);
-
-impl XorShift {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// A rate budget (a token bucket): `rate` units per second, at most `burst` saved up.
 #[derive(Debug, Clone)]
 pub struct Budget {

@@ -25,6 +25,7 @@
 //! process, the fairness objective, the fragmentation index.
 
 use crate::policy::{self, Claim, History, PAGES};
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -666,7 +667,7 @@ impl Sim {
 /// deleted at random, of which the allocator gives back (`MADV_DONTNEED`) the pages of
 /// `purged` (a fraction; jemalloc keeps much of what is freed); then `ticks` intervals.
 pub fn redis_trace(objects: u64, per_tick: u64, purged: f64, ticks: u64, seed: u64) -> Vec<Ev> {
-    let mut rng = crate::policy::XorShift(seed | 1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut t = Vec::new();
     for o in 0..objects {
         t.push(Ev::Touch {
@@ -682,7 +683,7 @@ pub fn redis_trace(objects: u64, per_tick: u64, purged: f64, ticks: u64, seed: u
         }
     }
     for o in 0..objects {
-        if rng.unit() < 0.7 && rng.unit() < purged {
+        if rng.gen::<f64>() < 0.7 && rng.gen::<f64>() < purged {
             t.push(Ev::Free {
                 pid: 1,
                 page: 2 * o,

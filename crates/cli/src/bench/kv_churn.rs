@@ -108,12 +108,16 @@ fn drive(workload: &str, bytes: u64, sink: &mut dyn Sink) -> CliResult<Done> {
             .map_err(|_| CliError::new(format!("{workload}: not a workload")))?;
         return postmark(bytes * percent / 100, sink);
     }
-    let (a, b) = workload
-        .split_once('-')
-        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-        .filter(|&(a, b)| (1..=10240).contains(&a) && (1..=10240).contains(&b))
-        .ok_or_else(|| CliError::new(format!("{workload}: not a workload")))?;
+    let (a, b) =
+        sizes(workload).ok_or_else(|| CliError::new(format!("{workload}: not a workload")))?;
     pattern(bytes, a, b, sink)
+}
+
+/// The two value sizes of a pattern (`1000-1024`), 1 to 10,240 bytes each.
+fn sizes(workload: &str) -> Option<(u64, u64)> {
+    let (a, b) = workload.split_once('-')?;
+    let (a, b) = (a.parse::<u64>().ok()?, b.parse::<u64>().ok()?);
+    ((1..=10240).contains(&a) && (1..=10240).contains(&b)).then_some((a, b))
 }
 
 /// Nibble's pattern: fill with `a`-byte values, delete 90% at random, refill with
@@ -369,15 +373,12 @@ fn result(workload: &str, system: &str, done: &Done, memory: u64, t: Instant) ->
 /// room for the records of twice the live data (the pool's size is not its memory:
 /// free segments are handed back).
 fn pool_size(workload: &str, bytes: u64) -> u64 {
-    if workload.starts_with("postmark-") {
+    let Some((a, b)) = sizes(workload) else {
         return bytes;
-    }
-    let smallest = workload
-        .split('-')
-        .filter_map(|x| x.parse::<u64>().ok())
-        .min()
-        .unwrap_or(1);
-    let per_record = (32 + KEY + smallest).next_multiple_of(8) as f64 / (KEY + smallest) as f64;
+    };
+    let smallest = a.min(b);
+    let per_record = cairn_kv::format::record_len(KEY as usize, smallest as usize) as f64
+        / (KEY + smallest) as f64;
     ((2.0 * per_record * bytes as f64) as u64).max(64 << 20)
 }
 
@@ -388,11 +389,7 @@ fn most_keys(workload: &str, bytes: u64) -> u64 {
         let live = bytes / 100 * p.parse::<u64>().unwrap_or(100);
         return live / (KEY + 2298) * 4 / 3 + 1;
     }
-    let smallest = workload
-        .split('-')
-        .filter_map(|x| x.parse::<u64>().ok())
-        .min()
-        .unwrap_or(1);
+    let smallest = sizes(workload).map_or(1, |(a, b)| a.min(b));
     bytes / (KEY + smallest) + 1
 }
 
