@@ -34,7 +34,8 @@ pub struct Config {
     /// Share of each process (default `default_share`).
     pub shares: HashMap<u32, f64>,
     pub default_share: f64,
-    /// A process whose pass promoted nothing is skipped this long (s).
+    /// A process whose collapses in a pass were all refused is skipped this long (s),
+    /// and a region the kernel refused to collapse is not tried again for as long.
     pub skip_secs: f64,
     /// Track accesses (`clear_refs` + `smaps`), for hotness and idleness.
     pub access: bool,
@@ -73,6 +74,9 @@ struct Watched {
     promotions: u64,
     failures: u64,
     skip_until: f64,
+    /// Regions the kernel refused to collapse (by start), and until when they are left
+    /// alone.
+    refused: HashMap<u64, f64>,
     last_error: Option<String>,
 }
 
@@ -85,6 +89,9 @@ pub struct ProcStatus {
     /// 90% and more (not huge), and `[10]` huge already.
     pub regions: [u64; 11],
     pub huge_bytes: u64,
+    /// Regions at the threshold, not huge yet (those the kernel refused lately left
+    /// out): what waits for the budget.
+    pub waiting: u64,
     pub promotions: u64,
     pub failures: u64,
     /// Fraction of its huge regions that are idle.
@@ -219,6 +226,7 @@ impl Daemon {
                             promotions: 0,
                             failures: 0,
                             skip_until: 0.0,
+                            refused: HashMap::new(),
                             last_error: None,
                         },
                     );
@@ -317,15 +325,30 @@ impl Daemon {
         }
     }
 
+    /// The starts of `w`'s regions to promote, best first: at the threshold, not huge,
+    /// and not refused lately.
+    fn waiting(w: &Watched, threshold: f64, now: f64) -> Vec<u64> {
+        policy::candidates(&w.regions, threshold)
+            .into_iter()
+            .map(|i| w.regions[i].start)
+            .filter(|s| w.refused.get(s).is_none_or(|&until| until <= now))
+            .collect()
+    }
+
     /// Promote while the budget lasts: each time the process with the largest claim,
     /// its best candidate.
     fn promote(&mut self) {
+        let now = self.now();
+        for w in self.watched.values_mut() {
+            w.refused.retain(|_, until| *until > now);
+        }
         let mut queues: HashMap<u32, Vec<u64>> = self
             .watched
             .iter()
             .map(|(&p, w)| {
-                let c = policy::candidates(&w.regions, self.cfg.threshold);
-                (p, c.into_iter().rev().map(|i| w.regions[i].start).collect())
+                let mut c = Self::waiting(w, self.cfg.threshold, now);
+                c.reverse();
+                (p, c)
             })
             .collect();
         // Per process, this pass: regions promoted, collapses refused.
@@ -364,6 +387,7 @@ impl Daemon {
                     Err(e) => {
                         w.failures += 1;
                         w.last_error = Some(e.to_string());
+                        w.refused.insert(start, now + self.cfg.skip_secs);
                         *refused.entry(pid).or_default() += 1;
                         false
                     }
@@ -447,6 +471,7 @@ impl Daemon {
                         share: self.share(p),
                         regions,
                         huge_bytes: w.huge_bytes,
+                        waiting: Self::waiting(w, self.cfg.threshold, uptime).len() as u64,
                         promotions: w.promotions,
                         failures: w.failures,
                         idle: Self::idle(w),

@@ -24,7 +24,11 @@ for k in range(N):
         m[off + p * 4096] = 1
 m.madvise(mmap.MADV_NOHUGEPAGE, first, H)
 print(base + first, N, flush=True)
-sys.stdin.read()
+for line in sys.stdin:                  # "k": fill region k to 100%
+    off = first + int(line) * H
+    for p in range(512):
+        m[off + p * 4096] = 1
+    print("ok", flush=True)
 "#;
 
 /// The workload, started; its first aligned region and the number of regions.
@@ -98,10 +102,34 @@ fn well_used_regions_are_promoted_and_sparse_ones_never() {
             assert!(!s.huge, "the region marked MADV_NOHUGEPAGE is huge: {s:?}");
         }
     }
-    // Nothing more to do at the next interval but to try the refused region again.
-    let promoted = p.promotions;
+    // Nothing more to do at the next interval: the refused region is not tried again
+    // for a while (nothing waits), and the process is not skipped for it.
+    let (promoted, failures) = (p.promotions, p.failures);
+    assert_eq!(p.waiting, 0, "{st:#?}");
     d.step().unwrap();
-    assert_eq!(d.status().processes[0].promotions, promoted);
+    let p = &d.status().processes[0];
+    assert_eq!((p.promotions, p.failures), (promoted, failures), "{p:#?}");
+    // A sparse region filled now is promoted at the next interval.
+    use std::io::Write;
+    writeln!(child.stdin.as_mut().unwrap(), "1").unwrap();
+    let mut ok = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut ok)
+        .unwrap();
+    assert_eq!(ok.trim(), "ok");
+    d.step().unwrap();
+    let p = &d.status().processes[0];
+    assert_eq!(p.promotions, promoted + 1, "{p:#?}");
+    assert!(
+        Proc::open(pid)
+            .unwrap()
+            .scan(&[Vma {
+                start: first + HUGE,
+                end: first + 2 * HUGE,
+            }])
+            .unwrap()[0]
+            .huge
+    );
     // The process exits: the daemon says so and goes on.
     child.kill().unwrap();
     child.wait().unwrap();

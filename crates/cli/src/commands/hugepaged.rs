@@ -134,17 +134,18 @@ fn status(path: &Path, json: bool) -> CliResult {
     )?;
     writeln!(
         o,
-        "{:>8} {:>8} {:>9} {:>10} {:>9} {:>6} {:>9}  regions by utilization (0-10% … 90-100%, huge)",
-        "pid", "share", "huge MiB", "promotions", "failures", "idle", "fairness"
+        "{:>8} {:>8} {:>9} {:>8} {:>10} {:>9} {:>6} {:>9}  regions by utilization (0-10% … 90-100%, huge)",
+        "pid", "share", "huge MiB", "waiting", "promotions", "failures", "idle", "fairness"
     )?;
     for p in &st.processes {
         let r: Vec<String> = p.regions.iter().map(u64::to_string).collect();
         writeln!(
             o,
-            "{:>8} {:>8.0} {:>9} {:>10} {:>9} {:>6.2} {:>9}  {}",
+            "{:>8} {:>8.0} {:>9} {:>8} {:>10} {:>9} {:>6.2} {:>9}  {}",
             p.pid,
             p.share,
             p.huge_bytes >> 20,
+            p.waiting,
             p.promotions,
             p.failures,
             p.idle,
