@@ -418,6 +418,13 @@ pub enum BenchCommand {
     /// The key-value store: embedded YCSB-style mixes (append and in-place), and
     /// `cairn kv serve` against redis-server under redis-benchmark
     Kv(bench::KvArgs),
+    /// Huge pages for ordinary processes: base pages, Linux's greedy policy and `cairn
+    /// hugepaged` on TLB-bound loops, Ingens' Redis bloat experiment, redis-benchmark GET,
+    /// two processes sharing a promotion budget
+    Hugepage(bench::HugepageArgs),
+    /// One worker process of `bench hugepage` (started by it)
+    #[command(hide = true)]
+    HugepageWorker(bench::HugepageWorkerArgs),
     /// One worker process of `bench share` (started by it)
     #[command(hide = true)]
     ShareWorker(bench::ShareWorkerArgs),

@@ -273,7 +273,7 @@ pub(super) fn free_port() -> CliResult<u16> {
         .port())
 }
 
-fn wait_port(port: u16, child: &mut Child) -> CliResult {
+pub(super) fn wait_port(port: u16, child: &mut Child) -> CliResult {
     let t = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Ok(Some(st)) = child.try_wait() {

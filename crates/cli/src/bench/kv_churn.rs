@@ -341,21 +341,6 @@ impl Sink for RedisSink {
     }
 }
 
-/// `RssAnon` of process `pid` (0: this one), bytes.
-fn rss_anon(pid: u32) -> CliResult<u64> {
-    let path = if pid == 0 {
-        "/proc/self/status".to_string()
-    } else {
-        format!("/proc/{pid}/status")
-    };
-    let s = std::fs::read_to_string(&path)?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| CliError::new(format!("{path}: no RssAnon")))
-}
-
 fn result(workload: &str, system: &str, done: &Done, memory: u64, t: Instant) -> Churn {
     Churn {
         workload: workload.into(),
@@ -399,7 +384,13 @@ pub fn worker(a: &WorkerArgs) -> CliResult {
     let r = if a.system == "hashmap" {
         let mut sink = MapSink(HashMap::new());
         let done = drive(&a.workload, a.bytes, &mut sink)?;
-        result(&a.workload, &a.system, &done, rss_anon(0)?, t)
+        result(
+            &a.workload,
+            &a.system,
+            &done,
+            super::proc_kb(0, "status", "RssAnon")?,
+            t,
+        )
     } else {
         let policy = match a.system.as_str() {
             "cairn-kv append" => UpdatePolicy::Append,
@@ -430,7 +421,7 @@ pub fn worker(a: &WorkerArgs) -> CliResult {
             &a.workload,
             &a.system,
             &done,
-            rss_anon(0)? + st.resident_bytes,
+            super::proc_kb(0, "status", "RssAnon")? + st.resident_bytes,
             t,
         );
         r.compacted_bytes = Some(st.compacted_bytes);
@@ -454,7 +445,7 @@ fn on_redis(workload: &str, bytes: u64) -> CliResult<Churn> {
         n: 0,
     };
     let done = drive(workload, bytes, &mut sink)?;
-    let memory = rss_anon(server.child.id())?;
+    let memory = super::proc_kb(server.child.id(), "status", "RssAnon")?;
     Ok(result(workload, "redis-server", &done, memory, t))
 }
 

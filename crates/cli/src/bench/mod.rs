@@ -11,6 +11,8 @@
 
 mod apps;
 mod hostfs;
+mod hugepage;
+mod hugepage_worker;
 mod kv;
 mod kv_churn;
 mod latency;
@@ -20,10 +22,13 @@ mod superpages;
 mod targets;
 mod tiers;
 
+use crate::error::{CliError, CliResult};
 use clap::Args;
 use std::path::PathBuf;
 
 pub use apps::{run as apps, AppsArgs};
+pub use hugepage::{run as hugepage, HugepageArgs};
+pub use hugepage_worker::{worker as hugepage_worker, WorkerArgs as HugepageWorkerArgs};
 pub use kv::{run as kv, KvArgs};
 pub use kv_churn::{worker as kv_churn_worker, WorkerArgs as KvChurnWorkerArgs};
 pub use latency::run as latency;
@@ -59,6 +64,22 @@ pub struct LatencyArgs {
     /// Directory for the host file system's test file [default: the store directory]
     #[arg(long, value_name = "DIR")]
     pub dir_host: Option<PathBuf>,
+}
+
+/// A figure in kB of `/proc/PID/FILE` (`status`, `smaps_rollup`), for example
+/// `RssAnon` or `AnonHugePages`, in bytes; `pid` 0 is this process.
+pub(crate) fn proc_kb(pid: u32, file: &str, key: &str) -> CliResult<u64> {
+    let path = if pid == 0 {
+        format!("/proc/self/{file}")
+    } else {
+        format!("/proc/{pid}/{file}")
+    };
+    let s = std::fs::read_to_string(&path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| CliError::new(format!("{path}: no {key}")))
 }
 
 /// A small fast PRNG (xorshift64*), enough for workload generation.

@@ -65,6 +65,8 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::Apps(args) => crate::bench::apps(store, &args),
             BenchCommand::Tiers(args) => crate::bench::tiers(&args),
             BenchCommand::Kv(args) => crate::bench::kv(&args),
+            BenchCommand::Hugepage(args) => crate::bench::hugepage(&args),
+            BenchCommand::HugepageWorker(args) => crate::bench::hugepage_worker(&args),
             BenchCommand::Superpages(args) => crate::bench::superpages(&args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
             BenchCommand::KvChurnWorker(args) => crate::bench::kv_churn_worker(&args),

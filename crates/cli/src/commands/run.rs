@@ -14,13 +14,19 @@ pub const LIBRARY: &str = "libcairn_preload.so";
 /// directory (where cargo puts it next to test binaries), else the error says where it
 /// was looked for.
 pub fn library() -> CliResult<PathBuf> {
-    if let Some(p) = std::env::var_os("CAIRN_PRELOAD").filter(|p| !p.is_empty()) {
+    find_library(LIBRARY, "CAIRN_PRELOAD", "cargo build --release")
+}
+
+/// A library of Cairn's named `file`: the path in `$env_var` if set, else next to this
+/// executable or in its parent directory; the error says how to build it (`build`).
+pub fn find_library(file: &str, env_var: &str, build: &str) -> CliResult<PathBuf> {
+    if let Some(p) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if p.is_file() {
             return Ok(p);
         }
         return Err(CliError::new(format!(
-            "CAIRN_PRELOAD={}: no such file",
+            "{env_var}={}: no such file",
             p.display()
         )));
     }
@@ -29,14 +35,13 @@ pub fn library() -> CliResult<PathBuf> {
     let dir = exe.parent().unwrap_or(Path::new("/"));
     let candidates = [Some(dir.to_path_buf()), dir.parent().map(Path::to_path_buf)];
     for d in candidates.iter().flatten() {
-        let p = d.join(LIBRARY);
+        let p = d.join(file);
         if p.is_file() {
             return Ok(p);
         }
     }
     Err(CliError::new(format!(
-        "{LIBRARY} not found next to {} (build it with `cargo build --release`, or set \
-         CAIRN_PRELOAD)",
+        "{file} not found next to {} (build it with `{build}`, or set {env_var})",
         exe.display()
     )))
 }
