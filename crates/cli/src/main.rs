@@ -209,7 +209,8 @@ pub struct HugepagedArgs {
     /// Promotions per second at most, in MiB
     #[arg(long, value_name = "MIB", default_value_t = 256.0)]
     pub rate: f64,
-    /// Share of a process, PID=S (repeatable; default 10000 each)
+    /// Share of a process, PID=S (repeatable; default: 100 x its cgroup's cpu.weight, or
+    /// 10000 x cpu.shares/1024 under cgroup v1, else 10000)
     #[arg(long = "share", value_name = "PID=S")]
     pub shares: Vec<String>,
     /// Idleness penalty τ of the promotion metric, in (0, 1] (1: none)

@@ -31,7 +31,8 @@ pub struct Config {
     pub rate_mib: f64,
     /// τ of the promotion metric (idleness penalty; 1: none).
     pub tau: f64,
-    /// Share of each process (default `default_share`).
+    /// Share of each process; one not listed gets its cgroup's ([`crate::cgroup`]),
+    /// else `default_share`.
     pub shares: HashMap<u32, f64>,
     pub default_share: f64,
     /// A process whose collapses in a pass were all refused is skipped this long (s),
@@ -77,6 +78,8 @@ struct Watched {
     /// Regions the kernel refused to collapse (by start), and until when they are left
     /// alone.
     refused: HashMap<u64, f64>,
+    /// The share its cgroup's CPU weight gives it (read every interval).
+    cgroup_share: Option<f64>,
     last_error: Option<String>,
 }
 
@@ -227,6 +230,7 @@ impl Daemon {
                             failures: 0,
                             skip_until: 0.0,
                             refused: HashMap::new(),
+                            cgroup_share: None,
                             last_error: None,
                         },
                     );
@@ -244,7 +248,11 @@ impl Daemon {
         }
         let pids: Vec<u32> = self.watched.keys().copied().collect();
         for p in pids {
-            if let Err(e) = self.scan(p) {
+            let mut r = self.scan(p);
+            if r.is_err() && self.reopen_after_exec(p) {
+                r = self.scan(p);
+            }
+            if let Err(e) = r {
                 self.drop_proc(p, e.to_string());
             }
         }
@@ -253,11 +261,30 @@ impl Daemon {
         Ok(())
     }
 
+    /// Process `p`'s `pagemap` was opened on the address space it had then; after an
+    /// `exec` it reads nothing. Open the new one (forgetting what was known of the old
+    /// image) and say so; false if the process cannot be opened (it exited).
+    fn reopen_after_exec(&mut self, p: u32) -> bool {
+        let Ok(proc) = Proc::open(p) else {
+            return false;
+        };
+        let w = self.watched.get_mut(&p).expect("watched");
+        w.proc = proc;
+        w.history.clear();
+        w.refused.clear();
+        w.regions.clear();
+        w.last_error = Some(format!(
+            "process {p}: a new address space (exec): watched anew"
+        ));
+        true
+    }
+
     /// Read process `p`'s regions and accesses.
     fn scan(&mut self, p: u32) -> io::Result<()> {
         let access = self.cfg.access;
         let w = self.watched.get_mut(&p).expect("watched");
         let vmas: Vec<Vma> = w.proc.vmas()?;
+        w.cgroup_share = crate::cgroup::share(p);
         let touched: Vec<(u64, u64, u64)> = if access {
             let r = w.proc.referenced()?;
             w.proc.clear_refs()?;
@@ -306,6 +333,7 @@ impl Daemon {
             .shares
             .get(&pid)
             .copied()
+            .or_else(|| self.watched.get(&pid)?.cgroup_share)
             .unwrap_or(self.cfg.default_share)
     }
 

@@ -1,11 +1,12 @@
 //! Ingens (OSDI'16) for ordinary processes on an unmodified Linux 6.x, from user space
 //! (issue 18): the policy ([`policy`]: access history, utilization-based promotion,
-//! share-proportional fairness), the fragmentation index ([`fmfi`]), and what can be
+//! share-proportional fairness; shares from cgroup weights in [`cgroup`]), the fragmentation index ([`fmfi`]), and what can be
 //! read of and done to a watched process through `/proc` ([`scan`]), and a simulator of
 //! what user space cannot reach ([`sim`]).
 
 #![forbid(unsafe_code)]
 
+pub mod cgroup;
 pub mod daemon;
 pub mod fmfi;
 pub mod policy;

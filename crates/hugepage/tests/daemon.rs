@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 const WORKLOAD: &str = r#"
-import ctypes, mmap, sys
+import ctypes, mmap, os, sys
 H = 2 << 20
 N = 32
 m = mmap.mmap(-1, (N + 1) * H, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -24,7 +24,9 @@ for k in range(N):
         m[off + p * 4096] = 1
 m.madvise(mmap.MADV_NOHUGEPAGE, first, H)
 print(base + first, N, flush=True)
-for line in sys.stdin:                  # "k": fill region k to 100%
+for line in sys.stdin:                  # "k": fill region k to 100%; "exec": start anew
+    if line.strip() == "exec":
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]])
     off = first + int(line) * H
     for p in range(512):
         m[off + p * 4096] = 1
@@ -34,17 +36,23 @@ for line in sys.stdin:                  # "k": fill region k to 100%
 /// The workload, started; its first aligned region and the number of regions.
 fn workload() -> (Child, u64, u64) {
     let mut c = Command::new("python3")
-        .args(["-c", WORKLOAD])
+        .args(["-c", WORKLOAD, WORKLOAD])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("python3");
+    let (first, n) = started(&mut c);
+    (c, first, n)
+}
+
+/// The workload's first line: its first aligned region and the number of regions.
+fn started(c: &mut Child) -> (u64, u64) {
     let mut line = String::new();
     BufReader::new(c.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
     let mut w = line.split_whitespace().map(|x| x.parse::<u64>().unwrap());
-    (c, w.next().unwrap(), w.next().unwrap())
+    (w.next().unwrap(), w.next().unwrap())
 }
 
 fn vmstat(name: &str) -> u64 {
@@ -207,4 +215,89 @@ fn two_identical_processes_share_a_scarce_budget() {
         c.kill().unwrap();
         c.wait().unwrap();
     }
+}
+
+/// A watched process that calls `exec` is watched in its new image: the daemon opens
+/// its new address space, says so, and promotes the new image's dense regions.
+#[test]
+fn a_process_that_execs_is_watched_anew() {
+    let (mut child, _, n) = workload();
+    let pid = child.id();
+    let mut d = Daemon::new(
+        Config {
+            access: false,
+            ..Config::default()
+        },
+        Targets::Pids(vec![pid]),
+    );
+    d.step().unwrap();
+    let before = d.status().processes[0].promotions;
+    assert!(before >= n / 2 - 1);
+    use std::io::Write;
+    writeln!(child.stdin.as_mut().unwrap(), "exec").unwrap();
+    let (first, n) = started(&mut child);
+    d.step().unwrap();
+    let st = d.status();
+    assert_eq!(st.processes.len(), 1, "{st:#?}");
+    let p = &st.processes[0];
+    assert!(p.promotions >= before + n / 2 - 1, "{st:#?}");
+    assert!(st.dropped.is_empty(), "{st:#?}");
+    let seen = Proc::open(pid)
+        .unwrap()
+        .scan(&[Vma {
+            start: first + 2 * HUGE,
+            end: first + 3 * HUGE,
+        }])
+        .unwrap();
+    assert!(seen[0].huge, "{seen:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A daemon without the right to watch a process (here: user `nobody` watching a
+/// process of root's) says so plainly, watches nothing and goes on.
+#[test]
+fn a_process_it_may_not_watch_is_refused_plainly() {
+    use std::os::unix::process::CommandExt;
+    if cairn_media::sys::ids().0 != 0 {
+        eprintln!("skipped: needs root, to run the daemon as another user");
+        return;
+    }
+    let (mut child, _, _) = workload();
+    // This test binary again, as nobody, running only the helper below.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "unprivileged_daemon", "--nocapture"])
+        .env("CAIRN_HP_TARGET", child.id().to_string())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("STATUS"), "the helper did not run: {text}");
+    assert!(
+        text.contains(&format!(
+            "process {}: pagemap: permission denied",
+            child.id()
+        )),
+        "{text}"
+    );
+}
+
+/// The unprivileged half of the test above (run by it, as another user).
+#[test]
+#[ignore = "run by a_process_it_may_not_watch_is_refused_plainly"]
+fn unprivileged_daemon() {
+    let pid: u32 = std::env::var("CAIRN_HP_TARGET").unwrap().parse().unwrap();
+    let mut d = Daemon::new(Config::default(), Targets::Pids(vec![pid]));
+    d.step().unwrap();
+    let st = d.status();
+    assert!(st.processes.is_empty(), "{st:#?}");
+    println!("STATUS {}", st.dropped.join("\n"));
 }
