@@ -246,7 +246,8 @@ pub enum HugepagedCommand {
         status_file: PathBuf,
     },
     /// Simulate Linux's, FreeBSD's and Ingens' policies on a synthetic trace: `redis`
-    /// (objects written, 70% deleted) or `fairness` (two processes, scarce huge pages)
+    /// (objects written, 70% deleted) or `fairness` (two processes, scarce huge pages),
+    /// or on a trace recorded from real processes (`--trace`)
     Simulate {
         #[arg(long, default_value = "redis", value_parser = ["redis", "fairness"])]
         scenario: String,
@@ -256,9 +257,32 @@ pub enum HugepagedCommand {
         /// Redis: fraction of the deleted objects whose pages the allocator gives back
         #[arg(long, value_name = "F", default_value_t = 1.0)]
         purged: f64,
+        /// Replay a trace recorded by `cairn hugepaged record` instead of a scenario
+        #[arg(long, value_name = "PATH")]
+        trace: Option<PathBuf>,
         /// Print every interval's figures as JSON
         #[arg(long)]
         json: bool,
+    },
+    /// Record which base pages of the processes' 2 MiB regions are present (and which
+    /// regions are accessed) every interval, for `simulate --trace`
+    Record {
+        /// A process to record (repeatable)
+        #[arg(long = "pid", value_name = "PID", required = true)]
+        pids: Vec<u32>,
+        /// The trace file to write (one JSON interval per line)
+        #[arg(long, value_name = "PATH")]
+        out: PathBuf,
+        /// Seconds between snapshots
+        #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+        interval: f64,
+        /// Stop after this many seconds (default: when the processes have exited, or
+        /// at SIGINT/SIGTERM)
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Do not track accesses (no clear_refs)
+        #[arg(long)]
+        no_access: bool,
     },
 }
 

@@ -300,12 +300,7 @@ impl Daemon {
             .map(|s| {
                 let mut h = w.history.get(&s.start).copied().unwrap_or_default();
                 if access {
-                    // Known per mapping only: a region counts as accessed when its
-                    // mapping had referenced pages.
-                    let hit = touched
-                        .iter()
-                        .any(|&(a, b, kb)| a <= s.start && s.start < b && kb > 0);
-                    h.observe(hit);
+                    h.observe(crate::scan::accessed(&touched, s.start));
                 }
                 history.insert(s.start, h);
                 Region {

@@ -86,6 +86,17 @@ pub struct Seen {
     pub start: u64,
     pub present: u32,
     pub huge: bool,
+    /// Which base pages are present (bit `i % 64` of word `i / 64`).
+    pub bits: [u64; 8],
+}
+
+/// Whether the region at `start` counts as accessed, given `referenced` (per mapping:
+/// start, end, kB referenced): known per mapping only, a region is accessed when its
+/// mapping had referenced pages.
+pub fn accessed(referenced: &[(u64, u64, u64)], start: u64) -> bool {
+    referenced
+        .iter()
+        .any(|&(a, b, kb)| a <= start && start < b && kb > 0)
 }
 
 /// `kpageflags` bit of a page that is part of a transparent huge page.
@@ -154,12 +165,19 @@ impl Proc {
                     .chunks_exact(8)
                     .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                     .collect();
-                let present = entries.iter().filter(|&&e| e & PM_PRESENT != 0).count() as u32;
+                let mut bits = [0u64; 8];
+                for (i, e) in entries.iter().enumerate() {
+                    if e & PM_PRESENT != 0 {
+                        bits[i / 64] |= 1 << (i % 64);
+                    }
+                }
+                let present = bits.iter().map(|w| w.count_ones()).sum::<u32>();
                 let huge = present == PAGES && self.is_thp(entries[0]);
                 out.push(Seen {
                     start,
                     present,
                     huge,
+                    bits,
                 });
             }
         }

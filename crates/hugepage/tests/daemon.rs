@@ -301,3 +301,39 @@ fn unprivileged_daemon() {
     assert!(st.processes.is_empty(), "{st:#?}");
     println!("STATUS {}", st.dropped.join("\n"));
 }
+
+/// The workload recorded with the daemon's scanner and replayed in the simulator:
+/// Linux's greedy fault path fills every region it touches (the 30% ones too), Ingens
+/// promotes only the 95% ones.
+#[test]
+fn a_recorded_trace_replays_with_each_policys_bloat() {
+    use cairn_hugepage::sim::{Params, Policy, Sim};
+    use cairn_hugepage::trace::{self, Recorder};
+    let (mut child, first, n) = workload();
+    let mut r = Recorder::new(&[child.id()], true).unwrap();
+    let tr = vec![r.snapshot(), r.snapshot()];
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let ours: Vec<u32> = tr[0].procs[0]
+        .regions
+        .iter()
+        .filter(|g| (first..first + n * HUGE).contains(&g.start))
+        .map(|g| g.bits.iter().map(|w| w.count_ones()).sum())
+        .collect();
+    let want: Vec<u32> = (0..n).map(|k| if k % 2 == 0 { 487 } else { 154 }).collect();
+    assert_eq!(ours, want);
+    let events = trace::events(&tr);
+    let frames = (2 * trace::peak_pages(&tr)).max(1 << 14).div_ceil(512) * 512;
+    let run = |p| Sim::new(p, Params::default(), frames).run(events.iter().copied());
+    let (linux, ingens) = (run(Policy::Linux), run(Policy::Ingens));
+    let bloat = |r: &cairn_hugepage::sim::Report| r.samples.last().unwrap().bloat;
+    // The workload's regions alone: 32 × 512 frames for 16 × (487 + 154) pages, +60%.
+    assert!(linux.huge_faults >= n, "{:?}", linux.samples.last());
+    assert!(bloat(&linux) > 0.3, "{:?}", linux.samples.last());
+    assert!(
+        ingens.promotions >= n / 2,
+        "{} promotions",
+        ingens.promotions
+    );
+    assert!(bloat(&ingens) < 0.05, "{:?}", ingens.samples.last());
+}

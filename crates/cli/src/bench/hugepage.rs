@@ -186,7 +186,7 @@ pub struct Fairness {
 pub struct DaemonCpu {
     pub workload: String,
     pub watched_gib: f64,
-    /// CPU seconds to promote what it promoted, and how much that was.
+    /// CPU seconds to promote what it promoted (from its start), and how much that was.
     pub promote_cpu_secs: f64,
     pub promoted_gib: f64,
     /// Once promoted, its CPU use as a fraction of a core, and that per GiB watched.
@@ -243,21 +243,21 @@ impl Daemon {
     }
 
     /// Wait until the daemon has promoted what it would: no watched process has a
-    /// region waiting, or nothing changed for 10 s (refusals), or 10
-    /// minutes passed. Its status then.
+    /// region waiting, or three intervals passed without a change (refusals), or 10
+    /// minutes. Its status then.
     fn settle(&self) -> CliResult<Status> {
         let t = Instant::now();
         let first = self.status().map_or(0, |s| s.intervals);
-        let (mut last_huge, mut since) = (u64::MAX, Instant::now());
+        let (mut last_huge, mut changed_at) = (u64::MAX, first);
         loop {
             std::thread::sleep(Duration::from_millis(250));
             let Some(s) = self.status() else { continue };
             let huge: u64 = s.processes.iter().map(|p| p.huge_bytes).sum();
             if huge != last_huge {
-                (last_huge, since) = (huge, Instant::now());
+                (last_huge, changed_at) = (huge, s.intervals);
             }
             let done = s.intervals >= first + 2 && s.processes.iter().all(|p| p.waiting == 0);
-            if done || since.elapsed() > Duration::from_secs(10) || t.elapsed().as_secs() > 600 {
+            if done || s.intervals >= changed_at + 3 || t.elapsed().as_secs() > 600 {
                 return Ok(s);
             }
         }
@@ -272,9 +272,9 @@ impl Drop for Daemon {
     }
 }
 
-/// The daemon's CPU from `a` to `b` as a [`DaemonCpu`] (`promoted`: its status when
-/// it had promoted what it would, `a` its first).
-fn daemon_cpu(workload: String, first: &Status, promoted: &Status, end: &Status) -> DaemonCpu {
+/// The daemon's CPU as a [`DaemonCpu`]: `promoted` its status when it had promoted what
+/// it would, `end` its status at the end of the measurement.
+fn daemon_cpu(workload: String, promoted: &Status, end: &Status) -> DaemonCpu {
     let watched_gib = end.watched_bytes as f64 / GIB;
     let span = end.uptime_secs - promoted.uptime_secs;
     let frac = if span > 0.0 {
@@ -285,7 +285,7 @@ fn daemon_cpu(workload: String, first: &Status, promoted: &Status, end: &Status)
     DaemonCpu {
         workload,
         watched_gib,
-        promote_cpu_secs: promoted.cpu_secs - first.cpu_secs,
+        promote_cpu_secs: promoted.cpu_secs,
         promoted_gib: promoted.processes.iter().map(|p| p.huge_bytes).sum::<u64>() as f64 / GIB,
         steady_cpu_fraction: frac,
         steady_per_gib: if watched_gib > 0.0 {
@@ -363,11 +363,10 @@ fn tlb(a: &HugepageArgs, out: &mut Results) -> CliResult {
         let pid = w.child.id();
         let daemon = match mode.daemon() {
             Some(extra) => {
-                let d = Daemon::start(&[pid], extra)?;
-                let first = d.status().unwrap_or_default();
                 let t = Instant::now();
+                let d = Daemon::start(&[pid], extra)?;
                 let promoted = d.settle()?;
-                Some((d, first, promoted, t.elapsed().as_secs_f64()))
+                Some((d, promoted, t.elapsed().as_secs_f64()))
             }
             None => None,
         };
@@ -380,20 +379,16 @@ fn tlb(a: &HugepageArgs, out: &mut Results) -> CliResult {
         w.go()?;
         let m: Measured = serde_json::from_str(&w.line()?)
             .map_err(|e| CliError::new(format!("the worker's result: {e}")))?;
-        if let Some((d, first, promoted, _)) = &daemon {
+        if let Some((d, promoted, _)) = &daemon {
             let end = d.status().unwrap_or_default();
-            out.daemon.push(daemon_cpu(
-                format!("tlb {} MiB", a.mib),
-                first,
-                promoted,
-                &end,
-            ));
+            out.daemon
+                .push(daemon_cpu(format!("tlb {} MiB", a.mib), promoted, &end));
         }
         out.tlb.push(Tlb {
             mode: mode.name().into(),
             mib: a.mib,
             fill_secs,
-            promote_secs: daemon.as_ref().map(|d| d.3),
+            promote_secs: daemon.as_ref().map(|d| d.2),
             huge_bytes: m.huge_bytes,
             chase_ns: m.chase_ns,
             gups_per_sec: m.gups_per_sec,
@@ -610,17 +605,12 @@ fn get(a: &HugepageArgs, out: &mut Results) -> CliResult {
             a.get_keys
         ));
         each(&mut r.client()?, &all, &value)?;
-        let first = d.as_ref().and_then(Daemon::status).unwrap_or_default();
         let promoted = settle(&d)?;
         let get = r.get(a.get_keys, a.requests)?;
         if let (Some(d), Some(p)) = (&d, &promoted) {
             let end = d.status().unwrap_or_default();
-            out.daemon.push(daemon_cpu(
-                format!("redis {} keys", a.get_keys),
-                &first,
-                p,
-                &end,
-            ));
+            out.daemon
+                .push(daemon_cpu(format!("redis {} keys", a.get_keys), p, &end));
         }
         out.get.push(GetRow {
             mode: mode.name().into(),

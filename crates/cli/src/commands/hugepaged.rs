@@ -6,6 +6,7 @@ use crate::error::{CliError, CliResult};
 use crate::{HugepagedArgs, HugepagedCommand};
 use cairn_hugepage::daemon::{Config, Daemon, Status, Targets};
 use cairn_hugepage::sim::{self, Params, Policy, Report, Sim};
+use cairn_hugepage::trace::{self, Recorder};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,8 +18,19 @@ pub fn run(a: &HugepagedArgs) -> CliResult {
             scenario,
             objects,
             purged,
+            trace,
             json,
-        }) => simulate(scenario, *objects, *purged, *json),
+        }) => match trace {
+            Some(t) => replay(t, *json),
+            None => simulate(scenario, *objects, *purged, *json),
+        },
+        Some(HugepagedCommand::Record {
+            pids,
+            out,
+            interval,
+            duration,
+            no_access,
+        }) => record(pids, out, *interval, *duration, !*no_access),
         None => serve(a),
     }
 }
@@ -88,11 +100,7 @@ fn serve(a: &HugepagedArgs) -> CliResult {
         {
             break;
         }
-        // Sleep in short steps so that a signal ends the wait.
-        let until = Instant::now() + Duration::from_secs_f64(a.interval);
-        while Instant::now() < until && !cairn_media::sys::termination_requested() {
-            std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
-        }
+        pause(a.interval);
     }
     Ok(())
 }
@@ -162,6 +170,79 @@ fn status(path: &Path, json: bool) -> CliResult {
     Ok(())
 }
 
+/// Sleep `secs`, in short steps so that a signal ends the wait.
+fn pause(secs: f64) {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    while Instant::now() < until && !cairn_media::sys::termination_requested() {
+        std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+    }
+}
+
+/// `cairn hugepaged record`: a snapshot of the processes every interval, one JSON line
+/// each, until they have exited, `duration` passed or a signal came.
+fn record(
+    pids: &[u32],
+    out: &Path,
+    interval: f64,
+    duration: Option<f64>,
+    access: bool,
+) -> CliResult {
+    if !(0.05..=3600.0).contains(&interval) {
+        return Err(CliError::new("--interval: 0.05 to 3600 seconds"));
+    }
+    let mut r = Recorder::new(pids, access).map_err(|e| CliError::new(e.to_string()))?;
+    let file =
+        std::fs::File::create(out).map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+    let mut w = std::io::BufWriter::new(file);
+    cairn_media::sys::install_termination_flag()?;
+    let t = Instant::now();
+    let mut n = 0u64;
+    eprintln!(
+        "cairn hugepaged record: {} process(es) every {interval} s into {}",
+        pids.len(),
+        out.display()
+    );
+    loop {
+        let iv = r.snapshot();
+        for why in r.gone.drain(..) {
+            eprintln!("cairn hugepaged record: {why}");
+        }
+        let line = serde_json::to_string(&iv).map_err(|e| CliError::new(e.to_string()))?;
+        writeln!(w, "{line}").map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+        n += 1;
+        if r.is_empty()
+            || duration.is_some_and(|s| t.elapsed().as_secs_f64() >= s)
+            || cairn_media::sys::termination_requested()
+        {
+            break;
+        }
+        pause(interval);
+    }
+    w.flush()
+        .map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+    eprintln!("cairn hugepaged record: {n} intervals written");
+    Ok(())
+}
+
+/// `cairn hugepaged simulate --trace`: each policy on a recorded trace, with physical
+/// memory twice the most the processes held (at least 64 MiB).
+fn replay(path: &Path, json: bool) -> CliResult {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    let tr = trace::parse(&text)
+        .map_err(|e| CliError::new(format!("{}: not a trace: {e}", path.display())))?;
+    if tr.is_empty() {
+        return Err(CliError::new(format!("{}: an empty trace", path.display())));
+    }
+    let frames = (2 * trace::peak_pages(&tr)).max(1 << 14).div_ceil(512) * 512;
+    let events = trace::events(&tr);
+    let reports: Vec<Report> = [Policy::Linux, Policy::FreeBsd, Policy::Ingens]
+        .iter()
+        .map(|&p| Sim::new(p, Params::default(), frames).run(events.iter().copied()))
+        .collect();
+    print_reports(&reports, json)
+}
+
 /// `cairn hugepaged simulate`: each policy on the scenario's trace.
 fn simulate(scenario: &str, objects: u64, purged: f64, json: bool) -> CliResult {
     if !(0.0..=1.0).contains(&purged) {
@@ -186,6 +267,10 @@ fn simulate(scenario: &str, objects: u64, purged: f64, json: bool) -> CliResult 
             }
         })
         .collect();
+    print_reports(&reports, json)
+}
+
+fn print_reports(reports: &[Report], json: bool) -> CliResult {
     let mut o = std::io::stdout().lock();
     if json {
         writeln!(
@@ -200,7 +285,7 @@ fn simulate(scenario: &str, objects: u64, purged: f64, json: bool) -> CliResult 
         "{:<8} {:>8} {:>10} {:>10} {:>10} {:>11} {:>6}  huge pages per process",
         "policy", "bloat", "huge flt", "promoted", "demoted", "compacted", "FMFI"
     )?;
-    for r in &reports {
+    for r in reports {
         let last = r.samples.last().cloned().unwrap_or(sim::Sample {
             tick: 0,
             bloat: 0.0,
