@@ -209,6 +209,10 @@ pub struct HugepagedArgs {
     /// Promotions per second at most, in MiB
     #[arg(long, value_name = "MIB", default_value_t = 256.0)]
     pub rate: f64,
+    /// CPU use at most, as a fraction of one core on average (scans and the kernel's
+    /// copies for promotions count)
+    #[arg(long, value_name = "F", default_value_t = 0.5)]
+    pub cpu: f64,
     /// Share of a process, PID=S (repeatable; default: 100 x its cgroup's cpu.weight, or
     /// 10000 x cpu.shares/1024 under cgroup v1, else 10000)
     #[arg(long = "share", value_name = "PID=S")]

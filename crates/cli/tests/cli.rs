@@ -690,6 +690,77 @@ fn bench_kv_json_shape() {
     assert!(v["server"].as_array().unwrap().is_empty());
 }
 
+/// `cairn bench hugepage` at a tiny scale: every part runs, greedy huge pages and the
+/// daemon give huge pages where base pages give none, promoting on a single page
+/// (any-page) bloats the Redis experiment where the 90% rule does not, and the two
+/// processes of the fairness run hold huge pages within a region of each other.
+/// Needs libcairn_thp.so next to cairn (scripts/test.sh builds the workspace).
+#[test]
+fn bench_hugepage_json_shape() {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cairn"));
+    if !exe.with_file_name("libcairn_thp.so").is_file() {
+        eprintln!("skipped: libcairn_thp.so is not built (cargo build --workspace)");
+        return;
+    }
+    let out = Command::new(&exe)
+        .args([
+            "bench",
+            "hugepage",
+            "--json",
+            "--mib",
+            "64",
+            "--seconds",
+            "0.2",
+        ])
+        .args([
+            "--redis-keys",
+            "3000",
+            "--get-keys",
+            "20000",
+            "--requests",
+            "20000",
+        ])
+        .args(["--fair-mib", "64", "--fair-rate", "8", "--fair-secs", "3"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let by = |part: &str, mode: &str| -> serde_json::Value {
+        v[part]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("{part} {mode}: {v}"))
+            .clone()
+    };
+    let huge = |r: &serde_json::Value| r["huge_bytes"].as_u64().unwrap();
+    assert_eq!(huge(&by("tlb", "base")), 0, "{v}");
+    assert!(huge(&by("tlb", "greedy")) >= 32 << 20, "{v}");
+    assert!(huge(&by("tlb", "hugepaged")) >= 32 << 20, "{v}");
+    for m in ["base", "greedy", "hugepaged"] {
+        let t = by("tlb", m);
+        assert!(t["gups_per_sec"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(t["chase_ns"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(by("get", m)["get"]["requests_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    let bloat = |m: &str| by("redis", m)["bloat_deleted"].as_f64().unwrap();
+    assert!(bloat("hugepaged") < 0.02, "{v}");
+    assert!(bloat("any-page") > bloat("hugepaged") + 0.1, "{v}");
+    let f = &v["fairness"];
+    assert!(!f["samples"].as_array().unwrap().is_empty(), "{f}");
+    for s in f["samples"].as_array().unwrap() {
+        let (a, b) = (s[1].as_u64().unwrap(), s[2].as_u64().unwrap());
+        assert!(a.abs_diff(b) <= 2 << 20, "{f}");
+    }
+    let d = v["daemon"].as_array().unwrap();
+    assert_eq!(d.len(), 2, "{v}");
+}
+
 /// `cairn kv put/get/del/status` on a pool directly (no server).
 #[test]
 fn kv_get_put_del_status_on_a_pool() {

@@ -3,7 +3,7 @@
 //! within the budget, the regions that are well populated, hottest first.
 
 use crate::fmfi;
-use crate::policy::{self, Budget, Claim, History, Region, HUGE, PAGES};
+use crate::policy::{self, Budget, Claim, CpuBudget, History, Region, HUGE, PAGES};
 use crate::scan::{Proc, Vma};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -29,6 +29,9 @@ pub struct Config {
     /// Promotions per second at most, in MiB (a token bucket: the kernel copies each
     /// region, about 0.5 ms per 2 MiB here).
     pub rate_mib: f64,
+    /// The daemon's CPU use at most, as a fraction of one core on average (its scans
+    /// and the kernel's copies count; promotions wait while it is over).
+    pub cpu: f64,
     /// τ of the promotion metric (idleness penalty; 1: none).
     pub tau: f64,
     /// Share of each process; one not listed gets its cgroup's ([`crate::cgroup`]),
@@ -53,6 +56,7 @@ impl Default for Config {
         Config {
             threshold: 0.9,
             rate_mib: 256.0,
+            cpu: 0.5,
             tau: 0.5,
             shares: HashMap::new(),
             default_share: 10_000.0,
@@ -114,6 +118,8 @@ pub struct Status {
     /// CPU time the daemon used, and as a fraction of one core over its uptime.
     pub cpu_secs: f64,
     pub cpu_fraction: f64,
+    /// Passes whose promotions stopped because the daemon was over its CPU budget.
+    pub cpu_limited: u64,
     /// Anonymous memory watched (bytes of the regions scanned).
     pub watched_bytes: u64,
     pub fmfi: f64,
@@ -130,16 +136,29 @@ pub struct Daemon {
     targets: Targets,
     watched: BTreeMap<u32, Watched>,
     budget: Budget,
+    cpu: CpuBudget,
     started: Instant,
     intervals: u64,
     compactions: u64,
     last_compact: f64,
+    /// Passes that stopped promoting for the CPU budget.
+    cpu_limited: u64,
     dropped: Vec<String>,
 }
 
 /// CPU seconds this process has used (user + system), from `/proc/self/stat`.
 pub fn cpu_secs() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    stat_cpu_secs("/proc/self/stat")
+}
+
+/// CPU seconds the calling thread has used (the daemon's budget counts its own work,
+/// not that of other threads of a program that embeds it).
+fn thread_cpu_secs() -> f64 {
+    stat_cpu_secs("/proc/thread-self/stat")
+}
+
+fn stat_cpu_secs(path: &str) -> f64 {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
     // After the command name's closing parenthesis: fields 3.. ; utime and stime are
     // fields 14 and 15, in clock ticks (100 per second on Linux).
     let rest = s.rsplit_once(')').map_or("", |x| x.1);
@@ -151,15 +170,19 @@ pub fn cpu_secs() -> f64 {
 impl Daemon {
     pub fn new(cfg: Config, targets: Targets) -> Daemon {
         let budget = Budget::new(cfg.rate_mib, cfg.rate_mib.max(2.0));
+        // Up to four seconds' worth saved (two default intervals).
+        let cpu = CpuBudget::new(cfg.cpu, cfg.cpu * 4.0);
         Daemon {
             cfg,
             targets,
             watched: BTreeMap::new(),
             budget,
+            cpu,
             started: Instant::now(),
             intervals: 0,
             compactions: 0,
             last_compact: f64::NEG_INFINITY,
+            cpu_limited: 0,
             dropped: Vec::new(),
         }
     }
@@ -394,6 +417,10 @@ impl Daemon {
             let Some(pid) = policy::choose(&claims, self.cfg.tau, now) else {
                 break;
             };
+            if !self.cpu.allows(thread_cpu_secs(), now) {
+                self.cpu_limited += 1;
+                break;
+            }
             if !self.budget.take((HUGE >> 20) as f64, now) {
                 break;
             }
@@ -466,6 +493,7 @@ impl Daemon {
             uptime_secs: uptime,
             cpu_secs: cpu,
             cpu_fraction: if uptime > 0.0 { cpu / uptime } else { 0.0 },
+            cpu_limited: self.cpu_limited,
             watched_bytes: self
                 .watched
                 .values()

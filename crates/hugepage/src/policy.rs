@@ -167,9 +167,57 @@ impl Budget {
     }
 }
 
+/// The daemon's CPU budget: `fraction` of a core on average, with at most `burst` CPU
+/// seconds saved up; what it used beyond is owed, and nothing is promoted until it is
+/// paid back.
+#[derive(Debug, Clone)]
+pub struct CpuBudget {
+    pub fraction: f64,
+    pub burst: f64,
+    tokens: f64,
+    last_now: f64,
+    last_cpu: f64,
+}
+
+impl CpuBudget {
+    pub fn new(fraction: f64, burst: f64) -> CpuBudget {
+        CpuBudget {
+            fraction,
+            burst,
+            tokens: burst,
+            last_now: 0.0,
+            last_cpu: 0.0,
+        }
+    }
+
+    /// Account the CPU time used up to `cpu` (cumulative seconds) at time `now` (s);
+    /// whether some budget is left.
+    pub fn allows(&mut self, cpu: f64, now: f64) -> bool {
+        let earned = (now - self.last_now).max(0.0) * self.fraction;
+        self.tokens = (self.tokens + earned).min(self.burst) - (cpu - self.last_cpu).max(0.0);
+        self.last_now = now;
+        self.last_cpu = cpu;
+        self.tokens > 0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_budget_owes_what_it_overspent() {
+        let mut b = CpuBudget::new(0.5, 2.0);
+        assert!(b.allows(0.0, 0.0));
+        // Three CPU seconds in one: a second owed.
+        assert!(!b.allows(3.0, 1.0));
+        // Paid back at half a second per second: even at 3 s, positive at 3.5 s.
+        assert!(!b.allows(3.0, 3.0));
+        assert!(b.allows(3.0, 3.5));
+        // Saving up stops at the burst.
+        assert!(b.allows(3.0, 100.0));
+        assert!(!b.allows(5.1, 100.0));
+    }
 
     #[test]
     fn a_page_turns_hot_after_eight_busy_intervals_and_cold_after_four_idle() {

@@ -29,7 +29,8 @@ use crate::progress::note as progress;
 use cairn_hugepage::daemon::Status;
 use cairn_kvserver::client::{encode, Client, Reply};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -71,6 +72,10 @@ pub struct HugepageArgs {
     /// Fairness: seconds sampled
     #[arg(long, value_name = "SECS", default_value_t = 40.0)]
     pub fair_secs: f64,
+    /// Run everything this many times and report each figure's median
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub runs: u32,
 }
 
 /// A huge-page policy a workload runs under.
@@ -118,7 +123,7 @@ impl Mode {
 }
 
 /// TLB-bound speed under one policy.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Tlb {
     pub mode: String,
     pub mib: u64,
@@ -131,7 +136,7 @@ pub struct Tlb {
 }
 
 /// The Redis experiment under one policy.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Bloat {
     pub mode: String,
     pub keys: u64,
@@ -152,7 +157,7 @@ pub struct Bloat {
 }
 
 /// One `redis-benchmark -t get` run.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Get {
     pub requests_per_sec: f64,
     pub p50_ms: f64,
@@ -160,7 +165,7 @@ pub struct Get {
 }
 
 /// GET over many small keys under one policy.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GetRow {
     pub mode: String,
     pub keys: u64,
@@ -170,7 +175,7 @@ pub struct GetRow {
 }
 
 /// The fairness run.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Fairness {
     pub mib_each: u64,
     pub rate_mib: f64,
@@ -182,7 +187,7 @@ pub struct Fairness {
 }
 
 /// The daemon's CPU use while it watched a workload.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DaemonCpu {
     pub workload: String,
     pub watched_gib: f64,
@@ -194,8 +199,10 @@ pub struct DaemonCpu {
     pub steady_per_gib: f64,
 }
 
-#[derive(Debug, Serialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default)]
 struct Results {
+    /// Runs each figure is the median of.
+    runs: u32,
     tlb: Vec<Tlb>,
     redis: Vec<Bloat>,
     get: Vec<GetRow>,
@@ -668,19 +675,29 @@ pub fn run(a: &HugepageArgs) -> CliResult {
         }
     }
     let has = |p: &str| a.parts.iter().any(|x| x == p);
-    let mut r = Results::default();
-    if has("tlb") {
-        tlb(a, &mut r)?;
+    let mut runs = Vec::new();
+    for k in 0..a.runs {
+        if a.runs > 1 {
+            progress(format_args!("hugepage: run {} of {}\n", k + 1, a.runs));
+        }
+        let mut r = Results::default();
+        if has("tlb") {
+            tlb(a, &mut r)?;
+        }
+        if has("redis") {
+            redis(a, &mut r)?;
+        }
+        if has("get") {
+            get(a, &mut r)?;
+        }
+        if has("fairness") {
+            fairness(a, &mut r)?;
+        }
+        runs.push(serde_json::to_value(&r).map_err(|e| CliError::new(e.to_string()))?);
     }
-    if has("redis") {
-        redis(a, &mut r)?;
-    }
-    if has("get") {
-        get(a, &mut r)?;
-    }
-    if has("fairness") {
-        fairness(a, &mut r)?;
-    }
+    let mut r: Results =
+        serde_json::from_value(median(&runs)).map_err(|e| CliError::new(e.to_string()))?;
+    r.runs = a.runs;
     let mut o = std::io::stdout().lock();
     if a.json {
         writeln!(
@@ -694,8 +711,55 @@ pub fn run(a: &HugepageArgs) -> CliResult {
     Ok(())
 }
 
+/// Each number of `runs` (the same shape in every run: rows in the same order)
+/// replaced by its median over the runs (the mean of the middle two for an even count).
+fn median(runs: &[Value]) -> Value {
+    match &runs[0] {
+        Value::Number(_) => {
+            let mut v: Vec<f64> = runs.iter().filter_map(Value::as_f64).collect();
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            let m = if n % 2 == 1 {
+                v[n / 2]
+            } else {
+                (v[n / 2 - 1] + v[n / 2]) / 2.0
+            };
+            // Integers stay integers (byte counts).
+            if runs[0].is_u64() {
+                Value::from(m.round() as u64)
+            } else {
+                Value::from(m)
+            }
+        }
+        Value::Array(first) => Value::Array(
+            (0..first.len())
+                .map(|i| {
+                    let col: Vec<Value> = runs
+                        .iter()
+                        .filter_map(|r| r.as_array()?.get(i).cloned())
+                        .collect();
+                    median(&col)
+                })
+                .collect(),
+        ),
+        Value::Object(first) => Value::Object(
+            first
+                .keys()
+                .map(|k| {
+                    let col: Vec<Value> = runs.iter().filter_map(|r| r.get(k).cloned()).collect();
+                    (k.clone(), median(&col))
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 fn print(o: &mut impl Write, r: &Results) -> CliResult {
     let mib = |b: u64| b >> 20;
+    if r.runs > 1 {
+        writeln!(o, "(each figure the median of {} runs)\n", r.runs)?;
+    }
     if let Some(base) = r.tlb.first() {
         writeln!(
             o,
@@ -801,4 +865,26 @@ fn print(o: &mut impl Write, r: &Results) -> CliResult {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_by_position_and_key() {
+        let runs: Vec<Value> = [
+            r#"{"a":1,"b":[1.5,2.5],"c":null,"d":"x"}"#,
+            r#"{"a":3,"b":[3.5,4.5],"c":null,"d":"y"}"#,
+            r#"{"a":2,"b":[2.5,9.5],"c":null,"d":"z"}"#,
+        ]
+        .iter()
+        .map(|t| serde_json::from_str(t).unwrap())
+        .collect();
+        let m = median(&runs);
+        assert_eq!(m, serde_json::json!({"a":2,"b":[2.5,4.5],"c":null,"d":"x"}));
+        // An even count: the mean of the middle two (integers rounded).
+        assert_eq!(median(&runs[..2])["a"], 2);
+        assert_eq!(median(&runs[..2])["b"][0], 2.5);
+    }
 }

@@ -48,6 +48,9 @@ fn config(a: &HugepagedArgs) -> CliResult<Config> {
     if !(0.05..=3600.0).contains(&a.interval) {
         return Err(CliError::new("--interval: 0.05 to 3600 seconds"));
     }
+    if a.cpu.is_nan() || a.cpu <= 0.0 || a.cpu > 1.0 {
+        return Err(CliError::new("--cpu: a fraction of one core, in (0, 1]"));
+    }
     let mut shares = std::collections::HashMap::new();
     for s in &a.shares {
         let (p, v) = s
@@ -60,6 +63,7 @@ fn config(a: &HugepagedArgs) -> CliResult<Config> {
     Ok(Config {
         threshold: a.threshold,
         rate_mib: a.rate,
+        cpu: a.cpu,
         tau: a.tau,
         shares,
         access: !a.no_access,
@@ -130,12 +134,17 @@ fn status(path: &Path, json: bool) -> CliResult {
     }
     writeln!(
         o,
-        "cairn hugepaged (pid {}): {} intervals in {:.0} s, CPU {:.2} s ({:.2}% of a core), {} MiB watched, fragmentation index {:.2}{}",
+        "cairn hugepaged (pid {}): {} intervals in {:.0} s, CPU {:.2} s ({:.2}% of a core{}), {} MiB watched, fragmentation index {:.2}{}",
         st.pid,
         st.intervals,
         st.uptime_secs,
         st.cpu_secs,
         st.cpu_fraction * 100.0,
+        if st.cpu_limited > 0 {
+            format!("; over its CPU budget in {} passes", st.cpu_limited)
+        } else {
+            String::new()
+        },
         st.watched_bytes >> 20,
         st.fmfi,
         if st.dry_run { ", dry run" } else { "" }
