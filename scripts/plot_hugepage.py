@@ -14,7 +14,7 @@ by two identical processes over time under one promotion budget). Needs matplotl
 import json
 import sys
 
-from plotlib import need_matplotlib
+from plotlib import bars, need_matplotlib
 
 MIB = 1 << 20
 
@@ -34,13 +34,9 @@ def speed(plt, r, out):
         keys = r["get"][0]["keys"]
         tests.append((f"redis GET\n{keys // 1000000}M keys", {m: g[m]["get"]["requests_per_sec"] / g["base"]["get"]["requests_per_sec"] for m in modes}))
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    w = 0.8 / len(modes)
-    for i, m in enumerate(modes):
-        xs = [k + (i - 1) * w for k in range(len(tests))]
-        ax.bar(xs, [v[m] for _, v in tests], w, label=m)
+    speedup = dict(tests)
+    bars(ax, list(speedup), modes, lambda t, m: speedup[t][m], rotation=0)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(tests)))
-    ax.set_xticklabels([n for n, _ in tests])
     ax.set_ylabel("speed relative to base pages")
     ax.set_title("TLB-bound speed: base pages, greedy huge pages, cairn hugepaged")
     ax.legend()
@@ -54,12 +50,9 @@ def redis(plt, r, out):
         return
     points = [("filled", "rss_filled"), ("70% deleted", "rss_deleted"), ("refilled", "rss_refilled")]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    w = 0.8 / len(rows)
-    for i, x in enumerate(rows):
-        xs = [k + (i - (len(rows) - 1) / 2) * w for k in range(len(points))]
-        ax.bar(xs, [x[f] / MIB for _, f in points], w, label=x["mode"])
-    ax.set_xticks(range(len(points)))
-    ax.set_xticklabels([p for p, _ in points])
+    field = dict(points)
+    row = {x["mode"]: x for x in rows}
+    bars(ax, list(field), list(row), lambda p, m: row[m][field[p]] / MIB, rotation=0)
     ax.set_ylabel("redis-server RssAnon (MiB)")
     ax.set_title(f"Redis: {rows[0]['keys']} keys of {rows[0]['value_bytes']} B, 70% deleted, refilled")
     ax.legend()

@@ -13,17 +13,7 @@ missing).
 import json
 import sys
 
-from plotlib import need_matplotlib
-
-
-def bars(ax, groups, series, value, width=0.8):
-    """Grouped bars: one group per entry of `groups`, one bar per series."""
-    n = len(series)
-    for i, s in enumerate(series):
-        xs = [g + (i - (n - 1) / 2) * width / n for g in range(len(groups))]
-        ax.bar(xs, [value(g, s) for g in groups], width / n, label=s)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=20, ha="right")
+from plotlib import bars, need_matplotlib
 
 
 def ycsb(plt, r, out):

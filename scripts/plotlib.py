@@ -18,3 +18,14 @@ def need_matplotlib():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def bars(ax, groups, series, value, width=0.8, rotation=20):
+    """Grouped bars: one group per entry of `groups`, one bar per series; `value(group,
+    series)` is a bar's height."""
+    n = len(series)
+    for i, s in enumerate(series):
+        xs = [g + (i - (n - 1) / 2) * width / n for g in range(len(groups))]
+        ax.bar(xs, [value(g, s) for g in groups], width / n, label=s)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=rotation, ha="right" if rotation else "center")
