@@ -26,8 +26,8 @@ pub enum Targets {
 pub struct Config {
     /// Promote a region once this fraction of its base pages is present (Ingens: 0.9).
     pub threshold: f64,
-    /// Promotions per second at most, in MiB (a token bucket: the kernel copies each
-    /// region, about 0.5 ms per 2 MiB here).
+    /// Promotions per second at most, in MiB (a token bucket; the kernel copies each
+    /// region in the daemon's context: 3–4 ms of its CPU per 2 MiB on this VM).
     pub rate_mib: f64,
     /// The daemon's CPU use at most, as a fraction of one core on average (its scans
     /// and the kernel's copies count; promotions wait while it is over).
@@ -38,8 +38,8 @@ pub struct Config {
     /// else `default_share`.
     pub shares: HashMap<u32, f64>,
     pub default_share: f64,
-    /// A process whose collapses in a pass were all refused is skipped this long (s),
-    /// and a region the kernel refused to collapse is not tried again for as long.
+    /// A region the kernel refused to collapse is not tried again for this long (s): a
+    /// process all of whose regions were refused gains nothing and waits as long.
     pub skip_secs: f64,
     /// Track accesses (`clear_refs` + `smaps`), for hotness and idleness.
     pub access: bool,
@@ -78,7 +78,6 @@ struct Watched {
     huge_bytes: u64,
     promotions: u64,
     failures: u64,
-    skip_until: f64,
     /// Regions the kernel refused to collapse (by start), and until when they are left
     /// alone.
     refused: HashMap<u64, f64>,
@@ -251,7 +250,6 @@ impl Daemon {
                             huge_bytes: 0,
                             promotions: 0,
                             failures: 0,
-                            skip_until: 0.0,
                             refused: HashMap::new(),
                             cgroup_share: None,
                             last_error: None,
@@ -397,9 +395,6 @@ impl Daemon {
                 (p, c)
             })
             .collect();
-        // Per process, this pass: regions promoted, collapses refused.
-        let mut promoted: HashMap<u32, u64> = HashMap::new();
-        let mut refused: HashMap<u32, u64> = HashMap::new();
         loop {
             let now = self.now();
             let claims: Vec<Claim> = self
@@ -411,10 +406,9 @@ impl Daemon {
                     huge_bytes: w.huge_bytes,
                     idle: Self::idle(w),
                     candidates: queues.get(&p).map_or(0, Vec::len),
-                    skip_until: w.skip_until,
                 })
                 .collect();
-            let Some(pid) = policy::choose(&claims, self.cfg.tau, now) else {
+            let Some(pid) = policy::choose(&claims, self.cfg.tau) else {
                 break;
             };
             if !self.cpu.allows(thread_cpu_secs(), now) {
@@ -438,7 +432,6 @@ impl Daemon {
                         w.failures += 1;
                         w.last_error = Some(e.to_string());
                         w.refused.insert(start, now + self.cfg.skip_secs);
-                        *refused.entry(pid).or_default() += 1;
                         false
                     }
                 }
@@ -450,15 +443,6 @@ impl Daemon {
                     r.huge = true;
                     r.present = PAGES;
                 }
-                *promoted.entry(pid).or_default() += 1;
-            }
-        }
-        // A process whose collapses in this pass were all refused waits a while (one
-        // the budget did not reach does not).
-        let now = self.now();
-        for (p, w) in self.watched.iter_mut() {
-            if refused.contains_key(p) && !promoted.contains_key(p) {
-                w.skip_until = now + self.cfg.skip_secs;
             }
         }
     }

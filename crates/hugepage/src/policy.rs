@@ -118,18 +118,17 @@ pub struct Claim {
     pub huge_bytes: u64,
     /// Fraction of its huge pages that are idle.
     pub idle: f64,
-    /// Regions it could have promoted now.
+    /// Regions it could have promoted now (a process that gains nothing, all its
+    /// regions huge or refused, has none and is passed over).
     pub candidates: usize,
-    /// Skipped until this time (s): its last pass promoted nothing.
-    pub skip_until: f64,
 }
 
 /// The process to serve next (Ingens' fair promotion): the largest metric among those
-/// with candidates and not being skipped; ties to the lower pid.
-pub fn choose(claims: &[Claim], tau: f64, now: f64) -> Option<u32> {
+/// with candidates; ties to the lower pid.
+pub fn choose(claims: &[Claim], tau: f64) -> Option<u32> {
     claims
         .iter()
-        .filter(|c| c.candidates > 0 && c.skip_until <= now)
+        .filter(|c| c.candidates > 0)
         .map(|c| (metric(c.share, c.huge_bytes, c.idle, tau), c.pid))
         .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
         .map(|(_, pid)| pid)
@@ -298,7 +297,6 @@ mod tests {
                 huge_bytes: 0,
                 idle: 0.0,
                 candidates: 1000,
-                skip_until: 0.0,
             },
             Claim {
                 pid: 2,
@@ -306,7 +304,6 @@ mod tests {
                 huge_bytes: 0,
                 idle: 0.0,
                 candidates: 1000,
-                skip_until: 0.0,
             },
             Claim {
                 pid: 3,
@@ -314,11 +311,10 @@ mod tests {
                 huge_bytes: 0,
                 idle: 0.0,
                 candidates: 1000,
-                skip_until: 0.0,
             },
         ];
         for _ in 0..400 {
-            let pid = choose(&c, 0.5, 0.0).unwrap();
+            let pid = choose(&c, 0.5).unwrap();
             let p = c.iter_mut().find(|x| x.pid == pid).unwrap();
             p.huge_bytes += HUGE;
             p.candidates -= 1;
@@ -333,14 +329,13 @@ mod tests {
     }
 
     #[test]
-    fn idle_processes_and_skipped_ones_wait() {
+    fn idle_processes_wait() {
         let mut a = Claim {
             pid: 1,
             share: 1.0,
             huge_bytes: 10 * HUGE,
             idle: 1.0,
             candidates: 5,
-            skip_until: 0.0,
         };
         let b = Claim {
             pid: 2,
@@ -348,16 +343,17 @@ mod tests {
             idle: 0.0,
             ..a.clone()
         };
-        // Equal H: the busy one first (τ < 1).
-        assert_eq!(choose(&[a.clone(), b.clone()], 0.25, 0.0), Some(2));
-        // A skipped process is passed over until its time comes.
-        let mut b2 = b.clone();
-        b2.skip_until = 120.0;
-        assert_eq!(choose(&[a.clone(), b2.clone()], 0.25, 60.0), Some(1));
-        assert_eq!(choose(&[a.clone(), b2], 0.25, 121.0), Some(2));
-        // No candidates: nothing to choose.
+        // Equal H: the busy one first (τ < 1), and both alike without the penalty.
+        assert_eq!(choose(&[a.clone(), b.clone()], 0.25), Some(2));
+        assert_eq!(choose(&[a.clone(), b.clone()], 1.0), Some(1));
+        // One without candidates is passed over; none: nothing to choose.
+        let b0 = Claim {
+            candidates: 0,
+            ..b.clone()
+        };
+        assert_eq!(choose(&[a.clone(), b0.clone()], 0.25), Some(1));
         a.candidates = 0;
-        assert_eq!(choose(&[a, Claim { candidates: 0, ..b }], 0.25, 0.0), None);
+        assert_eq!(choose(&[a, b0], 0.25), None);
     }
 
     #[test]

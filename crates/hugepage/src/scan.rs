@@ -1,12 +1,15 @@
 //! What the daemon reads of a watched process, through `/proc` only: its anonymous
-//! mappings (`maps`), per 2 MiB region the base pages present (`pagemap`) and whether a
-//! huge page maps it (`/proc/kpageflags`, root), the memory its huge pages back
+//! mappings (`maps`), per 2 MiB region the base pages present and whether a huge page
+//! maps it with a PMD (`PAGEMAP_SCAN` on its `pagemap`, Linux 6.7; on older kernels
+//! `pagemap` read page by page and `/proc/kpageflags`, root), the memory its huge pages back
 //! (`smaps_rollup`), and per mapping whether it was touched since the last scan
 //! (`clear_refs` then `smaps`' `Referenced`: this kernel has neither `page_idle` nor
 //! DAMON's virtual-address mode, so access is known per mapping, not per page). And the
 //! one thing it does to it: `process_madvise(MADV_COLLAPSE)` on a region.
 
 use crate::policy::{HUGE, PAGES};
+use cairn_media::sys::{pagemap_scan, PageRange, PAGE_IS_HUGE, PAGE_IS_PRESENT};
+use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -110,8 +113,10 @@ pub struct Proc {
     pidfd: OwnedFd,
     pagemap: File,
     /// `/proc/kpageflags` (root only; without it no region is known to be huge and
-    /// only `smaps_rollup` tells the total).
+    /// only `smaps_rollup` tells the total), for kernels without `PAGEMAP_SCAN`.
     kpageflags: Option<File>,
+    /// `PAGEMAP_SCAN` works (until the kernel says it does not).
+    ioctl: Cell<bool>,
 }
 
 /// An error about process `pid`, said plainly.
@@ -139,6 +144,7 @@ impl Proc {
             pidfd,
             pagemap,
             kpageflags: File::open("/proc/kpageflags").ok(),
+            ioctl: Cell::new(true),
         })
     }
 
@@ -152,8 +158,84 @@ impl Proc {
         Ok(parse_maps(&self.read("maps")?))
     }
 
-    /// Each 2 MiB region of `vmas`: base pages present, and whether a huge page maps it.
+    /// Each 2 MiB region of `vmas`: base pages present, and whether a huge page maps it
+    /// (with a PMD: a huge page the kernel split, mapped by base-page entries until it
+    /// frees it, is not huge).
     pub fn scan(&self, vmas: &[Vma]) -> io::Result<Vec<Seen>> {
+        if self.ioctl.get() {
+            match self.scan_ranges(vmas) {
+                // ENOTTY, EINVAL: a kernel before 6.7.
+                Err(e) if matches!(e.raw_os_error(), Some(25) | Some(22)) => self.ioctl.set(false),
+                r => return r.map_err(|e| about(self.pid, "pagemap", e)),
+            }
+        }
+        self.scan_pages(vmas)
+    }
+
+    /// [`Proc::scan`] with `PAGEMAP_SCAN`: one call per mapping, answered in ranges of
+    /// pages present, huge or not.
+    fn scan_ranges(&self, vmas: &[Vma]) -> io::Result<Vec<Seen>> {
+        let mut out = Vec::new();
+        let mut ranges: Vec<PageRange> = Vec::new();
+        for v in vmas {
+            let Some(lo) = v.regions().next() else {
+                continue;
+            };
+            // A pagemap opened before an exec reads nothing (and scans an address space
+            // that is gone, answering no pages): this read tells.
+            let mut probe = [0u8; 8];
+            self.pagemap.read_exact_at(&mut probe, lo / 4096 * 8)?;
+            let n = v.regions().count();
+            let hi = lo + n as u64 * HUGE;
+            ranges.clear();
+            pagemap_scan(
+                &self.pagemap,
+                lo,
+                hi,
+                PAGE_IS_PRESENT,
+                PAGE_IS_PRESENT | PAGE_IS_HUGE,
+                &mut ranges,
+            )?;
+            let mut seen: Vec<Seen> = v
+                .regions()
+                .map(|start| Seen {
+                    start,
+                    present: 0,
+                    huge: false,
+                    bits: [0; 8],
+                })
+                .collect();
+            let mut huge_pages = vec![0u32; n];
+            for r in &ranges {
+                let mut a = r.start.max(lo);
+                let end = r.end.min(hi);
+                while a < end {
+                    let k = ((a - lo) / HUGE) as usize;
+                    let b = end.min(lo + (k as u64 + 1) * HUGE);
+                    let first = ((a - seen[k].start) / 4096) as usize;
+                    let pages = ((b - a) / 4096) as usize;
+                    for i in first..first + pages {
+                        seen[k].bits[i / 64] |= 1 << (i % 64);
+                    }
+                    if r.categories & PAGE_IS_HUGE != 0 {
+                        huge_pages[k] += pages as u32;
+                    }
+                    a = b;
+                }
+            }
+            for (s, h) in seen.iter_mut().zip(huge_pages) {
+                s.present = s.bits.iter().map(|w| w.count_ones()).sum();
+                s.huge = h == PAGES;
+            }
+            out.extend(seen);
+        }
+        Ok(out)
+    }
+
+    /// [`Proc::scan`] page by page: a 4 KiB read of `pagemap` per region, and the THP
+    /// flag of its first page in `kpageflags` (which cannot tell a huge page the kernel
+    /// split but has not freed from one a PMD maps).
+    fn scan_pages(&self, vmas: &[Vma]) -> io::Result<Vec<Seen>> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; PAGES as usize * 8];
         for v in vmas {

@@ -607,11 +607,10 @@ impl Sim {
                                 / huge.len() as f64
                         },
                         candidates: policy::candidates(&regions, self.params.threshold).len(),
-                        skip_until: 0.0,
                     }
                 })
                 .collect();
-            let Some(pid) = policy::choose(&claims, self.params.tau, 0.0) else {
+            let Some(pid) = policy::choose(&claims, self.params.tau) else {
                 return;
             };
             let regions = self.procs[&pid].view();

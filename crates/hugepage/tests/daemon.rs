@@ -24,10 +24,13 @@ for k in range(N):
         m[off + p * 4096] = 1
 m.madvise(mmap.MADV_NOHUGEPAGE, first, H)
 print(base + first, N, flush=True)
-for line in sys.stdin:                  # "k": fill region k to 100%; "exec": start anew
-    if line.strip() == "exec":
+for line in sys.stdin:  # "k": fill region k to 100%; "exec": start anew;
+    w = line.split()     # "punch k": free pages 100-109 of region k and touch them again
+    if w[0] == "exec":
         os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]])
-    off = first + int(line) * H
+    off = first + int(w[-1]) * H
+    if w[0] == "punch":
+        m.madvise(mmap.MADV_DONTNEED, off + 100 * 4096, 10 * 4096)
     for p in range(512):
         m[off + p * 4096] = 1
     print("ok", flush=True)
@@ -336,4 +339,47 @@ fn a_recorded_trace_replays_with_each_policys_bloat() {
         ingens.promotions
     );
     assert!(bloat(&ingens) < 0.05, "{:?}", ingens.samples.last());
+}
+
+/// A huge page the kernel split (part of it freed with `MADV_DONTNEED`, then touched
+/// again: all 512 pages present, mapped by base-page entries, most of them still in the
+/// old huge folio) is not huge: the scan says so (`PAGEMAP_SCAN`'s PMD-mapped category;
+/// the THP flag of `kpageflags` still says huge), and the daemon promotes it again.
+#[test]
+fn a_split_huge_page_is_not_taken_for_huge() {
+    let (mut child, first, _) = workload();
+    let pid = child.id();
+    let mut d = Daemon::new(
+        Config {
+            access: false,
+            ..Config::default()
+        },
+        Targets::Pids(vec![pid]),
+    );
+    d.step().unwrap();
+    let region = Vma {
+        start: first + 2 * HUGE,
+        end: first + 3 * HUGE,
+    };
+    let proc = Proc::open(pid).unwrap();
+    assert!(proc.scan(&[region]).unwrap()[0].huge);
+    let before = proc.huge_bytes().unwrap();
+    use std::io::Write;
+    writeln!(child.stdin.as_mut().unwrap(), "punch 2").unwrap();
+    let mut ok = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut ok)
+        .unwrap();
+    assert_eq!(ok.trim(), "ok");
+    let s = proc.scan(&[region]).unwrap()[0];
+    assert_eq!(s.present, 512, "{s:?}");
+    assert!(!s.huge, "a split huge page taken for huge: {s:?}");
+    assert_eq!(proc.huge_bytes().unwrap(), before - HUGE);
+    let promoted = d.status().processes[0].promotions;
+    d.step().unwrap();
+    assert_eq!(d.status().processes[0].promotions, promoted + 1);
+    assert!(proc.scan(&[region]).unwrap()[0].huge);
+    assert_eq!(proc.huge_bytes().unwrap(), before);
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -615,6 +615,86 @@ pub mod sys {
         }
     }
 
+    /// `PAGEMAP_SCAN` categories (Linux 6.7, `linux/fs.h`): a page is present, and is
+    /// part of a huge page mapped by a PMD.
+    pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+    pub const PAGE_IS_HUGE: u64 = 1 << 6;
+
+    /// A range of pages with the same categories, as `PAGEMAP_SCAN` reports it.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct PageRange {
+        pub start: u64,
+        pub end: u64,
+        pub categories: u64,
+    }
+
+    /// `struct pm_scan_arg`.
+    #[repr(C)]
+    struct PmScanArg {
+        size: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+        walk_end: u64,
+        vec: u64,
+        vec_len: u64,
+        max_pages: u64,
+        category_inverted: u64,
+        category_mask: u64,
+        category_anyof_mask: u64,
+        return_mask: u64,
+    }
+
+    /// `_IOWR('f', 16, struct pm_scan_arg)`.
+    const PAGEMAP_SCAN: libc::c_ulong =
+        (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16) | (0x66 << 8) | 16;
+
+    /// `PAGEMAP_SCAN` (Linux 6.7) on a `/proc/PID/pagemap` file: the ranges of
+    /// `[start, end)` whose pages have any of the categories `anyof`, each with those of
+    /// `report` it has, appended to `out`. An older kernel answers `ENOTTY` or `EINVAL`.
+    pub fn pagemap_scan(
+        pagemap: &File,
+        start: u64,
+        end: u64,
+        anyof: u64,
+        report: u64,
+        out: &mut Vec<PageRange>,
+    ) -> io::Result<()> {
+        let mut buf = vec![PageRange::default(); 4096];
+        let mut at = start;
+        while at < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags: 0,
+                start: at,
+                end,
+                walk_end: 0,
+                vec: buf.as_mut_ptr() as u64,
+                vec_len: buf.len() as u64,
+                max_pages: 0,
+                category_inverted: 0,
+                category_mask: 0,
+                category_anyof_mask: anyof,
+                return_mask: report,
+            };
+            // SAFETY: `arg` is a `pm_scan_arg` of the size it says, alive for the call;
+            // the kernel writes at most `vec_len` `page_region`s (`PageRange`, the same
+            // layout) into `buf`, which has that many, and `walk_end` into `arg`; it
+            // writes nothing else (no write-protect flags are asked for).
+            let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            out.extend_from_slice(&buf[..n as usize]);
+            if arg.walk_end <= at {
+                break;
+            }
+            at = arg.walk_end;
+        }
+        Ok(())
+    }
+
     /// The CPU the calling thread runs on now (for per-core structures; it may have
     /// moved by the time the caller uses it).
     pub fn current_cpu() -> usize {

@@ -148,6 +148,9 @@ pub struct Bloat {
     pub rss_refilled: u64,
     /// `AnonHugePages` after the refill.
     pub huge_refilled: u64,
+    /// With the daemon: redis-server's 2 MiB regions after the refill, by utilization
+    /// (as `cairn hugepaged status`: tenths of their base pages present, then huge).
+    pub regions_refilled: Option<[u64; 11]>,
     /// Over base pages' `RssAnon` at the same point (after the deletion, the refill).
     pub bloat_deleted: f64,
     pub bloat_refilled: f64,
@@ -208,6 +211,10 @@ struct Results {
     get: Vec<GetRow>,
     fairness: Option<Fairness>,
     daemon: Vec<DaemonCpu>,
+    /// With `--runs` above 1: every run's results, of which the figures above are the
+    /// medians.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    each_run: Vec<Value>,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -572,7 +579,7 @@ fn redis(a: &HugepageArgs, out: &mut Results) -> CliResult {
             mode.name()
         ));
         let refill = each(&mut c, &deleted, &value)?;
-        settle(&d)?;
+        let regions_refilled = settle(&d)?.and_then(|s| s.processes.first().map(|p| p.regions));
         let (rss_refilled, huge_refilled) = (r.rss()?, r.huge()?);
         progress(format_args!("hugepage: redis, {}: GET\n", mode.name()));
         let get = r.get(a.redis_keys, a.requests / 4)?;
@@ -586,6 +593,7 @@ fn redis(a: &HugepageArgs, out: &mut Results) -> CliResult {
             rss_deleted,
             rss_refilled,
             huge_refilled,
+            regions_refilled,
             bloat_deleted: over(rss_deleted, base.map(|b| b.rss_deleted)),
             bloat_refilled: over(rss_refilled, base.map(|b| b.rss_refilled)),
             fill_sets_per_sec: fill,
@@ -615,6 +623,9 @@ fn get(a: &HugepageArgs, out: &mut Results) -> CliResult {
         let promoted = settle(&d)?;
         let get = r.get(a.get_keys, a.requests)?;
         if let (Some(d), Some(p)) = (&d, &promoted) {
+            // The daemon's cost over an idle server too, long enough for the 10 ms
+            // resolution of its CPU time.
+            std::thread::sleep(Duration::from_secs(10));
             let end = d.status().unwrap_or_default();
             out.daemon
                 .push(daemon_cpu(format!("redis {} keys", a.get_keys), p, &end));
@@ -698,6 +709,9 @@ pub fn run(a: &HugepageArgs) -> CliResult {
     let mut r: Results =
         serde_json::from_value(median(&runs)).map_err(|e| CliError::new(e.to_string()))?;
     r.runs = a.runs;
+    if a.runs > 1 {
+        r.each_run = runs;
+    }
     let mut o = std::io::stdout().lock();
     if a.json {
         writeln!(
