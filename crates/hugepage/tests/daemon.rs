@@ -58,6 +58,28 @@ fn started(c: &mut Child) -> (u64, u64) {
     (w.next().unwrap(), w.next().unwrap())
 }
 
+/// Tell the workload `cmd` (a line) and wait for its "ok".
+fn tell(c: &mut Child, cmd: &str) {
+    use std::io::Write;
+    writeln!(c.stdin.as_mut().unwrap(), "{cmd}").unwrap();
+    let mut ok = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut ok)
+        .unwrap();
+    assert_eq!(ok.trim(), "ok");
+}
+
+/// A daemon watching `pid` without access tracking (every region counts as busy).
+fn daemon_for(pid: u32) -> Daemon {
+    Daemon::new(
+        Config {
+            access: false,
+            ..Config::default()
+        },
+        Targets::Pids(vec![pid]),
+    )
+}
+
 fn vmstat(name: &str) -> u64 {
     std::fs::read_to_string("/proc/vmstat")
         .unwrap()
@@ -71,13 +93,7 @@ fn well_used_regions_are_promoted_and_sparse_ones_never() {
     let (mut child, first, n) = workload();
     let pid = child.id();
     let before = vmstat("thp_collapse_alloc");
-    let mut d = Daemon::new(
-        Config {
-            access: false,
-            ..Config::default()
-        },
-        Targets::Pids(vec![pid]),
-    );
+    let mut d = daemon_for(pid);
     d.step().unwrap();
     let st = d.status();
     let p = &st.processes[0];
@@ -121,13 +137,7 @@ fn well_used_regions_are_promoted_and_sparse_ones_never() {
     let p = &d.status().processes[0];
     assert_eq!((p.promotions, p.failures), (promoted, failures), "{p:#?}");
     // A sparse region filled now is promoted at the next interval.
-    use std::io::Write;
-    writeln!(child.stdin.as_mut().unwrap(), "1").unwrap();
-    let mut ok = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut ok)
-        .unwrap();
-    assert_eq!(ok.trim(), "ok");
+    tell(&mut child, "1");
     d.step().unwrap();
     let p = &d.status().processes[0];
     assert_eq!(p.promotions, promoted + 1, "{p:#?}");
@@ -226,13 +236,7 @@ fn two_identical_processes_share_a_scarce_budget() {
 fn a_process_that_execs_is_watched_anew() {
     let (mut child, _, n) = workload();
     let pid = child.id();
-    let mut d = Daemon::new(
-        Config {
-            access: false,
-            ..Config::default()
-        },
-        Targets::Pids(vec![pid]),
-    );
+    let mut d = daemon_for(pid);
     d.step().unwrap();
     let before = d.status().processes[0].promotions;
     assert!(before >= n / 2 - 1);
@@ -349,13 +353,7 @@ fn a_recorded_trace_replays_with_each_policys_bloat() {
 fn a_split_huge_page_is_not_taken_for_huge() {
     let (mut child, first, _) = workload();
     let pid = child.id();
-    let mut d = Daemon::new(
-        Config {
-            access: false,
-            ..Config::default()
-        },
-        Targets::Pids(vec![pid]),
-    );
+    let mut d = daemon_for(pid);
     d.step().unwrap();
     let region = Vma {
         start: first + 2 * HUGE,
@@ -364,13 +362,7 @@ fn a_split_huge_page_is_not_taken_for_huge() {
     let proc = Proc::open(pid).unwrap();
     assert!(proc.scan(&[region]).unwrap()[0].huge);
     let before = proc.huge_bytes().unwrap();
-    use std::io::Write;
-    writeln!(child.stdin.as_mut().unwrap(), "punch 2").unwrap();
-    let mut ok = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut ok)
-        .unwrap();
-    assert_eq!(ok.trim(), "ok");
+    tell(&mut child, "punch 2");
     let s = proc.scan(&[region]).unwrap()[0];
     assert_eq!(s.present, 512, "{s:?}");
     assert!(!s.huge, "a split huge page taken for huge: {s:?}");
