@@ -22,7 +22,7 @@
 //! file in the `tlb` and `get` parts.
 
 use super::hugepage_worker::Measured;
-use super::kv::{free_port, wait_port};
+use super::kv::{free_port, start_redis, Proc};
 use super::{proc_kb, Rng};
 use crate::error::{CliError, CliResult};
 use crate::progress::note as progress;
@@ -413,40 +413,24 @@ fn tlb(a: &HugepageArgs, out: &mut Results) -> CliResult {
 
 /// A redis-server for one policy, killed at drop.
 struct Redis {
-    child: Child,
+    server: Proc,
     port: u16,
-    dir: PathBuf,
 }
 
 impl Redis {
     fn start(mode: Mode) -> CliResult<Redis> {
         let port = free_port()?;
-        let dir =
-            std::env::temp_dir().join(format!("cairn-bench-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
         // Redis turns huge pages off for itself unless told not to (disable-thp).
-        let mut child = mode
-            .command("redis-server")?
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(["--disable-thp", "no", "--dir"])
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                CliError::new(format!(
-                    "redis-server: {e} (scripts/setup.sh installs redis)"
-                ))
-            })?;
-        wait_port(port, &mut child)?;
-        Ok(Redis { child, port, dir })
+        let server = start_redis(
+            mode.command("redis-server")?,
+            port,
+            &["--appendonly", "no", "--disable-thp", "no"],
+        )?;
+        Ok(Redis { server, port })
+    }
+
+    fn pid(&self) -> u32 {
+        self.server.child.id()
     }
 
     fn client(&self) -> CliResult<Client> {
@@ -454,11 +438,11 @@ impl Redis {
     }
 
     fn rss(&self) -> CliResult<u64> {
-        proc_kb(self.child.id(), "status", "RssAnon")
+        proc_kb(self.pid(), "status", "RssAnon")
     }
 
     fn huge(&self) -> CliResult<u64> {
-        proc_kb(self.child.id(), "smaps_rollup", "AnonHugePages")
+        proc_kb(self.pid(), "smaps_rollup", "AnonHugePages")
     }
 
     /// `redis-benchmark -t get` over keys `0..keys` (named as it names them).
@@ -496,14 +480,6 @@ impl Redis {
                 p99_ms: f[6].parse().unwrap_or(0.0),
             })
             .ok_or_else(|| CliError::new(format!("redis-benchmark printed no GET line: {text}")))
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -553,7 +529,7 @@ fn redis(a: &HugepageArgs, out: &mut Results) -> CliResult {
         let r = Redis::start(mode)?;
         let d = mode
             .daemon()
-            .map(|extra| Daemon::start(&[r.child.id()], extra))
+            .map(|extra| Daemon::start(&[r.pid()], extra))
             .transpose()?;
         let mut c = r.client()?;
         progress(format_args!(
@@ -612,7 +588,7 @@ fn get(a: &HugepageArgs, out: &mut Results) -> CliResult {
         let r = Redis::start(mode)?;
         let d = mode
             .daemon()
-            .map(|extra| Daemon::start(&[r.child.id()], extra))
+            .map(|extra| Daemon::start(&[r.pid()], extra))
             .transpose()?;
         progress(format_args!(
             "hugepage: GET, {}: {} keys of 64 B\n",

@@ -273,7 +273,7 @@ pub(super) fn free_port() -> CliResult<u16> {
         .port())
 }
 
-pub(super) fn wait_port(port: u16, child: &mut Child) -> CliResult {
+fn wait_port(port: u16, child: &mut Child) -> CliResult {
     let t = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Ok(Some(st)) = child.try_wait() {
@@ -288,37 +288,55 @@ pub(super) fn wait_port(port: u16, child: &mut Child) -> CliResult {
 }
 
 pub(super) fn start(name: &str, port: u16) -> CliResult<Proc> {
-    let p = port.to_string();
-    let (mut cmd, cleanup) = if let Some(mode) = name.strip_prefix("cairn-kv ") {
-        let pool = pool_path("server");
-        let _ = std::fs::remove_file(&pool);
-        let mut c = Command::new(std::env::current_exe()?);
-        c.args(["kv", "serve", "--size", "1G", "--port", &p, "--pool"])
-            .arg(&pool);
-        if mode == "in-place" {
-            c.arg("--in-place");
-        }
-        (c, vec![pool])
-    } else {
-        let dir =
-            std::env::temp_dir().join(format!("cairn-bench-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let mut c = Command::new("redis-server");
-        c.args(["--port", &p, "--save", "", "--dir"]).arg(&dir);
-        match name {
-            "redis always" => c.args(["--appendonly", "yes", "--appendfsync", "always"]),
-            "redis everysec" => c.args(["--appendonly", "yes", "--appendfsync", "everysec"]),
-            _ => c.args(["--appendonly", "no"]),
+    let Some(mode) = name.strip_prefix("cairn-kv ") else {
+        let persistence: &[&str] = match name {
+            "redis always" => &["--appendonly", "yes", "--appendfsync", "always"],
+            "redis everysec" => &["--appendonly", "yes", "--appendfsync", "everysec"],
+            _ => &["--appendonly", "no"],
         };
-        (c, vec![dir])
+        return start_redis(Command::new("redis-server"), port, persistence);
     };
-    let mut child = cmd
+    let pool = pool_path("server");
+    let _ = std::fs::remove_file(&pool);
+    let mut c = Command::new(std::env::current_exe()?);
+    c.args([
+        "kv",
+        "serve",
+        "--size",
+        "1G",
+        "--port",
+        &port.to_string(),
+        "--pool",
+    ])
+    .arg(&pool);
+    if mode == "in-place" {
+        c.arg("--in-place");
+    }
+    spawn(c, name, port, vec![pool])
+}
+
+/// `redis-server` (the program `c` runs, with the environment it sets) on `port`, saving
+/// nothing, its files in a temporary directory, with `args` besides.
+pub(super) fn start_redis(mut c: Command, port: u16, args: &[&str]) -> CliResult<Proc> {
+    let dir = std::env::temp_dir().join(format!("cairn-bench-redis-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    c.args(["--port", &port.to_string(), "--save", "", "--dir"])
+        .arg(&dir)
+        .args(args);
+    spawn(c, "redis-server", port, vec![dir])
+}
+
+/// Start `cmd` (a server named `name`) and wait until it listens on `port`.
+fn spawn(mut cmd: Command, name: &str, port: u16, cleanup: Vec<PathBuf>) -> CliResult<Proc> {
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| CliError::new(format!("{name}: {e} (scripts/setup.sh installs redis)")))?;
-    wait_port(port, &mut child)?;
-    Ok(Proc { child, cleanup })
+    // Killed (and its files removed) at drop, also when it never listens.
+    let mut proc = Proc { child, cleanup };
+    wait_port(port, &mut proc.child)?;
+    Ok(proc)
 }
 
 fn server(args: &KvArgs, out: &mut Results) -> CliResult {
