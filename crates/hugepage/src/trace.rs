@@ -62,11 +62,7 @@ impl Recorder {
         })
     }
 
-    /// The processes still recorded.
-    pub fn len(&self) -> usize {
-        self.procs.len()
-    }
-
+    /// Whether every recorded process has gone.
     pub fn is_empty(&self) -> bool {
         self.procs.is_empty()
     }
