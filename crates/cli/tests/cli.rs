@@ -740,7 +740,16 @@ fn bench_hugepage_json_shape() {
     };
     let huge = |r: &serde_json::Value| r["huge_bytes"].as_u64().unwrap();
     assert_eq!(huge(&by("tlb", "base")), 0, "{v}");
-    assert!(huge(&by("tlb", "greedy")) >= 32 << 20, "{v}");
+    assert_eq!(by("tlb", "base")["advised"], false, "{v}");
+    // Greedy marks the worker's memory; whether the kernel then finds free 2 MiB
+    // blocks at fault depends on the machine's fragmentation (a CI run once got none,
+    // every fault falling back): huge pages, or the fallbacks that explain their lack.
+    let greedy = by("tlb", "greedy");
+    assert_eq!(greedy["advised"], true, "{v}");
+    assert!(
+        huge(&greedy) >= 32 << 20 || greedy["fault_fallbacks"].as_u64().unwrap() > 0,
+        "{v}"
+    );
     assert!(huge(&by("tlb", "hugepaged")) >= 32 << 20, "{v}");
     for m in ["base", "greedy", "hugepaged"] {
         let t = by("tlb", m);

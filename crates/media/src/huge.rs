@@ -121,6 +121,33 @@ pub fn pmd_mapped_in(smaps: &str, start: usize, end: usize) -> u64 {
     total
 }
 
+/// Whether the area of process `pid` (0: this one) holding address `addr` is marked
+/// `MADV_HUGEPAGE` (`hg` among its `VmFlags` in `/proc/PID/smaps`); `None` when no
+/// area holds it.
+pub fn huge_advised(pid: u32, addr: usize) -> io::Result<Option<bool>> {
+    let path = if pid == 0 {
+        "/proc/self/smaps".to_string()
+    } else {
+        format!("/proc/{pid}/smaps")
+    };
+    Ok(huge_advised_in(&std::fs::read_to_string(path)?, addr))
+}
+
+/// [`huge_advised`] over the text of an smaps file.
+pub fn huge_advised_in(smaps: &str, addr: usize) -> Option<bool> {
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((a, b)) = area_of(line) {
+            inside = (a..b).contains(&addr);
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if inside {
+                return Some(flags.split_whitespace().any(|f| f == "hg"));
+            }
+        }
+    }
+    None
+}
+
 /// The range of an smaps area header line (`7f..-7f.. r--s 00000000 00:1a 12 /path`).
 fn area_of(line: &str) -> Option<(usize, usize)> {
     let range = line.split_whitespace().next()?;
@@ -162,6 +189,30 @@ mod tests {
             v[12345] == 1 && after >= before + 1000,
             "{before} -> {after}"
         );
+    }
+
+    #[test]
+    fn advice_of_the_area_holding_an_address() {
+        let smaps = "1000-3000 rw-p 00000000 00:00 0\nSize: 8 kB\nVmFlags: rd wr mr mw me ac\n\
+                     3000-5000 rw-p 00000000 00:00 0\nSize: 8 kB\nVmFlags: rd wr hg ac\n";
+        assert_eq!(huge_advised_in(smaps, 0x1fff), Some(false));
+        assert_eq!(huge_advised_in(smaps, 0x3000), Some(true));
+        assert_eq!(huge_advised_in(smaps, 0x5000), None);
+        // A real mapping, before and after the advice.
+        let len = 4 * HUGE_PAGE;
+        let mut v = vec![0u8; len];
+        let p = v.as_mut_ptr() as usize;
+        let inner = (p + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
+        assert_eq!(huge_advised(0, inner).unwrap(), Some(false));
+        // SAFETY: a range inside `v`, page aligned; the advice changes only how it is
+        // backed.
+        let r =
+            unsafe { libc::madvise(inner as *mut libc::c_void, HUGE_PAGE, libc::MADV_HUGEPAGE) };
+        if r == 0 {
+            assert_eq!(huge_advised(0, inner).unwrap(), Some(true));
+            assert_eq!(huge_advised(0, inner + HUGE_PAGE).unwrap(), Some(false));
+        }
+        v[0] = 1;
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub struct Tlb {
     /// The daemon's time to promote what it would (hugepaged only).
     pub promote_secs: Option<f64>,
     pub huge_bytes: u64,
+    /// Whether the worker's memory was marked `MADV_HUGEPAGE` (greedy only).
+    pub advised: bool,
+    /// Huge-page faults of the machine that fell back to base pages during the fill.
+    pub fault_fallbacks: u64,
     pub chase_ns: f64,
     pub gups_per_sec: f64,
 }
@@ -404,6 +408,8 @@ fn tlb(a: &HugepageArgs, out: &mut Results) -> CliResult {
             fill_secs,
             promote_secs: daemon.as_ref().map(|d| d.2),
             huge_bytes: m.huge_bytes,
+            advised: m.advised,
+            fault_fallbacks: m.fault_fallbacks,
             chase_ns: m.chase_ns,
             gups_per_sec: m.gups_per_sec,
         });
@@ -769,6 +775,22 @@ fn print(o: &mut impl Write, r: &Results) -> CliResult {
                 t.gups_per_sec,
                 t.gups_per_sec / base.gups_per_sec
             )?;
+        }
+        for t in r.tlb.iter().filter(|t| t.mode == "greedy") {
+            if !t.advised {
+                writeln!(
+                    o,
+                    "greedy: the worker's memory was not marked MADV_HUGEPAGE \
+                     (libcairn_thp.so or glibc's hugetlb tunable did not take effect)"
+                )?;
+            } else if t.huge_bytes < (t.mib << 20) / 2 && t.fault_fallbacks > 0 {
+                writeln!(
+                    o,
+                    "greedy: {} huge-page faults fell back to base pages during the fill \
+                     (no free 2 MiB block: memory too fragmented); its row is mostly base pages",
+                    t.fault_fallbacks
+                )?;
+            }
         }
         writeln!(o)?;
     }

@@ -32,6 +32,11 @@ pub struct Measured {
     pub gups_per_sec: f64,
     /// Its `AnonHugePages` when it started measuring.
     pub huge_bytes: u64,
+    /// Whether its memory is marked `MADV_HUGEPAGE` (what greedy huge pages do).
+    pub advised: bool,
+    /// The machine's huge-page faults that fell back to base pages while it filled its
+    /// memory (`/proc/vmstat` `thp_fault_fallback`: every process's, so only a sign).
+    pub fault_fallbacks: u64,
 }
 
 /// Words per 64-byte line: the chain visits one line per load.
@@ -65,12 +70,17 @@ pub fn worker(a: &WorkerArgs) -> CliResult {
     let bytes = 1u64 << (63 - (mib << 20).leading_zeros());
     let words = (bytes / 8) as usize;
     let lines = (words / LINE) as u64;
+    let fallbacks = || cairn_media::huge::vmstat("thp_fault_fallback").unwrap_or(0);
+    let fallbacks_before = fallbacks();
     let mut t = vec![0u64; words];
     // Every line holds the index of the chain's next line (and so every page is
     // touched, as a program that filled its memory).
     for i in 0..lines {
         t[i as usize * LINE] = next_line(i, lines);
     }
+    let fault_fallbacks = fallbacks().saturating_sub(fallbacks_before);
+    let advised =
+        cairn_media::huge::huge_advised(0, t.as_ptr() as usize + t.len() * 4)?.unwrap_or(false);
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
@@ -103,6 +113,8 @@ pub fn worker(a: &WorkerArgs) -> CliResult {
         chase_ns,
         gups_per_sec: (rounds * STEPS) as f64 / secs,
         huge_bytes,
+        advised,
+        fault_fallbacks,
     };
     writeln!(
         out,
