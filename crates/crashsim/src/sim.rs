@@ -371,19 +371,36 @@ impl Sim {
         by.into_iter().collect()
     }
 
+    /// The durable image of every file, in the order of the targets.
+    pub fn bases(&self) -> impl Iterator<Item = &[u8]> {
+        self.targets.iter().map(|t| t.base.as_slice())
+    }
+
+    /// The words the image `choice` describes holds on top of the durable images:
+    /// (target, offset, value).
+    pub fn overlay(&self, choice: &Choice) -> Vec<(usize, u64, [u8; 8])> {
+        let mut v = Vec::new();
+        for &(line, k) in choice {
+            let t = (line >> TARGET_SHIFT) as usize;
+            v.extend(
+                self.line_after(line, k)
+                    .into_iter()
+                    .map(|(off, _, new)| (t, off, new)),
+            );
+        }
+        v
+    }
+
     /// Build the image `choice` describes into `out`: one buffer per file, in the order
     /// of the targets.
     pub fn build(&self, choice: &Choice, out: &mut Vec<Vec<u8>>) {
         out.resize(self.targets.len(), Vec::new());
-        for (o, t) in out.iter_mut().zip(&self.targets) {
+        for (o, base) in out.iter_mut().zip(self.bases()) {
             o.clear();
-            o.extend_from_slice(&t.base);
+            o.extend_from_slice(base);
         }
-        for &(line, k) in choice {
-            let o = &mut out[(line >> TARGET_SHIFT) as usize];
-            for (off, _, new) in self.line_after(line, k) {
-                o[off as usize..off as usize + 8].copy_from_slice(&new);
-            }
+        for (t, off, new) in self.overlay(choice) {
+            out[t][off as usize..off as usize + 8].copy_from_slice(&new);
         }
     }
 

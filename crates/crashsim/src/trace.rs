@@ -73,21 +73,34 @@ impl Trace {
     /// trace overflowed its capacity, or a record was reserved but never written (a
     /// process died in the middle of tracing it).
     pub fn read(path: &Path) -> io::Result<Trace> {
-        let b = std::fs::read(path)?;
+        use std::io::Read;
+        // Only the header and the records up to the tail are read: the rest of the
+        // file's capacity (sparse, gigabytes) is zeros.
+        let f = std::fs::File::open(path)?;
+        let size = f.metadata()?.len() as usize;
+        let mut b = Vec::new();
+        (&f).take(DATA_START).read_to_end(&mut b)?;
         if b.len() < DATA_START as usize {
             return Err(bad("not a trace file: too short"));
         }
         let tail = u64_at(&b, HDR_TAIL) as usize;
         let cap = u64_at(&b, HDR_CAPACITY) as usize;
-        if cap != b.len() {
+        if cap != size {
             return Err(bad(format!(
-                "not a trace file: capacity {cap}, size {}",
-                b.len()
+                "not a trace file: capacity {cap}, size {size}"
             )));
         }
         if u64_at(&b, HDR_OVERFLOW) != 0 || tail > cap {
             return Err(bad(format!(
                 "the trace overflowed its {cap} bytes: make it larger"
+            )));
+        }
+        (&f).take((tail - b.len().min(tail)) as u64)
+            .read_to_end(&mut b)?;
+        if b.len() < tail {
+            return Err(bad(format!(
+                "the trace ends at {} before its tail {tail}",
+                b.len()
             )));
         }
         let mut t = Trace::default();

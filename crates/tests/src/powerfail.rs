@@ -327,6 +327,8 @@ struct Scratch {
     dir: tempfile::TempDir,
     /// Where each traced file's image goes (the order of `Recorded::files`).
     paths: Vec<PathBuf>,
+    /// Each file open, with a read-only view of it once it has the image's size.
+    files: std::cell::RefCell<Vec<Option<(std::fs::File, cairn_media::Mapping)>>>,
 }
 
 impl Scratch {
@@ -355,21 +357,21 @@ impl Scratch {
             paths.push(new);
         }
         std::fs::write(dir.path().join("cairn.toml"), cfg).expect("write config");
-        Scratch { dir, paths }
+        let files = std::cell::RefCell::new(paths.iter().map(|_| None).collect());
+        Scratch { dir, paths, files }
     }
 
-    /// Recover `images` (one per traced file) and read the tree.
-    fn recover(&self, images: &[Vec<u8>], prefix: &str) -> Outcome {
-        for (p, img) in self.paths.iter().zip(images) {
-            if let Err(e) = std::fs::write(p, img) {
-                return Outcome::Failed(format!("cannot write the image {}: {e}", p.display()));
-            }
+    /// Recover the image `choice` describes and read the tree.
+    fn recover(&self, sim: &Sim, choice: &Choice, prefix: &str) -> Outcome {
+        if let Err(e) = self.write(sim, choice) {
+            return Outcome::Failed(format!("cannot write the image: {e}"));
         }
         let store = self.dir.path().to_path_buf();
         let nvm = self.paths[0].clone();
         let r = std::panic::catch_unwind(move || -> Result<Snapshot, String> {
-            cairn_daemon::recover(&store).map_err(|e| format!("recovery failed: {e}"))?;
-            let rep = cairn_daemon::fsck(&store, &cairn_daemon::FsckOptions::default())
+            unless_busy(|| cairn_daemon::recover(&store))
+                .map_err(|e| format!("recovery failed: {e}"))?;
+            let rep = unless_busy(|| cairn_daemon::fsck(&store, &Default::default()))
                 .map_err(|e| format!("fsck could not run: {e}"))?;
             if !rep.problems.is_empty() {
                 return Err(format!("fsck: {}", rep.problems.join("; ")));
@@ -381,7 +383,7 @@ impl Scratch {
             let mut area = Area::open(&f, false).map_err(|e| format!("open: {e}"))?;
             area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)
                 .map_err(|e| format!("attach the tiers: {e}"))?;
-            let xattrs = cairn_daemon::stored_xattrs(&store)
+            let xattrs = unless_busy(|| cairn_daemon::stored_xattrs(&store))
                 .map_err(|e| format!("reading the extended attributes: {e}"))?;
             area_snapshot(&area, prefix, &xattrs).map_err(|e| format!("reading the tree: {e}"))
         });
@@ -397,12 +399,103 @@ impl Scratch {
             )),
         }
     }
+
+    /// Make the scratch files hold the image `choice` describes: each file's durable
+    /// image with the pending words the image keeps. Only the pages that differ from
+    /// what the file holds (the last image, as its recovery left it) are written: most
+    /// of an image is the same as the last one, and rewriting all of it was a fifth of
+    /// the check's time.
+    fn write(&self, sim: &Sim, choice: &Choice) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        const PAGE: usize = 4096;
+        // The kept pending words, by file and page.
+        type Words = BTreeMap<usize, Vec<(usize, [u8; 8])>>;
+        let mut words: Vec<Words> = vec![BTreeMap::new(); self.paths.len()];
+        for (t, off, w) in sim.overlay(choice) {
+            let off = off as usize;
+            words[t].entry(off / PAGE).or_default().push((off, w));
+        }
+        let mut files = self.files.borrow_mut();
+        let mut page = [0u8; PAGE];
+        for (((p, slot), base), words) in self
+            .paths
+            .iter()
+            .zip(files.iter_mut())
+            .zip(sim.bases())
+            .zip(&words)
+        {
+            let ctx = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+            if slot
+                .as_ref()
+                .is_none_or(|(_, view)| view.len() != base.len())
+            {
+                *slot = None;
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(p)
+                    .map_err(ctx)?;
+                f.write_all_at(base, 0).map_err(ctx)?;
+                f.set_len(base.len() as u64).map_err(ctx)?;
+                if !base.is_empty() {
+                    let view =
+                        cairn_media::Mapping::new(&f, 0, base.len(), false, false).map_err(ctx)?;
+                    *slot = Some((f, view));
+                }
+            }
+            let Some((f, view)) = slot.as_ref() else {
+                continue;
+            };
+            // The recovery may have resized the file (a view past its end would fault).
+            if f.metadata().map_err(ctx)?.len() != base.len() as u64 {
+                f.set_len(base.len() as u64).map_err(ctx)?;
+            }
+            for (i, at) in (0..base.len()).step_by(PAGE).enumerate() {
+                let end = (at + PAGE).min(base.len());
+                let want = match words.get(&i) {
+                    None => &base[at..end],
+                    Some(ws) => {
+                        let page = &mut page[..end - at];
+                        page.copy_from_slice(&base[at..end]);
+                        for &(off, w) in ws {
+                            page[off - at..off - at + 8].copy_from_slice(&w);
+                        }
+                        page
+                    }
+                };
+                if view.bytes(at, end - at)? != want {
+                    f.write_all_at(want, at as u64).map_err(ctx)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
         for p in &self.paths {
             let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// `f`, tried again while it fails with `EBUSY` (for up to 2 s). Recovery, `fsck` and
+/// the reading of the extended-attribute journal take the scratch store's daemon lock (`flock`), and a child this process spawns on
+/// another thread (the next seed's recording) holds a copy of every open file
+/// description from its fork until its exec closes them, the lock included: the store
+/// then looks served by a daemon for a moment.
+fn unless_busy<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut tries = 0;
+    loop {
+        match f() {
+            Err(e) if cairn_area::errno_of(&e) == libc::EBUSY && tries < 200 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => return r,
         }
     }
 }
@@ -523,7 +616,6 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let mut seen: HashMap<u64, Outcome> = HashMap::new();
     let mut rep = CheckReport::default();
     let (mut acked, mut in_flight) = (0usize, None::<usize>);
-    let mut imgs = Vec::new();
     let points = r.trace.events.iter().filter(|e| is_crash_point(e)).count();
     for (i, e) in r.trace.events.iter().enumerate() {
         let point = follow_marks(e, &mut acked, &mut in_flight);
@@ -544,9 +636,8 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                         rep.truncated = true;
                         break;
                     }
-                    sim.build(&c, &mut imgs);
                     watchdog.set(Some((Instant::now(), i)));
-                    seen.insert(h, scratch.recover(&imgs, &r.prefix));
+                    seen.insert(h, scratch.recover(&sim, &c, &r.prefix));
                     watchdog.set(None);
                 }
                 if let Some(what) = judge(&seen[&h], &states, &ops, acked, in_flight) {

@@ -2,7 +2,8 @@
 //! (`cairn_tests::powerfail`; docs/ARCHITECTURE.md, "Persistence model").
 //!
 //! `CAIRN_PF_IMAGES`: distinct images to check in all (default 10,000; a long run:
-//! 1000000); workloads with seeds 1, 2, 3, … run until that many were checked.
+//! 1000000); workloads with seeds 1, 2, 3, … run until that many were checked, on
+//! `CAIRN_PF_THREADS` threads (default: one per core).
 //! `CAIRN_PF_OPS`: calls per workload (default 400). `CAIRN_PF_SITES=1` prints the traced
 //! sites; `CAIRN_PF_KEEP=<file>` saves the first violating image.
 
@@ -35,34 +36,60 @@ fn show(what: &str, rep: &CheckReport) {
 
 #[test]
 fn every_crash_image_of_the_model_workloads_recovers() {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+    use std::sync::Mutex;
     let budget = env_or("CAIRN_PF_IMAGES", 10_000) as usize;
     let n = env_or("CAIRN_PF_OPS", 400) as usize;
+    // Seeds are checked on as many threads as there are cores (`CAIRN_PF_THREADS`),
+    // each claiming a share of the images still owed and giving back what its seed did
+    // not use.
+    let threads = env_or(
+        "CAIRN_PF_THREADS",
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+    )
+    .max(1) as usize;
     let t = std::time::Instant::now();
-    let (mut distinct, mut images, mut violations) = (0, 0, 0);
-    let mut seed = env_or("CAIRN_PF_SEED", 1);
-    while distinct < budget {
-        let rec = record(worker(), seed, n, 25);
-        if std::env::var_os("CAIRN_PF_SITES").is_some() {
-            print_sites(&rec);
+    let owed = AtomicUsize::new(budget);
+    let next_seed = AtomicU64::new(env_or("CAIRN_PF_SEED", 1));
+    let totals = Mutex::new((0usize, 0usize, 0usize));
+    let share_of = |left: usize| left.div_ceil(threads).max(1000).min(left);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let Ok(left) = owed.fetch_update(SeqCst, SeqCst, |left| {
+                    (left > 0).then(|| left - share_of(left))
+                }) else {
+                    return;
+                };
+                let share = share_of(left);
+                let seed = next_seed.fetch_add(1, SeqCst);
+                let rec = record(worker(), seed, n, 25);
+                if std::env::var_os("CAIRN_PF_SITES").is_some() {
+                    print_sites(&rec);
+                }
+                let rep = check(
+                    &rec,
+                    &CheckOptions {
+                        max_distinct: share,
+                        ..Default::default()
+                    },
+                );
+                show(&format!("model workload, seed {seed}, {n} calls"), &rep);
+                owed.fetch_add(share.saturating_sub(rep.distinct), SeqCst);
+                let mut tot = totals.lock().unwrap();
+                tot.0 += rep.distinct;
+                tot.1 += rep.images;
+                tot.2 += rep.violations.len();
+            });
         }
-        let rep = check(
-            &rec,
-            &CheckOptions {
-                max_distinct: budget - distinct,
-                ..Default::default()
-            },
-        );
-        show(&format!("model workload, seed {seed}, {n} calls"), &rep);
-        distinct += rep.distinct;
-        images += rep.images;
-        violations += rep.violations.len();
-        seed += 1;
-    }
+    });
+    let (distinct, images, violations) = *totals.lock().unwrap();
     println!(
-        "power failure: {images} images checked, {distinct} distinct, {violations} violations, {:.1} s",
+        "power failure: {images} images checked, {distinct} distinct, {violations} violations, {:.1} s ({threads} threads)",
         t.elapsed().as_secs_f64()
     );
     assert_eq!(violations, 0);
+    assert!(distinct >= budget, "{distinct} of {budget} images");
 }
 
 /// Two clients pass every lease: the first runs half the calls and stays; the second
