@@ -95,7 +95,7 @@ impl Trace {
                 "the trace overflowed its {cap} bytes: make it larger"
             )));
         }
-        (&f).take((tail - b.len().min(tail)) as u64)
+        (&f).take(tail.saturating_sub(b.len()) as u64)
             .read_to_end(&mut b)?;
         if b.len() < tail {
             return Err(bad(format!(

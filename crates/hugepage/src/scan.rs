@@ -165,7 +165,9 @@ impl Proc {
         if self.ioctl.get() {
             match self.scan_ranges(vmas) {
                 // ENOTTY, EINVAL: a kernel before 6.7.
-                Err(e) if matches!(e.raw_os_error(), Some(25) | Some(22)) => self.ioctl.set(false),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+                    self.ioctl.set(false)
+                }
                 r => return r.map_err(|e| about(self.pid, "pagemap", e)),
             }
         }

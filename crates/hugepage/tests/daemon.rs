@@ -80,12 +80,9 @@ fn daemon_for(pid: u32) -> Daemon {
     )
 }
 
+/// A counter of `/proc/vmstat` (0 when the kernel has none).
 fn vmstat(name: &str) -> u64 {
-    std::fs::read_to_string("/proc/vmstat")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0)
+    cairn_media::huge::vmstat(name).unwrap_or(0)
 }
 
 #[test]

@@ -88,13 +88,7 @@ pub fn refusal() -> Option<String> {
 /// `/proc/PID/smaps` (`ShmemPmdMapped` + `FilePmdMapped` of the areas overlapping the
 /// range, pro rata when an area sticks out of it).
 pub fn pmd_mapped_kib(pid: u32, start: usize, end: usize) -> io::Result<u64> {
-    let path = if pid == 0 {
-        "/proc/self/smaps".to_string()
-    } else {
-        format!("/proc/{pid}/smaps")
-    };
-    let text = std::fs::read_to_string(path)?;
-    Ok(pmd_mapped_in(&text, start, end))
+    Ok(pmd_mapped_in(&smaps(pid)?, start, end))
 }
 
 /// [`pmd_mapped_kib`] over the text of an smaps file.
@@ -125,12 +119,16 @@ pub fn pmd_mapped_in(smaps: &str, start: usize, end: usize) -> u64 {
 /// `MADV_HUGEPAGE` (`hg` among its `VmFlags` in `/proc/PID/smaps`); `None` when no
 /// area holds it.
 pub fn huge_advised(pid: u32, addr: usize) -> io::Result<Option<bool>> {
-    let path = if pid == 0 {
-        "/proc/self/smaps".to_string()
+    Ok(huge_advised_in(&smaps(pid)?, addr))
+}
+
+/// The text of `/proc/PID/smaps` (0: this process).
+fn smaps(pid: u32) -> io::Result<String> {
+    if pid == 0 {
+        std::fs::read_to_string("/proc/self/smaps")
     } else {
-        format!("/proc/{pid}/smaps")
-    };
-    Ok(huge_advised_in(&std::fs::read_to_string(path)?, addr))
+        std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+    }
 }
 
 /// [`huge_advised`] over the text of an smaps file.
