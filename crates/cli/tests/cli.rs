@@ -741,9 +741,10 @@ fn bench_hugepage_json_shape() {
     let huge = |r: &serde_json::Value| r["huge_bytes"].as_u64().unwrap();
     assert_eq!(huge(&by("tlb", "base")), 0, "{v}");
     assert_eq!(by("tlb", "base")["advised"], false, "{v}");
-    // Greedy marks the worker's memory; whether the kernel then finds free 2 MiB
-    // blocks at fault depends on the machine's fragmentation (a CI run once got none,
-    // every fault falling back): huge pages, or the fallbacks that explain their lack.
+    // Greedy marks the worker's memory (a CI run once had it unmarked: glibc's hugetlb
+    // tunable, which the preload then relied on for malloc, did nothing there); whether
+    // the kernel then finds free 2 MiB blocks at fault depends on the machine's
+    // fragmentation: huge pages, or the fallbacks that explain their lack.
     let greedy = by("tlb", "greedy");
     assert_eq!(greedy["advised"], true, "{v}");
     assert!(

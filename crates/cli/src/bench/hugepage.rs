@@ -5,8 +5,8 @@
 //!   does not ask);
 //! * **greedy**: Linux's greedy huge pages for that program alone (`enabled=always`
 //!   without changing the system setting): `libcairn_thp.so` marks every private
-//!   anonymous mapping it makes `MADV_HUGEPAGE`, and glibc's `hugetlb=1` tunable does the
-//!   same for glibc's `malloc`;
+//!   anonymous mapping it makes and every block of 2 MiB or more it allocates
+//!   `MADV_HUGEPAGE`;
 //! * **hugepaged**: base pages at every fault, and `cairn hugepaged` (defaults) promoting
 //!   the regions at least 90% populated;
 //! * in the Redis experiment also **any-page**: `cairn hugepaged --threshold 0.001`,
@@ -106,8 +106,7 @@ impl Mode {
                 "CAIRN_THP_PRELOAD",
                 "cargo build --release -p cairn-thp",
             )?;
-            c.env("LD_PRELOAD", lib)
-                .env("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1");
+            c.env("LD_PRELOAD", lib);
         }
         Ok(c)
     }
@@ -781,7 +780,7 @@ fn print(o: &mut impl Write, r: &Results) -> CliResult {
                 writeln!(
                     o,
                     "greedy: the worker's memory was not marked MADV_HUGEPAGE \
-                     (libcairn_thp.so or glibc's hugetlb tunable did not take effect)"
+                     (libcairn_thp.so did not take effect)"
                 )?;
             } else if t.huge_bytes < (t.mib << 20) / 2 && t.fault_fallbacks > 0 {
                 writeln!(
