@@ -11,5 +11,5 @@ pub mod shim;
 pub mod snapshot;
 
 pub use harness::TestStore;
-pub use ops::{apply, gen_ops, CairnFs, FsOps, HostFs, Op, Outcome};
+pub use ops::{apply, gen_ops, gen_ops_with, CairnFs, Extras, FsOps, HostFs, Op, Outcome};
 pub use snapshot::{diff, snapshot, Node, Snapshot};

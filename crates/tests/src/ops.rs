@@ -61,6 +61,17 @@ pub trait FsOps {
     /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)` on a file opened for
     /// writing.
     fn punch_hole(&self, p: &str, off: u64, len: u64) -> io::Result<()>;
+    /// A store through a shared writable mapping: open the file for reading and
+    /// writing, map all of it (`MAP_SHARED`), copy in the part of `data` at `off` that
+    /// lies inside the file (a mapping cannot grow it: nothing if `off` is at or past
+    /// the end), write it back (`msync`) and unmap.
+    fn map_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()>;
+}
+
+/// The part of `data` at `off` a mapping of a file of `size` bytes holds.
+fn mapped_part(size: u64, off: u64, data: &[u8]) -> Option<&[u8]> {
+    let n = size.checked_sub(off)?.min(data.len() as u64) as usize;
+    (n > 0).then(|| &data[..n])
 }
 
 /// The `user.` names in a `listxattr` answer, sorted.
@@ -296,6 +307,20 @@ impl FsOps for HostFs {
         };
         host_call(r as isize).map(|_| ())
     }
+    fn map_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.p(p))?;
+        let size = f.metadata()?.len();
+        if let Some(part) = mapped_part(size, off, data) {
+            // The reference is on tmpfs: the mapping is the file's page cache, so the
+            // store is the file's content at once (no write-back to wait for).
+            let m = cairn_media::Mapping::new(&f, 0, size as usize, true, false)?;
+            m.write(off as usize, part)?;
+        }
+        Ok(())
+    }
 }
 
 fn cstr(p: &Path) -> std::ffi::CString {
@@ -458,6 +483,21 @@ impl FsOps for CairnFs<'_> {
             .open(self.fs, p)?
             .punch_hole(off, len)
     }
+    fn map_write(&self, p: &str, off: u64, data: &[u8]) -> io::Result<()> {
+        let f = cairn::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.fs, p)?;
+        let size = f.metadata()?.len();
+        if let Some(part) = mapped_part(size, off, data) {
+            let m = f.map_mut(0, size as usize)?;
+            m.write(off as usize, part)?;
+            // `msync`: the stores are logged (durable) when it returns; dropping the
+            // mapping unmaps it and folds the map object.
+            m.flush()?;
+        }
+        Ok(())
+    }
 }
 
 /// One generated operation.
@@ -492,6 +532,9 @@ pub enum Op {
     SeekData(String, u64, bool),
     /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: offset, length.
     PunchHole(String, u64, u64),
+    /// A store through a shared mapping, written back: offset, length and data seed
+    /// (`FsOps::map_write`). Only in sequences generated with `Extras::mapped`.
+    MapWrite(String, u64, u32, u8),
 }
 
 /// The attribute names the generator uses.
@@ -532,14 +575,28 @@ fn gen_xattr_op(r: &mut StdRng, path: String) -> Op {
     }
 }
 
+/// Operations a generated sequence has only when asked for (so that the sequences of
+/// every seed stay what they were without them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// About one call in four more: a store through a shared mapping (`Op::MapWrite`).
+    pub mapped: bool,
+}
+
 /// `n` operations from `seed`, under the directory `prefix` ("" for the root). About
 /// one in twelve is an extended-attribute call and one in twelve a `SEEK_DATA` or
 /// `SEEK_HOLE`, drawn from a second generator, and one in sixteen a punched hole, from a
 /// third, so that the other operations are the same sequence they were before those
 /// existed.
 pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
+    gen_ops_with(seed, n, prefix, Extras::default())
+}
+
+/// [`gen_ops`] with the `extras`, each drawn from a generator of its own.
+pub fn gen_ops_with(seed: u64, n: usize, prefix: &str, extras: Extras) -> Vec<Op> {
     let mut rx = StdRng::seed_from_u64(seed ^ 0x0078_6174_7472);
     let mut rp = StdRng::seed_from_u64(seed ^ 0x0070_756e_6368);
+    let mut rm = StdRng::seed_from_u64(seed ^ 0x006d_6d61_7073);
     let mut r = StdRng::seed_from_u64(seed);
     let mut v = Vec::with_capacity(n);
     let p = |s: String| format!("{prefix}{s}");
@@ -612,6 +669,19 @@ pub fn gen_ops(seed: u64, n: usize, prefix: &str) -> Vec<Op> {
             };
             v.push(Op::PunchHole(p(pick(&mut rp)), off, len));
         }
+        if extras.mapped && v.len() < n && rm.gen_range(0..4) == 0 {
+            let off = match rm.gen_range(0..3) {
+                0 => 0,
+                1 => 4096 * rm.gen_range(0..3),
+                _ => rm.gen_range(0..6_000),
+            };
+            let len = match rm.gen_range(0..3) {
+                0 => rm.gen_range(1..64),
+                1 => rm.gen_range(64..4096),
+                _ => rm.gen_range(4096..12_000),
+            };
+            v.push(Op::MapWrite(p(pick(&mut rm)), off, len, rm.gen()));
+        }
     }
     v.truncate(n);
     v
@@ -680,6 +750,7 @@ pub fn apply(fs: &dyn FsOps, op: &Op) -> Outcome {
         }
         Op::SeekData(p, off, data) => seek_outcome(fs, p, *off, *data),
         Op::PunchHole(p, off, len) => out(fs.punch_hole(p, *off, *len), ok),
+        Op::MapWrite(p, off, len, s) => out(fs.map_write(p, *off, &data(*len, *s)), ok),
     }
 }
 

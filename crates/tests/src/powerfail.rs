@@ -10,7 +10,7 @@
 //! tree after exactly the acknowledged calls, or, with a call in flight, after it too.
 
 use crate::harness::{StoreSize, TestStore};
-use crate::ops::{apply, gen_ops, HostFs, Kind, Meta};
+use crate::ops::{apply, gen_ops_with, Extras, HostFs, Kind, Meta};
 use crate::snapshot::{diff, snapshot, Node, Snapshot};
 use cairn_area::{Area, StoreDir};
 use cairn_crashsim::{Choice, Event, Sim, Target, Trace};
@@ -48,6 +48,14 @@ pub struct Recorded {
     pub seed: u64,
     pub n: usize,
     pub prefix: String,
+    pub extras: Extras,
+}
+
+impl Recorded {
+    /// The recorded calls.
+    pub fn ops(&self) -> Vec<crate::Op> {
+        gen_ops_with(self.seed, self.n, &self.prefix, self.extras)
+    }
 }
 
 /// Sizes of the stores the simulator uses: a small NVM tier (every image is a copy of it)
@@ -79,7 +87,7 @@ pub fn small_three_tier_store() -> TestStore {
     })
 }
 
-/// A workload to record: `n` generated calls (`gen_ops(seed, n, prefix)`).
+/// A workload to record: `n` generated calls (`gen_ops_with(seed, n, prefix, extras)`).
 #[derive(Debug, Clone)]
 pub struct Workload {
     pub seed: u64,
@@ -97,6 +105,8 @@ pub struct Workload {
     pub migrate_every: usize,
     /// After each migration, also a cleaning round on the SSD and the HDD.
     pub clean: bool,
+    /// Optional calls in the sequence (stores through shared mappings).
+    pub extras: Extras,
 }
 
 impl Workload {
@@ -110,6 +120,7 @@ impl Workload {
             clients: 1,
             migrate_every: 0,
             clean: false,
+            extras: Extras::default(),
         }
     }
 }
@@ -174,6 +185,10 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
             .env("CAIRN_WORKER_RANGE", format!("{from}:{to}"))
             .env("CAIRN_WORKER_MIGRATE_EVERY", w.migrate_every.to_string())
             .env("CAIRN_WORKER_CLEAN", if w.clean { "1" } else { "0" })
+            .env(
+                "CAIRN_WORKER_MAPPED",
+                if w.extras.mapped { "1" } else { "0" },
+            )
             .env("CAIRN_WORKER_HOLD", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -211,6 +226,7 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
         seed,
         n,
         prefix: prefix.to_string(),
+        extras: w.extras,
     }
 }
 
@@ -305,7 +321,7 @@ enum Outcome {
 }
 
 /// The reference states: the tree after each number of calls, 0..=n.
-fn reference_states(r: &Recorded) -> Vec<Snapshot> {
+pub fn reference_states(r: &Recorded) -> Vec<Snapshot> {
     let dir = tempfile::Builder::new()
         .prefix("cairn-pf-ref-")
         .tempdir_in("/dev/shm")
@@ -315,7 +331,7 @@ fn reference_states(r: &Recorded) -> Vec<Snapshot> {
     };
     crate::FsOps::mkdir(&host, &r.prefix).expect("prefix");
     let mut v = vec![snapshot(&host, &r.prefix).expect("snapshot")];
-    for op in gen_ops(r.seed, r.n, &r.prefix) {
+    for op in r.ops() {
         apply(&host, &op);
         v.push(snapshot(&host, &r.prefix).expect("snapshot"));
     }
@@ -595,7 +611,7 @@ pub fn follow_marks(e: &Event, acked: &mut usize, in_flight: &mut Option<usize>)
 pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let start = Instant::now();
     let states = reference_states(r);
-    let ops = gen_ops(r.seed, r.n, &r.prefix);
+    let ops = r.ops();
     let scratch = Scratch::new(r);
     let watchdog = Watchdog::new();
     let mut sim = Sim::with_targets(r.files.iter().map(|f| f.target.clone()).collect());

@@ -4,13 +4,13 @@
 
 use cairn_tests::harness::StoreSize;
 use cairn_tests::snapshot::diff;
-use cairn_tests::{apply, gen_ops, snapshot, CairnFs, HostFs, TestStore};
+use cairn_tests::{apply, gen_ops, gen_ops_with, snapshot, CairnFs, Extras, HostFs, TestStore};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static RUN: AtomicU64 = AtomicU64::new(0);
 
-fn run_case(store: &TestStore, seed: u64, n: usize) -> Result<(), TestCaseError> {
+fn run_case(store: &TestStore, seed: u64, n: usize, extras: Extras) -> Result<(), TestCaseError> {
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let prefix = format!("/m{run}");
     let host_dir = tempfile::Builder::new()
@@ -20,7 +20,7 @@ fn run_case(store: &TestStore, seed: u64, n: usize) -> Result<(), TestCaseError>
     let host = HostFs {
         root: host_dir.path().to_path_buf(),
     };
-    let ops = gen_ops(seed, n, &prefix);
+    let ops = gen_ops_with(seed, n, &prefix, extras);
     {
         let fs = store.fs();
         let cairn = CairnFs { fs: &fs };
@@ -50,6 +50,10 @@ fn run_case(store: &TestStore, seed: u64, n: usize) -> Result<(), TestCaseError>
 /// Generated cases against one store (dropped at the end, so its daemon stops and its
 /// NVM file goes; a failure keeps it for inspection).
 fn run_generated(store: &TestStore) {
+    run_generated_with(store, Extras::default());
+}
+
+fn run_generated_with(store: &TestStore, extras: Extras) {
     let config = ProptestConfig {
         cases: 48,
         failure_persistence: None,
@@ -57,7 +61,7 @@ fn run_generated(store: &TestStore) {
     };
     let mut runner = proptest::test_runner::TestRunner::new(config);
     let r = runner.run(&(any::<u64>(), 1usize..160), |(seed, n)| {
-        run_case(store, seed, n)
+        run_case(store, seed, n, extras)
     });
     if let Err(e) = r {
         panic!("{e}");
@@ -67,6 +71,14 @@ fn run_generated(store: &TestStore) {
 #[test]
 fn matches_reference() {
     run_generated(&TestStore::new());
+}
+
+/// Stores through shared mappings among the calls (`Op::MapWrite`: map the whole file,
+/// store, `msync`, unmap), next to writes, truncations and renames of the same files:
+/// the map object, its write-back and its fold agree with tmpfs.
+#[test]
+fn matches_reference_with_shared_mappings() {
+    run_generated_with(&TestStore::new(), Extras { mapped: true });
 }
 
 #[test]

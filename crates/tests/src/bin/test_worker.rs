@@ -10,7 +10,8 @@
 //!        calls FROM..TO; `CAIRN_WORKER_HOLD=1` stays, after DONE, until stdin closes;
 //!        `CAIRN_WORKER_MIGRATE_EVERY=K` moves data NVM → SSD after every K calls, and
 //!        SSD → HDD after every 2K; `CAIRN_WORKER_CLEAN=1` adds a cleaning round on the
-//!        SSD and the HDD after each migration)
+//!        SSD and the HDD after each migration; `CAIRN_WORKER_MAPPED=1` adds stores
+//!        through shared mappings to the sequence: `Extras::mapped`)
 //!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
@@ -21,9 +22,17 @@
 //!        worker's own entries in /s/d, whole-file reads and listings; prints one line per
 //!        operation: `ID SEQ KIND TARGET START_NS END_NS RESULT`)
 //!        cairn-test-worker --trace HOSTDIR SEED N PREFIX   (replay on a host directory,
-//!        printing every operation and its outcome: for debugging a failed run)
+//!        printing every operation and its outcome: for debugging a failed run;
+//!        `CAIRN_WORKER_MAPPED` as above)
 
-use cairn_tests::{apply, gen_ops, CairnFs};
+use cairn_tests::{apply, gen_ops, gen_ops_with, CairnFs, Extras};
+
+/// The sequence of the crash and power-failure tests: `gen_ops_with` with the extras
+/// `CAIRN_WORKER_MAPPED` asks for.
+fn sequence(seed: u64, n: usize, prefix: &str) -> Vec<cairn_tests::Op> {
+    let mapped = std::env::var("CAIRN_WORKER_MAPPED").is_ok_and(|v| v == "1");
+    gen_ops_with(seed, n, prefix, Extras { mapped })
+}
 use std::io::Write;
 
 fn main() {
@@ -46,7 +55,7 @@ fn main() {
         let host = cairn_tests::HostFs {
             root: a[2].clone().into(),
         };
-        let ops = gen_ops(a[3].parse().expect("seed"), a[4].parse().expect("n"), &a[5]);
+        let ops = sequence(a[3].parse().expect("seed"), a[4].parse().expect("n"), &a[5]);
         cairn_tests::FsOps::mkdir(&host, &a[5]).unwrap();
         for (i, op) in ops.iter().enumerate() {
             println!("{i} {op:?} -> {:?}", apply(&host, op));
@@ -67,7 +76,7 @@ fn main() {
         }
     };
     let c = CairnFs { fs: &fs };
-    let ops = gen_ops(seed, n, &a[4]);
+    let ops = sequence(seed, n, &a[4]);
     let every = |k: &str| -> usize {
         std::env::var(k)
             .ok()
