@@ -49,6 +49,9 @@ pub struct Recorded {
     pub n: usize,
     pub prefix: String,
     pub extras: Extras,
+    /// With workers taking turns: the daemon's shared-write counters at the end (times
+    /// an inode entered the mode, transactions it sealed).
+    pub sharing: Option<(u64, u64)>,
 }
 
 impl Recorded {
@@ -107,6 +110,11 @@ pub struct Workload {
     pub clean: bool,
     /// Optional calls in the sequence (stores through shared mappings).
     pub extras: Extras,
+    /// The `clients` take turns call by call (call `i` by client `i % clients`, each
+    /// acknowledged before the next starts), rather than one after the other: every
+    /// access then conflicts with the other client's lease, and with `shared_write` on
+    /// the files enter shared-write mode.
+    pub take_turns: bool,
 }
 
 impl Workload {
@@ -121,6 +129,7 @@ impl Workload {
             migrate_every: 0,
             clean: false,
             extras: Extras::default(),
+            take_turns: false,
         }
     }
 }
@@ -173,37 +182,29 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
         .expect("make the trace file");
     let trace_path = trace_file.path().to_path_buf();
     cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
-    let mut held = Vec::new();
-    let clients = w.clients.max(1);
-    for c in 0..clients {
-        let (from, to) = (n * c / clients, n * (c + 1) / clients);
-        let mut child = Command::new(worker)
-            .arg(store.path())
+    let worker_cmd = || {
+        let mut c = Command::new(worker);
+        c.arg(store.path())
             .args([seed.to_string(), n.to_string(), prefix.to_string()])
             .env("CAIRN_PM_TRACE", &trace_path)
             .env("CAIRN_WORKER_DIGEST_EVERY", w.digest_every.to_string())
-            .env("CAIRN_WORKER_RANGE", format!("{from}:{to}"))
             .env("CAIRN_WORKER_MIGRATE_EVERY", w.migrate_every.to_string())
             .env("CAIRN_WORKER_CLEAN", if w.clean { "1" } else { "0" })
             .env(
                 "CAIRN_WORKER_MAPPED",
                 if w.extras.mapped { "1" } else { "0" },
             )
-            .env("CAIRN_WORKER_HOLD", "1")
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("run the worker");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let done = lines.any(|l| l.is_ok_and(|l| l == "DONE"));
-        assert!(done, "worker {c} failed: {:?}", child.wait());
-        held.push(child);
-    }
-    for mut child in held {
-        drop(child.stdin.take());
-        let st = child.wait().expect("wait for the worker");
-        assert!(st.success(), "worker exited with {st}");
-    }
+            .stdout(Stdio::piped());
+        c
+    };
+    let clients = w.clients.max(1);
+    let sharing = if w.take_turns {
+        Some(take_turns(&worker_cmd, clients, n))
+    } else {
+        one_after_another(&worker_cmd, clients, n);
+        None
+    };
     // The daemon (started by the worker, traced) stops cleanly: its shutdown is traced.
     store.stop();
     wait_no_daemon(&store);
@@ -227,7 +228,84 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
         n,
         prefix: prefix.to_string(),
         extras: w.extras,
+        sharing,
     }
+}
+
+/// Run calls `0..n` split among `clients` workers that run one after the other, each
+/// staying alive (holding its leases) until all are done.
+fn one_after_another(worker_cmd: &dyn Fn() -> Command, clients: usize, n: usize) {
+    let mut held = Vec::new();
+    for c in 0..clients {
+        let (from, to) = (n * c / clients, n * (c + 1) / clients);
+        let mut child = worker_cmd()
+            .env("CAIRN_WORKER_RANGE", format!("{from}:{to}"))
+            .env("CAIRN_WORKER_HOLD", "1")
+            .spawn()
+            .expect("run the worker");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let done = lines.any(|l| l.is_ok_and(|l| l == "DONE"));
+        assert!(done, "worker {c} failed: {:?}", child.wait());
+        held.push(child);
+    }
+    for mut child in held {
+        drop(child.stdin.take());
+        let st = child.wait().expect("wait for the worker");
+        assert!(st.success(), "worker exited with {st}");
+    }
+}
+
+/// Run calls `0..n` with `clients` workers in step mode taking turns (call `i` by worker
+/// `i % clients`); the largest shared-write counters they print at the end.
+fn take_turns(worker_cmd: &dyn Fn() -> Command, clients: usize, n: usize) -> (u64, u64) {
+    let mut workers = Vec::new();
+    for c in 0..clients {
+        // One at a time, so that the first starts the daemon.
+        let mut child = worker_cmd()
+            .env("CAIRN_WORKER_STEP", "1")
+            .spawn()
+            .expect("run the worker");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let ready = lines.next().and_then(Result::ok);
+        assert_eq!(
+            ready.as_deref(),
+            Some("READY"),
+            "worker {c}: {:?}",
+            child.wait()
+        );
+        workers.push((child, Some(stdin), lines));
+    }
+    for i in 0..n {
+        let (child, stdin, lines) = &mut workers[i % clients];
+        let stdin = stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{i}")
+            .and_then(|()| stdin.flush())
+            .expect("ask the worker");
+        let ack = lines.next().and_then(Result::ok);
+        assert_eq!(
+            ack,
+            Some(format!("ACK {i}")),
+            "worker: {:?}",
+            child.try_wait()
+        );
+    }
+    let mut sharing = (0, 0);
+    for (mut child, stdin, lines) in workers {
+        drop(stdin);
+        for l in lines.map_while(Result::ok) {
+            let v: Vec<u64> = l
+                .strip_prefix("SHARING ")
+                .map(|r| r.split(' ').filter_map(|x| x.parse().ok()).collect())
+                .unwrap_or_default();
+            if let [entries, commits] = v[..] {
+                sharing = sharing.max((entries, commits));
+            }
+        }
+        let st = child.wait().expect("wait for the worker");
+        assert!(st.success(), "worker exited with {st}");
+    }
+    sharing
 }
 
 fn wait_no_daemon(store: &TestStore) {

@@ -227,6 +227,63 @@ fn crash_images_with_shared_mappings_recover() {
     );
 }
 
+/// Shared-write mode: two clients take turns call by call on the same files with
+/// `shared_write` on, so every file both touch enters the mode (its leases conflict
+/// twice within 5 ms) and its changes become `Commit`s: the client writes the
+/// transaction unsealed (zero magic) in its own log, the daemon checks it, seals it
+/// (durable) and digests it before answering. An unsealed transaction must never be
+/// replayed; a sealed one is the call's, whether or not its answer arrived. The
+/// simulator also runs without the seal's persistence point and must report it.
+#[test]
+fn crash_images_in_shared_write_mode_recover() {
+    let store = cairn_tests::powerfail::small_store();
+    store.set_config("shared_write", "true");
+    let w = Workload {
+        clients: 2,
+        take_turns: true,
+        ..Workload::new(17, 300)
+    };
+    let rec = record_with(worker(), store, &w);
+    let (entries, commits) = rec.sharing.expect("the workers' counters");
+    let rep = check(
+        &rec,
+        &CheckOptions {
+            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+            ..Default::default()
+        },
+    );
+    show(
+        &format!(
+            "shared-write mode, two clients taking turns, seed 17, 300 calls ({entries} \
+             mode entries, {commits} commits)"
+        ),
+        &rep,
+    );
+    assert!(rep.violations.is_empty());
+    assert!(commits > 0, "no file entered shared-write mode");
+    let site = call_after(
+        "crates/daemon/src/digest/mod.rs",
+        "pub(crate) fn seal(",
+        "persist(",
+    );
+    let rep = check(
+        &rec,
+        &CheckOptions {
+            drop_sites: vec![site.clone()],
+            max_distinct: 600,
+            ..Default::default()
+        },
+    );
+    // Without the seal's write-back and fence, a commit the daemon digested can lose
+    // its seal, and recovery then cannot redo a digest the crash cut short.
+    show(&format!("without the persistence point at {site}"), &rep);
+    assert!(rep.dropped_hits > 0, "{site} was never traced");
+    assert!(
+        !rep.violations.is_empty(),
+        "removing the seal's persistence at {site} went unnoticed"
+    );
+}
+
 /// Superpages on a store whose promotion threshold (0%: any range holding data) is
 /// under its demotion threshold (50%): every range a digest writes goes into a 2 MiB
 /// extent at the digest and is demoted by the background pass right after; written

@@ -11,7 +11,10 @@
 //!        `CAIRN_WORKER_MIGRATE_EVERY=K` moves data NVM → SSD after every K calls, and
 //!        SSD → HDD after every 2K; `CAIRN_WORKER_CLEAN=1` adds a cleaning round on the
 //!        SSD and the HDD after each migration; `CAIRN_WORKER_MAPPED=1` adds stores
-//!        through shared mappings to the sequence: `Extras::mapped`)
+//!        through shared mappings to the sequence: `Extras::mapped`;
+//!        `CAIRN_WORKER_STEP=1` prints READY, then runs the calls whose indices stdin
+//!        gives, one per line, acknowledging each, and at EOF prints `SHARING <mode
+//!        entries> <commits>`: workers taking turns on one sequence)
 //!        cairn-test-worker --pin-epoch STORE   (register, publish the current epoch as
 //!        this client's reader epoch, print PINNED and sleep: a reader stuck mid-read)
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
@@ -98,8 +101,9 @@ fn main() {
             Some((a.parse().ok()?, b.parse().ok()?))
         })
         .unwrap_or((0, n));
-    let mut out = std::io::stdout().lock();
-    for (i, op) in ops.iter().enumerate().take(to).skip(from) {
+    // One call, with its marks and the digests, migrations and cleaning asked for.
+    let run = |i: usize| {
+        let op = &ops[i];
         // The call's boundaries, for the power-failure simulator (when tracing).
         cairn_media::trace::mark(cairn_tests::powerfail::MARK_BEGIN, i as u64);
         // Operations fail the same way as on the reference (ENOENT, EEXIST, ...); an
@@ -114,18 +118,18 @@ fn main() {
         if std::env::var_os("CAIRN_WORKER_VERBOSE").is_some() {
             eprintln!("{i} {op:?} -> {outcome:?}");
         }
-        if digest_every > 0 && (i + 1) % digest_every == 0 {
+        if digest_every > 0 && (i + 1).is_multiple_of(digest_every) {
             if let Err(e) = fs.digest() {
                 eprintln!("cairn-test-worker: digest after op {i}: {e}");
             }
         }
-        if migrate_every > 0 && (i + 1) % migrate_every == 0 {
+        if migrate_every > 0 && (i + 1).is_multiple_of(migrate_every) {
             // Everything digested first, so that there is data to move.
             let _ = fs.digest();
             let store = Some(std::path::Path::new(&a[1]));
             // SSD → HDD every other time, so that data stays in the SSD a while and its
             // segments are left partly dead by later writes.
-            let down: &[u8] = if (i + 1) % (2 * migrate_every) == 0 {
+            let down: &[u8] = if (i + 1).is_multiple_of(2 * migrate_every) {
                 &[0, 1]
             } else {
                 &[0]
@@ -143,6 +147,26 @@ fn main() {
                 }
             }
         }
+    };
+    let mut out = std::io::stdout().lock();
+    if std::env::var_os("CAIRN_WORKER_STEP").is_some() {
+        // Step mode: run the calls stdin names, one per line, each acknowledged before
+        // the next is read (several workers then take turns on one sequence); at the
+        // end, the daemon's shared-write counters.
+        writeln!(out, "READY").unwrap();
+        out.flush().unwrap();
+        for line in std::io::stdin().lines() {
+            let i: usize = line.expect("stdin").trim().parse().expect("a call's index");
+            run(i);
+            writeln!(out, "ACK {i}").unwrap();
+            out.flush().unwrap();
+        }
+        let sh = fs.status().expect("status").sharing;
+        writeln!(out, "SHARING {} {}", sh.mode_entries, sh.commits).unwrap();
+        return;
+    }
+    for i in from..to.min(ops.len()) {
+        run(i);
         writeln!(out, "ACK {i}").unwrap();
         out.flush().unwrap();
     }
