@@ -294,8 +294,12 @@ impl Shared {
     }
 
     /// Publish inode `ino`: announce the update (odd sequence word), write and persist
-    /// the copy that is not current, then flip the word to it. The current copy is never
-    /// written, so a crash anywhere leaves a valid inode (see `cairn_format::inode`).
+    /// the copy that is not current, then flip the word to it and persist the word. The
+    /// current copy is never written, so a crash anywhere leaves a valid inode (see
+    /// `cairn_format::inode`). The word is made durable here, not left to the caller's
+    /// next fence: the next update of the inode may run on another thread (another
+    /// client's request), whose fence does not complete this thread's write-back, and
+    /// it overwrites the copy that the durable word would still call current.
     pub(crate) fn write_inode(&self, ino: u64, inode: &Inode) -> io::Result<()> {
         if !self.layout.ino_valid(ino) {
             return Err(eio(format!("inode number {ino} out of range")));
@@ -315,8 +319,7 @@ impl Shared {
         m.flush(off + other, COPY_BYTES)?;
         cairn_media::fence();
         m.store_u64(off, base + 2)?;
-        m.flush(off, 8)?;
-        Ok(())
+        m.persist(off, 8)
     }
 
     /// Give every block `w` allocated back (nothing of it was published).
