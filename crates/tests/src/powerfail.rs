@@ -274,11 +274,10 @@ fn take_turns(worker_cmd: &dyn Fn() -> Command, clients: usize, n: usize) -> (u6
             "worker {c}: {:?}",
             child.wait()
         );
-        workers.push((child, Some(stdin), lines));
+        workers.push((child, stdin, lines));
     }
     for i in 0..n {
         let (child, stdin, lines) = &mut workers[i % clients];
-        let stdin = stdin.as_mut().expect("stdin");
         writeln!(stdin, "{i}")
             .and_then(|()| stdin.flush())
             .expect("ask the worker");

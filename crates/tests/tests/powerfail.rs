@@ -188,39 +188,66 @@ fn crash_images_during_migration_and_cleaning_recover() {
     );
 }
 
+/// Seeds `first`, `first + 1`, … of a workload, each recorded and checked by `one(seed,
+/// images still owed)`, until `budget` distinct images were checked: in CI
+/// (`CAIRN_PF_IMAGES / 4`) the first seed's trace and part of the next, in a long run
+/// many seeds.
+fn seeds_until(first: u64, budget: usize, mut one: impl FnMut(u64, usize) -> CheckReport) {
+    let mut done = 0;
+    for seed in first.. {
+        if done >= budget {
+            break;
+        }
+        done += one(seed, budget - done).distinct.max(1);
+    }
+}
+
 /// Stores through shared mappings among the model calls (`Op::MapWrite`: map the whole
 /// file, store, `msync`, unmap), with digests: the write-back logs the changed pages as
 /// writes, the last unmap folds the map object. The object is host memory, which a
 /// power failure loses (the images hold only what was traced: the tiers), so a store
-/// counts from its `msync` on, and a crash before that must leave none of it.
+/// counts from its `msync` on, and a crash before that must leave none of it. Seeds 13,
+/// 14, … until the budget is used.
 #[test]
 fn crash_images_with_shared_mappings_recover() {
-    let w = Workload {
-        digest_every: 10,
-        extras: Extras { mapped: true },
-        ..Workload::new(13, 400)
-    };
-    let rec = record_with(worker(), cairn_tests::powerfail::small_store(), &w);
-    // How many of the stores changed the tree (the others hit no file, or past its end).
-    let states = reference_states(&rec);
-    let stores = rec
-        .ops()
-        .iter()
-        .enumerate()
-        .filter(|(i, op)| matches!(op, Op::MapWrite(..)) && states[*i] != states[i + 1])
-        .count();
-    let rep = check(
-        &rec,
-        &CheckOptions {
-            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
-            ..Default::default()
+    let mut stores = 0;
+    seeds_until(
+        13,
+        env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+        |seed, owed| {
+            let w = Workload {
+                digest_every: 10,
+                extras: Extras { mapped: true },
+                ..Workload::new(seed, 400)
+            };
+            let rec = record_with(worker(), cairn_tests::powerfail::small_store(), &w);
+            // How many of the stores changed the tree (the others hit no file, or past its
+            // end).
+            let states = reference_states(&rec);
+            let changed = rec
+                .ops()
+                .iter()
+                .enumerate()
+                .filter(|(i, op)| matches!(op, Op::MapWrite(..)) && states[*i] != states[i + 1])
+                .count();
+            stores += changed;
+            let rep = check(
+                &rec,
+                &CheckOptions {
+                    max_distinct: owed,
+                    ..Default::default()
+                },
+            );
+            show(
+                &format!(
+                    "shared mappings, seed {seed}, 400 calls ({changed} stores through mappings)"
+                ),
+                &rep,
+            );
+            assert!(rep.violations.is_empty());
+            rep
         },
     );
-    show(
-        &format!("shared mappings, seed 13, 400 calls ({stores} stores through mappings)"),
-        &rep,
-    );
-    assert!(rep.violations.is_empty());
     assert!(
         stores >= 5,
         "only {stores} stores through mappings changed the tree"
@@ -232,63 +259,75 @@ fn crash_images_with_shared_mappings_recover() {
 /// twice within 5 ms) and its changes become `Commit`s: the client writes the
 /// transaction unsealed (zero magic) in its own log, the daemon checks it, seals it
 /// (durable) and digests it before answering. An unsealed transaction must never be
-/// replayed; a sealed one is the call's, whether or not its answer arrived. The
-/// simulator also runs without the seal's persistence point and must report it.
+/// replayed; a sealed one is the call's, whether or not its answer arrived. Seeds 20,
+/// 21, … until the budget is used. On seed 20 the simulator also runs without the
+/// seal's persistence point and must report it.
 ///
 /// Seed 20 is the trace that found a torn inode: `Shared::write_inode` left its final
 /// sequence word written back but not fenced, the attribute path (`flag_xattrs`) did
 /// not fence after it, and the next update of the same inode ran on the other client's
 /// daemon thread, whose fence does not complete the first thread's write-back: it
 /// overwrote the copy the durable word still called current (`fsck`: checksum
-/// mismatch). Before the fix every recording of this seed tried (four) showed it.
+/// mismatch). Before the fix every recording of this seed tried (seven) showed it.
 #[test]
 fn crash_images_in_shared_write_mode_recover() {
-    let store = cairn_tests::powerfail::small_store();
-    store.set_config("shared_write", "true");
-    let w = Workload {
-        clients: 2,
-        take_turns: true,
-        ..Workload::new(20, 300)
-    };
-    let rec = record_with(worker(), store, &w);
-    let (entries, commits) = rec.sharing.expect("the workers' counters");
-    let rep = check(
-        &rec,
-        &CheckOptions {
-            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
-            ..Default::default()
+    let mut commits = 0;
+    seeds_until(
+        20,
+        env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+        |seed, owed| {
+            let store = cairn_tests::powerfail::small_store();
+            store.set_config("shared_write", "true");
+            let w = Workload {
+                clients: 2,
+                take_turns: true,
+                ..Workload::new(seed, 300)
+            };
+            let rec = record_with(worker(), store, &w);
+            let (entries, sealed) = rec.sharing.expect("the workers' counters");
+            commits += sealed;
+            let rep = check(
+                &rec,
+                &CheckOptions {
+                    max_distinct: owed,
+                    ..Default::default()
+                },
+            );
+            show(
+                &format!(
+                    "shared-write mode, two clients taking turns, seed {seed}, 300 calls \
+                 ({entries} mode entries, {sealed} commits)"
+                ),
+                &rep,
+            );
+            assert!(rep.violations.is_empty());
+            if seed == 20 {
+                // Without the seal's write-back and fence, a commit the daemon digested can
+                // lose its seal, and recovery then cannot redo a digest the crash cut short.
+                let site = call_after(
+                    "crates/daemon/src/digest/mod.rs",
+                    "pub(crate) fn seal(",
+                    "persist(",
+                );
+                let faulty = check(
+                    &rec,
+                    &CheckOptions {
+                        drop_sites: vec![site.clone()],
+                        max_distinct: 600,
+                        ..Default::default()
+                    },
+                );
+                show(&format!("without the persistence point at {site}"), &faulty);
+                assert!(faulty.dropped_hits > 0, "{site} was never traced");
+                assert!(
+                    !faulty.violations.is_empty(),
+                    "removing the seal's persistence at {site} went unnoticed"
+                );
+            }
+            rep
         },
     );
-    show(
-        &format!(
-            "shared-write mode, two clients taking turns, seed 20, 300 calls ({entries} \
-             mode entries, {commits} commits)"
-        ),
-        &rep,
-    );
-    assert!(rep.violations.is_empty());
     assert!(commits > 0, "no file entered shared-write mode");
-    let site = call_after(
-        "crates/daemon/src/digest/mod.rs",
-        "pub(crate) fn seal(",
-        "persist(",
-    );
-    let rep = check(
-        &rec,
-        &CheckOptions {
-            drop_sites: vec![site.clone()],
-            max_distinct: 600,
-            ..Default::default()
-        },
-    );
-    // Without the seal's write-back and fence, a commit the daemon digested can lose
-    // its seal, and recovery then cannot redo a digest the crash cut short.
-    show(&format!("without the persistence point at {site}"), &rep);
-    assert!(rep.dropped_hits > 0, "{site} was never traced");
-    assert!(
-        !rep.violations.is_empty(),
-        "removing the seal's persistence at {site} went unnoticed"
-    );
 }
 
 /// Superpages on a store whose promotion threshold (0%: any range holding data) is
