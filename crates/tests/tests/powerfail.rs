@@ -209,19 +209,29 @@ fn crash_images_during_migration_and_cleaning_recover() {
         "cairn_media::file::write_all_at(f, buf, first * BLOCK_SIZE_U64)",
         "sync_data",
     );
+    assert_caught(&rec, &site, 300, "");
+}
+
+/// Check `rec` with the persistence point at `site` removed: it must be traced, and the
+/// simulator must report violations, one of which mentions `expect`.
+fn assert_caught(rec: &Recorded, site: &str, max_distinct: usize, expect: &str) {
     let rep = check(
-        &rec,
+        rec,
         &CheckOptions {
-            drop_sites: vec![site.clone()],
-            max_distinct: 300,
+            drop_sites: vec![site.to_string()],
+            max_distinct,
             ..Default::default()
         },
     );
     show(&format!("without the persistence point at {site}"), &rep);
-    assert!(rep.dropped_hits > 0, "the sync at {site} was never traced");
+    assert!(rep.dropped_hits > 0, "{site} was never traced");
     assert!(
         !rep.violations.is_empty(),
-        "removing the sync at {site} went unnoticed"
+        "removing the persistence point at {site} went unnoticed"
+    );
+    assert!(
+        rep.violations.iter().any(|v| v.what.contains(expect)),
+        "no violation mentions {expect:?}"
     );
 }
 
@@ -346,20 +356,7 @@ fn crash_images_in_shared_write_mode_recover() {
                     "pub(crate) fn seal(",
                     "persist(",
                 );
-                let faulty = check(
-                    &rec,
-                    &CheckOptions {
-                        drop_sites: vec![site.clone()],
-                        max_distinct: 600,
-                        ..Default::default()
-                    },
-                );
-                show(&format!("without the persistence point at {site}"), &faulty);
-                assert!(faulty.dropped_hits > 0, "{site} was never traced");
-                assert!(
-                    !faulty.violations.is_empty(),
-                    "removing the seal's persistence at {site} went unnoticed"
-                );
+                assert_caught(&rec, &site, 600, "fsck");
             }
             rep
         },
@@ -454,24 +451,7 @@ fn removing_a_fence_is_caught() {
         ),
     ];
     for (site, expect) in faults {
-        let rep = check(
-            &rec,
-            &CheckOptions {
-                drop_sites: vec![site.clone()],
-                max_distinct: 1000,
-                ..Default::default()
-            },
-        );
-        show(&format!("without the persistence point at {site}"), &rep);
-        assert!(rep.dropped_hits > 0, "the fence at {site} was never traced");
-        assert!(
-            !rep.violations.is_empty(),
-            "removing the fence at {site} went unnoticed"
-        );
-        assert!(
-            rep.violations.iter().any(|v| v.what.contains(expect)),
-            "no violation mentions {expect:?}"
-        );
+        assert_caught(&rec, &site, 1000, expect);
     }
 }
 
