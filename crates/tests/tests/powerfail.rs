@@ -104,15 +104,11 @@ fn crash_images_while_two_clients_pass_leases_recover() {
         ..Workload::new(5, 200)
     };
     let rec = record_with(worker(), store, &w);
-    let rep = check(
+    check_clean(
         &rec,
-        &CheckOptions {
-            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
-            ..Default::default()
-        },
+        env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
+        "two clients passing leases, seed 5, 200 calls",
     );
-    show("two clients passing leases, seed 5, 200 calls", &rep);
-    assert!(rep.violations.is_empty());
 }
 
 /// Two clients taking turns call by call (leases only): every call on a file or
@@ -135,19 +131,11 @@ fn crash_images_while_two_clients_take_turns_recover() {
                 ..Workload::new(seed, 300)
             };
             let rec = record_with(worker(), cairn_tests::powerfail::small_store(), &w);
-            let rep = check(
+            check_clean(
                 &rec,
-                &CheckOptions {
-                    max_distinct: owed,
-                    ..Default::default()
-                },
-            );
-            show(
+                owed,
                 &format!("two clients taking turns, seed {seed}, 300 calls"),
-                &rep,
-            );
-            assert!(rep.violations.is_empty());
-            rep
+            )
         },
     );
 }
@@ -172,20 +160,13 @@ fn crash_images_during_migration_and_cleaning_recover() {
         .iter()
         .filter(|e| matches!(e, cairn_crashsim::Event::FileWrite { .. }))
         .count();
-    let rep = check(
+    check_clean(
         &rec,
-        &CheckOptions {
-            max_distinct: env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
-            ..Default::default()
-        },
-    );
-    show(
+        env_or("CAIRN_PF_IMAGES", 10_000) as usize / 4,
         &format!(
             "migration and cleaning on three tiers, seed 8, 300 calls ({writes} lower-tier writes)"
         ),
-        &rep,
     );
-    assert!(rep.violations.is_empty());
     // The trace moved data down both levels and cleaned (the counters are persisted with
     // each round; the recording ended with a clean stop).
     let r = rec.store.fs().status().expect("status");
@@ -210,6 +191,21 @@ fn crash_images_during_migration_and_cleaning_recover() {
         "sync_data",
     );
     assert_caught(&rec, &site, 300, "");
+}
+
+/// Check the crash images of `rec` (at most `max_distinct` distinct ones), print the
+/// report as `what`, and require that none has a violation.
+fn check_clean(rec: &Recorded, max_distinct: usize, what: &str) -> CheckReport {
+    let rep = check(
+        rec,
+        &CheckOptions {
+            max_distinct,
+            ..Default::default()
+        },
+    );
+    show(what, &rep);
+    assert!(rep.violations.is_empty(), "{what}: violations");
+    rep
 }
 
 /// Check `rec` with the persistence point at `site` removed: it must be traced, and the
@@ -278,21 +274,13 @@ fn crash_images_with_shared_mappings_recover() {
                 .filter(|(i, op)| matches!(op, Op::MapWrite(..)) && states[*i] != states[i + 1])
                 .count();
             stores += changed;
-            let rep = check(
+            check_clean(
                 &rec,
-                &CheckOptions {
-                    max_distinct: owed,
-                    ..Default::default()
-                },
-            );
-            show(
+                owed,
                 &format!(
                     "shared mappings, seed {seed}, 400 calls ({changed} stores through mappings)"
                 ),
-                &rep,
-            );
-            assert!(rep.violations.is_empty());
-            rep
+            )
         },
     );
     assert!(
@@ -333,21 +321,14 @@ fn crash_images_in_shared_write_mode_recover() {
             let rec = record_with(worker(), store, &w);
             let (entries, sealed) = rec.sharing.expect("the workers' counters");
             commits += sealed;
-            let rep = check(
+            let rep = check_clean(
                 &rec,
-                &CheckOptions {
-                    max_distinct: owed,
-                    ..Default::default()
-                },
-            );
-            show(
+                owed,
                 &format!(
                     "shared-write mode, two clients taking turns, seed {seed}, 300 calls \
-                 ({entries} mode entries, {sealed} commits)"
+                     ({entries} mode entries, {sealed} commits)"
                 ),
-                &rep,
             );
-            assert!(rep.violations.is_empty());
             if seed == 20 {
                 // Without the seal's write-back and fence, a commit the daemon digested can
                 // lose its seal, and recovery then cannot redo a digest the crash cut short.
