@@ -12,9 +12,11 @@
 
 pub mod cache;
 pub mod error;
+pub mod host;
 pub mod reader;
 pub mod store;
 pub mod time;
+pub mod units;
 
 pub use error::{errno_of, fs_err};
 pub use reader::Area;

@@ -33,6 +33,16 @@ pub struct Cli {
 pub enum Command {
     /// Create a new store (configuration file and NVM tier file)
     Mkfs(MkfsArgs),
+    /// Remove a store: stop its daemon, delete its NVM file, its host objects in
+    /// /dev/shm, its lower-tier files and its directory, and say what that freed
+    Rmfs {
+        /// Also when clients are attached (they lose the store)
+        #[arg(long)]
+        force: bool,
+        /// Print what was removed as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the daemon (cairnd) of a store
     Daemon(DaemonArgs),
     /// Copy a host file (or stdin with `-`) into the store
@@ -57,7 +67,8 @@ pub enum Command {
     },
     /// List a directory of the store (default: /)
     Ls {
-        /// Long format: mode, links, uid, gid, size, mtime (UTC), name, symlink target
+        /// Long format: mode, links, owner, group (names where the host knows them), size,
+        /// mtime (UTC), name, symlink target
         #[arg(short = 'l')]
         long: bool,
         /// Show entries whose names start with `.`
@@ -479,12 +490,13 @@ fn main() {
                 std::process::exit(0);
             }
             let text = e.render().to_string();
+            let text = text.trim_end();
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 // `cairn` alone: the help, on stderr, as a usage error.
-                let _ = write!(std::io::stderr(), "{text}");
+                let _ = writeln!(std::io::stderr(), "{text}");
             } else {
-                let text = text.strip_prefix("error: ").unwrap_or(&text);
-                let _ = write!(std::io::stderr(), "cairn: {text}");
+                let text = text.strip_prefix("error: ").unwrap_or(text);
+                let _ = writeln!(std::io::stderr(), "cairn: {text}");
             }
             std::process::exit(2);
         }
@@ -494,8 +506,10 @@ fn main() {
     let code = match commands::run(cli) {
         Ok(()) => 0,
         Err(e) => {
-            if !e.message.is_empty() {
-                let _ = writeln!(std::io::stderr(), "cairn: {}", e.message);
+            // One line per error, ending with a newline whatever the message ends with.
+            let message = e.message.trim_end();
+            if !message.is_empty() {
+                let _ = writeln!(std::io::stderr(), "cairn: {message}");
             }
             e.code
         }

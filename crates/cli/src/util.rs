@@ -32,27 +32,43 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size `{s}`: too large"))
 }
 
-/// A byte count in binary units: `512 B`, `4 KiB`, `1.5 MiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
+pub use cairn_area::units::human_bytes;
+
+/// The name of user `uid` as the host knows it (passwd, NSS), else the number.
+pub fn user_name(uid: u32) -> String {
+    static CACHE: std::sync::Mutex<Vec<(u32, String)>> = std::sync::Mutex::new(Vec::new());
+    lookup(&CACHE, uid, |id| {
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(id))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+    })
+}
+
+/// The name of group `gid` as the host knows it (group, NSS), else the number.
+pub fn group_name(gid: u32) -> String {
+    static CACHE: std::sync::Mutex<Vec<(u32, String)>> = std::sync::Mutex::new(Vec::new());
+    lookup(&CACHE, gid, |id| {
+        nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(id))
+            .ok()
+            .flatten()
+            .map(|g| g.name)
+    })
+}
+
+/// `id`'s name from `cache`, else from `find` (remembered), else the number.
+fn lookup(
+    cache: &std::sync::Mutex<Vec<(u32, String)>>,
+    id: u32,
+    find: impl FnOnce(u32) -> Option<String>,
+) -> String {
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, n)) = c.iter().find(|(i, _)| *i == id) {
+        return n.clone();
     }
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{} {}", v.round() as u64, UNITS[u])
-    } else if v < 10.0 {
-        format!("{v:.2} {}", UNITS[u])
-    } else if v < 100.0 {
-        format!("{v:.1} {}", UNITS[u])
-    } else {
-        format!("{v:.0} {}", UNITS[u])
-    }
+    let name = find(id).unwrap_or_else(|| id.to_string());
+    c.push((id, name.clone()));
+    name
 }
 
 /// A duration in nanoseconds, in the largest unit that keeps it readable.
@@ -164,11 +180,16 @@ mod tests {
     }
 
     #[test]
-    fn bytes_and_durations() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(4096), "4 KiB");
-        assert_eq!(human_bytes(1536 << 10), "1.50 MiB");
-        assert_eq!(human_bytes(2 << 30), "2 GiB");
+    fn names_of_ids() {
+        assert_eq!(user_name(0), "root");
+        assert_eq!(group_name(0), "root");
+        // An id the host does not know stays a number.
+        assert_eq!(user_name(3_999_999_999), "3999999999");
+        assert_eq!(group_name(3_999_999_999), "3999999999");
+    }
+
+    #[test]
+    fn durations() {
         assert_eq!(human_ns(850.0), "850 ns");
         assert_eq!(human_ns(1_500.0), "1.50 µs");
         assert_eq!(human_ns(2_500_000.0), "2.50 ms");

@@ -186,6 +186,10 @@ fn check_fail(args: &[&str], o: &Output, code: i32) -> String {
         "cairn {args:?}: error should start with `cairn: `: {err}"
     );
     assert!(!err.contains("panicked"), "cairn {args:?} panicked: {err}");
+    assert!(
+        err.ends_with('\n') && !err.contains("(os error"),
+        "cairn {args:?}: an error is a clean line that ends with a newline: {err:?}"
+    );
     err
 }
 
@@ -235,6 +239,50 @@ fn mkfs_refuses_an_existing_store_without_force() {
     assert_eq!(s.ok_text(&["ls", "/"]), "");
 }
 
+/// `mkfs --nvm-size N` alone works from the minimum (16 MiB) up: the client logs scale
+/// with the tier and mkfs says what it chose; below the minimum the error names it and
+/// the options that change it.
+#[test]
+fn mkfs_scales_the_logs_to_the_tier() {
+    for (size, logs) in [
+        ("16M", "8 slots of 1 MiB"),
+        ("256M", "8 slots of 4 MiB"),
+        ("1G", "8 slots of 16 MiB"),
+    ] {
+        let s = Store::uninit();
+        let nvm = s.host("nvm");
+        let out = s.ok_text(&["mkfs", "--nvm-size", size, "--nvm-path", nvm.to_str().unwrap()]);
+        assert!(out.contains(logs) && out.contains("scaled"), "{size}: {out}");
+        check_ok(&["put"], &s.run_stdin(&["put", "-", "/f"], &[7u8; 300_000]));
+        assert_eq!(s.ok(&["cat", "/f"]), vec![7u8; 300_000]);
+    }
+    let s = Store::uninit();
+    let nvm = s.host("nvm");
+    let err = s.fail(&["mkfs", "--nvm-size", "15M", "--nvm-path", nvm.to_str().unwrap()], 1);
+    assert!(
+        err.contains("16 MiB") && err.contains("--max-clients") && err.contains("--log-size"),
+        "{err}"
+    );
+    assert!(!nvm.exists() && !s.path.join("cairn.toml").exists());
+    // With the logs chosen, a smaller tier works.
+    s.ok(&[
+        "mkfs", "--nvm-size", "8M", "--nvm-path", nvm.to_str().unwrap(), "--max-clients", "2",
+        "--log-size", "256K",
+    ]);
+    s.ok(&["mkdir", "/small"]);
+}
+
+/// mkfs allocates the whole NVM file, so it refuses one larger than the free space of
+/// its file system, and says so before touching anything.
+#[test]
+fn mkfs_refuses_an_nvm_file_larger_than_the_free_space() {
+    let s = Store::uninit();
+    let nvm = s.host("nvm");
+    let err = s.fail(&["mkfs", "--nvm-size", "64T", "--nvm-path", nvm.to_str().unwrap()], 1);
+    assert!(err.contains("free") && err.contains("--nvm-size"), "{err}");
+    assert!(!nvm.exists() && !s.path.exists());
+}
+
 #[test]
 fn mkfs_rejects_bad_sizes_as_usage_errors() {
     let s = Store::uninit();
@@ -269,6 +317,65 @@ fn usage_errors_exit_2_and_help_exits_0() {
     for cmd in ["mkfs", "put", "get", "ls", "status", "bench"] {
         assert!(text(&o.stdout).contains(cmd), "help lacks {cmd}");
     }
+}
+
+/// Every command (each one `cairn --help` lists) fails on bad input with `cairn: `, a
+/// message without Rust's `(os error N)`, and a newline at the end.
+#[test]
+fn every_command_fails_with_a_clean_line() {
+    let s = Store::new();
+    let none = s.host("none");
+    let none = none.to_str().unwrap();
+    let missing = s.host("missing-store");
+    let missing = missing.to_str().unwrap();
+    let cases: Vec<(&str, Vec<&str>, i32)> = vec![
+        ("mkfs", vec!["mkfs", "--nvm-size", "8M", "--nvm-path", none], 1),
+        ("rmfs", vec!["rmfs", "--store", missing], 1),
+        ("daemon", vec!["daemon", "--store", missing], 1),
+        ("put", vec!["put", none, "/x"], 1),
+        ("get", vec!["get", "/nope", none], 1),
+        ("cat", vec!["cat", "/nope"], 1),
+        ("ls", vec!["ls", "/nope"], 1),
+        ("mkdir", vec!["mkdir", "/"], 1),
+        ("rm", vec!["rm", "/nope"], 1),
+        ("mv", vec!["mv", "/nope", "/x"], 1),
+        ("ln", vec!["ln", "/nope", "/x"], 1),
+        ("stat", vec!["stat", "/nope"], 1),
+        ("status", vec!["status", "--store", missing], 1),
+        ("stop", vec!["stop", "--bogus"], 2),
+        ("fsck", vec!["fsck", "--store", missing], 8),
+        ("migrate", vec!["migrate", "--tier", "nvm", "--to", "ssd"], 1),
+        ("clean", vec!["clean", "--tier", "ssd"], 1),
+        ("mount", vec!["mount", none], 1),
+        ("umount", vec!["umount", none], 1),
+        ("run", vec!["run", "--prefix", "/", "--", "true"], 1),
+        ("bench", vec!["bench", "latency", "--store", missing], 1),
+        ("kv", vec!["kv", "get", "k", "--pool", none], 1),
+        ("hugepaged", vec!["hugepaged", "--pid", "2147483000"], 1),
+        ("help", vec!["help", "nope"], 2),
+    ];
+    let help = s.ok_text(&["--help"]);
+    let listed: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .and_then(|t| t.split("Options:").next())
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for cmd in &listed {
+        assert!(
+            cases.iter().any(|(c, ..)| c == cmd),
+            "no failure case for `cairn {cmd}`: add one"
+        );
+    }
+    for (_, args, code) in &cases {
+        s.fail(args, *code);
+    }
+    // Errors that used to carry `(os error N)`.
+    s.fail(&["run", "--", none], 127);
+    s.fail(&["hugepaged", "status", "--status-file", none], 1);
+    s.fail(&["hugepaged", "simulate", "--trace", none], 1);
 }
 
 #[test]
@@ -368,10 +475,16 @@ fn mkdir_ls_rm_behave_like_coreutils() {
     );
     let file_line = lines[2];
     let fields: Vec<&str> = file_line.split_whitespace().collect();
-    // mode nlink uid gid size date time name
+    // mode nlink owner group size date time name
     assert_eq!(fields.len(), 8, "{file_line}");
     assert!(fields[0].starts_with('-'), "{file_line}");
     assert_eq!(fields[1], "1");
+    // Owner and group by name, as ls(1) shows them.
+    let id = |flag: &str| {
+        let o = Command::new("id").arg(flag).output().unwrap();
+        text(&o.stdout).trim().to_string()
+    };
+    assert_eq!((fields[2], fields[3]), (&*id("-un"), &*id("-gn")), "{file_line}");
     assert_eq!(fields[4], "5");
     assert_eq!(fields[7], "file");
     // ls of a file lists the file.
@@ -510,7 +623,17 @@ fn status_json_has_the_required_keys() {
         assert!(d[k].as_u64().is_some(), "digest.{k} missing: {v}");
     }
     assert!(v["clients"].is_array(), "{v}");
+    // Where the NVM file lives and what it holds (here on the test's disk, not tmpfs).
+    let h = &v["host"];
+    assert_eq!(
+        h["nvm_path"].as_str(),
+        Some(s.dir.path().join("nvm").to_str().unwrap()),
+        "{v}"
+    );
+    assert!(h["nvm_allocated_bytes"].as_u64().unwrap() >= 128 << 20, "{v}");
+    assert!(h["nvm_in_ram"].is_boolean() && h["host_objects"].is_u64(), "{v}");
     let human = s.ok_text(&["status"]);
+    assert!(human.contains("nvm     "), "{human}");
     assert!(
         human.contains("tier") && human.contains("digest"),
         "{human}"
@@ -560,6 +683,110 @@ fn a_missing_store_is_an_error_not_a_new_store() {
     // Stopping a store without a daemon is fine.
     let o = s.run(&["stop"]);
     check_ok(&["stop"], &o);
+}
+
+/// `rmfs` refuses while a client is attached, then with `--force` stops the daemon and
+/// removes the NVM file on /dev/shm, the store's host objects there (a map object of a
+/// file a process maps) and the store directory, and says how much RAM that freed.
+#[test]
+fn rmfs_removes_the_store_and_its_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let cmd = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.arg("--store")
+            .arg(&store)
+            .args(args)
+            .env("CAIRN_BIN", BIN)
+            .env_remove("CAIRN_STORE");
+        c
+    };
+    // Removed whatever happens (the NVM file is RAM).
+    struct Guard<F: Fn()>(F);
+    impl<F: Fn()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            (self.0)()
+        }
+    }
+    let _guard = Guard(|| {
+        let _ = run_cmd(cmd(&["rmfs", "--force"]), None);
+    });
+    check_ok(&["mkfs"], &run_cmd(cmd(&["mkfs", "--nvm-size", "64M"]), None));
+    let status = run_cmd(cmd(&["status", "--json"]), None);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let nvm = PathBuf::from(v["host"]["nvm_path"].as_str().unwrap());
+    assert!(nvm.starts_with("/dev/shm") && nvm.is_file(), "{v}");
+    assert_eq!(v["host"]["nvm_in_ram"], true, "{v}");
+
+    // A process that maps a file shared holds a map object in /dev/shm, and a client.
+    let mut mapper = cmd(&[
+        "run",
+        "--",
+        "python3",
+        "-c",
+        "import mmap, os, sys\n\
+         fd = os.open('/cairn/m', os.O_RDWR | os.O_CREAT, 0o644)\n\
+         os.ftruncate(fd, 1 << 20)\n\
+         m = mmap.mmap(fd, 1 << 20)\n\
+         m[:5] = b'hello'\n\
+         print('mapped', flush=True)\n\
+         sys.stdin.read()\n",
+    ]);
+    mapper
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut mapper = mapper.spawn().unwrap();
+    let mut line = [0u8; 7];
+    mapper.stdout.take().unwrap().read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"mapped\n");
+    let v: serde_json::Value =
+        serde_json::from_slice(&run_cmd(cmd(&["status", "--json"]), None).stdout).unwrap();
+    assert_eq!(v["host"]["host_objects"], 1, "{v}");
+
+    let o = run_cmd(cmd(&["rmfs"]), None);
+    let err = check_fail(&["rmfs"], &o, 1);
+    assert!(err.contains("attached") && err.contains("--force"), "{err}");
+    assert!(store.join("cairn.toml").is_file() && nvm.is_file());
+
+    let o = run_cmd(cmd(&["rmfs", "--force", "--json"]), None);
+    check_ok(&["rmfs", "--force"], &o);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["ram_freed_bytes"].as_u64().unwrap() >= 64 << 20, "{r}");
+    assert_eq!(r["daemon_stopped"], true, "{r}");
+    let kinds: Vec<&str> = r["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    for k in ["nvm", "host-object", "directory"] {
+        assert!(kinds.contains(&k), "{k} not removed: {r}");
+    }
+    assert!(!store.exists() && !nvm.exists());
+    // The map object's name carries the store's UUID: nothing of the store is left.
+    let object = r["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["kind"] == "host-object")
+        .and_then(|i| i["path"].as_str())
+        .unwrap();
+    let uuid_prefix = object.split_once(".map-").expect("a map object").0;
+    let uuid_prefix = Path::new(uuid_prefix).file_name().unwrap().to_str().unwrap();
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&uuid_prefix))
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+    drop(mapper.stdin.take());
+    let _ = mapper.wait();
+    // Nothing left to remove: a clear error.
+    let o = run_cmd(cmd(&["rmfs"]), None);
+    let err = check_fail(&["rmfs"], &o, 1);
+    assert!(err.contains("no Cairn store"), "{err}");
 }
 
 #[test]

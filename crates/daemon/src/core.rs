@@ -13,7 +13,9 @@ use cairn_area::{fs_err, Area, StoreConfig, StoreDir};
 use cairn_format::slot::{client_page, SlotHead};
 use cairn_format::superblock::state;
 use cairn_media::sys;
-use cairn_proto::{ClientStatus, InodeStatus, Registration, StatusReport, TierStatus};
+use cairn_proto::{
+    ClientStatus, HostStatus, InodeStatus, Registration, StatusReport, TierStatus,
+};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::sync::Arc;
@@ -743,7 +745,25 @@ impl Core {
             sharing: self.leases.sharing_status(),
             migration: None,
             superpages: Some(Box::new(crate::superpage::status(&self.sh))),
+            host: Some(Box::new(self.host_status())),
         })
+    }
+
+    /// The NVM file and the store's host objects, with the memory they hold.
+    fn host_status(&self) -> HostStatus {
+        use cairn_area::host;
+        let nvm = &self.cfg.nvm_path;
+        let objects = host::list(&self.sh.area.superblock().uuid);
+        HostStatus {
+            nvm_path: nvm.display().to_string(),
+            nvm_size_bytes: self.cfg.nvm_size,
+            nvm_allocated_bytes: host::allocated_bytes(nvm),
+            nvm_in_ram: nvm
+                .parent()
+                .is_some_and(|d| cairn_media::sys::in_ram(d).unwrap_or(false)),
+            host_objects: objects.len() as u64,
+            host_object_bytes: objects.iter().map(|p| host::allocated_bytes(p)).sum(),
+        }
     }
 
     /// Clean stop: digest every active slot's committed transactions (dead owners'

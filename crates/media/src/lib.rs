@@ -780,6 +780,23 @@ pub mod sys {
         Ok(rustix::fs::fallocate(f, FallocateFlags::empty(), 0, len)?)
     }
 
+    /// Bytes free to an unprivileged writer on the file system holding `path`
+    /// (`statvfs`: available blocks times the fragment size).
+    pub fn free_space(path: &std::path::Path) -> io::Result<u64> {
+        let st = rustix::fs::statvfs(path)?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    /// Whether `path` lives on tmpfs or ramfs: its pages are RAM (or swap).
+    pub fn in_ram(path: &std::path::Path) -> io::Result<bool> {
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        let st = rustix::fs::statfs(path)?;
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between libcs.
+        let t = st.f_type as i64;
+        Ok(t == TMPFS_MAGIC || t == RAMFS_MAGIC)
+    }
+
     /// Bytes of a block device (its end, as `lseek(SEEK_END)` finds it).
     pub fn block_device_size(f: &File) -> io::Result<u64> {
         Ok(rustix::fs::seek(f, rustix::fs::SeekFrom::End(0))?)

@@ -337,6 +337,27 @@ pub struct StatusReport {
     /// Superpages of the NVM tier (absent from daemons before them).
     #[serde(default)]
     pub superpages: Option<Box<SuperpageStatus>>,
+    /// The host files behind the store and the memory they hold (absent from daemons
+    /// before them).
+    #[serde(default)]
+    pub host: Option<Box<HostStatus>>,
+}
+
+/// The host files of a store outside its directory: the NVM tier file and the host
+/// objects in `/dev/shm` (map objects of shared mappings, FIFO and socket rendezvous).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct HostStatus {
+    /// The NVM tier file.
+    pub nvm_path: String,
+    /// Its size, and the bytes its file system has allocated to it.
+    pub nvm_size_bytes: u64,
+    pub nvm_allocated_bytes: u64,
+    /// Whether the NVM file is on tmpfs or ramfs: its allocated bytes are RAM (or swap),
+    /// and its contents do not survive a reboot.
+    pub nvm_in_ram: bool,
+    /// Host objects of the store in `/dev/shm` (RAM), and the bytes they hold.
+    pub host_objects: u64,
+    pub host_object_bytes: u64,
 }
 
 /// Superpages of the NVM tier (ARCHITECTURE.md, "Superpages").

@@ -113,7 +113,7 @@ fn sqlite_fed(sys: &System, db: &Path) -> CliResult<std::process::Child> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| CliError::new(format!("sqlite3: {e}")))
+        .map_err(crate::error::ctx_msg("sqlite3"))
 }
 
 /// SQLite: `n` single-insert transactions with `synchronous=FULL`; inserts per second.

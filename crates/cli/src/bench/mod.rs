@@ -74,7 +74,7 @@ pub(crate) fn proc_kb(pid: u32, file: &str, key: &str) -> CliResult<u64> {
     } else {
         format!("/proc/{pid}/{file}")
     };
-    let s = std::fs::read_to_string(&path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+    let s = std::fs::read_to_string(&path).map_err(crate::error::ctx_msg(&path))?;
     s.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 /// Whether a daemon answers on the store's socket.
-fn daemon_running(dir: &StoreDir) -> bool {
+pub(crate) fn daemon_running(dir: &StoreDir) -> bool {
     UnixStream::connect(dir.socket_path()).is_ok()
 }
 
@@ -64,10 +64,7 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
     }
     let cfg = cairn_daemon::mkfs(&opts).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists && !args.force {
-            CliError::new(format!(
-                "{} (use --force to overwrite it; its contents are lost)",
-                clean(&e)
-            ))
+            CliError::new(clean(&e))
         } else {
             CliError::new(format!("mkfs {}: {}", dir.path.display(), clean(&e)))
         }
@@ -87,7 +84,7 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
         "created Cairn store {store}\n  \
          config        {config}\n  \
          NVM tier      {nvm} ({nvm_size})\n  \
-         client logs   {slots} slots of {log}\n  \
+         client logs   {slots} slots of {log}{scaled}\n  \
          inodes        {inodes}\n  \
          digest at     {pct}% log fill\n  \
          trusted       {trust}\n{lower}{emulation}",
@@ -97,6 +94,11 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
         nvm_size = human_bytes(cfg.nvm_size),
         slots = cfg.max_clients,
         log = human_bytes(cfg.log_size),
+        scaled = if args.log_size.is_none() || args.max_clients.is_none() {
+            " (scaled to the tier; --max-clients and --log-size choose them)"
+        } else {
+            ""
+        },
         inodes = if cfg.inodes == 0 {
             "one per 8 KiB".to_string()
         } else {
@@ -286,6 +288,33 @@ fn pct(used: u64, cap: u64) -> String {
     }
 }
 
+/// Where the NVM file lives, and the memory it and the host objects hold.
+fn format_host(s: &mut String, h: &cairn_proto::HostStatus) {
+    use std::fmt::Write as _;
+    let held = if h.nvm_in_ram {
+        format!(
+            "on tmpfs: {} of RAM held, lost at reboot or power loss",
+            human_bytes(h.nvm_allocated_bytes)
+        )
+    } else {
+        format!("{} allocated", human_bytes(h.nvm_allocated_bytes))
+    };
+    let _ = writeln!(
+        s,
+        "nvm     {}: {}, {held}",
+        h.nvm_path,
+        human_bytes(h.nvm_size_bytes)
+    );
+    if h.host_objects > 0 {
+        let _ = writeln!(
+            s,
+            "shm     {} map object(s) and rendezvous in /dev/shm, {} of RAM",
+            h.host_objects,
+            human_bytes(h.host_object_bytes)
+        );
+    }
+}
+
 /// The human form of `cairn status`: its sections in the order they print (long, about
 /// 120 lines, as the output is).
 /// The NVM tier's superpage lines of `cairn status`.
@@ -333,6 +362,9 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = writeln!(s, "store   {}", r.store);
+    if let Some(h) = &r.host {
+        format_host(&mut s, h);
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -580,6 +612,14 @@ mod tests {
                 fragmentation_index: 0.25,
                 ..Default::default()
             })),
+            host: Some(Box::new(HostStatus {
+                nvm_path: "/dev/shm/cairn-1.nvm".into(),
+                nvm_size_bytes: 128 << 20,
+                nvm_allocated_bytes: 128 << 20,
+                nvm_in_ram: true,
+                host_objects: 2,
+                host_object_bytes: 8192,
+            })),
         };
         let s = format_status(&r);
         assert!(s.contains("nvm"), "{s}");
@@ -590,6 +630,11 @@ mod tests {
         assert!(s.contains("14 free/2 used"), "{s}");
         assert!(s.contains("75.0%"), "{s}");
         assert!(s.contains("in flight: migrate nvm -> ssd"), "{s}");
+        assert!(
+            s.contains("nvm     /dev/shm/cairn-1.nvm: 128 MiB, on tmpfs: 128 MiB of RAM held"),
+            "{s}"
+        );
+        assert!(s.contains("2 map object(s) and rendezvous"), "{s}");
         assert!(
             s.contains("superpages: 6 MiB in 2 MiB extents; 9 of 12 extents free"),
             "{s}"

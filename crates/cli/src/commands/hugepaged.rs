@@ -79,6 +79,11 @@ fn serve(a: &HugepagedArgs) -> CliResult {
     } else if let Some(c) = &a.cgroup {
         Targets::Cgroup(c.clone())
     } else if !a.pids.is_empty() {
+        // A process named on the command line must exist at the start (later it may
+        // exit: it is then dropped).
+        if let Some(p) = a.pids.iter().find(|&&p| !cairn_media::sys::pid_alive(p)) {
+            return Err(CliError::new(format!("--pid {p}: no such process")));
+        }
         Targets::Pids(a.pids.clone())
     } else {
         return Err(CliError::new(
@@ -115,14 +120,15 @@ fn write_status(path: &Path, st: &Status) -> CliResult {
     let text = serde_json::to_string_pretty(st).map_err(|e| CliError::new(e.to_string()))?;
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))
+        .map_err(crate::error::ctx_msg(path.display()))
 }
 
 fn status(path: &Path, json: bool) -> CliResult {
     let text = std::fs::read_to_string(path).map_err(|e| {
         CliError::new(format!(
-            "{}: {e} (is cairn hugepaged running with this --status-file?)",
-            path.display()
+            "{}: {} (is cairn hugepaged running with this --status-file?)",
+            path.display(),
+            crate::error::clean(&e)
         ))
     })?;
     let st: Status = serde_json::from_str(&text)
@@ -201,7 +207,7 @@ fn record(
     }
     let mut r = Recorder::new(pids, access).map_err(|e| CliError::new(e.to_string()))?;
     let file =
-        std::fs::File::create(out).map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+        std::fs::File::create(out).map_err(crate::error::ctx_msg(out.display()))?;
     let mut w = std::io::BufWriter::new(file);
     cairn_media::sys::install_termination_flag()?;
     let t = Instant::now();
@@ -217,7 +223,7 @@ fn record(
             eprintln!("cairn hugepaged record: {why}");
         }
         let line = serde_json::to_string(&iv).map_err(|e| CliError::new(e.to_string()))?;
-        writeln!(w, "{line}").map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+        writeln!(w, "{line}").map_err(crate::error::ctx_msg(out.display()))?;
         n += 1;
         if r.is_empty()
             || duration.is_some_and(|s| t.elapsed().as_secs_f64() >= s)
@@ -228,7 +234,7 @@ fn record(
         pause(interval);
     }
     w.flush()
-        .map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+        .map_err(crate::error::ctx_msg(out.display()))?;
     eprintln!("cairn hugepaged record: {n} intervals written");
     Ok(())
 }
@@ -237,7 +243,7 @@ fn record(
 /// memory twice the most the processes held (at least 64 MiB).
 fn replay(path: &Path, json: bool) -> CliResult {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        .map_err(crate::error::ctx_msg(path.display()))?;
     let tr = trace::parse(&text)
         .map_err(|e| CliError::new(format!("{}: not a trace: {e}", path.display())))?;
     if tr.is_empty() {

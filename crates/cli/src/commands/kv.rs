@@ -51,7 +51,7 @@ fn serve(a: &KvServeArgs) -> CliResult {
     }
     .map_err(|e| CliError::new(format!("{}: {e}", a.pool.display())))?;
     let listener = std::net::TcpListener::bind((a.bind.as_str(), a.port))
-        .map_err(|e| CliError::new(format!("{}:{}: {e}", a.bind, a.port)))?;
+        .map_err(crate::error::ctx_msg(format!("{}:{}", a.bind, a.port)))?;
     let port = listener.local_addr()?.port();
     let st = store.stats();
     eprintln!(
@@ -114,9 +114,10 @@ fn open(at: &KvPoolArgs) -> CliResult<Option<Store>> {
 fn server(at: &KvPoolArgs) -> CliResult<Client> {
     Client::connect(&format!("127.0.0.1:{}", at.port)).map_err(|e| {
         CliError::new(format!(
-            "{}: the pool is open in another process, and no server answers on port {}: {e}",
+            "{}: the pool is open in another process, and no server answers on port {}: {}",
             at.pool.display(),
-            at.port
+            at.port,
+            crate::error::clean(&e)
         ))
     })
 }

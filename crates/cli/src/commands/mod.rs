@@ -6,6 +6,7 @@ mod fsck;
 mod hugepaged;
 mod kv;
 pub(crate) mod mount;
+mod rmfs;
 pub(crate) mod run;
 mod tree;
 
@@ -18,6 +19,7 @@ pub fn run(cli: Cli) -> CliResult {
     let store = cli.store.as_deref();
     match cli.command {
         Command::Mkfs(args) => admin::mkfs(store, &args),
+        Command::Rmfs { force, json } => rmfs::rmfs(store, force, json),
         Command::Daemon(args) => admin::daemon(store, &args),
         Command::Status { json } => admin::status(store, json),
         Command::Stop => admin::stop(store),

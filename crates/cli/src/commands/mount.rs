@@ -11,7 +11,7 @@ pub fn is_mounted(mp: &Path) -> bool {
 
 fn canonical(mp: &Path) -> CliResult<PathBuf> {
     let c = std::fs::canonicalize(mp)
-        .map_err(|e| CliError::new(format!("mount point {}: {e}", mp.display())))?;
+        .map_err(crate::error::ctx_msg(format!("mount point {}", mp.display())))?;
     if !c.is_dir() {
         return Err(CliError::new(format!(
             "mount point {}: not a directory",
@@ -53,7 +53,7 @@ pub fn mount(
             caching.attr = Duration::ZERO;
         }
         return cairn_fuse::serve(fs, &mp, caching)
-            .map_err(|e| CliError::new(format!("mount {}: {e}", mp.display())));
+            .map_err(crate::error::ctx_msg(format!("mount {}", mp.display())));
     }
     // Background: the same command in the foreground, in its own process group, logging
     // to a file next to the store's daemon log; wait until the mount appears.
@@ -63,7 +63,7 @@ pub fn mount(
         .create(true)
         .append(true)
         .open(&log_path)
-        .map_err(|e| CliError::new(format!("{}: {e}", log_path.display())))?;
+        .map_err(crate::error::ctx_msg(log_path.display()))?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     if let Some(s) = store {
         cmd.arg("--store").arg(s);
@@ -122,7 +122,7 @@ pub fn umount(mp: &Path) -> CliResult {
         .arg("-u")
         .arg(&mp)
         .output()
-        .map_err(|e| CliError::new(format!("run fusermount3 (package fuse3): {e}")))?;
+        .map_err(crate::error::ctx_msg("run fusermount3 (package fuse3)"))?;
     if !out.status.success() {
         return Err(CliError::new(format!(
             "umount {}: {}",

@@ -31,7 +31,7 @@ pub fn find_library(file: &str, env_var: &str, build: &str) -> CliResult<PathBuf
         )));
     }
     let exe = std::env::current_exe()
-        .map_err(|e| CliError::new(format!("cannot find the cairn executable: {e}")))?;
+        .map_err(crate::error::ctx_msg("cannot find the cairn executable"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
     let candidates = [Some(dir.to_path_buf()), dir.parent().map(Path::to_path_buf)];
     for d in candidates.iter().flatten() {
@@ -99,7 +99,7 @@ pub fn run(store: Option<&Path>, prefix: &Path, cmd: &[OsString]) -> CliResult {
     drop(fs);
     let env = environment(&dir, prefix)?;
     let err = Command::new(prog).args(args).envs(env).exec();
-    let mut e = CliError::new(format!("run {}: {err}", Path::new(prog).display()));
+    let mut e = crate::error::ctx_msg(format!("run {}", Path::new(prog).display()))(err);
     e.code = 127;
     Err(e)
 }

@@ -2,7 +2,7 @@
 
 use super::open_fs;
 use crate::error::{ctx, stdout_err, CliError, CliResult};
-use crate::util::{format_full, format_minute, mode_string, type_name};
+use crate::util::{format_full, format_minute, group_name, mode_string, type_name, user_name};
 use cairn::{Fs, Metadata};
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -31,8 +31,8 @@ fn row(fs: &Fs, path: &Path, name: String, meta: &Metadata) -> Row {
     Row {
         mode: mode_string(meta.mode()),
         nlink: meta.nlink().to_string(),
-        uid: meta.uid().to_string(),
-        gid: meta.gid().to_string(),
+        uid: user_name(meta.uid()),
+        gid: group_name(meta.gid()),
         size: meta.len().to_string(),
         mtime: format_minute(meta.mtime_ns()),
         name,
@@ -206,7 +206,7 @@ fn format_stat(fs: &Fs, path: &Path, m: &Metadata) -> String {
         "  File: {name}\n  \
          Size: {size:<15} Blocks: {blocks:<10} IO Block: 4096   {kind}\n \
          Inode: {ino:<15} Links: {nlink}\n\
-         Access: ({perm:04o}/{mstr})  Uid: {uid:>5}   Gid: {gid:>5}\n\
+         Access: ({perm:04o}/{mstr})  Uid: ({uid:>5}/{uname:>8})   Gid: ({gid:>5}/{gname:>8})\n\
          Access: {atime}\n\
          Modify: {mtime}\n\
          Change: {ctime}\n \
@@ -220,6 +220,8 @@ fn format_stat(fs: &Fs, path: &Path, m: &Metadata) -> String {
         mstr = mode_string(mode),
         uid = m.uid(),
         gid = m.gid(),
+        uname = user_name(m.uid()),
+        gname = group_name(m.gid()),
         atime = format_full(m.atime_ns()),
         mtime = format_full(m.mtime_ns()),
         ctime = format_full(m.ctime_ns()),

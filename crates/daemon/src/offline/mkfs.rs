@@ -9,10 +9,11 @@ use cairn_format::{alloc, BLOCK_SIZE, BLOCK_SIZE_U64, ROOT_INO};
 use cairn_media::{sys, Mapping};
 use std::fs::OpenOptions;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// Options of [`mkfs`]. `Default` gives the `StoreConfig` defaults (2 GiB tier, 32 MiB
-/// logs, 8 clients, one inode per 8 KiB, digest at 30%) for the store `./cairn-store`.
+/// Options of [`mkfs`]. `Default` gives the `StoreConfig` defaults (2 GiB tier, client
+/// logs scaled to it by [`scaled_logs`]: 8 of 32 MiB, one inode per 8 KiB, digest at 30%)
+/// for the store `./cairn-store`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MkfsOptions {
     /// The store directory (created if missing).
@@ -21,9 +22,11 @@ pub struct MkfsOptions {
     pub nvm_path: Option<PathBuf>,
     /// Bytes of the NVM tier (a multiple of 4 KiB).
     pub nvm_size: u64,
-    /// Bytes of each client's log ring (a multiple of 4 KiB, at least 64 KiB).
+    /// Bytes of each client's log ring (a multiple of 4 KiB, at least 64 KiB); 0: scaled
+    /// to the tier ([`scaled_logs`]).
     pub log_size: u64,
-    /// Log slots: clients registered at once (1..=4096).
+    /// Log slots: clients registered at once (1..=4096); 0: scaled to the tier
+    /// ([`scaled_logs`]).
     pub max_clients: u32,
     /// Inode table entries; 0: one per 8 KiB of the tier.
     pub inodes: u64,
@@ -64,8 +67,8 @@ impl Default for MkfsOptions {
             store: PathBuf::from("cairn-store"),
             nvm_path: None,
             nvm_size: d.nvm_size,
-            log_size: d.log_size,
-            max_clients: d.max_clients,
+            log_size: 0,
+            max_clients: 0,
             inodes: d.inodes,
             digest_threshold_pct: d.digest_threshold_pct,
             force: false,
@@ -141,7 +144,54 @@ fn tiers_of(opts: &MkfsOptions) -> io::Result<[TierGeom; 2]> {
     Ok(g)
 }
 
-/// The layout `opts` give, or `EINVAL` saying why they do not fit.
+/// The smallest NVM tier mkfs lays out when it chooses the client logs itself (8 logs
+/// of 1 MiB take half of it). Smaller tiers need `--max-clients` and `--log-size`.
+pub const MIN_NVM_SIZE: u64 = 16 << 20;
+
+/// The client logs mkfs gives a tier of `nvm_size` bytes, `(slots, bytes of each log)`,
+/// where `slots` or `log_size` is 0 (not chosen by the user). The logs take an eighth of
+/// the tier: one slot per 256 MiB (8 to 64), each log the largest power of two that fits
+/// its share (1 MiB to 32 MiB; from 64 KiB when the slots were chosen). A 2 GiB tier
+/// gets 8 logs of 32 MiB, 256 MiB gets 8 of 4 MiB, 16 GiB gets 64 of 32 MiB.
+pub fn scaled_logs(nvm_size: u64, slots: u32, log_size: u64) -> (u32, u64) {
+    const MAX_LOG: u64 = 32 << 20;
+    let floor = if slots == 0 { 1 << 20 } else { 64 << 10 };
+    let slots = match slots {
+        0 => (nvm_size / (256 << 20)).clamp(8, 64) as u32,
+        n => n,
+    };
+    let log_size = match log_size {
+        0 => {
+            let share = (nvm_size / 8 / u64::from(slots)).max(1);
+            (1u64 << share.ilog2()).clamp(floor, MAX_LOG)
+        }
+        n => n,
+    };
+    (slots, log_size)
+}
+
+/// `opts` with the client logs it leaves to mkfs chosen ([`scaled_logs`]); `EINVAL`
+/// below [`MIN_NVM_SIZE`] when mkfs would choose both.
+pub fn resolve_logs(opts: &MkfsOptions) -> io::Result<MkfsOptions> {
+    if opts.max_clients == 0 && opts.log_size == 0 && opts.nvm_size < MIN_NVM_SIZE {
+        return Err(einval(format!(
+            "an NVM tier of {} is below the smallest one mkfs lays out by itself, {} MiB \
+             (8 client logs of 1 MiB and their inodes); give --nvm-size {}M or more, or \
+             choose the logs with --max-clients and --log-size (64K at least)",
+            cairn_area::units::human_bytes(opts.nvm_size),
+            MIN_NVM_SIZE >> 20,
+            MIN_NVM_SIZE >> 20
+        )));
+    }
+    let (max_clients, log_size) = scaled_logs(opts.nvm_size, opts.max_clients, opts.log_size);
+    Ok(MkfsOptions {
+        max_clients,
+        log_size,
+        ..opts.clone()
+    })
+}
+
+/// The layout `opts` give (logs resolved), or `EINVAL` saying why they do not fit.
 fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
     if !opts.nvm_size.is_multiple_of(BLOCK_SIZE_U64) || opts.nvm_size < (1 << 20) {
         return Err(einval(format!(
@@ -184,7 +234,16 @@ fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
         inode_count: inodes,
         tiers: tiers_of(opts)?,
     })
-    .map_err(|e| einval(format!("cannot lay out the NVM tier: {}", e.0)))
+    .map_err(|e| {
+        einval(format!(
+            "cannot lay out the NVM tier ({} client logs of {}, {inodes} inodes): {}; give a \
+             larger --nvm-size, or fewer or smaller logs (--max-clients, --log-size) or fewer \
+             inodes (--inodes)",
+            opts.max_clients,
+            cairn_area::units::human_bytes(opts.log_size),
+            e.0
+        ))
+    })
 }
 
 /// Create a store: the directory, the NVM tier file (fully allocated, so stores through a
@@ -194,8 +253,14 @@ fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
 /// daemon runs (`EBUSY`). Long (about 140 lines): the steps above, in the order that makes
 /// a crash part-way leave no store rather than a broken one (the superblock last).
 pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
+    let opts = &resolve_logs(opts)?;
     let layout = layout_of(opts)?;
     let store = StoreDir::new(&opts.store);
+    let nvm_path = match &opts.nvm_path {
+        Some(p) => p.clone(),
+        None => PathBuf::from(format!("/dev/shm/cairn-{}.nvm", hex(&random_bytes(8)?))),
+    };
+    check_free_space(&nvm_path, opts, &store)?;
     std::fs::create_dir_all(&store.path).map_err(|e| {
         fs_err(
             e.raw_os_error().unwrap_or(libc::EIO),
@@ -210,7 +275,8 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
             return Err(fs_err(
                 libc::EEXIST,
                 format!(
-                    "a Cairn store already exists at {} (use --force to replace it)",
+                    "a Cairn store already exists at {} (--force replaces it; its contents \
+                     are lost)",
                     store.path.display()
                 ),
             ));
@@ -258,10 +324,6 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         }
         let _ = std::fs::remove_file(store.socket_path());
     }
-    let nvm_path = match &opts.nvm_path {
-        Some(p) => p.clone(),
-        None => PathBuf::from(format!("/dev/shm/cairn-{}.nvm", hex(&random_bytes(8)?))),
-    };
     let mut oo = OpenOptions::new();
     oo.read(true).write(true);
     if opts.force {
@@ -329,6 +391,51 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         let _ = std::fs::remove_file(&nvm_path);
     }
     r
+}
+
+/// `ENOSPC` unless the file system that will hold the NVM file at `nvm_path` has room
+/// for all of it (mkfs allocates the whole file), counting what `--force` frees there
+/// (the old store's NVM file, or a file at `nvm_path` itself).
+fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match nvm_path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(dir_meta) = std::fs::metadata(dir) else {
+        return Ok(()); // Creating the file reports the missing directory.
+    };
+    let mut free = sys::free_space(dir)?;
+    if opts.force {
+        let old = store.load_config().ok().map(|c| c.nvm_path);
+        let mut freed: Vec<PathBuf> = vec![nvm_path.to_path_buf()];
+        freed.extend(old.filter(|p| p != nvm_path));
+        for p in freed {
+            if let Ok(m) = std::fs::metadata(&p) {
+                if m.is_file() && m.dev() == dir_meta.dev() {
+                    free = free.saturating_add(m.blocks() * 512);
+                }
+            }
+        }
+    }
+    if free < opts.nvm_size {
+        let ram = if sys::in_ram(dir).unwrap_or(false) {
+            " (tmpfs: memory)"
+        } else {
+            ""
+        };
+        return Err(fs_err(
+            libc::ENOSPC,
+            format!(
+                "the NVM file needs {} but {}{ram} has {} free; give a smaller --nvm-size, \
+                 or --nvm-path on a file system with room",
+                cairn_area::units::human_bytes(opts.nvm_size),
+                dir.display(),
+                cairn_area::units::human_bytes(free)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Give `path` the mode that lets exactly the trust domain use it: `owner_mode` without a
@@ -495,4 +602,71 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
     persist(0, &sb.encode())?;
     cairn_media::fence();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaled_logs_follow_the_tier() {
+        assert_eq!(scaled_logs(16 << 20, 0, 0), (8, 1 << 20));
+        assert_eq!(scaled_logs(64 << 20, 0, 0), (8, 1 << 20));
+        assert_eq!(scaled_logs(256 << 20, 0, 0), (8, 4 << 20));
+        assert_eq!(scaled_logs(2 << 30, 0, 0), (8, 32 << 20));
+        assert_eq!(scaled_logs(4 << 30, 0, 0), (16, 32 << 20));
+        assert_eq!(scaled_logs(64 << 30, 0, 0), (64, 32 << 20));
+        // What the user chose stays; the other scales around it.
+        assert_eq!(scaled_logs(256 << 20, 2, 0), (2, 16 << 20));
+        assert_eq!(scaled_logs(16 << 20, 64, 0), (64, 64 << 10));
+        assert_eq!(scaled_logs(256 << 20, 0, 64 << 10), (8, 64 << 10));
+        assert_eq!(scaled_logs(256 << 20, 3, 1 << 20), (3, 1 << 20));
+    }
+
+    /// Every tier from the minimum up lays out with the logs mkfs chooses, and the logs
+    /// never take more than half of it.
+    #[test]
+    fn every_tier_from_the_minimum_lays_out() {
+        let mut sizes: Vec<u64> = (MIN_NVM_SIZE..=(512 << 20)).step_by(4096 * 61).collect();
+        sizes.extend([MIN_NVM_SIZE, 1 << 30, (2 << 30) + 4096, 3 << 30, 16 << 30, 1 << 40]);
+        for nvm_size in sizes {
+            let opts = resolve_logs(&MkfsOptions {
+                nvm_size,
+                ..Default::default()
+            })
+            .unwrap();
+            let layout = layout_of(&opts).unwrap_or_else(|e| panic!("{nvm_size}: {e}"));
+            let logs = u64::from(opts.max_clients) * opts.log_size;
+            assert!(logs * 2 <= nvm_size, "{nvm_size}: logs take {logs}");
+            assert!(layout.data_blocks > 0);
+        }
+    }
+
+    #[test]
+    fn below_the_minimum_the_error_names_it_and_the_options() {
+        let e = resolve_logs(&MkfsOptions {
+            nvm_size: MIN_NVM_SIZE - 4096,
+            ..Default::default()
+        })
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("16 MiB") && text.contains("--log-size"), "{text}");
+        // With the logs chosen, a smaller tier is allowed.
+        let opts = resolve_logs(&MkfsOptions {
+            nvm_size: 4 << 20,
+            max_clients: 2,
+            log_size: 256 << 10,
+            ..Default::default()
+        })
+        .unwrap();
+        layout_of(&opts).unwrap();
+        let e = layout_of(&MkfsOptions {
+            nvm_size: 4 << 20,
+            max_clients: 8,
+            log_size: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("--max-clients"), "{e}");
+    }
 }

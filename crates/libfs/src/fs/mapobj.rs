@@ -27,6 +27,7 @@
 //!    mapper died without writing back), and at `cairn stop`.
 
 use super::{Inner, Lease, State};
+use cairn_area::host;
 use cairn_area::fs_err;
 use cairn_format::inode::Kind;
 use cairn_media::sys;
@@ -37,38 +38,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 /// Where map objects live: the host's shared memory (tmpfs).
-pub const MAP_OBJECT_DIR: &str = "/dev/shm";
+pub const MAP_OBJECT_DIR: &str = host::HOST_OBJECT_DIR;
 
 /// Pages compared per step of a write-back.
 const STEP: usize = 256 << 10;
 const PAGE: usize = 4096;
 
-/// A store's UUID in 32 lowercase hex digits, as host objects' names carry it.
-pub(super) fn uuid_hex(uuid: &[u8; 16]) -> String {
-    uuid.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The UUID of the store at `store_dir` (from its superblock, without a client).
-pub(super) fn store_uuid(store_dir: &Path) -> io::Result<[u8; 16]> {
-    let cfg = cairn_area::StoreDir::new(store_dir).load_config()?;
-    let area = cairn_area::Area::open(&File::open(&cfg.nvm_path)?, false)?;
-    Ok(area.superblock().uuid)
-}
-
 /// The name prefix of a store's map objects.
 pub(crate) fn object_prefix(uuid: &[u8; 16]) -> String {
-    format!("cairn-{}.map-", uuid_hex(uuid))
+    host::kind_prefix(uuid, "map")
 }
 
 fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
-    Path::new(MAP_OBJECT_DIR).join(format!("{}{ino}-{gen}", object_prefix(uuid)))
-}
-
-/// `(ino, generation)` of a map object's file name with `prefix`, or `None` (another
-/// store's, or a temporary file being filled).
-fn parse_object_name(name: &str, prefix: &str) -> Option<(u64, u64)> {
-    let (ino, gen) = name.strip_prefix(prefix)?.split_once('-')?;
-    Some((ino.parse().ok()?, gen.parse().ok()?))
+    host::object_path(uuid, "map", ino, gen)
 }
 
 fn open_rw(p: &Path) -> io::Result<File> {
@@ -367,7 +349,7 @@ impl Inner {
                 }
                 continue;
             }
-            let Some((ino, gen)) = parse_object_name(&name, &prefix) else {
+            let Some((ino, gen)) = host::parse_name(&name, &prefix) else {
                 continue;
             };
             if !self.area.layout().ino_valid(ino) {
@@ -408,14 +390,13 @@ fn dirty_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
 /// named by the UUID in its NVM file's superblock: whether `cairn stop` has any to fold,
 /// and what is left behind when a store is deleted without `cairn stop`.
 pub fn map_object_files(store_dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let prefix = object_prefix(&store_uuid(store_dir)?);
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(MAP_OBJECT_DIR)?.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&prefix) {
-            out.push(e.path());
-        }
-    }
-    out.sort();
+    let uuid = host::store_uuid(store_dir)?;
+    let prefix = object_prefix(&uuid);
+    let mut out = host::list(&uuid);
+    out.retain(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+    });
     Ok(out)
 }
 
@@ -568,17 +549,5 @@ mod tests {
             dirty_runs(&a, &b),
             vec![(0, PAGE), (3 * PAGE, 3 * PAGE + 10)]
         );
-    }
-
-    #[test]
-    fn object_names() {
-        let uuid = [0xabu8; 16];
-        let p = object_path(&uuid, 42, 7);
-        let prefix = object_prefix(&uuid);
-        let name = p.file_name().unwrap().to_str().unwrap();
-        assert_eq!(parse_object_name(name, &prefix), Some((42, 7)));
-        assert_eq!(parse_object_name(&format!("{name}.new-12"), &prefix), None);
-        assert_eq!(parse_object_name(name, &object_prefix(&[0; 16])), None);
-        assert!(p.starts_with(MAP_OBJECT_DIR));
     }
 }

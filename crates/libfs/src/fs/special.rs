@@ -21,7 +21,7 @@
 //! when its inode's last link goes, and `cairn stop` removes those of inodes that no
 //! longer exist (a crash between the two).
 
-use super::mapobj::{store_uuid, uuid_hex};
+use cairn_area::host;
 use super::{At, CreateOpts, Inner, State};
 use crate::meta::{R, W};
 use cairn_area::{errno_of, fs_err};
@@ -52,18 +52,17 @@ pub fn major_minor(dev: u64) -> (u64, u64) {
 
 /// The rendezvous name prefix of a store's FIFOs (`fifo`) or sockets (`sock`).
 fn rendezvous_prefix(uuid: &[u8; 16], what: &str) -> String {
-    format!("cairn-{}.{what}-", uuid_hex(uuid))
+    host::kind_prefix(uuid, what)
 }
 
 fn rendezvous_path(uuid: &[u8; 16], kind: Kind, ino: u64, gen: u64) -> PathBuf {
     let what = if kind == Kind::Fifo { "fifo" } else { "sock" };
-    Path::new(super::mapobj::MAP_OBJECT_DIR)
-        .join(format!("{}{ino}-{gen}", rendezvous_prefix(uuid, what)))
+    host::object_path(uuid, what, ino, gen)
 }
 
 /// The host rendezvous files (FIFOs and sockets) of the store at `store_dir`.
 pub fn rendezvous_files(store_dir: &Path) -> io::Result<Vec<PathBuf>> {
-    Ok(list_rendezvous(&store_uuid(store_dir)?)
+    Ok(list_rendezvous(&host::store_uuid(store_dir)?)
         .into_iter()
         .map(|(p, ..)| p)
         .collect())
@@ -76,23 +75,14 @@ fn list_rendezvous(uuid: &[u8; 16]) -> Vec<(PathBuf, Kind, u64, u64)> {
         (rendezvous_prefix(uuid, "sock"), Kind::Socket),
     ];
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(super::mapobj::MAP_OBJECT_DIR) else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
+    for path in host::list(uuid) {
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
         for (prefix, kind) in &prefixes {
-            let parsed = name
-                .strip_prefix(prefix.as_str())
-                .and_then(|r| r.split_once('-'))
-                .and_then(|(i, g)| Some((i.parse().ok()?, g.parse().ok()?)));
-            if let Some((ino, gen)) = parsed {
-                out.push((e.path(), *kind, ino, gen));
+            if let Some((ino, gen)) = host::parse_name(&name, prefix) {
+                out.push((path.clone(), *kind, ino, gen));
             }
         }
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
 

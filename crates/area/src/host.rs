@@ -1,0 +1,93 @@
+//! A store's *host objects*: the files Cairn makes outside the store directory, in the
+//! host's shared memory (`/dev/shm`, tmpfs: RAM), named after the store's UUID so that
+//! every process finds the same one and nothing of another store is touched:
+//!
+//! * `cairn-<uuid>.map-<ino>-<gen>`: the map object of a file mapped shared (and
+//!   `….new-<pid>` while one is being filled);
+//! * `cairn-<uuid>.fifo-<ino>-<gen>`, `cairn-<uuid>.sock-<ino>-<gen>`: the rendezvous of
+//!   a FIFO or a socket of the store.
+//!
+//! Every name starts with [`store_prefix`], so [`list`] finds them all (what `cairn rmfs`
+//! removes and `cairn status` counts).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Where host objects live: the host's shared memory (tmpfs).
+pub const HOST_OBJECT_DIR: &str = "/dev/shm";
+
+/// A store's UUID in 32 lowercase hex digits, as host objects' names carry it.
+pub fn uuid_hex(uuid: &[u8; 16]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The prefix of every host object name of the store with `uuid`: `cairn-<uuid>.`.
+pub fn store_prefix(uuid: &[u8; 16]) -> String {
+    format!("cairn-{}.", uuid_hex(uuid))
+}
+
+/// The name prefix of the store's host objects of one kind (`map`, `fifo`, `sock`):
+/// `cairn-<uuid>.<kind>-`.
+pub fn kind_prefix(uuid: &[u8; 16], kind: &str) -> String {
+    format!("{}{kind}-", store_prefix(uuid))
+}
+
+/// The host object of `kind` for inode `ino` of generation `gen`.
+pub fn object_path(uuid: &[u8; 16], kind: &str, ino: u64, gen: u64) -> PathBuf {
+    Path::new(HOST_OBJECT_DIR).join(format!("{}{ino}-{gen}", kind_prefix(uuid, kind)))
+}
+
+/// `(ino, generation)` of a host object's file name with `prefix` (from
+/// [`kind_prefix`]), or `None` (another kind or store, or a temporary file).
+pub fn parse_name(name: &str, prefix: &str) -> Option<(u64, u64)> {
+    let (ino, gen) = name.strip_prefix(prefix)?.split_once('-')?;
+    Some((ino.parse().ok()?, gen.parse().ok()?))
+}
+
+/// The UUID of the store at `store_dir`, from its NVM file's superblock (no client, no
+/// daemon needed).
+pub fn store_uuid(store_dir: &Path) -> io::Result<[u8; 16]> {
+    let cfg = crate::StoreDir::new(store_dir).load_config()?;
+    let area = crate::Area::open(&std::fs::File::open(&cfg.nvm_path)?, false)?;
+    Ok(area.superblock().uuid)
+}
+
+/// Every host object of the store with `uuid` (paths, sorted).
+pub fn list(uuid: &[u8; 16]) -> Vec<PathBuf> {
+    let prefix = store_prefix(uuid);
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(HOST_OBJECT_DIR) {
+        Ok(dir) => dir
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+/// Bytes a file holds on its file system (allocated blocks; for tmpfs, memory).
+pub fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        let uuid = [0xabu8; 16];
+        let p = object_path(&uuid, "map", 42, 7);
+        let prefix = kind_prefix(&uuid, "map");
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with(&store_prefix(&uuid)));
+        assert_eq!(parse_name(name, &prefix), Some((42, 7)));
+        assert_eq!(parse_name(&format!("{name}.new-12"), &prefix), None);
+        assert_eq!(parse_name(name, &kind_prefix(&uuid, "fifo")), None);
+        assert_eq!(parse_name(name, &kind_prefix(&[0; 16], "map")), None);
+        assert!(p.starts_with(HOST_OBJECT_DIR));
+    }
+}
