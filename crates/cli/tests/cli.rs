@@ -251,14 +251,32 @@ fn mkfs_scales_the_logs_to_the_tier() {
     ] {
         let s = Store::uninit();
         let nvm = s.host("nvm");
-        let out = s.ok_text(&["mkfs", "--nvm-size", size, "--nvm-path", nvm.to_str().unwrap()]);
-        assert!(out.contains(logs) && out.contains("scaled"), "{size}: {out}");
+        let out = s.ok_text(&[
+            "mkfs",
+            "--nvm-size",
+            size,
+            "--nvm-path",
+            nvm.to_str().unwrap(),
+        ]);
+        assert!(
+            out.contains(logs) && out.contains("scaled"),
+            "{size}: {out}"
+        );
         check_ok(&["put"], &s.run_stdin(&["put", "-", "/f"], &[7u8; 300_000]));
         assert_eq!(s.ok(&["cat", "/f"]), vec![7u8; 300_000]);
     }
     let s = Store::uninit();
     let nvm = s.host("nvm");
-    let err = s.fail(&["mkfs", "--nvm-size", "15M", "--nvm-path", nvm.to_str().unwrap()], 1);
+    let err = s.fail(
+        &[
+            "mkfs",
+            "--nvm-size",
+            "15M",
+            "--nvm-path",
+            nvm.to_str().unwrap(),
+        ],
+        1,
+    );
     assert!(
         err.contains("16 MiB") && err.contains("--max-clients") && err.contains("--log-size"),
         "{err}"
@@ -266,8 +284,15 @@ fn mkfs_scales_the_logs_to_the_tier() {
     assert!(!nvm.exists() && !s.path.join("cairn.toml").exists());
     // With the logs chosen, a smaller tier works.
     s.ok(&[
-        "mkfs", "--nvm-size", "8M", "--nvm-path", nvm.to_str().unwrap(), "--max-clients", "2",
-        "--log-size", "256K",
+        "mkfs",
+        "--nvm-size",
+        "8M",
+        "--nvm-path",
+        nvm.to_str().unwrap(),
+        "--max-clients",
+        "2",
+        "--log-size",
+        "256K",
     ]);
     s.ok(&["mkdir", "/small"]);
 }
@@ -278,7 +303,16 @@ fn mkfs_scales_the_logs_to_the_tier() {
 fn mkfs_refuses_an_nvm_file_larger_than_the_free_space() {
     let s = Store::uninit();
     let nvm = s.host("nvm");
-    let err = s.fail(&["mkfs", "--nvm-size", "64T", "--nvm-path", nvm.to_str().unwrap()], 1);
+    let err = s.fail(
+        &[
+            "mkfs",
+            "--nvm-size",
+            "64T",
+            "--nvm-path",
+            nvm.to_str().unwrap(),
+        ],
+        1,
+    );
     assert!(err.contains("free") && err.contains("--nvm-size"), "{err}");
     assert!(!nvm.exists() && !s.path.exists());
 }
@@ -329,7 +363,11 @@ fn every_command_fails_with_a_clean_line() {
     let missing = s.host("missing-store");
     let missing = missing.to_str().unwrap();
     let cases: Vec<(&str, Vec<&str>, i32)> = vec![
-        ("mkfs", vec!["mkfs", "--nvm-size", "8M", "--nvm-path", none], 1),
+        (
+            "mkfs",
+            vec!["mkfs", "--nvm-size", "8M", "--nvm-path", none],
+            1,
+        ),
         ("rmfs", vec!["rmfs", "--store", missing], 1),
         ("daemon", vec!["daemon", "--store", missing], 1),
         ("put", vec!["put", none, "/x"], 1),
@@ -344,7 +382,11 @@ fn every_command_fails_with_a_clean_line() {
         ("status", vec!["status", "--store", missing], 1),
         ("stop", vec!["stop", "--bogus"], 2),
         ("fsck", vec!["fsck", "--store", missing], 8),
-        ("migrate", vec!["migrate", "--tier", "nvm", "--to", "ssd"], 1),
+        (
+            "migrate",
+            vec!["migrate", "--tier", "nvm", "--to", "ssd"],
+            1,
+        ),
         ("clean", vec!["clean", "--tier", "ssd"], 1),
         ("mount", vec!["mount", none], 1),
         ("umount", vec!["umount", none], 1),
@@ -484,7 +526,11 @@ fn mkdir_ls_rm_behave_like_coreutils() {
         let o = Command::new("id").arg(flag).output().unwrap();
         text(&o.stdout).trim().to_string()
     };
-    assert_eq!((fields[2], fields[3]), (&*id("-un"), &*id("-gn")), "{file_line}");
+    assert_eq!(
+        (fields[2], fields[3]),
+        (&*id("-un"), &*id("-gn")),
+        "{file_line}"
+    );
     assert_eq!(fields[4], "5");
     assert_eq!(fields[7], "file");
     // ls of a file lists the file.
@@ -630,8 +676,14 @@ fn status_json_has_the_required_keys() {
         Some(s.dir.path().join("nvm").to_str().unwrap()),
         "{v}"
     );
-    assert!(h["nvm_allocated_bytes"].as_u64().unwrap() >= 128 << 20, "{v}");
-    assert!(h["nvm_in_ram"].is_boolean() && h["host_objects"].is_u64(), "{v}");
+    assert!(
+        h["nvm_allocated_bytes"].as_u64().unwrap() >= 128 << 20,
+        "{v}"
+    );
+    assert!(
+        h["nvm_in_ram"].is_boolean() && h["host_objects"].is_u64(),
+        "{v}"
+    );
     let human = s.ok_text(&["status"]);
     assert!(human.contains("nvm     "), "{human}");
     assert!(
@@ -711,7 +763,10 @@ fn rmfs_removes_the_store_and_its_ram() {
     let _guard = Guard(|| {
         let _ = run_cmd(cmd(&["rmfs", "--force"]), None);
     });
-    check_ok(&["mkfs"], &run_cmd(cmd(&["mkfs", "--nvm-size", "64M"]), None));
+    check_ok(
+        &["mkfs"],
+        &run_cmd(cmd(&["mkfs", "--nvm-size", "64M"]), None),
+    );
     let status = run_cmd(cmd(&["status", "--json"]), None);
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let nvm = PathBuf::from(v["host"]["nvm_path"].as_str().unwrap());
@@ -773,7 +828,11 @@ fn rmfs_removes_the_store_and_its_ram() {
         .and_then(|i| i["path"].as_str())
         .unwrap();
     let uuid_prefix = object.split_once(".map-").expect("a map object").0;
-    let uuid_prefix = Path::new(uuid_prefix).file_name().unwrap().to_str().unwrap();
+    let uuid_prefix = Path::new(uuid_prefix)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .flatten()

@@ -389,6 +389,9 @@ fn examples_are_found_and_classified() {
     // A failing command fails the script, and an expected error that does not come too.
     let work = Path::new("/w");
     let s = script("f.md", &cmds[2..4], work);
-    assert!(s.contains("succeeded, but the example shows an error"), "{s}");
+    assert!(
+        s.contains("succeeded, but the example shows an error"),
+        "{s}"
+    );
     assert_eq!(localize("ls /tmp/demo", work), "ls /w/tmp/demo");
 }

@@ -13,9 +13,7 @@ use cairn_area::{fs_err, Area, StoreConfig, StoreDir};
 use cairn_format::slot::{client_page, SlotHead};
 use cairn_format::superblock::state;
 use cairn_media::sys;
-use cairn_proto::{
-    ClientStatus, HostStatus, InodeStatus, Registration, StatusReport, TierStatus,
-};
+use cairn_proto::{ClientStatus, HostStatus, InodeStatus, Registration, StatusReport, TierStatus};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::sync::Arc;

@@ -206,8 +206,7 @@ fn record(
         return Err(CliError::new("--interval: 0.05 to 3600 seconds"));
     }
     let mut r = Recorder::new(pids, access).map_err(|e| CliError::new(e.to_string()))?;
-    let file =
-        std::fs::File::create(out).map_err(crate::error::ctx_msg(out.display()))?;
+    let file = std::fs::File::create(out).map_err(crate::error::ctx_msg(out.display()))?;
     let mut w = std::io::BufWriter::new(file);
     cairn_media::sys::install_termination_flag()?;
     let t = Instant::now();
@@ -233,8 +232,7 @@ fn record(
         }
         pause(interval);
     }
-    w.flush()
-        .map_err(crate::error::ctx_msg(out.display()))?;
+    w.flush().map_err(crate::error::ctx_msg(out.display()))?;
     eprintln!("cairn hugepaged record: {n} intervals written");
     Ok(())
 }
@@ -242,8 +240,7 @@ fn record(
 /// `cairn hugepaged simulate --trace`: each policy on a recorded trace, with physical
 /// memory twice the most the processes held (at least 64 MiB).
 fn replay(path: &Path, json: bool) -> CliResult {
-    let text = std::fs::read_to_string(path)
-        .map_err(crate::error::ctx_msg(path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(crate::error::ctx_msg(path.display()))?;
     let tr = trace::parse(&text)
         .map_err(|e| CliError::new(format!("{}: not a trace: {e}", path.display())))?;
     if tr.is_empty() {

@@ -10,8 +10,10 @@ pub fn is_mounted(mp: &Path) -> bool {
 }
 
 fn canonical(mp: &Path) -> CliResult<PathBuf> {
-    let c = std::fs::canonicalize(mp)
-        .map_err(crate::error::ctx_msg(format!("mount point {}", mp.display())))?;
+    let c = std::fs::canonicalize(mp).map_err(crate::error::ctx_msg(format!(
+        "mount point {}",
+        mp.display()
+    )))?;
     if !c.is_dir() {
         return Err(CliError::new(format!(
             "mount point {}: not a directory",

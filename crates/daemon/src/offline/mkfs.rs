@@ -628,7 +628,14 @@ mod tests {
     #[test]
     fn every_tier_from_the_minimum_lays_out() {
         let mut sizes: Vec<u64> = (MIN_NVM_SIZE..=(512 << 20)).step_by(4096 * 61).collect();
-        sizes.extend([MIN_NVM_SIZE, 1 << 30, (2 << 30) + 4096, 3 << 30, 16 << 30, 1 << 40]);
+        sizes.extend([
+            MIN_NVM_SIZE,
+            1 << 30,
+            (2 << 30) + 4096,
+            3 << 30,
+            16 << 30,
+            1 << 40,
+        ]);
         for nvm_size in sizes {
             let opts = resolve_logs(&MkfsOptions {
                 nvm_size,
@@ -650,7 +657,10 @@ mod tests {
         })
         .unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("16 MiB") && text.contains("--log-size"), "{text}");
+        assert!(
+            text.contains("16 MiB") && text.contains("--log-size"),
+            "{text}"
+        );
         // With the logs chosen, a smaller tier is allowed.
         let opts = resolve_logs(&MkfsOptions {
             nvm_size: 4 << 20,

@@ -27,8 +27,8 @@
 //!    mapper died without writing back), and at `cairn stop`.
 
 use super::{Inner, Lease, State};
-use cairn_area::host;
 use cairn_area::fs_err;
+use cairn_area::host;
 use cairn_format::inode::Kind;
 use cairn_media::sys;
 use std::fs::File;

@@ -21,9 +21,9 @@
 //! when its inode's last link goes, and `cairn stop` removes those of inodes that no
 //! longer exist (a crash between the two).
 
-use cairn_area::host;
 use super::{At, CreateOpts, Inner, State};
 use crate::meta::{R, W};
+use cairn_area::host;
 use cairn_area::{errno_of, fs_err};
 use cairn_format::inode::Kind;
 use cairn_format::ROOT_INO;
@@ -76,7 +76,11 @@ fn list_rendezvous(uuid: &[u8; 16]) -> Vec<(PathBuf, Kind, u64, u64)> {
     ];
     let mut out = Vec::new();
     for path in host::list(uuid) {
-        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         for (prefix, kind) in &prefixes {
             if let Some((ino, gen)) = host::parse_name(&name, prefix) {
                 out.push((path.clone(), *kind, ino, gen));
