@@ -837,7 +837,7 @@ fn rmfs_removes_the_store_and_its_ram() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&uuid_prefix))
+        .filter(|n| n.starts_with(uuid_prefix))
         .collect();
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
     drop(mapper.stdin.take());

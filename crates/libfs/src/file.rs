@@ -222,6 +222,23 @@ impl File {
         Ok(n)
     }
 
+    /// Write `runs` (offset, bytes; not overlapping) as **one** transaction: after any
+    /// crash, all of them are in the file or none is; durable when it returns. `E2BIG`
+    /// when they do not fit in one transaction (a quarter of the log).
+    pub fn write_runs_atomic(&self, runs: &[(u64, &[u8])]) -> io::Result<()> {
+        if !self.write {
+            return Err(fs_err(libc::EBADF, "write: file not open for writing"));
+        }
+        self.fs.run(|st| self.fs.write_runs(st, self.ino, runs))
+    }
+
+    /// The largest payload [`File::write_runs_atomic`] takes in one transaction (a
+    /// quarter of this client's log, less the headers of `runs` records).
+    pub fn atomic_write_limit(&self, runs: usize) -> usize {
+        let quarter = self.fs.area.layout().ring_bytes() / 4;
+        (quarter as usize).saturating_sub(64 + runs * (cairn_format::log::WRITE_HEADER_LEN + 8))
+    }
+
     /// Append all of `buf` at the true end of the file, whatever the handle's append
     /// flag (`O_APPEND` set later with `fcntl`); durable when it returns. Returns the new
     /// end of the file.

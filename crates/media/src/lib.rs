@@ -13,6 +13,7 @@
 
 pub mod aligned;
 pub mod emulate;
+pub mod fixed;
 pub mod huge;
 pub mod trace;
 pub mod view;
@@ -661,6 +662,33 @@ pub mod sys {
         report: u64,
         out: &mut Vec<PageRange>,
     ) -> io::Result<()> {
+        pagemap_scan_with(pagemap, start, end, (0, 0, anyof), report, out)
+    }
+
+    /// `PAGEMAP_SCAN` of the pages of `[start, end)` that, with the categories in
+    /// `inverted` negated, have every category of `all`: for instance present pages that
+    /// are not the file's (copied on write) with `inverted = PAGE_IS_FILE`,
+    /// `all = PAGE_IS_PRESENT | PAGE_IS_FILE`. Reported with the categories of `report`.
+    pub fn pagemap_scan_inverted(
+        pagemap: &File,
+        start: u64,
+        end: u64,
+        all: u64,
+        inverted: u64,
+        out: &mut Vec<PageRange>,
+    ) -> io::Result<()> {
+        pagemap_scan_with(pagemap, start, end, (inverted, all, 0), 0, out)
+    }
+
+    /// `PAGEMAP_SCAN` with `(category_inverted, category_mask, category_anyof_mask)`.
+    fn pagemap_scan_with(
+        pagemap: &File,
+        start: u64,
+        end: u64,
+        (inverted, all, anyof): (u64, u64, u64),
+        report: u64,
+        out: &mut Vec<PageRange>,
+    ) -> io::Result<()> {
         let mut buf = vec![PageRange::default(); 4096];
         let mut at = start;
         while at < end {
@@ -673,8 +701,8 @@ pub mod sys {
                 vec: buf.as_mut_ptr() as u64,
                 vec_len: buf.len() as u64,
                 max_pages: 0,
-                category_inverted: 0,
-                category_mask: 0,
+                category_inverted: inverted,
+                category_mask: all,
                 category_anyof_mask: anyof,
                 return_mask: report,
             };

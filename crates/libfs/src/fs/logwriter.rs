@@ -320,6 +320,139 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Write `runs` (offset, bytes) of regular file `ino` as **one** transaction: after
+    /// any crash either all of them are in the file or none is; durable on return. The
+    /// runs may not overlap. `E2BIG` when the transaction would be larger than a quarter
+    /// of the log (the caller must make the change atomic another way).
+    pub(crate) fn write_runs(
+        &self,
+        st: &mut State,
+        ino: u64,
+        runs: &[(u64, &[u8])],
+    ) -> io::Result<()> {
+        let runs: Vec<(u64, &[u8])> = runs.iter().copied().filter(|r| !r.1.is_empty()).collect();
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let mut sorted: Vec<(u64, u64)> =
+            runs.iter().map(|r| (r.0, r.0 + r.1.len() as u64)).collect();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0].1 > w[1].0) {
+            return Err(fs_err(libc::EINVAL, "write_runs: the runs overlap"));
+        }
+        let end = sorted.last().map_or(0, |r| r.1);
+        if end > MAX_FILE_SIZE || sorted.iter().any(|r| r.1 < r.0) {
+            return Err(fs_err(
+                libc::EFBIG,
+                format!("write: beyond the largest file size ({MAX_FILE_SIZE} bytes)"),
+            ));
+        }
+        self.need(st, ino, true)?;
+        let (gen, mut attrs) = self.attrs_held(st, ino)?;
+        match attrs.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
+            _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
+        }
+        if self.kill_privs(st, ino, &attrs)? {
+            (_, attrs) = self.attrs_held(st, ino)?;
+        }
+        let size = attrs.size.max(end);
+        let now = now_ns();
+        let recs: Vec<Record<'_>> = runs
+            .iter()
+            .map(|&(offset, data)| Record::Write {
+                ino,
+                offset,
+                size,
+                mtime: now,
+                data,
+            })
+            .collect();
+        let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
+        let len = txn_len(payload);
+        if len as u64 > st.ring.bytes() / 4 {
+            return Err(fs_err(
+                libc::E2BIG,
+                format!(
+                    "write_runs: {} bytes in one transaction is more than a quarter of the log \
+                     ({} bytes)",
+                    len,
+                    st.ring.bytes()
+                ),
+            ));
+        }
+        let med = Self::claims(st, [ino]);
+        let mut buf = std::mem::take(&mut st.buf);
+        buf.clear();
+        buf.resize(len, 0);
+        let mut off = TXN_HEADER;
+        let mut data_offs = Vec::with_capacity(recs.len());
+        for r in &recs {
+            data_offs.push(off + WRITE_HEADER_LEN);
+            r.encode_into(&mut buf[off..]);
+            off += r.encoded_len();
+        }
+        let charge: u64 = runs
+            .iter()
+            .map(|&(o, d)| write_charge(o, d.len() as u64))
+            .sum();
+        let lsn = match self
+            .reserve(st, len)
+            .and_then(|l| self.ensure_credits(st, charge).map(|()| l))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                st.buf = buf;
+                return Err(e);
+            }
+        };
+        st.spend(charge);
+        seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
+        if !med.is_empty() {
+            buf[..4].fill(0);
+        }
+        let put = st.ring.put_txn(lsn, &buf);
+        st.buf = buf;
+        put?;
+        fence();
+        if !med.is_empty() {
+            self.commit_mediated(st, lsn, len, &med)?;
+            st.appended(lsn, len as u64);
+            let _ = self.refresh(st);
+        } else {
+            let tag = st.appended(lsn, len as u64);
+            attrs.size = size;
+            attrs.mtime = now;
+            attrs.ctime = now;
+            let o = st
+                .ov
+                .entry(ino)
+                .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
+            o.attrs = attrs;
+            o.tag = tag;
+            for (&(offset, data), &d) in runs.iter().zip(&data_offs) {
+                o.ext.insert(
+                    offset,
+                    offset + data.len() as u64,
+                    Src::Log(lsn + d as u64),
+                    tag,
+                );
+            }
+            self.maybe_request_digest(st);
+        }
+        if let Some(o) = st.objs.get(&ino) {
+            // The file has a map object (`mapobj`): the mappings see the writes too.
+            for &(offset, data) in &runs {
+                std::os::unix::fs::FileExt::write_all_at(&**o, data, offset)
+                    .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Tx {
     /// The space credits the transaction takes (as the digest charges its records).
     fn charge(&self) -> u64 {
