@@ -323,6 +323,10 @@ impl StoreDir {
     pub fn xattr_path(&self) -> PathBuf {
         self.path.join("xattrs")
     }
+    /// The daemon's segment registry (SpaceJMP segments' address ranges).
+    pub fn sj_registry_path(&self) -> PathBuf {
+        self.path.join("sj-registry")
+    }
     pub fn slots_dir(&self) -> PathBuf {
         self.path.join("slots")
     }

@@ -30,6 +30,7 @@ mod offline;
 mod perm;
 mod server;
 mod sharing;
+mod sj;
 mod store;
 mod superpage;
 mod tiers;

@@ -10,6 +10,7 @@ pub mod inode;
 pub mod log;
 pub mod map;
 pub mod perm;
+pub mod sj;
 pub mod slot;
 pub mod superblock;
 pub mod tier;

@@ -229,7 +229,27 @@ impl File {
         if !self.write {
             return Err(fs_err(libc::EBADF, "write: file not open for writing"));
         }
-        self.fs.run(|st| self.fs.write_runs(st, self.ino, runs))
+        let runs: Vec<(u64, u64, &[u8])> = runs.iter().map(|&(o, d)| (self.ino, o, d)).collect();
+        self.fs.run(|st| self.fs.write_runs(st, &runs))
+    }
+
+    /// Write runs of several files of one store as **one** transaction (see
+    /// [`File::write_runs_atomic`]): `(file, offset, bytes)`; every file open for
+    /// writing, all of the same `Fs`.
+    pub fn write_files_atomic(runs: &[(&File, u64, &[u8])]) -> io::Result<()> {
+        let Some(first) = runs.first() else {
+            return Ok(());
+        };
+        for (f, ..) in runs {
+            if !f.write {
+                return Err(fs_err(libc::EBADF, "write: file not open for writing"));
+            }
+            if !Arc::ptr_eq(&f.fs, &first.0.fs) {
+                return Err(fs_err(libc::EXDEV, "write: files of different clients"));
+            }
+        }
+        let r: Vec<(u64, u64, &[u8])> = runs.iter().map(|&(f, o, d)| (f.ino, o, d)).collect();
+        first.0.fs.run(|st| first.0.fs.write_runs(st, &r))
     }
 
     /// The largest payload [`File::write_runs_atomic`] takes in one transaction (a

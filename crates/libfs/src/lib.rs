@@ -127,6 +127,12 @@ impl Fs {
             .store(mask & 0o777, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The store's UUID (from its superblock): host objects of the store carry it in
+    /// their names (`cairn_area::host`).
+    pub fn uuid(&self) -> [u8; 16] {
+        self.inner.area.superblock().uuid
+    }
+
     /// The NVM tier file (for mapping digested data in place: [`File::map_plan`]).
     pub fn nvm_path(&self) -> &Path {
         &self.inner.nvm_path
@@ -489,6 +495,52 @@ impl Fs {
     /// Digest this client's log now and wait for it (never needed for durability).
     pub fn digest(&self) -> io::Result<()> {
         self.inner.digest()
+    }
+
+    /// Segments (crate `cairn-sj`; PROTOCOL.md, "Segment registry"): ask the daemon for
+    /// the address range of the segment file `ino`/`gen` at `path` (`base`: `None` for
+    /// the first free one). This client's log is digested first, so the daemon sees the
+    /// file.
+    pub fn sj_reserve(
+        &self,
+        ino: u64,
+        gen: u64,
+        path: &str,
+        base: Option<u64>,
+        len: u64,
+        overlap: bool,
+    ) -> io::Result<u64> {
+        let req = Request::SjReserve {
+            ino,
+            gen,
+            path: path.to_string(),
+            base,
+            len,
+            overlap,
+        };
+        match self.inner.daemon_call(&req, true)? {
+            Response::SjReserved { base } => Ok(base),
+            r => Err(conn::response_error("reserving a segment range", r)),
+        }
+    }
+
+    /// Give back the range of segment file `ino`/`gen` (it is being removed).
+    pub fn sj_release(&self, ino: u64, gen: u64) -> io::Result<()> {
+        match self
+            .inner
+            .daemon_call(&Request::SjRelease { ino, gen }, true)?
+        {
+            Response::Ok => Ok(()),
+            r => Err(conn::response_error("releasing a segment range", r)),
+        }
+    }
+
+    /// The segment registry's ranges, sorted by base.
+    pub fn sj_ranges(&self) -> io::Result<Vec<cairn_proto::SjRange>> {
+        match self.inner.daemon_call(&Request::SjRanges, false)? {
+            Response::SjRanges(r) => Ok(r),
+            r => Err(conn::response_error("listing segment ranges", r)),
+        }
     }
 }
 

@@ -94,6 +94,8 @@ impl Permissions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
     pub(crate) ino: u64,
+    /// The inode number's generation (bumped each time the number is reused).
+    pub(crate) generation: u64,
     pub(crate) attrs: Attrs,
     /// 512-byte units.
     pub(crate) blocks: u64,
@@ -141,6 +143,12 @@ impl Metadata {
     /// Inode number.
     pub fn ino(&self) -> u64 {
         self.ino
+    }
+
+    /// The generation of the inode number: (ino, generation) names this file and no
+    /// other, even once the number is reused.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
     /// Number of hard links (directories: 2 + subdirectories; 0 for an open file that was
     /// unlinked).

@@ -211,6 +211,37 @@ impl Mapping {
         Ok(())
     }
 
+    /// The u64 at `off` (8-byte aligned) as an atomic, for words processes share in a
+    /// mapping of host memory that is not the NVM tier (lock tables: no persistence, no
+    /// trace).
+    pub fn atomic_u64(&self, off: usize) -> io::Result<&AtomicU64> {
+        self.check_write(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned atomic u64",
+            ));
+        }
+        // SAFETY: in bounds, 8-aligned (the mapping is page aligned), writable; the
+        // reference lives no longer than `&self`, and so the mapping; `AtomicU64` has the
+        // layout of u64 and every access through it is atomic.
+        Ok(unsafe { &*(self.ptr.add(off) as *const AtomicU64) })
+    }
+
+    /// The u32 at `off` (4-byte aligned) as an atomic (a futex word), as
+    /// [`Mapping::atomic_u64`].
+    pub fn atomic_u32(&self, off: usize) -> io::Result<&std::sync::atomic::AtomicU32> {
+        self.check_write(off, 4)?;
+        if !off.is_multiple_of(4) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned atomic u32",
+            ));
+        }
+        // SAFETY: as in `atomic_u64`, for 4 aligned bytes.
+        Ok(unsafe { &*(self.ptr.add(off) as *const std::sync::atomic::AtomicU32) })
+    }
+
     /// Atomic 8-byte add (sequentially consistent) at `off` (must be 8-aligned); returns
     /// the previous value. Other processes mapping the same file see it at once.
     #[track_caller]

@@ -134,6 +134,39 @@ pub enum Request {
     /// and moves 0 bytes, unless at least two victims fit). Answered with `Migrated`
     /// (`used_bytes` of `tier`).
     Clean { tier: u8 },
+    /// Segments (PROTOCOL.md, "Segment registry"): give segment file `ino` of generation
+    /// `gen` (at `path`) the address range of `len` bytes at `base` (`None`: the first
+    /// free one). `overlap`: it may share addresses with other segments that allow it.
+    /// Answer `SjReserved` (the same range again for a segment that has one), or
+    /// `Error` (`EINVAL` outside the window or misaligned, `EEXIST` overlapping another
+    /// segment, `ENOSPC` no free range). The caller must have created the file.
+    SjReserve {
+        ino: u64,
+        gen: u64,
+        path: String,
+        base: Option<u64>,
+        len: u64,
+        overlap: bool,
+    },
+    /// Give back the range of segment `ino`/`gen` (its file is being removed). `Ok`,
+    /// also when it had none.
+    SjRelease { ino: u64, gen: u64 },
+    /// The registry's ranges: answer `SjRanges`.
+    SjRanges,
+}
+
+/// A segment's range in the registry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SjRange {
+    pub ino: u64,
+    pub gen: u64,
+    /// The segment's path when it was registered.
+    pub path: String,
+    pub base: u64,
+    /// The segment's length, and the range it holds (rounded up to its alignment).
+    pub len: u64,
+    pub reserved: u64,
+    pub overlap: bool,
 }
 
 /// What an `Xattr` request does.
@@ -241,6 +274,12 @@ pub enum Response {
     XattrValue(Vec<u8>),
     /// Answer to `Xattr` list: the names the caller may see, sorted.
     XattrNames(Vec<Vec<u8>>),
+    /// Answer to `SjReserve`: the segment's base.
+    SjReserved {
+        base: u64,
+    },
+    /// Answer to `SjRanges`, sorted by base.
+    SjRanges(Vec<SjRange>),
     /// A failure, with a POSIX errno and a message.
     Error {
         errno: i32,

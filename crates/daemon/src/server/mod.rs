@@ -81,11 +81,17 @@ struct Daemon {
     /// Extended attributes (their own mutex: `core` may be taken while holding it, never
     /// the other way round).
     xattrs: std::sync::Mutex<crate::xattr::Xattrs>,
+    /// The segment registry (its own mutex; `core` may be taken while holding it).
+    sj: std::sync::Mutex<crate::sj::Registry>,
 }
 
 impl Daemon {
     fn core(&self) -> MutexGuard<'_, Core> {
         self.core.serial()
+    }
+
+    fn sj_registry(&self) -> MutexGuard<'_, crate::sj::Registry> {
+        self.sj.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The calling thread serves this daemon: it logs to the daemon's log (while the
@@ -134,6 +140,23 @@ struct Conn {
     refusal: Arc<crate::digest::parallel::Refusal>,
 }
 
+/// The segment registry, without the ranges of segments whose file is gone.
+fn open_sj_registry(store: &StoreDir, core: &Core) -> io::Result<crate::sj::Registry> {
+    let mut reg = crate::sj::Registry::open(store.sj_registry_path())?;
+    let dropped = reg.reconcile(|ino, gen| {
+        core.sh.layout.ino_valid(ino)
+            && core.sh.inode(ino).is_ok_and(|i| {
+                i.attrs.kind == cairn_format::inode::Kind::File
+                    && i.generation == gen
+                    && i.attrs.nlink > 0
+            })
+    })?;
+    if dropped > 0 {
+        tracing::info!("segment registry: {dropped} range(s) of removed segments dropped");
+    }
+    Ok(reg)
+}
+
 /// Run the daemon for `opts.store` until SIGTERM, SIGINT or a `Shutdown` request.
 ///
 /// Errors: `ENOENT` when the store does not exist (without `create`), `EBUSY` when
@@ -159,6 +182,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     }
     let xattrs = crate::offline::open_xattrs(&store, &core)?;
     mark_xattr_inodes(&mut core, &xattrs)?;
+    let sj = open_sj_registry(&store, &core)?;
     sys::install_termination_flag()?;
     tracing::info!("listening on {}", sock.display());
     let leases = core.leases.clone();
@@ -176,6 +200,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         migrator: Default::default(),
         superpage_gate,
         xattrs: std::sync::Mutex::new(xattrs),
+        sj: std::sync::Mutex::new(sj),
     });
     d.locks.set_recaller(d.leases.clone());
     let threads = spawn_threads(&d)?;

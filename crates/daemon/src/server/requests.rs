@@ -54,6 +54,24 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             max_bytes,
         } => migrate(d, from, to, max_bytes),
         Request::Clean { tier } => clean(d, tier),
+        Request::SjReserve {
+            ino,
+            gen,
+            path,
+            base,
+            len,
+            overlap,
+        } => Reply::Send(
+            sj_reserve(d, c, ino, gen, &path, base, len, overlap)
+                .map(|base| Response::SjReserved { base })
+                .unwrap_or_else(|e| err_response(&e)),
+        ),
+        Request::SjRelease { ino, gen } => Reply::Send(
+            sj_release(d, c, ino, gen)
+                .map(|()| Response::Ok)
+                .unwrap_or_else(|e| err_response(&e)),
+        ),
+        Request::SjRanges => Reply::Send(Response::SjRanges(d.sj_registry().ranges().to_vec())),
         Request::Goodbye { tail_lsn } => goodbye(d, c, tail_lsn),
         Request::Lease { ino, write } => lease(d, c, ino, write),
         Request::Xattr { ino, op } => {
@@ -706,6 +724,76 @@ pub(crate) fn mark_xattr_inodes(core: &mut Core, x: &crate::xattr::Xattrs) -> io
             Ok(i) if i.generation == generation && !i.xattrs => core.sh.write_inode(ino, &i)?,
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// The segment file `ino` of generation `gen` as published: `Ok(None)` when it no longer
+/// exists (freed, or the number reused); `EPERM` unless the caller (`c`) owns it or is
+/// root; `EINVAL` for something other than a regular file.
+fn sj_segment_file(
+    d: &Daemon,
+    c: &Conn,
+    ino: u64,
+    gen: u64,
+) -> io::Result<Option<cairn_format::inode::Inode>> {
+    use cairn_format::inode::Kind;
+    let core = d.core();
+    if !core.sh.layout.ino_valid(ino) {
+        return Err(fs_err(
+            libc::EINVAL,
+            format!("segment: bad inode number {ino}"),
+        ));
+    }
+    let inode = core.sh.inode(ino)?;
+    if inode.attrs.kind == Kind::Free || inode.generation != gen || inode.attrs.nlink == 0 {
+        return Ok(None);
+    }
+    if inode.attrs.kind != Kind::File {
+        return Err(fs_err(
+            libc::EINVAL,
+            format!("segment: inode {ino} is not a regular file"),
+        ));
+    }
+    if c.uid != 0 && c.uid != inode.attrs.uid {
+        return Err(fs_err(
+            libc::EPERM,
+            format!("segment: uid {} does not own inode {ino}", c.uid),
+        ));
+    }
+    Ok(Some(inode))
+}
+
+/// `SjReserve`: the segment's file must exist (digested) and be the caller's.
+#[allow(clippy::too_many_arguments)]
+fn sj_reserve(
+    d: &Daemon,
+    c: &Conn,
+    ino: u64,
+    gen: u64,
+    path: &str,
+    base: Option<u64>,
+    len: u64,
+    overlap: bool,
+) -> io::Result<u64> {
+    if sj_segment_file(d, c, ino, gen)?.is_none() {
+        return Err(fs_err(
+            libc::ENOENT,
+            format!("segment {path}: its file (inode {ino}) does not exist"),
+        ));
+    }
+    let base = d
+        .sj_registry()
+        .reserve(ino, gen, path, base, len, overlap)?;
+    tracing::info!("segment {path} (inode {ino}) holds {base:#x}+{len:#x}");
+    Ok(base)
+}
+
+/// `SjRelease`: allowed to the file's owner, and to anyone once the file is gone.
+fn sj_release(d: &Daemon, c: &Conn, ino: u64, gen: u64) -> io::Result<()> {
+    sj_segment_file(d, c, ino, gen)?;
+    if d.sj_registry().release(ino, gen)? {
+        tracing::info!("segment inode {ino}: range released");
     }
     Ok(())
 }

@@ -321,51 +321,61 @@ impl Inner {
 }
 
 impl Inner {
-    /// Write `runs` (offset, bytes) of regular file `ino` as **one** transaction: after
-    /// any crash either all of them are in the file or none is; durable on return. The
-    /// runs may not overlap. `E2BIG` when the transaction would be larger than a quarter
-    /// of the log (the caller must make the change atomic another way).
-    pub(crate) fn write_runs(
-        &self,
-        st: &mut State,
-        ino: u64,
-        runs: &[(u64, &[u8])],
-    ) -> io::Result<()> {
-        let runs: Vec<(u64, &[u8])> = runs.iter().copied().filter(|r| !r.1.is_empty()).collect();
+    /// Write `runs` (inode, offset, bytes) of regular files as **one** transaction: after
+    /// any crash either all of them are in the files or none is; durable on return. The
+    /// runs of one file may not overlap. `E2BIG` when the transaction would be larger
+    /// than a quarter of the log (the caller must make the change atomic another way).
+    pub(crate) fn write_runs(&self, st: &mut State, runs: &[(u64, u64, &[u8])]) -> io::Result<()> {
+        let runs: Vec<(u64, u64, &[u8])> =
+            runs.iter().copied().filter(|r| !r.2.is_empty()).collect();
         if runs.is_empty() {
             return Ok(());
         }
-        let mut sorted: Vec<(u64, u64)> =
-            runs.iter().map(|r| (r.0, r.0 + r.1.len() as u64)).collect();
+        let mut sorted: Vec<(u64, u64, u64)> = runs
+            .iter()
+            .map(|r| (r.0, r.1, r.1.saturating_add(r.2.len() as u64)))
+            .collect();
         sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0].1 > w[1].0) {
+        if sorted
+            .windows(2)
+            .any(|w| w[0].0 == w[1].0 && w[0].2 > w[1].1)
+        {
             return Err(fs_err(libc::EINVAL, "write_runs: the runs overlap"));
         }
-        let end = sorted.last().map_or(0, |r| r.1);
-        if end > MAX_FILE_SIZE || sorted.iter().any(|r| r.1 < r.0) {
+        if sorted.iter().any(|r| r.2 > MAX_FILE_SIZE) {
             return Err(fs_err(
                 libc::EFBIG,
                 format!("write: beyond the largest file size ({MAX_FILE_SIZE} bytes)"),
             ));
         }
-        self.need(st, ino, true)?;
-        let (gen, mut attrs) = self.attrs_held(st, ino)?;
-        match attrs.kind {
-            Kind::File => {}
-            Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
-            _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
+        // Each file: its lease, attributes and size after the writes.
+        let mut files: Vec<(u64, u64, cairn_format::inode::Attrs)> = Vec::new();
+        for &(ino, _, end) in &sorted {
+            if let Some(f) = files.iter_mut().find(|f| f.0 == ino) {
+                f.2.size = f.2.size.max(end);
+                continue;
+            }
+            self.need(st, ino, true)?;
+            let (gen, mut attrs) = self.attrs_held(st, ino)?;
+            match attrs.kind {
+                Kind::File => {}
+                Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
+                _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
+            }
+            if self.kill_privs(st, ino, &attrs)? {
+                (_, attrs) = self.attrs_held(st, ino)?;
+            }
+            attrs.size = attrs.size.max(end);
+            files.push((ino, gen, attrs));
         }
-        if self.kill_privs(st, ino, &attrs)? {
-            (_, attrs) = self.attrs_held(st, ino)?;
-        }
-        let size = attrs.size.max(end);
         let now = now_ns();
+        let size_of = |ino: u64| files.iter().find(|f| f.0 == ino).map_or(0, |f| f.2.size);
         let recs: Vec<Record<'_>> = runs
             .iter()
-            .map(|&(offset, data)| Record::Write {
+            .map(|&(ino, offset, data)| Record::Write {
                 ino,
                 offset,
-                size,
+                size: size_of(ino),
                 mtime: now,
                 data,
             })
@@ -383,7 +393,7 @@ impl Inner {
                 ),
             ));
         }
-        let med = Self::claims(st, [ino]);
+        let med = Self::claims(st, files.iter().map(|f| f.0));
         let mut buf = std::mem::take(&mut st.buf);
         buf.clear();
         buf.resize(len, 0);
@@ -396,7 +406,7 @@ impl Inner {
         }
         let charge: u64 = runs
             .iter()
-            .map(|&(o, d)| write_charge(o, d.len() as u64))
+            .map(|&(_, o, d)| write_charge(o, d.len() as u64))
             .sum();
         let lsn = match self
             .reserve(st, len)
@@ -423,28 +433,31 @@ impl Inner {
             let _ = self.refresh(st);
         } else {
             let tag = st.appended(lsn, len as u64);
-            attrs.size = size;
-            attrs.mtime = now;
-            attrs.ctime = now;
-            let o = st
-                .ov
-                .entry(ino)
-                .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
-            o.attrs = attrs;
-            o.tag = tag;
-            for (&(offset, data), &d) in runs.iter().zip(&data_offs) {
-                o.ext.insert(
-                    offset,
-                    offset + data.len() as u64,
-                    Src::Log(lsn + d as u64),
-                    tag,
-                );
+            for &(ino, gen, mut attrs) in &files {
+                attrs.mtime = now;
+                attrs.ctime = now;
+                let o = st
+                    .ov
+                    .entry(ino)
+                    .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
+                o.attrs = attrs;
+                o.tag = tag;
+            }
+            for (&(ino, offset, data), &d) in runs.iter().zip(&data_offs) {
+                if let Some(o) = st.ov.get_mut(&ino) {
+                    o.ext.insert(
+                        offset,
+                        offset + data.len() as u64,
+                        Src::Log(lsn + d as u64),
+                        tag,
+                    );
+                }
             }
             self.maybe_request_digest(st);
         }
-        if let Some(o) = st.objs.get(&ino) {
-            // The file has a map object (`mapobj`): the mappings see the writes too.
-            for &(offset, data) in &runs {
+        for &(ino, offset, data) in &runs {
+            if let Some(o) = st.objs.get(&ino) {
+                // The file has a map object (`mapobj`): the mappings see the writes too.
                 std::os::unix::fs::FileExt::write_all_at(&**o, data, offset)
                     .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}")))?;
             }

@@ -96,7 +96,12 @@ impl Inner {
         if st.orphans.contains(&ino) {
             attrs.nlink = 0;
         }
-        Ok(Metadata { ino, attrs, blocks })
+        Ok(Metadata {
+            ino,
+            generation: gen,
+            attrs,
+            blocks,
+        })
     }
 
     /// Look `name` up in directory `dir`.

@@ -371,6 +371,17 @@ impl Inner {
         }
     }
 
+    /// A request of the caller's (`Fs::sj_reserve` …) answered by the daemon, after this
+    /// client's log is digested when `digested`; an `Error` answer is returned as it is.
+    pub(crate) fn daemon_call(&self, req: &Request, digested: bool) -> io::Result<Response> {
+        self.run(|st| {
+            if digested && st.ph < st.tail {
+                self.digest_wait(st)?;
+            }
+            self.request(st, req)
+        })
+    }
+
     /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
     pub(super) fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
         // A daemon that is stopping answers ESHUTDOWN: wait for it to go and re-attach
