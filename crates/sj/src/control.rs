@@ -278,6 +278,14 @@ impl Control {
         ))
     }
 
+    /// The slot at byte `off` of the file ([`Slot::offset`] of a slot found before).
+    pub fn slot_at(&self, off: usize) -> Slot<'_> {
+        debug_assert!(
+            off >= HEADER as usize && (off - HEADER as usize).is_multiple_of(SLOT as usize)
+        );
+        Slot { ctl: self, off }
+    }
+
     /// Every claimed slot (for `cairn sj locks`).
     pub fn slots(&self) -> Vec<Slot<'_>> {
         (0..SLOTS)
@@ -306,6 +314,11 @@ impl<'c> Slot<'c> {
 
     fn waiters(&self) -> &'c AtomicU32 {
         self.ctl.word32(self.off + WAITERS as usize)
+    }
+
+    /// Where the slot is in the file ([`Control::slot_at`]).
+    pub fn offset(&self) -> usize {
+        self.off
     }
 
     /// The segment's inode number and generation.
@@ -388,6 +401,24 @@ impl<'c> Slot<'c> {
             .map(|(o, c)| (o.load(SeqCst), c.load(SeqCst)))
             .filter(|&(o, c)| o != 0 && c > 0)
             .collect()
+    }
+
+    /// Owner words of the processes that have the segment attached (a reader entry,
+    /// holding the lock or not), dead ones included.
+    pub fn attached(&self) -> Vec<u64> {
+        (0..READER_SLOTS)
+            .map(|i| self.reader(i).0.load(SeqCst))
+            .filter(|&o| o != 0 && o != u64::MAX)
+            .collect()
+    }
+
+    /// This process detaches the segment: its reader entry is given up (when no thread
+    /// of it holds the reader lock).
+    pub fn leave(&self, entry: u64) {
+        let (o, c) = self.reader(entry);
+        if c.load(SeqCst) == 0 {
+            let _ = o.compare_exchange(process_word(), 0, SeqCst, SeqCst);
+        }
     }
 
     pub fn waiting(&self) -> u32 {

@@ -21,7 +21,7 @@ use std::io;
 /// The words of a segment (offsets from its base, 8-byte aligned).
 pub trait Mem {
     /// The segment's length.
-    fn len(&self) -> u64;
+    fn size(&self) -> u64;
     fn load(&self, off: u64) -> io::Result<u64>;
     fn store(&mut self, off: u64, v: u64) -> io::Result<()>;
     /// Copy `buf.len()` bytes at `off`.
@@ -58,11 +58,11 @@ pub struct HeapStats {
 }
 
 /// The allocator over a segment's words.
-pub struct Heap<'m, M: Mem> {
+pub struct Heap<'m, M: Mem + ?Sized> {
     m: &'m mut M,
 }
 
-impl<'m, M: Mem> Heap<'m, M> {
+impl<'m, M: Mem + ?Sized> Heap<'m, M> {
     /// The heap of segment memory `m` (`EIO` if its state is not a heap's).
     pub fn open(m: &'m mut M) -> io::Result<Heap<'m, M>> {
         let h = Heap { m };
@@ -71,7 +71,7 @@ impl<'m, M: Mem> Heap<'m, M> {
         }
         let end = h.state(END_OFF)?;
         let next = h.state(NEXT_CHUNK_OFF)?;
-        if end > h.m.len() || !end.is_multiple_of(CHUNK) || next < FIRST_CHUNK || next > end {
+        if end > h.m.size() || !end.is_multiple_of(CHUNK) || next < FIRST_CHUNK || next > end {
             return Err(corrupt(format!("heap bounds {next:#x}..{end:#x}")));
         }
         Ok(h)
@@ -130,7 +130,7 @@ impl<'m, M: Mem> Heap<'m, M> {
         let mut guard = 0u64;
         while at != 0 {
             guard += 1;
-            if guard > self.m.len() / CHUNK {
+            if guard > self.m.size() / CHUNK {
                 return Err(corrupt("a cycle in the free spans"));
             }
             let (kind, _, n, next) = self.header(at)?;
@@ -315,7 +315,7 @@ impl<'m, M: Mem> Heap<'m, M> {
 }
 
 /// The address root `name` holds (`None`: no such root).
-pub fn root(m: &impl Mem, name: &str) -> io::Result<Option<u64>> {
+pub fn root(m: &(impl Mem + ?Sized), name: &str) -> io::Result<Option<u64>> {
     for i in 0..sj::ROOTS {
         let mut e = [0u8; sj::ROOT_LEN as usize];
         m.read(sj::ROOTS_OFF + i * sj::ROOT_LEN, &mut e)?;
@@ -329,7 +329,7 @@ pub fn root(m: &impl Mem, name: &str) -> io::Result<Option<u64>> {
 }
 
 /// Every root: `(name, address)`.
-pub fn roots(m: &impl Mem) -> io::Result<Vec<(String, u64)>> {
+pub fn roots(m: &(impl Mem + ?Sized)) -> io::Result<Vec<(String, u64)>> {
     let mut out = Vec::new();
     for i in 0..sj::ROOTS {
         let mut e = [0u8; sj::ROOT_LEN as usize];
@@ -343,7 +343,7 @@ pub fn roots(m: &impl Mem) -> io::Result<Vec<(String, u64)>> {
 
 /// Set root `name` to `addr` (0: remove it). `ENOSPC` when all roots are taken,
 /// `ENAMETOOLONG` for a name longer than 55 bytes.
-pub fn set_root(m: &mut impl Mem, name: &str, addr: u64) -> io::Result<()> {
+pub fn set_root(m: &mut (impl Mem + ?Sized), name: &str, addr: u64) -> io::Result<()> {
     let Some(entry) = sj::encode_root(name.as_bytes(), addr) else {
         return Err(fs_err(
             libc::ENAMETOOLONG,
@@ -388,7 +388,7 @@ pub(crate) mod tests {
     pub struct Buf(pub Vec<u8>);
 
     impl Mem for Buf {
-        fn len(&self) -> u64 {
+        fn size(&self) -> u64 {
             self.0.len() as u64
         }
         fn load(&self, off: u64) -> io::Result<u64> {

@@ -235,11 +235,12 @@ impl Drop for TestStore {
                 dir.keep().display()
             );
         }
-        // Map objects and FIFO/socket rendezvous a test left.
-        let objects = cairn::map_object_files(self.path()).unwrap_or_default();
-        let rendezvous = cairn::rendezvous_files(self.path()).unwrap_or_default();
-        for p in objects.into_iter().chain(rendezvous) {
-            let _ = std::fs::remove_file(p);
+        // Host objects a test left: map objects, FIFO/socket rendezvous, resident
+        // segments and the segment control file.
+        if let Ok(uuid) = cairn_area::host::store_uuid(self.path()) {
+            for p in cairn_area::host::list(&uuid) {
+                let _ = std::fs::remove_file(p);
+            }
         }
         if let Ok(cfg) = cairn_area::StoreDir::new(self.path()).load_config() {
             let _ = std::fs::remove_file(cfg.nvm_path);

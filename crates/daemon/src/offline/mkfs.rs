@@ -350,10 +350,14 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                     .open(store.slot_lock_path(s))?;
                 restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
             }
-            // The old store's extended attributes go with it (the daemon starts a new
-            // journal).
-            for ext in ["", "tmp", "old"] {
-                match std::fs::remove_file(store.xattr_path().with_extension(ext)) {
+            // The old store's extended attributes and segment registry go with it (the
+            // daemon starts new ones).
+            for p in ["", "tmp", "old"]
+                .map(|ext| store.xattr_path().with_extension(ext))
+                .into_iter()
+                .chain([store.sj_registry_path()])
+            {
+                match std::fs::remove_file(p) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                     _ => {}
                 }

@@ -1,0 +1,1903 @@
+//! A process's view of the store's segments and address spaces: [`SpaceJmp`].
+//!
+//! One per process (segments live at fixed addresses, and the segment window is the
+//! process's). It keeps the segments this process has mapped, the address spaces it has
+//! attached (handles), and for each thread the handle it is switched into and the locks
+//! it holds (docs/SPACEJMP.md, "Switching").
+//!
+//! Switching (Mode A, segments at distinct addresses): every segment of every attached
+//! address space stays mapped at its base, so a switch changes no mapping: it releases
+//! the locks of the address space the thread leaves and takes those of the one it enters
+//! (per thread, no system call when uncontended). What this mode does not give is
+//! hardware isolation: a thread can still reach a segment of an attached address space
+//! it is not switched into (the Rust API's guards keep safe code from doing so).
+
+use crate::control::{self, Control, Journal, Slot, Taken};
+use crate::heap::{self, Heap, HeapStats, Mem};
+use crate::segment::{self, Segment};
+use crate::undo::UndoLog;
+use cairn::{FlockOp, Fs, OpenOptions};
+use cairn_area::{errno_of, fs_err};
+use cairn_format::sj::{self, flags, prot, SegHeader, VasEntry};
+use cairn_media::fixed::{Access, Region, Window};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// A segment's id: its file's inode number (global in the store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegId(pub u64);
+
+/// An address space's id: its file's inode number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VasId(pub u64);
+
+/// A process-local handle of an attached address space; [`Vh::PRIMARY`] (0) is the
+/// process's own address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Vh(pub u32);
+
+impl Vh {
+    pub const PRIMARY: Vh = Vh(0);
+}
+
+/// How a writer's stores reach the segment (docs/SPACEJMP.md, "Commit modes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// Stores go to private copy-on-write pages; a commit finds them (`PAGEMAP_SCAN`),
+    /// logs them and publishes them. Works for any code that stores through pointers.
+    #[default]
+    Snapshot,
+    /// Stores go straight to the resident copy, after the bytes are declared
+    /// (`tx_add`, done by the Rust API's writes): a commit logs just those bytes.
+    Explicit,
+}
+
+/// Where `seg_attach`/`seg_detach` act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The calling thread's current address space.
+    Current,
+    /// An attached address space (its handle), or the primary.
+    Handle(Vh),
+    /// A named address space (its file changes; processes attached already are not).
+    Vas(VasId),
+}
+
+/// A change of a named address space (`vas_ctl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VasCtl {
+    Add { seg: SegId, prot: u32 },
+    Remove { seg: SegId },
+    SetProt { seg: SegId, prot: u32 },
+    List,
+}
+
+/// What `seg_info` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegInfo {
+    pub id: SegId,
+    pub gen: u64,
+    pub path: String,
+    pub base: u64,
+    pub len: u64,
+    pub flags: u32,
+    pub prot: u32,
+    pub commit_seq: u64,
+    /// Bytes the resident copy holds in memory (0: not resident).
+    pub resident_bytes: u64,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    pub segments: usize,
+    pub pages: usize,
+    pub bytes: usize,
+}
+
+/// The path of a segment or address space name: a name without `/` lives under
+/// `/.sj/seg/` (or `/.sj/vas/`); a name starting with `/` is that path of the store.
+pub fn seg_path(name: &str) -> io::Result<String> {
+    named_path(name, "/.sj/seg")
+}
+
+pub fn vas_path(name: &str) -> io::Result<String> {
+    named_path(name, "/.sj/vas")
+}
+
+fn named_path(name: &str, dir: &str) -> io::Result<String> {
+    if name.starts_with('/') {
+        return Ok(name.to_string());
+    }
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.len() > 255 {
+        return Err(fs_err(
+            libc::EINVAL,
+            format!("{name:?}: not a name (1 to 255 bytes, no `/`) nor an absolute path"),
+        ));
+    }
+    Ok(format!("{dir}/{name}"))
+}
+
+/// A segment this process has mapped.
+struct Mapped {
+    seg: Arc<Segment>,
+    region: Arc<Region>,
+    /// The segment's slot in the control file, and this process's reader entry there.
+    slot: usize,
+    entry: u64,
+    /// Attachments (handle entries) that use it.
+    users: usize,
+    mode: CommitMode,
+    undo: Option<Arc<UndoLog>>,
+}
+
+/// A mapped segment as a call needs it, taken out of the process state.
+#[derive(Clone)]
+struct View {
+    seg: Arc<Segment>,
+    region: Arc<Region>,
+    slot: usize,
+    mode: CommitMode,
+    undo: Option<Arc<UndoLog>>,
+}
+
+impl Mapped {
+    fn view(&self) -> View {
+        View {
+            seg: self.seg.clone(),
+            region: self.region.clone(),
+            slot: self.slot,
+            mode: self.mode,
+            undo: self.undo.clone(),
+        }
+    }
+}
+
+/// One segment of an attached address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    ino: u64,
+    prot: u32,
+    lockable: bool,
+}
+
+/// An attached address space (or the primary, handle 0).
+struct Handle {
+    vid: Option<VasId>,
+    name: String,
+    entries: Vec<Entry>,
+    mode: CommitMode,
+}
+
+struct State {
+    segs: HashMap<u64, Mapped>,
+    handles: Vec<Option<Handle>>,
+    /// Paths of address spaces this process created or found, by id.
+    vas_paths: HashMap<u64, String>,
+    /// Paths of segments by id, as far as this process knows them.
+    seg_paths: HashMap<u64, String>,
+}
+
+/// A lock a thread holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    ino: u64,
+    slot: usize,
+    entry: u64,
+    write: bool,
+}
+
+/// The lock plan of a handle (what switching into it takes), cached per thread.
+#[derive(Debug, Clone)]
+struct Plan {
+    version: u64,
+    locks: Arc<[Held]>,
+}
+
+/// A thread's place: the handle it is in and the locks it holds.
+#[derive(Default)]
+struct ThreadState {
+    vh: u32,
+    held: Vec<Held>,
+    /// A Rust guard (`Switched`) is alive.
+    guarded: bool,
+    /// Explicit-mode ranges declared in this transaction, per segment.
+    declared: HashMap<u64, Vec<(u64, u64)>>,
+    plans: HashMap<u32, Plan>,
+}
+
+impl Drop for ThreadState {
+    fn drop(&mut self) {
+        // A thread that ends inside an address space: its uncommitted stores are dropped
+        // and its locks released.
+        if self.held.is_empty() && self.declared.is_empty() {
+            return;
+        }
+        if let Some(sj) = GLOBAL.get() {
+            let held = std::mem::take(&mut self.held);
+            let declared = std::mem::take(&mut self.declared);
+            let _ = sj.abort_held(&held, &declared);
+            sj.release(&held);
+        }
+    }
+}
+
+thread_local! {
+    static THREAD: RefCell<ThreadState> = RefCell::new(ThreadState::default());
+}
+
+static GLOBAL: OnceLock<Arc<SpaceJmp>> = OnceLock::new();
+
+/// The store's segments and address spaces as this process sees them.
+pub struct SpaceJmp {
+    fs: Fs,
+    uuid: [u8; 16],
+    window: Arc<Window>,
+    ctl: Control,
+    pagemap: std::fs::File,
+    state: Mutex<State>,
+    /// Bumped whenever a handle's segments change (per-thread plans are then redone).
+    version: AtomicU64,
+}
+
+impl std::fmt::Debug for SpaceJmp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpaceJmp")
+            .field("store", &self.fs.store_dir())
+            .finish()
+    }
+}
+
+/// The bytes of a mapped segment, through its region (offsets from its base).
+struct RegionMem<'a>(&'a Region);
+
+impl Mem for RegionMem<'_> {
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn load(&self, off: u64) -> io::Result<u64> {
+        self.0.load_u64(off as usize)
+    }
+    fn store(&mut self, off: u64, v: u64) -> io::Result<()> {
+        self.0.store_u64(off as usize, v)
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read(off as usize, buf)
+    }
+    fn write(&mut self, off: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write(off as usize, data)
+    }
+}
+
+/// [`RegionMem`] in explicit mode: every store is declared first (undo log + range).
+struct DeclaringMem<'a> {
+    region: &'a Region,
+    undo: &'a UndoLog,
+    declared: &'a mut Vec<(u64, u64)>,
+}
+
+impl DeclaringMem<'_> {
+    fn declare(&mut self, off: u64, len: u64) -> io::Result<()> {
+        declare(self.region, self.undo, self.declared, off, len)
+    }
+}
+
+impl Mem for DeclaringMem<'_> {
+    fn size(&self) -> u64 {
+        self.region.len() as u64
+    }
+    fn load(&self, off: u64) -> io::Result<u64> {
+        self.region.load_u64(off as usize)
+    }
+    fn store(&mut self, off: u64, v: u64) -> io::Result<()> {
+        self.declare(off, 8)?;
+        self.region.store_u64(off as usize, v)
+    }
+    fn read(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.region.read(off as usize, buf)
+    }
+    fn write(&mut self, off: u64, data: &[u8]) -> io::Result<()> {
+        self.declare(off, data.len() as u64)?;
+        self.region.write(off as usize, data)
+    }
+}
+
+/// Record `[off, off + len)` of `region` in the undo log (once per transaction).
+fn declare(
+    region: &Region,
+    undo: &UndoLog,
+    declared: &mut Vec<(u64, u64)>,
+    off: u64,
+    len: u64,
+) -> io::Result<()> {
+    if len == 0
+        || declared
+            .iter()
+            .any(|&(o, l)| o <= off && off + len <= o + l)
+    {
+        return Ok(());
+    }
+    let mut old = vec![0u8; len as usize];
+    region.read(off as usize, &mut old)?;
+    undo.record(off, &old)?;
+    declared.push((off, len));
+    Ok(())
+}
+
+fn lock_err(e: &io::Error, what: &str) -> io::Error {
+    fs_err(errno_of(e), format!("{what}: {e}"))
+}
+
+impl SpaceJmp {
+    /// The process's `SpaceJmp` for the store `store` (else `$CAIRN_STORE`, else the
+    /// default store): made at the first call, which reserves the segment window in
+    /// this process. `EBUSY` if this process uses another store's segments already.
+    pub fn open(store: Option<&Path>) -> io::Result<Arc<SpaceJmp>> {
+        if let Some(sj) = GLOBAL.get() {
+            let want = cairn_area::StoreDir::resolve(store).path;
+            if sj.fs.store_dir() != want.as_path() {
+                return Err(fs_err(
+                    libc::EBUSY,
+                    format!(
+                        "this process uses the segments of store {} already (one store per process)",
+                        sj.fs.store_dir().display()
+                    ),
+                ));
+            }
+            return Ok(sj.clone());
+        }
+        SpaceJmp::with_fs(Fs::open_store(store)?)
+    }
+
+    /// [`SpaceJmp::open`] with a client already open.
+    pub fn with_fs(fs: Fs) -> io::Result<Arc<SpaceJmp>> {
+        static INIT: Mutex<()> = Mutex::new(());
+        let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sj) = GLOBAL.get() {
+            if sj.fs.store_dir() != fs.store_dir() {
+                return Err(fs_err(
+                    libc::EBUSY,
+                    "this process uses another store's segments",
+                ));
+            }
+            return Ok(sj.clone());
+        }
+        let window = Window::reserve(
+            sj::WINDOW_BASE as usize,
+            (sj::WINDOW_END - sj::WINDOW_BASE) as usize,
+        )?;
+        let uuid = fs.uuid();
+        let ctl = Control::open(&uuid, fs.nvm_path())?;
+        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        let sj = Arc::new(SpaceJmp {
+            fs,
+            uuid,
+            window,
+            ctl,
+            pagemap,
+            state: Mutex::new(State {
+                segs: HashMap::new(),
+                handles: vec![Some(Handle {
+                    vid: None,
+                    name: "primary".into(),
+                    entries: Vec::new(),
+                    mode: CommitMode::Snapshot,
+                })],
+                vas_paths: HashMap::new(),
+                seg_paths: HashMap::new(),
+            }),
+            version: AtomicU64::new(1),
+        });
+        let _ = GLOBAL.set(sj.clone());
+        Ok(sj)
+    }
+
+    /// The process's `SpaceJmp`, if one was opened.
+    pub fn global() -> Option<Arc<SpaceJmp>> {
+        GLOBAL.get().cloned()
+    }
+
+    pub fn fs(&self) -> &Fs {
+        &self.fs
+    }
+
+    pub fn control(&self) -> &Control {
+        &self.ctl
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn slot(&self, off: usize) -> Slot<'_> {
+        self.ctl.slot_at(off)
+    }
+
+    // ---- segments -------------------------------------------------------------------
+
+    /// Make a segment: a file at `name` (`seg_path`) of `len` bytes with mode `mode`,
+    /// given the range at `base` (`None`: the first free one) by the daemon's registry.
+    /// `prot`: what it allows (`prot::READ`, `prot::RW`); `flags`: `flags::LOCKABLE`,
+    /// `flags::OVERLAP`. `EEXIST` if the name exists.
+    pub fn seg_alloc(
+        &self,
+        name: &str,
+        base: Option<u64>,
+        len: u64,
+        prot_: u32,
+        flags_: u32,
+        mode: u32,
+    ) -> io::Result<SegId> {
+        let path = seg_path(name)?;
+        if len == 0 {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("segment {path}: a length of 0"),
+            ));
+        }
+        if flags_ & !flags::ALL != 0 || prot_ & !prot::RW != 0 || prot_ & prot::READ == 0 {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("segment {path}: unknown flags or protections"),
+            ));
+        }
+        if let Some(b) = base {
+            sj::check_range(b, len)
+                .map_err(|e| fs_err(libc::EINVAL, format!("segment {path}: {}", e.0)))?;
+        } else {
+            sj::check_range(sj::WINDOW_BASE, len)
+                .map_err(|e| fs_err(libc::EINVAL, format!("segment {path}: {}", e.0)))?;
+        }
+        if !name.starts_with('/') {
+            self.fs.create_dir_all("/.sj/seg")?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("segment {path}: {}", short(&e))))?;
+        let meta = file.metadata()?;
+        let (ino, gen) = (meta.ino(), meta.generation());
+        let undo = |e: io::Error| {
+            let _ = self.fs.remove_file(path.as_str());
+            e
+        };
+        let base = self
+            .fs
+            .sj_reserve(ino, gen, &path, base, len, flags_ & flags::OVERLAP != 0)
+            .map_err(undo)?;
+        let header = SegHeader {
+            flags: flags_,
+            prot: prot_,
+            base,
+            len,
+            ino,
+            created_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64),
+        };
+        let mut page0 = vec![0u8; sj::PAGE as usize];
+        page0[..sj::SEG_HEADER_LEN].copy_from_slice(&header.encode());
+        let mut page1 = vec![0u8; sj::PAGE as usize];
+        for (off, v) in heap::initial_state(len) {
+            let o = (off - sj::HEAP_STATE_OFF) as usize;
+            page1[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let r = file
+            .set_len(len)
+            .and_then(|()| file.write_runs_atomic(&[(0, &page0), (sj::PAGE, &page1)]));
+        if let Err(e) = r {
+            let _ = self.fs.sj_release(ino, gen);
+            return Err(undo(e));
+        }
+        self.state().seg_paths.insert(ino, path);
+        Ok(SegId(ino))
+    }
+
+    /// The segment named `name`.
+    pub fn seg_find(&self, name: &str) -> io::Result<SegId> {
+        let path = seg_path(name)?;
+        let m = self
+            .fs
+            .metadata(path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("segment {path}: {}", short(&e))))?;
+        let f = cairn::File::open(&self.fs, path.as_str())?;
+        segment::read_header(&f, &path)?;
+        self.state().seg_paths.insert(m.ino(), path);
+        Ok(SegId(m.ino()))
+    }
+
+    /// The path of segment `id` (known to this process, else from the registry).
+    fn seg_path_of(&self, id: SegId) -> io::Result<String> {
+        if let Some(p) = self.state().seg_paths.get(&id.0) {
+            return Ok(p.clone());
+        }
+        let ranges = self.fs.sj_ranges()?;
+        let r = ranges
+            .iter()
+            .find(|r| r.ino == id.0)
+            .ok_or_else(|| fs_err(libc::ENOENT, format!("no segment {}", id.0)))?;
+        self.state().seg_paths.insert(id.0, r.path.clone());
+        Ok(r.path.clone())
+    }
+
+    /// What segment `name` is.
+    pub fn seg_info(&self, name: &str) -> io::Result<SegInfo> {
+        let path = seg_path(name)?;
+        let f = cairn::File::open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("segment {path}: {}", short(&e))))?;
+        let h = segment::read_header(&f, &path)?;
+        let m = f.metadata()?;
+        let mut b = [0u8; 8];
+        f.read_at(&mut b, sj::COMMIT_SEQ_OFF)?;
+        let obj = segment::object_path(&self.uuid, m.ino(), m.generation());
+        Ok(SegInfo {
+            id: SegId(m.ino()),
+            gen: m.generation(),
+            path,
+            base: h.base,
+            len: h.len,
+            flags: h.flags,
+            prot: h.prot,
+            commit_seq: u64::from_le_bytes(b),
+            resident_bytes: cairn_area::host::allocated_bytes(&obj),
+        })
+    }
+
+    /// Every segment of the store (from the daemon's registry).
+    pub fn seg_list(&self) -> io::Result<Vec<SegInfo>> {
+        let mut out = Vec::new();
+        for r in self.fs.sj_ranges()? {
+            match self.seg_info(&r.path) {
+                Ok(i) if i.id.0 == r.ino => out.push(i),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Remove segment `name`: its file, its range, its resident copy and its lock. `EBUSY`
+    /// while another live process has it attached (this process detaches it first).
+    pub fn seg_free(&self, name: &str) -> io::Result<()> {
+        let path = seg_path(name)?;
+        let info = self.seg_info(&path)?;
+        let slot = self.ctl.slot(info.id.0, info.gen)?;
+        let mine = control::process_word();
+        let others: Vec<u64> = slot
+            .attached()
+            .into_iter()
+            .filter(|&w| w != mine && !control::owner_dead(w))
+            .collect();
+        if !others.is_empty() {
+            return Err(fs_err(
+                libc::EBUSY,
+                format!(
+                    "segment {path} is attached by {} other process(es) (pid {}): detach it there first",
+                    others.len(),
+                    others.iter().map(|w| (w >> 32).to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        if self.state().segs.contains_key(&info.id.0) {
+            return Err(fs_err(
+                libc::EBUSY,
+                format!("segment {path} is attached in this process: detach it first"),
+            ));
+        }
+        match slot.write_lock_timeout(std::time::Duration::from_secs(10)) {
+            Ok(_) => {}
+            Err(e) => return Err(lock_err(&e, &format!("segment {path}: its writer lock"))),
+        }
+        self.fs.remove_file(path.as_str())?;
+        let _ = self.fs.sj_release(info.id.0, info.gen);
+        segment::remove_object(&self.uuid, info.id.0, info.gen);
+        UndoLog::remove(&self.uuid, info.id.0, info.gen);
+        slot.retire();
+        self.state().seg_paths.remove(&info.id.0);
+        Ok(())
+    }
+
+    /// Drop the resident copy of segment `name` (the next attach builds it again from the
+    /// file). `EBUSY` while a live process has it attached.
+    pub fn seg_evict(&self, name: &str) -> io::Result<u64> {
+        let info = self.seg_info(name)?;
+        let slot = self.ctl.slot(info.id.0, info.gen)?;
+        let busy = slot.attached().into_iter().any(|w| !control::owner_dead(w));
+        if busy || self.state().segs.contains_key(&info.id.0) {
+            return Err(fs_err(
+                libc::EBUSY,
+                format!("segment {}: attached; detach it first", info.path),
+            ));
+        }
+        slot.write_lock_timeout(std::time::Duration::from_secs(10))
+            .map_err(|e| lock_err(&e, "the segment's writer lock"))?;
+        let freed = info.resident_bytes;
+        segment::remove_object(&self.uuid, info.id.0, info.gen);
+        slot.write_unlock();
+        Ok(freed)
+    }
+
+    // ---- address spaces --------------------------------------------------------------
+
+    /// Make an empty address space `name` with mode `mode` (`EEXIST` if it exists).
+    pub fn vas_create(&self, name: &str, mode: u32) -> io::Result<VasId> {
+        let path = vas_path(name)?;
+        if !name.starts_with('/') {
+            self.fs.create_dir_all("/.sj/vas")?;
+        }
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        f.write_runs_atomic(&[(0, &sj::encode_vas(&[]))])?;
+        let id = f.metadata()?.ino();
+        self.state().vas_paths.insert(id, path);
+        Ok(VasId(id))
+    }
+
+    /// The address space named `name`.
+    pub fn vas_find(&self, name: &str) -> io::Result<VasId> {
+        let path = vas_path(name)?;
+        let f = cairn::File::open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        read_vas(&f, &path)?;
+        let id = f.metadata()?.ino();
+        self.state().vas_paths.insert(id, path);
+        Ok(VasId(id))
+    }
+
+    fn vas_path_of(&self, id: VasId) -> io::Result<String> {
+        self.state().vas_paths.get(&id.0).cloned().ok_or_else(|| {
+            fs_err(
+                libc::ENOENT,
+                format!(
+                    "address space {}: unknown to this process (vas_find it first)",
+                    id.0
+                ),
+            )
+        })
+    }
+
+    /// The address spaces under `/.sj/vas`: `(name, id, segments)`.
+    pub fn vas_list(&self) -> io::Result<Vec<(String, VasId, Vec<VasEntry>)>> {
+        let mut out = Vec::new();
+        let rd = match self.fs.read_dir("/.sj/vas") {
+            Ok(rd) => rd,
+            Err(e) if errno_of(&e) == libc::ENOENT => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for e in rd {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = format!("/.sj/vas/{name}");
+            if let Ok(f) = cairn::File::open(&self.fs, path.as_str()) {
+                if let Ok(entries) = read_vas(&f, &path) {
+                    out.push((name, VasId(f.metadata()?.ino()), entries));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// A new address space `name` with the segments of `id` (the same segments, shared).
+    pub fn vas_clone(&self, id: VasId, name: &str) -> io::Result<VasId> {
+        let src = self.vas_path_of(id)?;
+        let f = cairn::File::open(&self.fs, src.as_str())?;
+        let entries = read_vas(&f, &src)?;
+        let mode = f.metadata()?.permissions().mode() & 0o7777;
+        let new = self.vas_create(name, mode)?;
+        let path = self.vas_path_of(new)?;
+        let g = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.fs, path.as_str())?;
+        write_vas(&g, &entries)?;
+        Ok(new)
+    }
+
+    /// Change (or list) the segments of address space `id`. The segments must not
+    /// overlap within it; a segment may be granted at most what it allows.
+    pub fn vas_ctl(&self, id: VasId, op: VasCtl) -> io::Result<Vec<VasEntry>> {
+        let path = self.vas_path_of(id)?;
+        let write = op != VasCtl::List;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        if !write {
+            return read_vas(&f, &path);
+        }
+        f.flock(FlockOp::Exclusive, false)?;
+        let mut entries = read_vas(&f, &path)?;
+        match op {
+            VasCtl::Add { seg, prot: p } => {
+                let sp = self.seg_path_of(seg)?;
+                let sf = cairn::File::open(&self.fs, sp.as_str())?;
+                let h = segment::read_header(&sf, &sp)?;
+                let m = sf.metadata()?;
+                check_grant(&sp, &h, p)?;
+                if entries.iter().any(|e| e.ino == seg.0) {
+                    return Err(fs_err(
+                        libc::EEXIST,
+                        format!("{path} holds segment {sp} already"),
+                    ));
+                }
+                if let Some(o) = entries.iter().find(|e| {
+                    e.base < h.base + sj::reserved_len(h.len)
+                        && h.base < e.base + sj::reserved_len(e.len)
+                }) {
+                    return Err(fs_err(
+                        libc::EEXIST,
+                        format!(
+                            "segment {sp} ({:#x}+{:#x}) overlaps {} ({:#x}+{:#x}) in {path}",
+                            h.base, h.len, o.path, o.base, o.len
+                        ),
+                    ));
+                }
+                entries.push(VasEntry {
+                    ino: m.ino(),
+                    gen: m.generation(),
+                    base: h.base,
+                    len: h.len,
+                    prot: p,
+                    flags: h.flags,
+                    path: sp,
+                });
+                entries.sort_by_key(|e| e.base);
+            }
+            VasCtl::Remove { seg } => {
+                let before = entries.len();
+                entries.retain(|e| e.ino != seg.0);
+                if entries.len() == before {
+                    return Err(fs_err(
+                        libc::ENOENT,
+                        format!("{path} does not hold segment {}", seg.0),
+                    ));
+                }
+            }
+            VasCtl::SetProt { seg, prot: p } => {
+                let e = entries.iter_mut().find(|e| e.ino == seg.0).ok_or_else(|| {
+                    fs_err(
+                        libc::ENOENT,
+                        format!("{path} does not hold segment {}", seg.0),
+                    )
+                })?;
+                let sf = cairn::File::open(&self.fs, e.path.as_str())?;
+                check_grant(&e.path, &segment::read_header(&sf, &e.path)?, p)?;
+                e.prot = p;
+            }
+            VasCtl::List => unreachable!(),
+        }
+        write_vas(&f, &entries)?;
+        let _ = f.flock(FlockOp::Unlock, false);
+        Ok(entries)
+    }
+
+    /// Remove address space `name` (processes attached keep their handles).
+    pub fn vas_remove(&self, name: &str) -> io::Result<()> {
+        let path = vas_path(name)?;
+        let f = cairn::File::open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        read_vas(&f, &path)?;
+        let id = f.metadata()?.ino();
+        drop(f);
+        self.fs.remove_file(path.as_str())?;
+        self.state().vas_paths.remove(&id);
+        Ok(())
+    }
+
+    /// Attach address space `id`: map its segments (at their bases) and return a handle.
+    /// `EBUSY` if this process has it attached already. Permissions are checked here:
+    /// reading the address space's file, and each segment's file for what it is granted.
+    pub fn vas_attach(&self, id: VasId, mode: CommitMode) -> io::Result<Vh> {
+        let path = self.vas_path_of(id)?;
+        let f = cairn::File::open(&self.fs, path.as_str())
+            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        let entries = read_vas(&f, &path)?;
+        {
+            let st = self.state();
+            if let Some((i, _)) = st
+                .handles
+                .iter()
+                .enumerate()
+                .find(|(_, h)| h.as_ref().is_some_and(|h| h.vid == Some(id)))
+            {
+                return Err(fs_err(
+                    libc::EBUSY,
+                    format!("address space {path} is attached already (handle {i})"),
+                ));
+            }
+        }
+        let mut mine = Vec::new();
+        for e in &entries {
+            match self.map_segment(&e.path, Some((e.ino, e.gen)), e.prot, mode) {
+                Ok(()) => mine.push(Entry {
+                    ino: e.ino,
+                    prot: e.prot,
+                    lockable: e.flags & flags::LOCKABLE != 0,
+                }),
+                Err(err) => {
+                    for m in &mine {
+                        self.unmap_segment(m.ino);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        let mut st = self.state();
+        let h = Handle {
+            vid: Some(id),
+            name: path,
+            entries: mine,
+            mode,
+        };
+        let vh = match st.handles.iter().position(Option::is_none) {
+            Some(i) => {
+                st.handles[i] = Some(h);
+                i
+            }
+            None => {
+                st.handles.push(Some(h));
+                st.handles.len() - 1
+            }
+        };
+        self.version.fetch_add(1, Ordering::SeqCst);
+        Ok(Vh(vh as u32))
+    }
+
+    /// Detach handle `vh`: its segments are unmapped where no other handle uses them.
+    /// `EBUSY` while a thread of this process is switched into it.
+    pub fn vas_detach(&self, vh: Vh) -> io::Result<()> {
+        if vh == Vh::PRIMARY {
+            return Err(fs_err(
+                libc::EINVAL,
+                "the primary address space cannot be detached",
+            ));
+        }
+        if THREAD.with(|t| t.borrow().vh) == vh.0 {
+            return Err(fs_err(
+                libc::EBUSY,
+                format!(
+                    "handle {}: this thread is switched into it (switch back first)",
+                    vh.0
+                ),
+            ));
+        }
+        let entries = {
+            let mut st = self.state();
+            let h = st
+                .handles
+                .get_mut(vh.0 as usize)
+                .and_then(Option::take)
+                .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
+            h.entries
+        };
+        for e in entries {
+            self.unmap_segment(e.ino);
+        }
+        self.version.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The handles attached: `(handle, name)`.
+    pub fn handles(&self) -> Vec<(Vh, String)> {
+        self.state()
+            .handles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|h| (Vh(i as u32), h.name.clone())))
+            .collect()
+    }
+
+    /// Add segment `seg` to `target` with protection `p`.
+    pub fn seg_attach(&self, target: Target, seg: SegId, p: u32) -> io::Result<()> {
+        let vh = match target {
+            Target::Vas(id) => {
+                self.vas_ctl(id, VasCtl::Add { seg, prot: p })?;
+                return Ok(());
+            }
+            Target::Current => Vh(THREAD.with(|t| t.borrow().vh)),
+            Target::Handle(vh) => vh,
+        };
+        let path = self.seg_path_of(seg)?;
+        let mode = {
+            let st = self.state();
+            let h = st
+                .handles
+                .get(vh.0 as usize)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
+            if h.entries.iter().any(|e| e.ino == seg.0) {
+                return Err(fs_err(
+                    libc::EEXIST,
+                    format!("segment {path} is attached there already"),
+                ));
+            }
+            h.mode
+        };
+        self.map_segment(&path, None, p, mode)?;
+        let (lockable, ino) = {
+            let st = self.state();
+            let m = &st.segs[&seg.0];
+            (m.seg.lockable(), m.seg.ino)
+        };
+        let entry = Entry {
+            ino,
+            prot: p,
+            lockable,
+        };
+        {
+            let mut st = self.state();
+            match st.handles.get_mut(vh.0 as usize).and_then(Option::as_mut) {
+                Some(h) => h.entries.push(entry),
+                None => {
+                    drop(st);
+                    self.unmap_segment(ino);
+                    return Err(fs_err(
+                        libc::EBADF,
+                        format!("handle {}: not attached", vh.0),
+                    ));
+                }
+            }
+        }
+        self.version.fetch_add(1, Ordering::SeqCst);
+        // A thread in that handle now takes the segment's lock too.
+        if THREAD.with(|t| t.borrow().vh) == vh.0 && lockable {
+            let held = self.lock_one(entry, true)?;
+            THREAD.with(|t| t.borrow_mut().held.push(held));
+        }
+        Ok(())
+    }
+
+    /// Remove segment `seg` from `target`. The calling thread's uncommitted stores to it
+    /// are dropped first when it is in that handle.
+    pub fn seg_detach(&self, target: Target, seg: SegId) -> io::Result<()> {
+        let vh = match target {
+            Target::Vas(id) => {
+                self.vas_ctl(id, VasCtl::Remove { seg })?;
+                return Ok(());
+            }
+            Target::Current => Vh(THREAD.with(|t| t.borrow().vh)),
+            Target::Handle(vh) => vh,
+        };
+        {
+            let mut st = self.state();
+            let h = st
+                .handles
+                .get_mut(vh.0 as usize)
+                .and_then(Option::as_mut)
+                .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
+            let before = h.entries.len();
+            h.entries.retain(|e| e.ino != seg.0);
+            if h.entries.len() == before {
+                return Err(fs_err(
+                    libc::ENOENT,
+                    format!("segment {} is not attached there", seg.0),
+                ));
+            }
+        }
+        self.version.fetch_add(1, Ordering::SeqCst);
+        let mine: Vec<Held> = THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            if t.vh != vh.0 {
+                return Vec::new();
+            }
+            let (gone, keep): (Vec<Held>, Vec<Held>) = t.held.iter().partition(|h| h.ino == seg.0);
+            t.held = keep;
+            gone
+        });
+        let declared = THREAD.with(|t| t.borrow_mut().declared.remove(&seg.0));
+        let mut d = HashMap::new();
+        if let Some(v) = declared {
+            d.insert(seg.0, v);
+        }
+        let _ = self.abort_held(&mine, &d);
+        self.release(&mine);
+        self.unmap_segment(seg.0);
+        Ok(())
+    }
+
+    /// Map segment `path` for one more attachment (`prot`), in `mode` when writable.
+    fn map_segment(
+        &self,
+        path: &str,
+        expect: Option<(u64, u64)>,
+        p: u32,
+        mode: CommitMode,
+    ) -> io::Result<()> {
+        let write = p & prot::WRITE != 0;
+        // Already mapped: one more user (remapped writable if it was read-only).
+        {
+            let mut st = self.state();
+            let existing = st
+                .segs
+                .values_mut()
+                .find(|m| m.seg.path == path || expect.is_some_and(|(i, _)| i == m.seg.ino));
+            if let Some(m) = existing {
+                if let Some(want) = expect {
+                    if want != (m.seg.ino, m.seg.gen) {
+                        return Err(fs_err(
+                            libc::ESTALE,
+                            format!("segment {path} was replaced since it was added"),
+                        ));
+                    }
+                }
+                check_grant(path, &m.seg.header, p)?;
+                let needs = if write { access_of(mode) } else { Access::Read };
+                if write && (!m.seg.writable || m.region.access() == Access::Read) {
+                    // Reopen for writing (the store checks the permission) and remap.
+                    let seg = Arc::new(Segment::open(
+                        &self.fs,
+                        path,
+                        true,
+                        Some((m.seg.ino, m.seg.gen)),
+                    )?);
+                    let base = seg.base() as usize;
+                    let len = seg.len() as usize;
+                    let old = std::mem::replace(&mut m.seg, seg);
+                    drop(old);
+                    let region = self.window.map(base, len, &m.seg.object, 0, needs)?;
+                    m.region = Arc::new(region);
+                    m.mode = mode;
+                    if mode == CommitMode::Explicit && m.undo.is_none() {
+                        m.undo = Some(Arc::new(UndoLog::open(
+                            &self.uuid,
+                            m.seg.ino,
+                            m.seg.gen,
+                            self.fs.nvm_path(),
+                        )?));
+                    }
+                } else if write && m.mode != mode && m.users > 0 {
+                    return Err(fs_err(
+                        libc::EBUSY,
+                        format!("segment {path} is attached writable in the other commit mode in this process"),
+                    ));
+                }
+                m.users += 1;
+                return Ok(());
+            }
+        }
+        let seg = Segment::open(&self.fs, path, write, expect)?;
+        check_grant(path, &seg.header, p)?;
+        // Nothing else of this process may be mapped where it goes (Mode A).
+        {
+            let st = self.state();
+            let (b, l) = (seg.base(), sj::reserved_len(seg.len()));
+            if let Some(o) = st
+                .segs
+                .values()
+                .find(|m| m.seg.base() < b + l && b < m.seg.base() + sj::reserved_len(m.seg.len()))
+            {
+                return Err(fs_err(
+                    libc::ENOTSUP,
+                    format!(
+                        "segment {path} ({b:#x}+{:#x}) overlaps segment {} mapped in this process: \
+                         switching between overlapping address spaces (moving page tables) is not \
+                         built yet",
+                        seg.len(),
+                        o.seg.path
+                    ),
+                ));
+            }
+        }
+        let slot = self.ctl.slot(seg.ino, seg.gen)?;
+        let entry = slot.reader_entry().map_err(|e| {
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                fs_err(
+                    libc::EAGAIN,
+                    format!(
+                        "segment {path}: {} processes have it attached already",
+                        control::READER_SLOTS
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        // A stale resident copy (the file changed outside commits) is rebuilt, under the
+        // writer lock; a dead writer's journal is repaired the same way.
+        self.settle(&seg, &slot)?;
+        let access = if write { access_of(mode) } else { Access::Read };
+        let region = self
+            .window
+            .map(
+                seg.base() as usize,
+                seg.len() as usize,
+                &seg.object,
+                0,
+                access,
+            )
+            .map_err(|e| {
+                fs_err(
+                    errno_of(&e),
+                    format!("mapping segment {path} at {:#x}: {e}", seg.base()),
+                )
+            })?;
+        let _ = region.populate(0, region.len());
+        let undo = if write && mode == CommitMode::Explicit {
+            Some(Arc::new(UndoLog::open(
+                &self.uuid,
+                seg.ino,
+                seg.gen,
+                self.fs.nvm_path(),
+            )?))
+        } else {
+            None
+        };
+        let ino = seg.ino;
+        let slot_off = slot.offset();
+        self.state().seg_paths.insert(ino, path.to_string());
+        self.state().segs.insert(
+            ino,
+            Mapped {
+                seg: Arc::new(seg),
+                region: Arc::new(region),
+                slot: slot_off,
+                entry,
+                users: 1,
+                mode,
+                undo,
+            },
+        );
+        Ok(())
+    }
+
+    /// Check the resident copy against the file and repair a dead writer's work, under
+    /// the segment's writer lock (skipped while another live thread holds it: that
+    /// writer keeps the copy current).
+    fn settle(&self, seg: &Segment, slot: &Slot<'_>) -> io::Result<()> {
+        match slot.write_lock(false) {
+            Ok(t) => {
+                let r = (|| {
+                    if t == Taken::Recovered {
+                        self.repair(seg, slot)?;
+                    }
+                    seg.resync().map(|_| ())
+                })();
+                slot.write_unlock();
+                r
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EWOULDBLOCK) | Some(libc::EDEADLK)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Repair what a dead writer left (the caller holds the writer lock).
+    fn repair(&self, seg: &Segment, slot: &Slot<'_>) -> io::Result<()> {
+        let (j, pages) = slot.journal();
+        match j {
+            Journal::Undo => {
+                let undo = UndoLog::open(&self.uuid, seg.ino, seg.gen, self.fs.nvm_path())?;
+                undo.roll_back(&seg.object)?;
+                undo.clear()?;
+            }
+            _ => seg.repair(j, &pages)?,
+        }
+        slot.journal_clear();
+        Ok(())
+    }
+
+    /// One attachment fewer of segment `ino`: unmapped at the last.
+    fn unmap_segment(&self, ino: u64) {
+        let mut st = self.state();
+        let last = match st.segs.get_mut(&ino) {
+            Some(m) => {
+                m.users = m.users.saturating_sub(1);
+                m.users == 0
+            }
+            None => false,
+        };
+        if last {
+            if let Some(m) = st.segs.remove(&ino) {
+                self.slot(m.slot).leave(m.entry);
+            }
+        }
+    }
+
+    // ---- switching --------------------------------------------------------------------
+
+    /// The calling thread's current handle.
+    pub fn current(&self) -> Vh {
+        Vh(THREAD.with(|t| t.borrow().vh))
+    }
+
+    /// The locks switching into `vh` takes (cached per thread until handles change).
+    fn plan(&self, vh: u32) -> io::Result<Arc<[Held]>> {
+        let version = self.version.load(Ordering::SeqCst);
+        if let Some(p) = THREAD.with(|t| t.borrow().plans.get(&vh).cloned()) {
+            if p.version == version {
+                return Ok(p.locks);
+            }
+        }
+        let st = self.state();
+        let h = st
+            .handles
+            .get(vh as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                fs_err(
+                    libc::EBADF,
+                    format!("handle {vh}: not attached (detached, or never)"),
+                )
+            })?;
+        let mut locks: Vec<Held> = h
+            .entries
+            .iter()
+            .filter(|e| e.lockable)
+            .filter_map(|e| {
+                st.segs.get(&e.ino).map(|m| Held {
+                    ino: e.ino,
+                    slot: m.slot,
+                    entry: m.entry,
+                    write: e.prot & prot::WRITE != 0,
+                })
+            })
+            .collect();
+        locks.sort_by_key(|l| l.ino);
+        let locks: Arc<[Held]> = locks.into();
+        THREAD.with(|t| {
+            t.borrow_mut().plans.insert(
+                vh,
+                Plan {
+                    version,
+                    locks: locks.clone(),
+                },
+            )
+        });
+        Ok(locks)
+    }
+
+    /// Take one lock for the calling thread.
+    fn lock_one(&self, e: Entry, block: bool) -> io::Result<Held> {
+        let (slot_off, entry) = {
+            let st = self.state();
+            let m = st
+                .segs
+                .get(&e.ino)
+                .ok_or_else(|| fs_err(libc::ENOENT, "segment not mapped"))?;
+            (m.slot, m.entry)
+        };
+        let h = Held {
+            ino: e.ino,
+            slot: slot_off,
+            entry,
+            write: e.prot & prot::WRITE != 0,
+        };
+        self.take(&h, block)?;
+        Ok(h)
+    }
+
+    /// Take lock `h` (a dead writer's journal is repaired first).
+    fn take(&self, h: &Held, block: bool) -> io::Result<()> {
+        let slot = self.slot(h.slot);
+        if h.write {
+            if slot.write_lock(block)? == Taken::Recovered {
+                let seg = self.mapped_segment(h.ino)?;
+                if let Err(e) = self.repair(&seg, &slot) {
+                    slot.write_unlock();
+                    return Err(e);
+                }
+            }
+            Ok(())
+        } else {
+            let seg = self.mapped_segment(h.ino)?;
+            slot.read_lock(h.entry, block, &mut |s| self.repair(&seg, s))
+        }
+    }
+
+    fn mapped_segment(&self, ino: u64) -> io::Result<Arc<Segment>> {
+        self.state()
+            .segs
+            .get(&ino)
+            .map(|m| m.seg.clone())
+            .ok_or_else(|| fs_err(libc::ENOENT, format!("segment {ino} is not mapped")))
+    }
+
+    /// Release locks.
+    fn release(&self, held: &[Held]) {
+        for h in held.iter().rev() {
+            let slot = self.slot(h.slot);
+            if h.write {
+                if slot.held_by_me() {
+                    slot.write_unlock();
+                }
+            } else {
+                slot.read_unlock(h.entry);
+            }
+        }
+    }
+
+    /// Switch the calling thread into `vh` ([`Vh::PRIMARY`]: back to the primary):
+    /// release the locks of the address space it leaves and take those of `vh`
+    /// (blocking when `block`; else `EWOULDBLOCK` and the thread stays where it was).
+    /// Uncommitted stores to a segment whose writer lock it gives up are committed
+    /// first when `commit`, else dropped.
+    pub fn switch_to(&self, vh: Vh, block: bool, commit: bool) -> io::Result<()> {
+        let cur = THREAD.with(|t| t.borrow().vh);
+        if cur == vh.0 {
+            return Ok(());
+        }
+        let want = self.plan(vh.0)?;
+        let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
+        // Keep what both hold alike; give up the rest (committing or dropping writes).
+        let gone: Vec<Held> = held.iter().filter(|h| !want.contains(h)).copied().collect();
+        let new: Vec<Held> = want.iter().filter(|w| !held.contains(w)).copied().collect();
+        if gone.iter().any(|h| h.write) || THREAD.with(|t| !t.borrow().declared.is_empty()) {
+            if commit {
+                self.commit()?;
+            } else {
+                self.abort()?;
+            }
+        }
+        // A read lock that becomes a write lock (or back) is given up first.
+        let upgrades: Vec<Held> = gone
+            .iter()
+            .filter(|g| new.iter().any(|n| n.ino == g.ino))
+            .copied()
+            .collect();
+        self.release(&upgrades);
+        let mut taken = Vec::new();
+        for h in &new {
+            if let Err(e) = self.take(h, block) {
+                self.release(&taken);
+                // Back where it was, as far as it can be.
+                let mut lost = false;
+                for u in &upgrades {
+                    if self.take(u, false).is_err() {
+                        lost = true;
+                    }
+                }
+                if lost {
+                    let keep: Vec<Held> = held
+                        .iter()
+                        .filter(|h| !upgrades.contains(h))
+                        .copied()
+                        .collect();
+                    self.release(&keep);
+                    THREAD.with(|t| {
+                        let mut t = t.borrow_mut();
+                        t.vh = 0;
+                        t.held.clear();
+                    });
+                    return Err(fs_err(
+                        errno_of(&e),
+                        format!(
+                            "switch to handle {}: {e}; a lock given up meanwhile was taken, so \
+                             the thread is back in the primary address space",
+                            vh.0
+                        ),
+                    ));
+                }
+                return Err(e);
+            }
+            taken.push(*h);
+        }
+        let rest: Vec<Held> = gone
+            .iter()
+            .filter(|g| !upgrades.contains(g))
+            .copied()
+            .collect();
+        self.release(&rest);
+        THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            t.vh = vh.0;
+            t.held = want.to_vec();
+        });
+        Ok(())
+    }
+
+    // ---- commits -------------------------------------------------------------------------
+
+    /// The writable segments of the calling thread's current handle.
+    fn writable(&self) -> io::Result<Vec<View>> {
+        let vh = THREAD.with(|t| t.borrow().vh);
+        let st = self.state();
+        let h = st
+            .handles
+            .get(vh as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        Ok(h.entries
+            .iter()
+            .filter(|e| e.prot & prot::WRITE != 0)
+            .filter_map(|e| st.segs.get(&e.ino))
+            .map(Mapped::view)
+            .collect())
+    }
+
+    /// Commit the calling thread's stores to the segments of its current address space:
+    /// durable and visible to others when it returns, all of them or none after any crash.
+    /// `E2BIG` when the commit does not fit in one transaction of this client's log (a
+    /// quarter of it): the stores stay uncommitted (abort, or commit in smaller steps).
+    pub fn commit(&self) -> io::Result<CommitStats> {
+        let segs = self.writable()?;
+        let mut stats = CommitStats::default();
+        // Per segment: its writes, and whether this commit took its writer lock.
+        struct Work {
+            seg: Arc<Segment>,
+            region: Arc<Region>,
+            slot: usize,
+            runs: Vec<(u64, Vec<u8>)>,
+            pages: Vec<(u64, u64)>,
+            temp_lock: bool,
+            undo: Option<Arc<UndoLog>>,
+            seq: u64,
+        }
+        let mut work: Vec<Work> = Vec::new();
+        for View {
+            seg,
+            region,
+            slot: slot_off,
+            mode,
+            undo,
+        } in segs
+        {
+            let mut pages = Vec::new();
+            let mut runs = Vec::new();
+            match mode {
+                CommitMode::Snapshot => {
+                    let mut found = Vec::new();
+                    region
+                        .written_pages(&self.pagemap, 0, region.len(), &mut found)
+                        .map_err(|e| {
+                            fs_err(
+                                errno_of(&e),
+                                format!(
+                                    "finding the stores of a commit (PAGEMAP_SCAN, Linux 6.7): {e}"
+                                ),
+                            )
+                        })?;
+                    for (off, len) in found {
+                        let mut b = vec![0u8; len];
+                        region.read(off, &mut b)?;
+                        pages.push((off as u64, len as u64));
+                        runs.push((off as u64, b));
+                    }
+                }
+                CommitMode::Explicit => {
+                    let declared = THREAD
+                        .with(|t| t.borrow_mut().declared.remove(&seg.ino))
+                        .unwrap_or_default();
+                    for (off, len) in merge_ranges(declared) {
+                        let mut b = vec![0u8; len as usize];
+                        region.read(off as usize, &mut b)?;
+                        runs.push((off, b));
+                    }
+                }
+            }
+            if runs.is_empty() {
+                continue;
+            }
+            let slot = self.slot(slot_off);
+            let temp_lock = !slot.held_by_me();
+            if temp_lock && slot.write_lock(true)? == Taken::Recovered {
+                self.repair(&seg, &slot)?;
+            }
+            work.push(Work {
+                seg,
+                region,
+                slot: slot_off,
+                runs,
+                pages,
+                temp_lock,
+                undo,
+                seq: 0,
+            });
+        }
+        if work.is_empty() {
+            return Ok(stats);
+        }
+        let result = (|| -> io::Result<()> {
+            for w in &mut work {
+                let (_, object_seq) = w.seg.commit_seqs()?;
+                w.seq = object_seq + 1;
+                let seq = w.seq.to_le_bytes();
+                let at = sj::COMMIT_SEQ_OFF;
+                match w
+                    .runs
+                    .iter_mut()
+                    .find(|(o, b)| *o <= at && at + 8 <= *o + b.len() as u64)
+                {
+                    Some((o, b)) => {
+                        b[(at - *o) as usize..(at - *o) as usize + 8].copy_from_slice(&seq)
+                    }
+                    None => w.runs.push((at, seq.to_vec())),
+                }
+                // The journal first: a writer dying from here on is repaired by copying
+                // these pages from the file (before the transaction: its old state;
+                // after: the new one).
+                let mut jp: Vec<u64> = w
+                    .runs
+                    .iter()
+                    .flat_map(|(o, b)| {
+                        let first = o / sj::PAGE;
+                        let last = (o + b.len() as u64 - 1) / sj::PAGE;
+                        (first..=last).map(|p| p * sj::PAGE)
+                    })
+                    .collect();
+                jp.dedup();
+                self.slot(w.slot).journal_publish(&jp);
+            }
+            crash_point("before-log");
+            let mut all: Vec<(&cairn::File, u64, &[u8])> = Vec::new();
+            for w in &work {
+                for (o, b) in &w.runs {
+                    all.push((&w.seg.file, *o, b.as_slice()));
+                }
+            }
+            cairn::File::write_files_atomic(&all).map_err(|e| {
+                if errno_of(&e) == libc::E2BIG {
+                    fs_err(
+                        libc::E2BIG,
+                        format!(
+                            "commit of {} KiB: more than one transaction of this client's log \
+                             holds (a quarter of it); commit in smaller steps",
+                            all.iter().map(|r| r.2.len()).sum::<usize>() / 1024
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?;
+            // Durable. Publish into the resident copies.
+            crash_point("after-log");
+            for w in &work {
+                for (i, (o, b)) in w.runs.iter().enumerate() {
+                    std::os::unix::fs::FileExt::write_all_at(&w.seg.object, b, *o)?;
+                    if i == 0 {
+                        crash_point("publishing");
+                    }
+                }
+                for &(o, l) in &w.pages {
+                    w.region.discard(o as usize, l as usize)?;
+                }
+                if let Some(u) = &w.undo {
+                    u.clear()?;
+                }
+                let slot = self.slot(w.slot);
+                slot.journal_clear();
+                slot.count_commit();
+            }
+            Ok(())
+        })();
+        for w in &work {
+            stats.segments += 1;
+            stats.pages += w.pages.len();
+            stats.bytes += w.runs.iter().map(|r| r.1.len()).sum::<usize>();
+            let slot = self.slot(w.slot);
+            if result.is_err() {
+                // Not committed: the stores stay; the journal's pages are the file's
+                // state, which the resident copy still holds.
+                if slot.journal().0 == Journal::Pages || slot.journal().0 == Journal::Whole {
+                    slot.journal_clear();
+                    if w.undo.is_some() {
+                        slot.journal_undo(true);
+                    }
+                }
+            }
+            if w.temp_lock {
+                slot.write_unlock();
+            }
+        }
+        result.map(|()| stats)
+    }
+
+    /// Drop the calling thread's uncommitted stores to the segments of its current
+    /// address space.
+    pub fn abort(&self) -> io::Result<()> {
+        let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
+        let declared = THREAD.with(|t| std::mem::take(&mut t.borrow_mut().declared));
+        self.abort_held(&held, &declared)?;
+        // Snapshot stores to writable segments that have no lock.
+        for v in self.writable()? {
+            if v.mode == CommitMode::Snapshot {
+                v.region.discard(0, v.region.len())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop uncommitted stores to the segments of `held` (write locks) and of `declared`.
+    fn abort_held(
+        &self,
+        held: &[Held],
+        declared: &HashMap<u64, Vec<(u64, u64)>>,
+    ) -> io::Result<()> {
+        let st = self.state();
+        for h in held.iter().filter(|h| h.write) {
+            if let Some(m) = st.segs.get(&h.ino) {
+                match m.mode {
+                    CommitMode::Snapshot => m.region.discard(0, m.region.len())?,
+                    CommitMode::Explicit => {
+                        if let Some(u) = &m.undo {
+                            u.roll_back(&m.seg.object)?;
+                            u.clear()?;
+                            self.slot(m.slot).journal_clear();
+                        }
+                    }
+                }
+            }
+        }
+        for ino in declared.keys() {
+            if held.iter().any(|h| h.ino == *ino && h.write) {
+                continue;
+            }
+            if let Some(m) = st.segs.get(ino) {
+                if let Some(u) = &m.undo {
+                    u.roll_back(&m.seg.object)?;
+                    u.clear()?;
+                    let slot = self.slot(m.slot);
+                    slot.journal_clear();
+                    if slot.held_by_me() {
+                        slot.write_unlock();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- memory ---------------------------------------------------------------------------
+
+    /// The mapped segment holding `[addr, addr + len)` in the calling thread's current
+    /// address space, and the offset of `addr` in it. `EFAULT` outside them; `EACCES`
+    /// for a write where the address space grants read only.
+    fn resolve(&self, addr: u64, len: u64, write: bool) -> io::Result<(View, u64)> {
+        let vh = THREAD.with(|t| t.borrow().vh);
+        let st = self.state();
+        let h = st
+            .handles
+            .get(vh as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        for e in &h.entries {
+            let Some(m) = st.segs.get(&e.ino) else {
+                continue;
+            };
+            let (b, l) = (m.seg.base(), m.seg.len());
+            if addr >= b && addr.checked_add(len).is_some_and(|end| end <= b + l) {
+                if write && e.prot & prot::WRITE == 0 {
+                    return Err(fs_err(
+                        libc::EACCES,
+                        format!(
+                            "{addr:#x}: segment {} is read-only in this address space",
+                            m.seg.path
+                        ),
+                    ));
+                }
+                return Ok((m.view(), addr - b));
+            }
+        }
+        Err(fs_err(
+            libc::EFAULT,
+            format!(
+                "{addr:#x}+{len:#x} is in no segment of the current address space (handle {vh})"
+            ),
+        ))
+    }
+
+    /// Copy `buf.len()` bytes at `addr` (in a segment of the current address space).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        let (v, off) = self.resolve(addr, buf.len() as u64, false)?;
+        v.region.read(off as usize, buf)
+    }
+
+    /// Store `data` at `addr` (in a writable segment of the current address space);
+    /// visible to others at the next commit.
+    pub fn write(&self, addr: u64, data: &[u8]) -> io::Result<()> {
+        let (v, off) = self.resolve(addr, data.len() as u64, true)?;
+        if v.mode == CommitMode::Explicit {
+            self.declared_write(&v, off, data.len() as u64)?;
+        }
+        v.region.write(off as usize, data)
+    }
+
+    /// Declare `[addr, addr + len)` for an explicit-mode commit: its old bytes go to the
+    /// undo log (`sj_tx_add`). A no-op for snapshot-mode segments.
+    pub fn tx_add(&self, addr: u64, len: u64) -> io::Result<()> {
+        let (v, off) = self.resolve(addr, len, true)?;
+        if v.mode == CommitMode::Explicit {
+            self.declared_write(&v, off, len)?;
+        }
+        Ok(())
+    }
+
+    /// Declare `[off, off + len)` of explicit-mode segment `v` (its writer lock taken for
+    /// the transaction if the thread does not hold it).
+    fn declared_write(&self, v: &View, off: u64, len: u64) -> io::Result<()> {
+        let undo = v
+            .undo
+            .as_deref()
+            .ok_or_else(|| fs_err(libc::EINVAL, "explicit mode without an undo log"))?;
+        let slot = self.slot(v.slot);
+        if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
+            // A segment without locks: its writer lock is held for the transaction.
+            self.repair(&v.seg, &slot)?;
+        }
+        if undo.is_empty() {
+            slot.journal_undo(true);
+        }
+        THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            let d = t.declared.entry(v.seg.ino).or_default();
+            declare(&v.region, undo, d, off, len)
+        })
+    }
+
+    /// Run `f` on the heap of segment `seg` (mapped in the current address space;
+    /// writable for changes).
+    fn with_mem<T>(
+        &self,
+        seg: SegId,
+        write: bool,
+        f: impl FnOnce(&mut dyn Mem) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let (base, len) = {
+            let st = self.state();
+            let m = st.segs.get(&seg.0).ok_or_else(|| {
+                fs_err(libc::ENOENT, format!("segment {} is not attached", seg.0))
+            })?;
+            (m.seg.base(), m.seg.len())
+        };
+        let (v, _) = self.resolve(base, len, write)?;
+        if write && v.mode == CommitMode::Explicit {
+            // Lock and journal as a declared write does, then declare through the heap.
+            self.declared_write(&v, 0, 0)?;
+            let undo = v.undo.as_deref().expect("declared_write checked it");
+            return THREAD.with(|t| {
+                let mut t = t.borrow_mut();
+                let declared = t.declared.entry(v.seg.ino).or_default();
+                let mut m = DeclaringMem {
+                    region: &v.region,
+                    undo,
+                    declared,
+                };
+                f(&mut m)
+            });
+        }
+        f(&mut RegionMem(&v.region))
+    }
+
+    /// Allocate `n` bytes in segment `seg`'s heap: their address.
+    pub fn alloc(&self, seg: SegId, n: u64) -> io::Result<u64> {
+        let base = self.mapped_segment(seg.0)?.base();
+        self.with_mem(seg, true, |m| Heap::open(m)?.alloc(n))
+            .map(|off| base + off)
+    }
+
+    /// Free the object at `addr`.
+    pub fn free(&self, addr: u64) -> io::Result<()> {
+        let (v, _) = self.resolve(addr, 1, true)?;
+        let base = v.seg.base();
+        self.with_mem(SegId(v.seg.ino), true, |m| Heap::open(m)?.free(addr - base))
+    }
+
+    /// The heap's figures of segment `seg`.
+    pub fn heap_stats(&self, seg: SegId) -> io::Result<HeapStats> {
+        self.with_mem(seg, false, |m| Heap::open(m)?.stats())
+    }
+
+    /// Root `name` of segment `seg` (`None`: not set).
+    pub fn root(&self, seg: SegId, name: &str) -> io::Result<Option<u64>> {
+        self.with_mem(seg, false, |m| heap::root(m, name))
+    }
+
+    /// Set root `name` of segment `seg` to `addr` (0: remove it).
+    pub fn set_root(&self, seg: SegId, name: &str, addr: u64) -> io::Result<()> {
+        self.with_mem(seg, true, |m| heap::set_root(m, name, addr))
+    }
+
+    /// Whether a Rust guard is alive on this thread (one at a time).
+    pub(crate) fn guard_enter(&self) -> io::Result<()> {
+        THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            if t.guarded {
+                return Err(fs_err(
+                    libc::EBUSY,
+                    "this thread is switched through a guard already: drop it first",
+                ));
+            }
+            t.guarded = true;
+            Ok(())
+        })
+    }
+
+    pub(crate) fn guard_leave(&self) {
+        THREAD.with(|t| t.borrow_mut().guarded = false);
+    }
+}
+
+/// A planted crash for the tests (checked builds only, as the test suite's `ci`
+/// profile): with `CAIRN_SJ_CRASH=<point>` the process kills itself there (SIGKILL: no
+/// clean-up of any kind runs).
+fn crash_point(point: &str) {
+    if cfg!(debug_assertions) && std::env::var("CAIRN_SJ_CRASH").is_ok_and(|p| p == point) {
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+}
+
+fn access_of(mode: CommitMode) -> Access {
+    match mode {
+        CommitMode::Snapshot => Access::Private,
+        CommitMode::Explicit => Access::Shared,
+    }
+}
+
+/// `EACCES` when an address space would grant more than the segment allows.
+fn check_grant(path: &str, h: &SegHeader, p: u32) -> io::Result<()> {
+    if p & !prot::RW != 0 || p & prot::READ == 0 {
+        return Err(fs_err(
+            libc::EINVAL,
+            format!("segment {path}: protection {p:#x} (read, or read-write)"),
+        ));
+    }
+    if p & !h.prot != 0 {
+        return Err(fs_err(libc::EACCES, format!("segment {path} is read-only")));
+    }
+    Ok(())
+}
+
+/// Sorted, merged ranges.
+fn merge_ranges(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.retain(|r| r.1 > 0);
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (o, l) in v {
+        match out.last_mut() {
+            Some(last) if o <= last.0 + last.1 => {
+                let end = (last.0 + last.1).max(o + l);
+                last.1 = end - last.0;
+            }
+            _ => out.push((o, l)),
+        }
+    }
+    out
+}
+
+fn short(e: &io::Error) -> String {
+    match e
+        .get_ref()
+        .and_then(|x| x.downcast_ref::<cairn_area::error::FsError>())
+    {
+        Some(fe) => fe.message.clone(),
+        None => e.to_string(),
+    }
+}
+
+/// The entries of an address space's file.
+fn read_vas(f: &cairn::File, path: &str) -> io::Result<Vec<VasEntry>> {
+    let len = f.metadata()?.len() as usize;
+    let mut b = vec![0u8; len];
+    let n = f.read_at(&mut b, 0)?;
+    sj::decode_vas(&b[..n]).map_err(|e| fs_err(libc::EINVAL, format!("{path}: {}", e.0)))
+}
+
+/// Rewrite an address space's file in place (one transaction), then cut what is left.
+fn write_vas(f: &cairn::File, entries: &[VasEntry]) -> io::Result<()> {
+    let b = sj::encode_vas(entries);
+    f.write_runs_atomic(&[(0, &b)])?;
+    if f.metadata()?.len() > b.len() as u64 {
+        f.set_len(b.len() as u64)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! SpaceJMP on Cairn (crate `cairn-sj`), across processes: the dissertation's
+//! Alice/Bob example (Figures 42-43) across processes and a `cairn stop`, commits that are
+//! all or nothing when writers are killed before, during and after them, locks that a
+//! killed holder never leaves held, and bad input.
+//!
+//! Each test runs its processes as this test binary again (`child`), in the role named by
+//! `CAIRN_SJ_ROLE` (`sj_child` does the work); they print `sj: ...` lines the test reads.
+
+use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target, Vh};
+use cairn_tests::harness::{self, StoreSize, TestStore};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+/// Where Alice puts her data (Figure 42's `BASE`, inside Cairn's segment window).
+const BASE: u64 = cairn_format::sj::WINDOW_BASE + (4 << 30);
+const SEG_LEN: u64 = 8 << 20;
+
+fn store() -> TestStore {
+    TestStore::with_size(StoreSize {
+        nvm: "256M",
+        log: "4M",
+        clients: 8,
+        ..Default::default()
+    })
+}
+
+/// This test binary in role `role` with `args`, on `store`.
+fn child(store: &Path, role: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "sj_child", "--nocapture", "--test-threads", "1"])
+        .env("CAIRN_SJ_ROLE", role)
+        .env("CAIRN_SJ_ARGS", args.join("\u{1f}"))
+        .env("CAIRN_STORE", store)
+        .env("CAIRN_BIN", harness::cairn_bin())
+        .env_remove("CAIRN_SJ_CRASH")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Run a role to its end; its `sj:` lines. Fails the test unless it succeeds.
+fn run(store: &Path, role: &str, args: &[&str]) -> Vec<String> {
+    let out = child(store, role, args).output().unwrap();
+    check(role, &out);
+    lines(&out)
+}
+
+fn check(role: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "role {role} failed ({:?}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("sj: ").map(|(_, r)| r.to_string()))
+        .collect()
+}
+
+/// A node of the list Alice builds: a value and the address of the next node.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Node {
+    value: u64,
+    next: SegPtr,
+}
+
+/// Sum and length of the list rooted at `list` in segment `seg`.
+fn walk(g: &cairn_sj::Switched<'_>, seg: cairn_sj::SegId) -> (u64, u64) {
+    let mut p = g.root(seg, "list").unwrap().unwrap_or(SegPtr::NULL);
+    let (mut sum, mut n) = (0, 0);
+    while !p.is_null() {
+        let node: Node = g.get(p).unwrap();
+        sum += node.value;
+        n += 1;
+        p = node.next;
+    }
+    (sum, n)
+}
+
+#[test]
+fn sj_child() {
+    let Ok(role) = std::env::var("CAIRN_SJ_ROLE") else {
+        return;
+    };
+    let args: Vec<String> = std::env::var("CAIRN_SJ_ARGS")
+        .unwrap_or_default()
+        .split('\u{1f}')
+        .map(String::from)
+        .collect();
+    let sj = SpaceJmp::open(None).expect("open the store's segments");
+    match role.as_str() {
+        // Figure 42: Alice makes "data" at BASE, fills it in her own address space,
+        // then gives it to the new address space "shared".
+        "alice" => {
+            let n: u64 = args[0].parse().unwrap();
+            let sid = sj
+                .seg_alloc(
+                    "data",
+                    Some(BASE),
+                    SEG_LEN,
+                    prot::RW,
+                    flags::LOCKABLE,
+                    0o640,
+                )
+                .unwrap();
+            sj.seg_attach(Target::Current, sid, prot::RW).unwrap();
+            // The primary address space: plain reads and writes through the API.
+            let mut head = SegPtr::NULL;
+            for v in 1..=n {
+                let p = SegPtr(sj.alloc(sid, 16).unwrap());
+                sj.write(
+                    p.0,
+                    bytemuck::bytes_of(&Node {
+                        value: v,
+                        next: head,
+                    }),
+                )
+                .unwrap();
+                head = p;
+            }
+            sj.set_root(sid, "list", head.0).unwrap();
+            let st = sj.commit().unwrap();
+            println!("sj: committed {} pages", st.pages);
+            sj.seg_detach(Target::Current, sid).unwrap();
+            let vid = sj.vas_create("shared", 0o640).unwrap();
+            sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+            println!("sj: alice done");
+        }
+        // Figure 43: Bob finds "shared", attaches it, switches in, uses the data at BASE,
+        // switches back: then BASE no longer reaches it.
+        "bob" => {
+            let vid = sj.vas_find("shared").unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
+            let sid = sj.seg_find("data").unwrap();
+            let (sum, n) = {
+                let g = sj.enter(vh).unwrap();
+                let mut b = [0u8; 8];
+                g.read(SegPtr(BASE), &mut b).unwrap();
+                assert_eq!(&b, cairn_format::sj::SEG_MAGIC);
+                walk(&g, sid)
+            };
+            println!("sj: sum {sum} n {n}");
+            let mut b = [0u8; 8];
+            let e = sj.read(BASE, &mut b).unwrap_err();
+            assert_eq!(cairn_area::errno_of(&e), libc::EFAULT, "{e}");
+            println!("sj: primary cannot reach it");
+            sj.vas_detach(vh).unwrap();
+        }
+        // Append to Alice's list and commit (or not), maybe killed on the way.
+        "append" => {
+            let (v, commit) = (args[0].parse::<u64>().unwrap(), args[1] == "commit");
+            let vid = sj.vas_find("shared").unwrap();
+            let vh = sj.vas_attach(vid, mode(&args)).unwrap();
+            let sid = sj.seg_find("data").unwrap();
+            let g = sj.enter(vh).unwrap();
+            let head = g.root(sid, "list").unwrap().unwrap_or(SegPtr::NULL);
+            let p = g
+                .alloc(
+                    sid,
+                    Node {
+                        value: v,
+                        next: head,
+                    },
+                )
+                .unwrap();
+            g.set_root(sid, "list", p).unwrap();
+            if commit {
+                g.commit().unwrap();
+                println!("sj: committed");
+            } else {
+                // Die with the stores uncommitted (no clean-up runs).
+                println!("sj: dying");
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::KILL,
+                );
+            }
+        }
+        // Hold the reader lock until stdin closes (or be killed).
+        "hold-read" | "hold-write" => {
+            let vid = sj.vas_find("shared").unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
+            if role == "hold-read" {
+                let sid = sj.seg_find("data").unwrap();
+                sj.seg_detach(Target::Handle(vh), sid).unwrap();
+                sj.seg_attach(Target::Handle(vh), sid, prot::READ).unwrap();
+            }
+            let _g = sj.enter(vh).unwrap();
+            println!("sj: holding");
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+        // Try to switch in without waiting: prints the errno (0: switched).
+        "try" => {
+            let vid = sj.vas_find("shared").unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
+            let sid = sj.seg_find("data").unwrap();
+            match sj.try_enter(vh) {
+                Ok(g) => {
+                    let (sum, n) = walk(&g, sid);
+                    println!("sj: errno 0 sum {sum} n {n}");
+                }
+                Err(e) => println!("sj: errno {}", cairn_area::errno_of(&e)),
+            }
+        }
+        // The lock table's figures of "data".
+        "locks" => {
+            let info = sj.seg_info("data").unwrap();
+            let slot = sj.control().slot(info.id.0, info.gen).unwrap();
+            println!(
+                "sj: recoveries {} commits {}",
+                slot.recoveries(),
+                slot.commits()
+            );
+        }
+        _ => panic!("unknown role {role}"),
+    }
+    let _ = Vh::PRIMARY;
+}
+
+fn mode(args: &[String]) -> CommitMode {
+    if args.iter().any(|a| a == "explicit") {
+        CommitMode::Explicit
+    } else {
+        CommitMode::Snapshot
+    }
+}
+
+/// `(sum, n)` of the `... sum S n N` line.
+fn sum_of(lines: &[String]) -> (u64, u64) {
+    let l = lines
+        .iter()
+        .find(|l| l.contains("sum "))
+        .unwrap_or_else(|| panic!("no sum line in {lines:?}"));
+    let f: Vec<&str> = l.split_whitespace().collect();
+    let at = |k: &str| -> u64 {
+        let i = f.iter().position(|x| *x == k).unwrap();
+        f[i + 1].parse().unwrap()
+    };
+    (at("sum"), at("n"))
+}
+
+/// The dissertation's worked example, across processes, then across `cairn stop` and
+/// the loss of the resident copy (as after a reboot): Bob reads Alice's list at the
+/// address she put it, with no serialization.
+#[test]
+fn alice_and_bob_share_a_list_across_processes_and_restarts() {
+    let s = store();
+    let out = run(s.path(), "alice", &["100"]);
+    assert!(out.contains(&"alice done".to_string()), "{out:?}");
+    let bob = run(s.path(), "bob", &[]);
+    assert_eq!(sum_of(&bob), (5050, 100));
+    assert!(bob.contains(&"primary cannot reach it".to_string()));
+    // The daemon stops (digesting everything) and restarts on demand.
+    s.stop();
+    assert_eq!(sum_of(&run(s.path(), "bob", &[])), (5050, 100));
+    // Without its resident copy (RAM, gone at a reboot) it is rebuilt from the store.
+    for p in cairn_area::host::list(&cairn_area::host::store_uuid(s.path()).unwrap()) {
+        if p.to_string_lossy().contains(".sj-") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    s.stop();
+    assert_eq!(sum_of(&run(s.path(), "bob", &[])), (5050, 100));
+}
+
+/// A writer killed before its commit leaves no trace; one that commits is seen by the
+/// next reader; in both commit modes.
+#[test]
+fn uncommitted_stores_die_with_their_writer() {
+    let s = store();
+    run(s.path(), "alice", &["10"]);
+    for m in ["snapshot", "explicit"] {
+        let before = sum_of(&run(s.path(), "try", &[]));
+        let out = child(s.path(), "append", &["1000", "die", m])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{m}: the writer should have died");
+        assert_eq!(sum_of(&run(s.path(), "try", &[])), before, "{m}");
+        run(s.path(), "append", &["7", "commit", m]);
+        assert_eq!(
+            sum_of(&run(s.path(), "try", &[])),
+            (before.0 + 7, before.1 + 1),
+            "{m}"
+        );
+    }
+}
+
+/// A writer killed at each point of a commit: before its transaction is logged (the
+/// commit never happened), after (it happened), and half-way through publishing it (it
+/// happened, and the next process repairs the resident copy from the journal).
+#[test]
+fn a_writer_killed_during_a_commit_is_all_or_nothing() {
+    let s = store();
+    run(s.path(), "alice", &["10"]);
+    let mut expect = sum_of(&run(s.path(), "try", &[]));
+    for (point, lands) in [
+        ("before-log", false),
+        ("after-log", true),
+        ("publishing", true),
+    ] {
+        for m in ["snapshot", "explicit"] {
+            let out = child(s.path(), "append", &["100", "commit", m])
+                .env("CAIRN_SJ_CRASH", point)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{point}/{m}: should have died");
+            if lands {
+                expect = (expect.0 + 100, expect.1 + 1);
+            }
+            assert_eq!(sum_of(&run(s.path(), "try", &[])), expect, "{point}/{m}");
+            // Durable too: the store has it (or not) after a stop and a rebuild.
+            s.stop();
+            assert_eq!(
+                sum_of(&run(s.path(), "try", &[])),
+                expect,
+                "{point}/{m} after a stop"
+            );
+        }
+    }
+    let locks = run(s.path(), "locks", &[]);
+    let recoveries: u64 = locks[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(recoveries >= 4, "{locks:?}");
+}
+
+/// A reader holds the lock: a writer's `try_switch` fails with `EWOULDBLOCK`, another
+/// reader gets in. Killed with SIGKILL, neither leaves the lock held.
+#[test]
+fn locks_exclude_and_a_killed_holder_never_keeps_one() {
+    let s = store();
+    run(s.path(), "alice", &["3"]);
+    let hold = |role: &str| -> Child {
+        let mut c = child(s.path(), role, &[])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = c.stdout.take().unwrap();
+        let mut buf = Vec::new();
+        let mut b = [0u8; 1];
+        use std::io::Read;
+        while !String::from_utf8_lossy(&buf).contains("sj: holding") {
+            assert_eq!(out.read(&mut b).unwrap(), 1, "the holder died");
+            buf.push(b[0]);
+        }
+        c
+    };
+    // A writer in: nobody else gets in (the writer lock excludes readers and writers).
+    let mut w = hold("hold-write");
+    let t = run(s.path(), "try", &[]);
+    assert_eq!(t, vec![format!("errno {}", libc::EWOULDBLOCK)]);
+    w.kill().unwrap();
+    w.wait().unwrap();
+    assert_eq!(sum_of(&run(s.path(), "try", &[])), (6, 3));
+    // A reader in: a writer is refused, a reader is not.
+    let mut r = hold("hold-read");
+    let t = run(s.path(), "try", &[]);
+    assert_eq!(t, vec![format!("errno {}", libc::EWOULDBLOCK)]);
+    r.kill().unwrap();
+    r.wait().unwrap();
+    run(s.path(), "append", &["4", "commit"]);
+    assert_eq!(sum_of(&run(s.path(), "try", &[])), (10, 4));
+}
