@@ -62,6 +62,8 @@ built=1
 step "build cairn" cargo build --profile "$PROFILE" -p cairn-cli || built=0
 if [ "$built" -eq 1 ]; then
     step "build workspace" cargo build --profile "$PROFILE" --workspace || true
+    # The examples the tests run (the SpaceJMP worked example).
+    step "build examples" cargo build --profile "$PROFILE" --workspace --examples || true
     # 25 minutes at most, so that a hung test cannot stall CI.
     step "test" bash -o pipefail -c \
         "timeout --kill-after=30s 25m cargo test --workspace --profile '$PROFILE' --no-fail-fast 2>&1 | tee '$TEST_LOG'" || true

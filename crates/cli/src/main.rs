@@ -190,6 +190,12 @@ pub enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
+    /// SpaceJMP: persistent segments at fixed addresses and address spaces that
+    /// processes attach and switch between (docs/SPACEJMP.md)
+    Sj {
+        #[command(subcommand)]
+        which: SjCommand,
+    },
     /// The persistent key-value store (cairn-kv) and its Redis-compatible server
     Kv {
         #[command(subcommand)]
@@ -299,6 +305,103 @@ pub enum HugepagedCommand {
         #[arg(long)]
         no_access: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SjCommand {
+    /// Segments: named files of the store at fixed addresses
+    Seg {
+        #[command(subcommand)]
+        which: SjSegCommand,
+    },
+    /// Address spaces: named sets of segments, with what each grants
+    Vas {
+        #[command(subcommand)]
+        which: SjVasCommand,
+    },
+    /// Every segment's lock: the writer, the readers, waiters, dead owners taken over,
+    /// commits, and a commit being published
+    Locks {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SjSegCommand {
+    /// Make a segment (NAME: a name under /.sj/seg, or a path of the store)
+    Create {
+        name: String,
+        /// Its length (e.g. 64M, 1G; 128K at least)
+        #[arg(long, value_name = "SIZE", value_parser = util::parse_size)]
+        size: u64,
+        /// Its base address in the segment window (hex), or `auto` for the first free
+        /// range
+        #[arg(long, value_name = "ADDR|auto", default_value = "auto")]
+        base: String,
+        /// Switching into an address space with it takes its lock (readers or a writer)
+        #[arg(long)]
+        lockable: bool,
+        /// It may share addresses with other segments that allow it
+        #[arg(long)]
+        overlap: bool,
+        /// Read-only: no address space may grant writes
+        #[arg(long)]
+        read_only: bool,
+        /// Permission bits of its file (octal)
+        #[arg(long, value_name = "MODE", default_value = "0640")]
+        mode: String,
+    },
+    /// List the store's segments
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a segment: range, flags, commits, resident memory, heap, roots
+    Stat {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a segment (refused while a process has it attached)
+    Rm { name: String },
+    /// Drop a segment's resident copy from memory (the next attach rebuilds it)
+    Evict { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SjVasCommand {
+    /// Make an empty address space (NAME: a name under /.sj/vas, or a path)
+    Create {
+        name: String,
+        #[arg(long, value_name = "MODE", default_value = "0640")]
+        mode: String,
+    },
+    /// Add a segment to an address space
+    Add {
+        name: String,
+        seg: String,
+        /// What the address space grants: r or rw
+        #[arg(long, default_value = "rw", value_parser = ["r", "rw"])]
+        prot: String,
+    },
+    /// Remove a segment from an address space
+    RmSeg { name: String, seg: String },
+    /// Show an address space's segments
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the address spaces under /.sj/vas
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a new address space with the segments of another
+    Clone { src: String, dst: String },
+    /// Remove an address space (its segments stay)
+    Rm { name: String },
 }
 
 #[derive(Debug, Args)]

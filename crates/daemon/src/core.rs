@@ -751,7 +751,22 @@ impl Core {
     fn host_status(&self) -> HostStatus {
         use cairn_area::host;
         let nvm = &self.cfg.nvm_path;
-        let objects = host::list(&self.sh.area.superblock().uuid);
+        let uuid = self.sh.area.superblock().uuid;
+        let objects = host::list(&uuid);
+        let sj = host::kind_prefix(&uuid, "sj");
+        let resident: Vec<&std::path::PathBuf> = objects
+            .iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_prefix(sj.as_str()))
+                    .is_some_and(|rest| {
+                        rest.split_once('-').is_some_and(|(i, g)| {
+                            i.parse::<u64>().is_ok() && g.parse::<u64>().is_ok()
+                        })
+                    })
+            })
+            .collect();
         HostStatus {
             nvm_path: nvm.display().to_string(),
             nvm_size_bytes: self.cfg.nvm_size,
@@ -761,6 +776,8 @@ impl Core {
                 .is_some_and(|d| cairn_media::sys::in_ram(d).unwrap_or(false)),
             host_objects: objects.len() as u64,
             host_object_bytes: objects.iter().map(|p| host::allocated_bytes(p)).sum(),
+            resident_segments: resident.len() as u64,
+            resident_segment_bytes: resident.iter().map(|p| host::allocated_bytes(p)).sum(),
         }
     }
 

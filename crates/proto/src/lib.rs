@@ -397,6 +397,11 @@ pub struct HostStatus {
     /// Host objects of the store in `/dev/shm` (RAM), and the bytes they hold.
     pub host_objects: u64,
     pub host_object_bytes: u64,
+    /// Of those: resident copies of segments (SpaceJMP), pinned in memory until evicted.
+    #[serde(default)]
+    pub resident_segments: u64,
+    #[serde(default)]
+    pub resident_segment_bytes: u64,
 }
 
 /// Superpages of the NVM tier (ARCHITECTURE.md, "Superpages").

@@ -308,9 +308,17 @@ fn format_host(s: &mut String, h: &cairn_proto::HostStatus) {
     if h.host_objects > 0 {
         let _ = writeln!(
             s,
-            "shm     {} map object(s) and rendezvous in /dev/shm, {} of RAM",
+            "shm     {} host object(s) in /dev/shm (shared mappings, FIFOs, sockets, segments), {} of RAM",
             h.host_objects,
             human_bytes(h.host_object_bytes)
+        );
+    }
+    if h.resident_segments > 0 {
+        let _ = writeln!(
+            s,
+            "        of which {} resident segment(s) pinned in memory: {} (cairn sj seg evict frees one)",
+            h.resident_segments,
+            human_bytes(h.resident_segment_bytes)
         );
     }
 }
@@ -619,6 +627,8 @@ mod tests {
                 nvm_in_ram: true,
                 host_objects: 2,
                 host_object_bytes: 8192,
+                resident_segments: 1,
+                resident_segment_bytes: 4096,
             })),
         };
         let s = format_status(&r);
@@ -634,7 +644,7 @@ mod tests {
             s.contains("nvm     /dev/shm/cairn-1.nvm: 128 MiB, on tmpfs: 128 MiB of RAM held"),
             "{s}"
         );
-        assert!(s.contains("2 map object(s) and rendezvous"), "{s}");
+        assert!(s.contains("2 host object(s) in /dev/shm"), "{s}");
         assert!(
             s.contains("superpages: 6 MiB in 2 MiB extents; 9 of 12 extents free"),
             "{s}"

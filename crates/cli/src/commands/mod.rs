@@ -8,6 +8,7 @@ mod kv;
 pub(crate) mod mount;
 mod rmfs;
 pub(crate) mod run;
+mod sj;
 mod tree;
 
 use crate::error::CliResult;
@@ -59,6 +60,7 @@ pub fn run(cli: Cli) -> CliResult {
         }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Run { prefix, command } => run::run(store, &prefix, &command),
+        Command::Sj { which } => sj::run(store, which),
         Command::Kv { which } => kv::run(which),
         Command::Hugepaged(args) => hugepaged::run(&args),
         Command::Bench { which } => match which {
