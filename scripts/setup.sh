@@ -38,6 +38,13 @@ if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; the
     apt_missing+=(cargo rustc)
 fi
 
+# `cairn bench spacejmp` compares segments with PMDK and Boost.Interprocess (and LMDB's
+# headers come with them for the crash comparison): compiled with g++ at the start.
+command -v g++ >/dev/null 2>&1 || apt_missing+=(g++)
+[ -f /usr/include/libpmemobj.h ] || apt_missing+=(libpmemobj-dev)
+[ -f /usr/include/boost/interprocess/offset_ptr.hpp ] || apt_missing+=(libboost-dev)
+[ -f /usr/include/lmdb.h ] || apt_missing+=(liblmdb-dev)
+
 if ((${#apt_missing[@]})); then
     if ! command -v apt-get >/dev/null 2>&1; then
         log "missing ${apt_missing[*]} and there is no apt-get: install them by hand" >&2

@@ -565,6 +565,12 @@ pub enum BenchCommand {
     /// hugepaged` on TLB-bound loops, Ingens' Redis bloat experiment, redis-benchmark GET,
     /// two processes sharing a promotion budget
     Hugepage(bench::HugepageArgs),
+    /// SpaceJMP on Cairn against malloc, PMDK and Boost.Interprocess: switch latency,
+    /// attach cost, commits, pointer chasing, writers killed during commits
+    Spacejmp(bench::SpacejmpArgs),
+    /// One worker process of `bench spacejmp` (started by it)
+    #[command(hide = true)]
+    SpacejmpWorker(bench::SpacejmpWorkerArgs),
     /// One worker process of `bench hugepage` (started by it)
     #[command(hide = true)]
     HugepageWorker(bench::HugepageWorkerArgs),

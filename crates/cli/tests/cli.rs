@@ -154,8 +154,9 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        // rmfs: the daemon stops and the store's host objects in /dev/shm go too.
         let mut c = Command::new(BIN);
-        c.args(["stop", "--store"])
+        c.args(["rmfs", "--force", "--store"])
             .arg(&self.path)
             .env("CAIRN_BIN", BIN)
             .env_remove("CAIRN_STORE");
@@ -1121,4 +1122,156 @@ fn kv_get_put_del_status_on_a_pool() {
     assert_eq!(gone.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&gone.stderr).contains("k: no such key"));
     let _ = std::fs::remove_file(&pool);
+}
+
+/// `cairn sj`: segments and address spaces from the command line, their JSON, and bad
+/// input.
+#[test]
+fn sj_commands_and_their_json() {
+    let s = Store::with_sizes("256M", "4M");
+    let json = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_slice(&s.ok(args)).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    };
+    let out = s.ok_text(&["sj", "seg", "create", "data", "--size", "4M", "--lockable"]);
+    assert!(out.contains("/.sj/seg/data at 0x100000000000"), "{out}");
+    s.ok(&["sj", "seg", "create", "/big", "--size", "1G"]);
+    let segs = json(&["sj", "seg", "ls", "--json"]);
+    let segs = segs.as_array().unwrap();
+    assert_eq!(segs.len(), 2, "{segs:?}");
+    assert_eq!(segs[0]["name"], "/.sj/seg/data");
+    assert_eq!(segs[0]["flags"], "lockable");
+    assert_eq!(segs[1]["base"], "0x100040000000", "1 GiB aligned: {segs:?}");
+    s.ok(&["sj", "vas", "create", "shared"]);
+    s.ok(&["sj", "vas", "add", "shared", "data", "--prot", "r"]);
+    s.ok(&["sj", "vas", "add", "shared", "/big"]);
+    let v = json(&["sj", "vas", "show", "shared", "--json"]);
+    assert_eq!(v["segments"][0]["prot"], "r", "{v}");
+    assert_eq!(v["segments"][1]["prot"], "rw", "{v}");
+    s.ok(&["sj", "vas", "clone", "shared", "other"]);
+    assert_eq!(
+        json(&["sj", "vas", "ls", "--json"])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let st = json(&["sj", "seg", "stat", "data", "--json"]);
+    for k in [
+        "generation",
+        "recoveries",
+        "attached_processes",
+        "resident_bytes",
+    ] {
+        assert!(!st[k].is_null(), "{k}: {st}");
+    }
+    assert!(json(&["sj", "locks", "--json"]).is_array());
+    // Bad input: clear errors, nothing changed.
+    for (args, want) in [
+        (
+            &["sj", "seg", "create", "data", "--size", "4M"][..],
+            "exists",
+        ),
+        (
+            &["sj", "seg", "create", "x", "--size", "0"][..],
+            "length of 0",
+        ),
+        (
+            &["sj", "seg", "create", "y", "--size", "4M", "--base", "0x10"][..],
+            "outside the segment window",
+        ),
+        (
+            &[
+                "sj",
+                "seg",
+                "create",
+                "z",
+                "--size",
+                "4M",
+                "--base",
+                "0x100000000000",
+            ][..],
+            "overlaps",
+        ),
+        (
+            &["sj", "seg", "create", "w", "--size", "4M", "--base", "nope"][..],
+            "hex",
+        ),
+        (&["sj", "vas", "add", "shared", "nope"][..], "nope"),
+        (&["sj", "vas", "add", "shared", "data"][..], "already"),
+        (&["sj", "vas", "show", "missing"][..], "missing"),
+        (&["sj", "seg", "rm", "missing"][..], "missing"),
+    ] {
+        let err = s.fail(args, 1);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    assert_eq!(
+        json(&["sj", "seg", "ls", "--json"])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    for args in [
+        &["sj", "vas", "rm", "shared"][..],
+        &["sj", "vas", "rm", "other"][..],
+        &["sj", "seg", "rm", "data"][..],
+        &["sj", "seg", "rm", "/big"][..],
+    ] {
+        s.ok(args);
+    }
+    assert_eq!(json(&["sj", "seg", "ls", "--json"]), serde_json::json!([]));
+}
+
+/// `cairn bench spacejmp` at a tiny scale: its JSON, the crash experiment's checks, and
+/// the comparison systems (skipped, saying why, where PMDK or Boost are missing).
+#[test]
+fn bench_spacejmp_json_shape() {
+    let s = Store::uninit();
+    let o = run_cmd(
+        {
+            let mut c = s.cmd(&[
+                "bench",
+                "spacejmp",
+                "--json",
+                "--runs",
+                "1",
+                "--parts",
+                "pointer,crash",
+                "--kills",
+                "3",
+                "--nodes",
+                "4096",
+            ]);
+            c.env("TMPDIR", s.dir.path());
+            c
+        },
+        None,
+    );
+    check_ok(&["bench", "spacejmp"], &o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let crash = rows
+        .iter()
+        .find(|r| r["experiment"] == "crash" && r["system"] == "cairn")
+        .expect("a crash row");
+    assert_eq!(
+        (crash["lost"].as_u64(), crash["torn"].as_u64()),
+        (Some(0), Some(0)),
+        "{crash}"
+    );
+    assert_eq!(crash["deadlocks"], 0, "{crash}");
+    let pointer: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["experiment"] == "pointer")
+        .collect();
+    if pointer.iter().all(|r| r["skipped"].is_null()) {
+        for sys in ["dram", "segment", "pmdk", "boost"] {
+            assert!(
+                pointer.iter().any(|r| r["system"] == sys && r["ns_per_op"].as_f64().is_some_and(|x| x > 0.0)),
+                "{sys}: {pointer:?}"
+            );
+        }
+    } else {
+        eprintln!("pointer comparison skipped: {pointer:?}");
+    }
 }

@@ -134,6 +134,7 @@ impl Mapping {
         self.writable
     }
 
+    #[inline]
     fn check(&self, off: usize, len: usize) -> io::Result<()> {
         match off.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
@@ -141,6 +142,7 @@ impl Mapping {
         }
     }
 
+    #[inline]
     fn check_write(&self, off: usize, len: usize) -> io::Result<()> {
         if !self.writable {
             return Err(io::Error::new(
@@ -214,6 +216,7 @@ impl Mapping {
     /// The u64 at `off` (8-byte aligned) as an atomic, for words processes share in a
     /// mapping of host memory that is not the NVM tier (lock tables: no persistence, no
     /// trace).
+    #[inline]
     pub fn atomic_u64(&self, off: usize) -> io::Result<&AtomicU64> {
         self.check_write(off, 8)?;
         if !off.is_multiple_of(8) {
@@ -230,6 +233,7 @@ impl Mapping {
 
     /// The u32 at `off` (4-byte aligned) as an atomic (a futex word), as
     /// [`Mapping::atomic_u64`].
+    #[inline]
     pub fn atomic_u32(&self, off: usize) -> io::Result<&std::sync::atomic::AtomicU32> {
         self.check_write(off, 4)?;
         if !off.is_multiple_of(4) {

@@ -155,6 +155,12 @@ impl Segment {
         ))
     }
 
+    /// The commit sequence of the resident copy (what a commit increments: the caller
+    /// holds the writer lock, so it is the file's too).
+    pub fn object_seq(&self) -> io::Result<u64> {
+        read_u64(&self.object, sj::COMMIT_SEQ_OFF)
+    }
+
     /// Copy `[off, off + len)` of the file into the resident copy.
     pub fn refresh(&self, off: u64, len: u64) -> io::Result<()> {
         let mut buf = vec![0u8; FILL_STEP.min(len as usize)];

@@ -202,12 +202,14 @@ struct Plan {
 #[derive(Default)]
 struct ThreadState {
     vh: u32,
+    /// The locks held.
     held: Vec<Held>,
     /// A Rust guard (`Switched`) is alive.
     guarded: bool,
     /// Explicit-mode ranges declared in this transaction, per segment.
     declared: HashMap<u64, Vec<(u64, u64)>>,
-    plans: HashMap<u32, Plan>,
+    /// Lock plans by handle.
+    plans: Vec<Option<Plan>>,
 }
 
 impl Drop for ThreadState {
@@ -1124,7 +1126,12 @@ impl SpaceJmp {
                     format!("mapping segment {path} at {:#x}: {e}", seg.base()),
                 )
             })?;
-        let _ = region.populate(0, region.len());
+        // Readers map every page now (no fault later; PMDs where the copy is in huge
+        // folios). A writable private mapping is left to fault: a commit scans the page
+        // tables of the whole segment, and pages never touched cost that scan nothing.
+        if access == Access::Read {
+            let _ = region.populate(0, region.len());
+        }
         let undo = if write && mode == CommitMode::Explicit {
             Some(Arc::new(UndoLog::open(
                 &self.uuid,
@@ -1222,7 +1229,7 @@ impl SpaceJmp {
     /// The locks switching into `vh` takes (cached per thread until handles change).
     fn plan(&self, vh: u32) -> io::Result<Arc<[Held]>> {
         let version = self.version.load(Ordering::SeqCst);
-        if let Some(p) = THREAD.with(|t| t.borrow().plans.get(&vh).cloned()) {
+        if let Some(p) = THREAD.with(|t| t.borrow().plans.get(vh as usize).cloned().flatten()) {
             if p.version == version {
                 return Ok(p.locks);
             }
@@ -1254,13 +1261,14 @@ impl SpaceJmp {
         locks.sort_by_key(|l| l.ino);
         let locks: Arc<[Held]> = locks.into();
         THREAD.with(|t| {
-            t.borrow_mut().plans.insert(
-                vh,
-                Plan {
-                    version,
-                    locks: locks.clone(),
-                },
-            )
+            let plans = &mut t.borrow_mut().plans;
+            if plans.len() <= vh as usize {
+                plans.resize(vh as usize + 1, None);
+            }
+            plans[vh as usize] = Some(Plan {
+                version,
+                locks: locks.clone(),
+            });
         });
         Ok(locks)
     }
@@ -1298,8 +1306,10 @@ impl SpaceJmp {
             }
             Ok(())
         } else {
-            let seg = self.mapped_segment(h.ino)?;
-            slot.read_lock(h.entry, block, &mut |s| self.repair(&seg, s))
+            slot.read_lock(h.entry, block, &mut |s| {
+                let seg = self.mapped_segment(h.ino)?;
+                self.repair(&seg, s)
+            })
         }
     }
 
@@ -1331,9 +1341,8 @@ impl SpaceJmp {
     /// Uncommitted stores to a segment whose writer lock it gives up are committed
     /// first when `commit`, else dropped.
     pub fn switch_to(&self, vh: Vh, block: bool, commit: bool) -> io::Result<()> {
-        let cur = THREAD.with(|t| t.borrow().vh);
-        if cur == vh.0 {
-            return Ok(());
+        if let Some(done) = self.switch_fast(vh) {
+            return done;
         }
         let want = self.plan(vh.0)?;
         let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
@@ -1399,9 +1408,52 @@ impl SpaceJmp {
         THREAD.with(|t| {
             let mut t = t.borrow_mut();
             t.vh = vh.0;
-            t.held = want.to_vec();
+            t.held.clear();
+            t.held.extend_from_slice(&want);
         });
         Ok(())
+    }
+
+    /// The common switch, with no allocation and no process lock: reader locks only on
+    /// both sides (or none), nothing declared, the lock plan cached, every reader lock
+    /// free now. `None`: take the general path.
+    fn switch_fast(&self, vh: Vh) -> Option<io::Result<()>> {
+        THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            if t.vh == vh.0 {
+                return Some(Ok(()));
+            }
+            let version = self.version.load(Ordering::Acquire);
+            let ThreadState {
+                held,
+                plans,
+                declared,
+                vh: cur,
+                ..
+            } = &mut *t;
+            let want = match plans.get(vh.0 as usize) {
+                Some(Some(p)) if p.version == version => &p.locks,
+                _ => return None,
+            };
+            if !declared.is_empty() || held.iter().chain(want.iter()).any(|h| h.write) {
+                return None;
+            }
+            for (i, w) in want.iter().enumerate() {
+                if !self.slot(w.slot).try_read(w.entry) {
+                    for u in &want[..i] {
+                        self.slot(u.slot).read_unlock(u.entry);
+                    }
+                    return None;
+                }
+            }
+            for h in held.iter() {
+                self.slot(h.slot).read_unlock(h.entry);
+            }
+            held.clear();
+            held.extend_from_slice(want);
+            *cur = vh.0;
+            Some(Ok(()))
+        })
     }
 
     // ---- commits -------------------------------------------------------------------------
@@ -1507,8 +1559,7 @@ impl SpaceJmp {
         }
         let result = (|| -> io::Result<()> {
             for w in &mut work {
-                let (_, object_seq) = w.seg.commit_seqs()?;
-                w.seq = object_seq + 1;
+                w.seq = w.seg.object_seq()? + 1;
                 let seq = w.seq.to_le_bytes();
                 let at = sj::COMMIT_SEQ_OFF;
                 match w
@@ -1560,7 +1611,13 @@ impl SpaceJmp {
             // Durable. Publish into the resident copies.
             crash_point("after-log");
             for w in &work {
-                for (i, (o, b)) in w.runs.iter().enumerate() {
+                if w.undo.is_some() {
+                    // Explicit mode: the stores are in the resident copy already; only
+                    // the commit sequence is new there.
+                    w.region.store_u64(sj::COMMIT_SEQ_OFF as usize, w.seq)?;
+                    crash_point("publishing");
+                }
+                for (i, (o, b)) in w.runs.iter().enumerate().filter(|_| w.undo.is_none()) {
                     std::os::unix::fs::FileExt::write_all_at(&w.seg.object, b, *o)?;
                     if i == 0 {
                         crash_point("publishing");

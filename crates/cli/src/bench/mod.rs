@@ -18,6 +18,7 @@ mod kv_churn;
 mod latency;
 mod report;
 mod share;
+mod spacejmp;
 mod superpages;
 mod targets;
 mod tiers;
@@ -33,6 +34,7 @@ pub use kv::{run as kv, KvArgs};
 pub use kv_churn::{worker as kv_churn_worker, WorkerArgs as KvChurnWorkerArgs};
 pub use latency::run as latency;
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
+pub use spacejmp::{run as spacejmp, worker as spacejmp_worker, SpacejmpArgs, SpacejmpWorkerArgs};
 pub use superpages::{run as superpages, SuperpagesArgs};
 pub use tiers::{run as tiers, TiersArgs};
 
@@ -45,7 +47,14 @@ struct BenchStore {
 
 impl Drop for BenchStore {
     fn drop(&mut self) {
-        let _ = cairn::daemon_shutdown(Some(&self.root.join("store")));
+        let store = self.root.join("store");
+        let _ = cairn::daemon_shutdown(Some(&store));
+        // Its host objects in /dev/shm (resident segments, lock tables, map objects).
+        if let Ok(uuid) = cairn_area::host::store_uuid(&store) {
+            for p in cairn_area::host::list(&uuid) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_file(&self.nvm);
     }

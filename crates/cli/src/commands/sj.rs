@@ -19,6 +19,11 @@ pub fn run(store: Option<&Path>, which: SjCommand) -> CliResult {
 }
 
 fn out(text: &str) -> CliResult {
+    // Tables end their lines without the padding of their last column.
+    let text: String = text
+        .lines()
+        .map(|l| format!("{}\n", l.trim_end()))
+        .collect();
     std::io::stdout()
         .lock()
         .write_all(text.as_bytes())

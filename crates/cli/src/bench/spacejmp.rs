@@ -1,0 +1,716 @@
+//! `cairn bench spacejmp`: SpaceJMP on Cairn against what a user would use instead, in
+//! one run (docs/BENCHMARKS.md, "SpaceJMP").
+//!
+//! * `switch`: the cost of `vas_switch` with 1 to 64 address spaces attached (segments at
+//!   distinct addresses: locks only), lockable read-only, lockable writable, lock-free.
+//! * `attach`: attaching a resident segment of 1 GiB and more, against mapping a tmpfs
+//!   file of 4 KiB pages.
+//! * `commit`: small explicit-mode commits and page-mode commits of 1 to 1024 pages,
+//!   against PMDK transactions on the same tmpfs.
+//! * `pointer`: a linked list and a B-tree walked through plain pointers in a segment,
+//!   in `malloc`'d memory, PMDK (`pmemobj_direct`) and Boost.Interprocess (`offset_ptr`).
+//! * `crash`: writers killed with SIGKILL at random points of commit/abort cycles; lost
+//!   and torn commits and deadlocks counted, and Boost.Interprocess's mutex after a kill.
+//!
+//! Every row has `experiment`, `mode` or `system`, its parameters and its figure; with
+//! `--runs N` each figure is the median of N runs.
+
+use super::{BenchStore, Rng};
+use crate::error::{CliError, CliResult};
+use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target, Vh};
+use clap::Args;
+use serde_json::{json, Value};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const POINTERS_CPP: &str = include_str!("spacejmp/pointers.cpp");
+const SJ_H: &str = include_str!("../../../sj-capi/include/cairn/sj.h");
+
+/// `cairn bench spacejmp` options.
+#[derive(Debug, Args)]
+pub struct SpacejmpArgs {
+    /// Print the results as JSON on stdout (progress goes to stderr)
+    #[arg(long)]
+    pub json: bool,
+    /// Runs of each measurement: each figure is the median
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub runs: u32,
+    /// The experiments to run
+    #[arg(long, value_delimiter = ',', default_value = "switch,attach,commit,pointer,crash",
+          value_parser = ["switch", "attach", "commit", "pointer", "crash"])]
+    pub parts: Vec<String>,
+    /// Sizes of the attached segments, in GiB (each is resident in /dev/shm meanwhile)
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub attach_gib: Vec<u64>,
+    /// Writers killed in the crash experiment
+    #[arg(long, value_name = "N", default_value_t = 300)]
+    pub kills: u32,
+    /// Nodes of the list and the B-tree in the pointer experiment (also run with 4096,
+    /// which fit in the caches)
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub nodes: u64,
+}
+
+/// The hidden worker of the crash experiment (started by it).
+#[derive(Debug, Args)]
+pub struct SpacejmpWorkerArgs {
+    /// The store
+    #[arg(long, value_name = "DIR")]
+    pub bench_store: PathBuf,
+}
+
+fn progress(msg: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().write_fmt(msg);
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[v.len() / 2]
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p) as usize]
+}
+
+pub fn run(args: &SpacejmpArgs) -> CliResult {
+    let root = tempfile_dir()?;
+    let store_dir = root.join("store");
+    let nvm = PathBuf::from(format!(
+        "/dev/shm/cairn-bench-sj-{}.nvm",
+        std::process::id()
+    ));
+    let bs = BenchStore {
+        root: root.clone(),
+        nvm: nvm.clone(),
+    };
+    let mut opts = cairn_daemon::MkfsOptions::new(&store_dir);
+    opts.nvm_path = Some(nvm.clone());
+    opts.nvm_size = 2 << 30;
+    cairn_daemon::mkfs(&opts)
+        .map_err(|e| CliError::new(format!("creating the benchmark store: {e}")))?;
+    let sj = SpaceJmp::with_fs(cairn::Fs::open(&store_dir)?)?;
+    let mut rows: Vec<Value> = Vec::new();
+    let want = |p: &str| args.parts.iter().any(|x| x == p);
+    if want("switch") {
+        switch(&sj, args, &mut rows)?;
+    }
+    if want("attach") {
+        attach(&sj, args, &mut rows)?;
+    }
+    let tools = if want("pointer") || want("commit") || want("crash") {
+        compile_tools(&root)
+    } else {
+        Err("not needed".into())
+    };
+    if want("commit") {
+        commit(&sj, args, &tools, &root, &mut rows)?;
+    }
+    if want("pointer") {
+        pointer(args, &tools, &store_dir, &root, &mut rows)?;
+    }
+    if want("crash") {
+        crash(&sj, args, &tools, &store_dir, &root, &mut rows)?;
+    }
+    let text = if args.json {
+        crate::util::json_text(
+            &json!({ "runs": args.runs, "results": rows }),
+            "the results",
+        )?
+    } else {
+        table(&rows)
+    };
+    drop(sj);
+    drop(bs);
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(crate::error::stdout_err)
+}
+
+fn tempfile_dir() -> CliResult<PathBuf> {
+    let d = std::env::temp_dir().join(format!("cairn-bench-sj-{}", std::process::id()));
+    std::fs::create_dir_all(&d).map_err(crate::error::ctx_msg(d.display()))?;
+    Ok(d)
+}
+
+/// A segment (`len` bytes, `f` flags) in a new address space granting `p`, attached.
+fn space(
+    sj: &Arc<SpaceJmp>,
+    name: &str,
+    len: u64,
+    f: u32,
+    p: u32,
+    mode: CommitMode,
+) -> CliResult<(cairn_sj::SegId, Vh)> {
+    let seg = sj.seg_alloc(name, None, len, prot::RW, f, 0o600)?;
+    let vid = sj.vas_create(name, 0o600)?;
+    sj.seg_attach(Target::Vas(vid), seg, p)?;
+    let vh = sj.vas_attach(vid, mode)?;
+    Ok((seg, vh))
+}
+
+/// Switches between 1 to 64 attached address spaces, in batches of 1000: the per-switch
+/// time of each batch, p50 and p99 over batches.
+fn switch(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> CliResult {
+    for (mode, f, p) in [
+        ("distinct", flags::LOCKABLE, prot::READ),
+        ("distinct-writable", flags::LOCKABLE, prot::RW),
+        ("distinct-unlocked", 0, prot::READ),
+    ] {
+        let mut handles = Vec::new();
+        for i in 0..64 {
+            handles.push(
+                space(
+                    sj,
+                    &format!("sw-{mode}-{i}"),
+                    cairn_format::sj::MIN_LEN,
+                    f,
+                    p,
+                    CommitMode::Snapshot,
+                )?
+                .1,
+            );
+        }
+        // `k` attached; switching between two of them, and round-robin through all.
+        for (k, round_robin) in [1usize, 2, 4, 8, 16, 32, 64]
+            .into_iter()
+            .map(|k| (k, false))
+            .chain([8, 64].into_iter().map(|k| (k, true)))
+        {
+            let mut p50 = Vec::new();
+            let mut p99 = Vec::new();
+            for _ in 0..args.runs {
+                let cycle: Vec<Vh> = match (k, round_robin) {
+                    // With one attached, switch between it and the primary.
+                    (1, _) => vec![handles[0], Vh::PRIMARY],
+                    (_, false) => vec![handles[0], handles[k - 1]],
+                    (_, true) => handles[..k].to_vec(),
+                };
+                let mut batch = Vec::with_capacity(300);
+                let mut at = 0;
+                for b in 0..320 {
+                    let t = Instant::now();
+                    for _ in 0..1000 {
+                        at = (at + 1) % cycle.len();
+                        sj.switch_to(cycle[at], true, true)?;
+                    }
+                    if b >= 20 {
+                        batch.push(t.elapsed().as_nanos() as f64 / 1000.0);
+                    }
+                }
+                sj.switch_to(Vh::PRIMARY, true, true)?;
+                p50.push(pct(&mut batch, 0.5));
+                p99.push(pct(&mut batch, 0.99));
+            }
+            let row = json!({"experiment": "switch", "mode": mode, "attached": k,
+                             "between": if round_robin { k } else { 2.min(k + 1) },
+                             "p50_ns": median(p50), "p99_ns": median(p99)});
+            progress(format_args!("{row}\n"));
+            rows.push(row);
+        }
+        for (i, vh) in handles.into_iter().enumerate() {
+            sj.vas_detach(vh)?;
+            sj.vas_remove(&format!("sw-{mode}-{i}"))?;
+            sj.seg_free(&format!("sw-{mode}-{i}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Attaching resident segments, and mapping a tmpfs file of 4 KiB pages of the same size.
+fn attach(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> CliResult {
+    for &gib in &args.attach_gib {
+        let len = gib << 30;
+        let free = cairn_media::sys::free_space(Path::new("/dev/shm")).unwrap_or(0);
+        if free < 2 * len + (1 << 30) {
+            progress(format_args!(
+                "attach: {gib} GiB skipped: /dev/shm has {} MiB free\n",
+                free >> 20
+            ));
+            rows.push(
+                json!({"experiment": "attach", "system": "segment", "gib": gib,
+                             "skipped": "not enough free memory in /dev/shm"}),
+            );
+            continue;
+        }
+        let name = format!("attach-{gib}g");
+        let seg = sj.seg_alloc(&name, None, len, prot::RW, 0, 0o600)?;
+        let vid = sj.vas_create(&name, 0o600)?;
+        sj.seg_attach(Target::Vas(vid), seg, prot::READ)?;
+        let t = Instant::now();
+        let vh = sj.vas_attach(vid, CommitMode::Snapshot)?;
+        let first_ms = t.elapsed().as_secs_f64() * 1e3;
+        let base = sj.seg_info(&name)?.base as usize;
+        let pmd = cairn_media::huge::pmd_mapped_kib(std::process::id(), base, base + len as usize)
+            .unwrap_or(0);
+        sj.vas_detach(vh)?;
+        let mut ms = Vec::new();
+        for _ in 0..args.runs.max(3) {
+            let t = Instant::now();
+            let vh = sj.vas_attach(vid, CommitMode::Snapshot)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            sj.vas_detach(vh)?;
+        }
+        let resident = median(ms);
+        sj.vas_remove(&name)?;
+        sj.seg_free(&name)?;
+        let row = json!({"experiment": "attach", "system": "segment", "gib": gib,
+                         "ms_per_gib": resident / gib as f64, "first_attach_ms": first_ms,
+                         "pmd_mapped_mib": pmd / 1024});
+        progress(format_args!("{row}\n"));
+        rows.push(row);
+        // The same size of 4 KiB tmpfs pages, mapped and populated.
+        let path = PathBuf::from(format!("/dev/shm/cairn-bench-sj-4k-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        let _ = std::fs::remove_file(&path);
+        cairn_media::sys::fallocate(&f, len)?;
+        let mut ms = Vec::new();
+        for _ in 0..args.runs.max(3) {
+            let t = Instant::now();
+            let m = cairn_media::Mapping::new(&f, 0, len as usize, false, true)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            drop(m);
+        }
+        let row = json!({"experiment": "attach", "system": "tmpfs-4k", "gib": gib,
+                         "ms_per_gib": median(ms) / gib as f64});
+        progress(format_args!("{row}\n"));
+        rows.push(row);
+    }
+    Ok(())
+}
+
+/// The C++ tools (PMDK, Boost, the segment's C interface), or why they are missing.
+fn compile_tools(root: &Path) -> Result<PathBuf, String> {
+    let src = root.join("pointers.cpp");
+    std::fs::write(&src, POINTERS_CPP).map_err(|e| e.to_string())?;
+    let exe = root.join("pointers");
+    let lib_dir = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+        .ok_or("no executable path")?;
+    let include = root.join("include");
+    std::fs::create_dir_all(include.join("cairn")).map_err(|e| e.to_string())?;
+    std::fs::write(include.join("cairn/sj.h"), SJ_H).map_err(|e| e.to_string())?;
+    let out = Command::new("g++")
+        .args(["-O2", "-std=c++17", "-I"])
+        .arg(&include)
+        .arg(&src)
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .args(["-lcairn_sj", "-lpmemobj", "-lpthread", "-lrt", "-o"])
+        .arg(&exe)
+        .output()
+        .map_err(|e| format!("g++: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "compiling the PMDK/Boost programs failed (scripts/setup.sh installs libpmemobj-dev \
+             and libboost-dev; libcairn_sj.so comes with cargo build): {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    Ok(exe)
+}
+
+/// Run the C++ tool; its output's `key value` pairs.
+fn tool(exe: &Path, args: &[&str], store: Option<&Path>) -> CliResult<Vec<(String, f64)>> {
+    let mut c = Command::new(exe);
+    c.args(args).env("PMEM_IS_PMEM_FORCE", "1");
+    if let Some(s) = store {
+        c.env("CAIRN_STORE", s);
+    }
+    let out = c.output().map_err(crate::error::ctx_msg(exe.display()))?;
+    if !out.status.success() {
+        return Err(CliError::new(format!(
+            "{} {}: {}",
+            exe.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<&str> = text.split_whitespace().collect();
+    Ok(f.chunks(2)
+        .filter_map(|c| Some((c[0].to_string(), c.get(1)?.parse().ok()?)))
+        .collect())
+}
+
+fn field(v: &[(String, f64)], k: &str) -> f64 {
+    v.iter().find(|x| x.0 == k).map_or(0.0, |x| x.1)
+}
+
+/// Commits: explicit mode with 1-4 updates of 8-64 bytes, page mode with 1-1024 dirty
+/// pages; PMDK transactions of the same shapes.
+fn commit(
+    sj: &Arc<SpaceJmp>,
+    args: &SpacejmpArgs,
+    tools: &Result<PathBuf, String>,
+    root: &Path,
+    rows: &mut Vec<Value>,
+) -> CliResult {
+    let area = 64u64 << 20;
+    let (xseg, xvh) = space(
+        sj,
+        "commit-explicit",
+        area + (1 << 20),
+        flags::LOCKABLE,
+        prot::RW,
+        CommitMode::Explicit,
+    )?;
+    let (sseg, svh) = space(
+        sj,
+        "commit-snapshot",
+        area + (1 << 20),
+        flags::LOCKABLE,
+        prot::RW,
+        CommitMode::Snapshot,
+    )?;
+    let xbase = sj.seg_info("commit-explicit")?.base;
+    let sbase = sj.seg_info("commit-snapshot")?.base;
+    let _ = (xseg, sseg);
+    let mut rng = Rng(0x5eed);
+    let pmdk_dir = PathBuf::from("/dev/shm");
+    for (updates, bytes) in [(1u64, 8u64), (1, 64), (2, 8), (2, 64), (4, 8), (4, 64)] {
+        let txs = 100_000;
+        let (mut rate, mut p50) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            let g = sj.enter(xvh)?;
+            let mut lat = Vec::with_capacity(txs);
+            let t0 = Instant::now();
+            let data = vec![7u8; bytes as usize];
+            for _ in 0..txs {
+                let t = Instant::now();
+                for _ in 0..updates {
+                    let at = xbase + (1 << 20) + rng.next() % (area / bytes) * bytes;
+                    g.write(SegPtr(at), &data)?;
+                }
+                g.commit()?;
+                lat.push(t.elapsed().as_nanos() as f64);
+            }
+            rate.push(txs as f64 / t0.elapsed().as_secs_f64());
+            p50.push(pct(&mut lat, 0.5));
+        }
+        push(
+            rows,
+            json!({"experiment": "commit", "system": "cairn", "mode": "explicit", "updates": updates,
+                          "bytes": bytes, "tx_per_s": median(rate), "p50_ns": median(p50)}),
+        );
+        if let Ok(exe) = tools {
+            pmdk_rows(exe, args, rows, updates, bytes, 0, txs, &pmdk_dir)?;
+        }
+    }
+    for pages in [1u64, 4, 16, 64, 256, 1024] {
+        let txs = (20_000 / pages).max(50) as usize;
+        let (mut rate, mut p50) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            let g = sj.enter(svh)?;
+            let mut lat = Vec::with_capacity(txs);
+            let t0 = Instant::now();
+            for i in 0..txs {
+                let t = Instant::now();
+                let first = rng.next() % (area / 4096 - pages);
+                for p in 0..pages {
+                    g.write(
+                        SegPtr(sbase + (1 << 20) + (first + p) * 4096),
+                        &(i as u64).to_le_bytes(),
+                    )?;
+                }
+                g.commit()?;
+                lat.push(t.elapsed().as_nanos() as f64);
+            }
+            rate.push(txs as f64 / t0.elapsed().as_secs_f64());
+            p50.push(pct(&mut lat, 0.5));
+        }
+        push(
+            rows,
+            json!({"experiment": "commit", "system": "cairn", "mode": "page", "pages": pages,
+                          "tx_per_s": median(rate), "p50_ns": median(p50)}),
+        );
+        if let Ok(exe) = tools {
+            pmdk_rows(exe, args, rows, 0, 0, pages, txs, &pmdk_dir)?;
+        }
+    }
+    if let Err(why) = tools {
+        rows.push(json!({"experiment": "commit", "system": "pmdk", "skipped": why}));
+    }
+    sj.vas_detach(xvh)?;
+    sj.vas_detach(svh)?;
+    for name in ["commit-explicit", "commit-snapshot"] {
+        sj.vas_remove(name)?;
+        sj.seg_free(name)?;
+    }
+    let _ = std::fs::remove_file(root.join("pool.pmdk"));
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pmdk_rows(
+    exe: &Path,
+    args: &SpacejmpArgs,
+    rows: &mut Vec<Value>,
+    updates: u64,
+    bytes: u64,
+    pages: u64,
+    txs: usize,
+    dir: &Path,
+) -> CliResult {
+    let (mut rate, mut p50) = (Vec::new(), Vec::new());
+    for _ in 0..args.runs {
+        let dir_s = dir.display().to_string();
+        let r = tool(
+            exe,
+            &[
+                "pmdk-commit",
+                &updates.to_string(),
+                &bytes.to_string(),
+                &pages.to_string(),
+                &txs.to_string(),
+                &dir_s,
+            ],
+            None,
+        );
+        let _ = std::fs::remove_file(dir.join("pool.pmdk"));
+        let r = r?;
+        rate.push(field(&r, "tx_per_s"));
+        p50.push(field(&r, "p50_ns"));
+    }
+    let mut row = json!({"experiment": "commit", "system": "pmdk", "tx_per_s": median(rate), "p50_ns": median(p50)});
+    if pages > 0 {
+        row["mode"] = json!("page");
+        row["pages"] = json!(pages);
+    } else {
+        row["mode"] = json!("explicit");
+        row["updates"] = json!(updates);
+        row["bytes"] = json!(bytes);
+    }
+    push(rows, row);
+    Ok(())
+}
+
+fn push(rows: &mut Vec<Value>, row: Value) {
+    progress(format_args!("{row}\n"));
+    rows.push(row);
+}
+
+/// Pointer chasing through the same C++ code on each system.
+fn pointer(
+    args: &SpacejmpArgs,
+    tools: &Result<PathBuf, String>,
+    store: &Path,
+    root: &Path,
+    rows: &mut Vec<Value>,
+) -> CliResult {
+    let exe = match tools {
+        Ok(e) => e,
+        Err(why) => {
+            rows.push(json!({"experiment": "pointer", "skipped": why}));
+            return Ok(());
+        }
+    };
+    let dir = PathBuf::from("/dev/shm");
+    for nodes in [4096, args.nodes] {
+        for what in ["list", "btree"] {
+            for system in ["dram", "segment", "pmdk", "boost"] {
+                let ops = (20_000_000 / nodes.max(1)).clamp(1, 100) * nodes.min(1_000_000);
+                let mut ns = Vec::new();
+                for _ in 0..args.runs {
+                    let r = tool(
+                        exe,
+                        &[
+                            system,
+                            what,
+                            &nodes.to_string(),
+                            &ops.to_string(),
+                            &dir.display().to_string(),
+                        ],
+                        Some(store),
+                    );
+                    let _ = std::fs::remove_file(dir.join("pool.pmdk"));
+                    let _ = std::fs::remove_file(dir.join("pool.boost"));
+                    ns.push(field(&r?, "ns_per_op"));
+                }
+                push(
+                    rows,
+                    json!({"experiment": "pointer", "system": system, "structure": what,
+                                  "nodes": nodes, "ns_per_op": median(ns)}),
+                );
+            }
+        }
+    }
+    let _ = root;
+    Ok(())
+}
+
+/// Writers killed at random points of commit/abort cycles (this binary's hidden
+/// `bench spacejmp-worker`), each kill followed by a check: the list must be whole
+/// (values n..1), hold every acknowledged commit, and its lock must be free again.
+fn crash(
+    sj: &Arc<SpaceJmp>,
+    args: &SpacejmpArgs,
+    tools: &Result<PathBuf, String>,
+    store: &Path,
+    root: &Path,
+    rows: &mut Vec<Value>,
+) -> CliResult {
+    let (seg, vh) = space(
+        sj,
+        "crash",
+        16 << 20,
+        flags::LOCKABLE,
+        prot::RW,
+        CommitMode::Snapshot,
+    )?;
+    let me = std::env::current_exe()?;
+    let mut rng = Rng(0xc0ffee);
+    let (mut lost, mut torn, mut deadlocks, mut acked_total) = (0u64, 0u64, 0u64, 0u64);
+    let t0 = Instant::now();
+    for k in 0..args.kills {
+        let mut child = Command::new(&me)
+            .args(["bench", "spacejmp-worker", "--bench-store"])
+            .arg(store)
+            .env("CAIRN_STORE", store)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let out = child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            let mut last = 0u64;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(n) = l.trim().parse() {
+                    last = n;
+                }
+            }
+            last
+        });
+        std::thread::sleep(Duration::from_millis(30 + rng.next() % 60));
+        let _ = child.kill();
+        let _ = child.wait();
+        let acked = reader.join().unwrap_or(0);
+        // Check: switch in within 10 s (else a deadlock), then walk the list.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let g = loop {
+            match sj.try_enter(vh) {
+                Ok(g) => break Some(g),
+                Err(e)
+                    if cairn_area::errno_of(&e) == libc::EWOULDBLOCK
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(_) => break None,
+            }
+        };
+        let Some(g) = g else {
+            deadlocks += 1;
+            continue;
+        };
+        let mut p = g.root(seg, "list")?.unwrap_or(SegPtr::NULL);
+        let mut n = 0u64;
+        let mut expect = None;
+        let mut whole = true;
+        while !p.is_null() {
+            let v: [u64; 2] = g.get(p)?;
+            if expect.is_some_and(|e| e != v[0]) {
+                whole = false;
+                break;
+            }
+            expect = Some(v[0].wrapping_sub(1));
+            n += 1;
+            p = SegPtr(v[1]);
+        }
+        if expect.is_some_and(|e| e != 0) {
+            whole = false;
+        }
+        drop(g);
+        torn += u64::from(!whole);
+        lost += u64::from(n < acked);
+        acked_total = acked_total.max(acked);
+        if k % 50 == 49 {
+            progress(format_args!("crash: {} kills, {n} commits in the list, {lost} lost, {torn} torn, {deadlocks} deadlocks\n", k + 1));
+        }
+    }
+    push(
+        rows,
+        json!({"experiment": "crash", "system": "cairn", "kills": args.kills, "commits": acked_total,
+                      "lost": lost, "torn": torn, "deadlocks": deadlocks, "secs": t0.elapsed().as_secs_f64()}),
+    );
+    sj.vas_detach(vh)?;
+    sj.vas_remove("crash")?;
+    sj.seg_free("crash")?;
+    // Boost.Interprocess: a process killed holding a named mutex.
+    if let Ok(exe) = tools {
+        let name = format!("{}", std::process::id());
+        let mut holder = Command::new(exe)
+            .args(["boost-lock", &name, "hold"])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().expect("piped")).read_line(&mut line)?;
+        let _ = holder.kill();
+        let _ = holder.wait();
+        let out = Command::new(exe)
+            .args(["boost-lock", &name, "try"])
+            .output()?;
+        let dead = String::from_utf8_lossy(&out.stdout).contains("deadlock");
+        push(
+            rows,
+            json!({"experiment": "crash", "system": "boost", "kills": 1, "deadlocks": u64::from(dead),
+                          "note": "a named_mutex held by a process killed with SIGKILL, then timed_lock for 2 s"}),
+        );
+    }
+    let _ = root;
+    Ok(())
+}
+
+/// `cairn bench spacejmp-worker`: append to the crash experiment's list in commit/abort
+/// cycles until killed, printing each acknowledged commit's count.
+pub fn worker(args: &SpacejmpWorkerArgs) -> CliResult {
+    let sj = SpaceJmp::with_fs(cairn::Fs::open(&args.bench_store)?)?;
+    let vh = sj.vas_attach(sj.vas_find("crash")?, CommitMode::Snapshot)?;
+    let seg = sj.seg_find("crash")?;
+    let mut rng = Rng(std::process::id() as u64 | 1);
+    let mut out = std::io::stdout().lock();
+    loop {
+        let g = sj.enter(vh)?;
+        let head = g.root(seg, "list")?.unwrap_or(SegPtr::NULL);
+        let n = if head.is_null() {
+            0
+        } else {
+            g.get::<[u64; 2]>(head)?[0]
+        };
+        let p = g.alloc(seg, [n + 1, head.0])?;
+        g.set_root(seg, "list", p)?;
+        if rng.next().is_multiple_of(4) {
+            g.abort()?;
+            continue;
+        }
+        g.commit()?;
+        writeln!(out, "{}", n + 1)?;
+        out.flush()?;
+    }
+}
+
+fn table(rows: &[Value]) -> String {
+    let mut s = String::new();
+    for r in rows {
+        s.push_str(&format!("{r}\n"));
+    }
+    s
+}
