@@ -51,6 +51,15 @@ pub fn errno_of(e: &io::Error) -> i32 {
     }
 }
 
+/// The message of an error made by [`fs_err`] (without the errno text `Display` adds),
+/// else its `Display`.
+pub fn message(e: &io::Error) -> String {
+    match e.get_ref().and_then(|x| x.downcast_ref::<FsError>()) {
+        Some(fe) => fe.message.clone(),
+        None => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,13 +38,7 @@ fn set_errno(n: i32) {
 /// Record `e` for `sj_strerror` and in `errno`.
 fn fail(e: io::Error) {
     let n = errno_of(&e);
-    let text = match e
-        .get_ref()
-        .and_then(|x| x.downcast_ref::<cairn_area::error::FsError>())
-    {
-        Some(fe) => fe.message.clone(),
-        None => e.to_string(),
-    };
+    let text = cairn_area::error::message(&e);
     MESSAGE.with(|m| *m.borrow_mut() = CString::new(text.replace('\0', " ")).unwrap_or_default());
     set_errno(n);
 }

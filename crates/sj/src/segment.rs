@@ -92,7 +92,7 @@ impl Segment {
             .map_err(|e| {
                 fs_err(
                     cairn_area::errno_of(&e),
-                    format!("segment {path}: {}", msg(&e)),
+                    format!("segment {path}: {}", crate::space::short(&e)),
                 )
             })?;
         let meta = file.metadata()?;
@@ -207,16 +207,6 @@ impl Segment {
     /// Bytes the resident copy holds in memory.
     pub fn resident_bytes(&self) -> u64 {
         self.object.metadata().map_or(0, |m| m.blocks() * 512)
-    }
-}
-
-fn msg(e: &io::Error) -> String {
-    match e
-        .get_ref()
-        .and_then(|x| x.downcast_ref::<cairn_area::error::FsError>())
-    {
-        Some(fe) => fe.message.clone(),
-        None => e.to_string(),
     }
 }
 

@@ -1931,14 +1931,9 @@ fn merge_ranges(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
-fn short(e: &io::Error) -> String {
-    match e
-        .get_ref()
-        .and_then(|x| x.downcast_ref::<cairn_area::error::FsError>())
-    {
-        Some(fe) => fe.message.clone(),
-        None => e.to_string(),
-    }
+/// An error's message without the errno text `Display` adds (the caller says it again).
+pub(crate) fn short(e: &io::Error) -> String {
+    cairn_area::error::message(e)
 }
 
 /// The entries of an address space's file.

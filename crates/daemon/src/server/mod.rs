@@ -103,16 +103,9 @@ impl Daemon {
 }
 
 fn err_response(e: &io::Error) -> Response {
-    let message = match e
-        .get_ref()
-        .and_then(|x| x.downcast_ref::<cairn_area::error::FsError>())
-    {
-        Some(fe) => fe.message.clone(),
-        None => e.to_string(),
-    };
     Response::Error {
         errno: errno_of(e),
-        message,
+        message: cairn_area::error::message(e),
     }
 }
 

@@ -48,46 +48,42 @@ impl Inner {
         ))
     }
 
-    /// Append a metadata transaction and apply it to the overlay. Returns its tag.
-    pub(super) fn commit(&self, st: &mut State, tx: Tx) -> io::Result<u64> {
-        // Every inode the transaction logs a record about needs the write lease.
-        for (ino, _, _) in &tx.inodes {
-            self.need(st, *ino, true)?;
-        }
-        for ino in tx.write.iter().map(|w| w.0).chain(tx.punch.map(|p| p.0)) {
-            self.need(st, ino, true)?;
-        }
-        for (dir, ..) in &tx.dirents {
-            self.need(st, *dir, true)?;
-        }
-        // Inodes in shared-write mode: the daemon commits the transaction.
-        let written = tx.inodes.iter().map(|e| e.0);
-        let written = written.chain(tx.write.iter().map(|w| w.0));
-        let written = written.chain(tx.punch.map(|p| p.0));
-        let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
-        let recs = tx.records();
+    /// Encode `recs` as one transaction, reserve room and `charge` credits for it, seal,
+    /// write it back and fence it: durable when this returns (in shared-write mode, `med`
+    /// not empty, once the daemon sealed it: `commit_mediated`). Returns its LSN, its
+    /// length and the offset in it of each `WRITE` record's data. `E2BIG` beyond a
+    /// quarter of the log.
+    fn append_records(
+        &self,
+        st: &mut State,
+        recs: &[Record<'_>],
+        charge: u64,
+        med: &[(u64, u64)],
+    ) -> io::Result<(u64, usize, Vec<usize>)> {
         let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
         let len = txn_len(payload);
         if len as u64 > st.ring.bytes() / 4 {
             return Err(fs_err(
                 libc::E2BIG,
-                "transaction larger than a quarter of the log",
+                format!(
+                    "a transaction of {len} bytes is larger than a quarter of the log ({} bytes)",
+                    st.ring.bytes()
+                ),
             ));
         }
         let mut buf = std::mem::take(&mut st.buf);
         buf.clear();
         buf.resize(len, 0);
         let mut off = TXN_HEADER;
-        let mut data_off = 0;
-        for r in &recs {
+        let mut data_offs = Vec::new();
+        for r in recs {
             if matches!(r, Record::Write { .. }) {
-                data_off = off + WRITE_HEADER_LEN;
+                data_offs.push(off + WRITE_HEADER_LEN);
             }
             r.encode_into(&mut buf[off..]);
             off += r.encoded_len();
         }
         // Space credits after the reservation: a re-attach while it waited replaced them.
-        let charge = tx.charge();
         let lsn = match self
             .reserve(st, len)
             .and_then(|l| self.ensure_credits(st, charge).map(|()| l))
@@ -108,8 +104,32 @@ impl Inner {
         put?;
         fence();
         if !med.is_empty() {
-            self.commit_mediated(st, lsn, len, &med)?;
+            self.commit_mediated(st, lsn, len, med)?;
         }
+        Ok((lsn, len, data_offs))
+    }
+
+    /// Append a metadata transaction and apply it to the overlay. Returns its tag.
+    pub(super) fn commit(&self, st: &mut State, tx: Tx) -> io::Result<u64> {
+        // Every inode the transaction logs a record about needs the write lease.
+        for (ino, _, _) in &tx.inodes {
+            self.need(st, *ino, true)?;
+        }
+        for ino in tx.write.iter().map(|w| w.0).chain(tx.punch.map(|p| p.0)) {
+            self.need(st, ino, true)?;
+        }
+        for (dir, ..) in &tx.dirents {
+            self.need(st, *dir, true)?;
+        }
+        // Inodes in shared-write mode: the daemon commits the transaction.
+        let written = tx.inodes.iter().map(|e| e.0);
+        let written = written.chain(tx.write.iter().map(|w| w.0));
+        let written = written.chain(tx.punch.map(|p| p.0));
+        let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
+        let recs = tx.records();
+        let (lsn, len, data_offs) = self.append_records(st, &recs, tx.charge(), &med)?;
+        let data_off = data_offs.last().copied().unwrap_or(0);
+        drop(recs);
         // Committed.
         for &(kind, ino, gen) in &tx.gone {
             self.drop_rendezvous(kind, ino, gen);
@@ -380,55 +400,13 @@ impl Inner {
                 data,
             })
             .collect();
-        let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
-        let len = txn_len(payload);
-        if len as u64 > st.ring.bytes() / 4 {
-            return Err(fs_err(
-                libc::E2BIG,
-                format!(
-                    "write_runs: {} bytes in one transaction is more than a quarter of the log \
-                     ({} bytes)",
-                    len,
-                    st.ring.bytes()
-                ),
-            ));
-        }
         let med = Self::claims(st, files.iter().map(|f| f.0));
-        let mut buf = std::mem::take(&mut st.buf);
-        buf.clear();
-        buf.resize(len, 0);
-        let mut off = TXN_HEADER;
-        let mut data_offs = Vec::with_capacity(recs.len());
-        for r in &recs {
-            data_offs.push(off + WRITE_HEADER_LEN);
-            r.encode_into(&mut buf[off..]);
-            off += r.encoded_len();
-        }
         let charge: u64 = runs
             .iter()
             .map(|&(_, o, d)| write_charge(o, d.len() as u64))
             .sum();
-        let lsn = match self
-            .reserve(st, len)
-            .and_then(|l| self.ensure_credits(st, charge).map(|()| l))
-        {
-            Ok(l) => l,
-            Err(e) => {
-                st.buf = buf;
-                return Err(e);
-            }
-        };
-        st.spend(charge);
-        seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
+        let (lsn, len, data_offs) = self.append_records(st, &recs, charge, &med)?;
         if !med.is_empty() {
-            buf[..4].fill(0);
-        }
-        let put = st.ring.put_txn(lsn, &buf);
-        st.buf = buf;
-        put?;
-        fence();
-        if !med.is_empty() {
-            self.commit_mediated(st, lsn, len, &med)?;
             st.appended(lsn, len as u64);
             let _ = self.refresh(st);
         } else {
