@@ -67,6 +67,16 @@ pub fn list(uuid: &[u8; 16]) -> Vec<PathBuf> {
     out
 }
 
+/// Remove every host object of the store at `store_dir` (a test's or a benchmark's
+/// store being thrown away; `cairn rmfs` lists what it removes itself).
+pub fn remove_all(store_dir: &Path) {
+    if let Ok(uuid) = store_uuid(store_dir) {
+        for p in list(&uuid) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// Bytes a file holds on its file system (allocated blocks; for tmpfs, memory).
 pub fn allocated_bytes(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;

@@ -754,17 +754,14 @@ impl Core {
         let uuid = self.sh.area.superblock().uuid;
         let objects = host::list(&uuid);
         let sj = host::kind_prefix(&uuid, "sj");
+        // Resident segments: `sj-<ino>-<gen>` (not the lock table nor undo logs).
         let resident: Vec<&std::path::PathBuf> = objects
             .iter()
             .filter(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .and_then(|n| n.strip_prefix(sj.as_str()))
-                    .is_some_and(|rest| {
-                        rest.split_once('-').is_some_and(|(i, g)| {
-                            i.parse::<u64>().is_ok() && g.parse::<u64>().is_ok()
-                        })
-                    })
+                    .and_then(|n| host::parse_name(n, &sj))
+                    .is_some()
             })
             .collect();
         HostStatus {

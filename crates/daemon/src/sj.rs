@@ -9,7 +9,7 @@
 
 use cairn_area::fs_err;
 use cairn_format::sj::{self, alignment, reserved_len};
-use cairn_proto::SjRange;
+use cairn_proto::{SjRange, SjReservation};
 use std::io::{self, Write};
 use std::path::PathBuf;
 
@@ -51,16 +51,16 @@ impl Registry {
         &self.ranges
     }
 
-    /// Give segment `ino`/`gen` a range (see `Request::SjReserve`).
-    pub(crate) fn reserve(
-        &mut self,
-        ino: u64,
-        gen: u64,
-        path: &str,
-        base: Option<u64>,
-        len: u64,
-        overlap: bool,
-    ) -> io::Result<u64> {
+    /// Give segment `r.ino`/`r.gen` a range (see `Request::SjReserve`).
+    pub(crate) fn reserve(&mut self, r: &SjReservation) -> io::Result<u64> {
+        let SjReservation {
+            ino,
+            gen,
+            ref path,
+            base,
+            len,
+            overlap,
+        } = *r;
         if let Some(r) = self.ranges.iter().find(|r| r.ino == ino && r.gen == gen) {
             if r.len == len && base.is_none_or(|b| b == r.base) {
                 return Ok(r.base);
@@ -264,6 +264,24 @@ mod tests {
     use super::*;
     use cairn_format::sj::{BIG, WINDOW_BASE, WINDOW_END};
 
+    fn res(
+        ino: u64,
+        gen: u64,
+        path: &str,
+        base: Option<u64>,
+        len: u64,
+        overlap: bool,
+    ) -> SjReservation {
+        SjReservation {
+            ino,
+            gen,
+            path: path.into(),
+            base,
+            len,
+            overlap,
+        }
+    }
+
     fn errno(e: io::Error) -> Option<i32> {
         Some(cairn_area::errno_of(&e))
     }
@@ -277,31 +295,43 @@ mod tests {
     #[test]
     fn ranges_are_disjoint_aligned_and_kept() {
         let (d, mut r) = reg();
-        let a = r.reserve(1, 1, "/a", None, 4 << 20, false).unwrap();
+        let a = r.reserve(&res(1, 1, "/a", None, 4 << 20, false)).unwrap();
         assert_eq!(a, WINDOW_BASE);
-        let b = r.reserve(2, 1, "/b", None, 3 * 4096 * 32, false).unwrap();
+        let b = r
+            .reserve(&res(2, 1, "/b", None, 3 * 4096 * 32, false))
+            .unwrap();
         assert_eq!(b, WINDOW_BASE + (4 << 20));
         // 1 GiB and more: 1 GiB aligned, after the others.
-        let c = r.reserve(3, 1, "/c", None, BIG, false).unwrap();
+        let c = r.reserve(&res(3, 1, "/c", None, BIG, false)).unwrap();
         assert_eq!(c, WINDOW_BASE + BIG);
         // The same segment again: its range; another length: refused.
-        assert_eq!(r.reserve(1, 1, "/a", None, 4 << 20, false).unwrap(), a);
-        assert!(r.reserve(1, 1, "/a", None, 8 << 20, false).is_err());
+        assert_eq!(
+            r.reserve(&res(1, 1, "/a", None, 4 << 20, false)).unwrap(),
+            a
+        );
+        assert!(r.reserve(&res(1, 1, "/a", None, 8 << 20, false)).is_err());
         // An explicit base that overlaps, misaligned, or outside: refused.
-        let e = r.reserve(4, 1, "/d", Some(WINDOW_BASE + (2 << 20)), 4 << 20, false);
+        let e = r.reserve(&res(
+            4,
+            1,
+            "/d",
+            Some(WINDOW_BASE + (2 << 20)),
+            4 << 20,
+            false,
+        ));
         assert_eq!(errno(e.unwrap_err()), Some(libc::EEXIST));
-        let e = r.reserve(4, 1, "/d", Some(WINDOW_BASE + 4096), 4 << 20, false);
+        let e = r.reserve(&res(4, 1, "/d", Some(WINDOW_BASE + 4096), 4 << 20, false));
         assert_eq!(errno(e.unwrap_err()), Some(libc::EINVAL));
-        let e = r.reserve(4, 1, "/d", Some(WINDOW_END), 4 << 20, false);
+        let e = r.reserve(&res(4, 1, "/d", Some(WINDOW_END), 4 << 20, false));
         assert_eq!(errno(e.unwrap_err()), Some(libc::EINVAL));
         // Overlap only when both allow it.
         r.release(3, 1).unwrap();
-        r.reserve(5, 1, "/e", Some(WINDOW_BASE + BIG), BIG, true)
+        r.reserve(&res(5, 1, "/e", Some(WINDOW_BASE + BIG), BIG, true))
             .unwrap();
-        r.reserve(6, 1, "/f", Some(WINDOW_BASE + BIG), BIG, true)
+        r.reserve(&res(6, 1, "/f", Some(WINDOW_BASE + BIG), BIG, true))
             .unwrap();
         assert!(r
-            .reserve(7, 1, "/g", Some(WINDOW_BASE + BIG), BIG, false)
+            .reserve(&res(7, 1, "/g", Some(WINDOW_BASE + BIG), BIG, false))
             .is_err());
         // Reloaded from the file: the same ranges; a dead segment's range goes.
         let mut again = Registry::open(d.path().join("sj-registry")).unwrap();
@@ -317,10 +347,11 @@ mod tests {
         let (_d, mut r) = reg();
         let n = (WINDOW_END - WINDOW_BASE) / (1024 * BIG);
         for i in 0..n {
-            r.reserve(i + 1, 1, "/s", None, 1024 * BIG, false).unwrap();
+            r.reserve(&res(i + 1, 1, "/s", None, 1024 * BIG, false))
+                .unwrap();
         }
         let e = r
-            .reserve(n + 1, 1, "/s", None, 1024 * BIG, false)
+            .reserve(&res(n + 1, 1, "/s", None, 1024 * BIG, false))
             .unwrap_err();
         assert_eq!(errno(e), Some(libc::ENOSPC));
     }

@@ -498,27 +498,10 @@ impl Fs {
     }
 
     /// Segments (crate `cairn-sj`; PROTOCOL.md, "Segment registry"): ask the daemon for
-    /// the address range of the segment file `ino`/`gen` at `path` (`base`: `None` for
-    /// the first free one). This client's log is digested first, so the daemon sees the
-    /// file.
-    pub fn sj_reserve(
-        &self,
-        ino: u64,
-        gen: u64,
-        path: &str,
-        base: Option<u64>,
-        len: u64,
-        overlap: bool,
-    ) -> io::Result<u64> {
-        let req = Request::SjReserve {
-            ino,
-            gen,
-            path: path.to_string(),
-            base,
-            len,
-            overlap,
-        };
-        match self.inner.daemon_call(&req, true)? {
+    /// the address range the reservation names. This client's log is digested first, so
+    /// the daemon sees the segment's file. Returns the base.
+    pub fn sj_reserve(&self, r: cairn_proto::SjReservation) -> io::Result<u64> {
+        match self.inner.daemon_call(&Request::SjReserve(r), true)? {
             Response::SjReserved { base } => Ok(base),
             r => Err(conn::response_error("reserving a segment range", r)),
         }

@@ -134,25 +134,29 @@ pub enum Request {
     /// and moves 0 bytes, unless at least two victims fit). Answered with `Migrated`
     /// (`used_bytes` of `tier`).
     Clean { tier: u8 },
-    /// Segments (PROTOCOL.md, "Segment registry"): give segment file `ino` of generation
-    /// `gen` (at `path`) the address range of `len` bytes at `base` (`None`: the first
-    /// free one). `overlap`: it may share addresses with other segments that allow it.
-    /// Answer `SjReserved` (the same range again for a segment that has one), or
-    /// `Error` (`EINVAL` outside the window or misaligned, `EEXIST` overlapping another
-    /// segment, `ENOSPC` no free range). The caller must have created the file.
-    SjReserve {
-        ino: u64,
-        gen: u64,
-        path: String,
-        base: Option<u64>,
-        len: u64,
-        overlap: bool,
-    },
+    /// Segments (PROTOCOL.md, "Segment registry"): give the segment file the reservation
+    /// names its range. Answer `SjReserved` (the same range again for a segment that has
+    /// one), or `Error` (`EINVAL` outside the window or misaligned, `EEXIST` overlapping
+    /// another segment, `ENOSPC` no free range). The caller must have created the file.
+    SjReserve(SjReservation),
     /// Give back the range of segment `ino`/`gen` (its file is being removed). `Ok`,
     /// also when it had none.
     SjRelease { ino: u64, gen: u64 },
     /// The registry's ranges: answer `SjRanges`.
     SjRanges,
+}
+
+/// What `SjReserve` asks for: segment file `ino` of generation `gen` (at `path`) gets
+/// `len` bytes at `base` (`None`: the first free range); `overlap`: it may share addresses
+/// with other segments that allow it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SjReservation {
+    pub ino: u64,
+    pub gen: u64,
+    pub path: String,
+    pub base: Option<u64>,
+    pub len: u64,
+    pub overlap: bool,
 }
 
 /// A segment's range in the registry.

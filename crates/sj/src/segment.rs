@@ -11,7 +11,8 @@
 //! tells a stale resident copy from a current one.
 
 use crate::control::Journal;
-use cairn::{Fs, OpenOptions};
+use crate::space::{open_named, Open};
+use cairn::Fs;
 use cairn_area::{fs_err, host};
 use cairn_format::sj::{self, SegHeader};
 use cairn_media::Mapping;
@@ -85,16 +86,8 @@ impl Segment {
         write: bool,
         expect: Option<(u64, u64)>,
     ) -> io::Result<Segment> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(fs, path)
-            .map_err(|e| {
-                fs_err(
-                    cairn_area::errno_of(&e),
-                    format!("segment {path}: {}", crate::space::short(&e)),
-                )
-            })?;
+        let how = if write { Open::Write } else { Open::Read };
+        let file = open_named(fs, "segment", path, how)?;
         let meta = file.metadata()?;
         let (ino, gen) = (meta.ino(), meta.generation());
         if let Some(want) = expect {

@@ -122,6 +122,40 @@ fn named_path(name: &str, dir: &str) -> io::Result<String> {
     Ok(format!("{dir}/{name}"))
 }
 
+/// How [`open_named`] opens a segment's or an address space's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Open {
+    Read,
+    Write,
+    /// Create it (`EEXIST` if it exists) with this mode; its directory under `/.sj` too.
+    Create(u32),
+}
+
+/// The file at `path` of a `what` (`segment`, `address space`), opened `how`; errors
+/// name it.
+pub(crate) fn open_named(fs: &Fs, what: &str, path: &str, how: Open) -> io::Result<cairn::File> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    match how {
+        Open::Read => {}
+        Open::Write => {
+            o.write(true);
+        }
+        Open::Create(mode) => {
+            if let Some(dir) = path.strip_prefix("/.sj/").and_then(|r| r.split_once('/')) {
+                fs.create_dir_all(format!("/.sj/{}", dir.0).as_str())?;
+            }
+            o.write(true).create_new(true).mode(mode);
+        }
+    }
+    o.open(fs, path).map_err(|e| {
+        fs_err(
+            errno_of(&e),
+            format!("{what} {path}: {}", cairn_area::error::message(&e)),
+        )
+    })
+}
+
 /// A segment this process has mapped.
 struct Mapped {
     seg: Arc<Segment>,
@@ -222,7 +256,8 @@ impl Drop for ThreadState {
         if let Some(sj) = GLOBAL.get() {
             let held = std::mem::take(&mut self.held);
             let declared = std::mem::take(&mut self.declared);
-            let _ = sj.abort_held(&held, &declared);
+            let writes = held.iter().filter(|h| h.write).map(|h| h.ino);
+            let _ = sj.drop_uncommitted(writes.chain(declared.into_keys()), &held);
             sj.release(&held);
         }
     }
@@ -447,23 +482,10 @@ impl SpaceJmp {
                 format!("segment {path}: unknown flags or protections"),
             ));
         }
-        if let Some(b) = base {
-            sj::check_range(b, len)
-                .map_err(|e| fs_err(libc::EINVAL, format!("segment {path}: {}", e.0)))?;
-        } else {
-            sj::check_range(sj::WINDOW_BASE, len)
-                .map_err(|e| fs_err(libc::EINVAL, format!("segment {path}: {}", e.0)))?;
-        }
-        if !name.starts_with('/') {
-            self.fs.create_dir_all("/.sj/seg")?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("segment {path}: {}", short(&e))))?;
+        // An explicit base is checked again by the registry; without one, the length.
+        sj::check_range(base.unwrap_or(sj::WINDOW_BASE), len)
+            .map_err(|e| fs_err(libc::EINVAL, format!("segment {path}: {}", e.0)))?;
+        let file = open_named(&self.fs, "segment", &path, Open::Create(mode))?;
         let meta = file.metadata()?;
         let (ino, gen) = (meta.ino(), meta.generation());
         let undo = |e: io::Error| {
@@ -472,7 +494,14 @@ impl SpaceJmp {
         };
         let base = self
             .fs
-            .sj_reserve(ino, gen, &path, base, len, flags_ & flags::OVERLAP != 0)
+            .sj_reserve(cairn_proto::SjReservation {
+                ino,
+                gen,
+                path: path.clone(),
+                base,
+                len,
+                overlap: flags_ & flags::OVERLAP != 0,
+            })
             .map_err(undo)?;
         let header = SegHeader {
             flags: flags_,
@@ -505,12 +534,9 @@ impl SpaceJmp {
     /// The segment named `name`.
     pub fn seg_find(&self, name: &str) -> io::Result<SegId> {
         let path = seg_path(name)?;
-        let m = self
-            .fs
-            .metadata(path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("segment {path}: {}", short(&e))))?;
-        let f = cairn::File::open(&self.fs, path.as_str())?;
+        let f = open_named(&self.fs, "segment", &path, Open::Read)?;
         segment::read_header(&f, &path)?;
+        let m = f.metadata()?;
         self.state().seg_paths.insert(m.ino(), path);
         Ok(SegId(m.ino()))
     }
@@ -532,8 +558,7 @@ impl SpaceJmp {
     /// What segment `name` is.
     pub fn seg_info(&self, name: &str) -> io::Result<SegInfo> {
         let path = seg_path(name)?;
-        let f = cairn::File::open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("segment {path}: {}", short(&e))))?;
+        let f = open_named(&self.fs, "segment", &path, Open::Read)?;
         let h = segment::read_header(&f, &path)?;
         let m = f.metadata()?;
         let mut b = [0u8; 8];
@@ -629,18 +654,14 @@ impl SpaceJmp {
 
     /// Make an empty address space `name` with mode `mode` (`EEXIST` if it exists).
     pub fn vas_create(&self, name: &str, mode: u32) -> io::Result<VasId> {
+        self.vas_create_with(name, mode, &[])
+    }
+
+    /// A new address space `name` holding `entries`.
+    fn vas_create_with(&self, name: &str, mode: u32, entries: &[VasEntry]) -> io::Result<VasId> {
         let path = vas_path(name)?;
-        if !name.starts_with('/') {
-            self.fs.create_dir_all("/.sj/vas")?;
-        }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
-        f.write_runs_atomic(&[(0, &sj::encode_vas(&[]))])?;
+        let f = open_named(&self.fs, "address space", &path, Open::Create(mode))?;
+        write_vas(&f, entries)?;
         let id = f.metadata()?.ino();
         self.state().vas_paths.insert(id, path);
         Ok(VasId(id))
@@ -649,8 +670,7 @@ impl SpaceJmp {
     /// The address space named `name`.
     pub fn vas_find(&self, name: &str) -> io::Result<VasId> {
         let path = vas_path(name)?;
-        let f = cairn::File::open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        let f = open_named(&self.fs, "address space", &path, Open::Read)?;
         read_vas(&f, &path)?;
         let id = f.metadata()?.ino();
         self.state().vas_paths.insert(id, path);
@@ -694,17 +714,10 @@ impl SpaceJmp {
     /// A new address space `name` with the segments of `id` (the same segments, shared).
     pub fn vas_clone(&self, id: VasId, name: &str) -> io::Result<VasId> {
         let src = self.vas_path_of(id)?;
-        let f = cairn::File::open(&self.fs, src.as_str())?;
+        let f = open_named(&self.fs, "address space", &src, Open::Read)?;
         let entries = read_vas(&f, &src)?;
         let mode = f.metadata()?.permissions().mode() & 0o7777;
-        let new = self.vas_create(name, mode)?;
-        let path = self.vas_path_of(new)?;
-        let g = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.fs, path.as_str())?;
-        write_vas(&g, &entries)?;
-        Ok(new)
+        self.vas_create_with(name, mode, &entries)
     }
 
     /// Change (or list) the segments of address space `id`. The segments must not
@@ -712,11 +725,8 @@ impl SpaceJmp {
     pub fn vas_ctl(&self, id: VasId, op: VasCtl) -> io::Result<Vec<VasEntry>> {
         let path = self.vas_path_of(id)?;
         let write = op != VasCtl::List;
-        let f = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        let how = if write { Open::Write } else { Open::Read };
+        let f = open_named(&self.fs, "address space", &path, how)?;
         if !write {
             return read_vas(&f, &path);
         }
@@ -789,8 +799,7 @@ impl SpaceJmp {
     /// Remove address space `name` (processes attached keep their handles).
     pub fn vas_remove(&self, name: &str) -> io::Result<()> {
         let path = vas_path(name)?;
-        let f = cairn::File::open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        let f = open_named(&self.fs, "address space", &path, Open::Read)?;
         read_vas(&f, &path)?;
         let id = f.metadata()?.ino();
         drop(f);
@@ -804,8 +813,7 @@ impl SpaceJmp {
     /// reading the address space's file, and each segment's file for what it is granted.
     pub fn vas_attach(&self, id: VasId, mode: CommitMode) -> io::Result<Vh> {
         let path = self.vas_path_of(id)?;
-        let f = cairn::File::open(&self.fs, path.as_str())
-            .map_err(|e| fs_err(errno_of(&e), format!("address space {path}: {}", short(&e))))?;
+        let f = open_named(&self.fs, "address space", &path, Open::Read)?;
         let entries = read_vas(&f, &path)?;
         {
             let st = self.state();
@@ -990,22 +998,21 @@ impl SpaceJmp {
             }
         }
         self.version.fetch_add(1, Ordering::SeqCst);
-        let mine: Vec<Held> = THREAD.with(|t| {
+        // The calling thread in that handle drops its stores to the segment first.
+        let mine: Option<Vec<Held>> = THREAD.with(|t| {
             let mut t = t.borrow_mut();
             if t.vh != vh.0 {
-                return Vec::new();
+                return None;
             }
+            t.declared.remove(&seg.0);
             let (gone, keep): (Vec<Held>, Vec<Held>) = t.held.iter().partition(|h| h.ino == seg.0);
             t.held = keep;
-            gone
+            Some(gone)
         });
-        let declared = THREAD.with(|t| t.borrow_mut().declared.remove(&seg.0));
-        let mut d = HashMap::new();
-        if let Some(v) = declared {
-            d.insert(seg.0, v);
+        if let Some(mine) = mine {
+            let _ = self.drop_uncommitted(std::iter::once(seg.0), &mine);
+            self.release(&mine);
         }
-        let _ = self.abort_held(&mine, &d);
-        self.release(&mine);
         self.unmap_segment(seg.0);
         Ok(())
     }
@@ -1662,51 +1669,36 @@ impl SpaceJmp {
     pub fn abort(&self) -> io::Result<()> {
         let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
         let declared = THREAD.with(|t| std::mem::take(&mut t.borrow_mut().declared));
-        self.abort_held(&held, &declared)?;
-        // Snapshot stores to writable segments that have no lock.
-        for v in self.writable()? {
-            if v.mode == CommitMode::Snapshot {
-                v.region.discard(0, v.region.len())?;
-            }
-        }
-        Ok(())
+        let writable: Vec<u64> = self.writable()?.iter().map(|v| v.seg.ino).collect();
+        self.drop_uncommitted(writable.into_iter().chain(declared.into_keys()), &held)
     }
 
-    /// Drop uncommitted stores to the segments of `held` (write locks) and of `declared`.
-    fn abort_held(
-        &self,
-        held: &[Held],
-        declared: &HashMap<u64, Vec<(u64, u64)>>,
-    ) -> io::Result<()> {
+    /// Drop the uncommitted stores to segments `inos` (snapshot mode: the private copies;
+    /// explicit mode: the undo log rolled back), and give up the writer locks of those a
+    /// transaction took (not those of `held`, which a switch took).
+    fn drop_uncommitted(&self, inos: impl Iterator<Item = u64>, held: &[Held]) -> io::Result<()> {
+        let mut inos: Vec<u64> = inos.collect();
+        inos.sort_unstable();
+        inos.dedup();
         let st = self.state();
-        for h in held.iter().filter(|h| h.write) {
-            if let Some(m) = st.segs.get(&h.ino) {
-                match m.mode {
-                    CommitMode::Snapshot => m.region.discard(0, m.region.len())?,
-                    CommitMode::Explicit => {
-                        if let Some(u) = &m.undo {
-                            u.roll_back(&m.seg.object)?;
-                            u.clear()?;
-                            self.slot(m.slot).journal_clear();
-                        }
-                    }
-                }
-            }
-        }
-        for ino in declared.keys() {
-            if held.iter().any(|h| h.ino == *ino && h.write) {
+        for ino in inos {
+            let Some(m) = st.segs.get(&ino) else {
                 continue;
-            }
-            if let Some(m) = st.segs.get(ino) {
-                if let Some(u) = &m.undo {
+            };
+            let slot = self.slot(m.slot);
+            match (&m.undo, m.mode) {
+                (_, CommitMode::Snapshot) if m.region.access() == Access::Private => {
+                    m.region.discard(0, m.region.len())?
+                }
+                (Some(u), CommitMode::Explicit) if !u.is_empty() => {
                     u.roll_back(&m.seg.object)?;
                     u.clear()?;
-                    let slot = self.slot(m.slot);
                     slot.journal_clear();
-                    if slot.held_by_me() {
-                        slot.write_unlock();
-                    }
                 }
+                _ => {}
+            }
+            if slot.held_by_me() && !held.iter().any(|h| h.ino == ino && h.write) {
+                slot.write_unlock();
             }
         }
         Ok(())
@@ -1929,11 +1921,6 @@ fn merge_ranges(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         }
     }
     out
-}
-
-/// An error's message without the errno text `Display` adds (the caller says it again).
-pub(crate) fn short(e: &io::Error) -> String {
-    cairn_area::error::message(e)
 }
 
 /// The entries of an address space's file.

@@ -237,11 +237,7 @@ impl Drop for TestStore {
         }
         // Host objects a test left: map objects, FIFO/socket rendezvous, resident
         // segments and the segment control file.
-        if let Ok(uuid) = cairn_area::host::store_uuid(self.path()) {
-            for p in cairn_area::host::list(&uuid) {
-                let _ = std::fs::remove_file(p);
-            }
-        }
+        cairn_area::host::remove_all(self.path());
         if let Ok(cfg) = cairn_area::StoreDir::new(self.path()).load_config() {
             let _ = std::fs::remove_file(cfg.nvm_path);
         }

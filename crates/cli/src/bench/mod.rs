@@ -50,11 +50,7 @@ impl Drop for BenchStore {
         let store = self.root.join("store");
         let _ = cairn::daemon_shutdown(Some(&store));
         // Its host objects in /dev/shm (resident segments, lock tables, map objects).
-        if let Ok(uuid) = cairn_area::host::store_uuid(&store) {
-            for p in cairn_area::host::list(&uuid) {
-                let _ = std::fs::remove_file(p);
-            }
-        }
+        cairn_area::host::remove_all(&store);
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_file(&self.nvm);
     }

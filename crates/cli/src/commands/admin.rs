@@ -13,6 +13,21 @@ pub(crate) fn daemon_running(dir: &StoreDir) -> bool {
     UnixStream::connect(dir.socket_path()).is_ok()
 }
 
+/// Stop the daemon of `dir` cleanly if one runs; whether one ran.
+pub(crate) fn shutdown_daemon(store: Option<&Path>, dir: &StoreDir) -> CliResult<bool> {
+    if !daemon_running(dir) {
+        return Ok(false);
+    }
+    cairn::daemon_shutdown(store).map_err(|e| {
+        CliError::new(format!(
+            "stopping the daemon of {}: {}",
+            dir.path.display(),
+            clean(&e)
+        ))
+    })?;
+    Ok(true)
+}
+
 /// `cairn mkfs`. Long (about 120 lines): each option checked and turned into the daemon's
 /// `MkfsOptions` in the order `--help` lists them, then the summary printed.
 pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
@@ -525,16 +540,7 @@ pub fn stop(store: Option<&Path>) -> CliResult {
             ))
         })?;
     }
-    let running = daemon_running(&dir);
-    if running {
-        cairn::daemon_shutdown(store).map_err(|e| {
-            CliError::new(format!(
-                "stopping the daemon of {}: {}",
-                dir.path.display(),
-                clean(&e)
-            ))
-        })?;
-    }
+    let running = shutdown_daemon(store, &dir)?;
     let msg = if folded > 0 {
         format!(
             "wrote back {folded} shared mapping(s); stopped the daemon of {}\n",

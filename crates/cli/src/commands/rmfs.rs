@@ -139,17 +139,8 @@ pub fn rmfs(store: Option<&Path>, force: bool, json: bool) -> CliResult {
             dir.path.display()
         )));
     }
-    if running {
-        cairn::daemon_shutdown(store).map_err(|e| {
-            CliError::new(format!(
-                "stopping the daemon of {}: {}",
-                dir.path.display(),
-                clean(&e)
-            ))
-        })?;
-        report.daemon_stopped = true;
-    }
-    if running {
+    report.daemon_stopped = running && super::admin::shutdown_daemon(store, &dir)?;
+    if report.daemon_stopped {
         report.clients_detached = attached;
     }
     // Hold the daemon lock while removing, so that no daemon starts in between.

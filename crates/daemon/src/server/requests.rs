@@ -54,15 +54,8 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             max_bytes,
         } => migrate(d, from, to, max_bytes),
         Request::Clean { tier } => clean(d, tier),
-        Request::SjReserve {
-            ino,
-            gen,
-            path,
-            base,
-            len,
-            overlap,
-        } => Reply::Send(
-            sj_reserve(d, c, ino, gen, &path, base, len, overlap)
+        Request::SjReserve(r) => Reply::Send(
+            sj_reserve(d, c, &r)
                 .map(|base| Response::SjReserved { base })
                 .unwrap_or_else(|e| err_response(&e)),
         ),
@@ -765,27 +758,23 @@ fn sj_segment_file(
 }
 
 /// `SjReserve`: the segment's file must exist (digested) and be the caller's.
-#[allow(clippy::too_many_arguments)]
-fn sj_reserve(
-    d: &Daemon,
-    c: &Conn,
-    ino: u64,
-    gen: u64,
-    path: &str,
-    base: Option<u64>,
-    len: u64,
-    overlap: bool,
-) -> io::Result<u64> {
-    if sj_segment_file(d, c, ino, gen)?.is_none() {
+fn sj_reserve(d: &Daemon, c: &Conn, r: &cairn_proto::SjReservation) -> io::Result<u64> {
+    if sj_segment_file(d, c, r.ino, r.gen)?.is_none() {
         return Err(fs_err(
             libc::ENOENT,
-            format!("segment {path}: its file (inode {ino}) does not exist"),
+            format!(
+                "segment {}: its file (inode {}) does not exist",
+                r.path, r.ino
+            ),
         ));
     }
-    let base = d
-        .sj_registry()
-        .reserve(ino, gen, path, base, len, overlap)?;
-    tracing::info!("segment {path} (inode {ino}) holds {base:#x}+{len:#x}");
+    let base = d.sj_registry().reserve(r)?;
+    tracing::info!(
+        "segment {} (inode {}) holds {base:#x}+{:#x}",
+        r.path,
+        r.ino,
+        r.len
+    );
     Ok(base)
 }
 

@@ -238,6 +238,22 @@ impl Inner {
         Ok((end, n))
     }
 
+    /// The write lease on `ino` and its attributes, which must be a regular file's
+    /// (`EISDIR`, `EINVAL` otherwise).
+    fn file_for_write(
+        &self,
+        st: &mut State,
+        ino: u64,
+    ) -> io::Result<(u64, cairn_format::inode::Attrs)> {
+        self.need(st, ino, true)?;
+        let (gen, attrs) = self.attrs_held(st, ino)?;
+        match attrs.kind {
+            Kind::File => Ok((gen, attrs)),
+            Kind::Dir => Err(fs_err(libc::EISDIR, "write: is a directory")),
+            _ => Err(fs_err(libc::EINVAL, "write: not a regular file")),
+        }
+    }
+
     /// [`Inner::write_data`] to the log only.
     pub(super) fn write_logged(
         &self,
@@ -246,13 +262,7 @@ impl Inner {
         pos: Option<u64>,
         data: &[u8],
     ) -> io::Result<(u64, usize)> {
-        self.need(st, ino, true)?;
-        let (gen, mut attrs) = self.attrs_held(st, ino)?;
-        match attrs.kind {
-            Kind::File => {}
-            Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
-            _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
-        }
+        let (gen, mut attrs) = self.file_for_write(st, ino)?;
         let mut off = pos.unwrap_or(attrs.size);
         if data.is_empty() {
             return Ok((off, 0));
@@ -375,13 +385,7 @@ impl Inner {
                 f.2.size = f.2.size.max(end);
                 continue;
             }
-            self.need(st, ino, true)?;
-            let (gen, mut attrs) = self.attrs_held(st, ino)?;
-            match attrs.kind {
-                Kind::File => {}
-                Kind::Dir => return Err(fs_err(libc::EISDIR, "write: is a directory")),
-                _ => return Err(fs_err(libc::EINVAL, "write: not a regular file")),
-            }
+            let (gen, mut attrs) = self.file_for_write(st, ino)?;
             if self.kill_privs(st, ino, &attrs)? {
                 (_, attrs) = self.attrs_held(st, ino)?;
             }
