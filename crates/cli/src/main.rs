@@ -357,7 +357,8 @@ pub enum SjSegCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show a segment: range, flags, commits, resident memory, heap, roots
+    /// Show a segment: range, flags, commits, resident memory, attached processes,
+    /// dead writers taken over
     Stat {
         name: String,
         #[arg(long)]

@@ -5,66 +5,30 @@
 //! each store's daemon is stopped by `cairn stop` when the test's `Store` is dropped.
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cairn");
 /// No single command may take longer than this (a hung daemon fails the test, not CI).
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Run `cmd` with `input` on stdin, killing it after [`TIMEOUT`].
-fn run_cmd(mut cmd: Command, input: Option<Vec<u8>>) -> Output {
-    cmd.stdin(if input.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+/// Run `cmd` with `input` on stdin; a command that takes longer than [`TIMEOUT`] fails
+/// the test.
+fn run_cmd(cmd: Command, input: Option<Vec<u8>>) -> Output {
     let desc = format!("{cmd:?}");
-    let mut child = cmd.spawn().expect("spawn cairn");
-    let writer = input.map(|data| {
-        let mut stdin = child.stdin.take().unwrap();
-        std::thread::spawn(move || {
-            let _ = stdin.write_all(&data);
-        })
-    });
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("timed out after {TIMEOUT:?}: {desc}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    if let Some(w) = writer {
-        let _ = w.join();
-    }
+    let ran = common::run_with_timeout(cmd, input, TIMEOUT, || {});
     Output {
-        status,
-        stdout: out_t.join().unwrap(),
-        stderr: err_t.join().unwrap(),
+        status: ran
+            .status
+            .unwrap_or_else(|| panic!("timed out after {TIMEOUT:?}: {desc}")),
+        stdout: ran.stdout,
+        stderr: ran.stderr,
     }
 }
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -17,10 +17,11 @@
 //! An example must clean up after itself (end with `cairn rmfs`): a store left behind
 //! fails the test (and is removed).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cairn");
 
@@ -272,47 +273,22 @@ fn run_examples(rel: &str) {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut child = Command::new("bash")
-        .arg("-c")
+    let mut bash = Command::new("bash");
+    bash.arg("-c")
         .arg(script(rel, &cmds, work))
         .current_dir(work)
         .env("PATH", path)
         .env("CAIRN_BIN", BIN)
         .env("HOME", work.join("home"))
         .env("XDG_DATA_HOME", work.join("xdg"))
-        .env_remove("CAIRN_STORE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if start.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let left = clean_up(work);
-    let stdout = String::from_utf8_lossy(&out_t.join().unwrap()).into_owned();
-    let stderr = String::from_utf8_lossy(&err_t.join().unwrap()).into_owned();
+        .env_remove("CAIRN_STORE");
+    // Mounts and stores an example left are cleaned up before its output is read (a
+    // mount's process would hold the pipes).
+    let mut left = Vec::new();
+    let ran = common::run_with_timeout(bash, None, TIMEOUT, || left = clean_up(work));
+    let status = ran.status;
+    let stdout = String::from_utf8_lossy(&ran.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&ran.stderr).into_owned();
     let tail = |s: &str| {
         let lines: Vec<&str> = s.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")

@@ -271,10 +271,10 @@ impl Control {
                 return self.slot(ino, gen);
             }
         }
-        Err(io::Error::new(
-            io::ErrorKind::OutOfMemory,
+        Err(cairn_area::fs_err(
+            libc::ENOMEM,
             format!(
-                "the segment control file has no free slot ({SLOTS} segments in use); \
+                "the segment lock table has no free slot ({SLOTS} segments in use); \
                  remove segments no longer needed"
             ),
         ))

@@ -13,7 +13,7 @@
 //! it is not switched into (the Rust API's guards keep safe code from doing so).
 
 use crate::control::{self, Control, Journal, Slot, Taken};
-use crate::heap::{self, Heap, HeapStats, Mem};
+use crate::heap::{self, Heap, Mem};
 use crate::segment::{self, Segment};
 use crate::undo::UndoLog;
 use cairn::{FlockOp, Fs, OpenOptions};
@@ -202,7 +202,6 @@ struct Entry {
 /// An attached address space (or the primary, handle 0).
 struct Handle {
     vid: Option<VasId>,
-    name: String,
     entries: Vec<Entry>,
     mode: CommitMode,
 }
@@ -279,6 +278,8 @@ pub struct SpaceJmp {
     state: Mutex<State>,
     /// Bumped whenever a handle's segments change (per-thread plans are then redone).
     version: AtomicU64,
+    /// The process it belongs to (a child after `fork` may not use it).
+    pid: u32,
 }
 
 impl std::fmt::Debug for SpaceJmp {
@@ -375,6 +376,7 @@ impl SpaceJmp {
     /// this process. `EBUSY` if this process uses another store's segments already.
     pub fn open(store: Option<&Path>) -> io::Result<Arc<SpaceJmp>> {
         if let Some(sj) = GLOBAL.get() {
+            sj.check_process()?;
             let want = cairn_area::StoreDir::resolve(store).path;
             if sj.fs.store_dir() != want.as_path() {
                 return Err(fs_err(
@@ -395,6 +397,7 @@ impl SpaceJmp {
         static INIT: Mutex<()> = Mutex::new(());
         let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(sj) = GLOBAL.get() {
+            sj.check_process()?;
             if sj.fs.store_dir() != fs.store_dir() {
                 return Err(fs_err(
                     libc::EBUSY,
@@ -420,7 +423,6 @@ impl SpaceJmp {
                 segs: HashMap::new(),
                 handles: vec![Some(Handle {
                     vid: None,
-                    name: "primary".into(),
                     entries: Vec::new(),
                     mode: CommitMode::Snapshot,
                 })],
@@ -428,9 +430,22 @@ impl SpaceJmp {
                 seg_paths: HashMap::new(),
             }),
             version: AtomicU64::new(1),
+            pid: std::process::id(),
         });
         let _ = GLOBAL.set(sj.clone());
         Ok(sj)
+    }
+
+    /// `ENOTSUP` in a child after `fork`: the mappings and locks are the parent's.
+    fn check_process(&self) -> io::Result<()> {
+        if self.pid != std::process::id() {
+            return Err(fs_err(
+                libc::ENOTSUP,
+                "segments cannot be used in a child after fork (its mappings and locks are \
+                 the parent's): exec, or attach in the parent",
+            ));
+        }
+        Ok(())
     }
 
     /// The process's `SpaceJmp`, if one was opened.
@@ -848,7 +863,6 @@ impl SpaceJmp {
         let mut st = self.state();
         let h = Handle {
             vid: Some(id),
-            name: path,
             entries: mine,
             mode,
         };
@@ -898,16 +912,6 @@ impl SpaceJmp {
         }
         self.version.fetch_add(1, Ordering::SeqCst);
         Ok(())
-    }
-
-    /// The handles attached: `(handle, name)`.
-    pub fn handles(&self) -> Vec<(Vh, String)> {
-        self.state()
-            .handles
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| h.as_ref().map(|h| (Vh(i as u32), h.name.clone())))
-            .collect()
     }
 
     /// Add segment `seg` to `target` with protection `p`.
@@ -1837,11 +1841,6 @@ impl SpaceJmp {
         let (v, _) = self.resolve(addr, 1, true)?;
         let base = v.seg.base();
         self.with_mem(SegId(v.seg.ino), true, |m| Heap::open(m)?.free(addr - base))
-    }
-
-    /// The heap's figures of segment `seg`.
-    pub fn heap_stats(&self, seg: SegId) -> io::Result<HeapStats> {
-        self.with_mem(seg, false, |m| Heap::open(m)?.stats())
     }
 
     /// Root `name` of segment `seg` (`None`: not set).

@@ -285,6 +285,38 @@ fn sj_child() {
             }
             println!("sj: bad input done");
         }
+        // Append to the list in a full store: the commit fails as a whole; room is made
+        // (the filler file goes) and the same stores commit.
+        "big-commit" => {
+            let vid = sj.vas_find("shared").unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
+            let sid = sj.seg_find("data").unwrap();
+            let g = sj.enter(vh).unwrap();
+            let head = g.root(sid, "list").unwrap().unwrap_or(SegPtr::NULL);
+            let p = g
+                .alloc(
+                    sid,
+                    Node {
+                        value: 1000,
+                        next: head,
+                    },
+                )
+                .unwrap();
+            g.set_root(sid, "list", p).unwrap();
+            // Enough pages that the store has no room for them.
+            for i in 0..128u64 {
+                g.write(SegPtr(BASE + (4 << 20) + i * 4096), &i.to_le_bytes())
+                    .unwrap();
+            }
+            let seq = sj.seg_info("data").unwrap().commit_seq;
+            let e = g.commit().unwrap_err();
+            println!("sj: errno {}", cairn_area::errno_of(&e));
+            // Nothing of it reached the segment's file.
+            assert_eq!(sj.seg_info("data").unwrap().commit_seq, seq);
+            sj.fs().remove_file("/filler").unwrap();
+            g.commit().unwrap();
+            println!("sj: committed after room was made");
+        }
         // The lock table's figures of "data".
         "locks" => {
             let info = sj.seg_info("data").unwrap();
@@ -478,26 +510,10 @@ fn the_worked_examples_run_across_processes() {
     let s = store();
     let bin_dir = harness::cairn_bin().parent().unwrap().to_path_buf();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let lib = bin_dir.join("libcairn_sj.so");
-    assert!(
-        lib.is_file(),
-        "{} missing: build the workspace first",
-        lib.display()
+    let exe = compile_c(
+        &root.join("crates/sj-capi/examples/list.c"),
+        &s.path().join("clist"),
     );
-    let exe = s.path().join("clist");
-    let cc = Command::new("cc")
-        .arg("-I")
-        .arg(root.join("crates/sj-capi/include"))
-        .arg(root.join("crates/sj-capi/examples/list.c"))
-        .arg("-L")
-        .arg(&bin_dir)
-        .arg("-lcairn_sj")
-        .arg(format!("-Wl,-rpath,{}", bin_dir.display()))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    check("cc", &cc);
     let rust = bin_dir.join("examples/list");
     assert!(
         rust.is_file(),
@@ -520,4 +536,112 @@ fn the_worked_examples_run_across_processes() {
         s.stop();
         assert_eq!(go(&["read"]), "sum 500500 n 1000\n");
     }
+}
+
+/// `src` compiled against `libcairn_sj.so` (next to the `cairn` under test) into `exe`.
+fn compile_c(src: &Path, exe: &Path) -> std::path::PathBuf {
+    let bin_dir = harness::cairn_bin().parent().unwrap().to_path_buf();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let lib = bin_dir.join("libcairn_sj.so");
+    assert!(
+        lib.is_file(),
+        "{} missing: build the workspace first",
+        lib.display()
+    );
+    let cc = Command::new("cc")
+        .arg("-I")
+        .arg(root.join("crates/sj-capi/include"))
+        .arg(src)
+        .arg("-L")
+        .arg(&bin_dir)
+        .arg("-lcairn_sj")
+        .arg(format!("-Wl,-rpath,{}", bin_dir.display()))
+        .arg("-o")
+        .arg(exe)
+        .output()
+        .unwrap();
+    check("cc", &cc);
+    exe.to_path_buf()
+}
+
+/// A child after `fork` cannot use its parent's segments (their mappings are not
+/// inherited): every call fails with `ENOTSUP`, and the parent goes on.
+#[test]
+fn a_child_after_fork_is_refused() {
+    let s = store();
+    run(s.path(), "alice", &["5"]);
+    let src = s.path().join("fork.c");
+    std::fs::write(
+        &src,
+        r#"#include <cairn/sj.h>
+#include <errno.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {
+    sj_vid_t vid = sj_vas_find("shared");
+    if (!vid) return 10;
+    pid_t pid = fork();
+    if (pid == 0) {
+        sj_vid_t again = sj_vas_find("shared");
+        return again == 0 && errno == ENOTSUP ? 0 : 11;
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return 12;
+    return sj_vas_attach(vid, 0) >= 0 ? 0 : 13;
+}
+"#,
+    )
+    .unwrap();
+    let exe = compile_c(&src, &s.path().join("fork"));
+    let out = Command::new(&exe)
+        .env("CAIRN_STORE", s.path())
+        .env("CAIRN_BIN", harness::cairn_bin())
+        .output()
+        .unwrap();
+    check("fork", &out);
+}
+
+/// A commit into a full store fails as a whole: nothing of it is visible or durable, the
+/// stores stay uncommitted, and the same commit succeeds once there is room.
+#[test]
+fn a_commit_into_a_full_store_fails_as_a_whole() {
+    let s = store();
+    run(s.path(), "alice", &["10"]);
+    let before = sum_of(&run(s.path(), "try", &[]));
+    // Fill the store with a file, until it is full.
+    let fs = s.fs();
+    let f = cairn::File::create(&fs, "/filler").unwrap();
+    let chunk = vec![1u8; 1 << 20];
+    let mut off = 0u64;
+    loop {
+        match f.write_at(&chunk, off) {
+            Ok(_) => off += chunk.len() as u64,
+            Err(e) => {
+                assert_eq!(cairn_area::errno_of(&e), libc::ENOSPC, "{e}");
+                break;
+            }
+        }
+    }
+    drop(f);
+    drop(fs);
+    let out = run(s.path(), "big-commit", &[]);
+    assert!(
+        out.iter().any(|l| l == &format!("errno {}", libc::ENOSPC)),
+        "{out:?}"
+    );
+    assert!(
+        out.iter().any(|l| l == "committed after room was made"),
+        "{out:?}"
+    );
+    assert_eq!(
+        sum_of(&run(s.path(), "try", &[])),
+        (before.0 + 1000, before.1 + 1)
+    );
+    s.stop();
+    assert_eq!(
+        sum_of(&run(s.path(), "try", &[])),
+        (before.0 + 1000, before.1 + 1)
+    );
 }

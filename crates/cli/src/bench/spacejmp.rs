@@ -111,13 +111,13 @@ pub fn run(args: &SpacejmpArgs) -> CliResult {
         Err("not needed".into())
     };
     if want("commit") {
-        commit(&sj, args, &tools, &root, &mut rows)?;
+        commit(&sj, args, &tools, &mut rows)?;
     }
     if want("pointer") {
-        pointer(args, &tools, &store_dir, &root, &mut rows)?;
+        pointer(args, &tools, &store_dir, &mut rows)?;
     }
     if want("crash") {
-        crash(&sj, args, &tools, &store_dir, &root, &mut rows)?;
+        crash(&sj, args, &tools, &store_dir, &mut rows)?;
     }
     let text = if args.json {
         crate::util::json_text(
@@ -362,11 +362,10 @@ fn commit(
     sj: &Arc<SpaceJmp>,
     args: &SpacejmpArgs,
     tools: &Result<PathBuf, String>,
-    root: &Path,
     rows: &mut Vec<Value>,
 ) -> CliResult {
     let area = 64u64 << 20;
-    let (xseg, xvh) = space(
+    let (_, xvh) = space(
         sj,
         "commit-explicit",
         area + (1 << 20),
@@ -374,7 +373,7 @@ fn commit(
         prot::RW,
         CommitMode::Explicit,
     )?;
-    let (sseg, svh) = space(
+    let (_, svh) = space(
         sj,
         "commit-snapshot",
         area + (1 << 20),
@@ -382,35 +381,24 @@ fn commit(
         prot::RW,
         CommitMode::Snapshot,
     )?;
-    let xbase = sj.seg_info("commit-explicit")?.base;
-    let sbase = sj.seg_info("commit-snapshot")?.base;
-    let _ = (xseg, sseg);
+    // The heap's chunks start 1 MiB in: the updates go after.
+    let xbase = sj.seg_info("commit-explicit")?.base + (1 << 20);
+    let sbase = sj.seg_info("commit-snapshot")?.base + (1 << 20);
     let mut rng = Rng(0x5eed);
     let pmdk_dir = PathBuf::from("/dev/shm");
     for (updates, bytes) in [(1u64, 8u64), (1, 64), (2, 8), (2, 64), (4, 8), (4, 64)] {
         let txs = 100_000;
-        let (mut rate, mut p50) = (Vec::new(), Vec::new());
-        for _ in 0..args.runs {
-            let g = sj.enter(xvh)?;
-            let mut lat = Vec::with_capacity(txs);
-            let t0 = Instant::now();
-            let data = vec![7u8; bytes as usize];
-            for _ in 0..txs {
-                let t = Instant::now();
-                for _ in 0..updates {
-                    let at = xbase + (1 << 20) + rng.next() % (area / bytes) * bytes;
-                    g.write(SegPtr(at), &data)?;
-                }
-                g.commit()?;
-                lat.push(t.elapsed().as_nanos() as f64);
+        let data = vec![7u8; bytes as usize];
+        let (rate, p50) = timed_commits(sj, xvh, args.runs, txs, |g, _| {
+            for _ in 0..updates {
+                g.write(SegPtr(xbase + rng.next() % (area / bytes) * bytes), &data)?;
             }
-            rate.push(txs as f64 / t0.elapsed().as_secs_f64());
-            p50.push(pct(&mut lat, 0.5));
-        }
+            Ok(())
+        })?;
         push(
             rows,
             json!({"experiment": "commit", "system": "cairn", "mode": "explicit", "updates": updates,
-                          "bytes": bytes, "tx_per_s": median(rate), "p50_ns": median(p50)}),
+                          "bytes": bytes, "tx_per_s": rate, "p50_ns": p50}),
         );
         if let Ok(exe) = tools {
             pmdk_rows(exe, args, rows, updates, bytes, 0, txs, &pmdk_dir)?;
@@ -418,30 +406,20 @@ fn commit(
     }
     for pages in [1u64, 4, 16, 64, 256, 1024] {
         let txs = (20_000 / pages).max(50) as usize;
-        let (mut rate, mut p50) = (Vec::new(), Vec::new());
-        for _ in 0..args.runs {
-            let g = sj.enter(svh)?;
-            let mut lat = Vec::with_capacity(txs);
-            let t0 = Instant::now();
-            for i in 0..txs {
-                let t = Instant::now();
-                let first = rng.next() % (area / 4096 - pages);
-                for p in 0..pages {
-                    g.write(
-                        SegPtr(sbase + (1 << 20) + (first + p) * 4096),
-                        &(i as u64).to_le_bytes(),
-                    )?;
-                }
-                g.commit()?;
-                lat.push(t.elapsed().as_nanos() as f64);
+        let (rate, p50) = timed_commits(sj, svh, args.runs, txs, |g, i| {
+            let first = rng.next() % (area / 4096 - pages);
+            for p in 0..pages {
+                g.write(
+                    SegPtr(sbase + (first + p) * 4096),
+                    &(i as u64).to_le_bytes(),
+                )?;
             }
-            rate.push(txs as f64 / t0.elapsed().as_secs_f64());
-            p50.push(pct(&mut lat, 0.5));
-        }
+            Ok(())
+        })?;
         push(
             rows,
             json!({"experiment": "commit", "system": "cairn", "mode": "page", "pages": pages,
-                          "tx_per_s": median(rate), "p50_ns": median(p50)}),
+                          "tx_per_s": rate, "p50_ns": p50}),
         );
         if let Ok(exe) = tools {
             pmdk_rows(exe, args, rows, 0, 0, pages, txs, &pmdk_dir)?;
@@ -456,8 +434,33 @@ fn commit(
         sj.vas_remove(name)?;
         sj.seg_free(name)?;
     }
-    let _ = std::fs::remove_file(root.join("pool.pmdk"));
     Ok(())
+}
+
+/// `runs` runs of `txs` transactions in `vh`, each `tx(guard, i)` then a commit: the
+/// medians of the transactions per second and of the p50 latency in ns.
+fn timed_commits(
+    sj: &Arc<SpaceJmp>,
+    vh: Vh,
+    runs: u32,
+    txs: usize,
+    mut tx: impl FnMut(&cairn_sj::Switched<'_>, usize) -> CliResult,
+) -> CliResult<(f64, f64)> {
+    let (mut rate, mut p50) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let g = sj.enter(vh)?;
+        let mut lat = Vec::with_capacity(txs);
+        let t0 = Instant::now();
+        for i in 0..txs {
+            let t = Instant::now();
+            tx(&g, i)?;
+            g.commit()?;
+            lat.push(t.elapsed().as_nanos() as f64);
+        }
+        rate.push(txs as f64 / t0.elapsed().as_secs_f64());
+        p50.push(pct(&mut lat, 0.5));
+    }
+    Ok((median(rate), median(p50)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -514,7 +517,6 @@ fn pointer(
     args: &SpacejmpArgs,
     tools: &Result<PathBuf, String>,
     store: &Path,
-    root: &Path,
     rows: &mut Vec<Value>,
 ) -> CliResult {
     let exe = match tools {
@@ -554,7 +556,6 @@ fn pointer(
             }
         }
     }
-    let _ = root;
     Ok(())
 }
 
@@ -566,7 +567,6 @@ fn crash(
     args: &SpacejmpArgs,
     tools: &Result<PathBuf, String>,
     store: &Path,
-    root: &Path,
     rows: &mut Vec<Value>,
 ) -> CliResult {
     let (seg, vh) = space(
@@ -675,7 +675,6 @@ fn crash(
                           "note": "a named_mutex held by a process killed with SIGKILL, then timed_lock for 2 s"}),
         );
     }
-    let _ = root;
     Ok(())
 }
 
