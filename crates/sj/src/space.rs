@@ -94,8 +94,11 @@ pub struct SegInfo {
 /// What a commit did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
+    /// Segments with stores in the commit.
     pub segments: usize,
+    /// Pages found written (snapshot mode; 0 in explicit mode).
     pub pages: usize,
+    /// Bytes logged.
     pub bytes: usize,
 }
 
@@ -1648,7 +1651,11 @@ impl SpaceJmp {
         })();
         for w in &work {
             stats.segments += 1;
-            stats.pages += w.pages.len();
+            stats.pages += w
+                .pages
+                .iter()
+                .map(|p| p.1.div_ceil(sj::PAGE) as usize)
+                .sum::<usize>();
             stats.bytes += w.runs.iter().map(|r| r.1.len()).sum::<usize>();
             let slot = self.slot(w.slot);
             if result.is_err() {
