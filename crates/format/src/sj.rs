@@ -193,7 +193,7 @@ pub fn decode_root(b: &[u8]) -> Option<(&[u8], u64)> {
 /// [`CHUNK_HEADER`]-byte header, so the header of any object is at its address rounded
 /// down to a chunk (objects of a span start right after the header).
 pub mod heap {
-    pub const MAGIC: u64 = u64::from_le_bytes(*b"SJHEAP01");
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"SJHEAP02");
     /// Offsets in the heap state.
     pub const MAGIC_OFF: u64 = 0;
     /// The first chunk never handed out (an offset from the base).
@@ -209,8 +209,16 @@ pub mod heap {
     /// 0: none), then the bump range `[bump, bump_end)` of the class's newest run.
     pub const CLASSES_OFF: u64 = 64;
     pub const CLASS_LEN: u64 = 32;
-    /// Object sizes of the classes; larger objects get spans.
-    pub const CLASSES: [u64; 8] = [16, 32, 64, 128, 256, 512, 1024, 2048];
+    /// Object sizes of the classes, four per doubling from 64 bytes (an object wastes
+    /// at most a quarter of its size, and 16 bytes); larger objects get spans.
+    pub const CLASSES: [u64; 24] = [
+        16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
+        1024, 1280, 1536, 1792, 2048,
+    ];
+    // The classes' state fits in the heap state page.
+    const _: () = assert!(CLASSES_OFF + CLASSES.len() as u64 * CLASS_LEN <= super::PAGE);
+    const _: () = assert!(CLASSES[0] == 16 && CLASSES[CLASSES.len() - 1] == 2048);
+
     /// The first chunk of the heap (chunk 0 holds the header and state pages).
     pub const FIRST_CHUNK: u64 = super::CHUNK;
 

@@ -172,8 +172,8 @@ impl<'m, M: Mem + ?Sized> Heap<'m, M> {
         Ok(next)
     }
 
-    /// Allocate `n` bytes (8-byte aligned; objects of 2 KiB or less are aligned to their
-    /// class size up to 64 bytes). Returns the object's offset.
+    /// Allocate `n` bytes (16-byte aligned; 64-byte aligned when the class size is a
+    /// multiple of 64; spans are 64-byte aligned). Returns the object's offset.
     pub fn alloc(&mut self, n: u64) -> io::Result<u64> {
         let n = n.max(1);
         let off = match class_of(n) {
@@ -498,6 +498,8 @@ pub(crate) mod tests {
                 match got {
                     Ok((off, size)) => {
                         prop_assert!(size >= n);
+                        prop_assert!(n > 2048 || size <= n + n / 4 + 16, "{} bytes for {}", size, n);
+                        prop_assert!(off % 16 == 0 && (size % 64 != 0 || off % 64 == 0));
                         for &(o, s, _) in &live {
                             prop_assert!(off + size <= o || o + s <= off, "overlap");
                         }
