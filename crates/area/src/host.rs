@@ -5,7 +5,10 @@
 //! * `cairn-<uuid>.map-<ino>-<gen>`: the map object of a file mapped shared (and
 //!   `….new-<pid>` while one is being filled);
 //! * `cairn-<uuid>.fifo-<ino>-<gen>`, `cairn-<uuid>.sock-<ino>-<gen>`: the rendezvous of
-//!   a FIFO or a socket of the store.
+//!   a FIFO or a socket of the store;
+//! * `cairn-<uuid>.sj-<ino>-<gen>` (and `….new-<pid>` while it is built), the resident
+//!   copy of a segment; `cairn-<uuid>.sj-undo-<ino>-<gen>`, a segment writer's undo
+//!   journal; `cairn-<uuid>.sj-ctl`, the store's segment lock table (crate `cairn-sj`).
 //!
 //! Every name starts with [`store_prefix`], so [`list`] finds them all (what `cairn rmfs`
 //! removes and `cairn status` counts).
@@ -75,6 +78,17 @@ pub fn remove_all(store_dir: &Path) {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// Give host object `f` the store's trust domain: the group of the store's NVM file
+/// `nvm` and its owner and group permission bits (who may open the store may open its
+/// host objects; nobody else). Only the object's owner may change them (`EPERM`
+/// otherwise); a group the process is not in is left as it is.
+pub fn share_with_store(f: &std::fs::File, nvm: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let m = std::fs::metadata(nvm)?;
+    let _ = std::os::unix::fs::fchown(f, None, Some(m.gid()));
+    f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o660))
 }
 
 /// Bytes a file holds on its file system (allocated blocks; for tmpfs, memory).

@@ -20,7 +20,7 @@
 
 use cairn_media::Mapping;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
@@ -191,16 +191,9 @@ impl Control {
                 )
             })?;
         let len = HEADER + SLOTS * SLOT;
+        // The store's trust domain, if this process made it (else it is the maker's).
+        let _ = cairn_area::host::share_with_store(&f, nvm);
         let fm = f.metadata()?;
-        if fm.uid() == rustix::process::geteuid().as_raw() {
-            if fm.gid() != meta.gid() {
-                let _ = std::os::unix::fs::chown(&path, None, Some(meta.gid()));
-            }
-            let _ = std::fs::set_permissions(
-                &path,
-                std::fs::Permissions::from_mode(meta.mode() & 0o660),
-            );
-        }
         if fm.len() < len {
             // Two processes may do this at once: both set the same length (zeros).
             f.set_len(len)?;

@@ -18,7 +18,7 @@ use cairn_format::sj::{self, SegHeader};
 use cairn_media::Mapping;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Bytes read from the file per step when the resident copy is built.
@@ -203,12 +203,6 @@ impl Segment {
     }
 }
 
-/// The mode and group of host objects: the NVM file's (the store's trust domain).
-fn trust_mode(fs: &Fs) -> io::Result<(u32, u32)> {
-    let m = std::fs::metadata(fs.nvm_path())?;
-    Ok((m.mode() & 0o660, m.gid()))
-}
-
 fn open_object(path: &Path) -> io::Result<Option<File>> {
     match std::fs::OpenOptions::new()
         .read(true)
@@ -229,7 +223,6 @@ fn open_object(path: &Path) -> io::Result<Option<File>> {
 /// collapsed into 2 MiB folios where the kernel allows, then renamed into place (a
 /// process that loses the race uses the winner's).
 fn build_object(fs: &Fs, file: &cairn::File, path: &Path, len: u64) -> io::Result<File> {
-    let (mode, gid) = trust_mode(fs)?;
     let tmp = path.with_extension(format!(
         "{}.new-{}",
         path.extension().and_then(|e| e.to_str()).unwrap_or(""),
@@ -246,13 +239,12 @@ fn build_object(fs: &Fs, file: &cairn::File, path: &Path, len: u64) -> io::Resul
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(mode)
+        .mode(0o600)
         .custom_flags(libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(|e| ctx(e, "creating"))?;
     let r = (|| -> io::Result<()> {
-        let _ = std::os::unix::fs::fchown(&f, None, Some(gid));
-        let _ = f.set_permissions(std::fs::Permissions::from_mode(mode));
+        host::share_with_store(&f, fs.nvm_path())?;
         // All of it in memory now (it is pinned, as SpaceJMP's segments are).
         cairn_media::sys::fallocate(&f, len).map_err(|e| ctx(e, "allocating"))?;
         let mut buf = vec![0u8; FILL_STEP];
@@ -314,11 +306,11 @@ pub fn remove_object(uuid: &[u8; 16], ino: u64, gen: u64) {
         "{}.new-",
         p.file_name().unwrap_or_default().to_string_lossy()
     );
-    if let Ok(d) = std::fs::read_dir(host::HOST_OBJECT_DIR) {
-        for e in d.flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_file(e.path());
-            }
+    for q in host::list(uuid) {
+        if q.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        {
+            let _ = std::fs::remove_file(q);
         }
     }
 }

@@ -53,6 +53,8 @@ impl UndoLog {
                     format!("the undo log {}: {e}", path.display()),
                 )
             })?;
+        // The store's trust domain, if this process made it (else it is the maker's).
+        let _ = host::share_with_store(&f, nvm);
         if f.metadata()?.len() < CAPACITY as u64 {
             f.set_len(CAPACITY as u64)?;
         }

@@ -33,7 +33,7 @@ use cairn_format::inode::Kind;
 use cairn_media::sys;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
@@ -251,12 +251,7 @@ impl Inner {
             .open(&tmp)
             .map_err(shm_err)?;
         let filled = (|| -> io::Result<()> {
-            // The same access as the NVM file: the store's trust domain.
-            if let Ok(m) = std::fs::metadata(&self.nvm_path) {
-                let _ = std::os::unix::fs::fchown(&f, None, Some(m.gid()));
-                use std::os::unix::fs::PermissionsExt;
-                f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o660))?;
-            }
+            host::share_with_store(&f, &self.nvm_path)?;
             f.set_len(size)?;
             let mut buf = vec![0u8; STEP];
             let mut pos = 0;
