@@ -8,7 +8,7 @@ use crate::extents::Src;
 use crate::meta::now_ns;
 use crate::ring::WRITE_HEAD;
 use cairn_area::fs_err;
-use cairn_format::inode::Kind;
+use cairn_format::inode::{Attrs, Kind};
 use cairn_format::log::{
     seal_txn, txn_len, write_charge, write_txn_len, Record, KIND_COMMIT, TXN_HEADER,
     WRITE_HEADER_LEN,
@@ -229,22 +229,14 @@ impl Inner {
     ) -> io::Result<(u64, usize)> {
         let (end, n) = self.write_logged(st, ino, pos, data)?;
         if n > 0 {
-            if let Some(o) = st.objs.get(&ino) {
-                // The file has a map object (`mapobj`): the mappings see the write too.
-                std::os::unix::fs::FileExt::write_all_at(&**o, &data[..n], end - n as u64)
-                    .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}")))?;
-            }
+            st.mirror_to_mapobj(ino, end - n as u64, &data[..n])?;
         }
         Ok((end, n))
     }
 
     /// The write lease on `ino` and its attributes, which must be a regular file's
     /// (`EISDIR`, `EINVAL` otherwise).
-    fn file_for_write(
-        &self,
-        st: &mut State,
-        ino: u64,
-    ) -> io::Result<(u64, cairn_format::inode::Attrs)> {
+    fn file_for_write(&self, st: &mut State, ino: u64) -> io::Result<(u64, Attrs)> {
         self.need(st, ino, true)?;
         let (gen, attrs) = self.attrs_held(st, ino)?;
         match attrs.kind {
@@ -334,23 +326,19 @@ impl Inner {
                 }
                 continue;
             }
-            let o = st
-                .ov
-                .entry(ino)
-                .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
-            o.attrs = attrs;
-            o.tag = tag;
-            o.ext
-                .insert(off, off + n as u64, Src::Log(lsn + WRITE_HEAD as u64), tag);
+            st.overlay_written(ino, gen, attrs, tag).ext.insert(
+                off,
+                off + n as u64,
+                Src::Log(lsn + WRITE_HEAD as u64),
+                tag,
+            );
             self.maybe_request_digest(st);
             off += n as u64;
             done += n;
         }
         Ok((off, done))
     }
-}
 
-impl Inner {
     /// Write `runs` (inode, offset, bytes) of regular files as **one** transaction: after
     /// any crash either all of them are in the files or none is; durable on return. The
     /// runs of one file may not overlap. `E2BIG` when the transaction would be larger
@@ -379,7 +367,7 @@ impl Inner {
             ));
         }
         // Each file: its lease, attributes and size after the writes.
-        let mut files: Vec<(u64, u64, cairn_format::inode::Attrs)> = Vec::new();
+        let mut files: Vec<(u64, u64, Attrs)> = Vec::new();
         for &(ino, _, end) in &sorted {
             if let Some(f) = files.iter_mut().find(|f| f.0 == ino) {
                 f.2.size = f.2.size.max(end);
@@ -418,12 +406,7 @@ impl Inner {
             for &(ino, gen, mut attrs) in &files {
                 attrs.mtime = now;
                 attrs.ctime = now;
-                let o = st
-                    .ov
-                    .entry(ino)
-                    .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut st.spare));
-                o.attrs = attrs;
-                o.tag = tag;
+                st.overlay_written(ino, gen, attrs, tag);
             }
             for (&(ino, offset, data), &d) in runs.iter().zip(&data_offs) {
                 if let Some(o) = st.ov.get_mut(&ino) {
@@ -438,11 +421,7 @@ impl Inner {
             self.maybe_request_digest(st);
         }
         for &(ino, offset, data) in &runs {
-            if let Some(o) = st.objs.get(&ino) {
-                // The file has a map object (`mapobj`): the mappings see the writes too.
-                std::os::unix::fs::FileExt::write_all_at(&**o, data, offset)
-                    .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}")))?;
-            }
+            st.mirror_to_mapobj(ino, offset, data)?;
         }
         Ok(())
     }
@@ -502,6 +481,29 @@ impl Tx {
 }
 
 impl State {
+    /// The overlay entry of `ino` after a `WRITE` committed with tag `tag` left it with
+    /// `attrs` (created at generation `gen` if the overlay did not know it); the caller
+    /// adds the written extents.
+    fn overlay_written(&mut self, ino: u64, gen: u64, attrs: Attrs, tag: u64) -> &mut InodeOv {
+        let o = self
+            .ov
+            .entry(ino)
+            .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut self.spare));
+        o.attrs = attrs;
+        o.tag = tag;
+        o
+    }
+
+    /// A committed write of `data` at `offset` of `ino`, also into the file's map object
+    /// if it has one (`mapobj`), so that its mappings see it.
+    fn mirror_to_mapobj(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        match self.objs.get(&ino) {
+            Some(o) => std::os::unix::fs::FileExt::write_all_at(&**o, data, offset)
+                .map_err(|e| fs_err(libc::EIO, format!("write to the map object: {e}"))),
+            None => Ok(()),
+        }
+    }
+
     /// The overlay after transaction `tx` committed with tag `tag` (its write's data at
     /// `data_lsn` in the log).
     fn apply_committed(&mut self, tx: Tx, tag: u64, data_lsn: u64) {
