@@ -248,6 +248,15 @@ struct ThreadState {
     plans: Vec<Option<Plan>>,
 }
 
+impl ThreadState {
+    /// The thread is now in handle `vh` (0: the primary), holding `held`.
+    fn now_in(&mut self, vh: u32, held: &[Held]) {
+        self.vh = vh;
+        self.held.clear();
+        self.held.extend_from_slice(held);
+    }
+}
+
 impl Drop for ThreadState {
     fn drop(&mut self) {
         // A thread that ends inside an address space: its uncommitted stores are dropped
@@ -1377,6 +1386,10 @@ impl SpaceJmp {
             .copied()
             .collect();
         self.release(&upgrades);
+        let but_upgrades = |locks: &[Held]| -> Vec<Held> {
+            let rest = locks.iter().filter(|h| !upgrades.contains(h));
+            rest.copied().collect()
+        };
         let mut taken = Vec::new();
         for h in &new {
             if let Err(e) = self.take(h, block) {
@@ -1389,17 +1402,8 @@ impl SpaceJmp {
                     }
                 }
                 if lost {
-                    let keep: Vec<Held> = held
-                        .iter()
-                        .filter(|h| !upgrades.contains(h))
-                        .copied()
-                        .collect();
-                    self.release(&keep);
-                    THREAD.with(|t| {
-                        let mut t = t.borrow_mut();
-                        t.vh = 0;
-                        t.held.clear();
-                    });
+                    self.release(&but_upgrades(&held));
+                    THREAD.with(|t| t.borrow_mut().now_in(0, &[]));
                     return Err(fs_err(
                         errno_of(&e),
                         format!(
@@ -1413,18 +1417,8 @@ impl SpaceJmp {
             }
             taken.push(*h);
         }
-        let rest: Vec<Held> = gone
-            .iter()
-            .filter(|g| !upgrades.contains(g))
-            .copied()
-            .collect();
-        self.release(&rest);
-        THREAD.with(|t| {
-            let mut t = t.borrow_mut();
-            t.vh = vh.0;
-            t.held.clear();
-            t.held.extend_from_slice(&want);
-        });
+        self.release(&but_upgrades(&gone));
+        THREAD.with(|t| t.borrow_mut().now_in(vh.0, &want));
         Ok(())
     }
 

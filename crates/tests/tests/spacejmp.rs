@@ -6,7 +6,7 @@
 //! Each test runs its processes as this test binary again (`child`), in the role named by
 //! `CAIRN_SJ_ROLE` (`sj_child` does the work); they print `sj: ...` lines the test reads.
 
-use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target, Vh};
+use cairn_sj::{flags, prot, CommitMode, SegId, SegPtr, SpaceJmp, Switched, Target};
 use cairn_tests::harness::{self, StoreSize, TestStore};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -70,7 +70,7 @@ struct Node {
 }
 
 /// Sum and length of the list rooted at `list` in segment `seg`.
-fn walk(g: &cairn_sj::Switched<'_>, seg: cairn_sj::SegId) -> (u64, u64) {
+fn walk(g: &Switched<'_>, seg: SegId) -> (u64, u64) {
     let mut p = g.root(seg, "list").unwrap().unwrap_or(SegPtr::NULL);
     let (mut sum, mut n) = (0, 0);
     while !p.is_null() {
@@ -80,6 +80,13 @@ fn walk(g: &cairn_sj::Switched<'_>, seg: cairn_sj::SegId) -> (u64, u64) {
         p = node.next;
     }
     (sum, n)
+}
+
+/// Push `value` onto the front of the list rooted at `list` in segment `seg`.
+fn push(g: &Switched<'_>, seg: SegId, value: u64) {
+    let next = g.root(seg, "list").unwrap().unwrap_or(SegPtr::NULL);
+    let p = g.alloc(seg, Node { value, next }).unwrap();
+    g.set_root(seg, "list", p).unwrap();
 }
 
 #[test]
@@ -158,17 +165,7 @@ fn sj_child() {
             let vh = sj.vas_attach(vid, mode(&args)).unwrap();
             let sid = sj.seg_find("data").unwrap();
             let g = sj.enter(vh).unwrap();
-            let head = g.root(sid, "list").unwrap().unwrap_or(SegPtr::NULL);
-            let p = g
-                .alloc(
-                    sid,
-                    Node {
-                        value: v,
-                        next: head,
-                    },
-                )
-                .unwrap();
-            g.set_root(sid, "list", p).unwrap();
+            push(&g, sid, v);
             if commit {
                 g.commit().unwrap();
                 println!("sj: committed");
@@ -292,17 +289,7 @@ fn sj_child() {
             let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
             let sid = sj.seg_find("data").unwrap();
             let g = sj.enter(vh).unwrap();
-            let head = g.root(sid, "list").unwrap().unwrap_or(SegPtr::NULL);
-            let p = g
-                .alloc(
-                    sid,
-                    Node {
-                        value: 1000,
-                        next: head,
-                    },
-                )
-                .unwrap();
-            g.set_root(sid, "list", p).unwrap();
+            push(&g, sid, 1000);
             // Enough pages that the store has no room for them.
             for i in 0..128u64 {
                 g.write(SegPtr(BASE + (4 << 20) + i * 4096), &i.to_le_bytes())
@@ -329,7 +316,6 @@ fn sj_child() {
         }
         _ => panic!("unknown role {role}"),
     }
-    let _ = Vh::PRIMARY;
 }
 
 fn mode(args: &[String]) -> CommitMode {
