@@ -136,14 +136,8 @@ struct Conn {
 /// The segment registry, without the ranges of segments whose file is gone.
 fn open_sj_registry(store: &StoreDir, core: &Core) -> io::Result<crate::sj::Registry> {
     let mut reg = crate::sj::Registry::open(store.sj_registry_path())?;
-    let dropped = reg.reconcile(|ino, gen| {
-        core.sh.layout.ino_valid(ino)
-            && core.sh.inode(ino).is_ok_and(|i| {
-                i.attrs.kind == cairn_format::inode::Kind::File
-                    && i.generation == gen
-                    && i.attrs.nlink > 0
-            })
-    })?;
+    let dropped = reg
+        .reconcile(|ino, gen| requests::segment_inode(core, ino, gen).is_ok_and(|i| i.is_some()))?;
     if dropped > 0 {
         tracing::info!("segment registry: {dropped} range(s) of removed segments dropped");
     }

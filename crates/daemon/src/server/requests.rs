@@ -722,16 +722,14 @@ pub(crate) fn mark_xattr_inodes(core: &mut Core, x: &crate::xattr::Xattrs) -> io
 }
 
 /// The segment file `ino` of generation `gen` as published: `Ok(None)` when it no longer
-/// exists (freed, or the number reused); `EPERM` unless the caller (`c`) owns it or is
-/// root; `EINVAL` for something other than a regular file.
-fn sj_segment_file(
-    d: &Daemon,
-    c: &Conn,
+/// exists (freed, or the number reused); `EINVAL` for a bad inode number or something
+/// other than a regular file.
+pub(super) fn segment_inode(
+    core: &Core,
     ino: u64,
     gen: u64,
 ) -> io::Result<Option<cairn_format::inode::Inode>> {
     use cairn_format::inode::Kind;
-    let core = d.core();
     if !core.sh.layout.ino_valid(ino) {
         return Err(fs_err(
             libc::EINVAL,
@@ -748,13 +746,26 @@ fn sj_segment_file(
             format!("segment: inode {ino} is not a regular file"),
         ));
     }
-    if c.uid != 0 && c.uid != inode.attrs.uid {
-        return Err(fs_err(
-            libc::EPERM,
-            format!("segment: uid {} does not own inode {ino}", c.uid),
-        ));
-    }
     Ok(Some(inode))
+}
+
+/// [`segment_inode`], which must be the caller's (`c`) unless it is root (`EPERM`).
+fn sj_segment_file(
+    d: &Daemon,
+    c: &Conn,
+    ino: u64,
+    gen: u64,
+) -> io::Result<Option<cairn_format::inode::Inode>> {
+    let inode = segment_inode(&d.core(), ino, gen)?;
+    if let Some(i) = &inode {
+        if c.uid != 0 && c.uid != i.attrs.uid {
+            return Err(fs_err(
+                libc::EPERM,
+                format!("segment: uid {} does not own inode {ino}", c.uid),
+            ));
+        }
+    }
+    Ok(inode)
 }
 
 /// `SjReserve`: the segment's file must exist (digested) and be the caller's.
