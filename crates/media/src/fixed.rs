@@ -208,17 +208,11 @@ fn occupant(start: usize, end: usize) -> String {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut found = Vec::new();
     for l in maps.lines() {
-        let Some((range, rest)) = l.split_once(' ') else {
-            continue;
-        };
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+        let Some((a, b)) = crate::huge::area_of(l) else {
             continue;
         };
         if a < end && b > start {
-            let what = rest.split_whitespace().nth(4).unwrap_or("[anonymous]");
+            let what = l.split_whitespace().nth(5).unwrap_or("[anonymous]");
             found.push(format!("{a:#x}-{b:#x} {what}"));
         }
     }

@@ -146,8 +146,9 @@ pub fn huge_advised_in(smaps: &str, addr: usize) -> Option<bool> {
     None
 }
 
-/// The range of an smaps area header line (`7f..-7f.. r--s 00000000 00:1a 12 /path`).
-fn area_of(line: &str) -> Option<(usize, usize)> {
+/// The range of an smaps (or maps) area header line
+/// (`7f..-7f.. r--s 00000000 00:1a 12 /path`).
+pub(crate) fn area_of(line: &str) -> Option<(usize, usize)> {
     let range = line.split_whitespace().next()?;
     let (a, b) = range.split_once('-')?;
     let a = usize::from_str_radix(a, 16).ok()?;
