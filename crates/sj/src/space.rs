@@ -1213,13 +1213,16 @@ impl SpaceJmp {
     /// Repair what a dead writer left (the caller holds the writer lock).
     fn repair(&self, seg: &Segment, slot: &Slot<'_>) -> io::Result<()> {
         let (j, pages) = slot.journal();
-        match j {
-            Journal::Undo => {
-                let undo = UndoLog::open(&self.uuid, seg.ino, seg.gen, self.fs.nvm_path())?;
+        seg.repair(j, &pages)?;
+        // A dead explicit-mode writer's undo log: rolled back if its transaction was
+        // open; otherwise (it died logging or publishing a commit: the pages journal
+        // made the resident copy the file's state) its entries are out of date, and a
+        // later abort would put them back over newer commits.
+        if let Some(undo) = UndoLog::open_existing(&self.uuid, seg.ino, seg.gen)? {
+            if j == Journal::Undo {
                 undo.roll_back(&seg.object)?;
-                undo.clear()?;
             }
-            _ => seg.repair(j, &pages)?,
+            undo.clear()?;
         }
         slot.journal_clear();
         Ok(())

@@ -37,22 +37,8 @@ impl UndoLog {
     /// The undo log of segment `ino`/`gen` of the store with `uuid` (made if missing,
     /// with the mode and group of the NVM file at `nvm`).
     pub fn open(uuid: &[u8; 16], ino: u64, gen: u64, nvm: &std::path::Path) -> io::Result<UndoLog> {
-        let path = host::object_path(uuid, "sj-undo", ino, gen);
         let m = std::fs::metadata(nvm)?;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(m.mode() & 0o660)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| {
-                fs_err(
-                    cairn_area::errno_of(&e),
-                    format!("the undo log {}: {e}", path.display()),
-                )
-            })?;
+        let (f, path) = Self::open_file(uuid, ino, gen, Some(m.mode() & 0o660))?;
         // The store's trust domain, if this process made it (else it is the maker's).
         let _ = host::share_with_store(&f, nvm);
         if f.metadata()?.len() < CAPACITY as u64 {
@@ -60,6 +46,45 @@ impl UndoLog {
         }
         let map = Mapping::new(&f, 0, CAPACITY, true, false)?;
         Ok(UndoLog { map, path })
+    }
+
+    /// The undo log of segment `ino`/`gen`, if one was ever made.
+    pub fn open_existing(uuid: &[u8; 16], ino: u64, gen: u64) -> io::Result<Option<UndoLog>> {
+        let (f, path) = match Self::open_file(uuid, ino, gen, None) {
+            Ok(r) => r,
+            Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if f.metadata()?.len() < CAPACITY as u64 {
+            return Err(fs_err(
+                libc::EIO,
+                format!("the undo log {}: shorter than its capacity", path.display()),
+            ));
+        }
+        let map = Mapping::new(&f, 0, CAPACITY, true, false)?;
+        Ok(Some(UndoLog { map, path }))
+    }
+
+    /// The log's file, made with `mode` if missing and `mode` is given.
+    fn open_file(
+        uuid: &[u8; 16],
+        ino: u64,
+        gen: u64,
+        mode: Option<u32>,
+    ) -> io::Result<(File, PathBuf)> {
+        let path = host::object_path(uuid, "sj-undo", ino, gen);
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).custom_flags(libc::O_CLOEXEC);
+        if let Some(mode) = mode {
+            o.create(true).truncate(false).mode(mode);
+        }
+        let f = o.open(&path).map_err(|e| {
+            fs_err(
+                cairn_area::errno_of(&e),
+                format!("the undo log {}: {e}", path.display()),
+            )
+        })?;
+        Ok((f, path))
     }
 
     /// Remove the undo log of a segment (it is being removed).
