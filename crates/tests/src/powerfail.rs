@@ -151,6 +151,56 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
         let fs = store.fs();
         fs.create_dir(prefix).expect("make the prefix");
     }
+    let mut sharing = None;
+    let t = trace_run(store, |store, trace_path| {
+        let worker_cmd = || {
+            let mut c = Command::new(worker);
+            c.arg(store.path())
+                .args([seed.to_string(), n.to_string(), prefix.to_string()])
+                .env("CAIRN_PM_TRACE", trace_path)
+                .env("CAIRN_WORKER_DIGEST_EVERY", w.digest_every.to_string())
+                .env("CAIRN_WORKER_MIGRATE_EVERY", w.migrate_every.to_string())
+                .env("CAIRN_WORKER_CLEAN", if w.clean { "1" } else { "0" })
+                .env(
+                    "CAIRN_WORKER_MAPPED",
+                    if w.extras.mapped { "1" } else { "0" },
+                )
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped());
+            c
+        };
+        let clients = w.clients.max(1);
+        if w.take_turns {
+            sharing = Some(take_turns(&worker_cmd, clients, n));
+        } else {
+            one_after_another(&worker_cmd, clients, n);
+        }
+    });
+    Recorded {
+        store: t.store,
+        files: t.files,
+        trace: t.trace,
+        seed,
+        n,
+        prefix: prefix.to_string(),
+        extras: w.extras,
+        sharing,
+    }
+}
+
+/// A traced run of some workload on a store.
+pub struct Traced {
+    pub store: TestStore,
+    /// The NVM tier first, then the lower tiers, with their images before the run.
+    pub files: Vec<TracedFile>,
+    pub trace: Trace,
+}
+
+/// Trace whatever `run` does to `store`: the store's daemon is stopped and the base
+/// images of its files taken, then `run` is called with the trace file, which every
+/// process it starts must name in `CAIRN_PM_TRACE` (the daemon a traced client starts
+/// inherits it); at the end the daemon stops cleanly (its shutdown is traced too).
+pub fn trace_run(store: TestStore, run: impl FnOnce(&TestStore, &Path)) -> Traced {
     store.stop();
     wait_no_daemon(&store);
     let cfg = StoreDir::new(store.path()).load_config().expect("config");
@@ -182,30 +232,7 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
         .expect("make the trace file");
     let trace_path = trace_file.path().to_path_buf();
     cairn_media::trace::create(&trace_path, 2 << 30).expect("make the trace file");
-    let worker_cmd = || {
-        let mut c = Command::new(worker);
-        c.arg(store.path())
-            .args([seed.to_string(), n.to_string(), prefix.to_string()])
-            .env("CAIRN_PM_TRACE", &trace_path)
-            .env("CAIRN_WORKER_DIGEST_EVERY", w.digest_every.to_string())
-            .env("CAIRN_WORKER_MIGRATE_EVERY", w.migrate_every.to_string())
-            .env("CAIRN_WORKER_CLEAN", if w.clean { "1" } else { "0" })
-            .env(
-                "CAIRN_WORKER_MAPPED",
-                if w.extras.mapped { "1" } else { "0" },
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        c
-    };
-    let clients = w.clients.max(1);
-    let sharing = if w.take_turns {
-        Some(take_turns(&worker_cmd, clients, n))
-    } else {
-        one_after_another(&worker_cmd, clients, n);
-        None
-    };
-    // The daemon (started by the worker, traced) stops cleanly: its shutdown is traced.
+    run(&store, &trace_path);
     store.stop();
     wait_no_daemon(&store);
     let trace = Trace::read(&trace_path).expect("read the trace");
@@ -220,15 +247,10 @@ pub fn record_with(worker: &Path, store: TestStore, w: &Workload) -> Recorded {
         );
     }
     drop(trace_file);
-    Recorded {
+    Traced {
         store,
         files,
         trace,
-        seed,
-        n,
-        prefix: prefix.to_string(),
-        extras: w.extras,
-        sharing,
     }
 }
 
@@ -425,7 +447,7 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(r: &Recorded) -> Scratch {
+    fn new(store: &TestStore, files: &[TracedFile]) -> Scratch {
         let dir = tempfile::Builder::new()
             .prefix("cairn-pf-img-")
             .tempdir()
@@ -436,9 +458,9 @@ impl Scratch {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let mut cfg = std::fs::read_to_string(r.store.path().join("cairn.toml")).expect("config");
+        let mut cfg = std::fs::read_to_string(store.path().join("cairn.toml")).expect("config");
         let mut paths = Vec::new();
-        for (i, f) in r.files.iter().enumerate() {
+        for (i, f) in files.iter().enumerate() {
             if !f.configured {
                 paths.push(dir.path().join(f.path.file_name().expect("a file name")));
                 continue;
@@ -686,14 +708,42 @@ pub fn follow_marks(e: &Event, acked: &mut usize, in_flight: &mut Option<usize>)
 
 /// Check every crash image of a recorded workload.
 pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
-    let start = Instant::now();
-    let states = reference_states(r);
     let ops = r.ops();
-    let scratch = Scratch::new(r);
+    let expected = Expected {
+        prefix: &r.prefix,
+        states: reference_states(r),
+        call: &|k| format!("#{k} {:?}", ops[k]),
+    };
+    check_states(&r.store, &r.files, &r.trace, &expected, opts)
+}
+
+/// What the images of a traced run must recover to.
+pub struct Expected<'a> {
+    /// The tree read from each image (a directory of the store).
+    pub prefix: &'a str,
+    /// The tree after each number of acknowledged calls, `0..=n`.
+    pub states: Vec<Snapshot>,
+    /// Call `k` described, for the violations.
+    pub call: &'a dyn Fn(usize) -> String,
+}
+
+/// Check every crash image of a traced run of `store` (its `files`, the `trace`) against
+/// the `expected` states: at every fence and after every acknowledged call (the marks
+/// [`MARK_BEGIN`] and [`MARK_END`]), the images a power failure could leave are
+/// recovered and the tree under the prefix compared with the state after exactly the
+/// acknowledged calls, or, with a call in flight, after it too.
+pub fn check_states(
+    store: &TestStore,
+    files: &[TracedFile],
+    trace: &Trace,
+    expected: &Expected<'_>,
+    opts: &CheckOptions,
+) -> CheckReport {
+    let start = Instant::now();
+    let scratch = Scratch::new(store, files);
     let watchdog = Watchdog::new();
-    let mut sim = Sim::with_targets(r.files.iter().map(|f| f.target.clone()).collect());
-    let dropped: Vec<u32> = r
-        .trace
+    let mut sim = Sim::with_targets(files.iter().map(|f| f.target.clone()).collect());
+    let dropped: Vec<u32> = trace
         .sites
         .iter()
         .filter(|(_, name)| opts.drop_sites.iter().any(|d| name.contains(d.as_str())))
@@ -709,8 +759,8 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
     let mut seen: HashMap<u64, Outcome> = HashMap::new();
     let mut rep = CheckReport::default();
     let (mut acked, mut in_flight) = (0usize, None::<usize>);
-    let points = r.trace.events.iter().filter(|e| is_crash_point(e)).count();
-    for (i, e) in r.trace.events.iter().enumerate() {
+    let points = trace.events.iter().filter(|e| is_crash_point(e)).count();
+    for (i, e) in trace.events.iter().enumerate() {
         let point = follow_marks(e, &mut acked, &mut in_flight);
         if point && !rep.truncated {
             // Spread what is left of the budget over the crash points still ahead.
@@ -730,10 +780,10 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                         break;
                     }
                     watchdog.set(Some((Instant::now(), i)));
-                    seen.insert(h, scratch.recover(&sim, &c, &r.prefix));
+                    seen.insert(h, scratch.recover(&sim, &c, expected.prefix));
                     watchdog.set(None);
                 }
-                if let Some(what) = judge(&seen[&h], &states, &ops, acked, in_flight) {
+                if let Some(what) = judge(&seen[&h], expected, acked, in_flight) {
                     if rep.violations.is_empty() {
                         keep_image(&sim, &c);
                     }
@@ -741,7 +791,7 @@ pub fn check(r: &Recorded, opts: &CheckOptions) -> CheckReport {
                         event: i,
                         acked,
                         in_flight,
-                        what: format!("{what}\n  lost: {}", lost(r, &sim, &c)),
+                        what: format!("{what}\n  lost: {}", lost(trace, &sim, &c)),
                     });
                 }
             }
@@ -774,8 +824,7 @@ fn keep_image(sim: &Sim, c: &Choice) {
 /// `None` if the outcome is an allowed state, else why not.
 fn judge(
     o: &Outcome,
-    states: &[Snapshot],
-    ops: &[crate::Op],
+    expected: &Expected<'_>,
     acked: usize,
     in_flight: Option<usize>,
 ) -> Option<String> {
@@ -783,6 +832,7 @@ fn judge(
         Outcome::Failed(e) => return Some(e.clone()),
         Outcome::Tree(t) => t,
     };
+    let states = &expected.states;
     if *tree == states[acked] {
         return None;
     }
@@ -791,9 +841,9 @@ fn judge(
     }
     let last = match acked {
         0 => "none".to_string(),
-        k => format!("#{} {:?}", k - 1, ops[k - 1]),
+        k => (expected.call)(k - 1),
     };
-    let flying = in_flight.map_or("none".to_string(), |k| format!("#{k} {:?}", ops[k]));
+    let flying = in_flight.map_or("none".to_string(), expected.call);
     Some(format!(
         "the tree is not the state after the {acked} acknowledged calls (last acknowledged: {last}; in flight: {flying}):\n{}",
         diff(tree, &states[acked])
@@ -801,10 +851,10 @@ fn judge(
 }
 
 /// Which pending stores an image left out, by site.
-fn lost(r: &Recorded, sim: &Sim, c: &Choice) -> String {
+fn lost(trace: &Trace, sim: &Sim, c: &Choice) -> String {
     let mut by_site: BTreeMap<String, usize> = BTreeMap::new();
     for (site, n) in sim.lost_sites(c) {
-        *by_site.entry(r.trace.site_name(site)).or_default() += n;
+        *by_site.entry(trace.site_name(site)).or_default() += n;
     }
     if by_site.is_empty() {
         return "nothing".into();

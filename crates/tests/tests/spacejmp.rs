@@ -33,6 +33,7 @@ fn child(store: &Path, role: &str, args: &[&str]) -> Command {
         .env("CAIRN_STORE", store)
         .env("CAIRN_BIN", harness::cairn_bin())
         .env_remove("CAIRN_SJ_CRASH")
+        .env_remove("CAIRN_SJ_PLANT")
         .stdin(Stdio::null());
     c
 }
@@ -421,6 +422,33 @@ fn a_writer_killed_during_a_commit_is_all_or_nothing() {
     let locks = run(s.path(), "locks", &[]);
     let recoveries: u64 = locks[0].split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(recoveries >= 4, "{locks:?}");
+}
+
+/// The kill test can fail: with the publish's journal left out (a planted bug, checked
+/// builds only), a writer killed half-way through publishing its commit leaves the
+/// resident copy half published, nobody repairs it, and the next process sees a list
+/// that is neither the old one nor the committed one.
+#[test]
+fn a_publish_without_its_journal_is_caught() {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let s = store();
+    run(s.path(), "alice", &["10"]);
+    let (sum, n) = sum_of(&run(s.path(), "try", &[]));
+    let out = child(s.path(), "append", &["100", "commit", "snapshot"])
+        .env("CAIRN_SJ_CRASH", "publishing")
+        .env("CAIRN_SJ_PLANT", "no-journal")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "should have died");
+    let out = child(s.path(), "try", &[]).output().unwrap();
+    let seen = out.status.success().then(|| sum_of(&lines(&out)));
+    assert_ne!(
+        seen,
+        Some((sum + 100, n + 1)),
+        "a publish without its journal went unnoticed"
+    );
 }
 
 /// A reader holds the lock: a writer's `try_switch` fails with `EWOULDBLOCK`, another
