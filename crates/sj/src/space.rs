@@ -146,7 +146,8 @@ pub(crate) fn open_named(fs: &Fs, what: &str, path: &str, how: Open) -> io::Resu
         }
         Open::Create(mode) => {
             if let Some(dir) = path.strip_prefix("/.sj/").and_then(|r| r.split_once('/')) {
-                fs.create_dir_all(format!("/.sj/{}", dir.0).as_str())?;
+                shared_dir(fs, "/.sj")?;
+                shared_dir(fs, &format!("/.sj/{}", dir.0))?;
             }
             o.write(true).create_new(true).mode(mode);
         }
@@ -157,6 +158,31 @@ pub(crate) fn open_named(fs: &Fs, what: &str, path: &str, how: Open) -> io::Resu
             format!("{what} {path}: {}", cairn_area::error::message(&e)),
         )
     })
+}
+
+/// Make directory `path` if missing, shared by the store's users: as `/tmp`, anyone who
+/// may use the store may make names in it and only their owners may remove or rename
+/// them (sticky), and what is made in it gets the store's group, the NVM file's (setgid),
+/// so a mode's group bits share it within the trust domain. Mode `3777` whatever the
+/// umask. An existing directory is left as it is.
+fn shared_dir(fs: &Fs, path: &str) -> io::Result<()> {
+    let ctx = |e: io::Error| {
+        fs_err(
+            errno_of(&e),
+            format!("{path}: {}", cairn_area::error::message(&e)),
+        )
+    };
+    match fs.create_dir_mode(path, 0o3777) {
+        Ok(()) => {
+            let gid = std::os::unix::fs::MetadataExt::gid(&std::fs::metadata(fs.nvm_path())?);
+            // Where this process may give it (root, or a member of the group).
+            let _ = fs.set_owner(path, None, Some(gid));
+            fs.set_permissions(path, cairn::Permissions::from_mode(0o3777))
+                .map_err(ctx)
+        }
+        Err(e) if errno_of(&e) == libc::EEXIST => Ok(()),
+        Err(e) => Err(ctx(e)),
+    }
 }
 
 /// A segment this process has mapped.
@@ -762,7 +788,7 @@ impl SpaceJmp {
         match op {
             VasCtl::Add { seg, prot: p } => {
                 let sp = self.seg_path_of(seg)?;
-                let sf = cairn::File::open(&self.fs, sp.as_str())?;
+                let sf = open_granted(&self.fs, &sp, p)?;
                 let h = segment::read_header(&sf, &sp)?;
                 let m = sf.metadata()?;
                 check_grant(&sp, &h, p)?;
@@ -812,7 +838,7 @@ impl SpaceJmp {
                         format!("{path} does not hold segment {}", seg.0),
                     )
                 })?;
-                let sf = cairn::File::open(&self.fs, e.path.as_str())?;
+                let sf = open_granted(&self.fs, &e.path, p)?;
                 check_grant(&e.path, &segment::read_header(&sf, &e.path)?, p)?;
                 e.prot = p;
             }
@@ -1901,6 +1927,17 @@ fn access_of(mode: CommitMode) -> Access {
         CommitMode::Snapshot => Access::Private,
         CommitMode::Explicit => Access::Shared,
     }
+}
+
+/// Segment file `path` opened for what protection `p` grants: `EACCES` unless the
+/// caller may (a grant never exceeds what its maker could use).
+fn open_granted(fs: &Fs, path: &str, p: u32) -> io::Result<cairn::File> {
+    let how = if p & prot::WRITE != 0 {
+        Open::Write
+    } else {
+        Open::Read
+    };
+    open_named(fs, "segment", path, how)
 }
 
 /// `EACCES` when an address space would grant more than the segment allows.

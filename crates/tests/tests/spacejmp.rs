@@ -14,6 +14,8 @@ use std::process::{Child, Command, Output, Stdio};
 /// Where Alice puts her data (Figure 42's `BASE`, inside Cairn's segment window).
 const BASE: u64 = cairn_format::sj::WINDOW_BASE + (4 << 30);
 const SEG_LEN: u64 = 8 << 20;
+/// Where the permission test keeps its values (past the header and the heap's state).
+const DATA: u64 = 64 << 10;
 
 fn store() -> TestStore {
     TestStore::with_size(StoreSize {
@@ -305,6 +307,86 @@ fn sj_child() {
             g.commit().unwrap();
             println!("sj: committed after room was made");
         }
+        // Segments of three modes, each holding a value at DATA, in address spaces of two.
+        "perm-setup" => {
+            // The modes as given (they are `open(2)`'s: the umask applies).
+            sj.fs().set_umask(0);
+            for (name, mode, v) in [
+                ("private", 0o600, 11u64),
+                ("groupro", 0o640, 22),
+                ("grouprw", 0o660, 33),
+            ] {
+                let sid = sj
+                    .seg_alloc(name, None, SEG_LEN, prot::RW, flags::LOCKABLE, mode)
+                    .unwrap();
+                sj.seg_attach(Target::Current, sid, prot::RW).unwrap();
+                let base = sj.seg_info(name).unwrap().base;
+                sj.write(base + DATA, &v.to_le_bytes()).unwrap();
+                sj.commit().unwrap();
+                sj.seg_detach(Target::Current, sid).unwrap();
+            }
+            let ours = sj.vas_create("ours", 0o640).unwrap();
+            let seg = |n: &str| sj.seg_find(n).unwrap();
+            sj.seg_attach(Target::Vas(ours), seg("grouprw"), prot::RW)
+                .unwrap();
+            sj.seg_attach(Target::Vas(ours), seg("groupro"), prot::READ)
+                .unwrap();
+            let mine = sj.vas_create("mine", 0o600).unwrap();
+            sj.seg_attach(Target::Vas(mine), seg("private"), prot::RW)
+                .unwrap();
+        }
+        // A member of the store's group, not the owner: what the modes allow and no more.
+        "perm-member" => {
+            let errno = |r: std::io::Result<()>| r.err().map_or(0, |e| cairn_area::errno_of(&e));
+            let base = |n: &str| sj.seg_info(n).unwrap().base;
+            let r = sj.vas_find("mine").map(|_| ());
+            assert_eq!(errno(r), libc::EACCES, "an address space of mode 0600");
+            let ours = sj.vas_find("ours").unwrap();
+            let vh = sj.vas_attach(ours, CommitMode::Snapshot).unwrap();
+            {
+                let g = sj.enter(vh).unwrap();
+                let at = |n: &str| SegPtr(base(n) + DATA);
+                assert_eq!(g.get::<u64>(at("groupro")).unwrap(), 22);
+                assert_eq!(g.get::<u64>(at("grouprw")).unwrap(), 33);
+                let r = g.write(at("groupro"), &1u64.to_le_bytes());
+                assert_eq!(errno(r), libc::EACCES, "writing a read-only grant");
+                g.set(at("grouprw"), 44u64).unwrap();
+                g.commit().unwrap();
+            }
+            sj.vas_detach(vh).unwrap();
+            // Its own address space may not grant more than the segments' modes give it.
+            let own = sj.vas_create("member", 0o600).unwrap();
+            let grant = |n: &str, p: u32| {
+                errno(
+                    sj.seg_find(n)
+                        .and_then(|id| sj.seg_attach(Target::Vas(own), id, p)),
+                )
+            };
+            assert_eq!(grant("private", prot::READ), libc::EACCES, "private, read");
+            assert_eq!(
+                grant("groupro", prot::RW),
+                libc::EACCES,
+                "groupro, read-write"
+            );
+            assert_eq!(grant("groupro", prot::READ), 0, "groupro, read");
+            // Its own segment, yes; removing root's, no (the directory is sticky).
+            sj.seg_alloc("member", None, SEG_LEN, prot::RW, 0, 0o600)
+                .unwrap();
+            let r = sj.seg_free("grouprw");
+            assert!(
+                matches!(errno(r), libc::EPERM | libc::EACCES),
+                "removing another user's segment"
+            );
+            println!("sj: member done");
+        }
+        "perm-check" => {
+            let sid = sj.seg_find("grouprw").unwrap();
+            sj.seg_attach(Target::Current, sid, prot::READ).unwrap();
+            let mut b = [0u8; 8];
+            sj.read(sj.seg_info("grouprw").unwrap().base + DATA, &mut b)
+                .unwrap();
+            println!("sj: grouprw {}", u64::from_le_bytes(b));
+        }
         // The lock table's figures of "data".
         "locks" => {
             let info = sj.seg_info("data").unwrap();
@@ -449,6 +531,47 @@ fn a_publish_without_its_journal_is_caught() {
         Some((sum + 100, n + 1)),
         "a publish without its journal went unnoticed"
     );
+}
+
+/// Names and permissions are the store's: a member of the store's group (uid 1000, gid
+/// 4242; not the owner) attaches what the files' modes let it read, writes and commits
+/// what they let it write, and nothing more (`EACCES`), in address spaces of others and
+/// of its own; it makes segments of its own and cannot remove root's. The host objects
+/// it shares (resident copies, the lock table, undo logs) have the store's group and no
+/// access for others. Needs root (skipped otherwise).
+#[test]
+fn permissions_are_checked_at_attach_for_another_user() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    const USER: u32 = 1000;
+    const GROUP: u32 = 4242;
+    if cairn_media::sys::ids().0 != 0 {
+        eprintln!("skipped: needs root to run processes as another uid");
+        return;
+    }
+    let s = TestStore::with_trusted_group(GROUP);
+    run(s.path(), "perm-setup", &[]);
+    let out = child(s.path(), "perm-member", &[])
+        .uid(USER)
+        .gid(GROUP)
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    check("perm-member", &out);
+    assert_eq!(lines(&out), ["member done"]);
+    assert_eq!(run(s.path(), "perm-check", &[]), ["grouprw 44"]);
+    let uuid = cairn_area::host::store_uuid(s.path()).unwrap();
+    let objects: Vec<_> = cairn_area::host::list(&uuid)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".sj"))
+        .collect();
+    // Three resident copies and the lock table at least.
+    assert!(objects.len() >= 4, "{objects:?}");
+    for p in objects {
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!(m.gid(), GROUP, "{}", p.display());
+        assert_eq!(m.mode() & 0o007, 0, "{}: {:o}", p.display(), m.mode());
+    }
 }
 
 /// A reader holds the lock: a writer's `try_switch` fails with `EWOULDBLOCK`, another

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 pub fn run(store: Option<&Path>, which: SjCommand) -> CliResult {
     let sj = SpaceJmp::open(store)?;
+    // `--mode` is exact, as `mkdir -m`'s: the umask does not apply.
+    sj.fs().set_umask(0);
     match which {
         SjCommand::Seg { which } => seg(&sj, which),
         SjCommand::Vas { which } => vas(&sj, which),
