@@ -527,12 +527,15 @@ fn pointer(
         }
     };
     let dir = PathBuf::from("/dev/shm");
+    const SYSTEMS: [&str; 4] = ["dram", "segment", "pmdk", "boost"];
     for nodes in [4096, args.nodes] {
         for what in ["list", "btree"] {
-            for system in ["dram", "segment", "pmdk", "boost"] {
-                let ops = (20_000_000 / nodes.max(1)).clamp(1, 100) * nodes.min(1_000_000);
-                let mut ns = Vec::new();
-                for _ in 0..args.runs {
+            let ops = (20_000_000 / nodes.max(1)).clamp(1, 100) * nodes.min(1_000_000);
+            // The systems take turns run by run, so that a drift of the machine (this
+            // VM's figures move by a quarter from one minute to the next) reaches all.
+            let mut ns: [Vec<f64>; SYSTEMS.len()] = Default::default();
+            for _ in 0..args.runs {
+                for (i, system) in SYSTEMS.iter().enumerate() {
                     let r = tool(
                         exe,
                         &[
@@ -546,8 +549,10 @@ fn pointer(
                     );
                     let _ = std::fs::remove_file(dir.join("pool.pmdk"));
                     let _ = std::fs::remove_file(dir.join("pool.boost"));
-                    ns.push(field(&r?, "ns_per_op"));
+                    ns[i].push(field(&r?, "ns_per_op"));
                 }
+            }
+            for (system, ns) in SYSTEMS.iter().zip(ns) {
                 push(
                     rows,
                     json!({"experiment": "pointer", "system": system, "structure": what,
