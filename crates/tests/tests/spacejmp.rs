@@ -1,7 +1,8 @@
 //! SpaceJMP on Cairn (crate `cairn-sj`), across processes: the dissertation's
 //! Alice/Bob example (Figures 42-43) across processes and a `cairn stop`, commits that are
-//! all or nothing when writers are killed before, during and after them, locks that a
-//! killed holder never leaves held, and bad input.
+//! all or nothing when writers (or the daemon) are killed before, during and after them,
+//! locks that a killed holder never leaves held, permissions for another user, and bad
+//! input.
 //!
 //! Each test runs its processes as this test binary again (`child`), in the role named by
 //! `CAIRN_SJ_ROLE` (`sj_child` does the work); they print `sj: ...` lines the test reads.
@@ -387,6 +388,38 @@ fn sj_child() {
                 .unwrap();
             println!("sj: grouprw {}", u64::from_le_bytes(b));
         }
+        // Append the next values to Alice's list (one commit each) for `args[0]` seconds
+        // (in `args[1]` mode), whatever happens to the daemon meanwhile: a failed commit
+        // is aborted and tried again after reading where the list is. Prints each
+        // acknowledged value.
+        "append-for" => {
+            let secs: u64 = args[0].parse().unwrap();
+            let vid = sj.vas_find("shared").unwrap();
+            let vh = sj.vas_attach(vid, mode(&args)).unwrap();
+            let sid = sj.seg_find("data").unwrap();
+            let g = sj.enter(vh).unwrap();
+            let t = std::time::Instant::now();
+            let mut failures = 0;
+            while t.elapsed().as_secs() < secs {
+                let head = g.root(sid, "list").unwrap().unwrap_or(SegPtr::NULL);
+                let next = if head.is_null() {
+                    1
+                } else {
+                    g.get::<Node>(head).unwrap().value + 1
+                };
+                push(&g, sid, next);
+                match g.commit() {
+                    Ok(_) => println!("sj: acked {next}"),
+                    Err(e) => {
+                        failures += 1;
+                        eprintln!("commit of {next}: {e}");
+                        g.abort().unwrap();
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                }
+            }
+            println!("sj: failures {failures}");
+        }
         // The lock table's figures of "data".
         "locks" => {
             let info = sj.seg_info("data").unwrap();
@@ -571,6 +604,59 @@ fn permissions_are_checked_at_attach_for_another_user() {
         let m = std::fs::metadata(&p).unwrap();
         assert_eq!(m.gid(), GROUP, "{}", p.display());
         assert_eq!(m.mode() & 0o007, 0, "{}: {:o}", p.display(), m.mode());
+    }
+}
+
+/// The daemon killed with SIGKILL, again and again, while a writer commits in a loop (in
+/// each commit mode): the writer goes on with the next daemon, every acknowledged commit
+/// is in the list, and the list is whole (values n down to 1), read by another process
+/// and again after a clean stop.
+#[test]
+fn the_daemon_killed_during_commits_loses_nothing() {
+    let s = store();
+    run(s.path(), "alice", &["10"]);
+    for m in ["snapshot", "explicit"] {
+        let w = child(s.path(), "append-for", &["3", m])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Three kills, each of a daemon serving for 300 ms, and a new daemon started
+        // 100 ms later (by this process: the writer would start one only when it needs
+        // it, its log full or a lease to ask for).
+        let mut kills = 0;
+        for _ in 0..3 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            if let Some(pid) = s.daemon_pid() {
+                harness::kill9(pid);
+                kills += 1;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(s.fs());
+        }
+        let out = w.wait_with_output().unwrap();
+        check("append-for", &out);
+        let acked: Vec<u64> = lines(&out)
+            .iter()
+            .filter_map(|l| l.strip_prefix("acked ")?.parse().ok())
+            .collect();
+        assert_eq!(kills, 3, "{m}: the daemon was killed {kills} times");
+        assert!(
+            acked.len() > 10,
+            "{m}: {} commits acknowledged",
+            acked.len()
+        );
+        let top = *acked.last().unwrap();
+        for when in ["after the kills", "after a stop"] {
+            let (sum, n) = sum_of(&run(s.path(), "try", &[]));
+            // Whole: n, n-1, ..., 1; and every acknowledged value is in it.
+            assert_eq!(sum, n * (n + 1) / 2, "{m}, {when}: a torn list");
+            assert!(
+                n >= top,
+                "{m}, {when}: acknowledged {top}, the list has {n}"
+            );
+            s.stop();
+        }
     }
 }
 
