@@ -7,6 +7,7 @@
 
 use super::hostfs;
 use super::latency::host_system_name;
+use super::median;
 use crate::error::{CliError, CliResult};
 use crate::progress::note as progress;
 use clap::Args;
@@ -299,17 +300,6 @@ fn redis(sys: &System, sub: &str, n: u64) -> CliResult<f64> {
 }
 
 /// The median of `v` (not empty).
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
-}
-
 /// A directory of the host's temporary directory for this run (`prefix-pid`).
 pub(super) fn tempfile_dir(prefix: &str) -> CliResult<PathBuf> {
     let d = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
@@ -484,16 +474,4 @@ pub fn run(store: Option<&Path>, args: &AppsArgs) -> CliResult {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[3.0]), 3.0);
-        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-    }
 }

@@ -12,7 +12,7 @@
 //! * **Memory under churn** ([`super::kv_churn`]): Nibble's size-change patterns and a
 //!   Postmark-like mix on cairn-kv, redis-server and a `HashMap` of boxed values.
 
-use super::Rng;
+use super::{median, Rng};
 use crate::error::{CliError, CliResult};
 use crate::progress::note as progress;
 use cairn_kv::{Options, Store, UpdatePolicy};
@@ -382,34 +382,22 @@ fn server(args: &KvArgs, out: &mut Results) -> CliResult {
     Ok(())
 }
 
-/// The median of `v` (the mean of the middle two for an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Each figure of `runs` (rows in the same order in every run) replaced by its median.
 fn medians(runs: Vec<Results>) -> Results {
     let mut r = Results {
         runs: runs.len() as u32,
         keys: runs[0].keys,
         value_bytes: runs[0].value_bytes,
-        load_secs: median(runs.iter().map(|x| x.load_secs).collect()),
-        recovery_secs: median(runs.iter().map(|x| x.recovery_secs).collect()),
+        load_secs: median(&runs.iter().map(|x| x.load_secs).collect::<Vec<_>>()),
+        recovery_secs: median(&runs.iter().map(|x| x.recovery_secs).collect::<Vec<_>>()),
         embedded: runs[0].embedded.clone(),
         server: runs[0].server.clone(),
         churn: Vec::new(),
     };
     for (i, e) in r.embedded.iter_mut().enumerate() {
-        let of =
-            |f: &dyn Fn(&Embedded) -> f64| median(runs.iter().map(|x| f(&x.embedded[i])).collect());
+        let of = |f: &dyn Fn(&Embedded) -> f64| {
+            median(&runs.iter().map(|x| f(&x.embedded[i])).collect::<Vec<_>>())
+        };
         e.ops_per_sec = of(&|x| x.ops_per_sec);
         e.p50_ns = of(&|x| x.p50_ns as f64) as u64;
         e.p99_ns = of(&|x| x.p99_ns as f64) as u64;
@@ -420,11 +408,12 @@ fn medians(runs: Vec<Results>) -> Results {
         let key = (e.server.clone(), e.test.clone(), e.pipeline);
         let of = |f: &dyn Fn(&Served) -> f64| {
             median(
-                runs.iter()
+                &runs
+                    .iter()
                     .flat_map(|x| &x.server)
                     .filter(|s| (&s.server, &s.test, s.pipeline) == (&key.0, &key.1, key.2))
                     .map(f)
-                    .collect(),
+                    .collect::<Vec<_>>(),
             )
         };
         e.requests_per_sec = of(&|x| x.requests_per_sec);

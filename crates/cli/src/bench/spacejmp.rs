@@ -15,7 +15,7 @@
 //! Every row has `experiment`, `mode` or `system`, its parameters and its figure; with
 //! `--runs N` each figure is the median of N runs.
 
-use super::{BenchStore, Rng};
+use super::{median, BenchStore, Rng};
 use crate::error::{CliError, CliResult};
 use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target, Vh};
 use clap::Args;
@@ -65,14 +65,6 @@ pub struct SpacejmpWorkerArgs {
 
 fn progress(msg: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().write_fmt(msg);
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[v.len() / 2]
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -212,7 +204,7 @@ fn switch(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
             }
             let row = json!({"experiment": "switch", "mode": mode, "attached": k,
                              "between": if round_robin { k } else { 2.min(k + 1) },
-                             "p50_ns": median(p50), "p99_ns": median(p99)});
+                             "p50_ns": median(&p50), "p99_ns": median(&p99)});
             progress(format_args!("{row}\n"));
             rows.push(row);
         }
@@ -259,7 +251,7 @@ fn attach(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
             ms.push(t.elapsed().as_secs_f64() * 1e3);
             sj.vas_detach(vh)?;
         }
-        let resident = median(ms);
+        let resident = median(&ms);
         // The kernel's floor: the same resident copy mapped read-only and populated
         // (`MAP_POPULATE`, 2 MiB aligned), nothing else.
         let info = sj.seg_info(&name)?;
@@ -283,7 +275,7 @@ fn attach(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
         progress(format_args!("{row}\n"));
         rows.push(row);
         let row = json!({"experiment": "attach", "system": "mmap-populate", "gib": gib,
-                         "ms_per_gib": median(ms) / gib as f64});
+                         "ms_per_gib": median(&ms) / gib as f64});
         progress(format_args!("{row}\n"));
         rows.push(row);
         // The same size of 4 KiB tmpfs pages, mapped and populated.
@@ -304,7 +296,7 @@ fn attach(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
             drop(m);
         }
         let row = json!({"experiment": "attach", "system": "tmpfs-4k", "gib": gib,
-                         "ms_per_gib": median(ms) / gib as f64});
+                         "ms_per_gib": median(&ms) / gib as f64});
         progress(format_args!("{row}\n"));
         rows.push(row);
     }
@@ -479,7 +471,7 @@ fn timed_commits(
         rate.push(txs as f64 / t0.elapsed().as_secs_f64());
         p50.push(pct(&mut lat, 0.5));
     }
-    Ok((median(rate), median(p50)))
+    Ok((median(&rate), median(&p50)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -513,7 +505,7 @@ fn pmdk_rows(
         rate.push(field(&r, "tx_per_s"));
         p50.push(field(&r, "p50_ns"));
     }
-    let mut row = json!({"experiment": "commit", "system": "pmdk", "tx_per_s": median(rate), "p50_ns": median(p50)});
+    let mut row = json!({"experiment": "commit", "system": "pmdk", "tx_per_s": median(&rate), "p50_ns": median(&p50)});
     if pages > 0 {
         row["mode"] = json!("page");
         row["pages"] = json!(pages);
@@ -575,7 +567,7 @@ fn pointer(
                 push(
                     rows,
                     json!({"experiment": "pointer", "system": system, "structure": what,
-                                  "nodes": nodes, "ns_per_op": median(ns)}),
+                                  "nodes": nodes, "ns_per_op": median(&ns)}),
                 );
             }
         }
