@@ -456,6 +456,10 @@ impl<'c> Slot<'c> {
                 }
                 if pass == 1 && cur != 0 && owner_dead(cur) {
                     self.reap_reader(i, cur);
+                    if o.compare_exchange(0, me, SeqCst, SeqCst).is_ok() {
+                        c.store(0, SeqCst);
+                        return Ok(i);
+                    }
                 }
             }
         }
@@ -728,6 +732,30 @@ mod tests {
         // A pid that does not exist, and ours with another start time.
         assert!(owner_dead((4_000_000u64 << 32) | 5));
         assert!(owner_dead(process_word() ^ 0x5555));
+    }
+
+    /// Every reader entry held by a dead process: the next process gets one of them
+    /// (reaped and claimed in the same call: the reaping loop used to leave the entry it
+    /// freed for the next caller, so the first attach after 60 dead processes failed),
+    /// and `EAGAIN` only when all are alive.
+    #[test]
+    fn dead_readers_entries_are_reaped_and_claimed() {
+        let t = TestControl::new();
+        let s = t.ctl.slot(78, 1).unwrap();
+        let dead = (4_000_000u64 << 32) | 5;
+        for i in 0..READER_SLOTS {
+            s.reader(i).0.store(dead, SeqCst);
+        }
+        let e = s.reader_entry().unwrap();
+        assert_eq!(s.reader(e).0.load(SeqCst), process_word());
+        // All taken by live processes (this one's thread words stand for them).
+        for i in 0..READER_SLOTS {
+            s.reader(i).0.store(thread_word(), SeqCst);
+        }
+        assert_eq!(
+            s.reader_entry().unwrap_err().raw_os_error(),
+            Some(libc::EAGAIN)
+        );
     }
 
     #[test]
