@@ -50,16 +50,16 @@ impl Inner {
 
     /// Encode `recs` as one transaction, reserve room and `charge` credits for it, seal,
     /// write it back and fence it: durable when this returns (in shared-write mode, `med`
-    /// not empty, once the daemon sealed it: `commit_mediated`). Returns its LSN, its
-    /// length and the offset in it of each `WRITE` record's data. `E2BIG` beyond a
-    /// quarter of the log.
+    /// not empty, once the daemon sealed it: `commit_mediated`). Returns its LSN and its
+    /// length ([`write_data_offsets`]: where its `WRITE` records' data lie). `E2BIG`
+    /// beyond a quarter of the log.
     fn append_records(
         &self,
         st: &mut State,
         recs: &[Record<'_>],
         charge: u64,
         med: &[(u64, u64)],
-    ) -> io::Result<(u64, usize, Vec<usize>)> {
+    ) -> io::Result<(u64, usize)> {
         let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
         let len = txn_len(payload);
         if len as u64 > st.ring.bytes() / 4 {
@@ -75,11 +75,7 @@ impl Inner {
         buf.clear();
         buf.resize(len, 0);
         let mut off = TXN_HEADER;
-        let mut data_offs = Vec::new();
         for r in recs {
-            if matches!(r, Record::Write { .. }) {
-                data_offs.push(off + WRITE_HEADER_LEN);
-            }
             r.encode_into(&mut buf[off..]);
             off += r.encoded_len();
         }
@@ -106,7 +102,7 @@ impl Inner {
         if !med.is_empty() {
             self.commit_mediated(st, lsn, len, med)?;
         }
-        Ok((lsn, len, data_offs))
+        Ok((lsn, len))
     }
 
     /// Append a metadata transaction and apply it to the overlay. Returns its tag.
@@ -127,8 +123,8 @@ impl Inner {
         let written = written.chain(tx.punch.map(|p| p.0));
         let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
         let recs = tx.records();
-        let (lsn, len, data_offs) = self.append_records(st, &recs, tx.charge(), &med)?;
-        let data_off = data_offs.last().copied().unwrap_or(0);
+        let (lsn, len) = self.append_records(st, &recs, tx.charge(), &med)?;
+        let data_off = write_data_offsets(&recs).last().unwrap_or(0);
         drop(recs);
         // Committed.
         for &(kind, ino, gen) in &tx.gone {
@@ -397,7 +393,7 @@ impl Inner {
             .iter()
             .map(|&(_, o, d)| write_charge(o, d.len() as u64))
             .sum();
-        let (lsn, len, data_offs) = self.append_records(st, &recs, charge, &med)?;
+        let (lsn, len) = self.append_records(st, &recs, charge, &med)?;
         if !med.is_empty() {
             st.appended(lsn, len as u64);
             let _ = self.refresh(st);
@@ -408,7 +404,7 @@ impl Inner {
                 attrs.ctime = now;
                 st.overlay_written(ino, gen, attrs, tag);
             }
-            for (&(ino, offset, data), &d) in runs.iter().zip(&data_offs) {
+            for (&(ino, offset, data), d) in runs.iter().zip(write_data_offsets(&recs)) {
                 if let Some(o) = st.ov.get_mut(&ino) {
                     o.ext.insert(
                         offset,
@@ -478,6 +474,19 @@ impl Tx {
         }
         recs
     }
+}
+
+/// Where the data of each `WRITE` record of `recs` lies in their transaction (an offset
+/// from its start), in order.
+fn write_data_offsets<'a>(recs: &'a [Record<'_>]) -> impl Iterator<Item = usize> + 'a {
+    recs.iter()
+        .scan(TXN_HEADER, |off, r| {
+            let at = *off;
+            *off += r.encoded_len();
+            Some((at, r))
+        })
+        .filter(|(_, r)| matches!(r, Record::Write { .. }))
+        .map(|(at, _)| at + WRITE_HEADER_LEN)
 }
 
 impl State {
