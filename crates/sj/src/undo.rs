@@ -48,7 +48,8 @@ impl UndoLog {
         Ok(UndoLog { map, path })
     }
 
-    /// The undo log of segment `ino`/`gen`, if one was ever made.
+    /// The undo log of segment `ino`/`gen`, if one was ever made and sized (one still
+    /// being made by [`UndoLog::open`] holds no entries yet).
     pub fn open_existing(uuid: &[u8; 16], ino: u64, gen: u64) -> io::Result<Option<UndoLog>> {
         let (f, path) = match Self::open_file(uuid, ino, gen, None) {
             Ok(r) => r,
@@ -56,10 +57,7 @@ impl UndoLog {
             Err(e) => return Err(e),
         };
         if f.metadata()?.len() < CAPACITY as u64 {
-            return Err(fs_err(
-                libc::EIO,
-                format!("the undo log {}: shorter than its capacity", path.display()),
-            ));
+            return Ok(None);
         }
         let map = Mapping::new(&f, 0, CAPACITY, true, false)?;
         Ok(Some(UndoLog { map, path }))
