@@ -86,8 +86,7 @@ impl Segment {
         write: bool,
         expect: Option<(u64, u64)>,
     ) -> io::Result<Segment> {
-        let how = if write { Open::Write } else { Open::Read };
-        let file = open_named(fs, "segment", path, how)?;
+        let file = open_named(fs, "segment", path, Open::rw(write))?;
         let meta = file.metadata()?;
         let (ino, gen) = (meta.ino(), meta.generation());
         if let Some(want) = expect {

@@ -134,6 +134,17 @@ pub(crate) enum Open {
     Create(u32),
 }
 
+impl Open {
+    /// For writing if `write`, else for reading.
+    pub(crate) fn rw(write: bool) -> Open {
+        if write {
+            Open::Write
+        } else {
+            Open::Read
+        }
+    }
+}
+
 /// The file at `path` of a `what` (`segment`, `address space`), opened `how`; errors
 /// name it.
 pub(crate) fn open_named(fs: &Fs, what: &str, path: &str, how: Open) -> io::Result<cairn::File> {
@@ -778,8 +789,7 @@ impl SpaceJmp {
     pub fn vas_ctl(&self, id: VasId, op: VasCtl) -> io::Result<Vec<VasEntry>> {
         let path = self.vas_path_of(id)?;
         let write = op != VasCtl::List;
-        let how = if write { Open::Write } else { Open::Read };
-        let f = open_named(&self.fs, "address space", &path, how)?;
+        let f = open_named(&self.fs, "address space", &path, Open::rw(write))?;
         if !write {
             return read_vas(&f, &path);
         }
@@ -1932,12 +1942,7 @@ fn access_of(mode: CommitMode) -> Access {
 /// Segment file `path` opened for what protection `p` grants: `EACCES` unless the
 /// caller may (a grant never exceeds what its maker could use).
 fn open_granted(fs: &Fs, path: &str, p: u32) -> io::Result<cairn::File> {
-    let how = if p & prot::WRITE != 0 {
-        Open::Write
-    } else {
-        Open::Read
-    };
-    open_named(fs, "segment", path, how)
+    open_named(fs, "segment", path, Open::rw(p & prot::WRITE != 0))
 }
 
 /// `EACCES` when an address space would grant more than the segment allows.
