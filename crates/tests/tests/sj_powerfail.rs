@@ -131,19 +131,25 @@ fn workload(seed: u64, n: usize) -> Workload {
     Workload { steps, writers }
 }
 
+/// Step `st` applied to the segment's bytes `s`: a landed step's writes, and the commit
+/// sequence one more.
+fn apply(s: &mut [u8], st: &Step) {
+    if st.end.lands() {
+        for &(off, len, fill) in &st.writes {
+            s[off as usize..(off + len) as usize].fill(fill);
+        }
+        let seq = u64::from_le_bytes(s[SEQ_OFF..SEQ_OFF + 8].try_into().unwrap()) + 1;
+        s[SEQ_OFF..SEQ_OFF + 8].copy_from_slice(&seq.to_le_bytes());
+    }
+}
+
 /// The segment's bytes after each number of steps, `0..=n`, from `base` (the bytes after
-/// `seg_alloc`): a landed step's writes, and the commit sequence one more.
+/// `seg_alloc`).
 fn states(base: &[u8], steps: &[Step]) -> Vec<Vec<u8>> {
     let mut s = base.to_vec();
     let mut v = vec![s.clone()];
     for st in steps {
-        if st.end.lands() {
-            for &(off, len, fill) in &st.writes {
-                s[off as usize..(off + len) as usize].fill(fill);
-            }
-            let seq = u64::from_le_bytes(s[SEQ_OFF..SEQ_OFF + 8].try_into().unwrap()) + 1;
-            s[SEQ_OFF..SEQ_OFF + 8].copy_from_slice(&seq.to_le_bytes());
-        }
+        apply(&mut s, st);
         v.push(s.clone());
     }
     v
@@ -197,7 +203,10 @@ fn sj_pf_child() {
     };
     let w = workload(seed(), n_steps());
     let base = std::fs::read(std::env::var("CAIRN_SJ_PF_BASE").unwrap()).unwrap();
-    let want = &states(&base, &w.steps[..from])[from];
+    let mut want = base;
+    for st in &w.steps[..from] {
+        apply(&mut want, st);
+    }
     let seg = sj.seg_info(SEG).expect("seg_info").base;
     let vh = sj
         .vas_attach(sj.vas_find(SEG).expect("vas_find"), mode)
