@@ -9,6 +9,14 @@
 //! thread's `mmap`) can be clobbered. A mapping is a [`Region`]; dropping it puts the
 //! reservation back (`PROT_NONE` again, its pages released).
 //!
+//! **Parking.** Segments that share addresses (SpaceJMP's overlapping address spaces)
+//! take turns at them: [`Region::park`] moves a region's page tables to a *park slot*, a
+//! reservation of its own outside the window, with `mremap` (no page is faulted again,
+//! and a private region's uncommitted pages move with it), and puts the reservation
+//! back at its home; [`Region::place`] moves it home again. Both moves use
+//! `MREMAP_DONTUNMAP`, so the range a region leaves is never a hole another `mmap` could
+//! land in: it keeps an empty mapping of the file until it is reserved again.
+//!
 //! Access to a region's bytes goes through its methods (bounds-checked byte copies and
 //! aligned atomics), never through Rust references to the mapped memory, which other
 //! processes may change at any time.
@@ -95,7 +103,7 @@ impl Window {
     }
 
     /// Map `len` bytes of `file` from `file_off` at exactly `addr` (page aligned, inside
-    /// the window, not mapped by another live [`Region`]: the caller keeps that
+    /// the window, not mapped by another live placed [`Region`]: the caller keeps that
     /// invariant, as the segment registry hands out disjoint ranges).
     pub fn map(
         self: &Arc<Self>,
@@ -105,6 +113,42 @@ impl Window {
         file_off: u64,
         access: Access,
     ) -> io::Result<Region> {
+        self.check_range(addr, len)?;
+        map_fixed(addr, len, file, file_off, access)?;
+        Ok(Region {
+            window: self.clone(),
+            home: addr,
+            addr,
+            len,
+            access,
+            slot: None,
+        })
+    }
+
+    /// Map it as [`Window::map`] does, but parked: its home is `addr` (which another
+    /// region may hold), its pages are mapped in a park slot of its own.
+    pub fn map_parked(
+        self: &Arc<Self>,
+        addr: usize,
+        len: usize,
+        file: &File,
+        file_off: u64,
+        access: Access,
+    ) -> io::Result<Region> {
+        self.check_range(addr, len)?;
+        let slot = ParkSlot::reserve(len, align_of(addr))?;
+        map_fixed(slot.addr, len, file, file_off, access)?;
+        Ok(Region {
+            window: self.clone(),
+            home: addr,
+            addr: slot.addr,
+            len,
+            access,
+            slot: Some(slot),
+        })
+    }
+
+    fn check_range(&self, addr: usize, len: usize) -> io::Result<()> {
         if len == 0 || !addr.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
             return Err(einval(
                 "map: address and length must be page aligned, length > 0",
@@ -113,41 +157,129 @@ impl Window {
         if !self.contains(addr, len) {
             return Err(einval("map: the range is outside the segment window"));
         }
-        let (prot, share) = match access {
-            Access::Read => (libc::PROT_READ, libc::MAP_SHARED),
-            Access::Shared => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
-            Access::Private => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE),
-        };
-        // SAFETY: `MAP_FIXED` over `[addr, addr + len)`, which lies inside this window,
-        // a reservation of this process that only `Region`s of this window ever map
-        // (checked above); the descriptor is valid for the call; errors are checked.
+        Ok(())
+    }
+}
+
+/// The largest power of two (at most 1 GiB) that divides `addr`: a park slot aligned as
+/// its home lets `mremap` move whole page-table pages (PUD or PMD entries).
+fn align_of(addr: usize) -> usize {
+    1usize << addr.trailing_zeros().clamp(PAGE.trailing_zeros(), 30)
+}
+
+/// `mmap` of `file` over `[addr, addr + len)`, a range of this process's own reservations
+/// (a window's or a park slot's), with `MADV_DONTFORK`.
+fn map_fixed(
+    addr: usize,
+    len: usize,
+    file: &File,
+    file_off: u64,
+    access: Access,
+) -> io::Result<()> {
+    let (prot, share) = match access {
+        Access::Read => (libc::PROT_READ, libc::MAP_SHARED),
+        Access::Shared => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED),
+        Access::Private => (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE),
+    };
+    // SAFETY: `MAP_FIXED` over `[addr, addr + len)`, a reservation of this process (a
+    // window's range that no placed region maps, or a region's own range or park slot:
+    // callers check); the descriptor is valid for the call; errors are checked.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            prot,
+            share | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            file_off as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // A failed MAP_FIXED may have unmapped the range: reserve it again.
+        let _ = reserve_fixed(addr, len);
+        return Err(e);
+    }
+    debug_assert_eq!(p as usize, addr);
+    // Never inherited by a child: uncommitted private pages must not leak into one.
+    // SAFETY: the range was just mapped; MADV_DONTFORK changes no contents.
+    unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
+    Ok(())
+}
+
+/// A range reserved outside every window (`PROT_NONE`, `MAP_NORESERVE`, where the kernel
+/// chooses), aligned, where a parked region keeps its page tables. Unmapped when dropped.
+#[derive(Debug)]
+struct ParkSlot {
+    addr: usize,
+    len: usize,
+}
+
+impl ParkSlot {
+    fn reserve(len: usize, align: usize) -> io::Result<ParkSlot> {
+        let total = len
+            .checked_add(align)
+            .ok_or_else(|| einval("park: length too large"))?;
+        // SAFETY: a new anonymous PROT_NONE mapping where the kernel chooses: it replaces
+        // nothing and touches no memory of ours.
         let p = unsafe {
             libc::mmap(
-                addr as *mut libc::c_void,
-                len,
-                prot,
-                share | libc::MAP_FIXED,
-                file.as_raw_fd(),
-                file_off as libc::off_t,
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
             )
         };
         if p == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            // A failed MAP_FIXED may have unmapped the range: reserve it again.
-            let _ = reserve_fixed(addr, len);
-            return Err(e);
+            return Err(io::Error::last_os_error());
         }
-        debug_assert_eq!(p as usize, addr);
-        // Never inherited by a child: uncommitted private pages must not leak into one.
-        // SAFETY: the range was just mapped; MADV_DONTFORK changes no contents.
-        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
-        Ok(Region {
-            window: self.clone(),
-            addr,
-            len,
-            access,
-        })
+        let start = p as usize;
+        let addr = start.next_multiple_of(align);
+        // Give back what lies outside the aligned slot.
+        // SAFETY: both pieces are parts of the reservation just made, unused.
+        unsafe {
+            if addr > start {
+                libc::munmap(p, addr - start);
+            }
+            let tail = start + total - (addr + len);
+            if tail > 0 {
+                libc::munmap((addr + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(ParkSlot { addr, len })
     }
+}
+
+impl Drop for ParkSlot {
+    fn drop(&mut self) {
+        // SAFETY: the slot is this value's own reservation; the region that used it has
+        // re-reserved it (or left an empty mapping of its file there) and is gone.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Move the mapping at `[from, from + len)` to `to` (page tables and all, replacing the
+/// reservation there); `from` keeps an empty mapping of the same kind.
+fn move_mapping(from: usize, to: usize, len: usize) -> io::Result<()> {
+    // SAFETY: `from` is a region's own mapping and `to` its home (reserved: no placed
+    // region is there, the caller checks) or its park slot; MREMAP_DONTUNMAP leaves
+    // `from` mapped, so no hole opens; no reference points into either range.
+    let p = unsafe {
+        libc::mremap(
+            from as *mut libc::c_void,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+            to as *mut libc::c_void,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    debug_assert_eq!(p as usize, to);
+    Ok(())
 }
 
 /// `mmap(PROT_NONE, MAP_NORESERVE | MAP_FIXED_NOREPLACE)` at `addr`.
@@ -183,10 +315,11 @@ fn reserve_at(addr: usize, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Put `[addr, addr + len)` of a window back to the reservation (`PROT_NONE`).
+/// Put `[addr, addr + len)`, a region's own range (its home or its park slot), back to
+/// the reservation (`PROT_NONE`).
 fn reserve_fixed(addr: usize, len: usize) -> io::Result<()> {
-    // SAFETY: callers pass a range of their own window (a reservation of this process),
-    // whose region is being dropped: nothing else maps it and no reference points in.
+    // SAFETY: callers pass a range a region of this process maps or has just left (in
+    // its window or its park slot), which it is giving up: no reference points in.
     let p = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
@@ -223,18 +356,71 @@ fn occupant(start: usize, end: usize) -> String {
     }
 }
 
-/// A file mapped at a fixed address inside a [`Window`].
+/// A file mapped at a fixed address inside a [`Window`] (its home), or parked.
 #[derive(Debug)]
 pub struct Region {
     window: Arc<Window>,
+    /// Where it belongs.
+    home: usize,
+    /// Where it is mapped now: `home`, or its park slot's address.
     addr: usize,
     len: usize,
     access: Access,
+    /// Its park slot, once it has been parked.
+    slot: Option<ParkSlot>,
 }
 
 impl Region {
+    /// Where its bytes are mapped now (its home unless parked).
     pub fn addr(&self) -> usize {
         self.addr
+    }
+
+    /// Where it belongs in the window.
+    pub fn home(&self) -> usize {
+        self.home
+    }
+
+    /// Whether it is parked (mapped outside the window, its home free for another).
+    pub fn is_parked(&self) -> bool {
+        self.addr != self.home
+    }
+
+    /// Park it: move its page tables to its park slot and reserve its home again, so a
+    /// store to its home faults. Nothing is faulted again when it is placed back.
+    pub fn park(&mut self) -> io::Result<()> {
+        if self.is_parked() {
+            return Ok(());
+        }
+        if self.slot.is_none() {
+            self.slot = Some(ParkSlot::reserve(self.len, align_of(self.home))?);
+        }
+        let to = self.slot.as_ref().map_or(0, |s| s.addr);
+        move_mapping(self.home, to, self.len)?;
+        self.addr = to;
+        // The home keeps an empty mapping of the file: reserved again, so a confused
+        // pointer faults instead of reading the file.
+        reserve_fixed(self.home, self.len)
+    }
+
+    /// Move it back home. The caller guarantees that no placed region overlaps its home
+    /// (it parked them first). Its slot keeps an empty mapping until the next park.
+    pub fn place(&mut self) -> io::Result<()> {
+        if !self.is_parked() {
+            return Ok(());
+        }
+        debug_assert!(self.window.contains(self.home, self.len));
+        move_mapping(self.addr, self.home, self.len)?;
+        self.addr = self.home;
+        Ok(())
+    }
+
+    /// Map `file` again where the region is now, with `access` (a read-only region made
+    /// writable, for instance).
+    pub fn remap(&mut self, file: &File, file_off: u64, access: Access) -> io::Result<()> {
+        map_fixed(self.addr, self.len, file, file_off, access)?;
+        self.access = access;
+        Ok(())
     }
 
     pub fn len(&self) -> usize {
@@ -424,12 +610,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if let Err(e) = reserve_fixed(self.addr, self.len) {
-            // The range stays mapped to the file; it is still inside our window, so no
-            // other mapping can land there. Nothing else to do.
-            let _ = e;
-        }
-        debug_assert!(self.window.contains(self.addr, self.len));
+        // Its range back to the reservation (a park slot is unmapped after it). On error
+        // the range stays mapped to the file, still ours: nothing else can land there.
+        let _ = reserve_fixed(self.addr, self.len);
+        debug_assert!(self.window.contains(self.home, self.len));
     }
 }
 
@@ -487,5 +671,62 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         w.map(BASE + (1 << 20), 4096, &f, 0, Access::Shared)
             .unwrap();
+    }
+
+    /// Whether `addr` is readable in this process (a parked region's home is not).
+    fn readable(addr: usize) -> bool {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().any(|l| {
+            crate::huge::area_of(l).is_some_and(|(a, b)| a <= addr && addr < b)
+                && l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|p| p.starts_with('r'))
+        })
+    }
+
+    #[test]
+    fn regions_sharing_a_home_take_turns_and_keep_their_pages() {
+        let base = BASE + (1 << 30);
+        let w = Window::reserve(base, 8 << 20).unwrap();
+        let mut fa = tempfile::tempfile().unwrap();
+        fa.write_all(&[1u8; 2 << 20]).unwrap();
+        let mut fb = tempfile::tempfile().unwrap();
+        fb.write_all(&[2u8; 2 << 20]).unwrap();
+        let mut a = w.map(base, 2 << 20, &fa, 0, Access::Private).unwrap();
+        // An uncommitted private store travels with the region.
+        a.write(100, &[9]).unwrap();
+        let mut b = w.map_parked(base, 2 << 20, &fb, 0, Access::Read).unwrap();
+        assert!(b.is_parked() && !a.is_parked());
+        assert_eq!(b.home(), base);
+        assert_eq!(b.addr() % (2 << 20), 0, "slots are aligned as the home");
+        let mut x = [0u8; 1];
+        b.read(5, &mut x).unwrap();
+        assert_eq!(x, [2]);
+
+        a.park().unwrap();
+        assert!(!readable(base), "a parked home faults");
+        b.place().unwrap();
+        assert!(readable(base));
+        b.read(100, &mut x).unwrap();
+        assert_eq!(x, [2]);
+        a.read(100, &mut x).unwrap();
+        assert_eq!(x, [9], "parked, its private page is still there");
+
+        b.park().unwrap();
+        a.place().unwrap();
+        a.read(100, &mut x).unwrap();
+        assert_eq!(x, [9]);
+        assert_eq!(a.addr(), base);
+        // Remapped where it is (parked or not), with another access.
+        b.remap(&fb, 0, Access::Shared).unwrap();
+        b.write(7, &[5]).unwrap();
+        let mut y = [0u8; 1];
+        std::os::unix::fs::FileExt::read_at(&fb, &mut y, 7).unwrap();
+        assert_eq!(y, [5]);
+        let slot = b.addr();
+        drop(b);
+        assert!(!readable(slot), "a dropped region's slot is given back");
+        drop(a);
+        assert!(!readable(base));
     }
 }

@@ -133,6 +133,12 @@ impl Segment {
         self.header.len == 0
     }
 
+    /// Whether it may share addresses with other segments that allow it (parked while
+    /// one of those is placed).
+    pub fn may_overlap(&self) -> bool {
+        self.header.flags & sj::flags::OVERLAP != 0
+    }
+
     pub fn lockable(&self) -> bool {
         self.header.flags & sj::flags::LOCKABLE != 0
     }

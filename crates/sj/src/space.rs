@@ -11,6 +11,14 @@
 //! (per thread, no system call when uncontended). What this mode does not give is
 //! hardware isolation: a thread can still reach a segment of an attached address space
 //! it is not switched into (the Rust API's guards keep safe code from doing so).
+//!
+//! Switching (Mode B, overlapping segments): segments made with `flags::OVERLAP` may
+//! share addresses. Of the mapped segments that overlap, one at a time is *placed* at
+//! its base; the others are *parked* (their page tables moved out of the window with
+//! `mremap`, `cairn_media::fixed`). Switching into an address space places its
+//! segments, parking those in their way. That changes the mapping of the whole process,
+//! so it is refused (`EBUSY`) while another thread is in an address space holding a
+//! segment that would be parked; segments of the primary address space are never parked.
 
 use crate::control::{self, Control, Journal, Slot, Taken};
 use crate::heap::{self, Heap, Mem};
@@ -24,7 +32,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// A segment's id: its file's inode number (global in the store).
@@ -249,6 +257,9 @@ struct Handle {
 struct State {
     segs: HashMap<u64, Mapped>,
     handles: Vec<Option<Handle>>,
+    /// The handle each thread that has switched is in (its `ThreadState::cur`); an entry
+    /// only this table still holds is a thread that has ended.
+    threads: Vec<Arc<AtomicU32>>,
     /// Paths of address spaces this process created or found, by id.
     vas_paths: HashMap<u64, String>,
     /// Paths of segments by id, as far as this process knows them.
@@ -269,12 +280,18 @@ struct Held {
 struct Plan {
     version: u64,
     locks: Arc<[Held]>,
+    /// The handle holds segments that may be parked (switching in may have to place
+    /// them: never the fast path).
+    overlap: bool,
 }
 
 /// A thread's place: the handle it is in and the locks it holds.
 #[derive(Default)]
 struct ThreadState {
     vh: u32,
+    /// `vh`, as other threads see it (registered in `State::threads` once).
+    cur: Arc<AtomicU32>,
+    registered: bool,
     /// The locks held.
     held: Vec<Held>,
     /// A Rust guard (`Switched`) is alive.
@@ -289,6 +306,7 @@ impl ThreadState {
     /// The thread is now in handle `vh` (0: the primary), holding `held`.
     fn now_in(&mut self, vh: u32, held: &[Held]) {
         self.vh = vh;
+        self.cur.store(vh, Ordering::Release);
         self.held.clear();
         self.held.extend_from_slice(held);
     }
@@ -475,6 +493,7 @@ impl SpaceJmp {
                     entries: Vec::new(),
                     mode: CommitMode::Snapshot,
                 })],
+                threads: Vec::new(),
                 vas_paths: HashMap::new(),
                 seg_paths: HashMap::new(),
             }),
@@ -948,6 +967,12 @@ impl SpaceJmp {
         }
         let entries = {
             let mut st = self.state();
+            if Self::occupied(&st, vh.0, None) {
+                return Err(fs_err(
+                    libc::EBUSY,
+                    format!("handle {}: another thread of this process is in it", vh.0),
+                ));
+            }
             let h = st
                 .handles
                 .get_mut(vh.0 as usize)
@@ -1001,16 +1026,11 @@ impl SpaceJmp {
         };
         {
             let mut st = self.state();
-            match st.handles.get_mut(vh.0 as usize).and_then(Option::as_mut) {
-                Some(h) => h.entries.push(entry),
-                None => {
-                    drop(st);
-                    self.unmap_segment(ino);
-                    return Err(fs_err(
-                        libc::EBADF,
-                        format!("handle {}: not attached", vh.0),
-                    ));
-                }
+            let added = Self::add_entry(&mut st, vh.0, entry);
+            if let Err(e) = added {
+                drop(st);
+                self.unmap_segment(ino);
+                return Err(e);
             }
         }
         self.version.fetch_add(1, Ordering::SeqCst);
@@ -1018,6 +1038,51 @@ impl SpaceJmp {
         if THREAD.with(|t| t.borrow().vh) == vh.0 && lockable {
             let held = self.lock_one(entry, true)?;
             THREAD.with(|t| t.borrow_mut().held.push(held));
+        }
+        Ok(())
+    }
+
+    /// Add `entry` to handle `vh`: `EINVAL` if it overlaps a segment there already. A
+    /// handle a thread is in gets it placed at once (Mode B: parking what is in the way,
+    /// `EBUSY` if that is in use).
+    fn add_entry(st: &mut State, vh: u32, entry: Entry) -> io::Result<()> {
+        let h = st
+            .handles
+            .get(vh as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        let range = |ino: u64| {
+            st.segs
+                .get(&ino)
+                .map_or((0, 0), |m| (m.seg.base(), sj::reserved_len(m.seg.len())))
+        };
+        let (b, l) = range(entry.ino);
+        for e in &h.entries {
+            let (eb, el) = range(e.ino);
+            if eb < b + l && b < eb + el {
+                return Err(fs_err(
+                    libc::EINVAL,
+                    format!(
+                        "segment {} ({b:#x}+{l:#x}) overlaps segment {} ({eb:#x}+{el:#x}) of \
+                         the same address space",
+                        st.segs[&entry.ino].seg.path, st.segs[&e.ino].seg.path
+                    ),
+                ));
+            }
+        }
+        let in_use = Self::occupied(st, vh, None);
+        if let Some(h) = st.handles.get_mut(vh as usize).and_then(Option::as_mut) {
+            h.entries.push(entry);
+        }
+        if in_use && st.segs[&entry.ino].region.is_parked() {
+            // Placed with the rest of the handle (all but it are placed already).
+            let placed = Self::place_handle(st, vh, None);
+            if let Err(e) = placed {
+                if let Some(h) = st.handles.get_mut(vh as usize).and_then(Option::as_mut) {
+                    h.entries.retain(|x| *x != entry);
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -1097,19 +1162,22 @@ impl SpaceJmp {
                 check_grant(path, &m.seg.header, p)?;
                 let needs = if write { access_of(mode) } else { Access::Read };
                 if write && (!m.seg.writable || m.region.access() == Access::Read) {
-                    // Reopen for writing (the store checks the permission) and remap.
+                    // Reopen for writing (the store checks the permission) and remap, in
+                    // place (parked or not).
                     let seg = Arc::new(Segment::open(
                         &self.fs,
                         path,
                         true,
                         Some((m.seg.ino, m.seg.gen)),
                     )?);
-                    let base = seg.base() as usize;
-                    let len = seg.len() as usize;
-                    let old = std::mem::replace(&mut m.seg, seg);
-                    drop(old);
-                    let region = self.window.map(base, len, &m.seg.object, 0, needs)?;
-                    m.region = Arc::new(region);
+                    let region = Arc::get_mut(&mut m.region).ok_or_else(|| {
+                        fs_err(
+                            libc::EBUSY,
+                            format!("segment {path} is in use by a call of another thread"),
+                        )
+                    })?;
+                    region.remap(&seg.object, 0, needs)?;
+                    m.seg = seg;
                     m.mode = mode;
                     if mode == CommitMode::Explicit && m.undo.is_none() {
                         m.undo = Some(Arc::new(UndoLog::open(
@@ -1131,27 +1199,32 @@ impl SpaceJmp {
         }
         let seg = Segment::open(&self.fs, path, write, expect)?;
         check_grant(path, &seg.header, p)?;
-        // Nothing else of this process may be mapped where it goes (Mode A).
-        {
+        // Where a placed segment of this process is in the way, it is mapped parked
+        // (both must allow overlapping: the registry hands out nothing else).
+        let parked = {
             let st = self.state();
             let (b, l) = (seg.base(), sj::reserved_len(seg.len()));
-            if let Some(o) = st
-                .segs
-                .values()
-                .find(|m| m.seg.base() < b + l && b < m.seg.base() + sj::reserved_len(m.seg.len()))
-            {
-                return Err(fs_err(
-                    libc::ENOTSUP,
-                    format!(
-                        "segment {path} ({b:#x}+{:#x}) overlaps segment {} mapped in this process: \
-                         switching between overlapping address spaces (moving page tables) is not \
-                         built yet",
-                        seg.len(),
-                        o.seg.path
-                    ),
-                ));
+            let mut placed = st.segs.values().filter(|m| {
+                !m.region.is_parked()
+                    && m.seg.base() < b + l
+                    && b < m.seg.base() + sj::reserved_len(m.seg.len())
+            });
+            match placed.next() {
+                None => false,
+                Some(o) if seg.may_overlap() && o.seg.may_overlap() => true,
+                Some(o) => {
+                    return Err(fs_err(
+                        libc::EINVAL,
+                        format!(
+                            "segment {path} ({b:#x}+{:#x}) overlaps segment {} mapped in this \
+                             process, and not both were made to overlap",
+                            seg.len(),
+                            o.seg.path
+                        ),
+                    ))
+                }
             }
-        }
+        };
         let slot = self.ctl.slot(seg.ino, seg.gen)?;
         let entry = slot.reader_entry().map_err(|e| {
             if e.raw_os_error() == Some(libc::EAGAIN) {
@@ -1170,21 +1243,18 @@ impl SpaceJmp {
         // writer lock; a dead writer's journal is repaired the same way.
         self.settle(&seg, &slot)?;
         let access = if write { access_of(mode) } else { Access::Read };
-        let region = self
-            .window
-            .map(
-                seg.base() as usize,
-                seg.len() as usize,
-                &seg.object,
-                0,
-                access,
+        let (base, len) = (seg.base() as usize, seg.len() as usize);
+        let region = if parked {
+            self.window.map_parked(base, len, &seg.object, 0, access)
+        } else {
+            self.window.map(base, len, &seg.object, 0, access)
+        };
+        let region = region.map_err(|e| {
+            fs_err(
+                errno_of(&e),
+                format!("mapping segment {path} at {:#x}: {e}", seg.base()),
             )
-            .map_err(|e| {
-                fs_err(
-                    errno_of(&e),
-                    format!("mapping segment {path} at {:#x}: {e}", seg.base()),
-                )
-            })?;
+        })?;
         // Readers map every page now (no fault later; PMDs where the copy is in huge
         // folios). A writable private mapping is left to fault: a commit scans the page
         // tables of the whole segment, and pages never touched cost that scan nothing.
@@ -1289,14 +1359,23 @@ impl SpaceJmp {
     }
 
     /// The locks switching into `vh` takes (cached per thread until handles change).
-    fn plan(&self, vh: u32) -> io::Result<Arc<[Held]>> {
+    fn plan(&self, vh: u32) -> io::Result<Plan> {
         let version = self.version.load(Ordering::SeqCst);
         if let Some(p) = THREAD.with(|t| t.borrow().plans.get(vh as usize).cloned().flatten()) {
             if p.version == version {
-                return Ok(p.locks);
+                return Ok(p);
             }
         }
-        let st = self.state();
+        let mut st = self.state();
+        THREAD.with(|t| {
+            let mut t = t.borrow_mut();
+            if !t.registered {
+                // Threads that have ended leave the table here.
+                st.threads.retain(|c| Arc::strong_count(c) > 1);
+                st.threads.push(t.cur.clone());
+                t.registered = true;
+            }
+        });
         let h = st
             .handles
             .get(vh as usize)
@@ -1321,18 +1400,117 @@ impl SpaceJmp {
             })
             .collect();
         locks.sort_by_key(|l| l.ino);
-        let locks: Arc<[Held]> = locks.into();
+        let plan = Plan {
+            version,
+            locks: locks.into(),
+            overlap: h
+                .entries
+                .iter()
+                .any(|e| st.segs.get(&e.ino).is_some_and(|m| m.seg.may_overlap())),
+        };
         THREAD.with(|t| {
             let plans = &mut t.borrow_mut().plans;
             if plans.len() <= vh as usize {
                 plans.resize(vh as usize + 1, None);
             }
-            plans[vh as usize] = Some(Plan {
-                version,
-                locks: locks.clone(),
-            });
+            plans[vh as usize] = Some(plan.clone());
         });
-        Ok(locks)
+        Ok(plan)
+    }
+
+    /// A thread that may be using segment `ino`, other than `leaving` (a thread on its way
+    /// out of its address space): the handle it is in. The primary address space's
+    /// segments always count as in use (every thread that never switched is in it).
+    fn user_of(st: &State, ino: u64, leaving: Option<&Arc<AtomicU32>>) -> Option<u32> {
+        st.handles.iter().enumerate().find_map(|(i, h)| {
+            let h = h.as_ref()?;
+            if !h.entries.iter().any(|e| e.ino == ino) {
+                return None;
+            }
+            Self::occupied(st, i as u32, leaving).then_some(i as u32)
+        })
+    }
+
+    /// Whether a thread other than `leaving` is in handle `vh` (the primary: always, as
+    /// every thread that never switched is in it).
+    fn occupied(st: &State, vh: u32, leaving: Option<&Arc<AtomicU32>>) -> bool {
+        vh == 0
+            || st.threads.iter().any(|t| {
+                Arc::strong_count(t) > 1
+                    && !leaving.is_some_and(|l| Arc::ptr_eq(l, t))
+                    && t.load(Ordering::Acquire) == vh
+            })
+    }
+
+    /// Place every segment of handle `vh` at its base, parking the placed segments in
+    /// the way (Mode B). `EBUSY`, with nothing moved, if one of those may be in use by a
+    /// thread other than `leaving`.
+    fn place_handle(st: &mut State, vh: u32, leaving: Option<&Arc<AtomicU32>>) -> io::Result<()> {
+        let h = st
+            .handles
+            .get(vh as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        let want: Vec<u64> = h
+            .entries
+            .iter()
+            .map(|e| e.ino)
+            .filter(|i| st.segs.get(i).is_some_and(|m| m.region.is_parked()))
+            .collect();
+        if want.is_empty() {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        for ino in &want {
+            let m = &st.segs[ino];
+            let (b, l) = (m.seg.base(), sj::reserved_len(m.seg.len()));
+            for (&o, c) in &st.segs {
+                let (cb, cl) = (c.seg.base(), sj::reserved_len(c.seg.len()));
+                if o == *ino || c.region.is_parked() || !(cb < b + l && b < cb + cl) {
+                    continue;
+                }
+                if let Some(user) = Self::user_of(st, o, leaving) {
+                    let whose = if user == 0 {
+                        "the primary address space holds it".to_string()
+                    } else {
+                        format!(
+                            "another thread of this process is in handle {user}, which holds it"
+                        )
+                    };
+                    return Err(fs_err(
+                        libc::EBUSY,
+                        format!(
+                            "handle {vh}: segment {} ({b:#x}+{l:#x}) overlaps segment {}                              ({cb:#x}+{cl:#x}), and {whose}: switching between overlapping                              address spaces moves the mappings of the whole process",
+                            m.seg.path, c.seg.path
+                        ),
+                    ));
+                }
+                out.push(o);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        let mut moved: Vec<(u64, bool)> = Vec::new();
+        let r = (|| {
+            for &o in &out {
+                region_mut(st, o)?.park()?;
+                moved.push((o, true));
+            }
+            for &ino in &want {
+                region_mut(st, ino)?.place()?;
+                moved.push((ino, false));
+            }
+            Ok(())
+        })();
+        if r.is_err() {
+            // Back as it was, as far as it goes (the moves that worked, undone in reverse).
+            for &(ino, parked) in moved.iter().rev() {
+                if let Ok(reg) = region_mut(st, ino) {
+                    let _ = if parked { reg.place() } else { reg.park() };
+                }
+            }
+        }
+        r
     }
 
     /// Take one lock for the calling thread.
@@ -1406,7 +1584,8 @@ impl SpaceJmp {
         if let Some(done) = self.switch_fast(vh) {
             return done;
         }
-        let want = self.plan(vh.0)?;
+        let plan = self.plan(vh.0)?;
+        let want = plan.locks;
         let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
         // Keep what both hold alike; give up the rest (committing or dropping writes).
         let gone: Vec<Held> = held.iter().filter(|h| !want.contains(h)).copied().collect();
@@ -1430,31 +1609,46 @@ impl SpaceJmp {
             rest.copied().collect()
         };
         let mut taken = Vec::new();
+        let mut r = Ok(());
         for h in &new {
             if let Err(e) = self.take(h, block) {
-                self.release(&taken);
-                // Back where it was, as far as it can be.
-                let mut lost = false;
-                for u in &upgrades {
-                    if self.take(u, false).is_err() {
-                        lost = true;
-                    }
-                }
-                if lost {
-                    self.release(&but_upgrades(&held));
-                    THREAD.with(|t| t.borrow_mut().now_in(0, &[]));
-                    return Err(fs_err(
-                        errno_of(&e),
-                        format!(
-                            "switch to handle {}: {e}; a lock given up meanwhile was taken, so \
-                             the thread is back in the primary address space",
-                            vh.0
-                        ),
-                    ));
-                }
-                return Err(e);
+                r = Err(e);
+                break;
             }
             taken.push(*h);
+        }
+        // Its segments at their bases (Mode B: parking the overlapping ones in the way).
+        if r.is_ok() && plan.overlap {
+            let me = THREAD.with(|t| t.borrow().cur.clone());
+            let mut st = self.state();
+            r = Self::place_handle(&mut st, vh.0, Some(&me));
+            // Seen by other threads before they may park anything again.
+            if r.is_ok() {
+                me.store(vh.0, Ordering::Release);
+            }
+        }
+        if let Err(e) = r {
+            self.release(&taken);
+            // Back where it was, as far as it can be.
+            let mut lost = false;
+            for u in &upgrades {
+                if self.take(u, false).is_err() {
+                    lost = true;
+                }
+            }
+            if lost {
+                self.release(&but_upgrades(&held));
+                THREAD.with(|t| t.borrow_mut().now_in(0, &[]));
+                return Err(fs_err(
+                    errno_of(&e),
+                    format!(
+                        "switch to handle {}: {e}; a lock given up meanwhile was taken, so \
+                         the thread is back in the primary address space",
+                        vh.0
+                    ),
+                ));
+            }
+            return Err(e);
         }
         self.release(&but_upgrades(&gone));
         THREAD.with(|t| t.borrow_mut().now_in(vh.0, &want));
@@ -1476,10 +1670,11 @@ impl SpaceJmp {
                 plans,
                 declared,
                 vh: cur,
+                cur: shared,
                 ..
             } = &mut *t;
             let want = match plans.get(vh.0 as usize) {
-                Some(Some(p)) if p.version == version => &p.locks,
+                Some(Some(p)) if p.version == version && !p.overlap => &p.locks,
                 _ => return None,
             };
             if !declared.is_empty() || held.iter().chain(want.iter()).any(|h| h.write) {
@@ -1499,6 +1694,7 @@ impl SpaceJmp {
             held.clear();
             held.extend_from_slice(want);
             *cur = vh.0;
+            shared.store(vh.0, Ordering::Release);
             Some(Ok(()))
         })
     }
@@ -1528,8 +1724,9 @@ impl SpaceJmp {
     /// quarter of it): the stores stay uncommitted (abort, or commit in smaller steps).
     pub fn commit(&self) -> io::Result<CommitStats> {
         let segs = self.writable()?;
+        let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
         let mut stats = CommitStats::default();
-        // Per segment: its writes, and whether this commit took its writer lock.
+        // Per segment: its writes, and whether its writer lock is the transaction's.
         struct Work {
             seg: Arc<Segment>,
             region: Arc<Region>,
@@ -1586,10 +1783,12 @@ impl SpaceJmp {
                 continue;
             }
             let slot = self.slot(slot_off);
-            let temp_lock = !slot.held_by_me();
-            if temp_lock && slot.write_lock(true)? == Taken::Recovered {
+            if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
                 self.repair(&seg, &slot)?;
             }
+            // The writer lock is this transaction's (taken just now, or by the first
+            // declared store) unless switching took it.
+            let temp_lock = !held.iter().any(|h| h.ino == seg.ino && h.write);
             work.push(Work {
                 seg,
                 region,
@@ -1703,7 +1902,9 @@ impl SpaceJmp {
                     }
                 }
             }
-            if w.temp_lock {
+            // An explicit-mode transaction that failed is still open (its stores are in
+            // the resident copy): its lock stays until it commits or aborts.
+            if w.temp_lock && (result.is_ok() || w.undo.is_none()) {
                 slot.write_unlock();
             }
         }
@@ -1930,6 +2131,22 @@ fn crash_point(point: &str) {
 /// the code needs is skipped, so that a test can show its checker notices.
 fn planted(bug: &str) -> bool {
     cfg!(debug_assertions) && std::env::var("CAIRN_SJ_PLANT").is_ok_and(|p| p == bug)
+}
+
+/// The region of mapped segment `ino`, to move or remap it: `EBUSY` while a call of
+/// another thread uses it.
+fn region_mut(st: &mut State, ino: u64) -> io::Result<&mut Region> {
+    let m = st
+        .segs
+        .get_mut(&ino)
+        .ok_or_else(|| fs_err(libc::ENOENT, format!("segment {ino} is not mapped")))?;
+    let path = &m.seg.path;
+    Arc::get_mut(&mut m.region).ok_or_else(|| {
+        fs_err(
+            libc::EBUSY,
+            format!("segment {path} is in use by a call of another thread of this process"),
+        )
+    })
 }
 
 fn access_of(mode: CommitMode) -> Access {

@@ -7,7 +7,7 @@
 //! Each test runs its processes as this test binary again (`child`), in the role named by
 //! `CAIRN_SJ_ROLE` (`sj_child` does the work); they print `sj: ...` lines the test reads.
 
-use cairn_sj::{flags, prot, CommitMode, SegId, SegPtr, SpaceJmp, Switched, Target};
+use cairn_sj::{flags, prot, CommitMode, SegId, SegPtr, SpaceJmp, Switched, Target, Vh};
 use cairn_tests::harness::{self, StoreSize, TestStore};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -15,6 +15,8 @@ use std::process::{Child, Command, Output, Stdio};
 /// Where Alice puts her data (Figure 42's `BASE`, inside Cairn's segment window).
 const BASE: u64 = cairn_format::sj::WINDOW_BASE + (4 << 30);
 const SEG_LEN: u64 = 8 << 20;
+/// Where the overlapping segments live (all three at once).
+const OVERLAP_BASE: u64 = cairn_format::sj::WINDOW_BASE + (8 << 30);
 /// Where the permission test keeps its values (past the header and the heap's state).
 const DATA: u64 = 64 << 10;
 
@@ -419,6 +421,152 @@ fn sj_child() {
                 }
             }
             println!("sj: failures {failures}");
+        }
+        // Overlapping address spaces (Mode B): three segments at one base, each in an
+        // address space of its own, take turns at it; another thread in one of them
+        // keeps the others out; a second pass (`args[0] == "again"`) reads what the
+        // first committed.
+        "overlap" => {
+            let again = args[0] == "again";
+            let names = ["ov-a", "ov-b", "ov-c"];
+            let mut vhs = Vec::new();
+            for (i, n) in names.iter().enumerate() {
+                let vid = if again {
+                    sj.vas_find(n).unwrap()
+                } else {
+                    let f = flags::OVERLAP | if i == 0 { flags::LOCKABLE } else { 0 };
+                    let sid = sj
+                        .seg_alloc(n, Some(OVERLAP_BASE), SEG_LEN, prot::RW, f, 0o600)
+                        .unwrap();
+                    let vid = sj.vas_create(n, 0o600).unwrap();
+                    sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+                    vid
+                };
+                vhs.push(sj.vas_attach(vid, CommitMode::Snapshot).unwrap());
+            }
+            // Which segment's resident copy is mapped at the base now.
+            let at_base = || -> String {
+                let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+                let l = maps
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{OVERLAP_BASE:x}-")))
+                    .unwrap_or("nothing");
+                names
+                    .iter()
+                    .find(|n| {
+                        let i = sj.seg_info(n).unwrap();
+                        l.ends_with(&format!(".sj-{}-{}", i.id.0, i.gen))
+                    })
+                    .map_or(format!("none ({l})"), |n| n.to_string())
+            };
+            let word = |addr: u64| -> u64 {
+                let mut b = [0u8; 8];
+                sj.read(addr, &mut b).unwrap();
+                u64::from_le_bytes(b)
+            };
+            let at = OVERLAP_BASE + DATA;
+            if again {
+                for (i, vh) in vhs.iter().enumerate() {
+                    sj.switch_to(*vh, true, true).unwrap();
+                    println!("sj: {} {} {}", names[i], at_base(), word(at));
+                }
+                sj.switch_to(Vh::PRIMARY, true, true).unwrap();
+                return;
+            }
+            for round in 1..=3u64 {
+                for (i, vh) in vhs.iter().enumerate() {
+                    sj.switch_to(*vh, true, true).unwrap();
+                    assert_eq!(at_base(), names[i]);
+                    let v = word(at);
+                    assert_eq!(
+                        v,
+                        if round == 1 {
+                            0
+                        } else {
+                            (round - 1) * 10 + i as u64
+                        }
+                    );
+                    sj.write(at, &(round * 10 + i as u64).to_le_bytes())
+                        .unwrap();
+                    // ov-b and ov-c are not lockable: their stores stay uncommitted when
+                    // the thread leaves, and travel with the parked pages.
+                    if i == 0 || round == 3 {
+                        sj.commit().unwrap();
+                    }
+                }
+            }
+            // Another thread in ov-a: this one may not park it.
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+            let sj2 = sj.clone();
+            let vh_a = vhs[0];
+            sj.switch_to(Vh::PRIMARY, true, true).unwrap();
+            let t = std::thread::spawn(move || {
+                sj2.switch_to(vh_a, true, true).unwrap();
+                ready_tx.send(()).unwrap();
+                rx.recv().unwrap();
+                sj2.switch_to(Vh::PRIMARY, true, true).unwrap();
+            });
+            ready_rx.recv().unwrap();
+            let e = sj.switch_to(vhs[1], true, true).unwrap_err();
+            println!("sj: busy errno {}", cairn_area::errno_of(&e));
+            assert!(e.to_string().contains("another thread"), "{e}");
+            let e = sj.vas_detach(vh_a).unwrap_err();
+            assert_eq!(cairn_area::errno_of(&e), libc::EBUSY, "{e}");
+            tx.send(()).unwrap();
+            t.join().unwrap();
+            sj.switch_to(vhs[1], true, true).unwrap();
+            assert_eq!(at_base(), "ov-b");
+            // Two overlapping segments in one address space: refused.
+            let sid_c = sj.seg_find("ov-c").unwrap();
+            let e = sj.seg_attach(Target::Current, sid_c, prot::RW).unwrap_err();
+            println!("sj: same-space errno {}", cairn_area::errno_of(&e));
+            // The primary address space's segments are placed at once (every thread
+            // that never switched is in it): not while this thread is in ov-b's.
+            let e = sj
+                .seg_attach(Target::Handle(Vh::PRIMARY), sid_c, prot::READ)
+                .unwrap_err();
+            println!("sj: primary errno {}", cairn_area::errno_of(&e));
+            sj.switch_to(Vh::PRIMARY, true, true).unwrap();
+            sj.seg_attach(Target::Current, sid_c, prot::READ).unwrap();
+            assert_eq!(at_base(), "ov-c");
+            println!("sj: primary has {}", word(at));
+            // And ov-b can no longer be entered: the primary's ov-c is never parked.
+            let e = sj.switch_to(vhs[1], true, true).unwrap_err();
+            assert_eq!(cairn_area::errno_of(&e), libc::EBUSY, "{e}");
+            assert!(e.to_string().contains("primary"), "{e}");
+            for vh in vhs {
+                sj.vas_detach(vh).unwrap();
+            }
+        }
+        // A segment mapped read-only, then attached writable through a second address
+        // space: remapped in place, it is writable there and readable in the first.
+        "upgrade" => {
+            let sid = sj
+                .seg_alloc("up", None, SEG_LEN, prot::RW, 0, 0o600)
+                .unwrap();
+            let base = sj.seg_info("up").unwrap().base;
+            let mut vhs = Vec::new();
+            for (n, p) in [("up-r", prot::READ), ("up-w", prot::RW)] {
+                let vid = sj.vas_create(n, 0o600).unwrap();
+                sj.seg_attach(Target::Vas(vid), sid, p).unwrap();
+                vhs.push(sj.vas_attach(vid, mode(&args)).unwrap());
+            }
+            let g = sj.enter(vhs[1]).unwrap();
+            let p = SegPtr(base + DATA);
+            g.set(p, 77u64).unwrap();
+            g.commit().unwrap();
+            drop(g);
+            let g = sj.enter(vhs[0]).unwrap();
+            println!("sj: read {}", g.get::<u64>(p).unwrap());
+            drop(g);
+            for vh in vhs {
+                sj.vas_detach(vh).unwrap();
+            }
+            for n in ["up-r", "up-w"] {
+                sj.vas_remove(n).unwrap();
+            }
+            sj.seg_free("up").unwrap();
         }
         // The lock table's figures of "data".
         "locks" => {
@@ -867,4 +1015,41 @@ fn a_commit_into_a_full_store_fails_as_a_whole() {
         sum_of(&run(s.path(), "try", &[])),
         (before.0 + 1000, before.1 + 1)
     );
+}
+
+/// Overlapping address spaces (segments made with `OVERLAP` at one base) take turns at
+/// the address: switching places one and parks the others with their pages (uncommitted
+/// stores included); another thread inside one keeps the others out (`EBUSY`); two
+/// overlapping segments in one address space are refused (`EINVAL`); what was committed
+/// is there for the next process.
+#[test]
+fn overlapping_address_spaces_take_turns_at_one_address() {
+    let s = store();
+    let out = run(s.path(), "overlap", &["first"]);
+    assert!(
+        out.contains(&format!("busy errno {}", libc::EBUSY)),
+        "{out:?}"
+    );
+    assert!(
+        out.contains(&format!("same-space errno {}", libc::EINVAL)),
+        "{out:?}"
+    );
+    assert!(
+        out.contains(&format!("primary errno {}", libc::EBUSY)),
+        "{out:?}"
+    );
+    assert!(out.contains(&"primary has 32".to_string()), "{out:?}");
+    let out = run(s.path(), "overlap", &["again"]);
+    assert_eq!(out, vec!["ov-a ov-a 30", "ov-b ov-b 31", "ov-c ov-c 32"]);
+}
+
+/// A segment attached read-only and then writable in one process is remapped in place
+/// (it used to be left unmapped: the old mapping's release reserved the range again).
+#[test]
+fn a_segment_attached_read_only_then_writable_is_writable() {
+    let s = store();
+    for m in ["snapshot", "explicit"] {
+        let out = run(s.path(), "upgrade", &[m]);
+        assert_eq!(out, vec!["read 77"]);
+    }
 }
