@@ -415,6 +415,35 @@ impl Region {
         Ok(())
     }
 
+    /// Park `self` and place `other` in its stead, when both have the same home and
+    /// length: two moves, and the home is never reserved in between (the second move
+    /// replaces the empty mapping the first leaves there).
+    pub fn swap(&mut self, other: &mut Region) -> io::Result<()> {
+        if self.home != other.home || self.len != other.len || self.is_parked() {
+            return Err(einval("swap: regions of one home, the first placed"));
+        }
+        if !other.is_parked() {
+            return Err(einval("swap: the second region is placed already"));
+        }
+        if self.slot.is_none() {
+            self.slot = Some(ParkSlot::reserve(self.len, align_of(self.home))?);
+        }
+        let to = self.slot.as_ref().map_or(0, |s| s.addr);
+        move_mapping(self.home, to, self.len)?;
+        self.addr = to;
+        if let Err(e) = move_mapping(other.addr, other.home, other.len) {
+            // Back home (over the empty mapping it left), or reserved at least.
+            if move_mapping(to, self.home, self.len).is_ok() {
+                self.addr = self.home;
+            } else {
+                let _ = reserve_fixed(self.home, self.len);
+            }
+            return Err(e);
+        }
+        other.addr = other.home;
+        Ok(())
+    }
+
     /// Map `file` again where the region is now, with `access` (a read-only region made
     /// writable, for instance).
     pub fn remap(&mut self, file: &File, file_off: u64, access: Access) -> io::Result<()> {
@@ -712,11 +741,16 @@ mod tests {
         a.read(100, &mut x).unwrap();
         assert_eq!(x, [9], "parked, its private page is still there");
 
-        b.park().unwrap();
-        a.place().unwrap();
+        // A swap: one home, both moves at once.
+        b.swap(&mut a).unwrap();
+        assert!(b.is_parked() && !a.is_parked());
         a.read(100, &mut x).unwrap();
         assert_eq!(x, [9]);
         assert_eq!(a.addr(), base);
+        assert!(
+            b.swap(&mut a).is_err(),
+            "a parked region cannot be swapped out"
+        );
         // Remapped where it is (parked or not), with another access.
         b.remap(&fb, 0, Access::Shared).unwrap();
         b.write(7, &[5]).unwrap();

@@ -1460,10 +1460,12 @@ impl SpaceJmp {
         if want.is_empty() {
             return Ok(());
         }
-        let mut out = Vec::new();
+        // Per segment to place, the placed segments in its way.
+        let mut plan: Vec<(u64, Vec<u64>)> = Vec::new();
         for ino in &want {
             let m = &st.segs[ino];
             let (b, l) = (m.seg.base(), sj::reserved_len(m.seg.len()));
+            let mut out = Vec::new();
             for (&o, c) in &st.segs {
                 let (cb, cl) = (c.seg.base(), sj::reserved_len(c.seg.len()));
                 if o == *ino || c.region.is_parked() || !(cb < b + l && b < cb + cl) {
@@ -1480,34 +1482,60 @@ impl SpaceJmp {
                     return Err(fs_err(
                         libc::EBUSY,
                         format!(
-                            "handle {vh}: segment {} ({b:#x}+{l:#x}) overlaps segment {}                              ({cb:#x}+{cl:#x}), and {whose}: switching between overlapping                              address spaces moves the mappings of the whole process",
+                            "handle {vh}: segment {} ({b:#x}+{l:#x}) overlaps segment {} \
+                             ({cb:#x}+{cl:#x}), and {whose}: switching between overlapping \
+                             address spaces moves the mappings of the whole process",
                             m.seg.path, c.seg.path
                         ),
                     ));
                 }
                 out.push(o);
             }
+            plan.push((*ino, out));
         }
-        out.sort_unstable();
-        out.dedup();
-        let mut moved: Vec<(u64, bool)> = Vec::new();
+        enum Move {
+            Parked(u64),
+            Placed(u64),
+            /// The first parked, the second placed at the same home.
+            Swapped(u64, u64),
+        }
+        let mut moved: Vec<Move> = Vec::new();
         let r = (|| {
-            for &o in &out {
-                region_mut(st, o)?.park()?;
-                moved.push((o, true));
-            }
-            for &ino in &want {
-                region_mut(st, ino)?.place()?;
-                moved.push((ino, false));
+            for (ino, out) in &plan {
+                let same = |o: u64| {
+                    let (a, b) = (&st.segs[&o].region, &st.segs[ino].region);
+                    a.home() == b.home() && a.len() == b.len()
+                };
+                match out.as_slice() {
+                    // One segment in the way, at the same address and of the same size:
+                    // the two trade places.
+                    [o] if same(*o) && !st.segs[o].region.is_parked() => {
+                        let (a, b) = regions_mut(st, *o, *ino)?;
+                        a.swap(b)?;
+                        moved.push(Move::Swapped(*o, *ino));
+                    }
+                    _ => {
+                        for &o in out {
+                            if !st.segs[&o].region.is_parked() {
+                                region_mut(st, o)?.park()?;
+                                moved.push(Move::Parked(o));
+                            }
+                        }
+                        region_mut(st, *ino)?.place()?;
+                        moved.push(Move::Placed(*ino));
+                    }
+                }
             }
             Ok(())
         })();
         if r.is_err() {
             // Back as it was, as far as it goes (the moves that worked, undone in reverse).
-            for &(ino, parked) in moved.iter().rev() {
-                if let Ok(reg) = region_mut(st, ino) {
-                    let _ = if parked { reg.place() } else { reg.park() };
-                }
+            for m in moved.iter().rev() {
+                let _ = match *m {
+                    Move::Parked(o) => region_mut(st, o).and_then(|r| r.place()),
+                    Move::Placed(i) => region_mut(st, i).and_then(|r| r.park()),
+                    Move::Swapped(o, i) => regions_mut(st, i, o).and_then(|(a, b)| a.swap(b)),
+                };
             }
         }
         r
@@ -2140,6 +2168,21 @@ fn region_mut(st: &mut State, ino: u64) -> io::Result<&mut Region> {
         .segs
         .get_mut(&ino)
         .ok_or_else(|| fs_err(libc::ENOENT, format!("segment {ino} is not mapped")))?;
+    exclusive(m)
+}
+
+/// The regions of two mapped segments, as [`region_mut`].
+fn regions_mut(st: &mut State, a: u64, b: u64) -> io::Result<(&mut Region, &mut Region)> {
+    match st.segs.get_disjoint_mut([&a, &b]) {
+        [Some(x), Some(y)] => Ok((exclusive(x)?, exclusive(y)?)),
+        _ => Err(fs_err(
+            libc::ENOENT,
+            format!("segment {a} or {b} is not mapped"),
+        )),
+    }
+}
+
+fn exclusive(m: &mut Mapped) -> io::Result<&mut Region> {
     let path = &m.seg.path;
     Arc::get_mut(&mut m.region).ok_or_else(|| {
         fs_err(

@@ -11,6 +11,9 @@
 //!   in `malloc`'d memory, PMDK (`pmemobj_direct`) and Boost.Interprocess (`offset_ptr`).
 //! * `crash`: writers killed with SIGKILL at random points of commit/abort cycles; lost
 //!   and torn commits and deadlocks counted, and Boost.Interprocess's mutex after a kill.
+//! * `gups`: random updates over windows of 1 GiB (the dissertation's Figure 48) with
+//!   overlapping segments switched per window change, against a process per window, a
+//!   `munmap` + `mmap` per window change, and every window at its own address.
 //!
 //! Every row has `experiment`, `mode` or `system`, its parameters and its figure; with
 //! `--runs N` each figure is the median of N runs.
@@ -40,9 +43,14 @@ pub struct SpacejmpArgs {
           value_parser = clap::value_parser!(u32).range(1..=99))]
     pub runs: u32,
     /// The experiments to run
-    #[arg(long, value_delimiter = ',', default_value = "switch,attach,commit,pointer,crash",
-          value_parser = ["switch", "attach", "commit", "pointer", "crash"])]
+    #[arg(long, value_delimiter = ',', default_value = "switch,attach,commit,pointer,crash,gups",
+          value_parser = ["switch", "attach", "commit", "pointer", "crash", "gups"])]
     pub parts: Vec<String>,
+    /// Windows of 1 GiB in the GUPS experiment (each system holds them in /dev/shm while
+    /// it runs); also the most address spaces of 1 GiB the overlapping switch rows use
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(2..=16))]
+    pub windows: u32,
     /// Sizes of the attached segments, in GiB (each is resident in /dev/shm meanwhile)
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub attach_gib: Vec<u64>,
@@ -97,7 +105,7 @@ pub fn run(args: &SpacejmpArgs) -> CliResult {
     if want("attach") {
         attach(&sj, args, &mut rows)?;
     }
-    let tools = if want("pointer") || want("commit") || want("crash") {
+    let tools = if want("pointer") || want("commit") || want("crash") || want("gups") {
         compile_tools(&root)
     } else {
         Err("not needed".into())
@@ -110,6 +118,9 @@ pub fn run(args: &SpacejmpArgs) -> CliResult {
     }
     if want("crash") {
         crash(&sj, args, &tools, &store_dir, &mut rows)?;
+    }
+    if want("gups") {
+        gups(args, &tools, &store_dir, &mut rows)?;
     }
     let text = if args.json {
         crate::util::json_text(
@@ -214,7 +225,120 @@ fn switch(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
             sj.seg_free(&format!("sw-{mode}-{i}"))?;
         }
     }
+    switch_overlapping(sj, args, rows)
+}
+
+/// Switches round-robin between 2 to `--windows` address spaces of one 1 GiB segment
+/// each, all at one base (every page mapped: a read-only grant populates at attach), in
+/// batches of 100: each switch parks one segment and places the next.
+fn switch_overlapping(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> CliResult {
+    let n = u64::from(args.windows);
+    let free = cairn_media::sys::free_space(Path::new("/dev/shm")).unwrap_or(0);
+    if free < (n + 2) << 30 {
+        rows.push(
+            json!({"experiment": "switch", "mode": "overlapping", "skipped": format!(
+            "{n} segments of 1 GiB need {} GiB free in /dev/shm, {} GiB are", n + 2, free >> 30)}),
+        );
+        return Ok(());
+    }
+    let base = cairn_format::sj::WINDOW_BASE + (1 << 40);
+    let mut handles = Vec::new();
+    for i in 0..n {
+        progress(format_args!(
+            "switch: overlapping segment {} of {n}\n",
+            i + 1
+        ));
+        let name = format!("sw-overlap-{i}");
+        let seg = sj.seg_alloc(&name, Some(base), 1 << 30, prot::RW, flags::OVERLAP, 0o600)?;
+        let vid = sj.vas_create(&name, 0o600)?;
+        sj.seg_attach(Target::Vas(vid), seg, prot::READ)?;
+        handles.push(sj.vas_attach(vid, CommitMode::Snapshot)?);
+    }
+    let mut k = 2;
+    while k <= handles.len() {
+        let (mut p50, mut p99) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            let mut batch = Vec::with_capacity(60);
+            let mut at = 0;
+            for b in 0..70 {
+                let t = Instant::now();
+                for _ in 0..100 {
+                    at = (at + 1) % k;
+                    sj.switch_to(handles[at], true, true)?;
+                }
+                if b >= 10 {
+                    batch.push(t.elapsed().as_nanos() as f64 / 100.0);
+                }
+            }
+            sj.switch_to(Vh::PRIMARY, true, true)?;
+            p50.push(pct(&mut batch, 0.5));
+            p99.push(pct(&mut batch, 0.99));
+        }
+        push(
+            rows,
+            json!({"experiment": "switch", "mode": "overlapping", "attached": k, "between": k,
+                   "segment_gib": 1, "p50_ns": median(&p50), "p99_ns": median(&p99)}),
+        );
+        k *= 2;
+    }
+    let floor = swap_floor(sj, args.runs);
+    for (i, vh) in handles.into_iter().enumerate() {
+        sj.vas_detach(vh)?;
+        sj.vas_remove(&format!("sw-overlap-{i}"))?;
+        sj.seg_free(&format!("sw-overlap-{i}"))?;
+    }
+    let (p50, p99) = floor?;
+    push(
+        rows,
+        json!({"experiment": "switch", "mode": "mremap-floor", "attached": 2, "between": 2,
+               "segment_gib": 1, "p50_ns": p50, "p99_ns": p99}),
+    );
     Ok(())
+}
+
+/// The kernel's floor under the overlapping switch: the resident copies of the first two
+/// overlapping segments mapped at one home outside Cairn's segment window, one placed
+/// and one parked, traded with the same two `mremap`s (`Region::swap`) and nothing else;
+/// per swap, p50 and p99 over batches of 100, medians over `runs`.
+fn swap_floor(sj: &Arc<SpaceJmp>, runs: u32) -> CliResult<(f64, f64)> {
+    const HOME: usize = 0x6000_0000_0000;
+    let window = cairn_media::fixed::Window::reserve(HOME, 1 << 30)?;
+    let mut regions = Vec::new();
+    for i in 0..2 {
+        let info = sj.seg_info(&format!("sw-overlap-{i}"))?;
+        let path = cairn_sj::segment::object_path(&sj.fs().uuid(), info.id.0, info.gen);
+        let f = std::fs::File::open(&path).map_err(crate::error::ctx_msg(path.display()))?;
+        let r = if i == 0 {
+            window.map(HOME, 1 << 30, &f, 0, cairn_media::fixed::Access::Read)?
+        } else {
+            window.map_parked(HOME, 1 << 30, &f, 0, cairn_media::fixed::Access::Read)?
+        };
+        r.populate(0, 1 << 30)?;
+        regions.push(r);
+    }
+    let (mut p50, mut p99) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let mut batch = Vec::with_capacity(60);
+        for b in 0..70 {
+            let t = Instant::now();
+            for j in 0..100 {
+                let [a, c] = &mut regions[..] else {
+                    unreachable!("two regions")
+                };
+                if j % 2 == 0 {
+                    a.swap(c)?;
+                } else {
+                    c.swap(a)?;
+                }
+            }
+            if b >= 10 {
+                batch.push(t.elapsed().as_nanos() as f64 / 100.0);
+            }
+        }
+        p50.push(pct(&mut batch, 0.5));
+        p99.push(pct(&mut batch, 0.99));
+    }
+    Ok((median(&p50), median(&p99)))
 }
 
 /// Attaching resident segments, and mapping a tmpfs file of 4 KiB pages of the same size.
@@ -347,7 +471,23 @@ fn tool(exe: &Path, args: &[&str], store: Option<&Path>) -> CliResult<Vec<(Strin
     if let Some(s) = store {
         c.env("CAIRN_STORE", s);
     }
-    let out = c.output().map_err(crate::error::ctx_msg(exe.display()))?;
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(crate::error::ctx_msg(exe.display()))?;
+    let pid = child.id();
+    let out = child.wait_with_output();
+    // The GUPS windows it made in /dev/shm, if it died before removing them.
+    if let Ok(d) = std::fs::read_dir("/dev/shm") {
+        let prefix = format!("cairn-bench-gups-{pid}-");
+        for e in d.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let out = out.map_err(crate::error::ctx_msg(exe.display()))?;
     if !out.status.success() {
         return Err(CliError::new(format!(
             "{} {}: {}",
@@ -570,6 +710,76 @@ fn pointer(
                                   "nodes": nodes, "ns_per_op": median(&ns)}),
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// GUPS over `--windows` windows of 1 GiB, update sets of 16 and 64: each system in its
+/// own process, the systems taking turns run by run; every system must arrive at the same
+/// check sum (the same updates, read back through its own way of reaching the windows).
+fn gups(
+    args: &SpacejmpArgs,
+    tools: &Result<PathBuf, String>,
+    store: &Path,
+    rows: &mut Vec<Value>,
+) -> CliResult {
+    let exe = match tools {
+        Ok(e) => e,
+        Err(why) => {
+            rows.push(json!({"experiment": "gups", "skipped": why}));
+            return Ok(());
+        }
+    };
+    let w = u64::from(args.windows);
+    let free = cairn_media::sys::free_space(Path::new("/dev/shm")).unwrap_or(0);
+    if free < (w + 2) << 30 {
+        rows.push(json!({"experiment": "gups", "skipped": format!(
+            "{w} windows of 1 GiB need {} GiB free in /dev/shm, {} GiB are", w + 2, free >> 30)}));
+        return Ok(());
+    }
+    const SYSTEMS: [&str; 4] = ["switch", "mp", "map", "flat"];
+    const SETS: [u32; 2] = [16, 64];
+    let mut mups: [[Vec<f64>; SETS.len()]; SYSTEMS.len()] = Default::default();
+    let mut changes: [[Vec<f64>; SETS.len()]; SYSTEMS.len()] = Default::default();
+    let mut reference: [Option<(&str, f64)>; SETS.len()] = [None; SETS.len()];
+    for run in 0..args.runs {
+        for (i, system) in SYSTEMS.iter().enumerate() {
+            progress(format_args!(
+                "gups: {system}, {w} windows, run {} of {}\n",
+                run + 1,
+                args.runs
+            ));
+            let r = tool(
+                exe,
+                &["gups", system, &w.to_string(), "16,64", "1", "/dev/shm"],
+                Some(store),
+            )?;
+            for (k, u) in SETS.iter().enumerate() {
+                let check = field(&r, &format!("check_{u}"));
+                match reference[k] {
+                    None => reference[k] = Some((system, check)),
+                    Some((other, want)) if want != check => {
+                        return Err(CliError::new(format!(
+                            "gups: {system} arrives at check sum {check} with update sets of \
+                             {u}, {other} at {want}: one of them did not update the windows"
+                        )))
+                    }
+                    Some(_) => {}
+                }
+                mups[i][k].push(field(&r, &format!("mups_{u}")));
+                changes[i][k].push(field(&r, &format!("changes_per_s_{u}")));
+            }
+        }
+    }
+    for (i, system) in SYSTEMS.iter().enumerate() {
+        for (k, u) in SETS.iter().enumerate() {
+            push(
+                rows,
+                json!({"experiment": "gups", "system": system, "windows": w, "updates": u,
+                       "mups": median(&mups[i][k]),
+                       "window_changes_per_s": median(&changes[i][k])}),
+            );
         }
     }
     Ok(())
