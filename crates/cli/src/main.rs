@@ -176,6 +176,13 @@ pub enum Command {
         /// Paths under this directory are the store's root
         #[arg(long, value_name = "PREFIX", default_value = "/cairn")]
         prefix: PathBuf,
+        /// Start the command's main thread in this address space (SpaceJMP; a name or a
+        /// path of the store); its stores to the segments are committed at exit
+        #[arg(long, value_name = "NAME")]
+        vas: Option<String>,
+        /// With --vas: drop the stores not committed (by msync) at exit instead
+        #[arg(long, requires = "vas")]
+        vas_abort_on_exit: bool,
         /// The command and its arguments (after `--`)
         #[arg(
             required = true,

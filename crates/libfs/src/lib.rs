@@ -63,8 +63,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// A client of a Cairn store. `Send + Sync`: share it between threads by reference or
 /// in an `Arc`. Dropping the last `Fs` (and its `File`s) says goodbye to the daemon,
-/// which digests the log and releases the client's slot.
-#[derive(Debug)]
+/// which digests the log and releases the client's slot. Clones share the client.
+#[derive(Debug, Clone)]
 pub struct Fs {
     inner: Arc<fs::Inner>,
 }

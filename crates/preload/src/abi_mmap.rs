@@ -119,6 +119,13 @@ fn map_cairn(
     }
     let f = o.file()?;
     if shared {
+        let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+        let write = prot & libc::PROT_WRITE != 0;
+        let seg =
+            busy_run(|| crate::segments::map(f, o.ino, addr as usize, len, write, fixed, off));
+        if let Some(r) = seg {
+            return r.map(|base| base as *mut c_void);
+        }
         return map_shared(addr, len, prot, flags, o, off);
     }
     let size = f.metadata()?.len();
@@ -386,6 +393,11 @@ fn release(gone: Gone) -> io::Result<()> {
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     crate::abi::mappings_changed();
+    if !busy() && crate::segments::holds(addr as usize, len) {
+        // A segment stays attached and mapped at its base.
+        busy_run(|| crate::segments::unmap(addr as usize, len));
+        return 0;
+    }
     if TRACKED.load(Ordering::Acquire) == 0 || busy() {
         return unsafe { real::munmap(addr, len) };
     }
@@ -406,6 +418,12 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, fl: c_int) -> c_int {
+    if !busy() && crate::segments::holds(addr as usize, len) {
+        // A segment: one failure-atomic commit.
+        return run("msync", || {
+            busy_run(|| crate::segments::commit_at(addr as usize)).map(|()| 0)
+        });
+    }
     if TRACKED.load(Ordering::Acquire) == 0 || busy() {
         return unsafe { real::msync(addr, len, fl) };
     }

@@ -8,8 +8,9 @@
 //!
 //! Modules: `paths` (which paths are Cairn's), `table` (descriptors and placeholders),
 //! `state` (configuration, the client, the current directory, `fork`), `ops` (the
-//! operations, safe Rust over LibFS), `maps` (streams and mappings handed out), `real`
-//! (the C library's definitions), and the C entry points `abi_*`.
+//! operations, safe Rust over LibFS), `maps` (streams and mappings handed out),
+//! `segments` (SpaceJMP segments mapped by programs), `real` (the C library's
+//! definitions), and the C entry points `abi_*`.
 
 // Unit tests leave the C entry points out (a test binary must not interpose its own
 // C library), so most of the crate is unused there.
@@ -19,6 +20,8 @@ mod maps;
 mod ops;
 mod paths;
 mod real;
+#[cfg(not(test))]
+mod segments;
 mod state;
 mod table;
 
@@ -62,6 +65,14 @@ extern "C" fn init() {
             Some(state::after_fork_child),
         );
         libc::atexit(abi_mmap::flush_all_at_exit);
+    }
+    // `cairn run --vas NAME`: the main thread starts in that address space.
+    if let Err(e) = segments::init_from_env() {
+        eprintln!(
+            "cairn-preload: address space {:?}: {e}",
+            std::env::var_os("CAIRN_SJ_VAS")
+        );
+        std::process::exit(1);
     }
     for fd in 0..3 {
         abi_stdio::std_stream_changed(fd);

@@ -1727,6 +1727,96 @@ impl SpaceJmp {
         })
     }
 
+    // ---- programs that map segment files (the shim) ------------------------------------
+
+    /// Segment `seg` at its base for a program that maps its file: as it is if this
+    /// process has it mapped (remapped writable if `p` asks for writing), else attached to
+    /// the calling thread's current address space with `p`. Its base and length. `EBUSY`
+    /// while it is parked (an overlapping segment holds its addresses).
+    pub fn seg_mapped(&self, seg: SegId, p: u32) -> io::Result<(u64, u64)> {
+        let found = {
+            let st = self.state();
+            st.segs.get(&seg.0).map(|m| {
+                (
+                    m.seg.base(),
+                    m.seg.len(),
+                    m.region.is_parked(),
+                    m.region.access() == Access::Read,
+                )
+            })
+        };
+        match found {
+            Some((_, _, true, _)) => Err(fs_err(
+                libc::EBUSY,
+                format!(
+                    "segment {}: parked (an overlapping segment holds its addresses)",
+                    seg.0
+                ),
+            )),
+            Some((b, l, false, read_only)) if !(read_only && p & prot::WRITE != 0) => Ok((b, l)),
+            Some(_) | None => {
+                let vh = self.current();
+                // Attached there already (read-only): remapped writable in place.
+                if self.handle_has(vh, seg) {
+                    self.seg_detach(Target::Handle(vh), seg)?;
+                }
+                self.seg_attach(Target::Handle(vh), seg, p)?;
+                let st = self.state();
+                let m = &st.segs[&seg.0];
+                Ok((m.seg.base(), m.seg.len()))
+            }
+        }
+    }
+
+    fn handle_has(&self, vh: Vh, seg: SegId) -> bool {
+        let st = self.state();
+        st.handles
+            .get(vh.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|h| h.entries.iter().any(|e| e.ino == seg.0))
+    }
+
+    /// Commit the address space that holds `addr` (`msync` of a mapped segment): the
+    /// calling thread's current one if it holds it, else an attached one that does, which
+    /// the thread switches into for the commit and then leaves. `EFAULT` if no attached
+    /// address space holds `addr`.
+    pub fn commit_at(&self, addr: u64) -> io::Result<CommitStats> {
+        let cur = self.current();
+        let holder = {
+            let st = self.state();
+            let holds = |h: &Handle| {
+                h.entries.iter().any(|e| {
+                    st.segs
+                        .get(&e.ino)
+                        .is_some_and(|m| addr >= m.seg.base() && addr < m.seg.base() + m.seg.len())
+                })
+            };
+            let all: Vec<usize> = (st.handles.iter().enumerate())
+                .filter(|(_, h)| h.as_ref().is_some_and(holds))
+                .map(|(i, _)| i)
+                .collect();
+            if all.contains(&(cur.0 as usize)) {
+                Some(cur)
+            } else {
+                all.first().map(|&i| Vh(i as u32))
+            }
+        };
+        match holder {
+            None => Err(fs_err(
+                libc::EFAULT,
+                format!("{addr:#x} is in no segment of an attached address space"),
+            )),
+            Some(vh) if vh == cur => self.commit(),
+            Some(vh) => {
+                self.switch_to(vh, true, true)?;
+                let r = self.commit();
+                let back = self.switch_to(cur, true, true);
+                let stats = r?;
+                back.map(|()| stats)
+            }
+        }
+    }
+
     // ---- commits -------------------------------------------------------------------------
 
     /// The writable segments of the calling thread's current handle.

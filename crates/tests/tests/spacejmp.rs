@@ -9,6 +9,7 @@
 
 use cairn_sj::{flags, prot, CommitMode, SegId, SegPtr, SpaceJmp, Switched, Target, Vh};
 use cairn_tests::harness::{self, StoreSize, TestStore};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
@@ -568,6 +569,15 @@ fn sj_child() {
             }
             sj.seg_free("up").unwrap();
         }
+        // A segment and an address space holding it, for programs that map its file.
+        "mseg" => {
+            let sid = sj
+                .seg_alloc("mseg", None, SEG_LEN, prot::RW, 0, 0o600)
+                .unwrap();
+            let vid = sj.vas_create("mvas", 0o600).unwrap();
+            sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+            println!("sj: base {:#x}", sj.seg_info("mseg").unwrap().base);
+        }
         // The lock table's figures of "data".
         "locks" => {
             let info = sj.seg_info("data").unwrap();
@@ -1052,4 +1062,100 @@ fn a_segment_attached_read_only_then_writable_is_writable() {
         let out = run(s.path(), "upgrade", &[m]);
         assert_eq!(out, vec!["read 77"]);
     }
+}
+
+/// An unmodified C program through the shim (`cairn run`): `mmap` of a segment's file is
+/// the segment at its base, `msync` commits (a kill afterwards loses nothing committed
+/// and nothing uncommitted survives it), and with `--vas` the exit commits, or drops the
+/// stores with `--vas-abort-on-exit`; a `--vas` that does not exist is a clear error.
+#[test]
+fn programs_map_segment_files_and_msync_commits() {
+    let s = store();
+    let base = run(s.path(), "mseg", &[]);
+    let base = base[0].strip_prefix("base ").unwrap().to_string();
+    let src = s.path().join("segmap.c");
+    std::fs::write(
+        &src,
+        r#"
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    size_t len = strtoul(argv[2], 0, 0);
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) { perror("open"); return 1; }
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) { perror("mmap"); return 1; }
+    volatile uint64_t *w = (uint64_t *)(p + 65536);
+    printf("base %p value %lu\n", (void *)p, (unsigned long)*w);
+    fflush(stdout);
+    if (!strcmp(argv[3], "sync-then-die")) {
+        *w = strtoul(argv[4], 0, 0);
+        if (msync(p, len, MS_SYNC)) { perror("msync"); return 1; }
+        *w = 999;
+        kill(getpid(), SIGKILL);
+    }
+    if (!strcmp(argv[3], "store-and-exit")) *w = strtoul(argv[4], 0, 0);
+    if (munmap(p, len)) { perror("munmap"); return 1; }
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = s.path().join("segmap");
+    let cc = Command::new("cc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    check("cc", &cc);
+    let go = |vas: &[&str], args: &[&str]| -> Output {
+        Command::new(harness::cairn_bin())
+            .arg("run")
+            .args(vas)
+            .arg("--")
+            .arg(&exe)
+            .arg("/cairn/.sj/seg/mseg")
+            .arg(SEG_LEN.to_string())
+            .args(args)
+            .env("CAIRN_STORE", s.path())
+            .output()
+            .unwrap()
+    };
+    let value = |out: &Output| -> String {
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            text.starts_with(&format!("base {base} ")),
+            "not mapped at the segment's base {base}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.trim().rsplit(' ').next().unwrap().to_string()
+    };
+    let out = go(&[], &["sync-then-die", "41"]);
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    let out = go(&[], &["read"]);
+    check("segmap read", &out);
+    assert_eq!(value(&out), "41", "the msync'd store, not the one after it");
+    // With --vas the exit commits; with --vas-abort-on-exit it does not.
+    check(
+        "store-and-exit",
+        &go(&["--vas", "mvas"], &["store-and-exit", "42"]),
+    );
+    assert_eq!(value(&go(&[], &["read"])), "42");
+    let out = go(
+        &["--vas", "mvas", "--vas-abort-on-exit"],
+        &["store-and-exit", "43"],
+    );
+    check("store-and-exit, abort", &out);
+    assert_eq!(value(&go(&["--vas", "mvas"], &["read"])), "42");
+    let out = go(&["--vas", "nosuch"], &["read"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("--vas nosuch"), "{e}");
 }

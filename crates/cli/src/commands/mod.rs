@@ -59,7 +59,15 @@ pub fn run(cli: Cli) -> CliResult {
             mount::mount(store, &mountpoint, foreground, caching, false)
         }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
-        Command::Run { prefix, command } => run::run(store, &prefix, &command),
+        Command::Run {
+            prefix,
+            vas,
+            vas_abort_on_exit,
+            command,
+        } => {
+            let vas = vas.map(|name| (name, vas_abort_on_exit));
+            run::run(store, &prefix, vas.as_ref(), &command)
+        }
         Command::Sj { which } => sj::run(store, which),
         Command::Kv { which } => kv::run(which),
         Command::Hugepaged(args) => hugepaged::run(&args),

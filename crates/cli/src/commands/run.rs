@@ -85,8 +85,14 @@ pub fn check_prefix(prefix: &Path) -> CliResult {
     Ok(())
 }
 
-/// `cairn run`: start the daemon if needed, then become `cmd` with the library loaded.
-pub fn run(store: Option<&Path>, prefix: &Path, cmd: &[OsString]) -> CliResult {
+/// `cairn run`: start the daemon if needed, then become `cmd` with the library loaded
+/// (and, with `vas`, its main thread in that address space; `true`: abort at exit).
+pub fn run(
+    store: Option<&Path>,
+    prefix: &Path,
+    vas: Option<&(String, bool)>,
+    cmd: &[OsString],
+) -> CliResult {
     check_prefix(prefix)?;
     let Some((prog, args)) = cmd.split_first() else {
         return Err(CliError::new(
@@ -96,8 +102,21 @@ pub fn run(store: Option<&Path>, prefix: &Path, cmd: &[OsString]) -> CliResult {
     // Opening a client starts the daemon (and creates the default store) if needed.
     let fs = super::open_fs(store)?;
     let dir = fs.store_dir().to_path_buf();
+    if let Some((name, _)) = vas {
+        // Checked here, so that a wrong name is one clear error, not one per process.
+        let path = cairn_sj::space::vas_path(name)?;
+        fs.metadata(path.as_str())
+            .map_err(crate::error::ctx_msg(format!("--vas {name} ({path})")))?;
+    }
     drop(fs);
-    let env = environment(&dir, prefix)?;
+    let mut env = environment(&dir, prefix)?;
+    if let Some((name, abort)) = vas {
+        env.push(("CAIRN_SJ_VAS", name.into()));
+        env.push((
+            "CAIRN_SJ_EXIT",
+            if *abort { "abort" } else { "commit" }.into(),
+        ));
+    }
     let err = Command::new(prog).args(args).envs(env).exec();
     let mut e = crate::error::ctx_msg(format!("run {}", Path::new(prog).display()))(err);
     e.code = 127;
