@@ -46,6 +46,15 @@ fn einval(msg: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg.to_string())
 }
 
+/// Where [`Window::map`] maps a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// At its home address.
+    Home,
+    /// In a park slot of its own, outside the window.
+    Parked,
+}
+
 /// A reserved range of this process's address space: `[base, base + len)`.
 #[derive(Debug)]
 pub struct Window {
@@ -102,49 +111,33 @@ impl Window {
                 .is_some_and(|e| e <= self.base + self.len)
     }
 
-    /// Map `len` bytes of `file` from `file_off` at exactly `addr` (page aligned, inside
-    /// the window, not mapped by another live placed [`Region`]: the caller keeps that
-    /// invariant, as the segment registry hands out disjoint ranges).
+    /// Map `len` bytes of `file` from `file_off` for home `addr` (page aligned, inside
+    /// the window): at `addr` itself ([`Place::Home`]: no other live placed [`Region`]
+    /// may be there, which the caller keeps, as the segment registry hands out disjoint
+    /// ranges), or parked in a slot of its own ([`Place::Parked`]: another region may hold
+    /// its home).
     pub fn map(
         self: &Arc<Self>,
-        addr: usize,
+        home: usize,
         len: usize,
-        file: &File,
-        file_off: u64,
+        (file, file_off): (&File, u64),
         access: Access,
+        place: Place,
     ) -> io::Result<Region> {
-        self.check_range(addr, len)?;
+        self.check_range(home, len)?;
+        let slot = match place {
+            Place::Parked => Some(ParkSlot::reserve(len, align_of(home))?),
+            Place::Home => None,
+        };
+        let addr = slot.as_ref().map_or(home, |s| s.addr);
         map_fixed(addr, len, file, file_off, access)?;
         Ok(Region {
             window: self.clone(),
-            home: addr,
+            home,
             addr,
             len,
             access,
-            slot: None,
-        })
-    }
-
-    /// Map it as [`Window::map`] does, but parked: its home is `addr` (which another
-    /// region may hold), its pages are mapped in a park slot of its own.
-    pub fn map_parked(
-        self: &Arc<Self>,
-        addr: usize,
-        len: usize,
-        file: &File,
-        file_off: u64,
-        access: Access,
-    ) -> io::Result<Region> {
-        self.check_range(addr, len)?;
-        let slot = ParkSlot::reserve(len, align_of(addr))?;
-        map_fixed(slot.addr, len, file, file_off, access)?;
-        Ok(Region {
-            window: self.clone(),
-            home: addr,
-            addr: slot.addr,
-            len,
-            access,
-            slot: Some(slot),
+            slot,
         })
     }
 
@@ -662,17 +655,27 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&[7u8; 8192]).unwrap();
-        let r = w.map(BASE + (1 << 20), 8192, &f, 0, Access::Read).unwrap();
+        let r = w
+            .map(BASE + (1 << 20), 8192, (&f, 0), Access::Read, Place::Home)
+            .unwrap();
         let mut b = [0u8; 4];
         r.read(4096, &mut b).unwrap();
         assert_eq!(b, [7; 4]);
         assert!(r.write(0, &[1]).is_err());
         assert!(r.read(8190, &mut b).is_err());
-        assert!(w.map(BASE - 4096, 8192, &f, 0, Access::Read).is_err());
+        assert!(w
+            .map(BASE - 4096, 8192, (&f, 0), Access::Read, Place::Home)
+            .is_err());
 
         // A private region: stores stay private until discarded.
         let p = w
-            .map(BASE + (2 << 20), 8192, &f, 0, Access::Private)
+            .map(
+                BASE + (2 << 20),
+                8192,
+                (&f, 0),
+                Access::Private,
+                Place::Home,
+            )
             .unwrap();
         p.write(10, &[9, 9]).unwrap();
         let pagemap = File::open("/proc/self/pagemap").unwrap();
@@ -698,7 +701,7 @@ mod tests {
         // Dropped regions are reserved again: mapping there works, reserving does not.
         let e = Window::reserve(BASE + (1 << 20), 4096).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
-        w.map(BASE + (1 << 20), 4096, &f, 0, Access::Shared)
+        w.map(BASE + (1 << 20), 4096, (&f, 0), Access::Shared, Place::Home)
             .unwrap();
     }
 
@@ -721,10 +724,14 @@ mod tests {
         fa.write_all(&[1u8; 2 << 20]).unwrap();
         let mut fb = tempfile::tempfile().unwrap();
         fb.write_all(&[2u8; 2 << 20]).unwrap();
-        let mut a = w.map(base, 2 << 20, &fa, 0, Access::Private).unwrap();
+        let mut a = w
+            .map(base, 2 << 20, (&fa, 0), Access::Private, Place::Home)
+            .unwrap();
         // An uncommitted private store travels with the region.
         a.write(100, &[9]).unwrap();
-        let mut b = w.map_parked(base, 2 << 20, &fb, 0, Access::Read).unwrap();
+        let mut b = w
+            .map(base, 2 << 20, (&fb, 0), Access::Read, Place::Parked)
+            .unwrap();
         assert!(b.is_parked() && !a.is_parked());
         assert_eq!(b.home(), base);
         assert_eq!(b.addr() % (2 << 20), 0, "slots are aligned as the home");

@@ -27,7 +27,7 @@ use crate::undo::UndoLog;
 use cairn::{FlockOp, Fs, OpenOptions};
 use cairn_area::{errno_of, fs_err};
 use cairn_format::sj::{self, flags, prot, SegHeader, VasEntry};
-use cairn_media::fixed::{Access, Region, Window};
+use cairn_media::fixed::{Access, Place, Region, Window};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
@@ -1244,11 +1244,8 @@ impl SpaceJmp {
         self.settle(&seg, &slot)?;
         let access = if write { access_of(mode) } else { Access::Read };
         let (base, len) = (seg.base() as usize, seg.len() as usize);
-        let region = if parked {
-            self.window.map_parked(base, len, &seg.object, 0, access)
-        } else {
-            self.window.map(base, len, &seg.object, 0, access)
-        };
+        let place = if parked { Place::Parked } else { Place::Home };
+        let region = self.window.map(base, len, (&seg.object, 0), access, place);
         let region = region.map_err(|e| {
             fs_err(
                 errno_of(&e),
@@ -1856,67 +1853,81 @@ impl SpaceJmp {
             seq: u64,
         }
         let mut work: Vec<Work> = Vec::new();
-        for View {
-            seg,
-            region,
-            slot: slot_off,
-            mode,
-            undo,
-        } in segs
-        {
-            let mut pages = Vec::new();
-            let mut runs = Vec::new();
-            match mode {
-                CommitMode::Snapshot => {
-                    let mut found = Vec::new();
-                    region
-                        .written_pages(&self.pagemap, 0, region.len(), &mut found)
-                        .map_err(|e| {
-                            fs_err(
-                                errno_of(&e),
-                                format!(
-                                    "finding the stores of a commit (PAGEMAP_SCAN, Linux 6.7): {e}"
-                                ),
-                            )
-                        })?;
-                    for (off, len) in found {
-                        let mut b = vec![0u8; len];
-                        region.read(off, &mut b)?;
-                        pages.push((off as u64, len as u64));
-                        runs.push((off as u64, b));
-                    }
-                }
-                CommitMode::Explicit => {
-                    let declared = THREAD
-                        .with(|t| t.borrow_mut().declared.remove(&seg.ino))
-                        .unwrap_or_default();
-                    for (off, len) in merge_ranges(declared) {
-                        let mut b = vec![0u8; len as usize];
-                        region.read(off as usize, &mut b)?;
-                        runs.push((off, b));
-                    }
-                }
-            }
-            if runs.is_empty() {
-                continue;
-            }
-            let slot = self.slot(slot_off);
-            if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
-                self.repair(&seg, &slot)?;
-            }
-            // The writer lock is this transaction's (taken just now, or by the first
-            // declared store) unless switching took it.
-            let temp_lock = !held.iter().any(|h| h.ino == seg.ino && h.write);
-            work.push(Work {
+        let collected = (|| -> io::Result<()> {
+            for View {
                 seg,
                 region,
                 slot: slot_off,
-                runs,
-                pages,
-                temp_lock,
+                mode,
                 undo,
-                seq: 0,
-            });
+            } in segs
+            {
+                let mut pages = Vec::new();
+                let mut runs = Vec::new();
+                match mode {
+                    CommitMode::Snapshot => {
+                        let mut found = Vec::new();
+                        region
+                            .written_pages(&self.pagemap, 0, region.len(), &mut found)
+                            .map_err(|e| {
+                                fs_err(
+                                    errno_of(&e),
+                                    format!(
+                                    "finding the stores of a commit (PAGEMAP_SCAN, Linux 6.7): {e}"
+                                ),
+                                )
+                            })?;
+                        for (off, len) in found {
+                            let mut b = vec![0u8; len];
+                            region.read(off, &mut b)?;
+                            pages.push((off as u64, len as u64));
+                            runs.push((off as u64, b));
+                        }
+                    }
+                    CommitMode::Explicit => {
+                        let declared = THREAD
+                            .with(|t| t.borrow_mut().declared.remove(&seg.ino))
+                            .unwrap_or_default();
+                        for (off, len) in merge_ranges(declared) {
+                            let mut b = vec![0u8; len as usize];
+                            region.read(off as usize, &mut b)?;
+                            runs.push((off, b));
+                        }
+                    }
+                }
+                if runs.is_empty() {
+                    continue;
+                }
+                let slot = self.slot(slot_off);
+                if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
+                    if let Err(e) = self.repair(&seg, &slot) {
+                        slot.write_unlock();
+                        return Err(e);
+                    }
+                }
+                // The writer lock is this transaction's (taken just now, or by the first
+                // declared store) unless switching took it.
+                let temp_lock = !held.iter().any(|h| h.ino == seg.ino && h.write);
+                work.push(Work {
+                    seg,
+                    region,
+                    slot: slot_off,
+                    runs,
+                    pages,
+                    temp_lock,
+                    undo,
+                    seq: 0,
+                });
+            }
+            Ok(())
+        })();
+        if let Err(e) = collected {
+            // The snapshot-mode locks taken so far go (explicit-mode transactions stay
+            // open, with their locks, until they commit or abort).
+            for w in work.iter().filter(|w| w.temp_lock && w.undo.is_none()) {
+                self.slot(w.slot).write_unlock();
+            }
+            return Err(e);
         }
         if work.is_empty() {
             return Ok(stats);

@@ -80,6 +80,27 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p) as usize]
 }
 
+/// Per-call times of `n` batches of `per` calls of `op`, after `warm` batches not
+/// counted: p50 and p99 over the batches, in ns.
+fn batches(
+    n: usize,
+    per: usize,
+    warm: usize,
+    mut op: impl FnMut() -> CliResult,
+) -> CliResult<(f64, f64)> {
+    let mut times = Vec::with_capacity(n);
+    for b in 0..warm + n {
+        let t = Instant::now();
+        for _ in 0..per {
+            op()?;
+        }
+        if b >= warm {
+            times.push(t.elapsed().as_nanos() as f64 / per as f64);
+        }
+    }
+    Ok((pct(&mut times, 0.5), pct(&mut times, 0.99)))
+}
+
 pub fn run(args: &SpacejmpArgs) -> CliResult {
     let root = tempfile_dir()?;
     let store_dir = root.join("store");
@@ -197,21 +218,14 @@ fn switch(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
                     (_, false) => vec![handles[0], handles[k - 1]],
                     (_, true) => handles[..k].to_vec(),
                 };
-                let mut batch = Vec::with_capacity(300);
                 let mut at = 0;
-                for b in 0..320 {
-                    let t = Instant::now();
-                    for _ in 0..1000 {
-                        at = (at + 1) % cycle.len();
-                        sj.switch_to(cycle[at], true, true)?;
-                    }
-                    if b >= 20 {
-                        batch.push(t.elapsed().as_nanos() as f64 / 1000.0);
-                    }
-                }
+                let (a, b) = batches(300, 1000, 20, || {
+                    at = (at + 1) % cycle.len();
+                    Ok(sj.switch_to(cycle[at], true, true)?)
+                })?;
                 sj.switch_to(Vh::PRIMARY, true, true)?;
-                p50.push(pct(&mut batch, 0.5));
-                p99.push(pct(&mut batch, 0.99));
+                p50.push(a);
+                p99.push(b);
             }
             let row = json!({"experiment": "switch", "mode": mode, "attached": k,
                              "between": if round_robin { k } else { 2.min(k + 1) },
@@ -258,21 +272,14 @@ fn switch_overlapping(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Va
     while k <= handles.len() {
         let (mut p50, mut p99) = (Vec::new(), Vec::new());
         for _ in 0..args.runs {
-            let mut batch = Vec::with_capacity(60);
             let mut at = 0;
-            for b in 0..70 {
-                let t = Instant::now();
-                for _ in 0..100 {
-                    at = (at + 1) % k;
-                    sj.switch_to(handles[at], true, true)?;
-                }
-                if b >= 10 {
-                    batch.push(t.elapsed().as_nanos() as f64 / 100.0);
-                }
-            }
+            let (a, b) = batches(60, 100, 10, || {
+                at = (at + 1) % k;
+                Ok(sj.switch_to(handles[at], true, true)?)
+            })?;
             sj.switch_to(Vh::PRIMARY, true, true)?;
-            p50.push(pct(&mut batch, 0.5));
-            p99.push(pct(&mut batch, 0.99));
+            p50.push(a);
+            p99.push(b);
         }
         push(
             rows,
@@ -308,35 +315,24 @@ fn swap_floor(sj: &Arc<SpaceJmp>, runs: u32) -> CliResult<(f64, f64)> {
         let info = sj.seg_info(&format!("sw-overlap-{i}"))?;
         let path = cairn_sj::segment::object_path(&sj.fs().uuid(), info.id.0, info.gen);
         let f = std::fs::File::open(&path).map_err(crate::error::ctx_msg(path.display()))?;
-        let r = if i == 0 {
-            window.map(HOME, 1 << 30, &f, 0, cairn_media::fixed::Access::Read)?
-        } else {
-            window.map_parked(HOME, 1 << 30, &f, 0, cairn_media::fixed::Access::Read)?
-        };
+        use cairn_media::fixed::{Access, Place};
+        let place = if i == 0 { Place::Home } else { Place::Parked };
+        let r = window.map(HOME, 1 << 30, (&f, 0), Access::Read, place)?;
         r.populate(0, 1 << 30)?;
         regions.push(r);
     }
     let (mut p50, mut p99) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        let mut batch = Vec::with_capacity(60);
-        for b in 0..70 {
-            let t = Instant::now();
-            for j in 0..100 {
-                let [a, c] = &mut regions[..] else {
-                    unreachable!("two regions")
-                };
-                if j % 2 == 0 {
-                    a.swap(c)?;
-                } else {
-                    c.swap(a)?;
-                }
-            }
-            if b >= 10 {
-                batch.push(t.elapsed().as_nanos() as f64 / 100.0);
-            }
-        }
-        p50.push(pct(&mut batch, 0.5));
-        p99.push(pct(&mut batch, 0.99));
+        let [a, c] = &mut regions[..] else {
+            unreachable!("two regions")
+        };
+        let mut j = 0;
+        let (x, y) = batches(60, 100, 10, || {
+            j += 1;
+            Ok(if j % 2 == 1 { a.swap(c) } else { c.swap(a) }?)
+        })?;
+        p50.push(x);
+        p99.push(y);
     }
     Ok((median(&p50), median(&p99)))
 }
@@ -658,6 +654,21 @@ fn pmdk_rows(
     Ok(())
 }
 
+/// The compiled comparison programs, or a row saying why `experiment` is skipped.
+fn tool_or_skip<'a>(
+    tools: &'a Result<PathBuf, String>,
+    experiment: &str,
+    rows: &mut Vec<Value>,
+) -> Option<&'a PathBuf> {
+    match tools {
+        Ok(e) => Some(e),
+        Err(why) => {
+            rows.push(json!({"experiment": experiment, "skipped": why}));
+            None
+        }
+    }
+}
+
 fn push(rows: &mut Vec<Value>, row: Value) {
     progress(format_args!("{row}\n"));
     rows.push(row);
@@ -670,12 +681,8 @@ fn pointer(
     store: &Path,
     rows: &mut Vec<Value>,
 ) -> CliResult {
-    let exe = match tools {
-        Ok(e) => e,
-        Err(why) => {
-            rows.push(json!({"experiment": "pointer", "skipped": why}));
-            return Ok(());
-        }
+    let Some(exe) = tool_or_skip(tools, "pointer", rows) else {
+        return Ok(());
     };
     let dir = PathBuf::from("/dev/shm");
     const SYSTEMS: [&str; 4] = ["dram", "segment", "pmdk", "boost"];
@@ -724,12 +731,8 @@ fn gups(
     store: &Path,
     rows: &mut Vec<Value>,
 ) -> CliResult {
-    let exe = match tools {
-        Ok(e) => e,
-        Err(why) => {
-            rows.push(json!({"experiment": "gups", "skipped": why}));
-            return Ok(());
-        }
+    let Some(exe) = tool_or_skip(tools, "gups", rows) else {
+        return Ok(());
     };
     let w = u64::from(args.windows);
     let free = cairn_media::sys::free_space(Path::new("/dev/shm")).unwrap_or(0);
