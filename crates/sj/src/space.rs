@@ -1170,13 +1170,7 @@ impl SpaceJmp {
                         true,
                         Some((m.seg.ino, m.seg.gen)),
                     )?);
-                    let region = Arc::get_mut(&mut m.region).ok_or_else(|| {
-                        fs_err(
-                            libc::EBUSY,
-                            format!("segment {path} is in use by a call of another thread"),
-                        )
-                    })?;
-                    region.remap(&seg.object, 0, needs)?;
+                    exclusive(m)?.remap(&seg.object, 0, needs)?;
                     m.seg = seg;
                     m.mode = mode;
                     if mode == CommitMode::Explicit && m.undo.is_none() {

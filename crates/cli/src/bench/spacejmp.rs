@@ -935,10 +935,23 @@ pub fn worker(args: &SpacejmpWorkerArgs) -> CliResult {
     }
 }
 
+/// The rows for people: one line each, the experiment first, then its fields as
+/// `name=value` (fractions to one decimal).
 fn table(rows: &[Value]) -> String {
     let mut s = String::new();
     for r in rows {
-        s.push_str(&format!("{r}\n"));
+        let Some(o) = r.as_object() else { continue };
+        let what = o.get("experiment").and_then(Value::as_str).unwrap_or("-");
+        let fields: Vec<String> = o
+            .iter()
+            .filter(|(k, _)| *k != "experiment")
+            .map(|(k, v)| match v {
+                Value::String(t) => format!("{k}={t}"),
+                Value::Number(n) if n.is_f64() => format!("{k}={:.1}", n.as_f64().unwrap_or(0.0)),
+                other => format!("{k}={other}"),
+            })
+            .collect();
+        s.push_str(&format!("{what:<8} {}\n", fields.join("  ")));
     }
     s
 }
