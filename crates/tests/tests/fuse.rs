@@ -47,14 +47,10 @@ fn programs_on_the_mount_and_one_file_system_with_the_api() {
     for i in 0..10_000 {
         sql.push_str(&format!("INSERT INTO t VALUES({i}, 'row {i}');\n"));
     }
-    std::fs::write(std::env::temp_dir().join("cairn-fuse-test.sql"), &sql).unwrap();
-    sh(
-        root,
-        &format!(
-            "sqlite3 db.sqlite < {}",
-            std::env::temp_dir().join("cairn-fuse-test.sql").display()
-        ),
-    );
+    // The script lives in the test store's directory (removed with it).
+    let script = m.store.path().join("fuse-test.sql");
+    std::fs::write(&script, &sql).unwrap();
+    sh(root, &format!("sqlite3 db.sqlite < {}", script.display()));
     assert_eq!(
         sh(
             root,
@@ -159,7 +155,7 @@ fn killed_programs_and_a_killed_mount_leave_a_consistent_store() {
     for i in 0..200_000 {
         sql.push_str(&format!("INSERT INTO t VALUES({i}, 'row {i}');\n"));
     }
-    let script = std::env::temp_dir().join("cairn-fuse-kill.sql");
+    let script = m.store.path().join("fuse-kill.sql");
     std::fs::write(&script, &sql).unwrap();
     let mut child = Command::new("sqlite3")
         .arg(root.join("db"))
