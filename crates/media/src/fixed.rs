@@ -385,10 +385,7 @@ impl Region {
         if self.is_parked() {
             return Ok(());
         }
-        if self.slot.is_none() {
-            self.slot = Some(ParkSlot::reserve(self.len, align_of(self.home))?);
-        }
-        let to = self.slot.as_ref().map_or(0, |s| s.addr);
+        let to = self.slot_addr()?;
         move_mapping(self.home, to, self.len)?;
         self.addr = to;
         // The home keeps an empty mapping of the file: reserved again, so a confused
@@ -418,10 +415,7 @@ impl Region {
         if !other.is_parked() {
             return Err(einval("swap: the second region is placed already"));
         }
-        if self.slot.is_none() {
-            self.slot = Some(ParkSlot::reserve(self.len, align_of(self.home))?);
-        }
-        let to = self.slot.as_ref().map_or(0, |s| s.addr);
+        let to = self.slot_addr()?;
         move_mapping(self.home, to, self.len)?;
         self.addr = to;
         if let Err(e) = move_mapping(other.addr, other.home, other.len) {
@@ -435,6 +429,17 @@ impl Region {
         }
         other.addr = other.home;
         Ok(())
+    }
+
+    /// Its park slot's address (the slot reserved at the first park).
+    fn slot_addr(&mut self) -> io::Result<usize> {
+        if let Some(s) = &self.slot {
+            return Ok(s.addr);
+        }
+        let s = ParkSlot::reserve(self.len, align_of(self.home))?;
+        let addr = s.addr;
+        self.slot = Some(s);
+        Ok(addr)
     }
 
     /// Map `file` again where the region is now, with `access` (a read-only region made
