@@ -91,6 +91,18 @@ impl Window {
         Ok(Arc::new(Window { base, len }))
     }
 
+    /// In a child after `fork`: the window again, for objects of the child's own. The
+    /// parent's objects mapped in it (which the child copied and leaks: it never uses
+    /// nor drops them) are replaced by the bare reservation in one `mmap`, so no hole
+    /// opens.
+    pub fn take_over_after_fork(&self) -> io::Result<Arc<Window>> {
+        reserve_fixed(self.base, self.len)?;
+        Ok(Arc::new(Window {
+            base: self.base,
+            len: self.len,
+        }))
+    }
+
     pub fn base(&self) -> usize {
         self.base
     }

@@ -14,6 +14,7 @@
 pub mod aligned;
 pub mod emulate;
 pub mod fixed;
+pub mod helper;
 pub mod huge;
 pub mod trace;
 pub mod view;

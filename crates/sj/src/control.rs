@@ -111,25 +111,49 @@ fn hash32(v: u64) -> u64 {
     (h & 0xffff_ffff).max(1)
 }
 
+/// Bumped in a child after `fork` that goes on using segments (a helper process): the
+/// owner words cached before it are its parent's.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// In a child after `fork` (single-threaded): forget the owner words of the parent.
+pub fn forked() {
+    FORKS.fetch_add(1, SeqCst);
+}
+
+fn word_of(id: u32) -> u64 {
+    let start = proc_stat(id).map_or(0, |s| s.0);
+    (u64::from(id) << 32) | hash32(start)
+}
+
 /// The owner word of the calling thread (`tid << 32 | h`) and of the calling process.
 pub fn thread_word() -> u64 {
     thread_local! {
-        static WORD: u64 = {
-            let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
-            let start = proc_stat(tid).map_or(0, |s| s.0);
-            (u64::from(tid) << 32) | hash32(start)
-        };
+        /// (`FORKS` when computed, the word).
+        static WORD: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((u64::MAX, 0)) };
     }
-    WORD.with(|w| *w)
+    let forks = FORKS.load(SeqCst);
+    WORD.with(|w| match w.get() {
+        (f, word) if f == forks => word,
+        _ => {
+            let word = word_of(rustix::thread::gettid().as_raw_nonzero().get() as u32);
+            w.set((forks, word));
+            word
+        }
+    })
 }
 
 pub fn process_word() -> u64 {
-    static WORD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *WORD.get_or_init(|| {
-        let pid = std::process::id();
-        let start = proc_stat(pid).map_or(0, |s| s.0);
-        (u64::from(pid) << 32) | hash32(start)
-    })
+    // No lock: a child after `fork` must not wait for one a parent's thread held.
+    static AT: AtomicU64 = AtomicU64::new(u64::MAX);
+    static WORD: AtomicU64 = AtomicU64::new(0);
+    let forks = FORKS.load(SeqCst);
+    if AT.load(SeqCst) == forks {
+        return WORD.load(SeqCst);
+    }
+    let w = word_of(std::process::id());
+    WORD.store(w, SeqCst);
+    AT.store(forks, SeqCst);
+    w
 }
 
 /// Whether the owner of word `w` (a thread or process id and a start-time hash) is gone:

@@ -17,12 +17,14 @@
 pub mod control;
 pub mod guard;
 pub mod heap;
+pub mod helper;
 pub mod segment;
 pub mod space;
 pub mod undo;
 
 pub use cairn_format::sj::{flags, prot};
 pub use guard::{SegPtr, Switched};
+pub use helper::InHelper;
 pub use space::{
     seg_path, vas_path, CommitMode, CommitStats, SegId, SegInfo, SpaceJmp, Target, VasCtl, VasId,
     Vh,

@@ -32,7 +32,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// A segment's id: its file's inode number (global in the store).
@@ -248,15 +248,17 @@ struct Entry {
 }
 
 /// An attached address space (or the primary, handle 0).
-struct Handle {
-    vid: Option<VasId>,
+pub(crate) struct Handle {
+    pub(crate) vid: Option<VasId>,
     entries: Vec<Entry>,
-    mode: CommitMode,
+    pub(crate) mode: CommitMode,
+    /// Its helper process, once a call started one ([`SpaceJmp::vas_call`]).
+    pub(crate) helper: Option<Arc<crate::helper::Helper>>,
 }
 
-struct State {
+pub(crate) struct State {
     segs: HashMap<u64, Mapped>,
-    handles: Vec<Option<Handle>>,
+    pub(crate) handles: Vec<Option<Handle>>,
     /// The handle each thread that has switched is in (its `ThreadState::cur`); an entry
     /// only this table still holds is a thread that has ended.
     threads: Vec<Arc<AtomicU32>>,
@@ -319,7 +321,7 @@ impl Drop for ThreadState {
         if self.held.is_empty() && self.declared.is_empty() {
             return;
         }
-        if let Some(sj) = GLOBAL.get() {
+        if let Some(sj) = instance() {
             let held = std::mem::take(&mut self.held);
             let declared = std::mem::take(&mut self.declared);
             let writes = held.iter().filter(|h| h.write).map(|h| h.ino);
@@ -334,6 +336,20 @@ thread_local! {
 }
 
 static GLOBAL: OnceLock<Arc<SpaceJmp>> = OnceLock::new();
+
+/// In a helper process ([`crate::helper`]): its own `SpaceJmp` (the `GLOBAL` it
+/// inherited is its parent's, which it may not use).
+static HELPER: Mutex<Option<Arc<SpaceJmp>>> = Mutex::new(None);
+static IN_HELPER: AtomicBool = AtomicBool::new(false);
+
+/// The process's `SpaceJmp`, if one was opened.
+fn instance() -> Option<Arc<SpaceJmp>> {
+    if IN_HELPER.load(Ordering::Acquire) {
+        HELPER.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    } else {
+        GLOBAL.get().cloned()
+    }
+}
 
 /// The store's segments and address spaces as this process sees them.
 pub struct SpaceJmp {
@@ -442,7 +458,7 @@ impl SpaceJmp {
     /// default store): made at the first call, which reserves the segment window in
     /// this process. `EBUSY` if this process uses another store's segments already.
     pub fn open(store: Option<&Path>) -> io::Result<Arc<SpaceJmp>> {
-        if let Some(sj) = GLOBAL.get() {
+        if let Some(sj) = instance() {
             sj.check_process()?;
             let want = cairn_area::StoreDir::resolve(store).path;
             if sj.fs.store_dir() != want.as_path() {
@@ -463,7 +479,7 @@ impl SpaceJmp {
     pub fn with_fs(fs: Fs) -> io::Result<Arc<SpaceJmp>> {
         static INIT: Mutex<()> = Mutex::new(());
         let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(sj) = GLOBAL.get() {
+        if let Some(sj) = instance() {
             sj.check_process()?;
             if sj.fs.store_dir() != fs.store_dir() {
                 return Err(fs_err(
@@ -477,10 +493,16 @@ impl SpaceJmp {
             sj::WINDOW_BASE as usize,
             (sj::WINDOW_END - sj::WINDOW_BASE) as usize,
         )?;
+        let sj = SpaceJmp::build(fs, window)?;
+        let _ = GLOBAL.set(sj.clone());
+        Ok(sj)
+    }
+
+    fn build(fs: Fs, window: Arc<Window>) -> io::Result<Arc<SpaceJmp>> {
         let uuid = fs.uuid();
         let ctl = Control::open(&uuid, fs.nvm_path())?;
         let pagemap = std::fs::File::open("/proc/self/pagemap")?;
-        let sj = Arc::new(SpaceJmp {
+        Ok(Arc::new(SpaceJmp {
             fs,
             uuid,
             window,
@@ -492,6 +514,7 @@ impl SpaceJmp {
                     vid: None,
                     entries: Vec::new(),
                     mode: CommitMode::Snapshot,
+                    helper: None,
                 })],
                 threads: Vec::new(),
                 vas_paths: HashMap::new(),
@@ -499,13 +522,39 @@ impl SpaceJmp {
             }),
             version: AtomicU64::new(1),
             pid: std::process::id(),
-        });
-        let _ = GLOBAL.set(sj.clone());
+        }))
+    }
+
+    /// In a helper process just forked from this `SpaceJmp`'s process: a `SpaceJmp` of
+    /// its own, on a client of its own (the parent's client is abandoned, its mappings
+    /// replaced by the bare window). It becomes the process's instance.
+    pub(crate) fn fork_child(&self) -> io::Result<Arc<SpaceJmp>> {
+        // The calling thread's place and locks are its parent thread's: forgotten here
+        // (dropping them would release the parent's locks).
+        std::mem::forget(THREAD.with(|t| std::mem::take(&mut *t.borrow_mut())));
+        control::forked();
+        self.fs.abandon_after_fork();
+        let window = self.window.take_over_after_fork()?;
+        let fs = Fs::open_store(Some(self.fs.store_dir()))?;
+        let sj = SpaceJmp::build(fs, window)?;
+        *HELPER.lock().unwrap_or_else(|e| e.into_inner()) = Some(sj.clone());
+        IN_HELPER.store(true, Ordering::Release);
         Ok(sj)
     }
 
+    /// In a helper process, at its end: the process's instance is dropped (its client
+    /// says goodbye to the daemon once the last reference goes).
+    pub(crate) fn helper_done() {
+        HELPER.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Whether this process is a helper.
+    pub(crate) fn in_helper() -> bool {
+        IN_HELPER.load(Ordering::Acquire)
+    }
+
     /// `ENOTSUP` in a child after `fork`: the mappings and locks are the parent's.
-    fn check_process(&self) -> io::Result<()> {
+    pub(crate) fn check_process(&self) -> io::Result<()> {
         if self.pid != std::process::id() {
             return Err(fs_err(
                 libc::ENOTSUP,
@@ -518,7 +567,7 @@ impl SpaceJmp {
 
     /// The process's `SpaceJmp`, if one was opened.
     pub fn global() -> Option<Arc<SpaceJmp>> {
-        GLOBAL.get().cloned()
+        instance()
     }
 
     pub fn fs(&self) -> &Fs {
@@ -529,7 +578,7 @@ impl SpaceJmp {
         &self.ctl
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -760,7 +809,7 @@ impl SpaceJmp {
         Ok(VasId(id))
     }
 
-    fn vas_path_of(&self, id: VasId) -> io::Result<String> {
+    pub(crate) fn vas_path_of(&self, id: VasId) -> io::Result<String> {
         self.state().vas_paths.get(&id.0).cloned().ok_or_else(|| {
             fs_err(
                 libc::ENOENT,
@@ -932,6 +981,7 @@ impl SpaceJmp {
             vid: Some(id),
             entries: mine,
             mode,
+            helper: None,
         };
         let vh = match st.handles.iter().position(Option::is_none) {
             Some(i) => {
@@ -965,7 +1015,7 @@ impl SpaceJmp {
                 ),
             ));
         }
-        let entries = {
+        let taken = {
             let mut st = self.state();
             if Self::occupied(&st, vh.0, None) {
                 return Err(fs_err(
@@ -978,8 +1028,13 @@ impl SpaceJmp {
                 .get_mut(vh.0 as usize)
                 .and_then(Option::take)
                 .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
-            h.entries
+            h
         };
+        // Its helper (if any, and no call is running in it) ends here, outside the lock.
+        let Handle {
+            entries, helper, ..
+        } = taken;
+        drop(helper);
         for e in entries {
             self.unmap_segment(e.ino);
         }

@@ -96,6 +96,44 @@ fn push(g: &Switched<'_>, seg: SegId, value: u64) {
     g.set_root(seg, "list", p).unwrap();
 }
 
+/// Helper calls of the "helper" role: store the buffer's value at `DATA` of the helper's
+/// address space (committing it, or not), return the value found there, and leave the
+/// helper's process id in the buffer.
+fn hp_store(h: &cairn_sj::InHelper, buf: &mut [u8]) -> i64 {
+    hp_store_with(h, buf, true)
+}
+
+fn hp_store_uncommitted(h: &cairn_sj::InHelper, buf: &mut [u8]) -> i64 {
+    hp_store_with(h, buf, false)
+}
+
+fn hp_store_with(h: &cairn_sj::InHelper, buf: &mut [u8], commit: bool) -> i64 {
+    let g = h.enter().unwrap();
+    let i = h.sj().seg_info("hp-b").unwrap();
+    let slot = h.sj().control().slot(i.id.0, i.gen).unwrap();
+    assert!(slot.held_by_me(), "the helper holds hp-b's writer lock");
+    let p = SegPtr(OVERLAP_BASE + DATA);
+    let old: u64 = g.get(p).unwrap();
+    g.set(p, u64::from_le_bytes(buf[..8].try_into().unwrap()))
+        .unwrap();
+    if commit {
+        g.commit().unwrap();
+    }
+    buf[..8].copy_from_slice(&(std::process::id() as u64).to_le_bytes());
+    old as i64
+}
+
+/// Store, then die before committing (holding the writer lock).
+fn hp_die(h: &cairn_sj::InHelper, _: &mut [u8]) -> i64 {
+    let g = h.enter().unwrap();
+    g.set(SegPtr(OVERLAP_BASE + DATA), 666u64).unwrap();
+    // As a crash would: SIGKILL of this very process.
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &std::process::id().to_string()])
+        .status();
+    unreachable!("killed")
+}
+
 #[test]
 fn sj_child() {
     let Ok(role) = std::env::var("CAIRN_SJ_ROLE") else {
@@ -539,6 +577,120 @@ fn sj_child() {
             for vh in vhs {
                 sj.vas_detach(vh).unwrap();
             }
+        }
+        // Helper processes (the third way): while a thread of this process is in
+        // hp-a, another runs calls in hp-b (at the same address) through its helper.
+        "helper" => {
+            let vid_of = |n: &str, f: u32| {
+                if args[0] == "again" {
+                    return sj.vas_find(n).unwrap();
+                }
+                let sid = sj
+                    .seg_alloc(
+                        n,
+                        Some(OVERLAP_BASE),
+                        SEG_LEN,
+                        prot::RW,
+                        flags::OVERLAP | f,
+                        0o600,
+                    )
+                    .unwrap();
+                let vid = sj.vas_create(n, 0o600).unwrap();
+                sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+                vid
+            };
+            let vid_a = vid_of("hp-a", flags::LOCKABLE);
+            let vid_b = vid_of("hp-b", flags::LOCKABLE);
+            let vh_a = sj.vas_attach(vid_a, CommitMode::Snapshot).unwrap();
+            let vh_b = sj.vas_attach(vid_b, CommitMode::Snapshot).unwrap();
+            if args[0] == "again" {
+                sj.switch_to(vh_b, true, true).unwrap();
+                let mut b = [0u8; 8];
+                sj.read(OVERLAP_BASE + DATA, &mut b).unwrap();
+                println!("sj: hp-b has {}", u64::from_le_bytes(b));
+                sj.switch_to(Vh::PRIMARY, true, true).unwrap();
+                return;
+            }
+            // A thread sits in hp-a.
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+            let sj2 = sj.clone();
+            let t = std::thread::spawn(move || {
+                sj2.switch_to(vh_a, true, true).unwrap();
+                sj2.write(OVERLAP_BASE + DATA, &5u64.to_le_bytes()).unwrap();
+                sj2.commit().unwrap();
+                // In hp-a, holding its writer lock, this thread works in hp-b too.
+                let mut b = 40u64.to_le_bytes();
+                assert_eq!(sj2.vas_call(vh_b, hp_store, &mut b).unwrap(), 0);
+                ready_tx.send(()).unwrap();
+                rx.recv().unwrap();
+                // It never saw any of what the helper did at the same address.
+                let mut b = [0u8; 8];
+                sj2.read(OVERLAP_BASE + DATA, &mut b).unwrap();
+                assert_eq!(u64::from_le_bytes(b), 5);
+                sj2.switch_to(Vh::PRIMARY, true, true).unwrap();
+            });
+            ready_rx.recv().unwrap();
+            let e = sj.switch_to(vh_b, true, true).unwrap_err();
+            assert_eq!(cairn_area::errno_of(&e), libc::EBUSY, "{e}");
+            // hp-b through its helper: a store that is committed, and one that is not.
+            let call = |f: fn(&cairn_sj::InHelper, &mut [u8]) -> i64, v: u64| {
+                let mut b = v.to_le_bytes();
+                let r = sj.vas_call(vh_b, f, &mut b);
+                r.map(|r| (r, u64::from_le_bytes(b)))
+            };
+            let (old, pid) = call(hp_store, 41).unwrap();
+            println!("sj: first call saw {old}");
+            assert_ne!(
+                pid,
+                std::process::id() as u64,
+                "the call ran in another process"
+            );
+            assert_eq!(sj.helper_pid(vh_b), Some(pid as u32));
+            let (old, _) = call(hp_store_uncommitted, 999).unwrap();
+            assert_eq!(old, 41);
+            let e = sj.switch_to(vh_a, false, true).unwrap_err();
+            assert_eq!(
+                cairn_area::errno_of(&e),
+                libc::EWOULDBLOCK,
+                "the thread in hp-a keeps its writer lock: {e}"
+            );
+            let (old, _) = call(hp_store, 42).unwrap();
+            assert_eq!(old, 41, "the uncommitted store was dropped");
+            // A helper killed in a call holding hp-b's writer lock: the call fails, the
+            // next one starts another helper, which recovers the lock.
+            let e = call(hp_die, 0).unwrap_err();
+            println!("sj: died errno {}", cairn_area::errno_of(&e));
+            assert!(
+                !Path::new(&format!("/proc/{pid}")).exists(),
+                "helper {pid} left"
+            );
+            let (old, pid2) = call(hp_store, 43).unwrap();
+            assert_eq!(old, 42, "the dead helper's uncommitted store is gone");
+            assert_ne!(pid2, pid);
+            // Bad calls.
+            let e = sj
+                .vas_call(Vh::PRIMARY, hp_store, &mut [0u8; 8])
+                .unwrap_err();
+            assert_eq!(cairn_area::errno_of(&e), libc::EINVAL, "{e}");
+            let mut big = vec![0u8; cairn_sj::helper::CALL_MAX + 1];
+            let e = sj.vas_call(vh_b, hp_store, &mut big).unwrap_err();
+            assert_eq!(cairn_area::errno_of(&e), libc::EMSGSIZE, "{e}");
+            // The thread leaves hp-a: this one enters hp-b and reads the helper's commit.
+            tx.send(()).unwrap();
+            t.join().unwrap();
+            sj.switch_to(vh_b, true, true).unwrap();
+            let mut b = [0u8; 8];
+            sj.read(OVERLAP_BASE + DATA, &mut b).unwrap();
+            println!("sj: hp-b has {}", u64::from_le_bytes(b));
+            sj.switch_to(Vh::PRIMARY, true, true).unwrap();
+            // Detaching ends the helper.
+            sj.vas_detach(vh_b).unwrap();
+            assert!(
+                !Path::new(&format!("/proc/{pid2}")).exists(),
+                "helper {pid2} left"
+            );
+            sj.vas_detach(vh_a).unwrap();
         }
         // A segment mapped read-only, then attached writable through a second address
         // space: remapped in place, it is writable there and readable in the first.
@@ -1051,6 +1203,27 @@ fn overlapping_address_spaces_take_turns_at_one_address() {
     assert!(out.contains(&"primary has 32".to_string()), "{out:?}");
     let out = run(s.path(), "overlap", &["again"]);
     assert_eq!(out, vec!["ov-a ov-a 30", "ov-b ov-b 31", "ov-c ov-c 32"]);
+}
+
+/// Helper processes: a thread of a process is in one address space while calls of
+/// another thread run in an address space at the same addresses, through the handle's
+/// helper process; a helper killed in a call holding the writer lock fails that call
+/// only (the next helper recovers the lock, the uncommitted store is gone); detaching
+/// ends the helper; another process reads what the helper committed.
+#[test]
+fn a_helper_process_is_in_a_conflicting_address_space_at_the_same_time() {
+    let s = store();
+    let out = run(s.path(), "helper", &["first"]);
+    assert_eq!(
+        out,
+        vec![
+            "first call saw 40".to_string(),
+            format!("died errno {}", libc::EIO),
+            "hp-b has 43".to_string(),
+        ]
+    );
+    let out = run(s.path(), "helper", &["again"]);
+    assert_eq!(out, vec!["hp-b has 43"]);
 }
 
 /// A segment attached read-only and then writable in one process is remapped in place

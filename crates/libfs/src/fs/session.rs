@@ -269,6 +269,10 @@ impl Inner {
     /// Lock requests another thread had in flight at the fork keep their channel open.
     pub(crate) fn abandon(&self) {
         use std::os::fd::AsRawFd;
+        // Once: a second abandon would close descriptor numbers the child reused.
+        if self.closing.swap(true, Ordering::SeqCst) {
+            return;
+        }
         if let Ok(mut c) = self.conn.try_lock() {
             drop(c.take());
         }
