@@ -43,6 +43,10 @@ const FUNC: usize = 8;
 const LEN: usize = 16;
 const RESULT: usize = 24;
 const MSG_LEN: usize = 32;
+/// Non-zero while the child (`SLEEP_CHILD`) or the parent (`SLEEP_PARENT`) sleeps on the
+/// state word: the other side wakes it only then (a spinning side needs no system call).
+const SLEEP_CHILD: usize = 40;
+const SLEEP_PARENT: usize = 44;
 const MSG: usize = 64;
 const MSG_MAX: usize = 1024;
 const HEADER: usize = 4096;
@@ -51,8 +55,9 @@ const HEADER: usize = 4096;
 pub const PARENT_CHECK: Duration = Duration::from_millis(200);
 /// How often a waiting parent checks that its child lives.
 pub const CHILD_CHECK: Duration = Duration::from_millis(10);
-/// How long a caller spins for a reply before it sleeps on the futex.
-const SPIN: Duration = Duration::from_micros(30);
+/// How long a caller spins for a reply, and the child for the next call, before they
+/// sleep on the futex: calls in a row cost no system call and no wake-up.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// `MAP_SHARED` anonymous memory: a header page, then `data` bytes.
 struct Exchange {
@@ -120,19 +125,45 @@ impl Exchange {
         self.u32(STATE)
     }
 
-    /// Set the state and wake the other side.
-    fn set(&self, s: u32) {
+    /// Set the state and wake the other side if it sleeps (`other`: its sleep word).
+    fn set(&self, s: u32, other: usize) {
         self.state().store(s, SeqCst);
-        let _ = futex::wake(self.state(), futex::Flags::empty(), 1);
+        if self.u32(other).load(SeqCst) != 0 {
+            let _ = futex::wake(self.state(), futex::Flags::empty(), 1);
+        }
     }
 
-    /// Sleep while the state is `s`, at most `t`.
-    fn sleep(&self, s: u32, t: Duration) {
+    /// Sleep while the state is `s`, at most `t` (`mine`: this side's sleep word).
+    fn sleep(&self, s: u32, t: Duration, mine: usize) {
         let ts = futex::Timespec {
             tv_sec: t.as_secs() as i64,
             tv_nsec: t.subsec_nanos() as i64,
         };
+        // Announce the sleep before the kernel checks the state again: a `set` after
+        // this sees the word, one before it changed the state and the wait returns.
+        self.u32(mine).store(1, SeqCst);
         let _ = futex::wait(self.state(), futex::Flags::empty(), s, Some(&ts));
+        self.u32(mine).store(0, SeqCst);
+    }
+
+    /// Wait while the state is `s`: spin for [`SPIN`], then sleep `t` at a time; `alive`
+    /// is asked before each sleep (false: stop waiting). The state seen last.
+    fn wait_while(&self, s: u32, t: Duration, mine: usize, mut alive: impl FnMut() -> bool) -> u32 {
+        let start = std::time::Instant::now();
+        loop {
+            let now = self.state().load(SeqCst);
+            if now != s {
+                return now;
+            }
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !alive() {
+                return now;
+            }
+            self.sleep(s, t, mine);
+        }
     }
 
     /// The data area. Only the side the protocol hands it to may hold it.
@@ -235,20 +266,19 @@ impl<C> Helper<C> {
             gone: Mutex::new(None),
             _ctx: PhantomData,
         };
-        loop {
-            match h.ex.state().load(SeqCst) {
-                IDLE => return Ok(h),
-                FAILED => return Err(h.ex.failure()),
-                s => {
-                    if let Some(why) = h.reap() {
-                        return Err(Failure::new(
-                            libc::EIO,
-                            format!("the helper process died while starting ({why})"),
-                        ));
-                    }
-                    h.ex.sleep(s, CHILD_CHECK);
-                }
-            }
+        match h
+            .ex
+            .wait_while(SETUP, CHILD_CHECK, SLEEP_PARENT, || h.reap().is_none())
+        {
+            IDLE => Ok(h),
+            FAILED => Err(h.ex.failure()),
+            _ => Err(Failure::new(
+                libc::EIO,
+                format!(
+                    "the helper process died while starting ({})",
+                    h.reap().unwrap_or_default()
+                ),
+            )),
         }
     }
 
@@ -307,19 +337,13 @@ impl<C> Helper<C> {
         self.ex.data(buf.len()).copy_from_slice(buf);
         self.ex.u64(FUNC).store(f as usize as u64, SeqCst);
         self.ex.u64(LEN).store(buf.len() as u64, SeqCst);
-        self.ex.set(CALL);
-        let start = std::time::Instant::now();
-        loop {
-            match self.ex.state().load(SeqCst) {
-                DONE => break,
-                _ if start.elapsed() < SPIN => std::hint::spin_loop(),
-                s => {
-                    if let Some(why) = self.reap() {
-                        return Err(died(&why));
-                    }
-                    self.ex.sleep(s, CHILD_CHECK);
-                }
-            }
+        self.ex.set(CALL, SLEEP_CHILD);
+        if self
+            .ex
+            .wait_while(CALL, CHILD_CHECK, SLEEP_PARENT, || self.reap().is_none())
+            != DONE
+        {
+            return Err(died(&self.reap().unwrap_or_default()));
         }
         buf.copy_from_slice(self.ex.data(buf.len()));
         let r = self.ex.i64(RESULT).load(SeqCst);
@@ -345,7 +369,7 @@ impl<C> Drop for Helper<C> {
         if self.reap().is_some() {
             return;
         }
-        self.ex.set(QUIT);
+        self.ex.set(QUIT, SLEEP_CHILD);
         let start = std::time::Instant::now();
         while self.reap().is_none() {
             if start.elapsed() > Duration::from_secs(5) {
@@ -378,15 +402,17 @@ fn child_main<C>(
         Ok(c) => c,
         Err(f) => {
             ex.put_failure(&f);
-            ex.set(FAILED);
+            ex.set(FAILED, SLEEP_PARENT);
             // SAFETY: ends the child without running the parent's atexit handlers or
             // destructors of memory it only copied.
             unsafe { libc::_exit(1) }
         }
     };
-    ex.set(IDLE);
+    ex.set(IDLE, SLEEP_PARENT);
     loop {
-        match ex.state().load(SeqCst) {
+        // SAFETY: getppid cannot fail.
+        let parent_lives = || unsafe { libc::getppid() } == parent;
+        match ex.wait_while(IDLE, PARENT_CHECK, SLEEP_CHILD, parent_lives) {
             CALL => {
                 let len = ex.u64(LEN).load(SeqCst) as usize;
                 let bits = ex.u64(FUNC).load(SeqCst) as usize;
@@ -397,16 +423,12 @@ fn child_main<C>(
                 let mut r = 0;
                 guarded(&mut || r = f(&ctx, ex.data(len)));
                 ex.i64(RESULT).store(r, SeqCst);
-                ex.set(DONE);
+                ex.set(DONE, SLEEP_PARENT);
+                // The parent sets IDLE once it has the result.
+                ex.wait_while(DONE, PARENT_CHECK, SLEEP_CHILD, parent_lives);
             }
-            QUIT => break,
-            s => {
-                // SAFETY: getppid cannot fail.
-                if unsafe { libc::getppid() } != parent {
-                    break;
-                }
-                ex.sleep(s, PARENT_CHECK);
-            }
+            IDLE => break, // the parent died
+            _ => break,    // QUIT
         }
     }
     drop(ctx);

@@ -3,11 +3,12 @@
 //! into a return value of -1, 0 or NULL with `errno` set and a message for
 //! `sj_strerror`.
 //!
-//! This is an ABI layer: its `unsafe` is limited to reading the C strings callers pass
-//! and setting `errno`, each with a `SAFETY:` note.
+//! This is an ABI layer: its `unsafe` is limited to reading the C strings and buffers
+//! callers pass, setting `errno`, and calling the C function of `sj_vas_call` in the
+//! helper process, each with a `SAFETY:` note.
 
 use cairn_area::{errno_of, fs_err};
-use cairn_sj::{CommitMode, SegId, SpaceJmp, Target, VasCtl, VasId, Vh};
+use cairn_sj::{CommitMode, InHelper, SegId, SpaceJmp, Target, VasCtl, VasId, Vh};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
@@ -226,6 +227,87 @@ pub extern "C" fn sj_vas_switch(vh: SjVh) -> c_int {
 pub extern "C" fn sj_vas_try_switch(vh: SjVh) -> c_int {
     ret(
         handle(vh).and_then(|vh| sj()?.switch_to(vh, false, true).map(|()| 0)),
+        -1,
+    )
+}
+
+/// A C function `sj_vas_call` runs in a helper.
+type SjCallFn = extern "C" fn(*mut c_void, usize) -> i64;
+
+/// Bytes ahead of the caller's in a helper call: the C function and an errno word.
+const CALL_HEAD: usize = 16;
+
+/// The helper side of `sj_vas_call`: switch in, run the C function on the caller's
+/// bytes, switch back (as `sj_vas_switch` does both ways).
+fn c_call(h: &InHelper, buf: &mut [u8]) -> i64 {
+    let (head, user) = buf.split_at_mut(CALL_HEAD);
+    let bits = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let fail = |head: &mut [u8], e: &io::Error| {
+        head[8..16].copy_from_slice(&i64::from(errno_of(e)).to_le_bytes());
+    };
+    if let Err(e) = h.sj().switch_to(h.vh(), true, true) {
+        fail(head, &e);
+        return -1;
+    }
+    // SAFETY: `sj_vas_call` stored a non-null `SjCallFn` of this program image, and the
+    // helper is a fork of that program, so the pointer is valid here.
+    let f = unsafe { std::mem::transmute::<usize, SjCallFn>(bits as usize) };
+    let r = f(user.as_mut_ptr().cast(), user.len());
+    if let Err(e) = h.sj().switch_to(Vh::PRIMARY, true, true) {
+        fail(head, &e);
+    }
+    r
+}
+
+// A C entry point: its pointer arguments are the header's contract, not Rust's `unsafe`.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+#[no_mangle]
+pub extern "C" fn sj_vas_call(
+    vh: SjVh,
+    f: Option<SjCallFn>,
+    buf: *mut c_void,
+    len: usize,
+    result: *mut i64,
+) -> c_int {
+    let r = (|| -> io::Result<i64> {
+        let f = f.ok_or_else(|| fs_err(libc::EINVAL, "sj_vas_call: NULL function"))?;
+        if buf.is_null() && len > 0 {
+            return Err(fs_err(libc::EINVAL, "sj_vas_call: NULL buffer"));
+        }
+        let vh = handle(vh)?;
+        let mut b = vec![0u8; CALL_HEAD + len];
+        b[..8].copy_from_slice(&(f as usize as u64).to_le_bytes());
+        if len > 0 {
+            // SAFETY: the caller passes `len` readable and writable bytes at `buf` (the
+            // header's contract); they are copied in and, after the call, back.
+            unsafe {
+                std::ptr::copy_nonoverlapping(buf.cast::<u8>(), b[CALL_HEAD..].as_mut_ptr(), len)
+            };
+        }
+        let r = sj()?.vas_call(vh, c_call, &mut b)?;
+        if len > 0 {
+            // SAFETY: as above.
+            unsafe {
+                std::ptr::copy_nonoverlapping(b[CALL_HEAD..].as_ptr(), buf.cast::<u8>(), len)
+            };
+        }
+        let errno = i64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+        if errno != 0 {
+            return Err(fs_err(
+                errno as i32,
+                "sj_vas_call: switching the helper into the address space, or back, failed",
+            ));
+        }
+        Ok(r)
+    })();
+    ret(
+        r.map(|v| {
+            if !result.is_null() {
+                // SAFETY: a non-null `result` points to an int64_t of the caller's.
+                unsafe { *result = v };
+            }
+            0
+        }),
         -1,
     )
 }

@@ -1071,6 +1071,79 @@ fn the_worked_examples_run_across_processes() {
     }
 }
 
+/// `sj_vas_call` from C: a thread in one address space runs a function in another at
+/// the same address through the helper; the function commits there with `sj_commit`.
+#[test]
+fn c_programs_call_into_a_conflicting_address_space() {
+    let s = store();
+    let src = s.path().join("call.c");
+    std::fs::write(
+        &src,
+        r#"#include <cairn/sj.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#define BASE ((char *)0x100000000000 + (16L << 30))
+static void die(const char *what) {
+    fprintf(stderr, "call: %s: %s (errno %d)\n", what, sj_strerror(), errno);
+    exit(1);
+}
+static sj_vh_t space(const char *name) {
+    sj_sid_t sid = sj_seg_alloc(name, BASE, 4 << 20, SJ_PROT_RW, SJ_OVERLAP | SJ_LOCKABLE);
+    if (!sid) die("sj_seg_alloc");
+    sj_vid_t vid = sj_vas_create(name, 0600);
+    if (!vid) die("sj_vas_create");
+    if (sj_vas_ctl(SJ_VAS_ADD, vid, sid, SJ_PROT_RW) < 0) die("sj_vas_ctl");
+    sj_vh_t vh = sj_vas_attach(vid, 0);
+    if (vh < 0) die("sj_vas_attach");
+    return vh;
+}
+/* In the helper: store the caller's number in the segment at BASE (c-b's), commit. */
+static int64_t put(void *buf, size_t len) {
+    volatile uint64_t *w = (uint64_t *)(BASE + 65536);
+    uint64_t old = *w;
+    *w = *(uint64_t *)buf;
+    if (sj_commit() < 0) return -1;
+    *(uint64_t *)buf = old;
+    return getpid();
+}
+int main(void) {
+    sj_vh_t a = space("c-a"), b = space("c-b");
+    volatile uint64_t *w = (uint64_t *)(BASE + 65536);
+    if (sj_vas_switch(a) < 0) die("switch a");
+    *w = 7;
+    if (sj_commit() < 0) die("commit a");
+    uint64_t v = 9;
+    int64_t pid;
+    if (sj_vas_call(b, put, &v, sizeof v, &pid) < 0) die("sj_vas_call");
+    printf("helper %s, old %lu, here %lu\n", pid != getpid() ? "elsewhere" : "HERE",
+           (unsigned long)v, (unsigned long)*w);
+    if (sj_vas_call(SJ_PRIMARY, put, &v, sizeof v, &pid) == 0 || errno != EINVAL)
+        die("a call in the primary");
+    if (sj_vas_switch(SJ_PRIMARY) < 0) die("switch back");
+    if (sj_vas_switch(b) < 0) die("switch b");
+    printf("c-b has %lu\n", (unsigned long)*w);
+    if (sj_vas_switch(SJ_PRIMARY) < 0) die("switch back");
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = compile_c(&src, &s.path().join("call"));
+    let out = Command::new(&exe)
+        .env("CAIRN_STORE", s.path())
+        .env("CAIRN_BIN", harness::cairn_bin())
+        .output()
+        .unwrap();
+    check("call", &out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "helper elsewhere, old 0, here 7\nc-b has 9\n"
+    );
+}
+
 /// `src` compiled against `libcairn_sj.so` (next to the `cairn` under test) into `exe`.
 fn compile_c(src: &Path, exe: &Path) -> std::path::PathBuf {
     let bin_dir = harness::cairn_bin().parent().unwrap().to_path_buf();

@@ -239,7 +239,66 @@ fn switch(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
             sj.seg_free(&format!("sw-{mode}-{i}"))?;
         }
     }
-    switch_overlapping(sj, args, rows)
+    switch_overlapping(sj, args, rows)?;
+    switch_helper(sj, args, rows)
+}
+
+/// A helper call that does nothing (the round trip to the helper process).
+fn call_nothing(_: &cairn_sj::InHelper, _: &mut [u8]) -> i64 {
+    0
+}
+
+/// A helper call that switches the helper into the address space (taking the writer
+/// lock of its lockable segment) and back.
+fn call_switched(h: &cairn_sj::InHelper, _: &mut [u8]) -> i64 {
+    match h.enter() {
+        Ok(_) => 0,
+        Err(e) => -i64::from(cairn_area::errno_of(&e)),
+    }
+}
+
+/// Calls through a handle's helper process (`vas_call`), one per sample: the round trip
+/// alone, and with the helper's switch into the address space and back.
+fn switch_helper(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> CliResult {
+    let (_, vh) = space(
+        sj,
+        "sw-helper",
+        cairn_format::sj::MIN_LEN,
+        flags::LOCKABLE,
+        prot::RW,
+        CommitMode::Snapshot,
+    )?;
+    for (mode, f) in [
+        (
+            "helper-call",
+            call_nothing as fn(&cairn_sj::InHelper, &mut [u8]) -> i64,
+        ),
+        ("helper-call-switched", call_switched),
+    ] {
+        let (mut p50, mut p99) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            let (a, b) = batches(2000, 1, 200, || {
+                let r = sj.vas_call(vh, f, &mut [0u8; 8])?;
+                if r != 0 {
+                    return Err(crate::error::CliError::from(
+                        std::io::Error::from_raw_os_error(-r as i32),
+                    ));
+                }
+                Ok(())
+            })?;
+            p50.push(a);
+            p99.push(b);
+        }
+        push(
+            rows,
+            json!({"experiment": "switch", "mode": mode, "attached": 1, "between": 1,
+                   "p50_ns": median(&p50), "p99_ns": median(&p99)}),
+        );
+    }
+    sj.vas_detach(vh)?;
+    sj.vas_remove("sw-helper")?;
+    sj.seg_free("sw-helper")?;
+    Ok(())
 }
 
 /// Switches round-robin between 2 to `--windows` address spaces of one 1 GiB segment

@@ -72,6 +72,19 @@ int sj_vas_switch(sj_vh_t vh);
 /* The same, but fail with EWOULDBLOCK instead of waiting (the thread stays). */
 int sj_vas_try_switch(sj_vh_t vh);
 
+/* Run fn in the helper process of `vh` (forked from this process at the first call,
+ * so fn's code is there), while this process's threads may be in address spaces that
+ * conflict with vh (overlapping segments). As if the helper's thread did
+ * sj_vas_switch(vh); fn(copy, len); sj_vas_switch(SJ_PRIMARY): fn may call sj_commit()
+ * and the other sj_ functions, which act in the helper. fn gets a copy of the `len`
+ * bytes at `buf` (at most SJ_CALL_MAX; pointers in them may point into segments, not
+ * into buf), copied back into buf afterwards; its value goes to *result.
+ * EIO if the helper died (the next call starts another), EMSGSIZE if len is too
+ * large, EINVAL for the primary address space. */
+#define SJ_CALL_MAX ((1 << 20) - 16)
+typedef int64_t (*sj_call_fn)(void *buf, size_t len);
+int sj_vas_call(sj_vh_t vh, sj_call_fn fn, void *buf, size_t len, int64_t *result);
+
 /* Memory in segment `sid` of the current address space (its heap lives inside it). */
 void *sj_malloc(sj_sid_t sid, size_t n);
 void sj_free(void *p);
