@@ -68,6 +68,13 @@ pub const SEG_HEADER_LEN: usize = 64;
 /// The commit sequence: the number of commits the segment has had (u64, at this offset
 /// of the header page; written by every commit).
 pub const COMMIT_SEQ_OFF: u64 = 64;
+/// A **staged commit** (one too large for a transaction of the log): the commit
+/// sequence it makes (u64 at this offset of the header page; 0: none). Written by one
+/// transaction once the segment's stage file ([`StageHeader`]) holds the whole commit:
+/// that transaction is the commit point. While it is set, the segment's committed state
+/// is the file with the staged runs laid over it; it is cleared (0) once they are copied
+/// into the file.
+pub const REDO_SEQ_OFF: u64 = 72;
 /// The named roots: [`ROOTS`] entries of [`ROOT_LEN`] bytes from [`ROOTS_OFF`]: a name
 /// length (u8, 0: free), the name (at most [`ROOT_NAME_MAX`] bytes), the address (u64 at
 /// the entry's last 8 bytes).
@@ -339,10 +346,148 @@ pub fn decode_vas(b: &[u8]) -> Result<Vec<VasEntry>> {
     Ok(out)
 }
 
+pub const STAGE_MAGIC: &[u8; 8] = b"SJSTAGE1";
+pub const STAGE_HEADER_LEN: usize = 64;
+/// The most runs a stage file lists (a commit has at most one per 4 KiB page it
+/// changed, and a segment is at most the window's 64 TiB: bounded well below).
+pub const STAGE_MAX_RUNS: u64 = 1 << 24;
+
+/// The head of a segment's **stage file** (`/.sj/stage/<ino>-<gen>`): a commit too large
+/// for one transaction of the log, staged before its commit point. Bytes: magic
+/// `SJSTAGE1`, the commit sequence it makes u64, the segment's inode number u64 and
+/// generation u64, the number of runs u64, reserved u64 (0), reserved u32 (0), crc32c
+/// u32 of bytes 0..60 and of the run table; at 64, the run table: (offset, length) u64
+/// pairs in the segment, sorted and not overlapping; from [`StageHeader::data_off`] (the
+/// table's end rounded up to 4 KiB) the runs' bytes, back to back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageHeader {
+    pub seq: u64,
+    pub ino: u64,
+    pub gen: u64,
+    pub runs: Vec<(u64, u64)>,
+}
+
+impl StageHeader {
+    /// Bytes of the head and table for `nruns` runs.
+    pub fn table_end(nruns: u64) -> u64 {
+        STAGE_HEADER_LEN as u64 + 16 * nruns
+    }
+
+    /// Where the runs' bytes start.
+    pub fn data_off(&self) -> u64 {
+        align_up(Self::table_end(self.runs.len() as u64), PAGE)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; Self::table_end(self.runs.len() as u64) as usize];
+        b[..8].copy_from_slice(STAGE_MAGIC);
+        le::put_u64(&mut b, 8, self.seq);
+        le::put_u64(&mut b, 16, self.ino);
+        le::put_u64(&mut b, 24, self.gen);
+        le::put_u64(&mut b, 32, self.runs.len() as u64);
+        for (i, &(o, l)) in self.runs.iter().enumerate() {
+            le::put_u64(&mut b, STAGE_HEADER_LEN + 16 * i, o);
+            le::put_u64(&mut b, STAGE_HEADER_LEN + 16 * i + 8, l);
+        }
+        let c = stage_crc(&b);
+        le::put_u32(&mut b, 60, c);
+        b
+    }
+
+    /// The number of runs the head `b` (at least [`STAGE_HEADER_LEN`] bytes) announces,
+    /// to read the whole table.
+    pub fn runs_in(b: &[u8]) -> Result<u64> {
+        if b.len() < STAGE_HEADER_LEN || &b[..8] != STAGE_MAGIC {
+            return bad("not a stage file");
+        }
+        let n = le::u64(b, 32);
+        if n > STAGE_MAX_RUNS {
+            return bad(format!("stage file: {n} runs"));
+        }
+        Ok(n)
+    }
+
+    /// Decode and validate the head and table `b` for segment (`ino`, `gen`) of `len`
+    /// bytes.
+    pub fn decode(b: &[u8], ino: u64, gen: u64, len: u64) -> Result<StageHeader> {
+        let n = Self::runs_in(b)?;
+        let end = Self::table_end(n) as usize;
+        if b.len() < end {
+            return bad("stage file: run table cut short");
+        }
+        if le::u32(b, 60) != stage_crc(&b[..end]) {
+            return bad("stage file: checksum mismatch");
+        }
+        let h = StageHeader {
+            seq: le::u64(b, 8),
+            ino: le::u64(b, 16),
+            gen: le::u64(b, 24),
+            runs: (0..n as usize)
+                .map(|i| {
+                    (
+                        le::u64(b, STAGE_HEADER_LEN + 16 * i),
+                        le::u64(b, STAGE_HEADER_LEN + 16 * i + 8),
+                    )
+                })
+                .collect(),
+        };
+        if (h.ino, h.gen) != (ino, gen) {
+            return bad("stage file: of another segment");
+        }
+        let mut at = 0;
+        for &(o, l) in &h.runs {
+            if o < at || l == 0 || o.checked_add(l).is_none_or(|e| e > len) {
+                return bad("stage file: runs out of order or outside the segment");
+            }
+            at = o + l;
+        }
+        Ok(h)
+    }
+}
+
+/// crc32c of a stage head and table, its crc field (bytes 60..64) left out.
+fn stage_crc(b: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&b[..60]);
+    crc32c::crc32c_append(c, &b[64..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn stage_header_roundtrip_and_damage() {
+        let h = StageHeader {
+            seq: 9,
+            ino: 42,
+            gen: 3,
+            runs: vec![(64, 16), (4096, 8192), (1 << 20, 4096)],
+        };
+        let b = h.encode();
+        assert_eq!(StageHeader::runs_in(&b).unwrap(), 3);
+        assert_eq!(StageHeader::decode(&b, 42, 3, 2 << 20).unwrap(), h);
+        assert_eq!(h.data_off(), 4096);
+        assert!(
+            StageHeader::decode(&b, 42, 4, 2 << 20).is_err(),
+            "another segment"
+        );
+        assert!(
+            StageHeader::decode(&b, 42, 3, 1 << 20).is_err(),
+            "past the end"
+        );
+        assert!(StageHeader::decode(&b[..b.len() - 1], 42, 3, 2 << 20).is_err());
+        for i in [0, 9, 33, 70, b.len() - 1] {
+            let mut d = b.clone();
+            d[i] ^= 1;
+            assert!(StageHeader::decode(&d, 42, 3, 2 << 20).is_err(), "byte {i}");
+        }
+        let unsorted = StageHeader {
+            runs: vec![(4096, 10), (0, 10)],
+            ..h
+        };
+        assert!(StageHeader::decode(&unsorted.encode(), 42, 3, 2 << 20).is_err());
+    }
 
     fn header() -> SegHeader {
         SegHeader {

@@ -646,6 +646,12 @@ impl<'c> Slot<'c> {
         self.w(WRITER).load(SeqCst) == thread_word()
     }
 
+    /// Mark the whole segment for repair by the next holder of the writer lock (a
+    /// staged commit whose copy into the file did not finish).
+    pub fn journal_whole(&self) {
+        self.w(JOURNAL).store(Journal::Whole.word(), SeqCst);
+    }
+
     /// The journal (the caller holds the writer lock).
     pub fn journal(&self) -> (Journal, Vec<u64>) {
         let j = Journal::of(self.w(JOURNAL).load(SeqCst));

@@ -14,7 +14,7 @@ use crate::control::Journal;
 use crate::space::{open_named, Open};
 use cairn::Fs;
 use cairn_area::{fs_err, host};
-use cairn_format::sj::{self, SegHeader};
+use cairn_format::sj::{self, SegHeader, StageHeader};
 use cairn_media::Mapping;
 use std::fs::File;
 use std::io;
@@ -26,6 +26,7 @@ const FILL_STEP: usize = 1 << 20;
 
 /// An open segment.
 pub struct Segment {
+    fs: Fs,
     pub ino: u64,
     pub gen: u64,
     /// Its path in the store.
@@ -107,9 +108,13 @@ impl Segment {
         let object_path = object_path(&fs.uuid(), ino, gen);
         let object = match open_object(&object_path)? {
             Some(o) => o,
-            None => build_object(fs, &file, &object_path, header.len)?,
+            None => {
+                let staged = staged_of(fs, &file, ino, gen, header.len)?;
+                build_object(fs, &file, staged.as_ref(), &object_path, header.len)?
+            }
         };
         Ok(Segment {
+            fs: fs.clone(),
             ino,
             gen,
             path: path.to_string(),
@@ -143,12 +148,12 @@ impl Segment {
         self.header.flags & sj::flags::LOCKABLE != 0
     }
 
-    /// The commit sequence in the file and in the resident copy.
+    /// The commit sequence of the file's committed state (a staged commit's, while one
+    /// is pending) and of the resident copy.
     pub fn commit_seqs(&self) -> io::Result<(u64, u64)> {
-        let mut b = [0u8; 8];
-        self.file.read_at(&mut b, sj::COMMIT_SEQ_OFF)?;
+        let (seq, redo) = file_seqs(&self.file)?;
         Ok((
-            u64::from_le_bytes(b),
+            if redo != 0 { redo } else { seq },
             read_u64(&self.object, sj::COMMIT_SEQ_OFF)?,
         ))
     }
@@ -159,46 +164,134 @@ impl Segment {
         read_u64(&self.object, sj::COMMIT_SEQ_OFF)
     }
 
-    /// Copy `[off, off + len)` of the file into the resident copy.
-    pub fn refresh(&self, off: u64, len: u64) -> io::Result<()> {
+    /// Copy `[off, off + len)` of the committed state (the file, and a pending staged
+    /// commit laid over it) into the resident copy.
+    fn refresh(&self, staged: Option<&Staged>, off: u64, len: u64) -> io::Result<()> {
         let mut buf = vec![0u8; FILL_STEP.min(len as usize)];
         let mut at = off;
         while at < off + len {
             let n = buf.len().min((off + len - at) as usize);
-            let got = self.file.read_at(&mut buf[..n], at)?;
-            buf[got..n].fill(0);
+            committed_at(&self.file, staged, &mut buf[..n], at)?;
             self.object.write_all_at(&buf[..n], at)?;
             at += n as u64;
         }
         Ok(())
     }
 
-    /// Make the resident copy the file's committed state again after a writer died
-    /// (the caller holds the writer lock): the pages the journal lists, or all of it.
+    /// Make the resident copy the committed state again after a writer died (the caller
+    /// holds the writer lock): the pages the journal lists, or all of it. A staged
+    /// commit the writer left is finished first (when this process may write the file).
     /// An explicit-mode writer's undo log is applied by the caller.
     pub fn repair(&self, journal: Journal, pages: &[u64]) -> io::Result<()> {
+        self.finish_staged()?;
+        let staged = self.staged()?;
         match journal {
             Journal::Clean | Journal::Undo => Ok(()),
             Journal::Pages => {
                 for &p in pages {
                     if p < self.len() {
-                        self.refresh(p, sj::PAGE.min(self.len() - p))?;
+                        self.refresh(staged.as_ref(), p, sj::PAGE.min(self.len() - p))?;
                     }
                 }
                 Ok(())
             }
-            Journal::Whole => self.refresh(0, self.len()),
+            Journal::Whole => self.refresh(staged.as_ref(), 0, self.len()),
         }
     }
 
-    /// Rebuild the resident copy if it is not the file's state (the caller holds the
-    /// writer lock). Whether it did.
+    /// Finish a pending staged commit (when this process may write the file) and rebuild
+    /// the resident copy if it is not the committed state (the caller holds the writer
+    /// lock). Whether it rebuilt.
     pub fn resync(&self) -> io::Result<bool> {
+        self.finish_staged()?;
         let (file, object) = self.commit_seqs()?;
         if file == object {
             return Ok(false);
         }
-        self.refresh(0, self.len())?;
+        self.refresh(self.staged()?.as_ref(), 0, self.len())?;
+        Ok(true)
+    }
+
+    /// The staged commit the file's marker names, if one is pending.
+    pub fn staged(&self) -> io::Result<Option<Staged>> {
+        staged_of(&self.fs, &self.file, self.ino, self.gen, self.len())
+    }
+
+    /// Stage commit `seq` (`runs`: sorted, not overlapping, with their new bytes) in the
+    /// segment's stage file, durable on return. Not committed: setting the marker (of
+    /// every segment of the commit, in one transaction) is the commit point.
+    pub fn stage(&self, seq: u64, runs: &[(u64, &[u8])]) -> io::Result<()> {
+        let path = stage_path(self.ino, self.gen);
+        let mode = self.file.metadata()?.mode() & 0o7777;
+        let f = match open_named(&self.fs, "stage file", &path, Open::Write) {
+            Ok(f) => f,
+            Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => {
+                open_named(&self.fs, "stage file", &path, Open::Create(mode))?
+            }
+            Err(e) => return Err(e),
+        };
+        let head = StageHeader {
+            seq,
+            ino: self.ino,
+            gen: self.gen,
+            runs: runs.iter().map(|&(o, d)| (o, d.len() as u64)).collect(),
+        };
+        let mut at = head.data_off();
+        for &(o, d) in runs {
+            f.write_at(&with_marker(o, d, seq), at)?;
+            at += d.len() as u64;
+        }
+        f.write_at(&head.encode(), 0)?;
+        Ok(())
+    }
+
+    /// Copy a staged commit's runs into the file (not atomic by itself: the marker
+    /// stays set meanwhile, so a crash leaves the staged commit pending, to be finished
+    /// again), then clear the marker. `runs` are the staged runs, from memory.
+    pub fn apply_staged(&self, seq: u64, runs: &[(u64, &[u8])]) -> io::Result<()> {
+        for (i, &(o, d)) in runs.iter().enumerate() {
+            self.file.write_at(&with_marker(o, d, seq), o)?;
+            if i == 0 {
+                crate::space::crash_point("applying");
+            }
+        }
+        self.clear_staged()
+    }
+
+    /// Clear the marker (the staged commit is in the file), then give the stage file's
+    /// blocks back (best effort: a later staged commit overwrites it anyway).
+    fn clear_staged(&self) -> io::Result<()> {
+        self.file
+            .write_runs_atomic(&[(sj::REDO_SEQ_OFF, &0u64.to_le_bytes())])?;
+        let path = stage_path(self.ino, self.gen);
+        if let Ok(f) = open_named(&self.fs, "stage file", &path, Open::Write) {
+            let _ = f.set_len(0);
+        }
+        Ok(())
+    }
+
+    /// Finish a pending staged commit from the stage file, if this process may write
+    /// the segment (the caller holds the writer lock). Whether one was pending.
+    pub fn finish_staged(&self) -> io::Result<bool> {
+        if !self.writable {
+            return Ok(false);
+        }
+        let Some(st) = self.staged()? else {
+            return Ok(false);
+        };
+        let mut at = st.head.data_off();
+        for &(o, l) in &st.head.runs {
+            let mut done = 0;
+            while done < l {
+                let n = (FILL_STEP as u64).min(l - done) as usize;
+                let mut buf = vec![0u8; n];
+                read_exact(&st.file, &mut buf, at + done)?;
+                self.file.write_at(&buf, o + done)?;
+                done += n as u64;
+            }
+            at += l;
+        }
+        self.clear_staged()?;
         Ok(true)
     }
 
@@ -227,7 +320,13 @@ fn open_object(path: &Path) -> io::Result<Option<File>> {
 /// Make the resident copy of `file` (`len` bytes) at `path`: filled from the file,
 /// collapsed into 2 MiB folios where the kernel allows, then renamed into place (a
 /// process that loses the race uses the winner's).
-fn build_object(fs: &Fs, file: &cairn::File, path: &Path, len: u64) -> io::Result<File> {
+fn build_object(
+    fs: &Fs,
+    file: &cairn::File,
+    staged: Option<&Staged>,
+    path: &Path,
+    len: u64,
+) -> io::Result<File> {
     let tmp = path.with_extension(format!(
         "{}.new-{}",
         path.extension().and_then(|e| e.to_str()).unwrap_or(""),
@@ -256,8 +355,7 @@ fn build_object(fs: &Fs, file: &cairn::File, path: &Path, len: u64) -> io::Resul
         let mut at = 0u64;
         while at < len {
             let n = buf.len().min((len - at) as usize);
-            let got = file.read_at(&mut buf[..n], at)?;
-            buf[got..n].fill(0);
+            committed_at(file, staged, &mut buf[..n], at)?;
             if buf[..n].iter().any(|&b| b != 0) {
                 f.write_all_at(&buf[..n], at)
                     .map_err(|e| ctx(e, "filling"))?;
@@ -318,4 +416,131 @@ pub fn remove_object(uuid: &[u8; 16], ino: u64, gen: u64) {
             let _ = std::fs::remove_file(q);
         }
     }
+}
+
+/// The stage file of segment (`ino`, `gen`) in the store.
+pub fn stage_path(ino: u64, gen: u64) -> String {
+    format!("/.sj/stage/{ino}-{gen}")
+}
+
+/// A pending staged commit, read back from its stage file.
+pub struct Staged {
+    file: cairn::File,
+    head: StageHeader,
+}
+
+impl Staged {
+    pub fn seq(&self) -> u64 {
+        self.head.seq
+    }
+
+    /// Lay the staged runs over `buf`, the segment's bytes from `off`.
+    fn overlay(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let end = off + buf.len() as u64;
+        let mut at = self.head.data_off();
+        for &(o, l) in &self.head.runs {
+            let (s, e) = (o.max(off), (o + l).min(end));
+            if s < e {
+                read_exact(
+                    &self.file,
+                    &mut buf[(s - off) as usize..(e - off) as usize],
+                    at + (s - o),
+                )?;
+            }
+            at += l;
+        }
+        Ok(())
+    }
+}
+
+fn read_exact(f: &cairn::File, buf: &mut [u8], off: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = f.read_at(&mut buf[done..], off + done as u64)?;
+        if n == 0 {
+            return Err(fs_err(libc::EINVAL, "stage file: cut short"));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// The file's commit sequence and staged-commit marker.
+fn file_seqs(file: &cairn::File) -> io::Result<(u64, u64)> {
+    let mut b = [0u8; 16];
+    file.read_at(&mut b, sj::COMMIT_SEQ_OFF)?;
+    Ok((
+        u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(b[8..].try_into().expect("8 bytes")),
+    ))
+}
+
+/// The staged commit the marker of segment file `file` names, if any. `EINVAL` when the
+/// marker is set and its stage file is missing or damaged (the committed state cannot
+/// be known: the segment is damaged).
+fn staged_of(
+    fs: &Fs,
+    file: &cairn::File,
+    ino: u64,
+    gen: u64,
+    len: u64,
+) -> io::Result<Option<Staged>> {
+    let (_, redo) = file_seqs(file)?;
+    if redo == 0 {
+        return Ok(None);
+    }
+    let path = stage_path(ino, gen);
+    let damaged = |why: String| {
+        fs_err(
+            libc::EINVAL,
+            format!("damaged segment: its staged commit {redo} ({path}): {why}"),
+        )
+    };
+    let sf = open_named(fs, "stage file", &path, Open::Read)?;
+    let mut head = vec![0u8; sj::STAGE_HEADER_LEN];
+    read_exact(&sf, &mut head, 0)?;
+    let n = StageHeader::runs_in(&head).map_err(|e| damaged(e.0))?;
+    let mut table = vec![0u8; StageHeader::table_end(n) as usize];
+    read_exact(&sf, &mut table, 0)?;
+    let head = StageHeader::decode(&table, ino, gen, len).map_err(|e| damaged(e.0))?;
+    if head.seq != redo {
+        return Err(damaged(format!("it stages commit {}", head.seq)));
+    }
+    Ok(Some(Staged { file: sf, head }))
+}
+
+/// `buf` filled with the committed state from `off`: the file's bytes (zeros past its
+/// end), a pending staged commit laid over them, and the marker itself left out (a
+/// resident copy never carries it).
+fn committed_at(
+    file: &cairn::File,
+    staged: Option<&Staged>,
+    buf: &mut [u8],
+    off: u64,
+) -> io::Result<()> {
+    let got = file.read_at(buf, off)?;
+    buf[got..].fill(0);
+    if let Some(st) = staged {
+        st.overlay(off, buf)?;
+    }
+    let (m, end) = (sj::REDO_SEQ_OFF, sj::REDO_SEQ_OFF + 8);
+    let (s, e) = (m.max(off), end.min(off + buf.len() as u64));
+    if s < e {
+        buf[(s - off) as usize..(e - off) as usize].fill(0);
+    }
+    Ok(())
+}
+
+/// A run's bytes as a staged commit writes them: with the marker (`seq`) where the run
+/// covers it, so that copying the run into the file never clears the marker early.
+fn with_marker(off: u64, data: &[u8], seq: u64) -> std::borrow::Cow<'_, [u8]> {
+    let (m, end) = (sj::REDO_SEQ_OFF, sj::REDO_SEQ_OFF + 8);
+    let (s, e) = (m.max(off), end.min(off + data.len() as u64));
+    if s >= e {
+        return std::borrow::Cow::Borrowed(data);
+    }
+    let mut v = data.to_vec();
+    v[(s - off) as usize..(e - off) as usize]
+        .copy_from_slice(&seq.to_le_bytes()[(s - m) as usize..(e - m) as usize]);
+    std::borrow::Cow::Owned(v)
 }

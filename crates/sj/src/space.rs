@@ -268,6 +268,9 @@ pub(crate) struct State {
     seg_paths: HashMap<u64, String>,
 }
 
+/// A segment's part of a staged commit: the segment, the commit sequence, the runs.
+type Staging<'a> = (&'a Segment, u64, Vec<(u64, &'a [u8])>);
+
 /// A lock a thread holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
@@ -754,6 +757,9 @@ impl SpaceJmp {
             Err(e) => return Err(lock_err(&e, &format!("segment {path}: its writer lock"))),
         }
         self.fs.remove_file(path.as_str())?;
+        let _ = self
+            .fs
+            .remove_file(segment::stage_path(info.id.0, info.gen).as_str());
         let _ = self.fs.sj_release(info.id.0, info.gen);
         segment::remove_object(&self.uuid, info.id.0, info.gen);
         UndoLog::remove(&self.uuid, info.id.0, info.gen);
@@ -1884,8 +1890,8 @@ impl SpaceJmp {
 
     /// Commit the calling thread's stores to the segments of its current address space:
     /// durable and visible to others when it returns, all of them or none after any crash.
-    /// `E2BIG` when the commit does not fit in one transaction of this client's log (a
-    /// quarter of it): the stores stay uncommitted (abort, or commit in smaller steps).
+    /// A commit larger than one transaction of this client's log (a quarter of it) is
+    /// staged first ([`SpaceJmp::commit_staged`]): all or nothing all the same.
     pub fn commit(&self) -> io::Result<CommitStats> {
         let segs = self.writable()?;
         let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
@@ -1981,6 +1987,7 @@ impl SpaceJmp {
         if work.is_empty() {
             return Ok(stats);
         }
+        let mut unfinished = false;
         let result = (|| -> io::Result<()> {
             for w in &mut work {
                 w.seq = w.seg.object_seq()? + 1;
@@ -2020,22 +2027,30 @@ impl SpaceJmp {
                     all.push((&w.seg.file, *o, b.as_slice()));
                 }
             }
-            cairn::File::write_files_atomic(&all).map_err(|e| {
-                if errno_of(&e) == libc::E2BIG {
-                    fs_err(
-                        libc::E2BIG,
-                        format!(
-                            "commit of {} KiB: more than one transaction of this client's log \
-                             holds (a quarter of it); commit in smaller steps",
-                            all.iter().map(|r| r.2.len()).sum::<usize>() / 1024
-                        ),
-                    )
-                } else {
-                    e
+            let bytes: usize = all.iter().map(|r| r.2.len()).sum();
+            let small = bytes <= work[0].seg.file.atomic_write_limit(all.len());
+            let logged = if small {
+                cairn::File::write_files_atomic(&all)
+            } else {
+                Err(fs_err(libc::E2BIG, "larger than one transaction"))
+            };
+            match logged {
+                Ok(()) => crash_point("after-log"),
+                Err(e) if errno_of(&e) == libc::E2BIG => {
+                    let staged: Vec<Staging<'_>> = work
+                        .iter()
+                        .map(|w| {
+                            let mut runs: Vec<(u64, &[u8])> =
+                                w.runs.iter().map(|(o, b)| (*o, b.as_slice())).collect();
+                            runs.sort_by_key(|r| r.0);
+                            (&*w.seg, w.seq, runs)
+                        })
+                        .collect();
+                    unfinished = !self.commit_staged(&staged)?;
                 }
-            })?;
+                Err(e) => return Err(e),
+            }
             // Durable. Publish into the resident copies.
-            crash_point("after-log");
             for w in &work {
                 if w.undo.is_some() {
                     // Explicit mode: the stores are in the resident copy already; only
@@ -2056,7 +2071,12 @@ impl SpaceJmp {
                     u.clear()?;
                 }
                 let slot = self.slot(w.slot);
-                slot.journal_clear();
+                if unfinished {
+                    // The next holder of the writer lock finishes the staged commit.
+                    slot.journal_whole();
+                } else {
+                    slot.journal_clear();
+                }
                 slot.count_commit();
             }
             Ok(())
@@ -2087,6 +2107,29 @@ impl SpaceJmp {
             }
         }
         result.map(|()| stats)
+    }
+
+    /// A commit too large for one transaction of this client's log: staged in each
+    /// segment's stage file, committed by **one** transaction that sets every segment's
+    /// marker (the commit point), then copied into the files. Whether the copy finished
+    /// (if not, the commit stands all the same: the next holder of the writer lock
+    /// finishes it from the stage files).
+    fn commit_staged(&self, segs: &[Staging<'_>]) -> io::Result<bool> {
+        for (seg, seq, runs) in segs {
+            seg.stage(*seq, runs)?;
+        }
+        crash_point("staged");
+        let marks: Vec<[u8; 8]> = segs.iter().map(|s| s.1.to_le_bytes()).collect();
+        let all: Vec<(&cairn::File, u64, &[u8])> = segs
+            .iter()
+            .zip(&marks)
+            .map(|((seg, ..), m)| (&seg.file, sj::REDO_SEQ_OFF, m.as_slice()))
+            .collect();
+        cairn::File::write_files_atomic(&all)?;
+        crash_point("after-log");
+        Ok(segs
+            .iter()
+            .all(|(seg, seq, runs)| seg.apply_staged(*seq, runs).is_ok()))
     }
 
     /// Drop the calling thread's uncommitted stores to the segments of its current
@@ -2297,7 +2340,7 @@ impl SpaceJmp {
 /// A planted crash for the tests (checked builds only, as the test suite's `ci`
 /// profile): with `CAIRN_SJ_CRASH=<point>` the process kills itself there (SIGKILL: no
 /// clean-up of any kind runs).
-fn crash_point(point: &str) {
+pub(crate) fn crash_point(point: &str) {
     if cfg!(debug_assertions) && std::env::var("CAIRN_SJ_CRASH").is_ok_and(|p| p == point) {
         let _ =
             rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);

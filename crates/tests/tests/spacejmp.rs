@@ -18,6 +18,10 @@ const BASE: u64 = cairn_format::sj::WINDOW_BASE + (4 << 30);
 const SEG_LEN: u64 = 8 << 20;
 /// Where the overlapping segments live (all three at once).
 const OVERLAP_BASE: u64 = cairn_format::sj::WINDOW_BASE + (8 << 30);
+/// The segments of the large-commit test, and the bytes one commit writes into them
+/// (half in each: six times a quarter of the test store's 4 MiB log).
+const BIG_SEG: u64 = 4 << 20;
+const BIG_FILL: u64 = 6 << 20;
 /// Where the permission test keeps its values (past the header and the heap's state).
 const DATA: u64 = 64 << 10;
 
@@ -221,6 +225,76 @@ fn sj_child() {
                     rustix::process::getpid(),
                     rustix::process::Signal::KILL,
                 );
+            }
+        }
+        // Commits larger than a quarter of the log: two segments of "big" filled with one
+        // value in one commit; `check` reads them back (through "big-r", read-only, or
+        // "big", writable) and prints the value if it is uniform.
+        "big" => {
+            let half = BIG_FILL / 2;
+            match args[0].as_str() {
+                "make" => {
+                    let vid = sj.vas_create("big", 0o600).unwrap();
+                    let rid = sj.vas_create("big-r", 0o600).unwrap();
+                    for (n, f) in [("big-a", flags::LOCKABLE), ("big-b", 0)] {
+                        let sid = sj.seg_alloc(n, None, BIG_SEG, prot::RW, f, 0o600).unwrap();
+                        sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+                        sj.seg_attach(Target::Vas(rid), sid, prot::READ).unwrap();
+                    }
+                }
+                "fill" => {
+                    let v: u64 = args[2].parse().unwrap();
+                    let vh = sj
+                        .vas_attach(sj.vas_find("big").unwrap(), mode(&args[1..]))
+                        .unwrap();
+                    let g = sj.enter(vh).unwrap();
+                    let words: Vec<u8> = (0..half / 8).flat_map(|_| v.to_le_bytes()).collect();
+                    for n in ["big-a", "big-b"] {
+                        let base = sj.seg_info(n).unwrap().base;
+                        g.write(SegPtr(base + DATA), &words).unwrap();
+                        // The header page too (the staged commit's marker lives there).
+                        g.set_root(sj.seg_find(n).unwrap(), "fill", SegPtr(v))
+                            .unwrap();
+                    }
+                    let st = g.commit().unwrap();
+                    println!("sj: committed {} bytes", st.bytes);
+                    drop(g);
+                    for n in ["big-a", "big-b"] {
+                        let i = sj.seg_info(n).unwrap();
+                        let stage = cairn::File::open(
+                            sj.fs(),
+                            cairn_sj::segment::stage_path(i.id.0, i.gen).as_str(),
+                        )
+                        .unwrap();
+                        assert_eq!(stage.metadata().unwrap().len(), 0, "{n}: stage left");
+                    }
+                }
+                "evict" => {
+                    for n in ["big-a", "big-b"] {
+                        sj.seg_evict(n).unwrap();
+                    }
+                }
+                "check" => {
+                    let vas = if args[1] == "read" { "big-r" } else { "big" };
+                    let vh = sj
+                        .vas_attach(sj.vas_find(vas).unwrap(), CommitMode::Snapshot)
+                        .unwrap();
+                    let g = sj.enter(vh).unwrap();
+                    let mut seen = std::collections::BTreeSet::new();
+                    for n in ["big-a", "big-b"] {
+                        let base = sj.seg_info(n).unwrap().base;
+                        let mut b = vec![0u8; half as usize];
+                        g.read(SegPtr(base + DATA), &mut b).unwrap();
+                        seen.extend(
+                            b.chunks(8)
+                                .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+                        );
+                        let root = g.root(sj.seg_find(n).unwrap(), "fill").unwrap();
+                        seen.insert(root.unwrap_or(SegPtr::NULL).0);
+                    }
+                    println!("sj: values {seen:?}");
+                }
+                other => panic!("big {other}?"),
             }
         }
         // Hold the reader lock until stdin closes (or be killed).
@@ -847,6 +921,56 @@ fn a_writer_killed_during_a_commit_is_all_or_nothing() {
     let locks = run(s.path(), "locks", &[]);
     let recoveries: u64 = locks[0].split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(recoveries >= 4, "{locks:?}");
+}
+
+/// A commit larger than a quarter of the log (6 MiB across two segments, one lockable
+/// and one not, with a 4 MiB log) is all or nothing: a writer killed after staging it
+/// and before its commit point leaves nothing; killed after the commit point, while
+/// copying it into the files or while publishing it, the next process (a reader, which
+/// lays the staged commit over the file; a writer, which finishes it; a process whose
+/// resident copy was evicted, which builds it anew) sees all of it, also after a stop.
+#[test]
+fn commits_larger_than_a_quarter_of_the_log_are_all_or_nothing() {
+    let s = store();
+    run(s.path(), "big", &["make"]);
+    let values = |how: &str| run(s.path(), "big", &["check", how]);
+    let mut expect;
+    let mut v = 0u64;
+    for m in ["snapshot", "explicit"] {
+        v += 1;
+        let out = run(s.path(), "big", &["fill", m, &v.to_string()]);
+        let bytes: u64 = out[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(bytes > BIG_FILL, "{m}: {out:?}");
+        expect = v;
+        assert_eq!(values("read"), vec![format!("values {{{expect}}}")]);
+        for (point, lands) in [
+            ("staged", false),
+            ("after-log", true),
+            ("applying", true),
+            ("publishing", true),
+        ] {
+            v += 1;
+            let out = child(s.path(), "big", &["fill", m, &v.to_string()])
+                .env("CAIRN_SJ_CRASH", point)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{point}/{m}: should have died");
+            if lands {
+                expect = v;
+            }
+            if point == "after-log" {
+                // Nobody finished it yet: a resident copy built from the file now
+                // must lay the staged commit over it.
+                run(s.path(), "big", &["evict"]);
+            }
+            let want = vec![format!("values {{{expect}}}")];
+            assert_eq!(values("read"), want, "{point}/{m}: a reader");
+            assert_eq!(values("write"), want, "{point}/{m}: a writer");
+            s.stop();
+            run(s.path(), "big", &["evict"]);
+            assert_eq!(values("read"), want, "{point}/{m}: after a stop");
+        }
+    }
 }
 
 /// The kill test can fail: with the publish's journal left out (a planted bug, checked
