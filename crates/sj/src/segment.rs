@@ -430,10 +430,6 @@ pub struct Staged {
 }
 
 impl Staged {
-    pub fn seq(&self) -> u64 {
-        self.head.seq
-    }
-
     /// Lay the staged runs over `buf`, the segment's bytes from `off`.
     fn overlay(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let end = off + buf.len() as u64;
