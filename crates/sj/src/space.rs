@@ -1987,7 +1987,9 @@ impl SpaceJmp {
         if work.is_empty() {
             return Ok(stats);
         }
-        let mut unfinished = false;
+        // Past the commit point (the commit is durable, whatever fails after it), and
+        // with a staged commit not yet copied into the files.
+        let (mut committed, mut unfinished) = (false, false);
         let result = (|| -> io::Result<()> {
             for w in &mut work {
                 w.seq = w.seg.object_seq()? + 1;
@@ -2035,7 +2037,10 @@ impl SpaceJmp {
                 Err(fs_err(libc::E2BIG, "larger than one transaction"))
             };
             match logged {
-                Ok(()) => crash_point("after-log"),
+                Ok(()) => {
+                    committed = true;
+                    crash_point("after-log");
+                }
                 Err(e) if errno_of(&e) == libc::E2BIG => {
                     let staged: Vec<Staging<'_>> = work
                         .iter()
@@ -2046,7 +2051,7 @@ impl SpaceJmp {
                             (&*w.seg, w.seq, runs)
                         })
                         .collect();
-                    unfinished = !self.commit_staged(&staged)?;
+                    unfinished = !self.commit_staged(&staged, &mut committed)?;
                 }
                 Err(e) => return Err(e),
             }
@@ -2090,7 +2095,14 @@ impl SpaceJmp {
                 .sum::<usize>();
             stats.bytes += w.runs.iter().map(|r| r.1.len()).sum::<usize>();
             let slot = self.slot(w.slot);
-            if result.is_err() {
+            if result.is_err() && committed {
+                // Failed after the commit point (publishing): the commit stands. The
+                // resident copy is made the files' committed state again now (an
+                // explicit-mode undo log is out of date), or, if that fails too, by the
+                // next holder of the writer lock.
+                slot.journal_whole();
+                let _ = self.repair(&w.seg, &slot);
+            } else if result.is_err() {
                 // Not committed: the stores stay; the journal's pages are the file's
                 // state, which the resident copy still holds.
                 if slot.journal().0 == Journal::Pages || slot.journal().0 == Journal::Whole {
@@ -2100,9 +2112,10 @@ impl SpaceJmp {
                     }
                 }
             }
-            // An explicit-mode transaction that failed is still open (its stores are in
-            // the resident copy): its lock stays until it commits or aborts.
-            if w.temp_lock && (result.is_ok() || w.undo.is_none()) {
+            // An explicit-mode transaction that failed before its commit point is still
+            // open (its stores are in the resident copy): its lock stays until it
+            // commits or aborts.
+            if w.temp_lock && (result.is_ok() || committed || w.undo.is_none()) {
                 slot.write_unlock();
             }
         }
@@ -2114,7 +2127,7 @@ impl SpaceJmp {
     /// marker (the commit point), then copied into the files. Whether the copy finished
     /// (if not, the commit stands all the same: the next holder of the writer lock
     /// finishes it from the stage files).
-    fn commit_staged(&self, segs: &[Staging<'_>]) -> io::Result<bool> {
+    fn commit_staged(&self, segs: &[Staging<'_>], committed: &mut bool) -> io::Result<bool> {
         for (seg, seq, runs) in segs {
             seg.stage(*seq, runs)?;
         }
@@ -2126,6 +2139,7 @@ impl SpaceJmp {
             .map(|((seg, ..), m)| (&seg.file, sj::REDO_SEQ_OFF, m.as_slice()))
             .collect();
         cairn::File::write_files_atomic(&all)?;
+        *committed = true;
         crash_point("after-log");
         Ok(segs
             .iter()
