@@ -127,6 +127,12 @@ fn hp_store_with(h: &cairn_sj::InHelper, buf: &mut [u8], commit: bool) -> i64 {
     old as i64
 }
 
+/// The helper's process id, in the buffer.
+fn hp_pid(_: &cairn_sj::InHelper, buf: &mut [u8]) -> i64 {
+    buf[..8].copy_from_slice(&(std::process::id() as u64).to_le_bytes());
+    0
+}
+
 /// Store, then die before committing (holding the writer lock).
 fn hp_die(h: &cairn_sj::InHelper, _: &mut [u8]) -> i64 {
     let g = h.enter().unwrap();
@@ -764,7 +770,10 @@ fn sj_child() {
                 !Path::new(&format!("/proc/{pid2}")).exists(),
                 "helper {pid2} left"
             );
-            sj.vas_detach(vh_a).unwrap();
+            // A process that ends without detaching: its helper notices and ends too.
+            let mut b = 0u64.to_le_bytes();
+            sj.vas_call(vh_a, hp_pid, &mut b).unwrap();
+            println!("sj: left helper {}", u64::from_le_bytes(b));
         }
         // A segment mapped read-only, then attached writable through a second address
         // space: remapped in place, it is writable there and readable in the first.
@@ -1406,11 +1415,16 @@ fn overlapping_address_spaces_take_turns_at_one_address() {
 /// another thread run in an address space at the same addresses, through the handle's
 /// helper process; a helper killed in a call holding the writer lock fails that call
 /// only (the next helper recovers the lock, the uncommitted store is gone); detaching
-/// ends the helper; another process reads what the helper committed.
+/// ends the helper, and so does the end of its process; another process reads what the
+/// helper committed.
 #[test]
 fn a_helper_process_is_in_a_conflicting_address_space_at_the_same_time() {
     let s = store();
-    let out = run(s.path(), "helper", &["first"]);
+    let mut out = run(s.path(), "helper", &["first"]);
+    let left: u32 = out
+        .pop()
+        .and_then(|l| l.strip_prefix("left helper ").map(|p| p.parse().unwrap()))
+        .expect("the helper left running");
     assert_eq!(
         out,
         vec![
@@ -1419,6 +1433,11 @@ fn a_helper_process_is_in_a_conflicting_address_space_at_the_same_time() {
             "hp-b has 43".to_string(),
         ]
     );
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        !Path::new(&format!("/proc/{left}")).exists()
+    });
+    assert!(gone, "the helper {left} outlived its process by 2 s");
     let out = run(s.path(), "helper", &["again"]);
     assert_eq!(out, vec!["hp-b has 43"]);
 }
