@@ -68,19 +68,6 @@ impl Extents {
         self.map.len()
     }
 
-    /// Keep the part beyond `end` of range `old`, which started at `s` (cut by a new
-    /// range ending at `end`).
-    fn keep_tail(&mut self, s: u64, old: Ext, end: u64) {
-        if old.end > end {
-            let tail = Ext {
-                end: old.end,
-                src: old.src.advance(end - s),
-                tag: old.tag,
-            };
-            self.map.insert(end, tail);
-        }
-    }
-
     /// Drop every range, keeping the room they took.
     pub fn clear(&mut self) {
         self.map.clear();
@@ -92,37 +79,52 @@ impl Extents {
     }
 
     /// Map `[start, end)` to `src` (tagged `tag`), overwriting whatever overlapped it.
+    /// One search of the index: the ranges around `start` are cut and removed through a
+    /// cursor there.
     pub fn insert(&mut self, start: u64, end: u64, src: Src, tag: u64) {
         if start >= end {
             return;
         }
+        let mut c = self.map.cursor_mut(start);
         // Rewriting exactly an existing range (no other range can overlap it).
-        if let Some(e) = self.map.get_mut(start) {
-            if e.end == end {
+        if let Some((k, e)) = c.next_mut() {
+            if k == start && e.end == end {
                 e.src = src;
                 e.tag = tag;
                 return;
             }
         }
-        // A range starting before `start` that reaches into it: cut it (and keep the part
-        // after `end` if it spans the whole new range).
-        let cut = match self.map.last_before_mut(start) {
-            Some((s, e)) if e.end > start => {
+        // What an overlapped range kept beyond `end` (at most one range reaches past it).
+        let mut tail = None;
+        let mut keep_tail = |s: u64, old: Ext| {
+            if old.end > end {
+                tail = Some(Ext {
+                    end: old.end,
+                    src: old.src.advance(end - s),
+                    tag: old.tag,
+                });
+            }
+        };
+        // A range starting before `start` that reaches into it: cut.
+        if let Some((s, e)) = c.prev_mut() {
+            if e.end > start {
                 let old = *e;
                 e.end = start;
-                Some((s, old))
+                keep_tail(s, old);
             }
-            _ => None,
-        };
-        if let Some((s, old)) = cut {
-            self.keep_tail(s, old, end);
         }
-        // Ranges starting inside the new one: remove, keeping a tail beyond `end`.
-        while let Some((s, _)) = self.map.first_in(start, end) {
-            let old = self.map.remove(s).expect("present");
-            self.keep_tail(s, old, end);
+        // Ranges starting inside the new one: removed.
+        while let Some((s, _)) = c.next_mut() {
+            if s >= end {
+                break;
+            }
+            let (s, old) = c.remove_next().expect("present");
+            keep_tail(s, old);
         }
-        self.map.insert(start, Ext { end, src, tag });
+        c.insert(Ext { end, src, tag });
+        if let Some(t) = tail {
+            self.map.insert(end, t);
+        }
     }
 
     /// Drop every range whose tag is at most `upto` (digested by the daemon).

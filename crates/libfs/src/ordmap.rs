@@ -92,30 +92,10 @@ impl<V: Copy> OrdMap<V> {
         self.next_of(self.preds(key)[0], 0)
     }
 
-    /// The entry with key `key`.
-    pub fn get_mut(&mut self, key: u64) -> Option<&mut V> {
-        let n = self.first_at_or_after(key);
-        if n != NIL && self.nodes[n as usize].key == key {
-            Some(&mut self.nodes[n as usize].value)
-        } else {
-            None
-        }
-    }
-
     /// The last entry whose key is below `key`.
     pub fn last_before(&self, key: u64) -> Option<(u64, V)> {
         let p = self.preds(key)[0];
         (p != NIL).then(|| (self.nodes[p as usize].key, self.nodes[p as usize].value))
-    }
-
-    /// The last entry whose key is below `key`, to change.
-    pub fn last_before_mut(&mut self, key: u64) -> Option<(u64, &mut V)> {
-        let p = self.preds(key)[0];
-        if p == NIL {
-            return None;
-        }
-        let n = &mut self.nodes[p as usize];
-        Some((n.key, &mut n.value))
     }
 
     /// The first entry whose key is in `[lo, hi)`.
@@ -141,6 +121,12 @@ impl<V: Copy> OrdMap<V> {
             self.nodes[n as usize].value = value;
             return;
         }
+        self.link(&preds, key, value);
+    }
+
+    /// Link a new node (`key`, `value`) after `preds` (the predecessors of `key` at every
+    /// level; no entry has `key`).
+    fn link(&mut self, preds: &[u32; LEVELS], key: u64, value: V) {
         let height = self.level();
         let node = Node {
             key,
@@ -168,13 +154,8 @@ impl<V: Copy> OrdMap<V> {
         self.len += 1;
     }
 
-    /// Remove the entry at `key`; its value.
-    pub fn remove(&mut self, key: u64) -> Option<V> {
-        let preds = self.preds(key);
-        let n = self.next_of(preds[0], 0);
-        if n == NIL || self.nodes[n as usize].key != key {
-            return None;
-        }
+    /// Unlink node `n`, the successor of `preds[0]`; its value.
+    fn unlink(&mut self, preds: &[u32; LEVELS], n: u32) -> V {
         for (level, &p) in preds.iter().enumerate() {
             if self.next_of(p, level) == n {
                 let after = self.nodes[n as usize].next[level];
@@ -183,7 +164,19 @@ impl<V: Copy> OrdMap<V> {
         }
         self.free.push(n);
         self.len -= 1;
-        Some(self.nodes[n as usize].value)
+        self.nodes[n as usize].value
+    }
+
+    /// A cursor at `key`: between the last entry below it and the first at or after it,
+    /// found with one search; the entries on either side are then read, removed and a
+    /// new one inserted there without searching again.
+    pub fn cursor_mut(&mut self, key: u64) -> CursorMut<'_, V> {
+        let preds = self.preds(key);
+        CursorMut {
+            map: self,
+            preds,
+            key,
+        }
     }
 
     /// Remove every entry, keeping the memory: the next entries are laid out from the
@@ -234,6 +227,58 @@ impl<V: Copy> OrdMap<V> {
     }
 }
 
+/// A position in an [`OrdMap`] (see [`OrdMap::cursor_mut`]): every entry before it has
+/// a key below `key`, every entry after it a key at or above `key`.
+pub struct CursorMut<'a, V> {
+    map: &'a mut OrdMap<V>,
+    preds: [u32; LEVELS],
+    key: u64,
+}
+
+impl<V: Copy> CursorMut<'_, V> {
+    /// The entry just before the position.
+    pub fn prev_mut(&mut self) -> Option<(u64, &mut V)> {
+        let p = self.preds[0];
+        (p != NIL).then(|| {
+            let n = &mut self.map.nodes[p as usize];
+            (n.key, &mut n.value)
+        })
+    }
+
+    /// The entry just after the position.
+    pub fn next_mut(&mut self) -> Option<(u64, &mut V)> {
+        let at = self.map.next_of(self.preds[0], 0);
+        (at != NIL).then(|| {
+            let n = &mut self.map.nodes[at as usize];
+            (n.key, &mut n.value)
+        })
+    }
+
+    /// Remove the entry just after the position; its key and value.
+    pub fn remove_next(&mut self) -> Option<(u64, V)> {
+        let at = self.map.next_of(self.preds[0], 0);
+        if at == NIL {
+            return None;
+        }
+        let key = self.map.nodes[at as usize].key;
+        Some((key, self.map.unlink(&self.preds, at)))
+    }
+
+    /// Insert (`key`, `value`) at the position: `key` is the cursor's and no entry has
+    /// it. Ends the cursor (the position is taken).
+    pub fn insert(self, value: V) {
+        let key = self.key;
+        debug_assert!(
+            {
+                let at = self.map.next_of(self.preds[0], 0);
+                at == NIL || self.map.nodes[at as usize].key > key
+            },
+            "cursor insert over an existing entry or out of order"
+        );
+        self.map.link(&self.preds, key, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +292,18 @@ mod tests {
         Retain(u32),
         Clear,
         Query(u64, u64),
+        /// Through a cursor at the key: read both neighbours, remove the entries up to
+        /// `key + span`, insert the value.
+        Splice(u64, u64, u32),
+    }
+
+    /// Remove the entry at `k` through a cursor.
+    fn remove<V: Copy>(m: &mut OrdMap<V>, k: u64) -> Option<V> {
+        let mut c = m.cursor_mut(k);
+        match c.next_mut() {
+            Some((at, _)) if at == k => c.remove_next().map(|e| e.1),
+            _ => None,
+        }
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -256,6 +313,7 @@ mod tests {
             1 => (1u32..5).prop_map(Op::Retain),
             1 => Just(Op::Clear),
             3 => (0u64..210, 0u64..210).prop_map(|(a, b)| Op::Query(a, b)),
+            3 => (0u64..200, 0u64..30, any::<u32>()).prop_map(|(k, n, v)| Op::Splice(k, n, v)),
         ]
     }
 
@@ -271,7 +329,7 @@ mod tests {
                         m.insert(k, v);
                         r.insert(k, v);
                     }
-                    Op::Remove(k) => prop_assert_eq!(m.remove(k), r.remove(&k)),
+                    Op::Remove(k) => prop_assert_eq!(remove(&mut m, k), r.remove(&k)),
                     Op::Retain(d) => {
                         m.retain(|_, v| v % d != 0);
                         r.retain(|_, v| *v % d != 0);
@@ -280,12 +338,30 @@ mod tests {
                         m.clear();
                         r.clear();
                     }
+                    Op::Splice(k, span, v) => {
+                        let mut c = m.cursor_mut(k);
+                        let want = r.range(..k).next_back().map(|(k, v)| (*k, *v));
+                        prop_assert_eq!(c.prev_mut().map(|(k, v)| (k, *v)), want);
+                        while let Some((at, _)) = c.next_mut() {
+                            if at >= k + span {
+                                break;
+                            }
+                            prop_assert_eq!(c.remove_next().map(|e| e.1), r.remove(&at));
+                        }
+                        let want = r.range(k..).next().map(|(k, v)| (*k, *v));
+                        prop_assert_eq!(c.next_mut().map(|(k, v)| (k, *v)), want);
+                        if want.is_none_or(|w| w.0 != k) {
+                            c.insert(v);
+                            r.insert(k, v);
+                        }
+                    }
                     Op::Query(a, b) => {
                         let want = r.range(..a).next_back().map(|(k, v)| (*k, *v));
                         prop_assert_eq!(m.last_before(a), want);
                         let want = r.range(a..b.max(a)).next().map(|(k, v)| (*k, *v));
                         prop_assert_eq!(m.first_in(a, b.max(a)), want);
-                        prop_assert_eq!(m.get_mut(a).map(|v| *v), r.get(&a).copied());
+                        let got = m.cursor_mut(a).next_mut().filter(|e| e.0 == a).map(|e| *e.1);
+                        prop_assert_eq!(got, r.get(&a).copied());
                     }
                 }
                 prop_assert_eq!(m.len(), r.len());
@@ -304,7 +380,7 @@ mod tests {
         }
         for k in 0..1000 {
             if k % 3 != 0 {
-                m.remove(k);
+                remove(&mut m, k);
             }
         }
         let cap = m.capacity();
