@@ -226,7 +226,12 @@ impl Segment {
         let f = match open_named(&self.fs, "stage file", &path, Open::Write) {
             Ok(f) => f,
             Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => {
-                open_named(&self.fs, "stage file", &path, Open::Create(mode))?
+                let f = open_named(&self.fs, "stage file", &path, Open::Create(mode))?;
+                // Whoever may read the segment may read its staged commit (the umask
+                // does not narrow it).
+                self.fs
+                    .set_permissions(path.as_str(), cairn::Permissions::from_mode(mode))?;
+                f
             }
             Err(e) => return Err(e),
         };

@@ -243,12 +243,14 @@ fn sj_child() {
                     let vid = sj.vas_create("big", 0o600).unwrap();
                     let rid = sj.vas_create("big-r", 0o600).unwrap();
                     for (n, f) in [("big-a", flags::LOCKABLE), ("big-b", 0)] {
-                        let sid = sj.seg_alloc(n, None, BIG_SEG, prot::RW, f, 0o600).unwrap();
+                        let sid = sj.seg_alloc(n, None, BIG_SEG, prot::RW, f, 0o640).unwrap();
                         sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
                         sj.seg_attach(Target::Vas(rid), sid, prot::READ).unwrap();
                     }
                 }
                 "fill" => {
+                    // A narrow umask does not narrow who may read the staged commit.
+                    sj.fs().set_umask(0o077);
                     let v: u64 = args[2].parse().unwrap();
                     let vh = sj
                         .vas_attach(sj.vas_find("big").unwrap(), mode(&args[1..]))
@@ -272,7 +274,9 @@ fn sj_child() {
                             cairn_sj::segment::stage_path(i.id.0, i.gen).as_str(),
                         )
                         .unwrap();
-                        assert_eq!(stage.metadata().unwrap().len(), 0, "{n}: stage left");
+                        let m = stage.metadata().unwrap();
+                        assert_eq!(m.len(), 0, "{n}: stage left");
+                        assert_eq!(m.mode() & 0o777, 0o640, "{n}: the stage file's mode");
                     }
                 }
                 "evict" => {
