@@ -19,7 +19,7 @@
 use rustix::thread::futex;
 use std::io;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -103,22 +103,10 @@ impl Exchange {
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }
 
-    fn i32(&self, off: usize) -> &AtomicI32 {
-        debug_assert!(off + 4 <= HEADER && off.is_multiple_of(4));
-        // SAFETY: as in `u32`.
-        unsafe { &*(self.ptr.add(off) as *const AtomicI32) }
-    }
-
     fn u64(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off + 8 <= HEADER && off.is_multiple_of(8));
         // SAFETY: as in `u32`, 8-aligned.
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
-    }
-
-    fn i64(&self, off: usize) -> &AtomicI64 {
-        debug_assert!(off + 8 <= HEADER && off.is_multiple_of(8));
-        // SAFETY: as in `u64`.
-        unsafe { &*(self.ptr.add(off) as *const AtomicI64) }
     }
 
     fn state(&self) -> &AtomicU32 {
@@ -182,7 +170,7 @@ impl Exchange {
         // holds the protocol's turn.
         unsafe { std::ptr::copy_nonoverlapping(f.text.as_ptr(), self.ptr.add(MSG), n) };
         self.u32(MSG_LEN).store(n as u32, SeqCst);
-        self.i32(ERRNO).store(f.errno, SeqCst);
+        self.u32(ERRNO).store(f.errno as u32, SeqCst);
     }
 
     fn failure(&self) -> Failure {
@@ -191,7 +179,7 @@ impl Exchange {
         // SAFETY: as in `put_failure`; this side holds the turn.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(MSG), b.as_mut_ptr(), n) };
         Failure {
-            errno: self.i32(ERRNO).load(SeqCst),
+            errno: self.u32(ERRNO).load(SeqCst) as i32,
             text: String::from_utf8_lossy(&b).into_owned(),
         }
     }
@@ -346,7 +334,7 @@ impl<C> Helper<C> {
             return Err(died(&self.reap().unwrap_or_default()));
         }
         buf.copy_from_slice(self.ex.data(buf.len()));
-        let r = self.ex.i64(RESULT).load(SeqCst);
+        let r = self.ex.u64(RESULT).load(SeqCst) as i64;
         self.ex.state().store(IDLE, SeqCst);
         Ok(r)
     }
@@ -422,7 +410,7 @@ fn child_main<C>(
                 let f: Call<C> = unsafe { std::mem::transmute::<usize, Call<C>>(bits) };
                 let mut r = 0;
                 guarded(&mut || r = f(&ctx, ex.data(len)));
-                ex.i64(RESULT).store(r, SeqCst);
+                ex.u64(RESULT).store(r as u64, SeqCst);
                 ex.set(DONE, SLEEP_PARENT);
                 // The parent sets IDLE once it has the result.
                 ex.wait_while(DONE, PARENT_CHECK, SLEEP_CHILD, parent_lives);

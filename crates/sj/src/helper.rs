@@ -6,9 +6,10 @@
 //! (so the caller's code is at the same addresses there), opens a client of its own,
 //! attaches the address space by path and serves calls until the handle is detached or
 //! the process ends. Arguments and results travel in an exchange area at the same
-//! address in both processes (`cairn_media::helper`). Each call is a switch in the
-//! helper: it takes the address space's locks, and stores the function did not commit
-//! are dropped when it returns (the helper switches back to its primary).
+//! address in both processes (`cairn_media::helper`). The function switches the helper
+//! into the address space with [`InHelper::enter`] (taking its locks); what it does not
+//! commit is dropped when the guard goes. (The C interface's trampoline switches in and
+//! back around the C function, as `sj_vas_switch` does.)
 
 use crate::guard::Switched;
 use crate::space::{CommitMode, SpaceJmp, Vh};
@@ -76,11 +77,8 @@ impl SpaceJmp {
         buf: &mut [u8],
     ) -> io::Result<i64> {
         self.check_process()?;
-        let helper = self.helper_of(vh)?;
-        helper.call(f, buf).map_err(|fl| {
-            if helper.is_gone() {
-                self.forget_helper(vh, &helper);
-            }
+        // A helper that died is replaced at the next call (`helper_of`).
+        self.helper_of(vh)?.call(f, buf).map_err(|fl| {
             fs_err(
                 fl.errno,
                 format!("call in the helper of handle {}: {fl}", vh.0),
@@ -98,11 +96,7 @@ impl SpaceJmp {
         }
         let (vid, mode) = {
             let st = self.state();
-            let hd = st
-                .handles
-                .get(vh.0 as usize)
-                .and_then(Option::as_ref)
-                .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
+            let hd = st.handle(vh.0)?;
             if let Some(hp) = hd.helper.as_ref().filter(|hp| !hp.is_gone()) {
                 return Ok(hp.clone());
             }
@@ -125,9 +119,8 @@ impl SpaceJmp {
         );
         let mut st = self.state();
         let hd = st
-            .handles
-            .get_mut(vh.0 as usize)
-            .and_then(Option::as_mut)
+            .handle_mut(vh.0)
+            .ok()
             .filter(|hd| hd.vid == Some(vid))
             .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: detached meanwhile", vh.0)))?;
         match hd.helper.as_ref().filter(|hp| !hp.is_gone()) {
@@ -148,24 +141,10 @@ impl SpaceJmp {
         Ok(InHelper { sj, vh })
     }
 
-    /// Drop a helper that died from its handle (if it is still that handle's).
-    fn forget_helper(&self, vh: Vh, dead: &Arc<Helper>) {
-        let mut st = self.state();
-        if let Some(hd) = st.handles.get_mut(vh.0 as usize).and_then(Option::as_mut) {
-            if hd.helper.as_ref().is_some_and(|hp| Arc::ptr_eq(hp, dead)) {
-                hd.helper = None;
-            }
-        }
-    }
-
     /// The process id of `vh`'s helper, if it has one running.
     pub fn helper_pid(&self, vh: Vh) -> Option<u32> {
         let st = self.state();
-        st.handles
-            .get(vh.0 as usize)
-            .and_then(Option::as_ref)
-            .and_then(|hd| hd.helper.as_ref())
-            .filter(|hp| !hp.is_gone())
-            .map(|hp| hp.pid())
+        let hp = st.handle(vh.0).ok()?.helper.as_ref()?;
+        (!hp.is_gone()).then(|| hp.pid())
     }
 }

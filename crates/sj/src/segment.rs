@@ -183,8 +183,7 @@ impl Segment {
     /// commit the writer left is finished first (when this process may write the file).
     /// An explicit-mode writer's undo log is applied by the caller.
     pub fn repair(&self, journal: Journal, pages: &[u64]) -> io::Result<()> {
-        self.finish_staged()?;
-        let staged = self.staged()?;
+        let staged = self.settle_staged()?;
         match journal {
             Journal::Clean | Journal::Undo => Ok(()),
             Journal::Pages => {
@@ -203,17 +202,17 @@ impl Segment {
     /// the resident copy if it is not the committed state (the caller holds the writer
     /// lock). Whether it rebuilt.
     pub fn resync(&self) -> io::Result<bool> {
-        self.finish_staged()?;
+        let staged = self.settle_staged()?;
         let (file, object) = self.commit_seqs()?;
         if file == object {
             return Ok(false);
         }
-        self.refresh(self.staged()?.as_ref(), 0, self.len())?;
+        self.refresh(staged.as_ref(), 0, self.len())?;
         Ok(true)
     }
 
     /// The staged commit the file's marker names, if one is pending.
-    pub fn staged(&self) -> io::Result<Option<Staged>> {
+    fn staged(&self) -> io::Result<Option<Staged>> {
         staged_of(&self.fs, &self.file, self.ino, self.gen, self.len())
     }
 
@@ -275,15 +274,16 @@ impl Segment {
         Ok(())
     }
 
-    /// Finish a pending staged commit from the stage file, if this process may write
-    /// the segment (the caller holds the writer lock). Whether one was pending.
-    pub fn finish_staged(&self) -> io::Result<bool> {
-        if !self.writable {
-            return Ok(false);
-        }
+    /// Finish a pending staged commit from the stage file if this process may write the
+    /// segment (the caller holds the writer lock); the staged commit still pending (one
+    /// this process may not finish: readers lay it over the file).
+    pub fn settle_staged(&self) -> io::Result<Option<Staged>> {
         let Some(st) = self.staged()? else {
-            return Ok(false);
+            return Ok(None);
         };
+        if !self.writable {
+            return Ok(Some(st));
+        }
         let mut at = st.head.data_off();
         for &(o, l) in &st.head.runs {
             let mut done = 0;
@@ -297,7 +297,7 @@ impl Segment {
             at += l;
         }
         self.clear_staged()?;
-        Ok(true)
+        Ok(None)
     }
 
     /// Bytes the resident copy holds in memory.

@@ -268,6 +268,23 @@ pub(crate) struct State {
     seg_paths: HashMap<u64, String>,
 }
 
+impl State {
+    /// Attached handle `vh` (`EBADF`: detached, or never attached).
+    pub(crate) fn handle(&self, vh: u32) -> io::Result<&Handle> {
+        self.handles
+            .get(vh as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))
+    }
+
+    pub(crate) fn handle_mut(&mut self, vh: u32) -> io::Result<&mut Handle> {
+        self.handles
+            .get_mut(vh as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))
+    }
+}
+
 /// A segment's part of a staged commit: the segment, the commit sequence, the runs.
 type Staging<'a> = (&'a Segment, u64, Vec<(u64, &'a [u8])>);
 
@@ -1061,11 +1078,7 @@ impl SpaceJmp {
         let path = self.seg_path_of(seg)?;
         let mode = {
             let st = self.state();
-            let h = st
-                .handles
-                .get(vh.0 as usize)
-                .and_then(Option::as_ref)
-                .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
+            let h = st.handle(vh.0)?;
             if h.entries.iter().any(|e| e.ino == seg.0) {
                 return Err(fs_err(
                     libc::EEXIST,
@@ -1107,11 +1120,7 @@ impl SpaceJmp {
     /// handle a thread is in gets it placed at once (Mode B: parking what is in the way,
     /// `EBUSY` if that is in use).
     fn add_entry(st: &mut State, vh: u32, entry: Entry) -> io::Result<()> {
-        let h = st
-            .handles
-            .get(vh as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        let h = st.handle(vh)?;
         let range = |ino: u64| {
             st.segs
                 .get(&ino)
@@ -1161,11 +1170,7 @@ impl SpaceJmp {
         };
         {
             let mut st = self.state();
-            let h = st
-                .handles
-                .get_mut(vh.0 as usize)
-                .and_then(Option::as_mut)
-                .ok_or_else(|| fs_err(libc::EBADF, format!("handle {}: not attached", vh.0)))?;
+            let h = st.handle_mut(vh.0)?;
             let before = h.entries.len();
             h.entries.retain(|e| e.ino != seg.0);
             if h.entries.len() == before {
@@ -1428,16 +1433,7 @@ impl SpaceJmp {
                 t.registered = true;
             }
         });
-        let h = st
-            .handles
-            .get(vh as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| {
-                fs_err(
-                    libc::EBADF,
-                    format!("handle {vh}: not attached (detached, or never)"),
-                )
-            })?;
+        let h = st.handle(vh)?;
         let mut locks: Vec<Held> = h
             .entries
             .iter()
@@ -1498,11 +1494,7 @@ impl SpaceJmp {
     /// the way (Mode B). `EBUSY`, with nothing moved, if one of those may be in use by a
     /// thread other than `leaving`.
     fn place_handle(st: &mut State, vh: u32, leaving: Option<&Arc<AtomicU32>>) -> io::Result<()> {
-        let h = st
-            .handles
-            .get(vh as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        let h = st.handle(vh)?;
         let want: Vec<u64> = h
             .entries
             .iter()
@@ -1875,11 +1867,7 @@ impl SpaceJmp {
     fn writable(&self) -> io::Result<Vec<View>> {
         let vh = THREAD.with(|t| t.borrow().vh);
         let st = self.state();
-        let h = st
-            .handles
-            .get(vh as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        let h = st.handle(vh)?;
         Ok(h.entries
             .iter()
             .filter(|e| e.prot & prot::WRITE != 0)
@@ -2029,32 +2017,29 @@ impl SpaceJmp {
                     all.push((&w.seg.file, *o, b.as_slice()));
                 }
             }
+            // One transaction if it fits; else staged.
             let bytes: usize = all.iter().map(|r| r.2.len()).sum();
-            let small = bytes <= work[0].seg.file.atomic_write_limit(all.len());
-            let logged = if small {
-                cairn::File::write_files_atomic(&all)
+            let fits = bytes <= work[0].seg.file.atomic_write_limit(all.len())
+                && match cairn::File::write_files_atomic(&all) {
+                    Ok(()) => true,
+                    Err(e) if errno_of(&e) == libc::E2BIG => false,
+                    Err(e) => return Err(e),
+                };
+            if fits {
+                crash_point("after-log");
             } else {
-                Err(fs_err(libc::E2BIG, "larger than one transaction"))
-            };
-            match logged {
-                Ok(()) => {
-                    committed = true;
-                    crash_point("after-log");
-                }
-                Err(e) if errno_of(&e) == libc::E2BIG => {
-                    let staged: Vec<Staging<'_>> = work
-                        .iter()
-                        .map(|w| {
-                            let mut runs: Vec<(u64, &[u8])> =
-                                w.runs.iter().map(|(o, b)| (*o, b.as_slice())).collect();
-                            runs.sort_by_key(|r| r.0);
-                            (&*w.seg, w.seq, runs)
-                        })
-                        .collect();
-                    unfinished = !self.commit_staged(&staged, &mut committed)?;
-                }
-                Err(e) => return Err(e),
+                let staged: Vec<Staging<'_>> = work
+                    .iter()
+                    .map(|w| {
+                        let mut runs: Vec<(u64, &[u8])> =
+                            w.runs.iter().map(|(o, b)| (*o, b.as_slice())).collect();
+                        runs.sort_by_key(|r| r.0);
+                        (&*w.seg, w.seq, runs)
+                    })
+                    .collect();
+                unfinished = !self.commit_staged(&staged)?;
             }
+            committed = true;
             // Durable. Publish into the resident copies.
             for w in &work {
                 if w.undo.is_some() {
@@ -2124,10 +2109,10 @@ impl SpaceJmp {
 
     /// A commit too large for one transaction of this client's log: staged in each
     /// segment's stage file, committed by **one** transaction that sets every segment's
-    /// marker (the commit point), then copied into the files. Whether the copy finished
-    /// (if not, the commit stands all the same: the next holder of the writer lock
-    /// finishes it from the stage files).
-    fn commit_staged(&self, segs: &[Staging<'_>], committed: &mut bool) -> io::Result<bool> {
+    /// marker (the commit point), then copied into the files. `Ok`: committed; whether
+    /// the copy finished (if not, the commit stands all the same: the next holder of the
+    /// writer lock finishes it from the stage files).
+    fn commit_staged(&self, segs: &[Staging<'_>]) -> io::Result<bool> {
         for (seg, seq, runs) in segs {
             seg.stage(*seq, runs)?;
         }
@@ -2139,7 +2124,6 @@ impl SpaceJmp {
             .map(|((seg, ..), m)| (&seg.file, sj::REDO_SEQ_OFF, m.as_slice()))
             .collect();
         cairn::File::write_files_atomic(&all)?;
-        *committed = true;
         crash_point("after-log");
         Ok(segs
             .iter()
@@ -2194,11 +2178,7 @@ impl SpaceJmp {
     fn resolve(&self, addr: u64, len: u64, write: bool) -> io::Result<(View, u64)> {
         let vh = THREAD.with(|t| t.borrow().vh);
         let st = self.state();
-        let h = st
-            .handles
-            .get(vh as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| fs_err(libc::EBADF, format!("handle {vh}: not attached")))?;
+        let h = st.handle(vh)?;
         for e in &h.entries {
             let Some(m) = st.segs.get(&e.ino) else {
                 continue;
