@@ -324,7 +324,8 @@ fn reserve_at(addr: usize, len: usize) -> io::Result<()> {
 /// the reservation (`PROT_NONE`).
 fn reserve_fixed(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: callers pass a range a region of this process maps or has just left (in
-    // its window or its park slot), which it is giving up: no reference points in.
+    // its window or its park slot), or, in a child after `fork`, the whole window whose
+    // copied regions the child never uses: it is given up, no reference points in.
     let p = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
