@@ -641,6 +641,20 @@ impl Area {
             .load_u64((self.layout().slot_entry_off(slot) + PUBLISHED_HEAD_OFF) as usize)
     }
 
+    /// Sleep until the published head of `slot` moves from `seen`, at most `timeout`
+    /// (a futex on its low word, which the daemon wakes at each publish). May return
+    /// early: callers read the head again.
+    pub fn wait_published_head(
+        &self,
+        slot: u32,
+        seen: u64,
+        timeout: std::time::Duration,
+    ) -> io::Result<()> {
+        let off = (self.layout().slot_entry_off(slot) + PUBLISHED_HEAD_OFF) as usize;
+        // Little-endian: the low word comes first.
+        self.map.wait_u32(off, seen as u32, timeout)
+    }
+
     /// Offset (in the mapping) of the slot's lease generation word (PROTOCOL.md,
     /// "Leases"): load it with `map().load_u64`.
     pub fn lease_gen_off(&self, slot: u32) -> usize {

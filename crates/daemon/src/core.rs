@@ -434,9 +434,21 @@ impl Core {
                 "the daemon is stopping",
             )));
         }
-        let o = digest::digest(&mut self.sh, slot, Mode::Upto(upto))?;
-        self.digested(slot, &o);
-        Ok(o)
+        // In slices: a writer waiting for room in its log goes on as soon as the first
+        // slice is published.
+        let slice = self.sh.layout.ring_bytes() / digest::SLICES;
+        let mut done = Outcome::default();
+        loop {
+            let (head, _) = self.sh.slot_head(slot)?;
+            let end = digest::slice_end(&self.sh.area, slot, head, upto, slice)?;
+            let o = digest::digest(&mut self.sh, slot, Mode::Upto(end))?;
+            self.digested(slot, &o);
+            let last = end >= upto || o.head_lsn <= head.head_lsn;
+            done.add(o);
+            if last {
+                return Ok(done);
+            }
+        }
     }
 
     /// After a digest of `slot`'s log: the space its records used is no longer promised

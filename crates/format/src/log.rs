@@ -362,6 +362,24 @@ fn check_txn(
     lsn: u64,
     ring_bytes: u64,
 ) -> std::result::Result<(usize, u16, u32), String> {
+    let (len, kind, nrec) = check_header(b, seq, lsn, ring_bytes)?;
+    if len > b.len() {
+        return Err(format!("bad transaction length {len}"));
+    }
+    check_crc(&b[..len])?;
+    Ok((len, kind, nrec))
+}
+
+/// Check the header of the transaction at `lsn` (at least [`TXN_HEADER`] bytes of it
+/// in `b`): magic, version, sequence number `seq`, length (a multiple of 64 within the
+/// lap), kind, reserved field. Returns its length, kind and number of records. The
+/// checksum is [`check_crc`]'s.
+pub fn check_header(
+    b: &[u8],
+    seq: u64,
+    lsn: u64,
+    ring_bytes: u64,
+) -> std::result::Result<(usize, u16, u32), String> {
     if b.len() < TXN_HEADER {
         return Err("truncated header".into());
     }
@@ -379,7 +397,7 @@ fn check_txn(
     let kind = le::u16(b, 6);
     let nrec = le::u32(b, 20);
     let lap_left = ring_bytes - lsn % ring_bytes;
-    if len < 64 || !len.is_multiple_of(64) || len as u64 > lap_left || len > b.len() {
+    if len < 64 || !len.is_multiple_of(64) || len as u64 > lap_left {
         return Err(format!("bad transaction length {len}"));
     }
     if kind != KIND_COMMIT && kind != KIND_WRAP {
@@ -388,11 +406,42 @@ fn check_txn(
     if le::u32(b, 24) != 0 {
         return Err("reserved header field not zero".into());
     }
-    let c = crc32c::crc32c_append(crc(&b[..28]), &b[TXN_HEADER..len]);
-    if c != le::u32(b, 28) {
+    Ok((len, kind, nrec))
+}
+
+/// Check the crc32c of the whole transaction `txn` (its header says the length).
+pub fn check_crc(txn: &[u8]) -> std::result::Result<(), String> {
+    let c = crc32c::crc32c_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
+    if c != le::u32(txn, 28) {
         return Err("checksum mismatch (torn or corrupt transaction)".into());
     }
-    Ok((len, kind, nrec))
+    Ok(())
+}
+
+/// The fields of a `WRITE` record of `rec_len` bytes from its first
+/// [`WRITE_HEADER_LEN`] bytes `h`, checked as [`records`] checks them: `(ino, offset,
+/// size, mtime, data length)`. The data follows the header.
+pub fn decode_write_head(h: &[u8], rec_len: usize) -> Result<(u64, u64, u64, i64, usize)> {
+    if h.len() < WRITE_HEADER_LEN || rec_len < WRITE_HEADER_LEN {
+        return bad("WRITE: short");
+    }
+    let n = le::u32(h, 40) as usize;
+    if WRITE_HEADER_LEN + pad8(n) != rec_len || le::u32(h, 44) != 0 {
+        return bad("WRITE: data length does not match the record");
+    }
+    let offset = le::u64(h, 16);
+    let size = le::u64(h, 24);
+    if offset
+        .checked_add(n as u64)
+        .is_none_or(|e| e > MAX_FILE_SIZE || e > size.max(offset))
+        && n > 0
+    {
+        return bad("WRITE: range beyond the file size or the maximum");
+    }
+    if size > MAX_FILE_SIZE {
+        return bad("WRITE: size too large");
+    }
+    Ok((le::u64(h, 8), offset, size, le::i64(h, 32), n))
 }
 
 /// Decode the records of a checked commit transaction (`txn` = its `len` bytes).
@@ -464,30 +513,12 @@ fn decode_record(ty: u16, r: &[u8]) -> Result<Record<'_>> {
             })
         }
         REC_WRITE => {
-            if r.len() < WRITE_HEADER_LEN {
-                return bad("WRITE: short");
-            }
-            let n = le::u32(r, 40) as usize;
-            if WRITE_HEADER_LEN + pad8(n) != r.len() || le::u32(r, 44) != 0 {
-                return bad("WRITE: data length does not match the record");
-            }
-            let offset = le::u64(r, 16);
-            let size = le::u64(r, 24);
-            if offset
-                .checked_add(n as u64)
-                .is_none_or(|e| e > MAX_FILE_SIZE || e > size.max(offset))
-                && n > 0
-            {
-                return bad("WRITE: range beyond the file size or the maximum");
-            }
-            if size > MAX_FILE_SIZE {
-                return bad("WRITE: size too large");
-            }
+            let (ino, offset, size, mtime, n) = decode_write_head(r, r.len())?;
             Ok(Record::Write {
-                ino: le::u64(r, 8),
+                ino,
                 offset,
                 size,
-                mtime: le::i64(r, 32),
+                mtime,
                 data: &r[WRITE_HEADER_LEN..WRITE_HEADER_LEN + n],
             })
         }

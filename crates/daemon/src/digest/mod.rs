@@ -62,6 +62,25 @@ pub(crate) struct Outcome {
     pub created: Vec<u64>,
 }
 
+impl Outcome {
+    /// `o`, digested right after the batch `self` describes, added to it.
+    pub(crate) fn add(&mut self, o: Outcome) {
+        self.head_lsn = o.head_lsn;
+        self.head_seq = o.head_seq;
+        self.charge += o.charge;
+        self.txns += o.txns;
+        self.records += o.records;
+        self.skipped += o.skipped;
+        self.log_bytes += o.log_bytes;
+        self.shared_bytes += o.shared_bytes;
+        self.created.extend(o.created);
+    }
+}
+
+/// A client's digest request is published in slices of at most a `SLICES`th of its log
+/// ([`slice_end`]; a transaction longer than that is a slice of its own).
+pub(crate) const SLICES: u64 = 16;
+
 /// Why a digest did not happen.
 #[derive(Debug)]
 pub(crate) enum DigestError {
@@ -123,32 +142,75 @@ pub(crate) fn copy_ring<'b>(
     Ok(buf)
 }
 
-/// Estimated end of `slot`'s log: follows transaction headers (magic, sequence, length;
-/// no checksum) from the head. For status reports only.
+/// Where the transaction whose header sits at `lsn` with sequence number `seq` in
+/// `slot`'s ring ends (a wrap ends at the end of its lap), if the header looks like one
+/// (magic, sequence number, length; no checksum).
+fn txn_end_estimate(
+    sh: &cairn_area::Area,
+    slot: u32,
+    lsn: u64,
+    seq: u64,
+) -> io::Result<Option<u64>> {
+    let ring = sh.layout().ring_bytes();
+    let roff = sh.layout().ring_off(slot) as usize;
+    let mut hdr = [0u8; TXN_HEADER];
+    sh.map().read(roff + (lsn % ring) as usize, &mut hdr)?;
+    let u32at = |o: usize| u32::from_le_bytes(hdr[o..o + 4].try_into().unwrap());
+    let kind = u16::from_le_bytes([hdr[6], hdr[7]]);
+    let len = u32at(16) as u64;
+    let lap_left = ring - lsn % ring;
+    if u32at(0) != TXN_MAGIC
+        || u64::from_le_bytes(hdr[8..16].try_into().unwrap()) != seq
+        || len < 64
+        || !len.is_multiple_of(64)
+        || len > lap_left
+    {
+        return Ok(None);
+    }
+    Ok(Some(lsn + if kind == KIND_WRAP { lap_left } else { len }))
+}
+
+/// Estimated end of `slot`'s log: follows transaction headers from the head
+/// ([`txn_end_estimate`]). For status reports only.
 pub(crate) fn log_end_estimate(sh: &Shared, slot: u32) -> io::Result<u64> {
     let (h, _) = sh.slot_head(slot)?;
     let ring = sh.layout.ring_bytes();
-    let roff = sh.layout.ring_off(slot) as usize;
     let (mut lsn, mut seq) = (h.head_lsn, h.head_seq);
-    let mut hdr = [0u8; TXN_HEADER];
     while lsn - h.head_lsn < ring {
-        sh.map().read(roff + (lsn % ring) as usize, &mut hdr)?;
-        let u32at = |o: usize| u32::from_le_bytes(hdr[o..o + 4].try_into().unwrap());
-        let kind = u16::from_le_bytes([hdr[6], hdr[7]]);
-        let len = u32at(16) as u64;
-        let lap_left = ring - lsn % ring;
-        if u32at(0) != TXN_MAGIC
-            || u64::from_le_bytes(hdr[8..16].try_into().unwrap()) != seq
-            || len < 64
-            || !len.is_multiple_of(64)
-            || len > lap_left
-        {
-            break;
+        match txn_end_estimate(&sh.area, slot, lsn, seq)? {
+            Some(end) => (lsn, seq) = (end, seq + 1),
+            None => break,
         }
-        seq += 1;
-        lsn += if kind == KIND_WRAP { lap_left } else { len };
     }
     Ok(lsn.min(h.head_lsn + ring))
+}
+
+/// The end of the first slice of a digest of `slot`'s log from `head` up to `upto`: the
+/// end of the last transaction within `slice` bytes of the head (of the first one if it
+/// is longer), or `upto` if the whole range fits or its headers do not look right (the
+/// digest of the whole range then says what is wrong). Headers only: the slice's digest
+/// verifies what it digests.
+pub(crate) fn slice_end(
+    area: &cairn_area::Area,
+    slot: u32,
+    head: SlotHead,
+    upto: u64,
+    slice: u64,
+) -> io::Result<u64> {
+    if upto <= head.head_lsn + slice {
+        return Ok(upto);
+    }
+    let (mut lsn, mut seq) = (head.head_lsn, head.head_seq);
+    while lsn < upto {
+        let Some(end) = txn_end_estimate(area, slot, lsn, seq)? else {
+            return Ok(upto);
+        };
+        if end > head.head_lsn + slice && lsn > head.head_lsn {
+            return Ok(lsn);
+        }
+        (lsn, seq) = (end, seq + 1);
+    }
+    Ok(upto)
 }
 
 /// Where a batch ends.
@@ -167,11 +229,16 @@ pub(crate) struct Batch<'b> {
     pub txn_ends: Vec<usize>,
 }
 
-/// Step 1: copy `slot`'s batch from `head` into `scratch`, verify and decode it. Reads
-/// only the slot's ring (no shared state): runs without the core lock in parallel
-/// digests. `Ok(None)`: nothing to digest.
+/// A transaction this long or longer whose one record is a `WRITE` (the write path's
+/// transactions) has its data read in place from the ring by the digest of a live
+/// client's log ([`read_upto`]) instead of being copied out first.
+const IN_PLACE_MIN: usize = 16 << 10;
+
+/// Step 1: copy `slot`'s batch from `head` into `scratch`, verify and decode it (a live
+/// client's range in [`read_upto`]). Reads only the slot's ring (no shared state): runs
+/// without the core lock in parallel digests. `Ok(None)`: nothing to digest.
 pub(crate) fn read_batch<'b>(
-    area: &cairn_area::Area,
+    area: &'b cairn_area::Area,
     slot: u32,
     head: SlotHead,
     mode: Mode,
@@ -179,7 +246,7 @@ pub(crate) fn read_batch<'b>(
 ) -> Result<Option<Batch<'b>>, DigestError> {
     let ring = area.layout().ring_bytes();
     let (h0, s0) = (head.head_lsn, head.head_seq);
-    let len = match mode {
+    match mode {
         Mode::Upto(u) if u <= h0 => {
             // Already digested (e.g. by a shutdown that digested a live client's log).
             return Ok(None);
@@ -195,51 +262,28 @@ pub(crate) fn read_batch<'b>(
                     discard_lsn: cairn_format::align_up(discard, log::TXN_ALIGN),
                 });
             }
-            (u - h0) as usize
+            return read_upto(area, slot, head, u, scratch);
         }
-        Mode::Committed => ring as usize,
-    };
-    let buf: &'b [u8] = copy_ring(area, slot, h0, len, scratch)?;
+        Mode::Committed => {}
+    }
+    let buf: &'b [u8] = copy_ring(area, slot, h0, ring as usize, scratch)?;
     let s = log::scan(buf, h0, s0, ring);
     let mut txns = s.txns;
     let (mut end, mut end_seq) = (s.end_lsn, s.end_seq);
-    match mode {
-        Mode::Upto(u) => {
-            let bad = |msg: String| DigestError::Malformed {
-                msg,
-                discard_lsn: u,
-            };
-            if let Stop::Invalid { lsn, why } = &s.stop {
-                return Err(bad(format!("transaction at lsn {lsn}: {why}")));
-            }
-            if let Some(t) = txns.last() {
-                if t.kind == KIND_WRAP && (t.lsn / ring + 1) * ring != u {
-                    return Err(bad(format!(
-                        "digest range ends at {u}, inside the wrap at lsn {}",
-                        t.lsn
-                    )));
-                }
-            }
-            end = u;
+    if let Some(t) = txns.last().cloned() {
+        if t.kind == KIND_WRAP && (t.lsn / ring + 1) * ring > h0 + ring {
+            txns.pop();
+            end = t.lsn;
+            end_seq = t.seq;
         }
-        Mode::Committed => {
-            if let Some(t) = txns.last().cloned() {
-                if t.kind == KIND_WRAP && (t.lsn / ring + 1) * ring > h0 + ring {
-                    txns.pop();
-                    end = t.lsn;
-                    end_seq = t.seq;
-                }
-            }
-        }
+    }
+    if txns.is_empty() {
+        return Ok(None);
     }
     let malformed = |msg: String| DigestError::Malformed {
         msg,
         discard_lsn: end,
     };
-    if txns.is_empty() {
-        return Ok(None);
-    }
-    // Decode.
     let mut recs: Vec<Record<'b>> = Vec::new();
     let mut txn_ends: Vec<usize> = Vec::new();
     for t in txns.iter().filter(|t| t.kind == KIND_COMMIT) {
@@ -255,6 +299,132 @@ pub(crate) fn read_batch<'b>(
             end,
             end_seq,
             txns: txns.len() as u64,
+        },
+        recs,
+        txn_ends,
+    }))
+}
+
+/// Step 1 for a live client's range `[head, u)`, which it says is committed: every
+/// transaction in it must be valid (header, sequence number, checksum, records) and the
+/// range must end at a transaction's end, or the log is malformed. Transactions are
+/// copied into `scratch`, checked and decoded from the copy, except long one-`WRITE`
+/// transactions ([`IN_PLACE_MIN`]): their heads are copied and checked, and their data
+/// is read in place from the ring when the digest writes it, without its checksum
+/// verified. The checksum is the commit mark that recovery needs to find where a log
+/// ends after a crash (`Mode::Committed` verifies every one); here the client's request
+/// is the commit mark, and reading those bytes twice (to check, then to copy) costs
+/// more than the copy itself. What the daemon acts on (records, names, attributes) is
+/// always checksummed and copied first, so a client that lies, or rewrites its log
+/// below the published head meanwhile, only changes the bytes that go into a file it
+/// may write.
+fn read_upto<'b>(
+    area: &'b cairn_area::Area,
+    slot: u32,
+    head: SlotHead,
+    u: u64,
+    scratch: &'b mut Vec<u8>,
+) -> Result<Option<Batch<'b>>, DigestError> {
+    let ring = area.layout().ring_bytes();
+    let roff = area.layout().ring_off(slot) as usize;
+    let bad = |msg: String| DigestError::Malformed {
+        msg,
+        discard_lsn: u,
+    };
+    /// A transaction found: its LSN, length, record count, where its copy starts in
+    /// `scratch`, and whether its data stays in the ring.
+    struct Found {
+        lsn: u64,
+        len: usize,
+        nrec: u32,
+        copy: usize,
+        in_place: bool,
+    }
+    scratch.clear();
+    let mut found: Vec<Found> = Vec::new();
+    let (mut lsn, mut seq, mut txns) = (head.head_lsn, head.head_seq, 0u64);
+    let mut h = [0u8; log::WRITE_TXN_HEAD];
+    while lsn < u {
+        let at = roff + (lsn % ring) as usize;
+        let in_lap = (ring - lsn % ring) as usize;
+        let peek = h.len().min(in_lap);
+        area.map().read(at, &mut h[..peek])?;
+        let why = |e: String| bad(format!("transaction at lsn {lsn}: {e}"));
+        let (len, kind, nrec) = log::check_header(&h[..peek], seq, lsn, ring).map_err(why)?;
+        txns += 1;
+        seq += 1;
+        if kind == KIND_WRAP {
+            let next = (lsn / ring + 1) * ring;
+            if next > u {
+                return Err(bad(format!(
+                    "digest range ends at {u}, inside the wrap at lsn {lsn}"
+                )));
+            }
+            log::check_crc(area.map().bytes(at, len)?).map_err(why)?;
+            lsn = next;
+            continue;
+        }
+        if lsn + len as u64 > u {
+            return Err(bad(format!(
+                "digest range ends at {u}, inside the transaction at lsn {lsn}"
+            )));
+        }
+        let in_place = nrec == 1
+            && len >= IN_PLACE_MIN
+            && u16::from_le_bytes([h[TXN_HEADER], h[TXN_HEADER + 1]]) == log::REC_WRITE;
+        let copy = scratch.len();
+        if in_place {
+            scratch.extend_from_slice(&h);
+        } else {
+            scratch.resize(copy + len, 0);
+            area.map().read(at, &mut scratch[copy..])?;
+            log::check_crc(&scratch[copy..]).map_err(why)?;
+        }
+        found.push(Found {
+            lsn,
+            len,
+            nrec,
+            copy,
+            in_place,
+        });
+        lsn += len as u64;
+    }
+    let buf: &'b [u8] = scratch;
+    let mut recs: Vec<Record<'b>> = Vec::new();
+    let mut txn_ends: Vec<usize> = Vec::new();
+    for f in &found {
+        let why =
+            |e: cairn_format::FormatError| bad(format!("transaction at lsn {}: {}", f.lsn, e.0));
+        if f.in_place {
+            // The copy is the transaction's head: its header and the WRITE's header.
+            let w = &buf[f.copy + TXN_HEADER..f.copy + log::WRITE_TXN_HEAD];
+            let rec_len = u32::from_le_bytes(w[4..8].try_into().unwrap()) as usize;
+            if rec_len > f.len - TXN_HEADER || w[2..4] != [0, 0] {
+                return Err(bad(format!(
+                    "transaction at lsn {}: record at +{TXN_HEADER}: bad length {rec_len}",
+                    f.lsn
+                )));
+            }
+            let (ino, offset, size, mtime, n) = log::decode_write_head(w, rec_len).map_err(why)?;
+            let data_at = roff + (f.lsn % ring) as usize + log::WRITE_TXN_HEAD;
+            recs.push(Record::Write {
+                ino,
+                offset,
+                size,
+                mtime,
+                data: area.map().bytes(data_at, n)?,
+            });
+        } else {
+            recs.extend(log::records(&buf[f.copy..f.copy + f.len], f.nrec).map_err(why)?);
+        }
+        txn_ends.push(recs.len());
+    }
+    Ok(Some(Batch {
+        span: Span {
+            head,
+            end: u,
+            end_seq: seq,
+            txns,
         },
         recs,
         txn_ends,

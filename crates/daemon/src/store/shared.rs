@@ -435,6 +435,9 @@ impl Shared {
         let ph = base + PUBLISHED_HEAD_OFF as usize;
         self.map().store_u64(ph, h.head_lsn)?;
         self.map().persist(ph, 8)?;
+        // A writer whose log is full sleeps on the head's low word
+        // (`Area::wait_published_head`).
+        self.map().wake_all(ph)?;
         Ok(h)
     }
 

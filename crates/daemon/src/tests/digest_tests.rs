@@ -671,3 +671,76 @@ fn the_post_digest_checks_catch_planted_damage() {
     sh.blocks.skew_free_count_for_test();
     assert!(allocation(sh).unwrap_err().contains("free blocks"));
 }
+
+/// Long one-`WRITE` transactions of a live client's range are digested from the ring in
+/// place (their heads copied and checked), short ones and everything else from a copy:
+/// the file gets the bytes of both kinds, and a bad head of a long one is refused.
+#[test]
+fn long_writes_are_digested_in_place_and_their_heads_checked() {
+    let ts = TestStore::small();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    {
+        let mut core = ts.core();
+        let mut lw = LogWriter::register(&mut core);
+        let sh = &mut core.sh;
+        lw.append(sh, &create_file(10, ROOT_INO, b"big"));
+        lw.append(sh, &[write(10, 0, 300_000, &big)]);
+        lw.append(sh, &[write(10, 1000, 300_000, b"short")]);
+        lw.append(sh, &[write(10, 200_000, 300_000, &big[..20_000])]);
+        let o = digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        assert_eq!(o.head_lsn, lw.tail);
+        let mut want = big.clone();
+        want[1000..1005].copy_from_slice(b"short");
+        want[200_000..220_000].copy_from_slice(&big[..20_000]);
+        assert_eq!(read_all(sh, 10), want);
+        core.release(lw.slot, None).unwrap();
+    }
+    // The WRITE head of a long transaction says more data than the record holds.
+    let m = expect_malformed(&ts, |sh, lw| {
+        lw.append(sh, &create_file(10, ROOT_INO, b"x"));
+        let mut t = log::build_txn(lw.seq, &[write(10, 0, 40_000, &big[..40_000])]);
+        t[log::TXN_HEADER + 40..log::TXN_HEADER + 44].copy_from_slice(&50_000u32.to_le_bytes());
+        lw.put(sh, &t);
+    });
+    assert!(m.contains("WRITE"), "{m}");
+    // A range that ends inside a long transaction.
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let sh = &mut core.sh;
+    lw.append(sh, &create_file(10, ROOT_INO, b"x"));
+    lw.append(sh, &[write(10, 0, 40_000, &big[..40_000])]);
+    match digest(sh, lw.slot, Mode::Upto(lw.tail - 64)) {
+        Err(DigestError::Malformed { msg, .. }) => assert!(msg.contains("inside"), "{msg}"),
+        r => panic!("expected malformed, got {r:?}"),
+    }
+    core.release(lw.slot, None).unwrap();
+}
+
+/// A client's digest request is published in slices (a writer waiting for room goes on
+/// after the first); the outcome adds the slices up and the shared area is the whole
+/// range's.
+#[test]
+fn a_digest_request_is_published_in_slices() {
+    let ts = TestStore::small();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let slice = core.sh.layout.ring_bytes() / crate::digest::SLICES;
+    let chunk: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+    lw.append(&core.sh, &create_file(10, ROOT_INO, b"f"));
+    let n = (3 * slice / chunk.len() as u64) + 1;
+    for i in 0..n {
+        let size = (i + 1) * chunk.len() as u64;
+        lw.append(&core.sh, &[write(10, i * chunk.len() as u64, size, &chunk)]);
+    }
+    let before = core.sh.counters.digests;
+    let o = core.digest_client(lw.slot, lw.tail).unwrap();
+    assert_eq!((o.head_lsn, o.head_seq), (lw.tail, lw.seq));
+    assert_eq!(o.txns, n + 1);
+    assert!(
+        core.sh.counters.digests - before >= 3,
+        "{} digests for {n} writes of 100 KB in slices of {slice} bytes",
+        core.sh.counters.digests - before
+    );
+    assert_eq!(read_all(&core.sh, 10), chunk.repeat(n as usize));
+    core.release(lw.slot, None).unwrap();
+}

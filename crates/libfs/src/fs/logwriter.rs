@@ -20,11 +20,13 @@ use std::io;
 
 impl Inner {
     /// Find room for a transaction of `len` bytes: wrap to the next lap if it would
-    /// straddle the end, wait for a digest if the ring is full. Returns its LSN.
+    /// straddle the end, wait for the digest while the ring is full
+    /// ([`Inner::wait_for_room`]). Returns its LSN.
     pub(super) fn reserve(&self, st: &mut State, len: usize) -> io::Result<u64> {
         let ring = st.ring.bytes();
         let len = len as u64;
-        for _ in 0..3 {
+        let mut stalls = 0;
+        loop {
             let lap_left = ring - st.tail % ring;
             let start = if len > lap_left {
                 st.tail + lap_left
@@ -40,12 +42,18 @@ impl Inner {
                 }
                 return Ok(start);
             }
-            self.digest_wait(st)?;
+            let ph = st.ph;
+            self.wait_for_room(st)?;
+            if st.ph == ph {
+                stalls += 1;
+                if stalls == 3 {
+                    return Err(fs_err(
+                        libc::ENOSPC,
+                        "the operation log stays full (the daemon does not digest it)",
+                    ));
+                }
+            }
         }
-        Err(fs_err(
-            libc::ENOSPC,
-            "the operation log stays full (the daemon does not digest it)",
-        ))
     }
 
     /// Encode `recs` as one transaction, reserve room and `charge` credits for it, seal,

@@ -22,6 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// How long a writer waiting for room in its log waits for the published head to move
+/// before it digests synchronously ([`Inner::wait_for_room`]).
+const STALL_LIMIT: Duration = Duration::from_secs(1);
+
 /// The slot the daemon handed out: its lock taken (waiting for a dead previous owner's
 /// lock to go), the NVM tier mapped read-only with the lower tiers attached, and the
 /// slot's client page and ring mapped read-write.
@@ -428,9 +432,19 @@ impl Inner {
         if used * 100 <= self.threshold_pct * st.ring.bytes() {
             return;
         }
+        self.request_digest(st);
+    }
+
+    /// Ask for an asynchronous digest of the whole log (unless one is pending). Returns
+    /// whether one is pending now.
+    fn request_digest(&self, st: &mut State) -> bool {
+        if st.digest_pending.is_some() {
+            return true;
+        }
+        self.top_up_credits(st);
         let mut conn = self.lock_conn();
         if conn.is_none() && self.reattach(st, &mut conn, true).is_err() {
-            return;
+            return false;
         }
         let req = Request::Digest {
             upto_lsn: st.tail,
@@ -440,6 +454,30 @@ impl Inner {
             Ok(()) => st.digest_pending = Some(st.tail),
             Err(_) => *conn = None,
         }
+        st.digest_pending.is_some()
+    }
+
+    /// The log is full: wait until the digest moved the published head (an asynchronous
+    /// digest is asked for if none is pending). The daemon publishes a long batch in
+    /// slices, so a writer that outruns the digest goes on as soon as a slice is
+    /// published instead of waiting for the whole log. Without progress for
+    /// [`STALL_LIMIT`] (the request was lost, the digest failed) the log is digested
+    /// synchronously, which reports why.
+    pub(super) fn wait_for_room(&self, st: &mut State) -> io::Result<()> {
+        let seen = st.ph;
+        let deadline = Instant::now() + STALL_LIMIT;
+        while st.ph == seen && Instant::now() < deadline {
+            if !self.request_digest(st) {
+                break;
+            }
+            self.area
+                .wait_published_head(self.slot, seen, Duration::from_millis(10))?;
+            self.refresh(st)?;
+        }
+        if st.ph == seen {
+            self.digest_wait(st)?;
+        }
+        Ok(())
     }
 
     /// Digest the whole log now and wait for it.
@@ -456,6 +494,26 @@ impl Inner {
             r => return Err(response_error("digest", r)),
         }
         self.refresh(st)
+    }
+
+    /// Before an asynchronous digest is asked for (while none of ours runs, so the
+    /// daemon answers at once), bring the space credits up to a log's worth of blocks
+    /// if they fell below half of that: a writer streaming into its log then does not
+    /// ask for credits while the digest keeps the daemon busy. Best effort:
+    /// [`Inner::ensure_credits`] deals with a refusal when credits are really short.
+    fn top_up_credits(&self, st: &mut State) {
+        let want = (st.ring.bytes() / BLOCK_SIZE_U64).min(self.area.layout().credit_share());
+        if st.credits >= want / 2 {
+            return;
+        }
+        if let Ok(Response::Credits { granted }) = self.request(
+            st,
+            &Request::Credits {
+                blocks: want - st.credits,
+            },
+        ) {
+            st.credits += granted;
+        }
     }
 
     pub(super) fn ensure_credits(&self, st: &mut State, need: u64) -> io::Result<()> {
