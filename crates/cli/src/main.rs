@@ -576,6 +576,13 @@ pub enum BenchCommand {
     /// SpaceJMP on Cairn against malloc, PMDK and Boost.Interprocess: switch latency,
     /// attach cost, commits, pointer chasing, writers killed during commits
     Spacejmp(bench::SpacejmpArgs),
+    /// Filebench's varmail flow (a mail server: small files appended, fsync'd, read and
+    /// deleted by 16 threads) through the shim, on the host file system and on tmpfs,
+    /// and what the digest skipped and wrote
+    Mail(bench::MailArgs),
+    /// One worker process of `bench mail` (started by it)
+    #[command(hide = true)]
+    MailWorker(bench::MailWorkerArgs),
     /// One worker process of `bench spacejmp` (started by it)
     #[command(hide = true)]
     SpacejmpWorker(bench::SpacejmpWorkerArgs),

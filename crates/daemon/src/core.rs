@@ -434,13 +434,18 @@ impl Core {
                 "the daemon is stopping",
             )));
         }
-        // In slices: a writer waiting for room in its log goes on as soon as the first
-        // slice is published.
+        // In one batch (more records superseded by later ones) unless the client's log
+        // is more than half full: then in slices, so that a writer about to wait for
+        // room goes on as soon as the first is published.
         let slice = self.sh.layout.ring_bytes() / digest::SLICES;
         let mut done = Outcome::default();
         loop {
             let (head, _) = self.sh.slot_head(slot)?;
-            let end = digest::slice_end(&self.sh.area, slot, head, upto, slice)?;
+            let end = if self.sh.log_pressure(slot) {
+                digest::slice_end(&self.sh.area, slot, head, upto, slice)?
+            } else {
+                upto
+            };
             let o = digest::digest(&mut self.sh, slot, Mode::Upto(end))?;
             self.digested(slot, &o);
             let last = end >= upto || o.head_lsn <= head.head_lsn;

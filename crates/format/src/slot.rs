@@ -36,6 +36,10 @@ pub mod client_page {
     /// hints the client wrote so far; hint `n` is at `HINT_BASE + (n % HINT_SLOTS) * 16`,
     /// two u64: inode number and file block of a read of lower-tier data.
     pub const HINT_HEAD: u64 = 16;
+    /// Nonzero while more than half of the client's log is undigested: the daemon then
+    /// publishes the client's digests in slices, so that a writer about to wait for room
+    /// goes on soon, instead of in one batch, which lets more records be superseded.
+    pub const PRESSURE: u64 = 24;
     pub const HINT_BASE: u64 = 64;
     pub const HINT_SLOTS: u64 = 252;
 }

@@ -217,6 +217,8 @@ pub(crate) struct State {
     ph: u64,
     /// `upto` of the outstanding asynchronous digest request.
     digest_pending: Option<u64>,
+    /// What the client page says of the log's fill (`Ring::set_pressure`).
+    pressure: bool,
     credits: u64,
     inodes: Vec<u64>,
     ov: InoMap<InodeOv>,

@@ -126,6 +126,13 @@ impl Ring {
         self.map.store_u64(client_page::READER_EPOCH as usize, e)
     }
 
+    /// Tell the daemon whether more than half of the log is undigested
+    /// (`client_page::PRESSURE`).
+    pub fn set_pressure(&self, on: bool) -> io::Result<()> {
+        self.map
+            .store_u64(client_page::PRESSURE as usize, u64::from(on))
+    }
+
     /// Tell the daemon that this client read file block `fblk` of `ino` from a lower
     /// tier (the hint ring of the client page; old hints are overwritten when the daemon
     /// is behind). The caller serializes hints (the state lock).

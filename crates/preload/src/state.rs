@@ -100,10 +100,44 @@ static FS: Mutex<Option<Arc<Fs>>> = Mutex::new(None);
 /// The process that opened `FS`.
 static FS_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// A thread is opening `FS` (the others wait for its client instead of opening one each:
+/// a program whose threads all start with a file call would take as many log slots).
+static OPENING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+thread_local! {
+    /// This thread is the one opening `FS`.
+    static OPENER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 pub fn fs() -> io::Result<Arc<Fs>> {
-    if let Some(f) = FS.lock().as_ref() {
-        return Ok(f.clone());
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+    loop {
+        if let Some(f) = FS.lock().as_ref() {
+            return Ok(f.clone());
+        }
+        if OPENER.get() {
+            return Err(io::Error::new(
+                io::ErrorKind::Deadlock,
+                "cairn-preload: the store was used while its client was being opened",
+            ));
+        }
+        if OPENING
+            .compare_exchange(false, true, AcqRel, Acquire)
+            .is_ok()
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    OPENER.set(true);
+    let r = open_fs();
+    OPENER.set(false);
+    OPENING.store(false, Release);
+    r
+}
+
+/// Open the client and make it `FS` (by one thread at a time: [`fs`]).
+fn open_fs() -> io::Result<Arc<Fs>> {
     // Opened without the lock held: opening may start the daemon.
     if config().bad_prefix {
         eprintln!(
@@ -280,6 +314,8 @@ pub extern "C" fn after_fork_child() {
         FS.force_unlock();
     }
     table::unlock_all();
+    // A thread of the parent that was opening the client is not in the child.
+    OPENING.store(false, std::sync::atomic::Ordering::Release);
     if let Some(f) = FS.lock().take() {
         f.abandon_after_fork();
         std::mem::forget(f);

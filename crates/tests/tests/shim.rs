@@ -965,3 +965,103 @@ int main(int argc, char **argv) {
     assert!(store.fs().metadata("/w").is_err());
     assert!(!host.exists());
 }
+
+/// A program whose threads all start with a file call of the store at the same moment
+/// gets one client (one registration, one log slot), not one per thread: on a store
+/// with two slots, sixteen threads that start while the daemon is slow to answer
+/// (stopped for a moment) all succeed, and the daemon registered the program once.
+#[test]
+fn threads_starting_together_share_one_client() {
+    let store = TestStore::with_size(cairn_tests::harness::StoreSize {
+        clients: 2,
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("threads.c");
+    let bin = dir.path().join("threads");
+    std::fs::write(
+        &src,
+        r#"
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static pthread_barrier_t start;
+static void *one(void *arg) {
+    char path[64];
+    snprintf(path, sizeof path, "/cairn/t%ld", (long)arg);
+    pthread_barrier_wait(&start);
+    int fd = open(path, O_CREAT | O_WRONLY, 0644);
+    if (fd < 0) { perror(path); return (void *)1; }
+    if (write(fd, path, 9) != 9 || close(fd) != 0) { perror(path); return (void *)1; }
+    return 0;
+}
+int main(void) {
+    pthread_t t[16];
+    pthread_barrier_init(&start, 0, 16);
+    for (long i = 0; i < 16; i++) pthread_create(&t[i], 0, one, (void *)i);
+    int bad = 0;
+    for (int i = 0; i < 16; i++) { void *r; pthread_join(t[i], &r); bad += r != 0; }
+    printf("%d failed\n", bad);
+    return bad != 0;
+}
+"#,
+    )
+    .unwrap();
+    let cc = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let fs = store.fs();
+    let daemon = store.daemon_pid().expect("the daemon runs");
+    let signal = |s: &str| {
+        let st = Command::new("kill")
+            .args([s, &daemon.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    // The daemon stopped, every thread's first call waits for the client to open.
+    signal("-STOP");
+    // Loaded straight (`cairn run` would wait for the daemon itself first).
+    let lib = cairn_bin().with_file_name("libcairn_preload.so");
+    let child = Command::new(&bin)
+        .env("LD_PRELOAD", &lib)
+        .env("CAIRN_STORE", store.path())
+        .env("CAIRN_PREFIX", "/cairn")
+        .env("CAIRN_BIN", cairn_bin())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    signal("-CONT");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "0 failed\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One besides this test's own.
+    let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
+    let me = format!("(pid {},", std::process::id());
+    let registered = log
+        .lines()
+        .filter(|l| l.contains("client registered") && !l.contains(&me))
+        .count();
+    assert_eq!(registered, 1, "registrations:\n{log}");
+    for i in 0..16 {
+        assert_eq!(
+            fs.read(format!("/t{i}")).unwrap(),
+            format!("/cairn/t{i}").as_bytes()[..9]
+        );
+    }
+}

@@ -8,6 +8,8 @@
 //!   system and tmpfs.
 //! * [`tiers`](tiers::run): NVM, SSD and HDD tiers against the host file system.
 //! * [`superpages`](superpages::run): 2 MiB extents against 4 KiB blocks and tmpfs.
+//! * [`mail`](mail::run): Filebench's varmail flow through the shim, the host file
+//!   system and tmpfs, with the digest's counters.
 
 mod apps;
 mod hostfs;
@@ -16,6 +18,7 @@ mod hugepage_worker;
 mod kv;
 mod kv_churn;
 mod latency;
+mod mail;
 mod report;
 mod share;
 mod spacejmp;
@@ -33,6 +36,7 @@ pub use hugepage_worker::{worker as hugepage_worker, WorkerArgs as HugepageWorke
 pub use kv::{run as kv, KvArgs};
 pub use kv_churn::{worker as kv_churn_worker, WorkerArgs as KvChurnWorkerArgs};
 pub use latency::run as latency;
+pub use mail::{run as mail, worker as mail_worker, MailArgs, MailWorkerArgs};
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
 pub use spacejmp::{run as spacejmp, worker as spacejmp_worker, SpacejmpArgs, SpacejmpWorkerArgs};
 pub use superpages::{run as superpages, SuperpagesArgs};

@@ -81,6 +81,8 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::HugepageWorker(args) => crate::bench::hugepage_worker(&args),
             BenchCommand::Superpages(args) => crate::bench::superpages(&args),
             BenchCommand::Spacejmp(args) => crate::bench::spacejmp(&args),
+            BenchCommand::Mail(args) => crate::bench::mail(store, &args),
+            BenchCommand::MailWorker(args) => crate::bench::mail_worker(&args),
             BenchCommand::SpacejmpWorker(args) => crate::bench::spacejmp_worker(&args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
             BenchCommand::KvChurnWorker(args) => crate::bench::kv_churn_worker(&args),

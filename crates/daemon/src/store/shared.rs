@@ -450,10 +450,19 @@ impl Shared {
             .store_u64(cp + client_page::PID as usize, pid as u64)?;
         self.map()
             .store_u64(cp + client_page::HINT_HEAD as usize, 0)?;
-        self.map().persist(cp, 24)?;
+        self.map()
+            .store_u64(cp + client_page::PRESSURE as usize, 0)?;
+        self.map().persist(cp, 32)?;
         let o = (self.layout.slot_entry_off(slot) + OWNER_PID_OFF) as usize;
         self.map().store_u64(o, pid as u64)?;
         self.map().persist(o, 8)
+    }
+
+    /// Whether `slot`'s client says more than half of its log is undigested
+    /// (`client_page::PRESSURE`; untrusted: it only decides how its own digests are cut).
+    pub(crate) fn log_pressure(&self, slot: u32) -> bool {
+        let off = (self.layout.client_page_off(slot) + client_page::PRESSURE) as usize;
+        self.map().load_u64(off).is_ok_and(|v| v != 0)
     }
 
     /// Increment the slot's `lease_gen` word (its client drops every lease and cached

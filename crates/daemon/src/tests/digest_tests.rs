@@ -3,7 +3,7 @@
 use super::map_tests::Rng;
 use super::*;
 use crate::digest::{digest, DigestError, Mode};
-use cairn_format::slot::SlotHead;
+use cairn_format::slot::{client_page, SlotHead};
 
 fn set_size(ino: u64, kind: Kind, size: u64) -> Record<'static> {
     Record::InodeSet {
@@ -716,31 +716,53 @@ fn long_writes_are_digested_in_place_and_their_heads_checked() {
     core.release(lw.slot, None).unwrap();
 }
 
-/// A client's digest request is published in slices (a writer waiting for room goes on
-/// after the first); the outcome adds the slices up and the shared area is the whole
-/// range's.
+/// A client's digest request is one batch, or, while the client says more than half of
+/// its log is undigested, published in slices (a writer waiting for room goes on after
+/// the first); the outcome adds the slices up and the shared area is the whole range's.
 #[test]
-fn a_digest_request_is_published_in_slices() {
+fn a_digest_request_is_published_in_slices_under_pressure() {
     let ts = TestStore::small();
     let mut core = ts.core();
     let mut lw = LogWriter::register(&mut core);
     let slice = core.sh.layout.ring_bytes() / crate::digest::SLICES;
     let chunk: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
-    lw.append(&core.sh, &create_file(10, ROOT_INO, b"f"));
     let n = (3 * slice / chunk.len() as u64) + 1;
-    for i in 0..n {
-        let size = (i + 1) * chunk.len() as u64;
-        lw.append(&core.sh, &[write(10, i * chunk.len() as u64, size, &chunk)]);
+    let mut size = 0;
+    for pressure in [false, true] {
+        let pressure_off =
+            (core.sh.layout.client_page_off(lw.slot) + client_page::PRESSURE) as usize;
+        core.sh
+            .map()
+            .store_u64(pressure_off, u64::from(pressure))
+            .unwrap();
+        let first = lw.seq;
+        if size == 0 {
+            lw.append(&core.sh, &create_file(10, ROOT_INO, b"f"));
+        }
+        for _ in 0..n {
+            size += chunk.len() as u64;
+            lw.append(
+                &core.sh,
+                &[write(10, size - chunk.len() as u64, size, &chunk)],
+            );
+        }
+        let before = core.sh.counters.digests;
+        let o = core.digest_client(lw.slot, lw.tail).unwrap();
+        assert_eq!((o.head_lsn, o.head_seq), (lw.tail, lw.seq));
+        assert_eq!(o.txns, lw.seq - first);
+        let digests = core.sh.counters.digests - before;
+        if pressure {
+            assert!(
+                digests >= 3,
+                "{digests} digests for {n} writes of 100 KB in slices of {slice} bytes"
+            );
+        } else {
+            assert_eq!(digests, 1, "one batch without pressure");
+        }
+        assert_eq!(
+            read_all(&core.sh, 10),
+            chunk.repeat(size as usize / chunk.len())
+        );
     }
-    let before = core.sh.counters.digests;
-    let o = core.digest_client(lw.slot, lw.tail).unwrap();
-    assert_eq!((o.head_lsn, o.head_seq), (lw.tail, lw.seq));
-    assert_eq!(o.txns, n + 1);
-    assert!(
-        core.sh.counters.digests - before >= 3,
-        "{} digests for {n} writes of 100 KB in slices of {slice} bytes",
-        core.sh.counters.digests - before
-    );
-    assert_eq!(read_all(&core.sh, 10), chunk.repeat(n as usize));
     core.release(lw.slot, None).unwrap();
 }

@@ -198,6 +198,7 @@ impl Inner {
                 seq: reg.head_seq,
                 ph: ph.max(reg.head_lsn),
                 digest_pending: None,
+                pressure: false,
                 credits: reg.credits,
                 inodes: reg.inodes,
                 ov: InoMap::default(),
@@ -348,6 +349,8 @@ impl Inner {
                 st.inodes = reg.inodes;
                 st.credits = reg.credits;
                 st.digest_pending = None;
+                // The daemon may have reset the client page.
+                st.pressure = false;
                 *conn = Some(c);
                 self.conn_epoch.fetch_add(1, Ordering::SeqCst);
                 self.locks.forget_delegations();
@@ -423,12 +426,17 @@ impl Inner {
         }
     }
 
-    /// Ask for an asynchronous digest once the log passes the threshold.
+    /// Ask for an asynchronous digest once the log passes the threshold; tell the daemon
+    /// whether more than half of it is undigested (it then digests in slices).
     pub(super) fn maybe_request_digest(&self, st: &mut State) {
+        let used = st.tail - st.ph;
+        let pressure = used > st.ring.bytes() / 2;
+        if pressure != st.pressure && st.ring.set_pressure(pressure).is_ok() {
+            st.pressure = pressure;
+        }
         if st.digest_pending.is_some() {
             return;
         }
-        let used = st.tail - st.ph;
         if used * 100 <= self.threshold_pct * st.ring.bytes() {
             return;
         }
@@ -465,6 +473,9 @@ impl Inner {
     /// synchronously, which reports why.
     pub(super) fn wait_for_room(&self, st: &mut State) -> io::Result<()> {
         let seen = st.ph;
+        if !st.pressure && st.ring.set_pressure(true).is_ok() {
+            st.pressure = true;
+        }
         let deadline = Instant::now() + STALL_LIMIT;
         while st.ph == seen && Instant::now() < deadline {
             if !self.request_digest(st) {
