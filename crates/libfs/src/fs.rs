@@ -6,8 +6,8 @@
 //! that lock too, with the reader epoch published in the client page (PROTOCOL.md,
 //! "Epochs") for as long as they touch map nodes, data blocks or directory buckets.
 //!
-//! This module holds the state ([`State`], [`Inner`], the overlay [`InodeOv`], the
-//! transaction builder [`Tx`]); its submodules each add one concern's methods to
+//! This module holds the state ([`State`] — with the log writer (`crate::log`) and the
+//! overlay (`crate::overlay`) —, [`Inner`], the transaction builder [`Tx`]); its submodules each add one concern's methods to
 //! [`Inner`]:
 //!
 //! | module | what |
@@ -26,8 +26,9 @@
 //! | `tmpfile` | unnamed files (`O_TMPFILE`) |
 
 use crate::conn::Conn;
-use crate::extents::Extents;
+use crate::log::LogWriter;
 use crate::meta::Cred;
+use crate::overlay::{InoMap, Overlay};
 use crate::ring::Ring;
 use cairn_area::{Area, StoreDir};
 use cairn_format::inode::{Attrs, Kind};
@@ -68,80 +69,6 @@ const MAX_SYMLINKS: u32 = 40;
 const INODE_BATCH: u32 = 64;
 /// Smallest credit request, in 4 KiB blocks.
 const CREDIT_CHUNK: u64 = 1024;
-
-/// The undigested state of one inode.
-pub(crate) struct InodeOv {
-    gen: u64,
-    attrs: Attrs,
-    /// Tag (LSN just past the transaction) of the latest change of this inode. Every
-    /// data range and directory entry below carries a tag no larger than this one.
-    tag: u64,
-    ext: Extents,
-    /// Directory entries: name → (ino, kind), `None` for a removed name.
-    dir: HashMap<Vec<u8>, DirOv>,
-}
-
-/// A hasher for inode-number keys (multiplicative; inode numbers are not adversarial).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct InoHasher(u64);
-
-impl std::hash::Hasher for InoHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// A map keyed by inode number.
-type InoMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<InoHasher>>;
-
-/// An overlay directory entry: `(ino, kind)` or `None` (removed), and its tag.
-type DirOv = (Option<(u64, Kind)>, u64);
-
-impl InodeOv {
-    /// An overlay entry, with an interval map from `spare` (used ones kept for reuse:
-    /// the write path then does not allocate). The largest is taken: which map was
-    /// recycled last depends on the order the overlay drops entries in, and a smaller one
-    /// taken for a busy file would have to grow. (A cleared map lays its entries out
-    /// from the start of its memory again, so a large one is as compact as a small one.)
-    fn new(gen: u64, attrs: Attrs, tag: u64, spare: &mut Vec<Extents>) -> InodeOv {
-        let largest = (0..spare.len()).max_by_key(|&i| spare[i].capacity());
-        InodeOv {
-            gen,
-            attrs,
-            tag,
-            ext: largest.map(|i| spare.swap_remove(i)).unwrap_or_default(),
-            dir: HashMap::new(),
-        }
-    }
-}
-
-/// Interval maps of dropped overlay entries kept for reuse, at most this many...
-const SPARE_EXTENTS: usize = 32;
-/// ... and only those indexing at most this many ranges (larger ones give their memory
-/// back).
-const SPARE_EXTENTS_MAX_RANGES: usize = 1 << 16;
-
-/// Keep `o`'s interval map for reuse (emptied), within the limits above. A map that
-/// never held a range (a directory's) is not kept: it would save nothing, and, taken
-/// next by a busy file, it would have to grow.
-fn recycle(spare: &mut Vec<Extents>, o: InodeOv) {
-    let mut ext = o.ext;
-    if spare.len() < SPARE_EXTENTS
-        && ext.capacity() > 0
-        && ext.capacity() <= SPARE_EXTENTS_MAX_RANGES
-    {
-        ext.clear();
-        spare.push(ext);
-    }
-}
 
 /// An operation needs a lease this client does not hold: the operation is abandoned
 /// (nothing was changed yet), the lease acquired without the state lock, and the
@@ -209,21 +136,12 @@ pub(crate) enum Lease {
 
 /// The mutable client state.
 pub(crate) struct State {
-    ring: Ring,
-    /// Next transaction's LSN and sequence number.
-    tail: u64,
-    seq: u64,
-    /// The published head last seen (overlay entries up to it are dropped).
-    ph: u64,
-    /// `upto` of the outstanding asynchronous digest request.
-    digest_pending: Option<u64>,
-    /// What the client page says of the log's fill (`Ring::set_pressure`).
-    pressure: bool,
-    credits: u64,
+    /// The operation log: tail, sequence numbers, the published head last seen (overlay
+    /// entries up to it are dropped), credits.
+    log: LogWriter,
     inodes: Vec<u64>,
-    ov: InoMap<InodeOv>,
-    /// Emptied interval maps for new overlay entries ([`InodeOv::new`]).
-    spare: Vec<Extents>,
+    /// What this client wrote that the shared area does not have yet.
+    ov: Overlay,
     /// Open `File` handles per inode.
     open: InoMap<u32>,
     /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
@@ -233,8 +151,6 @@ pub(crate) struct State {
     /// Open inodes the daemon pinned (we said they were open when it revoked their
     /// lease): the last close sends `Unpin`.
     pinned: HashSet<u64>,
-    /// Reused buffer for metadata transactions.
-    buf: Vec<u8>,
     /// Epochs pinned by mappings of shared-area blocks (`Inner::map_plan`): the reader
     /// epoch never rises above the oldest while they live.
     long_pins: Vec<u64>,
@@ -364,49 +280,6 @@ impl State {
     fn pin_floor(&self) -> u64 {
         self.long_pins.iter().copied().min().unwrap_or(0)
     }
-
-    /// A transaction of `len` bytes (a commit, a `WRITE` or a wrap) was just written at
-    /// `lsn` with sequence number `self.seq`: the tail moves past it and the next one
-    /// gets the next number. Returns the new tail (the transaction's tag).
-    fn appended(&mut self, lsn: u64, len: u64) -> u64 {
-        use cairn_format::log::TXN_ALIGN;
-        debug_assert!(
-            lsn >= self.tail,
-            "a transaction at {lsn}, behind the tail {}",
-            self.tail
-        );
-        debug_assert!(
-            lsn.is_multiple_of(TXN_ALIGN) && len.is_multiple_of(TXN_ALIGN) && len > 0,
-            "a transaction at {lsn} of {len} bytes: not {TXN_ALIGN}-byte aligned"
-        );
-        debug_assert!(
-            lsn + len <= self.ph + self.ring.bytes(),
-            "the tail {} would pass the published head {} by more than the ring",
-            lsn + len,
-            self.ph
-        );
-        debug_assert!(
-            lsn / self.ring.bytes() == (lsn + len - 1) / self.ring.bytes(),
-            "a transaction at {lsn} of {len} bytes crosses the end of the ring"
-        );
-        self.seq += 1;
-        self.tail = lsn + len;
-        self.tail
-    }
-
-    /// Spend `charge` space credits on the transaction about to be logged (the caller
-    /// made sure it had them, after its reservation: credits never go below zero).
-    /// Checked builds stop on a violation; a release build never wraps around (the
-    /// client, inside an application, is not stopped for an accounting error: it asks
-    /// for credits again next time).
-    fn spend(&mut self, charge: u64) {
-        debug_assert!(
-            self.credits >= charge,
-            "spending {charge} credits with {} left",
-            self.credits
-        );
-        self.credits = self.credits.saturating_sub(charge);
-    }
 }
 
 fn name_str(name: &[u8]) -> String {
@@ -437,8 +310,10 @@ impl Drop for Inner {
             let _ = u.shutdown(std::net::Shutdown::Both);
         }
         let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
-        let _ = st.ring.set_reader_epoch(0);
-        let bye = Request::Goodbye { tail_lsn: st.tail };
+        let _ = st.log.ring().set_reader_epoch(0);
+        let bye = Request::Goodbye {
+            tail_lsn: st.log.tail(),
+        };
         let mut done = false;
         if let Some(c) = self
             .conn

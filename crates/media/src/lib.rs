@@ -190,11 +190,9 @@ impl Mapping {
         Ok(unsafe { (*(self.ptr.add(off) as *const AtomicU64)).load(Ordering::Acquire) })
     }
 
-    /// Sleep while the u32 at `off` (4-aligned) holds `seen`, at most `timeout` (a futex
-    /// wait on the mapped file: any process mapping it wakes us with
-    /// [`Mapping::wake_all`]). Returns at once if the word differs; a spurious or timed
-    /// out wake-up returns too, so callers check the word again.
-    pub fn wait_u32(&self, off: usize, seen: u32, timeout: std::time::Duration) -> io::Result<()> {
+    /// The u32 at `off` (4-aligned) as a futex word: the kernel only reads it, so a
+    /// read-only mapping will do.
+    fn futex_word(&self, off: usize) -> io::Result<&std::sync::atomic::AtomicU32> {
         self.check(off, 4)?;
         if !off.is_multiple_of(4) {
             return Err(io::Error::new(
@@ -202,36 +200,35 @@ impl Mapping {
                 "unaligned futex word",
             ));
         }
-        // SAFETY: in bounds and 4-aligned (the mapping is page aligned); the kernel only
-        // reads the word (a read-only mapping is fine), and the reference lives no longer
-        // than `&self`, and so the mapping.
-        let word = unsafe { &*(self.ptr.add(off) as *const std::sync::atomic::AtomicU32) };
+        // SAFETY: in bounds and 4-aligned (the mapping is page aligned); the reference is
+        // only handed to the futex calls below, which read the word (or nothing), and
+        // lives no longer than `&self`, and so the mapping.
+        Ok(unsafe { &*(self.ptr.add(off) as *const std::sync::atomic::AtomicU32) })
+    }
+
+    /// Sleep while the u32 at `off` (4-aligned) holds `seen`, at most `timeout` (a futex
+    /// wait on the mapped file: any process mapping it wakes us with
+    /// [`Mapping::wake_all`]). Returns at once if the word differs; a spurious or timed
+    /// out wake-up returns too, so callers check the word again.
+    pub fn wait_u32(&self, off: usize, seen: u32, timeout: std::time::Duration) -> io::Result<()> {
+        use rustix::io::Errno;
         let ts = rustix::thread::futex::Timespec {
             tv_sec: timeout.as_secs() as i64,
             tv_nsec: timeout.subsec_nanos() as i64,
         };
         // Not private: the waiters and the waker are different processes.
         let flags = rustix::thread::futex::Flags::empty();
-        match rustix::thread::futex::wait(word, flags, seen, Some(&ts)) {
+        match rustix::thread::futex::wait(self.futex_word(off)?, flags, seen, Some(&ts)) {
             Ok(()) => Ok(()),
-            Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::TIMEDOUT => Ok(()),
-            Err(e) if e == rustix::io::Errno::INTR => Ok(()),
+            Err(Errno::AGAIN | Errno::TIMEDOUT | Errno::INTR) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
 
     /// Wake every process sleeping in [`Mapping::wait_u32`] on the u32 at `off`.
     pub fn wake_all(&self, off: usize) -> io::Result<()> {
-        self.check(off, 4)?;
-        if !off.is_multiple_of(4) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "unaligned futex word",
-            ));
-        }
-        // SAFETY: as in `wait_u32`; waking reads nothing.
-        let word = unsafe { &*(self.ptr.add(off) as *const std::sync::atomic::AtomicU32) };
-        rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), u32::MAX)?;
+        let flags = rustix::thread::futex::Flags::empty();
+        rustix::thread::futex::wake(self.futex_word(off)?, flags, u32::MAX)?;
         Ok(())
     }
 

@@ -25,10 +25,11 @@ pub fn sh(store: &TestStore, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Compile the C program `src` into `bin` (the tests' own small programs).
+/// Compile the C program `src` into `bin` (the tests' own small programs; with
+/// POSIX threads).
 pub fn compile_c(src: &std::path::Path, bin: &std::path::Path) {
     let cc = Command::new("cc")
-        .arg("-O2")
+        .args(["-O2", "-pthread"])
         .arg("-o")
         .arg(bin)
         .arg(src)

@@ -1008,17 +1008,7 @@ int main(void) {
 "#,
     )
     .unwrap();
-    let cc = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_c(&src, &bin);
     let fs = store.fs();
     let daemon = store.daemon_pid().expect("the daemon runs");
     let signal = |s: &str| {

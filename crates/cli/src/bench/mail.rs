@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 /// Bytes of each write and append, and of each mailbox at the start.
 const APPEND: usize = 16 << 10;
+/// How fast the mailboxes grow, at most, on a fast machine (for the space check).
+const MAIL_BYTES_PER_S: u64 = 128 << 20;
 
 /// `cairn bench mail` options.
 #[derive(Debug, Args)]
@@ -305,6 +307,25 @@ pub fn run(store: Option<&Path>, a: &MailArgs) -> CliResult {
         }
         Ok(())
     };
+    // The mailboxes grow by 16 KiB a mail (about 100 MB/s here): refuse a store too
+    // small for the run, rather than fail with ENOSPC half-way.
+    let need = a.files * APPEND as u64 + a.seconds * MAIL_BYTES_PER_S;
+    let free: u64 = fs
+        .status()?
+        .tiers
+        .iter()
+        .map(|t| t.capacity_bytes.saturating_sub(t.used_bytes))
+        .sum();
+    if free < need {
+        return Err(CliError::new(format!(
+            "bench mail: the store {} has {} MiB free; a run of {} s with {} mailboxes needs              about {} MiB (the mailboxes grow by 16 KiB a mail): use a larger store (`cairn              mkfs --nvm-size`), or fewer --seconds or --files",
+            store_dir.display(),
+            free >> 20,
+            a.seconds,
+            a.files,
+            need >> 20
+        )));
+    }
     let mut taken: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     let mut digest = DigestFigures::default();
     let r = (|| -> CliResult {

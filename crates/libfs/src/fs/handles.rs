@@ -113,7 +113,7 @@ impl Inner {
                 // once nobody has it open (after digesting our records about it).
                 let req = Request::Unpin {
                     ino,
-                    tail_lsn: st.tail,
+                    tail_lsn: st.log.tail(),
                 };
                 match self.request(st, &req) {
                     Ok(Response::Ok) => {}

@@ -1,7 +1,7 @@
 //! Leases (PROTOCOL.md, "Leases"): asking the daemon for one, the upcall channel on
 //! which it revokes them, and giving them up.
 
-use super::{need_lease, recycle, Inner, Lease, LeaseLostHook, State};
+use super::{need_lease, Inner, Lease, LeaseLostHook, State};
 use crate::conn::response_error;
 use cairn_area::{fs_err, StoreDir};
 use cairn_proto::{Request, Response, Upcall};
@@ -189,15 +189,13 @@ impl Inner {
             st.pinned.insert(ino);
         }
         st.drop_lease(ino);
-        if let Some(o) = st.ov.remove(&ino) {
-            recycle(&mut st.spare, o);
-        }
+        st.ov.forget(ino);
         st.revokes += 1;
         if st.acquiring > 0 {
             let n = st.revokes;
             st.revoked_at.insert(ino, n);
         }
-        (st.tail, open)
+        (st.log.tail(), open)
     }
 
     /// Start the upcall thread (once, after the `Inner` is shared).

@@ -2,7 +2,7 @@
 //! (`commit`, and the write path's `WRITE` transactions), the overlay updated with what
 //! they did; in shared-write mode, sealed by the daemon (`commit_mediated`).
 
-use super::{transient, Inner, InodeOv, Lease, Stale, State, Tx};
+use super::{transient, Inner, Lease, Stale, State, Tx};
 use crate::conn::response_error;
 use crate::extents::Src;
 use crate::meta::now_ns;
@@ -23,28 +23,17 @@ impl Inner {
     /// straddle the end, wait for the digest while the ring is full
     /// ([`Inner::wait_for_room`]). Returns its LSN.
     pub(super) fn reserve(&self, st: &mut State, len: usize) -> io::Result<u64> {
-        let ring = st.ring.bytes();
         let len = len as u64;
         let mut stalls = 0;
         loop {
-            let lap_left = ring - st.tail % ring;
-            let start = if len > lap_left {
-                st.tail + lap_left
-            } else {
-                st.tail
-            };
             self.refresh(st)?;
-            if start + len <= st.ph + ring {
-                if start != st.tail {
-                    st.ring.put_wrap(st.tail, st.seq)?;
-                    let tail = st.tail;
-                    st.appended(tail, start - tail);
-                }
+            if let Some(start) = st.log.place(len) {
+                st.log.wrap_to(start)?;
                 return Ok(start);
             }
-            let ph = st.ph;
+            let head = st.log.head();
             self.wait_for_room(st)?;
-            if st.ph == ph {
+            if st.log.head() == head {
                 stalls += 1;
                 if stalls == 3 {
                     return Err(fs_err(
@@ -70,16 +59,16 @@ impl Inner {
     ) -> io::Result<(u64, usize)> {
         let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
         let len = txn_len(payload);
-        if len as u64 > st.ring.bytes() / 4 {
+        if len as u64 > st.log.max_txn() {
             return Err(fs_err(
                 libc::E2BIG,
                 format!(
                     "a transaction of {len} bytes is larger than a quarter of the log ({} bytes)",
-                    st.ring.bytes()
+                    st.log.ring().bytes()
                 ),
             ));
         }
-        let mut buf = std::mem::take(&mut st.buf);
+        let mut buf = st.log.take_buf();
         buf.clear();
         buf.resize(len, 0);
         let mut off = TXN_HEADER;
@@ -94,17 +83,17 @@ impl Inner {
         {
             Ok(l) => l,
             Err(e) => {
-                st.buf = buf;
+                st.log.put_buf(buf);
                 return Err(e);
             }
         };
-        st.spend(charge);
-        seal_txn(&mut buf, KIND_COMMIT, st.seq, recs.len() as u32);
+        st.log.spend(charge);
+        seal_txn(&mut buf, KIND_COMMIT, st.log.seq(), recs.len() as u32);
         if !med.is_empty() {
             buf[..4].fill(0);
         }
-        let put = st.ring.put_txn(lsn, &buf);
-        st.buf = buf;
+        let put = st.log.ring().put_txn(lsn, &buf);
+        st.log.put_buf(buf);
         put?;
         fence();
         if !med.is_empty() {
@@ -139,13 +128,13 @@ impl Inner {
             self.drop_rendezvous(kind, ino, gen);
         }
         if !med.is_empty() {
-            st.appended(lsn, len as u64);
+            st.log.appended(lsn, len as u64);
             // Digested: nothing of it (or before it) belongs in the overlay. (Committed:
             // no error may make the caller run the operation again.)
             let _ = self.refresh(st);
-            return Ok(st.tail);
+            return Ok(st.log.tail());
         }
-        let tag = st.appended(lsn, len as u64);
+        let tag = st.log.appended(lsn, len as u64);
         st.apply_committed(tx, tag, lsn + data_off as u64);
         self.maybe_request_digest(st);
         Ok(tag)
@@ -181,7 +170,7 @@ impl Inner {
         let req = Request::Commit {
             lsn,
             len: len as u32,
-            seq: st.seq,
+            seq: st.log.seq(),
             versions: med.to_vec(),
         };
         match self.request(st, &req) {
@@ -198,7 +187,7 @@ impl Inner {
                 Err(io::Error::other(Stale))
             }
             r => {
-                if st.ring.is_sealed(lsn)? {
+                if st.log.ring().is_sealed(lsn)? {
                     for (ino, _) in med {
                         st.drop_lease(*ino);
                     }
@@ -276,7 +265,7 @@ impl Inner {
         if self.kill_privs(st, ino, &attrs)? {
             (_, attrs) = self.attrs_held(st, ino)?;
         }
-        let max = (st.ring.bytes() / 4) as usize - 128;
+        let max = st.log.max_txn() as usize - 128;
         let mut done = 0;
         while done < data.len() {
             let med = Self::claims(st, [ino]);
@@ -299,16 +288,18 @@ impl Inner {
             if let Err(e) = self.ensure_credits(st, charge) {
                 return partial(e);
             }
-            st.spend(charge);
-            st.ring
-                .put_write(lsn, st.seq, ino, off, size, now, chunk, med.is_none())?;
+            st.log.spend(charge);
+            let seq = st.log.seq();
+            st.log
+                .ring()
+                .put_write(lsn, seq, ino, off, size, now, chunk, med.is_none())?;
             fence();
             if let Some(med) = &med {
                 if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
                     return partial(e);
                 }
             }
-            let tag = st.appended(lsn, tlen as u64);
+            let tag = st.log.appended(lsn, tlen as u64);
             attrs.size = size;
             attrs.mtime = now;
             attrs.ctime = now;
@@ -330,7 +321,7 @@ impl Inner {
                 }
                 continue;
             }
-            st.overlay_written(ino, gen, attrs, tag).ext.insert(
+            st.ov.written(ino, gen, attrs, tag).write(
                 off,
                 off + n as u64,
                 Src::Log(lsn + WRITE_HEAD as u64),
@@ -403,18 +394,18 @@ impl Inner {
             .sum();
         let (lsn, len) = self.append_records(st, &recs, charge, &med)?;
         if !med.is_empty() {
-            st.appended(lsn, len as u64);
+            st.log.appended(lsn, len as u64);
             let _ = self.refresh(st);
         } else {
-            let tag = st.appended(lsn, len as u64);
+            let tag = st.log.appended(lsn, len as u64);
             for &(ino, gen, mut attrs) in &files {
                 attrs.mtime = now;
                 attrs.ctime = now;
-                st.overlay_written(ino, gen, attrs, tag);
+                st.ov.written(ino, gen, attrs, tag);
             }
             for (&(ino, offset, data), d) in runs.iter().zip(write_data_offsets(&recs)) {
-                if let Some(o) = st.ov.get_mut(&ino) {
-                    o.ext.insert(
+                if let Some(o) = st.ov.get_mut(ino) {
+                    o.write(
                         offset,
                         offset + data.len() as u64,
                         Src::Log(lsn + d as u64),
@@ -498,19 +489,6 @@ fn write_data_offsets<'a>(recs: &'a [Record<'_>]) -> impl Iterator<Item = usize>
 }
 
 impl State {
-    /// The overlay entry of `ino` after a `WRITE` committed with tag `tag` left it with
-    /// `attrs` (created at generation `gen` if the overlay did not know it); the caller
-    /// adds the written extents.
-    fn overlay_written(&mut self, ino: u64, gen: u64, attrs: Attrs, tag: u64) -> &mut InodeOv {
-        let o = self
-            .ov
-            .entry(ino)
-            .or_insert_with(|| InodeOv::new(gen, attrs, tag, &mut self.spare));
-        o.attrs = attrs;
-        o.tag = tag;
-        o
-    }
-
     /// A committed write of `data` at `offset` of `ino`, also into the file's map object
     /// if it has one (`mapobj`), so that its mappings see it.
     fn mirror_to_mapobj(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()> {
@@ -524,34 +502,22 @@ impl State {
     /// The overlay after transaction `tx` committed with tag `tag` (its write's data at
     /// `data_lsn` in the log).
     fn apply_committed(&mut self, tx: Tx, tag: u64, data_lsn: u64) {
-        for (ino, gen, a) in &tx.inodes {
-            let o = self
-                .ov
-                .entry(*ino)
-                .or_insert_with(|| InodeOv::new(*gen, *a, tag, &mut self.spare));
-            o.gen = *gen;
-            o.attrs = *a;
-            o.tag = tag;
-            if a.nlink == 0 {
-                o.ext.clear();
-                o.dir.clear();
-            }
+        for &(ino, gen, a) in &tx.inodes {
+            self.ov.set(ino, gen, a, tag);
         }
         for &(ino, start, end) in &tx.zero {
-            if let Some(o) = self.ov.get_mut(&ino) {
-                o.ext.insert(start, end, Src::Zero, tag);
+            if let Some(o) = self.ov.get_mut(ino) {
+                o.write(start, end, Src::Zero, tag);
             }
         }
         if let Some((ino, data, _, _)) = &tx.write {
-            if let Some(o) = self.ov.get_mut(ino) {
-                o.ext.insert(0, data.len() as u64, Src::Log(data_lsn), tag);
+            if let Some(o) = self.ov.get_mut(*ino) {
+                o.write(0, data.len() as u64, Src::Log(data_lsn), tag);
             }
         }
         for (dir, name, ino, kind) in tx.dirents {
-            if let Some(o) = self.ov.get_mut(&dir) {
-                let e = (ino != 0).then_some((ino, kind));
-                o.dir.insert(name, (e, tag));
-                o.tag = tag;
+            if let Some(o) = self.ov.get_mut(dir) {
+                o.dirent(name, (ino != 0).then_some((ino, kind)), tag);
             }
         }
     }

@@ -56,7 +56,7 @@ impl Inner {
 
     /// [`Inner::attrs`] when the caller checked the lease.
     pub(super) fn attrs_held(&self, st: &State, ino: u64) -> io::Result<(u64, Attrs)> {
-        if let Some(o) = st.ov.get(&ino) {
+        if let Some(o) = st.ov.get(ino) {
             // Unlinked here, unless it is open here (our own orphan, or one another
             // process unlinked while the daemon had it pinned for us).
             if o.attrs.nlink == 0 && !st.orphans.contains(&ino) && !st.pinned.contains(&ino) {
@@ -90,7 +90,7 @@ impl Inner {
         } else {
             0
         };
-        if st.ov.get(&ino).is_some_and(|o| !o.ext.is_empty()) {
+        if st.ov.get(ino).is_some_and(|o| !o.ext.is_empty()) {
             blocks = blocks.max(attrs.size.div_ceil(BLOCK_SIZE_U64) * 8);
         }
         if st.orphans.contains(&ino) {
@@ -113,7 +113,7 @@ impl Inner {
     ) -> io::Result<Option<(u64, Kind)>> {
         self.need(st, dir, false)?;
         let mut gen = None;
-        if let Some(o) = st.ov.get(&dir) {
+        if let Some(o) = st.ov.get(dir) {
             if let Some((e, _)) = o.dir.get(name) {
                 return Ok(*e);
             }
@@ -122,7 +122,7 @@ impl Inner {
             }
             gen = Some(o.gen);
         }
-        let _pin = Pin::new(&self.area, &st.ring, st.pin_floor())?;
+        let _pin = Pin::new(&self.area, st.log.ring(), st.pin_floor())?;
         let inode = self.area.read_inode(dir)?;
         match gen {
             Some(g) if g != inode.generation || inode.attrs.kind != Kind::Dir => Ok(None),
@@ -133,10 +133,10 @@ impl Inner {
     /// Every entry of directory `dir`: the shared listing merged with the overlay.
     pub(super) fn list(&self, st: &State, dir: u64) -> io::Result<Vec<(Vec<u8>, u64, Kind)>> {
         self.need(st, dir, false)?;
-        let o = st.ov.get(&dir);
+        let o = st.ov.get(dir);
         let mut out = Vec::new();
         {
-            let _pin = Pin::new(&self.area, &st.ring, st.pin_floor())?;
+            let _pin = Pin::new(&self.area, st.log.ring(), st.pin_floor())?;
             let inode = self.area.read_inode(dir)?;
             let fresh = o.is_some_and(|o| o.gen != inode.generation);
             if inode.attrs.kind == Kind::Dir && !fresh {
@@ -204,19 +204,19 @@ impl Inner {
         let buf = &mut buf[..n];
         let mut shared = SharedFile {
             area: &self.area,
-            ring: &st.ring,
+            ring: st.log.ring(),
             floor: st.pin_floor(),
             ino,
             gen,
             state: None,
         };
-        match st.ov.get(&ino).filter(|o| !o.ext.is_empty()) {
+        match st.ov.get(ino).filter(|o| !o.ext.is_empty()) {
             None => shared.read(off, buf)?,
             Some(o) => {
                 for seg in o.ext.segments(off, off + n as u64) {
                     let dst = &mut buf[(seg.start - off) as usize..(seg.end - off) as usize];
                     match seg.src {
-                        Some(Src::Log(l)) => st.ring.read(l, dst)?,
+                        Some(Src::Log(l)) => st.log.ring().read(l, dst)?,
                         Some(Src::Zero) => dst.fill(0),
                         None => shared.read(seg.start, dst)?,
                     }
@@ -248,7 +248,7 @@ impl Inner {
         }
         let nblocks = size.div_ceil(B);
         // The map is read under a pin: its blocks are not reused meanwhile.
-        let _pin = Pin::new(&self.area, &st.ring, st.pin_floor())?;
+        let _pin = Pin::new(&self.area, st.log.ring(), st.pin_floor())?;
         let shared = self.area.read_inode(ino)?;
         let shared =
             (shared.generation == gen && shared.attrs.kind != Kind::Free).then_some(shared);
@@ -257,7 +257,7 @@ impl Inner {
             None => Ok((!want && from < to).then_some(from)),
         };
         let empty = Extents::new();
-        let ov = st.ov.get(&ino).map_or(&empty, |o| &o.ext);
+        let ov = st.ov.get(ino).map_or(&empty, |o| &o.ext);
         let found = |b: u64| (b * B).max(off);
         let mut b = off / B;
         while b < nblocks {
@@ -331,7 +331,7 @@ impl Inner {
         }
         let e = self.area.global_epoch()?;
         st.long_pins.push(e);
-        st.ring.set_reader_epoch(st.pin_floor())?;
+        st.log.ring().set_reader_epoch(st.pin_floor())?;
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let plan = (|| -> io::Result<Vec<Option<u64>>> {
             let mut plan = vec![None; pages];
@@ -339,7 +339,7 @@ impl Inner {
             if inode.generation != gen || inode.attrs.kind != Kind::File {
                 return Ok(plan);
             }
-            let ov = st.ov.get(&ino).filter(|o| !o.ext.is_empty());
+            let ov = st.ov.get(ino).filter(|o| !o.ext.is_empty());
             for (i, p) in plan.iter_mut().enumerate() {
                 let start = off + (i as u64) * BLOCK_SIZE_U64;
                 let end = start + BLOCK_SIZE_U64;
@@ -375,7 +375,7 @@ impl Inner {
         if let Some(i) = st.long_pins.iter().position(|&x| x == e) {
             st.long_pins.swap_remove(i);
         }
-        st.ring.set_reader_epoch(st.pin_floor())
+        st.log.ring().set_reader_epoch(st.pin_floor())
     }
 
     /// The target of symlink `ino`.

@@ -3,11 +3,13 @@
 //! the daemon, digests, space credits and inode numbers.
 
 use super::{
-    as_need_lease, is_stale, open_upcall_channel, recycle, Inner, InoMap, Lease, State,
-    CREDIT_CHUNK, INODE_BATCH, SPARE_EXTENTS,
+    as_need_lease, is_stale, open_upcall_channel, Inner, InoMap, Lease, State, CREDIT_CHUNK,
+    INODE_BATCH,
 };
 use crate::conn::{response_error, Conn};
+use crate::log::LogWriter;
 use crate::meta::{groups_and_umask, Cred};
+use crate::overlay::Overlay;
 use crate::ring::Ring;
 use cairn_area::{fs_err, Area, StoreDir};
 use cairn_format::inode::Kind;
@@ -160,7 +162,6 @@ impl Inner {
         let lease_gen_off = area.lease_gen_off(reg.slot);
         let lease_gen = area.map().load_u64(lease_gen_off).unwrap_or(0);
         let (groups, umask) = groups_and_umask();
-        let ph = area.published_head(reg.slot).unwrap_or(reg.head_lsn);
         Ok(Inner {
             conn: Mutex::new(Some(conn)),
             conn_epoch: AtomicU64::new(1),
@@ -194,22 +195,14 @@ impl Inner {
                 revokes: 0,
                 revoked_at: InoMap::default(),
                 acquiring: 0,
-                tail: reg.head_lsn,
-                seq: reg.head_seq,
-                ph: ph.max(reg.head_lsn),
-                digest_pending: None,
-                pressure: false,
-                credits: reg.credits,
+                log: LogWriter::new(ring, reg.head_lsn, reg.head_seq, reg.credits),
                 inodes: reg.inodes,
-                ov: InoMap::default(),
-                spare: Vec::with_capacity(SPARE_EXTENTS),
+                ov: Overlay::new(),
                 open: InoMap::default(),
                 orphans: HashSet::new(),
                 tmpfiles: HashSet::new(),
                 pinned: HashSet::new(),
-                buf: Vec::new(),
                 long_pins: Vec::new(),
-                ring,
             }),
             area,
         })
@@ -295,19 +288,8 @@ impl Inner {
     /// Read the published head (one atomic load) and drop the overlay entries it passed.
     pub(super) fn refresh(&self, st: &mut State) -> io::Result<()> {
         let ph = self.area.published_head(self.slot)?;
-        if ph > st.ph {
-            st.ph = ph;
-            let st = &mut *st;
-            for (_, o) in st.ov.extract_if(|_, o| o.tag <= ph) {
-                recycle(&mut st.spare, o);
-            }
-            for o in st.ov.values_mut() {
-                o.ext.prune(ph);
-                o.dir.retain(|_, e| e.1 > ph);
-            }
-            if st.digest_pending.is_some_and(|p| ph >= p) {
-                st.digest_pending = None;
-            }
+        if st.log.head_moved(ph) {
+            st.ov.digested_up_to(ph);
         }
         Ok(())
     }
@@ -347,10 +329,7 @@ impl Inner {
         })? {
             Response::Registered(reg) => {
                 st.inodes = reg.inodes;
-                st.credits = reg.credits;
-                st.digest_pending = None;
-                // The daemon may have reset the client page.
-                st.pressure = false;
+                st.log.reattached(reg.credits);
                 *conn = Some(c);
                 self.conn_epoch.fetch_add(1, Ordering::SeqCst);
                 self.locks.forget_delegations();
@@ -386,7 +365,7 @@ impl Inner {
     /// client's log is digested when `digested`; an `Error` answer is returned as it is.
     pub(crate) fn daemon_call(&self, req: &Request, digested: bool) -> io::Result<Response> {
         self.run(|st| {
-            if digested && st.ph < st.tail {
+            if digested && !st.log.digested() {
                 self.digest_wait(st)?;
             }
             self.request(st, req)
@@ -429,15 +408,11 @@ impl Inner {
     /// Ask for an asynchronous digest once the log passes the threshold; tell the daemon
     /// whether more than half of it is undigested (it then digests in slices).
     pub(super) fn maybe_request_digest(&self, st: &mut State) {
-        let used = st.tail - st.ph;
-        let pressure = used > st.ring.bytes() / 2;
-        if pressure != st.pressure && st.ring.set_pressure(pressure).is_ok() {
-            st.pressure = pressure;
-        }
-        if st.digest_pending.is_some() {
+        st.log.update_pressure(false);
+        if st.log.pending().is_some() {
             return;
         }
-        if used * 100 <= self.threshold_pct * st.ring.bytes() {
+        if st.log.used() * 100 <= self.threshold_pct * st.log.ring().bytes() {
             return;
         }
         self.request_digest(st);
@@ -446,7 +421,7 @@ impl Inner {
     /// Ask for an asynchronous digest of the whole log (unless one is pending). Returns
     /// whether one is pending now.
     fn request_digest(&self, st: &mut State) -> bool {
-        if st.digest_pending.is_some() {
+        if st.log.pending().is_some() {
             return true;
         }
         self.top_up_credits(st);
@@ -455,14 +430,14 @@ impl Inner {
             return false;
         }
         let req = Request::Digest {
-            upto_lsn: st.tail,
+            upto_lsn: st.log.tail(),
             wait: false,
         };
         match conn.as_mut().expect("connected").send_only(&req) {
-            Ok(()) => st.digest_pending = Some(st.tail),
+            Ok(()) => st.log.requested(),
             Err(_) => *conn = None,
         }
-        st.digest_pending.is_some()
+        st.log.pending().is_some()
     }
 
     /// The log is full: wait until the digest moved the published head (an asynchronous
@@ -472,12 +447,10 @@ impl Inner {
     /// [`STALL_LIMIT`] (the request was lost, the digest failed) the log is digested
     /// synchronously, which reports why.
     pub(super) fn wait_for_room(&self, st: &mut State) -> io::Result<()> {
-        let seen = st.ph;
-        if !st.pressure && st.ring.set_pressure(true).is_ok() {
-            st.pressure = true;
-        }
+        let seen = st.log.head();
+        st.log.update_pressure(true);
         let deadline = Instant::now() + STALL_LIMIT;
-        while st.ph == seen && Instant::now() < deadline {
+        while st.log.head() == seen && Instant::now() < deadline {
             if !self.request_digest(st) {
                 break;
             }
@@ -485,7 +458,7 @@ impl Inner {
                 .wait_published_head(self.slot, seen, Duration::from_millis(10))?;
             self.refresh(st)?;
         }
-        if st.ph == seen {
+        if st.log.head() == seen {
             self.digest_wait(st)?;
         }
         Ok(())
@@ -493,7 +466,7 @@ impl Inner {
 
     /// Digest the whole log now and wait for it.
     pub(crate) fn digest_wait(&self, st: &mut State) -> io::Result<()> {
-        let upto = st.tail;
+        let upto = st.log.tail();
         match self.request(
             st,
             &Request::Digest {
@@ -513,33 +486,33 @@ impl Inner {
     /// ask for credits while the digest keeps the daemon busy. Best effort:
     /// [`Inner::ensure_credits`] deals with a refusal when credits are really short.
     fn top_up_credits(&self, st: &mut State) {
-        let want = (st.ring.bytes() / BLOCK_SIZE_U64).min(self.area.layout().credit_share());
-        if st.credits >= want / 2 {
+        let want = (st.log.ring().bytes() / BLOCK_SIZE_U64).min(self.area.layout().credit_share());
+        if st.log.credits() >= want / 2 {
             return;
         }
         if let Ok(Response::Credits { granted }) = self.request(
             st,
             &Request::Credits {
-                blocks: want - st.credits,
+                blocks: want - st.log.credits(),
             },
         ) {
-            st.credits += granted;
+            st.log.granted(granted);
         }
     }
 
     pub(super) fn ensure_credits(&self, st: &mut State, need: u64) -> io::Result<()> {
         for attempt in 0..2 {
-            if st.credits >= need {
+            if st.log.credits() >= need {
                 return Ok(());
             }
             // A chunk at a time, but no more than a fair share of a small store.
             let chunk = CREDIT_CHUNK.min(self.area.layout().credit_share());
-            let want = chunk.max(need - st.credits);
+            let want = chunk.max(need - st.log.credits());
             match self.request(st, &Request::Credits { blocks: want })? {
-                Response::Credits { granted } => st.credits += granted,
+                Response::Credits { granted } => st.log.granted(granted),
                 r => return Err(response_error("space credits", r)),
             }
-            if st.credits >= need {
+            if st.log.credits() >= need {
                 return Ok(());
             }
             if attempt == 0 {
@@ -553,7 +526,7 @@ impl Inner {
                  of 4 KiB needed, {} held)",
                 self.store.path.display(),
                 need,
-                st.credits
+                st.log.credits()
             ),
         ))
     }

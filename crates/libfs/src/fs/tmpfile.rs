@@ -77,7 +77,7 @@ impl Inner {
                     st,
                     &Request::Unpin {
                         ino,
-                        tail_lsn: st.tail,
+                        tail_lsn: st.log.tail(),
                     },
                 );
                 undo(st);

@@ -84,7 +84,7 @@ impl Inner {
                 if (a.perm, a.uid, a.gid) != (attrs.perm, attrs.uid, attrs.gid) {
                     self.digest_wait(st)?;
                 }
-            } else if st.ph < st.tail {
+            } else if !st.log.digested() {
                 self.digest_wait(st)?;
             }
             let r = self.request(
