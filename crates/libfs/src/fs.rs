@@ -34,7 +34,7 @@ use cairn_area::{Area, StoreDir};
 use cairn_format::inode::{Attrs, Kind};
 use cairn_media::sys;
 use cairn_proto::{Request, Response};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::os::unix::net::UnixStream;
