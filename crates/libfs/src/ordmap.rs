@@ -26,7 +26,16 @@ pub struct OrdMap<V> {
     head: [u32; LEVELS],
     len: usize,
     rng: u64,
+    /// The predecessors found by the last search, and its key (`NO_FINGER`: none): the
+    /// next search for a key at or above it starts from them, so that writes going up a
+    /// file (appends, sequential writes) find their place in a step or two instead of
+    /// a walk down from the head. Every node in it is linked at its level (a removal
+    /// puts the removed node's predecessor in its place; `retain` and `clear` drop it).
+    finger: std::cell::Cell<([u32; LEVELS], u64)>,
 }
+
+/// No finger.
+const NO_FINGER: u64 = u64::MAX;
 
 impl<V> Default for OrdMap<V> {
     fn default() -> Self {
@@ -36,6 +45,7 @@ impl<V> Default for OrdMap<V> {
             head: [NIL; LEVELS],
             len: 0,
             rng: 0x9E37_79B9_7F4A_7C15,
+            finger: std::cell::Cell::new(([NIL; LEVELS], NO_FINGER)),
         }
     }
 }
@@ -74,7 +84,19 @@ impl<V: Copy> OrdMap<V> {
     fn preds(&self, key: u64) -> [u32; LEVELS] {
         let mut preds = [NIL; LEVELS];
         let mut at = NIL;
+        let (finger, from) = self.finger.get();
+        let from_finger = from != NO_FINGER && from <= key;
         for level in (0..LEVELS).rev() {
+            if from_finger {
+                // The finger's node at this level is below `key` too: start from it if it
+                // is further on than the node the level above ended at.
+                let f = finger[level];
+                if f != NIL
+                    && (at == NIL || self.nodes[f as usize].key > self.nodes[at as usize].key)
+                {
+                    at = f;
+                }
+            }
             loop {
                 let n = self.next_of(at, level);
                 if n == NIL || self.nodes[n as usize].key >= key {
@@ -84,6 +106,7 @@ impl<V: Copy> OrdMap<V> {
             }
             preds[level] = at;
         }
+        self.finger.set((preds, key));
         preds
     }
 
@@ -156,12 +179,17 @@ impl<V: Copy> OrdMap<V> {
 
     /// Unlink node `n`, the successor of `preds[0]`; its value.
     fn unlink(&mut self, preds: &[u32; LEVELS], n: u32) -> V {
+        let (mut finger, from) = self.finger.get();
         for (level, &p) in preds.iter().enumerate() {
             if self.next_of(p, level) == n {
                 let after = self.nodes[n as usize].next[level];
                 self.set_next(p, level, after);
             }
+            if finger[level] == n {
+                finger[level] = p;
+            }
         }
+        self.finger.set((finger, from));
         self.free.push(n);
         self.len -= 1;
         self.nodes[n as usize].value
@@ -182,6 +210,7 @@ impl<V: Copy> OrdMap<V> {
     /// Remove every entry, keeping the memory: the next entries are laid out from the
     /// start of the slab again (contiguous, whatever order earlier ones were freed in).
     pub fn clear(&mut self) {
+        self.finger.set(([NIL; LEVELS], NO_FINGER));
         self.nodes.clear();
         self.free.clear();
         self.head = [NIL; LEVELS];
@@ -190,6 +219,7 @@ impl<V: Copy> OrdMap<V> {
 
     /// Keep only the entries for which `keep` holds, in one pass over every level.
     pub fn retain(&mut self, mut keep: impl FnMut(u64, &V) -> bool) {
+        self.finger.set(([NIL; LEVELS], NO_FINGER));
         let mut last = [NIL; LEVELS];
         let mut at = self.head[0];
         self.head = [NIL; LEVELS];
