@@ -26,6 +26,9 @@
 //! | `tmpfile` | unnamed files (`O_TMPFILE`) |
 
 use crate::conn::Conn;
+use crate::handles::Handles;
+pub(crate) use crate::leases::Lease;
+use crate::leases::LeaseTable;
 use crate::log::LogWriter;
 use crate::meta::Cred;
 use crate::overlay::{InoMap, Overlay};
@@ -34,7 +37,6 @@ use cairn_area::{Area, StoreDir};
 use cairn_format::inode::{Attrs, Kind};
 use cairn_media::sys;
 use cairn_proto::{Request, Response};
-use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -124,16 +126,6 @@ fn is_retry(e: &io::Error) -> bool {
     as_need_lease(e).is_some() || is_stale(e)
 }
 
-/// What this client holds on an inode (PROTOCOL.md, "Leases").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lease {
-    Read,
-    Write,
-    /// Shared-write mode: read from the shared area, change through the daemon
-    /// (`Commit`).
-    Mediated,
-}
-
 /// The mutable client state.
 pub(crate) struct State {
     /// The operation log: tail, sequence numbers, the published head last seen (overlay
@@ -142,20 +134,13 @@ pub(crate) struct State {
     inodes: Vec<u64>,
     /// What this client wrote that the shared area does not have yet.
     ov: Overlay,
-    /// Open `File` handles per inode.
-    open: InoMap<u32>,
-    /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
-    orphans: HashSet<u64>,
-    /// Unnamed files (`O_TMPFILE`) that may still be given a name.
-    tmpfiles: HashSet<u64>,
-    /// Open inodes the daemon pinned (we said they were open when it revoked their
-    /// lease): the last close sends `Unpin`.
-    pinned: HashSet<u64>,
+    /// Open `File` handles and what their last close must do.
+    handles: Handles,
     /// Epochs pinned by mappings of shared-area blocks (`Inner::map_plan`): the reader
     /// epoch never rises above the oldest while they live.
     long_pins: Vec<u64>,
     /// Leases held. PROTOCOL.md, "Leases".
-    leases: InoMap<Lease>,
+    leases: LeaseTable,
     /// Map objects of leased files (`mapobj`): learned at each lease grant, forgotten
     /// with the lease. Reads come from the object; writes go to the log and the object.
     objs: InoMap<Arc<File>>,
@@ -164,14 +149,6 @@ pub(crate) struct State {
     /// Shared-write inodes the running operation needed, with their sequence words
     /// before it read them (its `Commit` claims these; cleared when it starts again).
     seen: std::cell::RefCell<InoMap<u64>>,
-    /// The slot's `lease_gen` these leases belong to.
-    lease_gen: u64,
-    /// Revocations answered so far, and per inode the count at its latest one (kept
-    /// only while acquisitions are in flight): a grant that crossed a revocation of the
-    /// same inode is not trusted.
-    revokes: u64,
-    revoked_at: InoMap<u64>,
-    acquiring: u32,
 }
 
 /// The shared part of an `Fs` (also held by its `File`s and `DirEntry`s).
@@ -272,7 +249,7 @@ impl Drop for Pin<'_> {
 impl State {
     /// Forget the lease on `ino` and what it let us know (the file's map object).
     fn drop_lease(&mut self, ino: u64) {
-        self.leases.remove(&ino);
+        self.leases.remove(ino);
         self.objs.remove(&ino);
     }
 

@@ -35,6 +35,8 @@ mod conn;
 pub mod extents;
 mod file;
 mod fs;
+mod handles;
+mod leases;
 pub mod lock;
 mod log;
 mod meta;

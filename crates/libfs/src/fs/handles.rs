@@ -76,7 +76,7 @@ impl Inner {
                 }
                 (None, None) => unreachable!("a missing entry has a name"),
             };
-            *st.open.entry(ino).or_insert(0) += 1;
+            st.handles.opened(ino);
             Ok(ino)
         })
     }
@@ -84,15 +84,10 @@ impl Inner {
     /// A `File` handle of `ino` was closed.
     pub(crate) fn close(&self, ino: u64) {
         let _ = self.run(|st| {
-            let left = match st.open.get(&ino) {
-                Some(n) => n.saturating_sub(1),
-                None => return Ok(()),
-            };
-            if left > 0 {
-                st.open.insert(ino, left);
+            let Some(last) = st.handles.closing(ino) else {
                 return Ok(());
-            }
-            if st.orphans.contains(&ino) {
+            };
+            if last.orphan {
                 // The last handle of an unlinked file: free it now (its write lease
                 // first; the operation runs again after a lease or a shared-write retry).
                 self.need(st, ino, true)?;
@@ -106,9 +101,9 @@ impl Inner {
                         _ => {}
                     }
                 }
-                st.orphans.remove(&ino);
+                st.handles.orphan_freed(ino);
             }
-            if st.pinned.contains(&ino) {
+            if last.pinned {
                 // Another process may have unlinked it meanwhile: the daemon frees it
                 // once nobody has it open (after digesting our records about it).
                 let req = Request::Unpin {
@@ -120,10 +115,9 @@ impl Inner {
                     Ok(r) => return Err(response_error("unpin", r)),
                     Err(e) => return Err(e),
                 }
-                st.pinned.remove(&ino);
+                st.handles.unpinned(ino);
             }
-            st.open.remove(&ino);
-            st.tmpfiles.remove(&ino);
+            st.handles.closed(ino);
             Ok(())
         });
     }

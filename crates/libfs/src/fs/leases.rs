@@ -3,6 +3,7 @@
 
 use super::{need_lease, Inner, Lease, LeaseLostHook, State};
 use crate::conn::response_error;
+use crate::leases::Acquiring;
 use cairn_area::{fs_err, StoreDir};
 use cairn_proto::{Request, Response, Upcall};
 use std::io;
@@ -73,9 +74,8 @@ impl Inner {
     /// in time): have our log digested (best effort: the daemon digested its committed
     /// part already when it expired us), then forget the leases and the overlay.
     pub(super) fn leases_lost(&self, st: &mut State, g: u64) {
-        st.lease_gen = g;
         self.tell_lease_lost(None);
-        st.leases.clear();
+        st.leases.lost_all(g);
         st.objs.clear();
         let _ = self.digest_wait(st);
         st.ov.clear();
@@ -84,7 +84,7 @@ impl Inner {
     /// Check that the lease `write` (or any lease) on `ino` is held.
     #[inline]
     pub(crate) fn need(&self, st: &State, ino: u64, write: bool) -> io::Result<()> {
-        match st.leases.get(&ino) {
+        match st.leases.get(ino) {
             Some(Lease::Write) => Ok(()),
             Some(Lease::Read) if !write => Ok(()),
             Some(Lease::Mediated) => {
@@ -99,39 +99,27 @@ impl Inner {
     }
 
     /// Ask the daemon for a lease (without the state lock) and record the grant.
-    pub(super) fn acquire(&self, ino: u64, write: bool, snap: u64) -> io::Result<()> {
+    /// A revocation of this inode processed after we asked may have been for this very
+    /// grant: then it is not trusted, and the operation, run again, asks again.
+    pub(super) fn acquire(&self, ino: u64, write: bool, a: Acquiring) -> io::Result<()> {
         let r = self.lease_request(ino, write);
         let mut st = self.lock_state();
-        st.acquiring -= 1;
-        let crossed = st.revoked_at.get(&ino).is_some_and(|&r| r > snap);
-        if st.acquiring == 0 {
-            st.revoked_at.clear();
-        }
-        // A revocation of this inode processed after we asked may have been for this
-        // very grant: ask again rather than trust it.
-        match r? {
-            Response::Leased { .. } => {
-                if !crossed {
-                    // A read grant does not take away a write lease we hold.
-                    let l = st.leases.entry(ino).or_insert(Lease::Read);
-                    if write {
-                        *l = Lease::Write;
-                    } else if *l != Lease::Write {
-                        *l = Lease::Read;
-                    }
-                    self.learn_object(&mut st, ino, write);
-                }
-                Ok(())
+        let grant = match &r {
+            Ok(Response::Leased { .. }) if write => Lease::Write,
+            Ok(Response::Leased { .. }) => Lease::Read,
+            Ok(Response::Mediated { .. }) => Lease::Mediated,
+            _ => {
+                st.leases.refused(ino, a);
+                return Err(match r {
+                    Ok(r) => response_error("lease", r),
+                    Err(e) => e,
+                });
             }
-            Response::Mediated { .. } => {
-                if !crossed {
-                    st.leases.insert(ino, Lease::Mediated);
-                    self.learn_object(&mut st, ino, false);
-                }
-                Ok(())
-            }
-            r => Err(response_error("lease", r)),
+        };
+        if st.leases.granted(ino, a, grant) {
+            self.learn_object(&mut st, ino, grant == Lease::Write);
         }
+        Ok(())
     }
 
     pub(super) fn lease_request(&self, ino: u64, write: bool) -> io::Result<Response> {
@@ -184,17 +172,13 @@ impl Inner {
     /// pins it, and the last close unpins it).
     pub(super) fn revoke_local(&self, ino: u64) -> (u64, bool) {
         let mut st = self.lock_state();
-        let open = st.open.contains_key(&ino);
+        let open = st.handles.is_open(ino);
         if open {
-            st.pinned.insert(ino);
+            st.handles.pin(ino);
         }
         st.drop_lease(ino);
+        st.leases.revoked(ino);
         st.ov.forget(ino);
-        st.revokes += 1;
-        if st.acquiring > 0 {
-            let n = st.revokes;
-            st.revoked_at.insert(ino, n);
-        }
         (st.log.tail(), open)
     }
 

@@ -146,7 +146,7 @@ impl Inner {
         let seen = st.seen.borrow();
         let mut med: Vec<(u64, u64)> = Vec::new();
         for ino in inos {
-            if st.leases.get(&ino) == Some(&Lease::Mediated) && !med.iter().any(|m| m.0 == ino) {
+            if st.leases.get(ino) == Some(Lease::Mediated) && !med.iter().any(|m| m.0 == ino) {
                 // `need` recorded it (0, never a published word, if it did not).
                 med.push((ino, seen.get(&ino).copied().unwrap_or(0)));
             }
@@ -176,7 +176,7 @@ impl Inner {
         match self.request(st, &req) {
             Ok(Response::Committed { ended }) => {
                 for ino in ended {
-                    st.leases.insert(ino, Lease::Read);
+                    st.leases.set(ino, Lease::Read);
                 }
                 Ok(())
             }

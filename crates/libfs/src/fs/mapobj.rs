@@ -111,7 +111,7 @@ impl Inner {
             return;
         };
         st.objs.insert(ino, Arc::new(f));
-        if write && st.leases.get(&ino) == Some(&Lease::Write) {
+        if write && st.leases.get(ino) == Some(Lease::Write) {
             // A fold that fails (a full store) leaves the object, and its bytes, for
             // the next one.
             let _ = self.fold(st, ino, gen, &path);
@@ -195,7 +195,7 @@ impl Inner {
     pub(crate) fn map_attach(&self, ino: u64) -> io::Result<Arc<MapObject>> {
         self.run(|st| {
             self.need(st, ino, true)?;
-            if st.leases.get(&ino) == Some(&Lease::Mediated) {
+            if st.leases.get(ino) == Some(Lease::Mediated) {
                 return Err(fs_err(
                     libc::ENOTSUP,
                     "mmap MAP_SHARED: the file is in shared-write mode (shared_write in \

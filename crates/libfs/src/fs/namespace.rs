@@ -59,7 +59,7 @@ impl Inner {
         let (ino, gen) = self.alloc_ino(st)?;
         // Nobody else can name it before its entry is digested: its write lease is ours
         // (the daemon records it when it digests the creation).
-        st.leases.insert(ino, Lease::Write);
+        st.leases.set(ino, Lease::Write);
         let now = now_ns();
         let setgid = pa.perm & 0o2000 != 0;
         let mut perm = o.perm & 0o7777;
@@ -193,8 +193,7 @@ impl Inner {
             a.nlink = 0;
         } else {
             a.nlink = a.nlink.saturating_sub(1);
-            if a.nlink == 0 && st.open.get(&ino).copied().unwrap_or(0) > 0 {
-                st.orphans.insert(ino);
+            if a.nlink == 0 && st.handles.unlinked(ino) {
                 return Ok(());
             }
             if a.nlink == 0 && matches!(a.kind, Kind::Fifo | Kind::Socket) {
@@ -575,7 +574,7 @@ impl Inner {
             let (gen, mut a) = self.attrs(st, ino)?;
             // An unlinked file gets no name again, except an unnamed file made linkable
             // (`O_TMPFILE` without `O_EXCL`), as on Linux.
-            if st.orphans.contains(&ino) || (a.nlink == 0 && !st.tmpfiles.contains(&ino)) {
+            if st.handles.is_orphan(ino) || (a.nlink == 0 && !st.handles.is_linkable_unnamed(ino)) {
                 return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
             }
             if a.nlink >= LINK_MAX {
@@ -592,7 +591,7 @@ impl Inner {
             tx.dirent(wl.parent, &name, ino, kind);
             self.touch_dir(st, &mut tx, wl.parent, now, 0)?;
             self.commit(st, tx)?;
-            st.tmpfiles.remove(&ino);
+            st.handles.named(ino);
             Ok(())
         })
     }

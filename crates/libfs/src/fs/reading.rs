@@ -59,7 +59,7 @@ impl Inner {
         if let Some(o) = st.ov.get(ino) {
             // Unlinked here, unless it is open here (our own orphan, or one another
             // process unlinked while the daemon had it pinned for us).
-            if o.attrs.nlink == 0 && !st.orphans.contains(&ino) && !st.pinned.contains(&ino) {
+            if o.attrs.nlink == 0 && !st.handles.is_orphan(ino) && !st.handles.is_pinned(ino) {
                 return Err(fs_err(libc::ENOENT, format!("inode {ino} was removed")));
             }
             return Ok((o.gen, o.attrs));
@@ -93,7 +93,7 @@ impl Inner {
         if st.ov.get(ino).is_some_and(|o| !o.ext.is_empty()) {
             blocks = blocks.max(attrs.size.div_ceil(BLOCK_SIZE_U64) * 8);
         }
-        if st.orphans.contains(&ino) {
+        if st.handles.is_orphan(ino) {
             attrs.nlink = 0;
         }
         Ok(Metadata {

@@ -3,10 +3,11 @@
 //! the daemon, digests, space credits and inode numbers.
 
 use super::{
-    as_need_lease, is_stale, open_upcall_channel, Inner, InoMap, Lease, State, CREDIT_CHUNK,
-    INODE_BATCH,
+    as_need_lease, is_stale, open_upcall_channel, Inner, InoMap, State, CREDIT_CHUNK, INODE_BATCH,
 };
 use crate::conn::{response_error, Conn};
+use crate::handles::Handles;
+use crate::leases::LeaseTable;
 use crate::log::LogWriter;
 use crate::meta::{groups_and_umask, Cred};
 use crate::overlay::Overlay;
@@ -16,7 +17,6 @@ use cairn_format::inode::Kind;
 use cairn_format::BLOCK_SIZE_U64;
 use cairn_media::{sys, Mapping};
 use cairn_proto::{Registration, Request, Response, StatusReport};
-use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -187,21 +187,14 @@ impl Inner {
             threshold_pct: reg.digest_threshold_pct.clamp(1, 100) as u64,
             slot_lock: lock,
             st: Mutex::new(State {
-                leases: InoMap::default(),
+                leases: LeaseTable::new(lease_gen),
                 objs: InoMap::default(),
                 attached: InoMap::default(),
                 seen: Default::default(),
-                lease_gen,
-                revokes: 0,
-                revoked_at: InoMap::default(),
-                acquiring: 0,
                 log: LogWriter::new(ring, reg.head_lsn, reg.head_seq, reg.credits),
                 inodes: reg.inodes,
                 ov: Overlay::new(),
-                open: InoMap::default(),
-                orphans: HashSet::new(),
-                tmpfiles: HashSet::new(),
-                pinned: HashSet::new(),
+                handles: Handles::default(),
                 long_pins: Vec::new(),
             }),
             area,
@@ -226,7 +219,7 @@ impl Inner {
     pub(crate) fn begin(&self) -> io::Result<MutexGuard<'_, State>> {
         let mut st = self.lock_state();
         let g = self.area.map().load_u64(self.lease_gen_off)?;
-        if g != st.lease_gen {
+        if g != st.leases.gen() {
             self.leases_lost(&mut st, g);
         }
         self.refresh(&mut st)?;
@@ -245,10 +238,9 @@ impl Inner {
             match f(&mut st) {
                 Err(e) => match as_need_lease(&e) {
                     Some((ino, write)) => {
-                        let snap = st.revokes;
-                        st.acquiring += 1;
+                        let a = st.leases.acquiring();
                         drop(st);
-                        self.acquire(ino, write, snap)?;
+                        self.acquire(ino, write, a)?;
                     }
                     None if is_stale(&e) => {
                         drop(st);
@@ -309,23 +301,17 @@ impl Inner {
         };
         let g = self.area.map().load_u64(self.lease_gen_off)?;
         // Shared-write mode does not outlive the daemon: those inodes are leased anew.
-        st.leases.retain(|_, l| *l != Lease::Mediated);
-        let State { objs, leases, .. } = &mut *st;
-        objs.retain(|i, _| leases.contains_key(i));
-        let leases = if g == st.lease_gen {
-            st.leases
-                .iter()
-                .map(|(&i, &l)| (i, l == Lease::Write))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let leases = st.leases.for_reattach(g);
+        let State {
+            objs, leases: held, ..
+        } = &mut *st;
+        objs.retain(|&i, _| held.contains(i));
         match c.roundtrip(&Request::Reattach {
             pid: self.pid,
             slot: self.slot,
             slot_gen: self.slot_gen,
             leases,
-            pinned: st.pinned.iter().copied().collect(),
+            pinned: st.handles.pinned().collect(),
         })? {
             Response::Registered(reg) => {
                 st.inodes = reg.inodes;

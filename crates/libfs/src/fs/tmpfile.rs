@@ -32,7 +32,7 @@ impl Inner {
             }
             let (_, pa) = self.check_parent_write(st, d, &op)?;
             let (ino, gen) = self.alloc_ino(st)?;
-            st.leases.insert(ino, Lease::Write);
+            st.leases.set(ino, Lease::Write);
             let undo = |st: &mut super::State| {
                 st.drop_lease(ino);
                 st.inodes.push(ino);
@@ -48,7 +48,7 @@ impl Inner {
                     return Err(e);
                 }
             }
-            st.pinned.insert(ino);
+            st.handles.pin(ino);
             let now = now_ns();
             // A setgid directory's group, when the caller may use it (the daemon checks
             // an unnamed file's group without a directory to inherit it from).
@@ -72,7 +72,7 @@ impl Inner {
             let mut tx = Tx::default();
             tx.inode(ino, gen, a);
             if let Err(e) = self.commit(st, tx) {
-                st.pinned.remove(&ino);
+                st.handles.unpinned(ino);
                 let _ = self.request(
                     st,
                     &Request::Unpin {
@@ -83,10 +83,7 @@ impl Inner {
                 undo(st);
                 return Err(e);
             }
-            if linkable {
-                st.tmpfiles.insert(ino);
-            }
-            *st.open.entry(ino).or_insert(0) += 1;
+            st.handles.opened_unnamed(ino, linkable);
             Ok(ino)
         })
     }
