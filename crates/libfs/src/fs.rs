@@ -6,9 +6,10 @@
 //! that lock too, with the reader epoch published in the client page (PROTOCOL.md,
 //! "Epochs") for as long as they touch map nodes, data blocks or directory buckets.
 //!
-//! This module holds the state ([`State`] — with the log writer (`crate::log`) and the
-//! overlay (`crate::overlay`) —, [`Inner`], the transaction builder [`Tx`]); its submodules each add one concern's methods to
-//! [`Inner`]:
+//! This module holds the state ([`State`], whose parts are owned types of their own:
+//! the log writer `crate::log`, the overlay `crate::overlay`, the lease table
+//! `crate::leases`, the handle table `crate::handles`), [`Inner`] and the transaction
+//! builder [`Tx`]; its submodules each add one concern's methods to [`Inner`]:
 //!
 //! | module | what |
 //! |---|---|

@@ -168,7 +168,11 @@ mod tests {
         assert!(t.granted(5, c, Lease::Write));
         let d = t.acquiring();
         assert!(t.granted(5, d, Lease::Read));
-        assert_eq!(t.get(5), Some(Lease::Write), "a read grant keeps a write lease");
+        assert_eq!(
+            t.get(5),
+            Some(Lease::Write),
+            "a read grant keeps a write lease"
+        );
         t.revoked(5);
         assert_eq!(t.get(5), None);
     }
