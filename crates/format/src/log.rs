@@ -452,15 +452,7 @@ pub fn records(txn: &[u8], nrec: u32) -> Result<Vec<Record<'_>>> {
     let mut out = Vec::with_capacity((nrec as usize).min(txn.len() / 8));
     let mut off = TXN_HEADER;
     for _ in 0..nrec {
-        if off + 8 > txn.len() {
-            return bad("record runs past its transaction");
-        }
-        let ty = le::u16(txn, off);
-        let len = le::u32(txn, off + 4) as usize;
-        if len < 8 || !len.is_multiple_of(8) || off + len > txn.len() || le::u16(txn, off + 2) != 0
-        {
-            return bad(format!("record at +{off}: bad length {len}"));
-        }
+        let (ty, len) = record_header(txn, off, txn.len())?;
         let r = &txn[off..off + len];
         out.push(decode_record(ty, r)?);
         off += len;
@@ -469,6 +461,32 @@ pub fn records(txn: &[u8], nrec: u32) -> Result<Vec<Record<'_>>> {
         return bad("non-zero bytes after the last record");
     }
     Ok(out)
+}
+
+/// The type and length of the record at `off` of a transaction of `txn_len` bytes (`b`
+/// holds its first `off + 8` bytes at least): the length a multiple of 8, at least 8,
+/// within the transaction; the reserved field zero.
+fn record_header(b: &[u8], off: usize, txn_len: usize) -> Result<(u16, usize)> {
+    if off + 8 > txn_len || off + 8 > b.len() {
+        return bad("record runs past its transaction");
+    }
+    let len = le::u32(b, off + 4) as usize;
+    if len < 8 || !len.is_multiple_of(8) || off + len > txn_len || le::u16(b, off + 2) != 0 {
+        return bad(format!("record at +{off}: bad length {len}"));
+    }
+    Ok((le::u16(b, off), len))
+}
+
+/// The `WRITE` of a one-record transaction of `txn_len` bytes from the transaction's
+/// first [`WRITE_TXN_HEAD`] bytes `head` (its header and the record's), checked as
+/// [`records`] checks it: `(ino, offset, size, mtime, data length)`; the data follows
+/// the head. For a reader that leaves the data where it is.
+pub fn one_write_head(head: &[u8], txn_len: usize) -> Result<(u64, u64, u64, i64, usize)> {
+    let (ty, len) = record_header(head, TXN_HEADER, txn_len)?;
+    if ty != REC_WRITE {
+        return bad("not a WRITE record");
+    }
+    decode_write_head(&head[TXN_HEADER..], len)
 }
 
 /// One record of type `ty`: one arm per record type, each checking its length and fields

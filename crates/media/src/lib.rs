@@ -190,19 +190,18 @@ impl Mapping {
         Ok(unsafe { (*(self.ptr.add(off) as *const AtomicU64)).load(Ordering::Acquire) })
     }
 
-    /// The u32 at `off` (4-aligned) as a futex word: the kernel only reads it, so a
-    /// read-only mapping will do.
-    fn futex_word(&self, off: usize) -> io::Result<&std::sync::atomic::AtomicU32> {
+    /// The u32 at `off` (4-aligned) as an atomic. Callers that store through it check
+    /// that the mapping is writable first ([`Mapping::atomic_u32`]); a futex word needs
+    /// no more than this (the kernel only reads it).
+    fn u32_ref(&self, off: usize) -> io::Result<&std::sync::atomic::AtomicU32> {
         self.check(off, 4)?;
         if !off.is_multiple_of(4) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "unaligned futex word",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "unaligned u32"));
         }
-        // SAFETY: in bounds and 4-aligned (the mapping is page aligned); the reference is
-        // only handed to the futex calls below, which read the word (or nothing), and
-        // lives no longer than `&self`, and so the mapping.
+        // SAFETY: in bounds and 4-aligned (the mapping is page aligned); `AtomicU32` has
+        // the layout of u32 and every access through it is atomic; the reference lives
+        // no longer than `&self`, and so the mapping. A read-only mapping is only loaded
+        // from (the futex calls read the word).
         Ok(unsafe { &*(self.ptr.add(off) as *const std::sync::atomic::AtomicU32) })
     }
 
@@ -218,7 +217,7 @@ impl Mapping {
         };
         // Not private: the waiters and the waker are different processes.
         let flags = rustix::thread::futex::Flags::empty();
-        match rustix::thread::futex::wait(self.futex_word(off)?, flags, seen, Some(&ts)) {
+        match rustix::thread::futex::wait(self.u32_ref(off)?, flags, seen, Some(&ts)) {
             Ok(()) => Ok(()),
             Err(Errno::AGAIN | Errno::TIMEDOUT | Errno::INTR) => Ok(()),
             Err(e) => Err(e.into()),
@@ -228,7 +227,7 @@ impl Mapping {
     /// Wake every process sleeping in [`Mapping::wait_u32`] on the u32 at `off`.
     pub fn wake_all(&self, off: usize) -> io::Result<()> {
         let flags = rustix::thread::futex::Flags::empty();
-        rustix::thread::futex::wake(self.futex_word(off)?, flags, u32::MAX)?;
+        rustix::thread::futex::wake(self.u32_ref(off)?, flags, u32::MAX)?;
         Ok(())
     }
 
@@ -279,14 +278,7 @@ impl Mapping {
     #[inline]
     pub fn atomic_u32(&self, off: usize) -> io::Result<&std::sync::atomic::AtomicU32> {
         self.check_write(off, 4)?;
-        if !off.is_multiple_of(4) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "unaligned atomic u32",
-            ));
-        }
-        // SAFETY: as in `atomic_u64`, for 4 aligned bytes.
-        Ok(unsafe { &*(self.ptr.add(off) as *const std::sync::atomic::AtomicU32) })
+        self.u32_ref(off)
     }
 
     /// Atomic 8-byte add (sequentially consistent) at `off` (must be 8-aligned); returns

@@ -116,9 +116,9 @@ pub fn fs() -> io::Result<Arc<Fs>> {
             return Ok(f.clone());
         }
         if OPENER.get() {
-            return Err(io::Error::new(
-                io::ErrorKind::Deadlock,
-                "cairn-preload: the store was used while its client was being opened",
+            return Err(err(
+                libc::EDEADLK,
+                "the store was used while its client was being opened",
             ));
         }
         if OPENING

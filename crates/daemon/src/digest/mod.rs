@@ -144,7 +144,7 @@ pub(crate) fn copy_ring<'b>(
 
 /// Where the transaction whose header sits at `lsn` with sequence number `seq` in
 /// `slot`'s ring ends (a wrap ends at the end of its lap), if the header looks like one
-/// (magic, sequence number, length; no checksum).
+/// (`log::check_header`; no checksum).
 fn txn_end_estimate(
     sh: &cairn_area::Area,
     slot: u32,
@@ -152,22 +152,20 @@ fn txn_end_estimate(
     seq: u64,
 ) -> io::Result<Option<u64>> {
     let ring = sh.layout().ring_bytes();
-    let roff = sh.layout().ring_off(slot) as usize;
     let mut hdr = [0u8; TXN_HEADER];
-    sh.map().read(roff + (lsn % ring) as usize, &mut hdr)?;
-    let u32at = |o: usize| u32::from_le_bytes(hdr[o..o + 4].try_into().unwrap());
-    let kind = u16::from_le_bytes([hdr[6], hdr[7]]);
-    let len = u32at(16) as u64;
-    let lap_left = ring - lsn % ring;
-    if u32at(0) != TXN_MAGIC
-        || u64::from_le_bytes(hdr[8..16].try_into().unwrap()) != seq
-        || len < 64
-        || !len.is_multiple_of(64)
-        || len > lap_left
-    {
-        return Ok(None);
-    }
-    Ok(Some(lsn + if kind == KIND_WRAP { lap_left } else { len }))
+    sh.map().read(
+        sh.layout().ring_off(slot) as usize + (lsn % ring) as usize,
+        &mut hdr,
+    )?;
+    Ok(log::check_header(&hdr, seq, lsn, ring)
+        .ok()
+        .map(|(len, kind, _)| {
+            lsn + if kind == KIND_WRAP {
+                ring - lsn % ring
+            } else {
+                len as u64
+            }
+        }))
 }
 
 /// Estimated end of `slot`'s log: follows transaction headers from the head
@@ -397,15 +395,8 @@ fn read_upto<'b>(
             |e: cairn_format::FormatError| bad(format!("transaction at lsn {}: {}", f.lsn, e.0));
         if f.in_place {
             // The copy is the transaction's head: its header and the WRITE's header.
-            let w = &buf[f.copy + TXN_HEADER..f.copy + log::WRITE_TXN_HEAD];
-            let rec_len = u32::from_le_bytes(w[4..8].try_into().unwrap()) as usize;
-            if rec_len > f.len - TXN_HEADER || w[2..4] != [0, 0] {
-                return Err(bad(format!(
-                    "transaction at lsn {}: record at +{TXN_HEADER}: bad length {rec_len}",
-                    f.lsn
-                )));
-            }
-            let (ino, offset, size, mtime, n) = log::decode_write_head(w, rec_len).map_err(why)?;
+            let head = &buf[f.copy..f.copy + log::WRITE_TXN_HEAD];
+            let (ino, offset, size, mtime, n) = log::one_write_head(head, f.len).map_err(why)?;
             let data_at = roff + (f.lsn % ring) as usize + log::WRITE_TXN_HEAD;
             recs.push(Record::Write {
                 ino,

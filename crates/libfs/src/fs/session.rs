@@ -395,13 +395,9 @@ impl Inner {
     /// whether more than half of it is undigested (it then digests in slices).
     pub(super) fn maybe_request_digest(&self, st: &mut State) {
         st.log.update_pressure(false);
-        if st.log.pending().is_some() {
-            return;
+        if st.log.used() * 100 > self.threshold_pct * st.log.ring().bytes() {
+            self.request_digest(st);
         }
-        if st.log.used() * 100 <= self.threshold_pct * st.log.ring().bytes() {
-            return;
-        }
-        self.request_digest(st);
     }
 
     /// Ask for an asynchronous digest of the whole log (unless one is pending). Returns
