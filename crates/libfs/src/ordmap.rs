@@ -1,51 +1,71 @@
 //! An ordered map from `u64` keys that allocates only when it holds more entries than it
-//! ever held before: a skip list whose nodes live in a slab (`Vec`) with a free list, so
-//! removing entries keeps their slots for later inserts. It backs the overlay's interval
-//! maps ([`crate::extents`]), which the write path updates on every call and the
-//! digest path prunes: a `BTreeMap` there allocated and freed nodes all along.
+//! ever held before: a B+-tree of two levels. Entries live in *leaves* of up to [`LEAF`]
+//! sorted keys and values (a slab of leaves with a free list: a leaf emptied by removals
+//! keeps its memory for later inserts), and a sorted *index* holds one separator key per
+//! leaf. A search is a binary search of the index (contiguous keys: a few cache lines
+//! even with a million entries) and one of a leaf, so its cost barely grows with the
+//! number of entries, where a skip list's walked a cache line per node. It backs the
+//! overlay's interval maps ([`crate::extents`]), which the write path updates on every
+//! call and the digest path prunes.
+//!
+//! Invariants ([`OrdMap::check`], asserted by the tests after every operation): the index
+//! is empty exactly when the map is; its first separator is 0 and separators increase;
+//! every leaf holds 1 to [`LEAF`] keys, increasing, at or above its separator and below
+//! the next one.
 
-/// Levels of the skip list (with a branching factor of 4: about 16 million entries
-/// before searches slow down).
-const LEVELS: usize = 12;
-/// No node.
-const NIL: u32 = u32::MAX;
+/// Most entries in a leaf (small in tests, so that they split and merge often).
+#[cfg(not(test))]
+const LEAF: usize = 64;
+#[cfg(test)]
+const LEAF: usize = 4;
 
+/// A leaf: keys and their values, in key order.
 #[derive(Debug, Clone)]
-struct Node<V> {
-    key: u64,
-    value: V,
-    /// The levels it is linked on: `0..height`.
-    height: u8,
-    next: [u32; LEVELS],
+struct Leaf<V> {
+    keys: Vec<u64>,
+    vals: Vec<V>,
+}
+
+impl<V> Leaf<V> {
+    fn new() -> Leaf<V> {
+        // One more than a full leaf: an insert into a full leaf splits it after.
+        Leaf {
+            keys: Vec::with_capacity(LEAF + 1),
+            vals: Vec::with_capacity(LEAF + 1),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The position of the first key at or above `key`.
+    fn lower_bound(&self, key: u64) -> usize {
+        self.keys.partition_point(|&k| k < key)
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct OrdMap<V> {
-    nodes: Vec<Node<V>>,
+    /// (separator, leaf) in key order.
+    index: Vec<(u64, u32)>,
+    leaves: Vec<Leaf<V>>,
+    /// Leaves in no index entry, emptied.
     free: Vec<u32>,
-    head: [u32; LEVELS],
     len: usize,
-    rng: u64,
-    /// The predecessors found by the last search, and its key (`NO_FINGER`: none): the
-    /// next search for a key at or above it starts from them, so that writes going up a
-    /// file (appends, sequential writes) find their place in a step or two instead of
-    /// a walk down from the head. Every node in it is linked at its level (a removal
-    /// puts the removed node's predecessor in its place; `retain` and `clear` drop it).
-    finger: std::cell::Cell<([u32; LEVELS], u64)>,
+    /// The index position the last search ended at: a search whose key is in the same
+    /// leaf's range (sequential writes, a run of writes to one place) skips the index.
+    hint: std::cell::Cell<usize>,
 }
-
-/// No finger.
-const NO_FINGER: u64 = u64::MAX;
 
 impl<V> Default for OrdMap<V> {
     fn default() -> Self {
         OrdMap {
-            nodes: Vec::new(),
+            index: Vec::new(),
+            leaves: Vec::new(),
             free: Vec::new(),
-            head: [NIL; LEVELS],
             len: 0,
-            rng: 0x9E37_79B9_7F4A_7C15,
-            finger: std::cell::Cell::new(([NIL; LEVELS], NO_FINGER)),
+            hint: std::cell::Cell::new(0),
         }
     }
 }
@@ -59,253 +79,310 @@ impl<V: Copy> OrdMap<V> {
         self.len == 0
     }
 
-    /// How many entries it can hold without allocating.
+    /// How many entries its leaves hold when full: about how many it can hold without
+    /// allocating.
     pub fn capacity(&self) -> usize {
-        self.nodes.capacity()
+        self.leaves.len() * LEAF
     }
 
-    fn next_of(&self, at: u32, level: usize) -> u32 {
-        if at == NIL {
-            self.head[level]
+    fn leaf(&self, i: usize) -> &Leaf<V> {
+        &self.leaves[self.index[i].1 as usize]
+    }
+
+    fn leaf_mut(&mut self, i: usize) -> &mut Leaf<V> {
+        &mut self.leaves[self.index[i].1 as usize]
+    }
+
+    /// The index position of the leaf whose range holds `key` (0 when there is none).
+    fn find_leaf(&self, key: u64) -> usize {
+        let h = self.hint.get();
+        let in_hint = h < self.index.len()
+            && self.index[h].0 <= key
+            && self.index.get(h + 1).is_none_or(|n| key < n.0);
+        if in_hint {
+            return h;
+        }
+        let i = self.index.partition_point(|s| s.0 <= key).saturating_sub(1);
+        self.hint.set(i);
+        i
+    }
+
+    /// The position of `key`: (index position, slot in that leaf) of the first entry at
+    /// or above it, or the end of the leaf whose range holds it.
+    fn position(&self, key: u64) -> (usize, usize) {
+        if self.index.is_empty() {
+            return (0, 0);
+        }
+        let i = self.find_leaf(key);
+        (i, self.leaf(i).lower_bound(key))
+    }
+
+    /// The entry at (`i`, `slot`) if the leaf has one there, else the first of the next
+    /// leaf: its index position and slot.
+    fn at_or_next(&self, i: usize, slot: usize) -> Option<(usize, usize)> {
+        if i < self.index.len() && slot < self.leaf(i).len() {
+            Some((i, slot))
+        } else if i + 1 < self.index.len() {
+            Some((i + 1, 0))
         } else {
-            self.nodes[at as usize].next[level]
+            None
         }
     }
 
-    fn set_next(&mut self, at: u32, level: usize, to: u32) {
-        if at == NIL {
-            self.head[level] = to;
+    /// The entry just before (`i`, `slot`).
+    fn before(&self, i: usize, slot: usize) -> Option<(usize, usize)> {
+        if self.index.is_empty() {
+            None
+        } else if slot > 0 {
+            Some((i, slot - 1))
+        } else if i > 0 {
+            Some((i - 1, self.leaf(i - 1).len() - 1))
         } else {
-            self.nodes[at as usize].next[level] = to;
+            None
         }
     }
 
-    /// For each level, the last node whose key is below `key` (`NIL`: the head).
-    fn preds(&self, key: u64) -> [u32; LEVELS] {
-        let mut preds = [NIL; LEVELS];
-        let mut at = NIL;
-        let (finger, from) = self.finger.get();
-        let from_finger = from != NO_FINGER && from <= key;
-        for level in (0..LEVELS).rev() {
-            if from_finger {
-                // The finger's node at this level is below `key` too: start from it if it
-                // is further on than the node the level above ended at.
-                let f = finger[level];
-                if f != NIL
-                    && (at == NIL || self.nodes[f as usize].key > self.nodes[at as usize].key)
-                {
-                    at = f;
-                }
-            }
-            loop {
-                let n = self.next_of(at, level);
-                if n == NIL || self.nodes[n as usize].key >= key {
-                    break;
-                }
-                at = n;
-            }
-            preds[level] = at;
-        }
-        self.finger.set((preds, key));
-        preds
-    }
-
-    /// The first node whose key is at least `key`.
-    fn first_at_or_after(&self, key: u64) -> u32 {
-        self.next_of(self.preds(key)[0], 0)
+    fn entry(&self, (i, slot): (usize, usize)) -> (u64, V) {
+        let l = self.leaf(i);
+        (l.keys[slot], l.vals[slot])
     }
 
     /// The last entry whose key is below `key`.
     pub fn last_before(&self, key: u64) -> Option<(u64, V)> {
-        let p = self.preds(key)[0];
-        (p != NIL).then(|| (self.nodes[p as usize].key, self.nodes[p as usize].value))
+        let (i, slot) = self.position(key);
+        self.before(i, slot).map(|p| self.entry(p))
     }
 
     /// The first entry whose key is in `[lo, hi)`.
     pub fn first_in(&self, lo: u64, hi: u64) -> Option<(u64, V)> {
-        let n = self.first_at_or_after(lo);
-        (n != NIL && self.nodes[n as usize].key < hi)
-            .then(|| (self.nodes[n as usize].key, self.nodes[n as usize].value))
-    }
-
-    fn level(&mut self) -> usize {
-        // xorshift64: each further level with probability 1/4.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        (1 + self.rng.trailing_zeros() as usize / 2).min(LEVELS)
+        let (i, slot) = self.position(lo);
+        self.at_or_next(i, slot)
+            .map(|p| self.entry(p))
+            .filter(|e| e.0 < hi)
     }
 
     /// Insert or replace the entry at `key`.
     pub fn insert(&mut self, key: u64, value: V) {
-        let preds = self.preds(key);
-        let n = self.next_of(preds[0], 0);
-        if n != NIL && self.nodes[n as usize].key == key {
-            self.nodes[n as usize].value = value;
-            return;
+        let mut c = self.cursor_mut(key);
+        match c.next_mut() {
+            Some((k, v)) if k == key => *v = value,
+            _ => c.insert(value),
         }
-        self.link(&preds, key, value);
     }
 
-    /// Link a new node (`key`, `value`) after `preds` (the predecessors of `key` at every
-    /// level; no entry has `key`).
-    fn link(&mut self, preds: &[u32; LEVELS], key: u64, value: V) {
-        let height = self.level();
-        let node = Node {
-            key,
-            value,
-            height: height as u8,
-            next: [NIL; LEVELS],
-        };
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.nodes[id as usize] = node;
-                id
-            }
-            None => {
-                self.nodes.push(node);
-                // Room to free every node without allocating.
-                self.free.reserve(self.nodes.len() - self.free.len());
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        for (level, &p) in preds.iter().enumerate().take(height) {
-            let after = self.next_of(p, level);
-            self.nodes[id as usize].next[level] = after;
-            self.set_next(p, level, id);
+    /// A leaf from the free list, or a new one.
+    fn take_leaf(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.leaves.push(Leaf::new());
+            // Room to free every leaf without allocating.
+            self.free.reserve(self.leaves.len() - self.free.len());
+            (self.leaves.len() - 1) as u32
+        })
+    }
+
+    /// Put `key`, `value` at slot `slot` of leaf `i` (where it keeps the leaf in order);
+    /// a leaf that overflows is split in two: in halves, or, when the new entry went at
+    /// its end (keys inserted in increasing order: appends), with the new entry alone in
+    /// the second, so that such inserts leave full leaves behind.
+    fn put(&mut self, i: usize, slot: usize, key: u64, value: V) {
+        if self.index.is_empty() {
+            let id = self.take_leaf();
+            self.index.push((0, id));
         }
+        let l = self.leaf_mut(i);
+        l.keys.insert(slot, key);
+        l.vals.insert(slot, value);
         self.len += 1;
+        if self.leaf(i).len() > LEAF {
+            let id = self.take_leaf();
+            let at = self.index[i].1 as usize;
+            let half = if slot == LEAF { LEAF } else { LEAF.div_ceil(2) };
+            let (lo, hi) = if at < id as usize {
+                let (a, b) = self.leaves.split_at_mut(id as usize);
+                (&mut a[at], &mut b[0])
+            } else {
+                let (a, b) = self.leaves.split_at_mut(at);
+                (&mut b[0], &mut a[id as usize])
+            };
+            hi.keys.extend(lo.keys.drain(half..));
+            hi.vals.extend(lo.vals.drain(half..));
+            self.index.insert(i + 1, (hi.keys[0], id));
+        }
     }
 
-    /// Unlink node `n`, the successor of `preds[0]`; its value.
-    fn unlink(&mut self, preds: &[u32; LEVELS], n: u32) -> V {
-        let (mut finger, from) = self.finger.get();
-        for (level, &p) in preds.iter().enumerate() {
-            if self.next_of(p, level) == n {
-                let after = self.nodes[n as usize].next[level];
-                self.set_next(p, level, after);
-            }
-            if finger[level] == n {
-                finger[level] = p;
+    /// Remove the entry at slot `slot` of leaf `i`; a leaf left empty leaves the index.
+    /// Whether it did.
+    fn take(&mut self, i: usize, slot: usize) -> (u64, V, bool) {
+        let l = self.leaf_mut(i);
+        let (k, v) = (l.keys.remove(slot), l.vals.remove(slot));
+        self.len -= 1;
+        let emptied = self.leaf(i).len() == 0;
+        if emptied {
+            let (_, id) = self.index.remove(i);
+            self.free.push(id);
+            if let Some(first) = self.index.first_mut() {
+                first.0 = 0;
             }
         }
-        self.finger.set((finger, from));
-        self.free.push(n);
-        self.len -= 1;
-        self.nodes[n as usize].value
+        (k, v, emptied)
     }
 
     /// A cursor at `key`: between the last entry below it and the first at or after it,
     /// found with one search; the entries on either side are then read, removed and a
     /// new one inserted there without searching again.
     pub fn cursor_mut(&mut self, key: u64) -> CursorMut<'_, V> {
-        let preds = self.preds(key);
+        let (i, slot) = self.position(key);
         CursorMut {
             map: self,
-            preds,
+            i,
+            slot,
             key,
         }
     }
 
-    /// Remove every entry, keeping the memory: the next entries are laid out from the
-    /// start of the slab again (contiguous, whatever order earlier ones were freed in).
+    /// Remove every entry, keeping the memory.
     pub fn clear(&mut self) {
-        self.finger.set(([NIL; LEVELS], NO_FINGER));
-        self.nodes.clear();
-        self.free.clear();
-        self.head = [NIL; LEVELS];
+        for &(_, id) in &self.index {
+            let l = &mut self.leaves[id as usize];
+            l.keys.clear();
+            l.vals.clear();
+            self.free.push(id);
+        }
+        self.index.clear();
         self.len = 0;
     }
 
-    /// Keep only the entries for which `keep` holds, in one pass over every level.
+    /// Keep only the entries for which `keep` holds, in one pass. A leaf that fits into
+    /// the one before it after the pass is merged into it, so that the leaves stay more
+    /// than half full on average.
     pub fn retain(&mut self, mut keep: impl FnMut(u64, &V) -> bool) {
-        self.finger.set(([NIL; LEVELS], NO_FINGER));
-        let mut last = [NIL; LEVELS];
-        let mut at = self.head[0];
-        self.head = [NIL; LEVELS];
-        while at != NIL {
-            let node = &self.nodes[at as usize];
-            let next = node.next[0];
-            if keep(node.key, &node.value) {
-                let height = node.height as usize;
-                for (level, l) in last.iter_mut().enumerate().take(height) {
-                    self.set_next(*l, level, at);
-                    *l = at;
+        let mut out = 0;
+        for i in 0..self.index.len() {
+            let (sep, id) = self.index[i];
+            let l = &mut self.leaves[id as usize];
+            let mut w = 0;
+            for r in 0..l.len() {
+                if keep(l.keys[r], &l.vals[r]) {
+                    l.keys[w] = l.keys[r];
+                    l.vals[w] = l.vals[r];
+                    w += 1;
                 }
-            } else {
-                self.free.push(at);
-                self.len -= 1;
             }
-            at = next;
+            self.len -= l.len() - w;
+            l.keys.truncate(w);
+            l.vals.truncate(w);
+            let into = (out > 0).then(|| self.index[out - 1].1 as usize);
+            match into {
+                _ if w == 0 => self.free.push(id),
+                Some(prev) if self.leaves[prev].len() + w <= LEAF => {
+                    let (a, b) = (prev.min(id as usize), prev.max(id as usize));
+                    let (x, y) = self.leaves.split_at_mut(b);
+                    let (p, l) = if prev < id as usize {
+                        (&mut x[a], &mut y[0])
+                    } else {
+                        (&mut y[0], &mut x[a])
+                    };
+                    p.keys.append(&mut l.keys);
+                    p.vals.append(&mut l.vals);
+                    self.free.push(id);
+                }
+                _ => {
+                    self.index[out] = (sep, id);
+                    out += 1;
+                }
+            }
         }
-        for (level, &l) in last.iter().enumerate() {
-            self.set_next(l, level, NIL);
+        self.index.truncate(out);
+        if let Some(first) = self.index.first_mut() {
+            first.0 = 0;
         }
     }
 
     /// Every entry, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
-        let mut at = self.head[0];
-        std::iter::from_fn(move || {
-            if at == NIL {
-                return None;
-            }
-            let n = &self.nodes[at as usize];
-            at = n.next[0];
-            Some((n.key, n.value))
+        self.index.iter().flat_map(move |&(_, id)| {
+            let l = &self.leaves[id as usize];
+            l.keys.iter().copied().zip(l.vals.iter().copied())
         })
+    }
+
+    /// Assert the invariants (module documentation).
+    #[cfg(test)]
+    fn check(&self) {
+        assert_eq!(self.index.is_empty(), self.len == 0);
+        assert_eq!(self.index.first().map_or(0, |f| f.0), 0);
+        let mut n = 0;
+        for (i, &(sep, id)) in self.index.iter().enumerate() {
+            let l = &self.leaves[id as usize];
+            let next = self.index.get(i + 1).map(|s| s.0);
+            assert!((1..=LEAF).contains(&l.len()) && l.keys.len() == l.vals.len());
+            assert!(l.keys.windows(2).all(|w| w[0] < w[1]));
+            assert!(l.keys[0] >= sep);
+            assert!(next.is_none_or(|n| sep < n && l.keys[l.len() - 1] < n));
+            n += l.len();
+        }
+        assert_eq!(n, self.len);
+        assert_eq!(self.index.len() + self.free.len(), self.leaves.len());
     }
 }
 
 /// A position in an [`OrdMap`] (see [`OrdMap::cursor_mut`]): every entry before it has
-/// a key below `key`, every entry after it a key at or above `key`.
+/// a key below `key`, every entry after it a key at or above `key`. It is slot `slot` of
+/// the leaf at index position `i`, whose range holds `key`.
 pub struct CursorMut<'a, V> {
     map: &'a mut OrdMap<V>,
-    preds: [u32; LEVELS],
+    i: usize,
+    slot: usize,
     key: u64,
 }
 
 impl<V: Copy> CursorMut<'_, V> {
     /// The entry just before the position.
     pub fn prev_mut(&mut self) -> Option<(u64, &mut V)> {
-        let p = self.preds[0];
-        (p != NIL).then(|| {
-            let n = &mut self.map.nodes[p as usize];
-            (n.key, &mut n.value)
-        })
+        let (i, slot) = self.map.before(self.i, self.slot)?;
+        let l = self.map.leaf_mut(i);
+        Some((l.keys[slot], &mut l.vals[slot]))
     }
 
     /// The entry just after the position.
     pub fn next_mut(&mut self) -> Option<(u64, &mut V)> {
-        let at = self.map.next_of(self.preds[0], 0);
-        (at != NIL).then(|| {
-            let n = &mut self.map.nodes[at as usize];
-            (n.key, &mut n.value)
-        })
+        let (i, slot) = self.map.at_or_next(self.i, self.slot)?;
+        let l = self.map.leaf_mut(i);
+        Some((l.keys[slot], &mut l.vals[slot]))
     }
 
     /// Remove the entry just after the position; its key and value.
     pub fn remove_next(&mut self) -> Option<(u64, V)> {
-        let at = self.map.next_of(self.preds[0], 0);
-        if at == NIL {
-            return None;
+        let (i, slot) = self.map.at_or_next(self.i, self.slot)?;
+        let (k, v, emptied) = self.map.take(i, slot);
+        if emptied && i == self.i {
+            // The cursor's leaf went: its range is now the previous leaf's (at its end),
+            // or, for the first leaf, the next one's (at its start).
+            if self.i > 0 {
+                self.i -= 1;
+                self.slot = self.map.leaf(self.i).len();
+            } else {
+                self.slot = 0;
+            }
         }
-        let key = self.map.nodes[at as usize].key;
-        Some((key, self.map.unlink(&self.preds, at)))
+        Some((k, v))
     }
 
     /// Insert (`key`, `value`) at the position: `key` is the cursor's and no entry has
     /// it. Ends the cursor (the position is taken).
     pub fn insert(self, value: V) {
-        let key = self.key;
         debug_assert!(
-            {
-                let at = self.map.next_of(self.preds[0], 0);
-                at == NIL || self.map.nodes[at as usize].key > key
-            },
+            self.map
+                .at_or_next(self.i, self.slot)
+                .is_none_or(|p| self.map.entry(p).0 > self.key),
             "cursor insert over an existing entry or out of order"
         );
-        self.map.link(&self.preds, key, value);
+        let (i, slot) = if self.map.index.is_empty() {
+            (0, 0)
+        } else {
+            (self.i, self.slot)
+        };
+        self.map.put(i, slot, self.key, value);
     }
 }
 
@@ -373,6 +450,8 @@ mod tests {
                         let want = r.range(..k).next_back().map(|(k, v)| (*k, *v));
                         prop_assert_eq!(c.prev_mut().map(|(k, v)| (k, *v)), want);
                         while let Some((at, _)) = c.next_mut() {
+                            // The cursor stays between the keys below `k` and the rest.
+                            prop_assert!(at >= k);
                             if at >= k + span {
                                 break;
                             }
@@ -394,6 +473,7 @@ mod tests {
                         prop_assert_eq!(got, r.get(&a).copied());
                     }
                 }
+                m.check();
                 prop_assert_eq!(m.len(), r.len());
                 let all: Vec<_> = m.iter().collect();
                 let want: Vec<_> = r.iter().map(|(k, v)| (*k, *v)).collect();
@@ -402,8 +482,18 @@ mod tests {
         }
     }
 
+    /// The memory it holds: leaves, and the capacities of the index and free list.
+    fn memory<V: Copy>(m: &OrdMap<V>) -> (usize, usize, usize, usize) {
+        (
+            m.leaves.len(),
+            m.leaves.capacity(),
+            m.index.capacity(),
+            m.free.capacity(),
+        )
+    }
+
     #[test]
-    fn cleared_map_reuses_its_memory_from_the_start() {
+    fn cleared_map_reuses_its_memory() {
         let mut m = OrdMap::default();
         for k in 0..1000 {
             m.insert(k * 7 % 1000, k);
@@ -413,20 +503,17 @@ mod tests {
                 remove(&mut m, k);
             }
         }
-        let cap = m.capacity();
+        m.check();
         m.clear();
-        assert!(m.is_empty() && m.capacity() == cap);
+        m.check();
+        let before = memory(&m);
         for k in 0..1000 {
             m.insert(k, k);
         }
-        // Laid out in insertion order from slot 0, and nothing allocated.
-        assert_eq!(m.capacity(), cap);
-        assert!(m
-            .nodes
-            .iter()
-            .take(1000)
-            .enumerate()
-            .all(|(i, n)| n.key == i as u64));
+        m.check();
+        // 1000 entries in order fill their leaves half: no more than the first round.
+        assert_eq!(memory(&m), before);
+        assert!(m.iter().map(|e| e.0).eq(0..1000));
     }
 
     #[test]
@@ -435,14 +522,34 @@ mod tests {
         for k in 0..1000 {
             m.insert(k, k);
         }
-        let cap = (m.nodes.capacity(), m.free.capacity());
+        let mem = memory(&m);
         for round in 0..10 {
             m.retain(|_, _| false);
             assert!(m.is_empty());
+            m.check();
             for k in 0..1000 {
                 m.insert(k * 7 + round, k);
             }
+            m.check();
         }
-        assert_eq!((m.nodes.capacity(), m.free.capacity()), cap);
+        assert_eq!(memory(&m), mem);
+    }
+
+    #[test]
+    fn retain_merges_thinned_leaves() {
+        let mut m = OrdMap::default();
+        for k in 0..10_000 {
+            m.insert(k, k);
+        }
+        let leaves = m.index.len();
+        m.retain(|k, _| k % 10 == 0);
+        m.check();
+        assert_eq!(m.len(), 1000);
+        // Half-full leaves thinned to a tenth: merged about five into one.
+        assert!(
+            m.index.len() * 4 < leaves,
+            "{} of {leaves} leaves",
+            m.index.len()
+        );
     }
 }

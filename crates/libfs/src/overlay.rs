@@ -109,9 +109,7 @@ impl Overlay {
         let spare = &mut self.spare;
         let o = self.inodes.entry(ino).or_insert_with(|| {
             // The largest spare: which was recycled last depends on the order entries are
-            // dropped in, and a smaller one taken for a busy file would have to grow. (A
-            // cleared map lays its entries out from the start of its memory again, so a
-            // large one is as compact as a small one.)
+            // dropped in, and a smaller one taken for a busy file would have to grow.
             let largest = (0..spare.len()).max_by_key(|&i| spare[i].capacity());
             InodeOv {
                 gen,

@@ -38,6 +38,9 @@ pub struct Segment {
     /// The resident copy.
     pub object: File,
     pub object_path: PathBuf,
+    /// The resident copy's first page, read-only: its commit sequence without a system
+    /// call (the copy is never truncated, so the page stays).
+    object_head: Mapping,
 }
 
 impl std::fmt::Debug for Segment {
@@ -67,12 +70,6 @@ pub fn read_header(f: &cairn::File, path: &str) -> io::Result<SegHeader> {
         ));
     }
     SegHeader::decode(&b).map_err(|e| fs_err(libc::EINVAL, format!("{path}: {}", e.0)))
-}
-
-fn read_u64(f: &impl FileExt, off: u64) -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, off)?;
-    Ok(u64::from_le_bytes(b))
 }
 
 impl Segment {
@@ -113,7 +110,9 @@ impl Segment {
                 build_object(fs, &file, staged.as_ref(), &object_path, header.len)?
             }
         };
+        let object_head = Mapping::new(&object, 0, sj::PAGE as usize, false, false)?;
         Ok(Segment {
+            object_head,
             fs: fs.clone(),
             ino,
             gen,
@@ -152,16 +151,13 @@ impl Segment {
     /// is pending) and of the resident copy.
     pub fn commit_seqs(&self) -> io::Result<(u64, u64)> {
         let (seq, redo) = file_seqs(&self.file)?;
-        Ok((
-            if redo != 0 { redo } else { seq },
-            read_u64(&self.object, sj::COMMIT_SEQ_OFF)?,
-        ))
+        Ok((if redo != 0 { redo } else { seq }, self.object_seq()?))
     }
 
     /// The commit sequence of the resident copy (what a commit increments: the caller
     /// holds the writer lock, so it is the file's too).
     pub fn object_seq(&self) -> io::Result<u64> {
-        read_u64(&self.object, sj::COMMIT_SEQ_OFF)
+        self.object_head.load_u64(sj::COMMIT_SEQ_OFF as usize)
     }
 
     /// Copy `[off, off + len)` of the committed state (the file, and a pending staged
