@@ -10,6 +10,43 @@ pub fn now_ns() -> i64 {
     from_system_time(SystemTime::now())
 }
 
+/// The time of the clock's last tick (`CLOCK_REALTIME_COARSE`: a few milliseconds
+/// behind at most, read without touching the clock source), in nanoseconds since the
+/// Unix epoch.
+pub fn coarse_now_ns() -> i64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    t.tv_sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec)
+}
+
+/// The resolution of [`coarse_now_ns`]: the clock's tick.
+fn tick_ns() -> i64 {
+    static TICK: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *TICK.get_or_init(|| {
+        let t = rustix::time::clock_getres(rustix::time::ClockId::RealtimeCoarse);
+        (t.tv_sec.saturating_mul(1_000_000_000) + t.tv_nsec).clamp(1, 1_000_000_000)
+    })
+}
+
+/// The modification and change time a change to a file whose times are at most `old`
+/// gets, without a read of the fine clock on the write path: the last clock tick when
+/// that is later than `old` (what Linux's file systems store); else, when `old` was set
+/// since that tick (an earlier change in the same tick), `old` plus 1 ns, so that every
+/// change moves the times, as Linux's multigrain timestamps ensure (it cannot pass the
+/// real time: each change takes more than a nanosecond); else (`old` in the future, set
+/// by `utimensat`) the fine clock.
+pub fn change_time_ns(old: i64) -> i64 {
+    let coarse = coarse_now_ns();
+    if coarse > old {
+        coarse
+    } else if old < coarse.saturating_add(tick_ns()) {
+        old + 1
+    } else {
+        now_ns()
+    }
+}
+
 /// A `SystemTime` in nanoseconds since the Unix epoch (saturating).
 pub fn from_system_time(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
@@ -68,5 +105,23 @@ mod tests {
         assert_eq!(utc(i64::MIN).year(), 1677);
         assert_eq!(utc(i64::MAX).year(), 2262);
         assert_eq!(date_time(-1, 'T'), "1969-12-31T23:59:59");
+    }
+
+    #[test]
+    fn change_times_move_forward() {
+        let before = now_ns();
+        let coarse = coarse_now_ns();
+        // The last tick: not after now, and not far behind (a tick is at most 10 ms).
+        assert!(coarse <= now_ns() && before - coarse < 100_000_000);
+        // Times older than the last tick get it; a time at or after it gets the fine
+        // clock, which is later than a time read before.
+        let (c1, x, c2) = (coarse_now_ns(), change_time_ns(i64::MIN), coarse_now_ns());
+        assert!(c1 <= x && x <= c2);
+        // A time since the last tick: moved by a nanosecond.
+        let t = coarse_now_ns();
+        let x = change_time_ns(t);
+        assert!(x == t + 1 || x > t && coarse_now_ns() > t);
+        let future = now_ns() + 3_600_000_000_000;
+        assert!(change_time_ns(future) < future);
     }
 }

@@ -47,9 +47,14 @@ impl Ring {
         BLOCK_SIZE + (lsn % self.bytes) as usize
     }
 
-    /// Copy a whole encoded transaction to `lsn` and write it back (no fence).
+    /// Copy a whole encoded transaction to `lsn` and write it back (no fence). A large
+    /// one is copied with non-temporal stores (no read of the ring's lines first, no
+    /// write-back: the caller's fence drains them).
     pub fn put_txn(&self, lsn: u64, txn: &[u8]) -> io::Result<()> {
         let off = self.off(lsn);
+        if txn.len() >= NT_MIN {
+            return self.map.write_nt(off, txn);
+        }
         self.map.write(off, txn)?;
         self.map.flush(off, txn.len())
     }

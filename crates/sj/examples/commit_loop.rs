@@ -1,10 +1,14 @@
 //! A loop of small commits, to profile (`perf record -g`) or time one shape of commit
 //! alone: `updates` stores of `bytes` bytes at random places of a 64 MiB segment, then a
-//! commit, for `secs` seconds. Prints the rate and the p50/p99 latency.
+//! commit, for `secs` seconds. Prints the rate and the p50/p99 latency. Modes: `explicit`
+//! and `page` (the segment's commit mode), and `pages`: explicit mode, each store the
+//! first 8 bytes of a random page declared whole first (`tx_add`), as a PMDK
+//! transaction adding pages does.
 //!
 //! ```text
 //! cargo run --release -p cairn-sj --example commit_loop -- explicit 1 8 5
 //! cargo run --release -p cairn-sj --example commit_loop -- page 1 8 5
+//! cargo run --release -p cairn-sj --example commit_loop -- pages 16 8 5
 //! ```
 
 use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target};
@@ -13,11 +17,15 @@ use std::time::{Duration, Instant};
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize, d: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    let pages = args.get(1).is_some_and(|a| a == "pages");
     let mode = match args.get(1).map(String::as_str) {
         Some("page") => CommitMode::Snapshot,
         _ => CommitMode::Explicit,
     };
-    let (updates, bytes, secs) = (arg(2, 1), arg(3, 8), arg(4, 5));
+    let (updates, mut bytes, secs) = (arg(2, 1), arg(3, 8), arg(4, 5));
+    if pages {
+        bytes = 4096;
+    }
     let sj = SpaceJmp::open(None)?;
     let area = 64u64 << 20;
     let name = format!("commit-loop-{}", std::process::id());
@@ -45,7 +53,13 @@ fn main() -> std::io::Result<()> {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                g.write(SegPtr(base + x % (area / bytes) * bytes), &data)?;
+                let at = SegPtr(base + x % (area / bytes) * bytes);
+                if pages {
+                    g.tx_add(at, 4096)?;
+                    g.write(at, &data[..8])?;
+                } else {
+                    g.write(at, &data)?;
+                }
             }
             g.commit()?;
             lat.push(t.elapsed().as_nanos() as u64);

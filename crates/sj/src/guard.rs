@@ -103,6 +103,14 @@ impl Switched<'_> {
         self.sj.write(p.0, data)
     }
 
+    /// Declare `[p, p + len)` as changed by this transaction before storing to it
+    /// through a raw pointer (explicit mode: its old bytes go to the undo log, and the
+    /// commit logs it; [`Switched::write`] declares what it stores by itself). A no-op
+    /// in snapshot mode.
+    pub fn tx_add(&self, p: SegPtr, len: u64) -> io::Result<()> {
+        self.sj.tx_add(p.0, len)
+    }
+
     /// A new `T` in segment `seg`'s heap, set to `v`.
     pub fn alloc<T: Pod>(&self, seg: SegId, v: T) -> io::Result<SegPtr> {
         let p = SegPtr(self.sj.alloc(seg, std::mem::size_of::<T>() as u64)?);

@@ -114,12 +114,13 @@ impl UndoLog {
                 ),
             ));
         }
-        let mut e = Vec::with_capacity(len);
-        e.extend_from_slice(&off.to_le_bytes());
-        e.extend_from_slice(&(old.len() as u64).to_le_bytes());
-        e.extend_from_slice(old);
-        e.resize(len, 0);
-        self.map.write(at, &e)?;
+        let mut head = [0u8; 16];
+        head[..8].copy_from_slice(&off.to_le_bytes());
+        head[8..].copy_from_slice(&(old.len() as u64).to_le_bytes());
+        self.map.write(at, &head)?;
+        self.map.write(at + 16, old)?;
+        self.map
+            .write(at + 16 + old.len(), &[0u8; 8][..len - 16 - old.len()])?;
         self.map.atomic_u64(USED)?.store((at + len) as u64, SeqCst);
         self.map.atomic_u64(COUNT)?.fetch_add(1, SeqCst);
         Ok(())

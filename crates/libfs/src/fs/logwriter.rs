@@ -5,9 +5,9 @@
 use super::{transient, Inner, Lease, Stale, State, Tx};
 use crate::conn::response_error;
 use crate::extents::Src;
-use crate::meta::now_ns;
 use crate::ring::WRITE_HEAD;
 use cairn_area::fs_err;
+use cairn_area::time::change_time_ns;
 use cairn_format::inode::{Attrs, Kind};
 use cairn_format::log::{
     seal_txn, txn_len, write_charge, write_txn_len, Record, KIND_COMMIT, TXN_HEADER,
@@ -277,7 +277,7 @@ impl Inner {
             // bytes already committed (a short write), as POSIX requires.
             let partial = |e: io::Error| if done > 0 { Ok((off, done)) } else { Err(e) };
             let size = attrs.size.max(off + n as u64);
-            let now = now_ns();
+            let now = change_time_ns(attrs.mtime.max(attrs.ctime));
             let tlen = write_txn_len(n);
             let lsn = match self.reserve(st, tlen) {
                 Ok(l) => l,
@@ -375,7 +375,12 @@ impl Inner {
             attrs.size = attrs.size.max(end);
             files.push((ino, gen, attrs));
         }
-        let now = now_ns();
+        let now = change_time_ns(
+            (files.iter())
+                .map(|f| f.2.mtime.max(f.2.ctime))
+                .max()
+                .unwrap_or(0),
+        );
         let size_of = |ino: u64| files.iter().find(|f| f.0 == ino).map_or(0, |f| f.2.size);
         let recs: Vec<Record<'_>> = runs
             .iter()
