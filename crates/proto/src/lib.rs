@@ -446,7 +446,8 @@ pub struct SuperpageStatus {
     pub collapse_pending: u64,
 }
 
-/// Shared-write mode since the daemon started.
+/// Sharing between clients since the daemon started: shared-write mode, lease
+/// revocations and advisory locks.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct SharingStatus {
     /// Inodes in shared-write mode now.
@@ -457,6 +458,20 @@ pub struct SharingStatus {
     pub commits: u64,
     /// `Commit`s answered `Stale` (run again by the client).
     pub stale_commits: u64,
+    /// Leases revoked (an upcall to the holder; a writer's log digested before the lease
+    /// moves).
+    #[serde(default)]
+    pub revocations: u64,
+    /// Advisory-lock requests served from the daemon's table (not by a client holding
+    /// the inode's locks by delegation).
+    #[serde(default)]
+    pub lock_requests: u64,
+    /// Inodes whose advisory locks were handed to a client.
+    #[serde(default)]
+    pub lock_delegations: u64,
+    /// Recalls of delegated locks (another client wanted one).
+    #[serde(default)]
+    pub lock_recalls: u64,
 }
 
 /// A lock's type: shared (read) or exclusive (write).

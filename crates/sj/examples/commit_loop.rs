@@ -40,11 +40,12 @@ fn main() -> std::io::Result<()> {
     let vid = sj.vas_create(&name, 0o600)?;
     sj.seg_attach(Target::Vas(vid), seg, prot::RW)?;
     let vh = sj.vas_attach(vid, mode)?;
-    let base = sj.seg_info(&name)?.base + (1 << 20);
-    let mut x = 0x5eedu64;
-    let data = vec![7u8; bytes as usize];
-    let mut lat = Vec::new();
-    {
+    // The loop in a closure, so that the segment goes whatever happens in it.
+    let run = || -> std::io::Result<()> {
+        let base = sj.seg_info(&name)?.base + (1 << 20);
+        let mut x = 0x5eedu64;
+        let data = vec![7u8; bytes as usize];
+        let mut lat = Vec::new();
         let g = sj.enter(vh)?;
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(secs) {
@@ -72,9 +73,11 @@ fn main() -> std::io::Result<()> {
             lat[lat.len() / 2],
             lat[lat.len() * 99 / 100]
         );
-    }
+        Ok(())
+    };
+    let r = run();
     sj.vas_detach(vh)?;
     sj.vas_remove(&name)?;
     sj.seg_free(&name)?;
-    Ok(())
+    r
 }

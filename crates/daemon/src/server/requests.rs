@@ -44,6 +44,9 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         Request::Status => match d.core().status() {
             Ok(mut r) => {
                 r.migration = d.migrator.progress();
+                let l = d.locks.counters();
+                (r.sharing.lock_requests, r.sharing.lock_delegations) = (l.requests, l.delegations);
+                r.sharing.lock_recalls = l.recalls;
                 Reply::Send(Response::Status(r))
             }
             Err(e) => Reply::Send(err_response(&e)),

@@ -466,6 +466,7 @@ impl Leases {
                 None => {
                     let deadline = now + self.timeout;
                     g.pending.insert((h, ino), Revoking::Sent(deadline));
+                    g.counters.revocations += 1;
                     if let Some((_, ch)) = g.channels.get_mut(&h) {
                         send_revoke(ch, ino);
                     }
@@ -572,7 +573,7 @@ impl Leases {
         ended
     }
 
-    /// Shared-write counters.
+    /// Shared-write and revocation counters.
     pub(crate) fn sharing_status(&self) -> cairn_proto::SharingStatus {
         let g = self.lock();
         let mut s = g.counters.clone();
@@ -671,6 +672,8 @@ mod tests {
         assert_eq!(l.acquire(0, 7, true, true), Ok(Grant::Mediated));
         assert_eq!(l.holders(7), (None, vec![0, 1]));
         assert_eq!(l.sharing_status().mediated_inodes, 1);
+        // One upcall per conflict: reader 1, then writer 0.
+        assert_eq!(l.sharing_status().revocations, 2);
 
         // Commits: the claimed sequence word must be current; a non-member is refused.
         assert_eq!(l.check_commit(0, &[(7, 4)], &[(7, 4), (99, 8)]), Ok(()));

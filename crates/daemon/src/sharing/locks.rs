@@ -33,6 +33,18 @@ struct ServiceState {
     table: LockTable,
     clients: HashMap<ClientId, ClientEntry>,
     delegated: HashMap<u64, Delegation>,
+    counters: LockCounters,
+}
+
+/// What the lock service did since the daemon started (`cairn status`, "sharing").
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LockCounters {
+    /// Requests served from the daemon's table (lock, unlock, test, release).
+    pub requests: u64,
+    /// Inodes whose locks were handed to a client.
+    pub delegations: u64,
+    /// Recalls of delegated locks sent.
+    pub recalls: u64,
 }
 
 /// How often a waiting request checks whether its connection was closed.
@@ -96,6 +108,18 @@ pub(crate) struct LockRequest {
 impl LockService {
     fn state(&self) -> MutexGuard<'_, ServiceState> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, for a lock request from a client (counted).
+    fn request_state(&self) -> MutexGuard<'_, ServiceState> {
+        let mut st = self.state();
+        st.counters.requests += 1;
+        st
+    }
+
+    /// Lock requests served, delegations granted and recalls sent since the start.
+    pub(crate) fn counters(&self) -> LockCounters {
+        self.state().counters
     }
 
     /// A client registered (or re-attached) on connection `id`. A previous client of the
@@ -213,6 +237,7 @@ impl LockService {
                     (Some(slot), Some(r)) => r.recall(slot, ino),
                     _ => false,
                 };
+                st.counters.recalls += u64::from(sent);
                 if let Some(e) = st.delegated.get_mut(&ino) {
                     // Not sent: try again at the next turn.
                     e.recalled = sent.then_some(now);
@@ -256,6 +281,7 @@ impl LockService {
         if !self.recaller.get().is_some_and(|r| r.reachable(slot)) {
             return error(libc::EBUSY, "no upcall channel to recall the locks through");
         }
+        st.counters.delegations += 1;
         let held = st.table.take_inode(ino).held_by(client);
         st.delegated.insert(
             ino,
@@ -299,7 +325,7 @@ impl LockService {
         start: u64,
         len: u64,
     ) -> Response {
-        let st = match self.settle(self.state(), client, ino, None, &mut || false) {
+        let st = match self.settle(self.request_state(), client, ino, None, &mut || false) {
             Ok(st) => st,
             Err(r) => return r.unwrap_or_else(|| error(libc::ESTALE, "gone")),
         };
@@ -334,7 +360,7 @@ impl LockService {
         start: u64,
         len: u64,
     ) -> Response {
-        let mut st = match self.settle(self.state(), client, ino, None, &mut || false) {
+        let mut st = match self.settle(self.request_state(), client, ino, None, &mut || false) {
             Ok(st) => st,
             Err(r) => return r.unwrap_or_else(|| error(libc::ESTALE, "gone")),
         };
@@ -371,7 +397,7 @@ impl LockService {
         file: Option<u64>,
         posix: bool,
     ) -> Response {
-        let mut st = match self.settle(self.state(), client, ino, None, &mut || false) {
+        let mut st = match self.settle(self.request_state(), client, ino, None, &mut || false) {
             Ok(st) => st,
             Err(r) => return r.unwrap_or_else(|| error(libc::ESTALE, "gone")),
         };
@@ -408,7 +434,7 @@ impl LockService {
         };
         let deadline = r.timeout.map(|t| Instant::now() + t);
         let mut waiter = None;
-        let mut st = self.state();
+        let mut st = self.request_state();
         let out = loop {
             // At each turn: a delegation granted meanwhile is recalled first.
             st = match self.settle(st, client, r.ino, deadline, cancelled) {
@@ -817,6 +843,14 @@ mod tests {
             errno(s.lock(2, req(LockOwner::Posix, Write, 0, 0, false), &mut never())),
             0
         );
+        // Counted: the seven requests the table served, four grants, every recall.
+        let c = s.counters();
+        assert_eq!((c.requests, c.delegations), (7, 4));
+        assert_eq!(
+            c.recalls,
+            u64::from(fake.recalls.load(std::sync::atomic::Ordering::SeqCst))
+        );
+        assert!(c.recalls >= 2);
     }
 
     #[test]
