@@ -759,7 +759,9 @@ pub mod sys {
         report: u64,
         out: &mut Vec<PageRange>,
     ) -> io::Result<()> {
-        let mut buf = vec![PageRange::default(); 4096];
+        // Few ranges in the common case (a commit's pages): a small buffer on the stack,
+        // the walk resumed from where the kernel stopped when it fills.
+        let mut buf = [PageRange::default(); 256];
         let mut at = start;
         while at < end {
             let mut arg = PmScanArg {

@@ -35,6 +35,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+/// A huge page: the chunk a commit drops private copies in.
+const HUGE: u64 = cairn_media::huge::HUGE_PAGE as u64;
+
 /// A segment's id: its file's inode number (global in the store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SegId(pub u64);
@@ -2054,8 +2057,17 @@ impl SpaceJmp {
                         crash_point("publishing");
                     }
                 }
-                for &(o, l) in &w.pages {
-                    w.region.discard(o as usize, l as usize)?;
+                // The copies go with their whole 2 MiB chunk: the chunk's next read maps
+                // the resident copy's huge folio with one PMD again, so the next
+                // commit's scan does not walk the 512 page-table entries a copy split
+                // it into.
+                let mut chunks: Vec<u64> = (w.pages.iter())
+                    .flat_map(|&(o, l)| o / HUGE..(o + l).div_ceil(HUGE))
+                    .collect();
+                chunks.dedup();
+                for c in chunks {
+                    let len = HUGE.min(w.region.len() as u64 - c * HUGE);
+                    w.region.discard((c * HUGE) as usize, len as usize)?;
                 }
                 if let Some(u) = &w.undo {
                     u.clear()?;
