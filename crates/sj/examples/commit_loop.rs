@@ -22,7 +22,7 @@ fn main() -> std::io::Result<()> {
         Some("page") => CommitMode::Snapshot,
         _ => CommitMode::Explicit,
     };
-    let (updates, mut bytes, secs) = (arg(2, 1), arg(3, 8), arg(4, 5));
+    let (updates, mut bytes, secs) = (arg(2, 1), arg(3, 8).max(1), arg(4, 5).max(1));
     if pages {
         bytes = 4096;
     }
