@@ -1,5 +1,6 @@
-//! `cairn bench latency`: in one run, durable writes and reads of 1 KiB, 4 KiB, 64 KiB and
-//! 1 MiB on three systems:
+//! `cairn bench latency`: in one run (or `--runs N`, the systems taking turns run after
+//! run, each figure the median), durable writes and reads of 1 KiB, 4 KiB, 64 KiB and
+//! 1 MiB on these systems:
 //!
 //! * `cairn`: `cairn::File::write_at` (durable on return) and `read_at` on the store;
 //! * the host file system holding the store directory (or `--dir-host`), named by its type
@@ -214,39 +215,44 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
     if let Some(t) = &fuse_t {
         systems.push(("cairn-fuse", t, true, false));
     }
-    let total = SIZES.len() * systems.len() * 2;
+    let total = SIZES.len() * systems.len() * 2 * args.runs as usize;
     let mut k = 0;
-    let mut results = Vec::with_capacity(total);
-    for &size in &SIZES {
-        let base = args.iterations.unwrap_or_else(|| default_iterations(size));
-        for &(name, target, _, capped) in &systems {
-            for op in [Op::Write, Op::Read] {
-                k += 1;
-                let n = if capped && op == Op::Write {
-                    base.min(host_write_cap(size))
-                } else {
-                    base
-                };
-                let warm = warmup(n);
-                progress(format_args!(
-                    "[{k:>2}/{total}] {name} {} {}: {n} ops (+{warm} warm-up) ... ",
-                    op.name(),
-                    human_bytes(size)
-                ));
-                let t = Instant::now();
-                let m = measure(target, name, op, size, n, warm).map_err(|e| {
-                    progress(format_args!("failed\n"));
-                    ctx_msg(format!("{name} {} {}", op.name(), human_bytes(size)))(e)
-                })?;
-                progress(format_args!(
-                    "p50 {} ({:.1} s)\n",
-                    human_ns(m.p50_ns as f64),
-                    t.elapsed().as_secs_f64()
-                ));
-                results.push(m);
+    let mut runs = Vec::new();
+    for _ in 0..args.runs {
+        let mut results = Vec::with_capacity(total);
+        for &size in &SIZES {
+            let base = args.iterations.unwrap_or_else(|| default_iterations(size));
+            for &(name, target, _, capped) in &systems {
+                for op in [Op::Write, Op::Read] {
+                    k += 1;
+                    let n = if capped && op == Op::Write {
+                        base.min(host_write_cap(size))
+                    } else {
+                        base
+                    };
+                    let warm = warmup(n);
+                    progress(format_args!(
+                        "[{k:>2}/{total}] {name} {} {}: {n} ops (+{warm} warm-up) ... ",
+                        op.name(),
+                        human_bytes(size)
+                    ));
+                    let t = Instant::now();
+                    let m = measure(target, name, op, size, n, warm).map_err(|e| {
+                        progress(format_args!("failed\n"));
+                        ctx_msg(format!("{name} {} {}", op.name(), human_bytes(size)))(e)
+                    })?;
+                    progress(format_args!(
+                        "p50 {} ({:.1} s)\n",
+                        human_ns(m.p50_ns as f64),
+                        t.elapsed().as_secs_f64()
+                    ));
+                    results.push(m);
+                }
             }
         }
+        runs.push(results);
     }
+    let results = report::medians(&runs);
     drop(systems);
     drop(shm_t);
     drop(host_t);
@@ -260,6 +266,7 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
 
     let report = Report {
         results,
+        runs: args.runs,
         host_fs,
         store: store_dir.display().to_string(),
     };

@@ -73,6 +73,10 @@ pub struct LatencyArgs {
     /// Directory for the host file system's test file [default: the store directory]
     #[arg(long, value_name = "DIR")]
     pub dir_host: Option<PathBuf>,
+    /// Measure everything N times (the systems take turns, run after run) and report
+    /// the median of each figure
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub runs: u64,
 }
 
 /// A figure in kB of `/proc/PID/FILE` (`status`, `smaps_rollup`), for example

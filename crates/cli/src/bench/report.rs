@@ -21,11 +21,41 @@ pub struct Measurement {
 /// `cairn bench latency --json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Each figure the median over `runs` runs.
     pub results: Vec<Measurement>,
+    /// Runs measured (`--runs`).
+    pub runs: u64,
     /// Type of the file system holding the host test file (`ext4`, `overlay`, …).
     pub host_fs: String,
     /// The store directory.
     pub store: String,
+}
+
+/// The measurements of several runs (each in the same order) combined: each figure is
+/// its median over the runs (the upper one of an even count).
+pub fn medians(runs: &[Vec<Measurement>]) -> Vec<Measurement> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    let med = |i: usize, f: fn(&Measurement) -> u64| {
+        let mut v: Vec<u64> = runs.iter().map(|r| f(&r[i])).collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    (0..first.len())
+        .map(|i| {
+            debug_assert!(runs.iter().all(|r| r[i].system == first[i].system
+                && r[i].op == first[i].op
+                && r[i].size == first[i].size));
+            Measurement {
+                p50_ns: med(i, |m| m.p50_ns),
+                p99_ns: med(i, |m| m.p99_ns),
+                p999_ns: med(i, |m| m.p999_ns),
+                mean_ns: med(i, |m| m.mean_ns),
+                ..first[i].clone()
+            }
+        })
+        .collect()
 }
 
 impl Report {
@@ -47,7 +77,15 @@ fn ratio(a: Option<u64>, b: Option<u64>) -> String {
 /// The table and the p50 ratios.
 pub fn human(r: &Report, host_name: &str, host_dir: &Path) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "Cairn latency benchmark");
+    if r.runs > 1 {
+        let _ = writeln!(
+            s,
+            "Cairn latency benchmark (medians of {} runs, the systems taking turns)",
+            r.runs
+        );
+    } else {
+        let _ = writeln!(s, "Cairn latency benchmark");
+    }
     let _ = writeln!(
         s,
         "  cairn      store {}: File::write_at (durable on return), File::read_at",
@@ -143,6 +181,7 @@ mod tests {
                 m("tmpfs", "write", 4096, 1000),
                 m("tmpfs", "read", 4096, 400),
             ],
+            runs: 1,
             host_fs: "ext4".into(),
             store: "/s".into(),
         };
@@ -173,6 +212,35 @@ mod tests {
         let h = human(&r, "ext4", Path::new("/s"));
         assert!(h.contains("2.00x"), "{h}"); // cairn / tmpfs write
         assert!(h.contains("100.00x"), "{h}"); // ext4 / cairn write
+        assert_eq!(v["runs"], 1);
         assert!(h.contains("ext4/cairn read"), "{h}");
+    }
+
+    #[test]
+    fn medians_of_runs() {
+        let runs = vec![
+            vec![
+                m("cairn", "write", 4096, 900),
+                m("tmpfs", "write", 4096, 700),
+            ],
+            vec![
+                m("cairn", "write", 4096, 1200),
+                m("tmpfs", "write", 4096, 300),
+            ],
+            vec![
+                m("cairn", "write", 4096, 1000),
+                m("tmpfs", "write", 4096, 500),
+            ],
+        ];
+        let r = medians(&runs);
+        assert_eq!(
+            (r[0].system.as_str(), r[0].p50_ns, r[0].p99_ns),
+            ("cairn", 1000, 2000)
+        );
+        assert_eq!(
+            (r[1].system.as_str(), r[1].p50_ns, r[1].p999_ns),
+            ("tmpfs", 500, 1500)
+        );
+        assert!(medians(&[]).is_empty());
     }
 }
