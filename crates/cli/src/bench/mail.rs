@@ -318,7 +318,9 @@ pub fn run(store: Option<&Path>, a: &MailArgs) -> CliResult {
         .sum();
     if free < need {
         return Err(CliError::new(format!(
-            "bench mail: the store {} has {} MiB free; a run of {} s with {} mailboxes needs              about {} MiB (the mailboxes grow by 16 KiB a mail): use a larger store (`cairn              mkfs --nvm-size`), or fewer --seconds or --files",
+            "bench mail: the store {} has {} MiB free; a run of {} s with {} mailboxes needs \
+             about {} MiB (the mailboxes grow by 16 KiB a mail): use a larger store \
+             (`cairn mkfs --nvm-size`), or fewer --seconds or --files",
             store_dir.display(),
             free >> 20,
             a.seconds,

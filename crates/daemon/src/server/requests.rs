@@ -44,8 +44,10 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         Request::Status => match d.core().status() {
             Ok(mut r) => {
                 r.migration = d.migrator.progress();
+                // The lock service is the daemon's, not the core's: its counters here.
                 let l = d.locks.counters();
-                (r.sharing.lock_requests, r.sharing.lock_delegations) = (l.requests, l.delegations);
+                r.sharing.lock_requests = l.requests;
+                r.sharing.lock_delegations = l.delegations;
                 r.sharing.lock_recalls = l.recalls;
                 Reply::Send(Response::Status(r))
             }
