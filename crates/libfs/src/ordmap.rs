@@ -197,13 +197,10 @@ impl<V: Copy> OrdMap<V> {
             let id = self.take_leaf();
             let at = self.index[i].1 as usize;
             let half = if slot == LEAF { LEAF } else { LEAF.div_ceil(2) };
-            let (lo, hi) = if at < id as usize {
-                let (a, b) = self.leaves.split_at_mut(id as usize);
-                (&mut a[at], &mut b[0])
-            } else {
-                let (a, b) = self.leaves.split_at_mut(at);
-                (&mut b[0], &mut a[id as usize])
-            };
+            let [lo, hi] = self
+                .leaves
+                .get_disjoint_mut([at, id as usize])
+                .expect("a free leaf is not in the index");
             hi.keys.extend(lo.keys.drain(half..));
             hi.vals.extend(lo.vals.drain(half..));
             self.index.insert(i + 1, (hi.keys[0], id));
@@ -275,13 +272,10 @@ impl<V: Copy> OrdMap<V> {
             match into {
                 _ if w == 0 => self.free.push(id),
                 Some(prev) if self.leaves[prev].len() + w <= LEAF => {
-                    let (a, b) = (prev.min(id as usize), prev.max(id as usize));
-                    let (x, y) = self.leaves.split_at_mut(b);
-                    let (p, l) = if prev < id as usize {
-                        (&mut x[a], &mut y[0])
-                    } else {
-                        (&mut y[0], &mut x[a])
-                    };
+                    let [p, l] = self
+                        .leaves
+                        .get_disjoint_mut([prev, id as usize])
+                        .expect("two leaves of the index");
                     p.keys.append(&mut l.keys);
                     p.vals.append(&mut l.vals);
                     self.free.push(id);
@@ -377,12 +371,9 @@ impl<V: Copy> CursorMut<'_, V> {
                 .is_none_or(|p| self.map.entry(p).0 > self.key),
             "cursor insert over an existing entry or out of order"
         );
-        let (i, slot) = if self.map.index.is_empty() {
-            (0, 0)
-        } else {
-            (self.i, self.slot)
-        };
-        self.map.put(i, slot, self.key, value);
+        // An empty map's cursor is at (0, 0): `put` makes the first leaf there.
+        debug_assert!(!self.map.index.is_empty() || (self.i, self.slot) == (0, 0));
+        self.map.put(self.i, self.slot, self.key, value);
     }
 }
 
