@@ -215,44 +215,50 @@ pub fn run(store: Option<&Path>, args: &LatencyArgs) -> CliResult {
     if let Some(t) = &fuse_t {
         systems.push(("cairn-fuse", t, true, false));
     }
-    let total = SIZES.len() * systems.len() * 2 * args.runs as usize;
+    // Every (size, system, op) measured, with its operation count; the same list each run.
+    let mut cells = Vec::new();
+    for &size in &SIZES {
+        let base = args.iterations.unwrap_or_else(|| default_iterations(size));
+        for &(name, target, _, capped) in &systems {
+            for op in [Op::Write, Op::Read] {
+                let n = if capped && op == Op::Write {
+                    base.min(host_write_cap(size))
+                } else {
+                    base
+                };
+                cells.push((name, target, op, size, n));
+            }
+        }
+    }
+    let total = cells.len() * args.runs as usize;
     let mut k = 0;
     let mut runs = Vec::new();
     for _ in 0..args.runs {
-        let mut results = Vec::with_capacity(total);
-        for &size in &SIZES {
-            let base = args.iterations.unwrap_or_else(|| default_iterations(size));
-            for &(name, target, _, capped) in &systems {
-                for op in [Op::Write, Op::Read] {
-                    k += 1;
-                    let n = if capped && op == Op::Write {
-                        base.min(host_write_cap(size))
-                    } else {
-                        base
-                    };
-                    let warm = warmup(n);
-                    progress(format_args!(
-                        "[{k:>2}/{total}] {name} {} {}: {n} ops (+{warm} warm-up) ... ",
-                        op.name(),
-                        human_bytes(size)
-                    ));
-                    let t = Instant::now();
-                    let m = measure(target, name, op, size, n, warm).map_err(|e| {
-                        progress(format_args!("failed\n"));
-                        ctx_msg(format!("{name} {} {}", op.name(), human_bytes(size)))(e)
-                    })?;
-                    progress(format_args!(
-                        "p50 {} ({:.1} s)\n",
-                        human_ns(m.p50_ns as f64),
-                        t.elapsed().as_secs_f64()
-                    ));
-                    results.push(m);
-                }
-            }
+        let mut results = Vec::with_capacity(cells.len());
+        for &(name, target, op, size, n) in &cells {
+            k += 1;
+            let warm = warmup(n);
+            progress(format_args!(
+                "[{k:>2}/{total}] {name} {} {}: {n} ops (+{warm} warm-up) ... ",
+                op.name(),
+                human_bytes(size)
+            ));
+            let t = Instant::now();
+            let m = measure(target, name, op, size, n, warm).map_err(|e| {
+                progress(format_args!("failed\n"));
+                ctx_msg(format!("{name} {} {}", op.name(), human_bytes(size)))(e)
+            })?;
+            progress(format_args!(
+                "p50 {} ({:.1} s)\n",
+                human_ns(m.p50_ns as f64),
+                t.elapsed().as_secs_f64()
+            ));
+            results.push(m);
         }
         runs.push(results);
     }
     let results = report::medians(&runs);
+    drop(cells);
     drop(systems);
     drop(shm_t);
     drop(host_t);
