@@ -32,15 +32,14 @@ pub struct Report {
 }
 
 /// The measurements of several runs (each in the same order) combined: each figure is
-/// its median over the runs (the upper one of an even count).
+/// its median over the runs ([`super::median`]).
 pub fn medians(runs: &[Vec<Measurement>]) -> Vec<Measurement> {
     let Some(first) = runs.first() else {
         return Vec::new();
     };
     let med = |i: usize, f: fn(&Measurement) -> u64| {
-        let mut v: Vec<u64> = runs.iter().map(|r| f(&r[i])).collect();
-        v.sort_unstable();
-        v[v.len() / 2]
+        let v: Vec<f64> = runs.iter().map(|r| f(&r[i]) as f64).collect();
+        super::median(&v).round() as u64
     };
     (0..first.len())
         .map(|i| {
