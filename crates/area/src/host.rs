@@ -8,7 +8,9 @@
 //!   a FIFO or a socket of the store;
 //! * `cairn-<uuid>.sj-<ino>-<gen>` (and `….new-<pid>` while it is built), the resident
 //!   copy of a segment; `cairn-<uuid>.sj-undo-<ino>-<gen>`, a segment writer's undo
-//!   journal; `cairn-<uuid>.sj-ctl`, the store's segment lock table (crate `cairn-sj`).
+//!   journal; `cairn-<uuid>.sj-ctl`, the store's segment lock table (crate `cairn-sj`);
+//! * `cairn-<uuid>.lock-<ino>-<gen>` (and `….new-<pid>-<n>` while one is made): the lock
+//!   file of an inode, whose kernel locks are the inode's advisory locks (`cairn::lock`).
 //!
 //! Every name starts with [`store_prefix`], so [`list`] finds them all (what `cairn rmfs`
 //! removes and `cairn status` counts).
@@ -91,6 +93,38 @@ pub fn share_with_store(f: &std::fs::File, nvm: &Path) -> io::Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o660))
 }
 
+/// The kind of host object a lock file is.
+pub const LOCK_KIND: &str = "lock";
+
+/// The lock file of inode `ino` of generation `gen`.
+pub fn lock_file_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
+    object_path(uuid, LOCK_KIND, ino, gen)
+}
+
+/// The store's lock files that may go: those whose `(ino, gen)` is not `live`, and the
+/// temporary ones of processes that died while making one.
+pub fn stale_lock_files(uuid: &[u8; 16], live: impl Fn(u64, u64) -> bool) -> Vec<PathBuf> {
+    let prefix = kind_prefix(uuid, LOCK_KIND);
+    list(uuid)
+        .into_iter()
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            if !name.starts_with(&prefix) {
+                return false;
+            }
+            if let Some((_, tmp)) = name.rsplit_once(".new-") {
+                let pid = tmp.split('-').next().and_then(|p| p.parse().ok());
+                return pid.is_some_and(|p| !cairn_media::sys::pid_alive(p));
+            }
+            parse_name(&name, &prefix).is_some_and(|(ino, gen)| !live(ino, gen))
+        })
+        .collect()
+}
+
 /// Bytes a file holds on its file system (allocated blocks; for tmpfs, memory).
 pub fn allocated_bytes(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -113,5 +147,28 @@ mod tests {
         assert_eq!(parse_name(name, &kind_prefix(&uuid, "fifo")), None);
         assert_eq!(parse_name(name, &kind_prefix(&[0; 16], "map")), None);
         assert!(p.starts_with(HOST_OBJECT_DIR));
+    }
+
+    #[test]
+    fn stale_lock_files_are_dead_generations_and_dead_makers() {
+        let mut uuid = [0u8; 16];
+        uuid[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        uuid[4..].copy_from_slice(b"locktest-sta");
+        let live = lock_file_path(&uuid, 5, 2);
+        let dead = lock_file_path(&uuid, 5, 1);
+        let making = PathBuf::from(format!("{}.new-{}-0", live.display(), std::process::id()));
+        // No process has pid 0: a maker that died.
+        let orphan = PathBuf::from(format!("{}.new-0-0", dead.display()));
+        for p in [&live, &dead, &making, &orphan] {
+            std::fs::write(p, b"").unwrap();
+        }
+        let mut stale = stale_lock_files(&uuid, |ino, gen| (ino, gen) == (5, 2));
+        stale.sort();
+        let mut want = vec![dead.clone(), orphan.clone()];
+        want.sort();
+        for p in [&live, &dead, &making, &orphan] {
+            let _ = std::fs::remove_file(p);
+        }
+        assert_eq!(stale, want);
     }
 }

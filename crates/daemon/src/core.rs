@@ -764,6 +764,33 @@ impl Core {
         })
     }
 
+    /// Remove the store's lock files (`cairn::lock`) of inodes no longer live: freed, or
+    /// reused by a later generation. A lock file of a generation newer than the
+    /// published one belongs to a creation not digested yet and stays; so does one whose
+    /// inode cannot be read. Nobody can hold a lock on a stale one: a lock needs an open
+    /// file, which keeps its inode. Returns how many went.
+    pub(crate) fn sweep_lock_files(&self) -> usize {
+        let uuid = self.sh.area.superblock().uuid;
+        let layout = *self.sh.area.layout();
+        let live = |ino: u64, gen: u64| {
+            if !layout.ino_valid(ino) {
+                return false;
+            }
+            match self.sh.area.read_inode(ino) {
+                Ok(i) => {
+                    i.generation < gen
+                        || (i.generation == gen && i.attrs.kind != cairn_format::inode::Kind::Free)
+                }
+                Err(_) => true,
+            }
+        };
+        let stale = cairn_area::host::stale_lock_files(&uuid, live);
+        stale
+            .iter()
+            .filter(|p| std::fs::remove_file(p).is_ok())
+            .count()
+    }
+
     /// The NVM file and the store's host objects, with the memory they hold.
     fn host_status(&self) -> HostStatus {
         use cairn_area::host;
@@ -825,6 +852,7 @@ impl Core {
             }
         }
         self.sh.reclaim(&[], true);
+        self.sweep_lock_files();
         recovery::save(&self.sh)?;
         self.sh.persist_counters()?;
         self.sh.set_state(state::LAST_CLEAN_NS, now_ns() as u64)?;

@@ -13,7 +13,7 @@
 //! | `store` | the writable shared area: `shared` (block and inode writes, slot heads, epochs), `alloc` (DRAM bitmaps of data blocks and inodes, 2 MiB chunks and extents), `maptree` (copy-on-write file maps), `dirhash` (linear-hashing directories), `recovery` (allocation state load, save and rebuild) |
 //! | `core` | the daemon's state under its lock: clients and slots, credits, inode batches, digests of a slot, reclamation |
 //! | `digest` | a client log applied to the shared area: scan, fold, validate, apply, publish; `digest::parallel` runs independent files' maps on both cores |
-//! | `sharing` | `leases` (grant, revoke, the upcall channels), `locks` (advisory record and `flock` locks), `lock_server` (their channels) |
+//! | `sharing` | `leases` (grant, revoke, the upcall channels); advisory locks are the kernel's, on lock files (`Core::sweep_lock_files` removes stale ones) |
 //! | `tiers` | the lower tiers' segment allocation; `tiers::migrate`: migration, promotion, evacuation, cleaning and NVM compaction rounds and their background policy |
 //! | `superpage` | superpage extents of the NVM tier: promotion, demotion, the background pass, status; `superpage::compact`: when compaction is due and what it moves |
 //! | `server` | the socket, client threads, signals, daemonising (`run_daemon`), and one function per request |

@@ -3,7 +3,6 @@
 
 use crate::BLOCK;
 use cairn::{At, Fs, LockType, Metadata};
-use cairn_proto::locktable::OFFSET_MAX;
 use fuser::{FileAttr, FileType, ReplyEmpty, ReplyXattr, TimeOrNow};
 use std::ffi::OsStr;
 use std::io;
@@ -108,11 +107,6 @@ pub(super) fn reply_empty(reply: ReplyEmpty, r: io::Result<()>) {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(errno(&e)),
     }
-}
-
-/// A lock range `(start, len)` as the lock table's inclusive `[start, end]`.
-pub(super) fn mirror_range(start: u64, len: u64) -> (u64, u64) {
-    cairn_proto::locktable::range(start, len).unwrap_or((start, OFFSET_MAX))
 }
 
 /// Answer a lock request with what `take` returns: at once, or (`wait`: it may block)

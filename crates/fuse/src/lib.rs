@@ -12,7 +12,6 @@
 #![forbid(unsafe_code)]
 
 use cairn::{At, FlockOp, Fs, LockKind, LockType, OpenOptions};
-use cairn_proto::locktable::{LockTable, Owner};
 use fuser::{
     FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
@@ -28,11 +27,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 mod convert;
+mod mirror;
 mod state;
 
 use convert::{
-    answer_lock, attr_of, errno, euid, kill_suidgid, kind_of, lock_range, lock_type, mirror_range,
-    name_at, reply_empty, xattr_reply,
+    answer_lock, attr_of, errno, euid, kill_suidgid, kind_of, lock_range, lock_type, name_at,
+    reply_empty, xattr_reply,
 };
 pub use state::Caching;
 use state::{lock, Caller, Change, Inner, Listing, Names};
@@ -70,7 +70,7 @@ impl CairnFuse {
                 dirs: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 locks: Mutex::new(HashMap::new()),
-                mirror: Mutex::new(LockTable::default()),
+                mirror: Mutex::new(mirror::Mirror::default()),
             }),
         }
     }
@@ -123,13 +123,10 @@ impl Filesystem for CairnFuse {
         let Some(t) = lock_type(typ) else {
             return reply.error(libc::EINVAL);
         };
-        let (start, len) = lock_range(start, end);
         // A lock taken through the mount, with its holder's pid; else the store's
         // answer (other clients' locks).
-        let (s0, e0) = mirror_range(start, len);
-        let here = lock(&s.mirror)
-            .test_record(ino, Owner::Posix(lock_owner), t, s0, e0)
-            .map(|l| l.info());
+        let here = lock(&s.mirror).test(ino, lock_owner, t, start, end.min(mirror::OFFSET_MAX));
+        let (start, len) = lock_range(start, end);
         let r = match here {
             Some(l) => Ok(Some(l)),
             None => s
@@ -168,6 +165,7 @@ impl Filesystem for CairnFuse {
         reply: ReplyEmpty,
     ) {
         let s = self.inner.clone();
+        let span = (start, end.min(mirror::OFFSET_MAX));
         let (start, len) = lock_range(start, end);
         let h = match s.lock_handle(ino, lock_owner) {
             Ok(h) => h,
@@ -181,8 +179,7 @@ impl Filesystem for CairnFuse {
                 Some(t) => h.lock(LockKind::Ofd, t, start, len, sleep)?,
             }
             // Granted by the store: recorded here too, with the holder's pid.
-            let (s0, e0) = mirror_range(start, len);
-            let _ = lock(&s.mirror).set_record(ino, Owner::Posix(lock_owner), pid, t, s0, e0);
+            lock(&s.mirror).set(ino, lock_owner, pid, t, span.0, span.1);
             Ok(())
         });
     }

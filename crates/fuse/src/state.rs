@@ -4,7 +4,6 @@
 use crate::convert::{attr_of, errno, time_of};
 use crate::BLOCK;
 use cairn::{At, File, FlockOp, Fs, LockKind, Metadata, OpenOptions};
-use cairn_proto::locktable::LockTable;
 use fuser::{FileAttr, FileType, ReplyCreate, ReplyEntry, TimeOrNow};
 use std::collections::HashMap;
 use std::io;
@@ -62,7 +61,7 @@ pub(super) struct Inner {
     /// The record locks taken through the mount, per FUSE lock owner with the pid of the
     /// process that took them: the store's table reports them as OFD locks (no pid), so
     /// `F_GETLK` looks here first to name the holder.
-    pub(super) mirror: Mutex<LockTable>,
+    pub(super) mirror: Mutex<super::mirror::Mirror>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -88,7 +87,7 @@ impl Inner {
     /// last one (an open file's `flock`): its locks on it go, even while a waiter of the
     /// same owner still holds the handle.
     pub(super) fn drop_locks(&self, ino: u64, owner: u64) {
-        lock(&self.mirror).release_posix(owner, ino);
+        lock(&self.mirror).release(owner, ino);
         let h = lock(&self.locks).remove(&(ino, owner));
         if let Some(h) = h {
             let _ = h.unlock(LockKind::Ofd, 0, 0);

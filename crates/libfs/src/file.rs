@@ -97,7 +97,7 @@ impl OpenOptions {
         if self.truncate && self.append && !self.create_new {
             return invalid("truncate together with append");
         }
-        let ino = fs.inner.open_inode(
+        let (ino, gen) = fs.inner.open_inode(
             path,
             self.read,
             writable,
@@ -109,11 +109,12 @@ impl OpenOptions {
         Ok(File {
             fs: fs.inner.clone(),
             ino,
+            gen,
             read: self.read,
             write: writable,
             append: self.append,
             pos: AtomicU64::new(0),
-            locks: crate::lock::FileLocks::new(&fs.inner.locks),
+            locks: crate::lock::FileLocks::default(),
         })
     }
 }
@@ -135,15 +136,16 @@ impl OpenOptions {
                 ),
             ));
         }
-        let ino = fs.inner.create_tmpfile(dir, self.mode, linkable)?;
+        let (ino, gen) = fs.inner.create_tmpfile(dir, self.mode, linkable)?;
         Ok(File {
             fs: fs.inner.clone(),
             ino,
+            gen,
             read: self.read,
             write: true,
             append: false,
             pos: AtomicU64::new(0),
-            locks: crate::lock::FileLocks::new(&fs.inner.locks),
+            locks: crate::lock::FileLocks::default(),
         })
     }
 }
@@ -158,11 +160,13 @@ impl OpenOptions {
 pub struct File {
     fs: Arc<Inner>,
     ino: u64,
+    /// The inode's generation when it was opened (names its lock file).
+    gen: u64,
     read: bool,
     write: bool,
     append: bool,
     pos: AtomicU64,
-    /// Lock identity (OFD and flock owner).
+    /// Its descriptor of the inode's lock file (OFD and flock owner).
     locks: crate::lock::FileLocks,
 }
 
@@ -194,9 +198,14 @@ impl File {
         self.ino
     }
 
-    /// What `lock.rs` needs: the client, inode, read and write access, lock identity.
-    pub(crate) fn lock_parts(&self) -> (&Inner, u64, bool, bool, &crate::lock::FileLocks) {
-        (&self.fs, self.ino, self.read, self.write, &self.locks)
+    /// What `lock.rs` needs: the client, inode, generation, lock descriptor.
+    pub(crate) fn lock_parts(&self) -> (&Inner, u64, u64, &crate::lock::FileLocks) {
+        (&self.fs, self.ino, self.gen, &self.locks)
+    }
+
+    /// Read and write access.
+    pub(crate) fn access(&self) -> (bool, bool) {
+        (self.read, self.write)
     }
 
     /// Read at `offset` without moving the position; returns the bytes read (0 at or
@@ -511,7 +520,7 @@ impl File {
 
 impl Drop for File {
     fn drop(&mut self) {
-        crate::lock::on_close(&self.fs, self.ino, &self.locks);
+        crate::lock::on_close(&self.fs, self.ino, self.gen);
         self.fs.close(self.ino);
     }
 }

@@ -187,7 +187,7 @@ pub(crate) struct Inner {
     lease_lost: std::sync::RwLock<Option<LeaseLostHook>>,
     /// Offset of the slot's `lease_gen` word in the read-only mapping.
     lease_gen_off: usize,
-    /// Advisory locks: lock channels and bookkeeping (`lock.rs`).
+    /// Advisory locks: the lock files and this process's POSIX descriptors (`lock.rs`).
     pub(crate) locks: crate::lock::ClientLocks,
 }
 

@@ -21,7 +21,7 @@
 //!   process closes it or dies (ARCHITECTURE.md, "Unlinked while open").
 //! * Writes larger than a quarter of the log are split into several transactions, each
 //!   atomic on its own.
-//! * Advisory locks across processes, held by the daemon: [`File::lock`],
+//! * Advisory locks across processes, the kernel's (on a lock file per inode): [`File::lock`],
 //!   [`File::unlock`], [`File::get_lock`] (POSIX or OFD record locks, [`LockKind`]) and
 //!   [`File::flock`]; see the [`lock`] module for the exact semantics (owners, the
 //!   POSIX close rule, release when a process dies, `EDEADLK`, timeouts).

@@ -1,53 +1,75 @@
-//! Advisory locks across processes, held by the daemon: POSIX record locks
+//! Advisory locks across processes, held by the kernel: POSIX record locks
 //! (`fcntl(F_SETLK/F_SETLKW/F_GETLK)`), OFD record locks (`F_OFD_SETLK/..`) and `flock`.
 //!
-//! * **Owners.** A POSIX lock is owned by the client (this `Fs`: one process normally
-//!   opens one); OFD and `flock` locks are owned by one [`File`] (an open file
-//!   description; `File` has no `try_clone`, so every handle is its own description).
-//!   POSIX and OFD locks share one namespace and conflict with each other even within one
-//!   process; `flock` locks are independent of both (as on Linux).
+//! Every inode that is locked has a **lock file**: an empty file in the host's shared
+//! memory, `/dev/shm/cairn-<uuid>.lock-<ino>-<gen>`, made at its first lock with the
+//! store's trust domain as its permissions. A lock on the inode is the kernel's lock of
+//! the same kind on that file, so every process of the store (through the API, the shim
+//! or the mount) meets the same locks, at the cost of a system call:
+//!
+//! * **Owners.** POSIX locks are taken on one descriptor of the lock file per inode per
+//!   client ([`ClientLocks`]): the kernel owns them by process, as on Linux (two `Fs` of
+//!   one process are one owner). OFD and `flock` locks are taken on a descriptor of the
+//!   [`File`]'s own, opened at its first such lock, so the `File` (an open file
+//!   description: `File` has no `try_clone`) owns them. POSIX and OFD locks conflict
+//!   with each other, also within one process; `flock` locks are independent of both.
 //! * **Ranges.** `[start, start + len)`, `len` 0 meaning "to the end of any file". A start
 //!   beyond `i64::MAX` is `EINVAL`, an end beyond it `EOVERFLOW` (as Linux).
 //! * **Setting** a record lock replaces the owner's own locks in the range (upgrade,
 //!   downgrade, split) and merges adjacent locks of the same type; a conflict changes
 //!   nothing. Read locks need a handle opened for reading, write locks one opened for
 //!   writing (`EBADF`); unlocking and testing need neither.
-//! * **Closing** any `File` of an inode drops all POSIX locks of this client on that inode
-//!   (the POSIX rule); closing a `File` drops its own OFD and `flock` locks only.
-//! * **Death.** All locks of a client are dropped when its connection to the daemon
-//!   closes (the process exited or was killed), and its waiting requests are cancelled.
-//! * **Waiting** requests do not hold any LibFS lock: other threads go on. A POSIX
-//!   request whose wait would close a cycle of POSIX owners waiting for each other fails
-//!   with `EDEADLK` (OFD and `flock` waits are not checked, as on Linux). A wait can be
-//!   bounded with the `*_timeout` calls (`ETIMEDOUT`).
+//! * **Closing** any `File` of an inode drops all POSIX locks of this process on that
+//!   inode (the POSIX rule: the client closes its descriptor of the lock file, and the
+//!   kernel drops them); closing a `File` closes its own descriptor, dropping its OFD and
+//!   `flock` locks.
+//! * **Death.** The kernel drops a process's locks when it exits or is killed, and
+//!   waiters proceed. Locks do not involve the daemon: they survive its restart.
+//! * **Waiting** is the kernel's: a blocked request holds no LibFS lock, a signal
+//!   interrupts it (`EINTR`), and a POSIX wait that would close a cycle of waiting
+//!   processes fails with `EDEADLK` (OFD and `flock` waits are not checked, as on
+//!   Linux). The `*_timeout` calls bound a wait by retrying without waiting, with a
+//!   growing pause (up to 5 ms), until the deadline (`ETIMEDOUT`).
 //! * **Errors.** A conflict without waiting: `EAGAIN` (`ErrorKind::WouldBlock`; it is also
-//!   `EWOULDBLOCK` for `flock`).
-//! * **Delegation.** While no other client uses an inode's locks, the daemon hands them
-//!   to this client, which then answers lock calls on it from its own table (the
-//!   daemon's code, `cairn_proto::locktable`) without a round trip; another client's
-//!   request makes the daemon recall them (an upcall answered with `ReturnLocks`), and a
-//!   request here that must wait gives them back first (PROTOCOL.md, "Lock delegation").
-//! * **Daemon restart.** Locks live in the daemon's memory: a daemon that restarts while
-//!   this process runs has forgotten its locks (requests after that work normally).
+//!   `EWOULDBLOCK` for `flock`); a lock file that cannot be made or opened: `ENOLCK`.
+//! * **Lock files** carry the inode's generation, so a reused inode number never meets
+//!   an old file's locks; the daemon removes those of generations no longer live
+//!   ([`host::stale_lock_files`]).
 
 use crate::fs::Inner;
 use crate::File;
-use cairn_area::{fs_err, StoreDir};
-use cairn_proto::locktable::{range, ClientId, InodeLocks, LockTable, Owner, Refusal};
-use cairn_proto::{LockOwner, Request, Response};
-use std::collections::{HashMap, HashSet};
+use cairn_area::{fs_err, host};
+use cairn_media::sys::{self, RecordOp, RecordOwner};
+use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::conn::{response_error, Conn};
-pub use cairn_proto::{LockInfo, LockType};
+/// A lock's type: shared (read) or exclusive (write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockType {
+    Read,
+    Write,
+}
+
+/// A conflicting lock, as `F_GETLK` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockInfo {
+    pub typ: LockType,
+    pub start: u64,
+    /// 0: to the end of any file.
+    pub len: u64,
+    /// The holder's pid; -1 for an OFD lock (as Linux reports).
+    pub pid: i32,
+}
 
 /// Which record locks: process-owned POSIX locks or OFD locks owned by the [`File`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LockKind {
-    /// `F_SETLK`/`F_SETLKW`/`F_GETLK`: owned by the process (this client).
+    /// `F_SETLK`/`F_SETLKW`/`F_GETLK`: owned by the process.
     Posix,
     /// `F_OFD_SETLK`/`F_OFD_SETLKW`/`F_OFD_GETLK`: owned by the `File`.
     Ofd,
@@ -64,304 +86,124 @@ pub enum FlockOp {
     Unlock,
 }
 
-/// Idle lock channels kept for reuse.
-const MAX_IDLE: usize = 4;
+/// The longest pause between two attempts of a bounded wait.
+const MAX_PAUSE: Duration = Duration::from_millis(5);
 
-/// The client's lock channels and bookkeeping (one per `Fs`).
+/// A client's lock files (one per `Fs`): where they are, and its POSIX descriptors.
 pub(crate) struct ClientLocks {
-    store: StoreDir,
-    slot: u32,
-    slot_gen: u64,
-    idle: Mutex<Vec<Conn>>,
-    /// Inodes on which this client has asked for POSIX locks: closing a handle of one of
-    /// them tells the daemon (the POSIX close rule); other closes cost nothing.
-    posix: Mutex<HashSet<u64>>,
-    next_file: AtomicU64,
-    /// Per inode: the locks this client holds by delegation, and the requests in flight.
-    local: Mutex<HashMap<u64, LocalEntry>>,
-    local_cv: Condvar,
+    uuid: [u8; 16],
+    /// The NVM file: lock files get its group and permission bits.
+    nvm: PathBuf,
+    /// The descriptor holding this process's POSIX locks on each `(ino, gen)` it locked;
+    /// closed (dropping them) when any `File` of the inode closes.
+    posix: Mutex<HashMap<(u64, u64), Arc<std::fs::File>>>,
 }
 
-/// Where the locks of one inode are, for this client.
+/// A `File`'s descriptor of its inode's lock file: the owner of its OFD and `flock`
+/// locks, opened at the first one.
 #[derive(Debug, Default)]
-enum Place {
-    /// In the daemon's table.
-    #[default]
-    Daemon,
-    /// Asking the daemon for them (`Delegate`).
-    Asking,
-    /// Here: every request on the inode is answered locally.
-    Held(LockTable),
-    /// Giving them back (`ReturnLocks`).
-    Returning,
-}
-
-#[derive(Debug, Default)]
-struct LocalEntry {
-    place: Place,
-    /// Requests on the inode sent to the daemon and not answered yet (no delegation is
-    /// asked for while there are any).
-    inflight: u32,
-    /// When a delegation was refused or taken back: none is asked for until
-    /// `DELEGATION_BACKOFF` later.
-    setback: Option<Instant>,
-}
-
-/// How long after a refusal or a recall no delegation is asked for.
-const DELEGATION_BACKOFF: Duration = Duration::from_millis(100);
-
-/// The owner id of this client's locks in its local tables.
-const ME: ClientId = 0;
-
-/// Where a lock request goes.
-enum Route<'a, R> {
-    /// Answered locally.
-    Done(R),
-    /// To the daemon; the guard counts it in flight.
-    Daemon(Inflight<'a>),
-}
-
-/// A request on `ino` in flight to the daemon.
-struct Inflight<'a> {
-    locks: &'a ClientLocks,
-    ino: u64,
-}
-
-impl Drop for Inflight<'_> {
-    fn drop(&mut self) {
-        let mut m = guard(&self.locks.local);
-        if let Some(e) = m.get_mut(&self.ino) {
-            e.inflight -= 1;
-            if e.inflight == 0 && matches!(e.place, Place::Daemon) && e.setback.is_none() {
-                m.remove(&self.ino);
-            }
-        }
-        drop(m);
-        self.locks.local_cv.notify_all();
-    }
-}
-
-/// A `File`'s lock identity.
-#[derive(Debug)]
 pub(crate) struct FileLocks {
-    id: u64,
-    /// It asked for an OFD or `flock` lock: its close tells the daemon.
-    used: AtomicBool,
-}
-
-impl FileLocks {
-    pub(crate) fn new(c: &ClientLocks) -> FileLocks {
-        FileLocks {
-            id: c.next_file.fetch_add(1, Ordering::Relaxed),
-            used: AtomicBool::new(false),
-        }
-    }
+    fd: OnceLock<std::fs::File>,
 }
 
 fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Transport errors: the daemon went away.
-fn transport(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::NotFound
-    )
-}
+/// Tells apart the temporary names of lock files being made by threads of one process.
+static MAKING: AtomicU64 = AtomicU64::new(0);
 
 impl ClientLocks {
-    pub(crate) fn new(store: StoreDir, slot: u32, slot_gen: u64) -> ClientLocks {
+    pub(crate) fn new(uuid: [u8; 16], nvm: PathBuf) -> ClientLocks {
         ClientLocks {
-            store,
-            slot,
-            slot_gen,
-            idle: Mutex::new(Vec::new()),
-            posix: Mutex::new(HashSet::new()),
-            next_file: AtomicU64::new(1),
-            local: Mutex::new(HashMap::new()),
-            local_cv: Condvar::new(),
+            uuid,
+            nvm,
+            posix: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Route a request on `ino`: `op` runs on the local table when this client holds the
-    /// inode's locks (asking for them first when `ask` and nothing is in flight); it
-    /// returns `None` when the request must wait for a conflict, which only the daemon
-    /// does: the locks are then given back and the request goes to the daemon.
-    fn route<R>(
-        &self,
-        fs: &Inner,
-        ino: u64,
-        ask: bool,
-        mut op: impl FnMut(&mut LockTable) -> Option<R>,
-    ) -> io::Result<Route<'_, R>> {
-        let mut m = guard(&self.local);
-        loop {
-            let e = m.entry(ino).or_default();
-            match &mut e.place {
-                Place::Asking | Place::Returning => {
-                    m = self.local_cv.wait(m).unwrap_or_else(|p| p.into_inner());
-                }
-                Place::Held(t) => {
-                    if let Some(r) = op(t) {
-                        return Ok(Route::Done(r));
-                    }
-                    drop(m);
-                    self.give_back(fs, ino);
-                    m = guard(&self.local);
-                }
-                Place::Daemon => {
-                    let backed_off = e.setback.is_none_or(|t| t.elapsed() >= DELEGATION_BACKOFF);
-                    if ask && e.inflight == 0 && backed_off {
-                        e.place = Place::Asking;
-                        drop(m);
-                        let r = self.call(fs, &Request::Delegate { ino });
-                        m = guard(&self.local);
-                        let e = m.entry(ino).or_default();
-                        match r {
-                            Ok(Response::Delegated(held)) => {
-                                let mut t = LockTable::default();
-                                t.put_inode(ino, InodeLocks::of_client(&held, ME));
-                                e.place = Place::Held(t);
-                                e.setback = None;
-                            }
-                            _ => {
-                                e.place = Place::Daemon;
-                                e.setback = Some(Instant::now());
-                            }
-                        }
-                        self.local_cv.notify_all();
-                        continue;
-                    }
-                    e.inflight += 1;
-                    return Ok(Route::Daemon(Inflight { locks: self, ino }));
-                }
-            }
-        }
-    }
-
-    /// Give the locks of `ino` back to the daemon if this client holds them (a recall,
-    /// or a request that must wait).
-    pub(crate) fn give_back(&self, fs: &Inner, ino: u64) {
-        let mut m = guard(&self.local);
-        let t = loop {
-            let Some(e) = m.get_mut(&ino) else { return };
-            match &mut e.place {
-                Place::Asking | Place::Returning => {
-                    m = self.local_cv.wait(m).unwrap_or_else(|p| p.into_inner());
-                }
-                Place::Daemon => return,
-                Place::Held(_) => {
-                    e.setback = Some(Instant::now());
-                    match std::mem::replace(&mut e.place, Place::Returning) {
-                        Place::Held(t) => break t,
-                        _ => unreachable!("held"),
-                    }
-                }
-            }
-        };
-        drop(m);
-        let mut t = t;
-        let locks = t.take_inode(ino).held_by(ME);
-        // If the daemon cannot be told (it is gone), its successor knows no locks anyway.
-        let _ = self.call(fs, &Request::ReturnLocks { ino, locks });
-        let mut m = guard(&self.local);
-        if let Some(e) = m.get_mut(&ino) {
-            e.place = Place::Daemon;
-        }
-        drop(m);
-        self.local_cv.notify_all();
-    }
-
-    /// After re-attaching to a restarted daemon: locks held here are forgotten, as the
-    /// new daemon forgot every lock (module docs, "Daemon restart").
-    pub(crate) fn forget_delegations(&self) {
-        let mut m = guard(&self.local);
-        for e in m.values_mut() {
-            if matches!(e.place, Place::Held(_)) {
-                e.place = Place::Daemon;
-            }
-        }
-        drop(m);
-        self.local_cv.notify_all();
-    }
-
-    /// A new lock channel. If the daemon does not know us (it restarted and this client
-    /// has not re-attached yet, or it is down), make the client reconnect first.
-    fn open_channel(&self, fs: &Inner) -> io::Result<Conn> {
-        let req = Request::LockChannel {
-            slot: self.slot,
-            slot_gen: self.slot_gen,
-        };
-        let mut retried = false;
-        loop {
-            let r =
-                Conn::connect_only(&self.store).and_then(|mut c| c.roundtrip(&req).map(|r| (c, r)));
-            let stale = match &r {
-                Ok((_, Response::Error { errno, .. })) => *errno == libc::ESTALE,
-                Ok(_) => false,
-                Err(e) => transport(e),
-            };
-            if stale && !retried {
-                retried = true;
-                // A request on the registered connection re-attaches (and starts a
-                // daemon if none runs).
-                fs.digest()?;
-                continue;
-            }
-            return match r {
-                Ok((c, Response::Ok)) => Ok(c),
-                Ok((_, resp)) => Err(response_error("open a lock channel", resp)),
-                Err(e) => Err(fs_err(
-                    libc::ENOLCK,
-                    format!("cannot open a lock channel to the daemon: {e}"),
-                )),
-            };
-        }
-    }
-
-    /// One request on a lock channel (an idle one, else a new one). A reused channel that
-    /// turns out dead (the daemon restarted) is replaced once.
-    /// After `fork` in the child: close the idle channels (see `Inner::abandon`).
-    pub(crate) fn abandon(&self) {
-        if let Ok(mut idle) = self.idle.try_lock() {
-            idle.clear();
-        }
-    }
-
-    fn call(&self, fs: &Inner, req: &Request) -> io::Result<Response> {
-        let pooled = guard(&self.idle).pop();
-        let (mut conn, reused) = match pooled {
-            Some(c) => (c, true),
-            None => (self.open_channel(fs)?, false),
-        };
-        let r = match conn.roundtrip(req) {
-            Err(e) if reused && transport(&e) => {
-                guard(&self.idle).clear();
-                conn = self.open_channel(fs)?;
-                conn.roundtrip(req)
-            }
-            r => r,
-        };
-        match r {
-            Ok(resp) => {
-                let mut idle = guard(&self.idle);
-                if idle.len() < MAX_IDLE {
-                    idle.push(conn);
-                }
-                Ok(resp)
-            }
-            Err(e) => Err(fs_err(
+    /// A new descriptor of the lock file of `(ino, gen)`, making the file if there is
+    /// none: under a temporary name first, given the store's permissions, then linked
+    /// into place, so nobody opens it before its permissions are set.
+    fn open(&self, ino: u64, gen: u64) -> io::Result<std::fs::File> {
+        let path = host::lock_file_path(&self.uuid, ino, gen);
+        let failed = |e: io::Error, what: &Path| {
+            fs_err(
                 libc::ENOLCK,
-                format!("lost the lock channel to the daemon: {e}"),
-            )),
+                format!("lock: cannot open the lock file {}: {e}", what.display()),
+            )
+        };
+        let open = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(p)
+        };
+        loop {
+            match open(&path) {
+                Ok(f) => return Ok(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(failed(e, &path)),
+            }
+            let tmp = PathBuf::from(format!(
+                "{}.new-{}-{}",
+                path.display(),
+                std::process::id(),
+                MAKING.fetch_add(1, Ordering::Relaxed)
+            ));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&tmp)
+                .map_err(|e| failed(e, &tmp))?;
+            let placed = host::share_with_store(&f, &self.nvm)
+                .and_then(|()| std::fs::hard_link(&tmp, &path));
+            let _ = std::fs::remove_file(&tmp);
+            match placed {
+                Ok(()) => return Ok(f),
+                // Another process made it meanwhile: open theirs.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(failed(e, &path)),
+            }
         }
     }
+
+    /// This process's POSIX descriptor for `(ino, gen)`; with `make`, opened if there is
+    /// none (else `None`).
+    fn posix_fd(&self, ino: u64, gen: u64, make: bool) -> io::Result<Option<Arc<std::fs::File>>> {
+        let mut m = guard(&self.posix);
+        if let Some(f) = m.get(&(ino, gen)) {
+            return Ok(Some(f.clone()));
+        }
+        if !make {
+            return Ok(None);
+        }
+        let f = Arc::new(self.open(ino, gen)?);
+        m.insert((ino, gen), f.clone());
+        Ok(Some(f))
+    }
+
+    /// After `fork`, in the child: close the copies of the parent's POSIX descriptors.
+    /// They hold none of the child's locks (the kernel does not pass POSIX locks on), and
+    /// a process's close drops only its own.
+    pub(crate) fn abandon(&self) {
+        if let Ok(mut m) = self.posix.try_lock() {
+            m.clear();
+        }
+    }
+}
+
+/// A `File` of `(ino, gen)` is closing: the POSIX rule (see the module docs). Its own
+/// descriptor closes with it.
+pub(crate) fn on_close(fs: &Inner, ino: u64, gen: u64) {
+    // Dropping the descriptor (when no lock call is using it) makes the kernel drop the
+    // process's POSIX locks on the lock file.
+    let f = guard(&fs.locks.posix).remove(&(ino, gen));
+    drop(f);
 }
 
 /// Linux's range checks (`EINVAL`, `EOVERFLOW`).
@@ -382,63 +224,71 @@ fn check_range(start: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-fn ok(op: &str, r: Response) -> io::Result<()> {
-    match r {
-        Response::Ok => Ok(()),
-        r => Err(response_error(op, r)),
+/// A kernel answer as the errors the calls document.
+fn kernel(what: &str, e: io::Error) -> io::Error {
+    let errno = e.raw_os_error().unwrap_or(libc::EIO);
+    let why = match errno {
+        libc::EAGAIN | libc::EACCES => "conflicting lock held by another owner",
+        libc::EDEADLK => "waiting would deadlock",
+        libc::EINTR => "interrupted by a signal",
+        _ => "",
+    };
+    let errno = if errno == libc::EACCES {
+        libc::EAGAIN
+    } else {
+        errno
+    };
+    if why.is_empty() {
+        fs_err(errno, format!("{what}: {e}"))
+    } else {
+        fs_err(errno, format!("{what}: {why}"))
     }
 }
 
-/// A `File` of `ino` is closing: apply the close rules (see the module docs).
-pub(crate) fn on_close(fs: &Inner, ino: u64, fl: &FileLocks) {
-    let file = fl.used.load(Ordering::Acquire).then_some(fl.id);
-    let posix = guard(&fs.locks.posix).contains(&ino);
-    if file.is_none() && !posix {
-        return;
-    }
-    let local = fs.locks.route(fs, ino, false, |t| {
-        if let Some(f) = file {
-            t.release_file(ME, f, ino);
+/// Try `attempt` (which must not wait) until it succeeds, fails with something other than
+/// a conflict, or `timeout` passes (`ETIMEDOUT`).
+fn retry_until(
+    what: &str,
+    timeout: Duration,
+    mut attempt: impl FnMut() -> io::Result<()>,
+) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match attempt() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
         }
-        if posix {
-            t.release_posix(ME, ino);
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(fs_err(
+                libc::ETIMEDOUT,
+                format!("{what}: still held by another owner after {timeout:?}"),
+            ));
         }
-        Some(())
-    });
-    if let Ok(Route::Daemon(_inflight)) = local {
-        let _ = fs
-            .locks
-            .call(fs, &Request::ReleaseLocks { ino, file, posix });
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(MAX_PAUSE);
     }
-}
-
-/// The local owner standing for `owner`.
-fn local_owner(owner: LockOwner) -> Owner {
-    match owner {
-        LockOwner::Ofd { file } => Owner::Ofd(ME, file),
-        _ => Owner::Posix(ME),
-    }
-}
-
-fn conflict(what: &str) -> io::Error {
-    fs_err(
-        libc::EAGAIN,
-        format!("{what}: conflicting lock held by another owner"),
-    )
 }
 
 impl File {
-    fn record_owner(&self, kind: LockKind) -> LockOwner {
-        let (fs, ino, _, _, fl) = self.lock_parts();
+    /// The descriptor owning `kind` locks of this handle; with `make`, opened if needed
+    /// (else `None` when it has none yet, so it holds no locks).
+    fn lock_fd(&self, kind: LockKind, make: bool) -> io::Result<Option<LockFd<'_>>> {
+        let (fs, ino, gen, fl) = self.lock_parts();
         match kind {
-            LockKind::Posix => {
-                // Before asking: a concurrent close must see it.
-                guard(&fs.locks.posix).insert(ino);
-                LockOwner::Posix
-            }
+            LockKind::Posix => Ok(fs.locks.posix_fd(ino, gen, make)?.map(LockFd::Posix)),
             LockKind::Ofd => {
-                fl.used.store(true, Ordering::Release);
-                LockOwner::Ofd { file: fl.id }
+                if let Some(f) = fl.fd.get() {
+                    return Ok(Some(LockFd::Own(f)));
+                }
+                if !make {
+                    return Ok(None);
+                }
+                let f = fs.locks.open(ino, gen)?;
+                // A concurrent first lock may have set it: theirs stays, ours closes.
+                let _ = fl.fd.set(f);
+                Ok(fl.fd.get().map(LockFd::Own))
             }
         }
     }
@@ -450,10 +300,9 @@ impl File {
         start: u64,
         len: u64,
         wait: bool,
-        timeout: Option<Duration>,
     ) -> io::Result<()> {
         check_range(start, len)?;
-        let (fs, ino, read, write, _) = self.lock_parts();
+        let (read, write) = self.access();
         match typ {
             LockType::Read if !read => {
                 return Err(fs_err(
@@ -469,33 +318,14 @@ impl File {
             }
             _ => {}
         }
-        let owner = self.record_owner(kind);
-        let (s, e) = range(start, len).map_err(|n| fs_err(n, "lock: bad range"))?;
-        let pid = fs.pid;
-        let route = fs.locks.route(fs, ino, true, |t| {
-            match t.set_record(ino, local_owner(owner), pid, Some(typ), s, e) {
-                Ok(()) => Some(Ok(())),
-                Err(Refusal::Conflict) if wait => None,
-                Err(Refusal::Conflict) => Some(Err(conflict("lock"))),
-            }
-        })?;
-        let _inflight = match route {
-            Route::Done(r) => return r,
-            Route::Daemon(g) => g,
+        let fd = self.lock_fd(kind, true)?.expect("made");
+        let op = RecordOp::Set {
+            write: Some(typ == LockType::Write),
+            wait,
         };
-        let r = fs.locks.call(
-            fs,
-            &Request::Lock {
-                ino,
-                owner,
-                typ,
-                start,
-                len,
-                wait,
-                timeout_ms: timeout.map(|t| t.as_millis().min(u64::MAX as u128) as u64),
-            },
-        )?;
-        ok("lock", r)
+        sys::record_lock(&fd, fd.owner(), op, start, len)
+            .map(drop)
+            .map_err(|e| kernel("lock", e))
     }
 
     /// Take a record lock of type `typ` over `[start, start + len)` (`len` 0: to the end
@@ -503,8 +333,9 @@ impl File {
     /// `F_SETLKW` / `F_OFD_SETLKW` (blocks until granted).
     ///
     /// Errors: `EAGAIN` (conflict, not waiting), `EDEADLK` (POSIX wait would deadlock),
-    /// `EBADF` (read lock on a handle not open for reading, write lock on one not open for
-    /// writing), `EINVAL`/`EOVERFLOW` (range).
+    /// `EINTR` (a signal interrupted the wait), `EBADF` (read lock on a handle not open
+    /// for reading, write lock on one not open for writing), `EINVAL`/`EOVERFLOW`
+    /// (range), `ENOLCK` (no lock file).
     pub fn lock(
         &self,
         kind: LockKind,
@@ -513,11 +344,11 @@ impl File {
         len: u64,
         wait: bool,
     ) -> io::Result<()> {
-        self.set_lock(kind, typ, start, len, wait, None)
+        self.set_lock(kind, typ, start, len, wait)
     }
 
-    /// Like [`File::lock`] with `wait`, giving up after `timeout` with `ETIMEDOUT` (the
-    /// request is withdrawn; nothing changed).
+    /// Like [`File::lock`] with `wait`, giving up after `timeout` with `ETIMEDOUT`
+    /// (nothing changed).
     pub fn lock_timeout(
         &self,
         kind: LockKind,
@@ -526,38 +357,25 @@ impl File {
         len: u64,
         timeout: Duration,
     ) -> io::Result<()> {
-        self.set_lock(kind, typ, start, len, true, Some(timeout))
+        retry_until("lock", timeout, || {
+            self.set_lock(kind, typ, start, len, false)
+        })
     }
 
     /// Remove the owner's record locks over `[start, start + len)` (`F_UNLCK`), splitting
     /// locks that extend beyond it. Unlocking what is not locked is fine.
     pub fn unlock(&self, kind: LockKind, start: u64, len: u64) -> io::Result<()> {
         check_range(start, len)?;
-        let (fs, ino, _, _, fl) = self.lock_parts();
-        let owner = match kind {
-            LockKind::Posix => LockOwner::Posix,
-            LockKind::Ofd => LockOwner::Ofd { file: fl.id },
+        let Some(fd) = self.lock_fd(kind, false)? else {
+            return Ok(()); // never locked: nothing to remove
         };
-        let (s, e) = range(start, len).map_err(|n| fs_err(n, "unlock: bad range"))?;
-        let pid = fs.pid;
-        let route = fs.locks.route(fs, ino, false, |t| {
-            let _ = t.set_record(ino, local_owner(owner), pid, None, s, e);
-            Some(())
-        })?;
-        let _inflight = match route {
-            Route::Done(()) => return Ok(()),
-            Route::Daemon(g) => g,
+        let op = RecordOp::Set {
+            write: None,
+            wait: false,
         };
-        let r = fs.locks.call(
-            fs,
-            &Request::Unlock {
-                ino,
-                owner,
-                start,
-                len,
-            },
-        )?;
-        ok("unlock", r)
+        sys::record_lock(&fd, fd.owner(), op, start, len)
+            .map(drop)
+            .map_err(|e| kernel("unlock", e))
     }
 
     /// `F_GETLK` / `F_OFD_GETLK`: `None` if a `typ` lock over the range could be placed
@@ -571,109 +389,130 @@ impl File {
         len: u64,
     ) -> io::Result<Option<LockInfo>> {
         check_range(start, len)?;
-        let (fs, ino, _, _, fl) = self.lock_parts();
-        let owner = match kind {
-            LockKind::Posix => LockOwner::Posix,
-            LockKind::Ofd => LockOwner::Ofd { file: fl.id },
+        let fd = self.lock_fd(kind, true)?.expect("made");
+        let op = RecordOp::Test {
+            write: typ == LockType::Write,
         };
-        let (s, e) = range(start, len).map_err(|n| fs_err(n, "get_lock: bad range"))?;
-        let route = fs.locks.route(fs, ino, true, |t| {
-            Some(
-                t.test_record(ino, local_owner(owner), typ, s, e)
-                    .map(|l| l.info()),
-            )
-        })?;
-        let _inflight = match route {
-            Route::Done(c) => return Ok(c),
-            Route::Daemon(g) => g,
-        };
-        match fs.locks.call(
-            fs,
-            &Request::GetLock {
-                ino,
-                owner,
-                typ,
-                start,
-                len,
+        let c =
+            sys::record_lock(&fd, fd.owner(), op, start, len).map_err(|e| kernel("get_lock", e))?;
+        Ok(c.map(|(write, start, len, pid)| LockInfo {
+            typ: if write {
+                LockType::Write
+            } else {
+                LockType::Read
             },
-        )? {
-            Response::LockConflict(c) => Ok(c),
-            r => Err(response_error("get_lock", r)),
-        }
-    }
-
-    fn flock_impl(&self, op: FlockOp, wait: bool, timeout: Option<Duration>) -> io::Result<()> {
-        let (fs, ino, _, _, fl) = self.lock_parts();
-        let owner = LockOwner::Flock { file: fl.id };
-        let typ = match op {
-            FlockOp::Shared => LockType::Read,
-            FlockOp::Exclusive => LockType::Write,
-            FlockOp::Unlock => {
-                if !fl.used.load(Ordering::Acquire) {
-                    return Ok(()); // never locked: nothing to ask
-                }
-                let pid = fs.pid;
-                let route = fs.locks.route(fs, ino, false, |t| {
-                    let _ = t.set_flock(ino, ME, fl.id, pid, None);
-                    Some(())
-                })?;
-                let _inflight = match route {
-                    Route::Done(()) => return Ok(()),
-                    Route::Daemon(g) => g,
-                };
-                let r = fs.locks.call(
-                    fs,
-                    &Request::Unlock {
-                        ino,
-                        owner,
-                        start: 0,
-                        len: 0,
-                    },
-                )?;
-                return ok("flock", r);
-            }
-        };
-        fl.used.store(true, Ordering::Release);
-        let pid = fs.pid;
-        let route = fs.locks.route(fs, ino, true, |t| {
-            match t.set_flock(ino, ME, fl.id, pid, Some(typ)) {
-                Ok(()) => Some(Ok(())),
-                Err(Refusal::Conflict) if wait => None,
-                Err(Refusal::Conflict) => Some(Err(fs_err(
-                    libc::EWOULDBLOCK,
-                    "flock: conflicting flock held by another handle",
-                ))),
-            }
-        })?;
-        let _inflight = match route {
-            Route::Done(r) => return r,
-            Route::Daemon(g) => g,
-        };
-        let r = fs.locks.call(
-            fs,
-            &Request::Lock {
-                ino,
-                owner,
-                typ,
-                start: 0,
-                len: 0,
-                wait,
-                timeout_ms: timeout.map(|t| t.as_millis().min(u64::MAX as u128) as u64),
-            },
-        )?;
-        ok("flock", r)
+            start,
+            len,
+            pid,
+        }))
     }
 
     /// `flock(2)`: a whole-file lock owned by this `File`, independent of record locks.
     /// Converting (shared ↔ exclusive) is allowed and, as on Linux, not atomic: the old
     /// lock is dropped first (a failed non-blocking conversion leaves none). Errors:
-    /// `EWOULDBLOCK` (= `EAGAIN`) with `nonblocking`.
+    /// `EWOULDBLOCK` (= `EAGAIN`) with `nonblocking`, `EINTR`, `ENOLCK` (no lock file).
     pub fn flock(&self, op: FlockOp, nonblocking: bool) -> io::Result<()> {
-        self.flock_impl(op, !nonblocking, None)
+        let Some(fd) = self.lock_fd(LockKind::Ofd, op != FlockOp::Unlock)? else {
+            return Ok(()); // never locked: nothing to unlock
+        };
+        let LockFd::Own(f) = fd else {
+            unreachable!("flock locks are the File's")
+        };
+        match op {
+            FlockOp::Shared => sys::flock_shared(f, nonblocking),
+            FlockOp::Exclusive => sys::flock_exclusive(f, nonblocking),
+            FlockOp::Unlock => sys::flock_unlock(f),
+        }
+        .map_err(|e| kernel("flock", e))
     }
 
     /// A blocking [`File::flock`] that gives up after `timeout` with `ETIMEDOUT`.
     pub fn flock_timeout(&self, op: FlockOp, timeout: Duration) -> io::Result<()> {
-        self.flock_impl(op, true, Some(timeout))
+        retry_until("flock", timeout, || self.flock(op, true))
+    }
+}
+
+/// The descriptor a lock call uses.
+enum LockFd<'a> {
+    /// The process's descriptor of the inode's lock file (POSIX locks).
+    Posix(Arc<std::fs::File>),
+    /// The `File`'s own (OFD and `flock` locks).
+    Own(&'a std::fs::File),
+}
+
+impl LockFd<'_> {
+    fn owner(&self) -> RecordOwner {
+        match self {
+            LockFd::Posix(_) => RecordOwner::Process,
+            LockFd::Own(_) => RecordOwner::Description,
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for LockFd<'_> {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            LockFd::Posix(f) => f.as_raw_fd(),
+            LockFd::Own(f) => f.as_raw_fd(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_area::errno_of;
+
+    fn errno(r: io::Result<()>) -> i32 {
+        errno_of(&r.unwrap_err())
+    }
+
+    #[test]
+    fn ranges_are_checked_as_linux() {
+        let max = i64::MAX as u64;
+        assert!(check_range(0, 0).is_ok());
+        assert!(check_range(max, 0).is_ok());
+        assert!(check_range(max, 1).is_ok());
+        assert_eq!(errno(check_range(max + 1, 0)), libc::EINVAL);
+        assert_eq!(errno(check_range(max, 2)), libc::EOVERFLOW);
+        assert!(check_range(1, max).is_ok());
+        assert_eq!(errno(check_range(2, max)), libc::EOVERFLOW);
+    }
+
+    #[test]
+    fn kernel_errors_keep_their_meaning() {
+        let e = |n| kernel("lock", io::Error::from_raw_os_error(n));
+        assert_eq!(errno_of(&e(libc::EACCES)), libc::EAGAIN);
+        assert_eq!(e(libc::EAGAIN).kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(errno_of(&e(libc::EDEADLK)), libc::EDEADLK);
+        assert_eq!(errno_of(&e(libc::EINTR)), libc::EINTR);
+    }
+
+    #[test]
+    fn a_bounded_wait_gives_up_and_a_success_ends_it() {
+        let mut tries = 0;
+        let t = Instant::now();
+        let r = retry_until("lock", Duration::from_millis(30), || {
+            tries += 1;
+            Err(kernel("lock", io::Error::from_raw_os_error(libc::EAGAIN)))
+        });
+        assert_eq!(errno(r), libc::ETIMEDOUT);
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert!(tries >= 3, "it tried {tries} times");
+        let mut tries = 0;
+        retry_until("lock", Duration::from_secs(5), || {
+            tries += 1;
+            if tries < 3 {
+                Err(kernel("lock", io::Error::from_raw_os_error(libc::EAGAIN)))
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+        assert_eq!(tries, 3);
+        let other = retry_until("lock", Duration::from_secs(5), || {
+            Err(kernel("lock", io::Error::from_raw_os_error(libc::EDEADLK)))
+        });
+        assert_eq!(errno(other), libc::EDEADLK);
     }
 }

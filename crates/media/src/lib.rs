@@ -831,6 +831,85 @@ pub mod sys {
         flock(f, FlockOperation::Unlock)
     }
 
+    /// Who owns a record lock taken with [`record_lock`]: the process (`F_SETLK`, POSIX
+    /// locks) or the open file description (`F_OFD_SETLK`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum RecordOwner {
+        Process,
+        Description,
+    }
+
+    /// What [`record_lock`] does.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum RecordOp {
+        /// Take a read (`write` false) or write lock, or with `None` remove the owner's
+        /// locks; `wait`: block until granted (`F_SETLKW`; `EINTR` on a signal).
+        Set { write: Option<bool>, wait: bool },
+        /// `F_GETLK`: the first conflicting lock of another owner with a lock of this type.
+        Test { write: bool },
+    }
+
+    /// A conflicting record lock as `F_GETLK` reports it: write lock or not, start,
+    /// length (0: to the end of any file), holder's pid (-1: an OFD lock).
+    pub type Conflict = (bool, u64, u64, i32);
+
+    /// `fcntl(2)` record locks on `f` over `[start, start + len)` (`len` 0: to the end of
+    /// any file). `Set` answers `None`; `Test` answers the conflict, if any.
+    pub fn record_lock(
+        f: &impl AsRawFd,
+        owner: RecordOwner,
+        op: RecordOp,
+        start: u64,
+        len: u64,
+    ) -> io::Result<Option<Conflict>> {
+        let typ = |w: Option<bool>| match w {
+            Some(true) => libc::F_WRLCK,
+            Some(false) => libc::F_RDLCK,
+            None => libc::F_UNLCK,
+        } as libc::c_short;
+        let (cmd, l_type) = match (owner, op) {
+            (RecordOwner::Process, RecordOp::Set { write, wait }) => (
+                if wait { libc::F_SETLKW } else { libc::F_SETLK },
+                typ(write),
+            ),
+            (RecordOwner::Description, RecordOp::Set { write, wait }) => (
+                if wait {
+                    libc::F_OFD_SETLKW
+                } else {
+                    libc::F_OFD_SETLK
+                },
+                typ(write),
+            ),
+            (RecordOwner::Process, RecordOp::Test { write }) => (libc::F_GETLK, typ(Some(write))),
+            (RecordOwner::Description, RecordOp::Test { write }) => {
+                (libc::F_OFD_GETLK, typ(Some(write)))
+            }
+        };
+        let to_off =
+            |v: u64| i64::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+        // SAFETY: an all-zero `flock64` is a valid value (OFD commands need `l_pid` 0).
+        let mut fl: libc::flock64 = unsafe { std::mem::zeroed() };
+        fl.l_type = l_type;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = to_off(start)?;
+        fl.l_len = to_off(len)?;
+        // SAFETY: fcntl with a lock command and a pointer to a valid, exclusively
+        // borrowed `flock64` that outlives the call.
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl as *mut libc::flock64) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(match op {
+            RecordOp::Test { .. } if fl.l_type != libc::F_UNLCK as libc::c_short => Some((
+                fl.l_type == libc::F_WRLCK as libc::c_short,
+                fl.l_start as u64,
+                fl.l_len as u64,
+                fl.l_pid,
+            )),
+            _ => None,
+        })
+    }
+
     /// `bind(2)` of the Unix-domain socket `fd` to the filesystem path `path`.
     pub fn bind_unix(fd: std::os::fd::BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
         let addr = rustix::net::SocketAddrUnix::new(path)?;

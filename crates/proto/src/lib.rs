@@ -5,8 +5,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod locktable;
-
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 
@@ -45,53 +43,6 @@ pub enum Request {
     Goodbye { tail_lsn: u64 },
     /// Digest everything, write the allocation state and stop the daemon.
     Shutdown,
-    /// Make this (second) connection a lock channel of the registered client of `slot`
-    /// (same process: the daemon checks the peer's pid). Answer `Ok`.
-    LockChannel { slot: u32, slot_gen: u64 },
-    /// Take a lock (lock channels only). `start`/`len` as `fcntl` (`len` 0: to the end of
-    /// any file); ignored for `Flock`. With `wait` the answer comes when granted, on
-    /// `EDEADLK`, or after `timeout_ms` (if given) with `ETIMEDOUT`.
-    Lock {
-        ino: u64,
-        owner: LockOwner,
-        typ: LockType,
-        start: u64,
-        len: u64,
-        wait: bool,
-        timeout_ms: Option<u64>,
-    },
-    /// Remove `owner`'s locks over the range (for `Flock`: its whole-file lock).
-    Unlock {
-        ino: u64,
-        owner: LockOwner,
-        start: u64,
-        len: u64,
-    },
-    /// `F_GETLK`: the first lock of another owner that would conflict. Answer
-    /// `LockConflict`.
-    GetLock {
-        ino: u64,
-        owner: LockOwner,
-        typ: LockType,
-        start: u64,
-        len: u64,
-    },
-    /// A handle of `ino` closed: drop the OFD and flock locks of `file` (if given) and,
-    /// with `posix`, all of this client's POSIX locks on `ino`. Answer `Ok`.
-    ReleaseLocks {
-        ino: u64,
-        file: Option<u64>,
-        posix: bool,
-    },
-    /// Lock channels only: hand the locks of `ino` to this client (PROTOCOL.md, "Lock
-    /// delegation"). Answered `Delegated` with the client's own locks on `ino`, which
-    /// leave the daemon's table, when nobody else holds or waits for a lock on it; else
-    /// `Error` with `EBUSY`.
-    Delegate { ino: u64 },
-    /// Lock channels only: the client gives the locks of `ino` back (recalled with
-    /// `Upcall::RecallLocks`, or on its own); the daemon puts `locks` in its table and
-    /// ends the delegation. Answer `Ok`.
-    ReturnLocks { ino: u64, locks: HeldLocks },
     /// A lease on inode `ino` (`write`: exclusive). Answered by `Leased` once granted
     /// (after revoking conflicting leases from other clients; PROTOCOL.md, "Leases").
     Lease { ino: u64, write: bool },
@@ -197,18 +148,6 @@ pub enum XattrOp {
 pub enum Upcall {
     /// Give up the lease on `ino` (drop it and its cached state) and answer `UpcallAck`.
     Revoke { ino: u64 },
-    /// Another client wants a lock on `ino`, whose locks this client holds by delegation:
-    /// give them back with `ReturnLocks` (on a lock channel).
-    RecallLocks { ino: u64 },
-}
-
-/// The locks of one client on one inode, as they travel with a lock delegation.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HeldLocks {
-    /// Record locks: owner (`Posix` or `Ofd`), type, inclusive range, pid.
-    pub records: Vec<(LockOwner, LockType, u64, u64, u32)>,
-    /// `flock` locks: handle, type, pid.
-    pub flocks: Vec<(u64, LockType, u32)>,
 }
 
 /// What a registered client needs to run.
@@ -247,11 +186,6 @@ pub enum Response {
         bytes: u64,
         used_bytes: u64,
     },
-    /// Answer to `GetLock`: `None` when the lock could be placed.
-    LockConflict(Option<LockInfo>),
-    /// Answer to `Delegate`: the client now holds the locks of the inode itself,
-    /// starting with these (its own, taken out of the daemon's table).
-    Delegated(HeldLocks),
     Ok,
     /// The lease asked for with `Lease` is granted.
     Leased {
@@ -446,8 +380,8 @@ pub struct SuperpageStatus {
     pub collapse_pending: u64,
 }
 
-/// Sharing between clients since the daemon started: shared-write mode, lease
-/// revocations and advisory locks.
+/// Sharing between clients since the daemon started: shared-write mode and lease
+/// revocations.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct SharingStatus {
     /// Inodes in shared-write mode now.
@@ -462,46 +396,6 @@ pub struct SharingStatus {
     /// moves).
     #[serde(default)]
     pub revocations: u64,
-    /// Advisory-lock requests served from the daemon's table (not by a client holding
-    /// the inode's locks by delegation).
-    #[serde(default)]
-    pub lock_requests: u64,
-    /// Inodes whose advisory locks were handed to a client.
-    #[serde(default)]
-    pub lock_delegations: u64,
-    /// Recalls of delegated locks (another client wanted one).
-    #[serde(default)]
-    pub lock_recalls: u64,
-}
-
-/// A lock's type: shared (read) or exclusive (write).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
-pub enum LockType {
-    Read,
-    Write,
-}
-
-/// Who owns a lock, within the client that sends the request (the client itself is the
-/// connection's process).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
-pub enum LockOwner {
-    /// A POSIX record lock (`F_SETLK`): owned by the client process.
-    Posix,
-    /// An open-file-description record lock (`F_OFD_SETLK`) of the client's handle `file`.
-    Ofd { file: u64 },
-    /// A whole-file `flock` lock of the client's handle `file`.
-    Flock { file: u64 },
-}
-
-/// A conflicting lock, as `F_GETLK` reports it.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub struct LockInfo {
-    pub typ: LockType,
-    pub start: u64,
-    /// 0: to the end of any file.
-    pub len: u64,
-    /// The holder's pid; -1 for an OFD lock (as Linux reports).
-    pub pid: i32,
 }
 
 /// Write one framed message.

@@ -1,8 +1,9 @@
-//! Advisory locks across processes: POSIX record locks, OFD locks and flock, held by the
-//! daemon. Worker processes (`cairn-lock-worker`) contend for locks; blocked waiters are
-//! granted promptly when the holder unlocks or is SIGKILLed; deadlocks give EDEADLK;
-//! closing any handle drops the process's POSIX locks but not other handles' OFD/flock
-//! locks.
+//! Advisory locks across processes: POSIX record locks, OFD locks and flock, the kernel's
+//! on the inodes' lock files. Worker processes (`cairn-lock-worker`) contend for locks;
+//! blocked waiters are granted promptly when the holder unlocks or is SIGKILLed; deadlocks
+//! give EDEADLK; closing any handle drops the process's POSIX locks but not other
+//! handles' OFD/flock locks; locks outlive a daemon restart, and lock files their inodes
+//! do not.
 
 use cairn::{FlockOp, LockInfo, LockKind, LockType, OpenOptions};
 use cairn_tests::harness::kill9;
@@ -372,4 +373,65 @@ fn flock_contention_conversion_and_independence() {
         assert!(Instant::now() < deadline, "a's flock outlived a");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn locks_survive_a_daemon_restart_and_lock_files_go_with_their_inodes() {
+    let store = TestStore::new();
+    prepare(&store);
+    let fs = store.fs();
+    fs.write("/doomed", b"x").unwrap();
+    let lock_file = |path: &str| {
+        let m = fs.metadata(path).unwrap();
+        let p = cairn_area::host::lock_file_path(&fs.uuid(), m.ino(), m.generation());
+        (p, m.ino())
+    };
+    let ((f_lock, _), (doomed_lock, doomed)) = (lock_file("/f"), lock_file("/doomed"));
+    let mut a = Worker::start(&store);
+    let mut b = Worker::start(&store);
+    a.ok("open 1 /f rw");
+    a.ok("lock 1 posix w 0 0 0");
+    a.ok("flock 1 ex 1");
+    a.ok("open 2 /doomed rw");
+    a.ok("flock 2 ex 1");
+    assert!(f_lock.exists() && doomed_lock.exists());
+    // The daemon stops (and starts again for the next request): the locks are the
+    // kernel's, so they hold on.
+    drop(fs);
+    store.stop();
+    assert!(store.daemon_pid().is_none());
+    b.ok("open 1 /f rw");
+    assert_eq!(b.ask("lock 1 posix w 5 1 0"), err(libc::EAGAIN));
+    assert_eq!(b.ask("flock 1 sh 1"), err(libc::EWOULDBLOCK));
+    a.ok("unlock 1 posix 0 0");
+    b.ok("lock 1 posix w 5 1 0");
+    // A lock file stays while its inode lives (open, even unlinked) and goes once the
+    // inode is freed; the daemon removes it at its next sweep (a clean stop is one).
+    let fs = store.fs();
+    fs.remove_file("/doomed").unwrap();
+    fs.digest().unwrap();
+    drop(fs);
+    store.stop();
+    assert!(doomed_lock.exists(), "the unlinked file is still open");
+    a.ok("close 2");
+    // The daemon frees the orphan at once, or when every client came back after the
+    // restart (its restart gate).
+    let fs = store.fs();
+    let t = Instant::now();
+    while fs.metadata_ino(doomed).is_ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "inode {doomed} never freed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(fs);
+    store.stop();
+    assert!(
+        !doomed_lock.exists(),
+        "{} outlived its inode",
+        doomed_lock.display()
+    );
+    assert!(f_lock.exists(), "the live file's lock file was removed");
+    assert_eq!(b.ask("flock 1 sh 1"), err(libc::EWOULDBLOCK));
 }

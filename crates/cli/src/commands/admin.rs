@@ -507,9 +507,6 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
     let _ = writeln!(s, "  commits               {}", sh.commits);
     let _ = writeln!(s, "  stale commits         {}", sh.stale_commits);
     let _ = writeln!(s, "  lease revocations     {}", sh.revocations);
-    let _ = writeln!(s, "  lock requests         {}", sh.lock_requests);
-    let _ = writeln!(s, "  lock delegations      {}", sh.lock_delegations);
-    let _ = writeln!(s, "  lock recalls          {}", sh.lock_recalls);
     s
 }
 

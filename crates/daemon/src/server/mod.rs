@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use std::sync::{Arc, MutexGuard};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod requests;
 
@@ -69,8 +69,6 @@ struct Daemon {
     log_path: PathBuf,
     next_conn: AtomicU64,
     uid: u32,
-    /// Advisory locks (their own mutex: waiting requests never hold `core`).
-    locks: crate::sharing::locks::LockService,
     /// The lease manager (shared with `core`; its own mutex).
     leases: Arc<crate::sharing::leases::Leases>,
     /// Migration and cleaning rounds (one at a time).
@@ -127,8 +125,6 @@ struct Conn {
     upcall_of: Option<u32>,
     /// A second handle of the socket (upcalls are written through it).
     sock: Option<UnixStream>,
-    /// Lock-channel state (`lock_server`).
-    locks: crate::sharing::lock_server::ConnLocks,
     /// A digest worker found this client's log malformed.
     refusal: Arc<crate::digest::parallel::Refusal>,
 }
@@ -169,6 +165,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     }
     let xattrs = crate::offline::open_xattrs(&store, &core)?;
     mark_xattr_inodes(&mut core, &xattrs)?;
+    core.sweep_lock_files();
     let sj = open_sj_registry(&store, &core)?;
     sys::install_termination_flag()?;
     tracing::info!("listening on {}", sock.display());
@@ -183,13 +180,11 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         log_path: store.daemon_log_path(),
         next_conn: AtomicU64::new(1),
         uid: sys::ids().0,
-        locks: crate::sharing::locks::LockService::default(),
         migrator: Default::default(),
         superpage_gate,
         xattrs: std::sync::Mutex::new(xattrs),
         sj: std::sync::Mutex::new(sj),
     });
-    d.locks.set_recaller(d.leases.clone());
     let threads = spawn_threads(&d)?;
     accept_loop(&d, &listener)?;
     if sys::termination_requested() {
@@ -458,7 +453,11 @@ impl Daemon {
     }
 }
 
+/// How often the lock files of freed inodes are removed.
+const LOCK_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
 fn timer_loop(d: &Daemon) {
+    let mut swept = Instant::now();
     while !d.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
         let mut core = d.core();
@@ -468,6 +467,10 @@ fn timer_loop(d: &Daemon) {
         core.reclaim();
         core.recover_dead();
         core.lease_gate_tick();
+        if swept.elapsed() >= LOCK_SWEEP_EVERY {
+            core.sweep_lock_files();
+            swept = Instant::now();
+        }
     }
 }
 
@@ -487,7 +490,6 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         slot: None,
         upcall_of: None,
         sock: s.try_clone().ok(),
-        locks: crate::sharing::lock_server::ConnLocks::new(&s),
         refusal: Arc::new(crate::digest::parallel::Refusal::new(s.try_clone().ok())),
     };
     loop {
@@ -520,8 +522,6 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         }
     }
     take_refusal(d, &mut c);
-    // A client's locks die with its registered connection (waiters proceed at once).
-    d.locks.remove_client(c.id);
     if let Some(slot) = c.upcall_of {
         d.leases.channel_closed(slot, c.id);
     }

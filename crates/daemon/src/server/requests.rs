@@ -44,11 +44,6 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         Request::Status => match d.core().status() {
             Ok(mut r) => {
                 r.migration = d.migrator.progress();
-                // The lock service is the daemon's, not the core's: its counters here.
-                let l = d.locks.counters();
-                r.sharing.lock_requests = l.requests;
-                r.sharing.lock_delegations = l.delegations;
-                r.sharing.lock_recalls = l.recalls;
                 Reply::Send(Response::Status(r))
             }
             Err(e) => Reply::Send(err_response(&e)),
@@ -97,13 +92,6 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         }
         Request::Unpin { ino, tail_lsn } => unpin(d, c, ino, tail_lsn),
         Request::Pin { ino } => pin(d, c, ino),
-        req @ (Request::LockChannel { .. }
-        | Request::Lock { .. }
-        | Request::Unlock { .. }
-        | Request::GetLock { .. }
-        | Request::ReleaseLocks { .. }
-        | Request::Delegate { .. }
-        | Request::ReturnLocks { .. }) => locks(d, c, req),
         Request::Shutdown => shutdown(d, c),
     }
 }
@@ -132,7 +120,6 @@ fn register(d: &Daemon, c: &mut Conn, claimed: u32) -> Reply {
     match core.register(c.pid, c.uid, c.gid, c.id) {
         Ok(r) => {
             c.slot = Some(r.slot);
-            d.locks.add_client(c.id, c.pid, r.slot, r.slot_gen);
             tracing::info!(
                 "slot {} (pid {}, claimed {claimed}, uid {}): client registered, generation {}",
                 r.slot,
@@ -168,7 +155,6 @@ fn reattach(
     match core.reattach(c.pid, c.uid, c.gid, slot, slot_gen, c.id) {
         Ok(r) => {
             c.slot = Some(slot);
-            d.locks.add_client(c.id, c.pid, slot, slot_gen);
             // Revocations the previous daemon had acknowledged may not have been
             // digested: digest the committed log before any lease is granted.
             if let Err(e) = core.digest_committed(slot) {
@@ -373,15 +359,6 @@ fn pin(d: &Daemon, c: &Conn, ino: u64) -> Reply {
     }
     core.pin(slot, ino);
     Reply::Send(Response::Ok)
-}
-
-/// The advisory-lock requests (`sharing::lock_server`).
-fn locks(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
-    let registered = c.slot.is_some();
-    match crate::sharing::lock_server::handle(&d.locks, &mut c.locks, c.pid, registered, req) {
-        Some(r) => Reply::Send(r),
-        None => Reply::Close(None),
-    }
 }
 
 /// `Shutdown`: digest everything, save the allocation state and stop.

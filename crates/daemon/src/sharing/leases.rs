@@ -172,25 +172,6 @@ fn send_revoke(ch: &mut UnixStream, ino: u64) -> bool {
     ch.write_all(&buf).is_ok()
 }
 
-/// Lock recalls travel on the upcall channels the lease manager keeps.
-impl crate::sharing::locks::Recall for Leases {
-    fn reachable(&self, slot: u32) -> bool {
-        self.lock().channels.contains_key(&slot)
-    }
-
-    fn recall(&self, slot: u32, ino: u64) -> bool {
-        let mut buf = Vec::new();
-        if cairn_proto::send(&mut buf, &cairn_proto::Upcall::RecallLocks { ino }).is_err() {
-            return false;
-        }
-        let mut g = self.lock();
-        match g.channels.get_mut(&slot) {
-            Some((_, ch)) => ch.write_all(&buf).is_ok(),
-            None => false,
-        }
-    }
-}
-
 impl Leases {
     /// A lease manager whose restart gate waits for `awaiting` (slots live at start).
     pub(crate) fn new(timeout: Duration, awaiting: &[u32]) -> Leases {

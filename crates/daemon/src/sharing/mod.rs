@@ -1,5 +1,4 @@
-//! Sharing between clients: leases on inodes and advisory locks.
+//! Sharing between clients: leases on inodes (advisory locks are the kernel's, on lock
+//! files the clients make: `cairn::lock`).
 
 pub(crate) mod leases;
-pub(crate) mod lock_server;
-pub(crate) mod locks;

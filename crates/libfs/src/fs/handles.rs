@@ -11,7 +11,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 impl Inner {
-    /// Open (and maybe create) a file; returns its inode. Checks access for `read` /
+    /// Open (and maybe create) a file; returns its inode and generation. Checks access for `read` /
     /// `write`; `trunc` truncates an existing file to 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn open_inode(
@@ -23,11 +23,11 @@ impl Inner {
         create_new: bool,
         trunc: bool,
         mode: u32,
-    ) -> io::Result<u64> {
+    ) -> io::Result<(u64, u64)> {
         let op = format!("open {}", p.display());
         self.run(|st| {
             let w = self.walk(st, p, !create_new, &op)?;
-            let ino = match (w.found, &w.name) {
+            let (ino, gen) = match (w.found, &w.name) {
                 (Some((ino, kind)), _) => {
                     if create_new {
                         return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
@@ -35,7 +35,7 @@ impl Inner {
                     if kind == Kind::Dir && write {
                         return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
                     }
-                    let (_, a) = self.attrs(st, ino)?;
+                    let (gen, a) = self.attrs(st, ino)?;
                     let want = if read { R } else { 0 } | if write { W } else { 0 };
                     if !self.cred.may(&a, want) {
                         return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
@@ -49,7 +49,7 @@ impl Inner {
                     if trunc && kind == Kind::File && a.size > 0 {
                         self.set_len(st, ino, 0)?;
                     }
-                    ino
+                    (ino, gen)
                 }
                 (None, Some(name)) => {
                     if !create {
@@ -61,7 +61,7 @@ impl Inner {
                     if w.trailing_slash {
                         return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
                     }
-                    self.create_in(
+                    let ino = self.create_in(
                         st,
                         w.parent,
                         name,
@@ -72,12 +72,13 @@ impl Inner {
                         },
                         None,
                         &op,
-                    )?
+                    )?;
+                    (ino, self.attrs_held(st, ino)?.0)
                 }
                 (None, None) => unreachable!("a missing entry has a name"),
             };
             st.handles.opened(ino);
-            Ok(ino)
+            Ok((ino, gen))
         })
     }
 

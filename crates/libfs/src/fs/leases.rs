@@ -31,12 +31,6 @@ pub(super) fn open_upcall_channel(
 pub(super) fn upcall_loop(weak: Weak<Inner>, mut s: UnixStream) {
     loop {
         let up = cairn_proto::recv::<Upcall>(&mut s);
-        if let Ok(Upcall::RecallLocks { ino }) = up {
-            // Answered on a lock channel (`ReturnLocks`), not here.
-            let Some(inner) = weak.upgrade() else { return };
-            inner.locks.give_back(&inner, ino);
-            continue;
-        }
         if let Ok(Upcall::Revoke { ino }) = up {
             let Some(inner) = weak.upgrade() else { return };
             let (tail, open) = inner.revoke_local(ino);

@@ -171,7 +171,10 @@ impl Inner {
             closing: AtomicBool::new(false),
             lease_lost: std::sync::RwLock::new(None),
             lease_gen_off,
-            locks: crate::lock::ClientLocks::new(store.clone(), reg.slot, reg.slot_gen),
+            locks: crate::lock::ClientLocks::new(
+                area.superblock().uuid,
+                std::path::PathBuf::from(&reg.nvm_path),
+            ),
             store,
             create,
             cred: Cred {
@@ -318,7 +321,6 @@ impl Inner {
                 st.log.reattached(reg.credits);
                 *conn = Some(c);
                 self.conn_epoch.fetch_add(1, Ordering::SeqCst);
-                self.locks.forget_delegations();
                 Ok(())
             }
             r => Err(response_error("reattach to the restarted daemon", r)),

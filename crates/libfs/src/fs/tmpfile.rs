@@ -19,8 +19,14 @@ use std::sync::atomic::Ordering;
 impl Inner {
     /// Create an unnamed regular file in directory `dir` (write and search permission
     /// on it needed, as for a creation) with `perm` minus the umask; it is open once
-    /// (the caller makes the `File`). `linkable`: it may be given a name later.
-    pub(crate) fn create_tmpfile(&self, dir: At<'_>, perm: u32, linkable: bool) -> io::Result<u64> {
+    /// (the caller makes the `File`). `linkable`: it may be given a name later. Returns its
+    /// inode and generation.
+    pub(crate) fn create_tmpfile(
+        &self,
+        dir: At<'_>,
+        perm: u32,
+        linkable: bool,
+    ) -> io::Result<(u64, u64)> {
         let op = format!("open {} (O_TMPFILE)", dir.display());
         self.run(|st| {
             let w = self.walk(st, dir, true, &op)?;
@@ -84,7 +90,7 @@ impl Inner {
                 return Err(e);
             }
             st.handles.opened_unnamed(ino, linkable);
-            Ok(ino)
+            Ok((ino, gen))
         })
     }
 }
