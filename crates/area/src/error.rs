@@ -10,6 +10,8 @@ use std::io;
 pub struct FsError {
     pub errno: i32,
     pub message: String,
+    /// For [`elsewhere`]: the host path the call must go on with.
+    pub host_path: Option<Vec<u8>>,
 }
 
 impl fmt::Display for FsError {
@@ -29,8 +31,34 @@ pub fn fs_err(errno: i32, message: impl Into<String>) -> io::Error {
         FsError {
             errno,
             message: message.into(),
+            host_path: None,
         },
     )
+}
+
+/// The path being resolved left the store (an absolute symbolic link to a path outside
+/// it, or `..` at its root, when the store is seen under a prefix: `Fs::set_link_root`):
+/// the call must go on with the host path `host_path` (absolute). Its errno is `EXDEV`,
+/// what a call that cannot follow it (a rename, a hard link) answers.
+pub fn elsewhere(host_path: Vec<u8>, op: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::CrossesDevices,
+        FsError {
+            errno: libc::EXDEV,
+            message: format!(
+                "{op}: the path leads out of the store, to {}",
+                String::from_utf8_lossy(&host_path)
+            ),
+            host_path: Some(host_path),
+        },
+    )
+}
+
+/// The host path of an [`elsewhere`] error.
+pub fn elsewhere_path(e: &io::Error) -> Option<&[u8]> {
+    e.get_ref()
+        .and_then(|x| x.downcast_ref::<FsError>())
+        .and_then(|fe| fe.host_path.as_deref())
 }
 
 /// The POSIX errno of an error (`EIO` when it carries none).
@@ -74,5 +102,14 @@ mod tests {
             errno_of(&io::Error::from_raw_os_error(libc::ENOSPC)),
             libc::ENOSPC
         );
+        assert_eq!(elsewhere_path(&e), None);
+    }
+
+    #[test]
+    fn elsewhere_carries_its_host_path() {
+        let e = elsewhere(b"/etc/hosts".to_vec(), "open /cairn/l");
+        assert_eq!(errno_of(&e), libc::EXDEV);
+        assert_eq!(elsewhere_path(&e), Some(&b"/etc/hosts"[..]));
+        assert!(message(&e).contains("/etc/hosts"));
     }
 }

@@ -189,6 +189,10 @@ pub(crate) struct Inner {
     lease_gen_off: usize,
     /// Advisory locks: the lock files and this process's POSIX descriptors (`lock.rs`).
     pub(crate) locks: crate::lock::ClientLocks,
+    /// Where the store's root appears in the processes' namespace, for symbolic links
+    /// and `..` leading out of the store (`Fs::set_link_root`; `None`: the store is the
+    /// whole namespace, absolute targets start at its root).
+    pub(crate) link_root: std::sync::RwLock<Option<crate::path::LinkRoot>>,
 }
 
 /// A transaction being assembled: records of absolute post-state.

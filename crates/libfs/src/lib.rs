@@ -122,6 +122,35 @@ impl Fs {
         self.inner.abandon();
     }
 
+    /// Say where the store's root appears in the namespace of the processes using this
+    /// client (the shim's prefix, such as `/cairn`), or `None` (the default: the store
+    /// is the whole namespace). With a root set, resolving a path that follows an
+    /// absolute symbolic link to a path outside the prefix, or `..` at the store's root,
+    /// fails with `EXDEV` carrying the host path to go on with
+    /// ([`cairn_area::error::elsewhere_path`]), and an absolute target under the prefix
+    /// resolves inside the store, as the kernel would resolve both. `EINVAL` for a
+    /// prefix that is not absolute or has `.`/`..` components.
+    pub fn set_link_root(&self, prefix: Option<&std::path::Path>) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let root = match prefix {
+            None => None,
+            Some(p) => Some(
+                path::LinkRoot::new(p.as_os_str().as_bytes()).ok_or_else(|| {
+                    fs_err(
+                        libc::EINVAL,
+                        format!("link root {}: not an absolute path of names", p.display()),
+                    )
+                })?,
+            ),
+        };
+        *self
+            .inner
+            .link_root
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = root;
+        Ok(())
+    }
+
     /// Change the umask this client applies to the files and directories it creates
     /// (read from the process when the `Fs` was opened); for callers that track
     /// `umask(2)`, such as the `LD_PRELOAD` library.

@@ -301,3 +301,42 @@ fn hard_links_stop_at_link_max() {
     fs.hard_link("/f", "/one-more").unwrap();
     assert_eq!(fs.metadata("/one-more").unwrap().nlink(), 65_000);
 }
+
+#[test]
+fn a_link_root_sends_links_out_of_the_store_to_the_host() {
+    let s = Store::new(&[]);
+    let fs = s.fs();
+    fs.create_dir("/d").unwrap();
+    fs.write("/d/target", b"inside").unwrap();
+    fs.symlink("/mnt/c/d/target", "/d/in").unwrap();
+    fs.symlink("/etc/hosts", "/d/out").unwrap();
+    fs.symlink("../..", "/d/up").unwrap();
+    // Without a root, absolute targets start at the store's root.
+    assert_eq!(errno(fs.read("/d/in")), libc::ENOENT);
+    assert_eq!(errno(fs.read("/d/out")), libc::ENOENT);
+    fs.set_link_root(Some(Path::new("/mnt/c"))).unwrap();
+    assert_eq!(fs.read("/d/in").unwrap(), b"inside");
+    let elsewhere = |r: std::io::Result<Vec<u8>>| {
+        let e = r.expect_err("leaves the store");
+        assert_eq!(errno_of(&e), libc::EXDEV);
+        String::from_utf8(cairn_area::error::elsewhere_path(&e).unwrap().to_vec()).unwrap()
+    };
+    assert_eq!(elsewhere(fs.read("/d/out")), "/etc/hosts");
+    assert_eq!(elsewhere(fs.read("/d/up/x/")), "/mnt/x/");
+    assert_eq!(elsewhere(fs.read("/..")), "/mnt");
+    // Not following the last link: the link itself.
+    assert_eq!(fs.read_link("/d/out").unwrap(), Path::new("/etc/hosts"));
+    assert!(fs
+        .symlink_metadata("/d/up")
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A rename or hard link through a link out of the store is cross-device.
+    assert_eq!(errno(fs.rename("/d/target", "/d/up/t")), libc::EXDEV);
+    assert_eq!(
+        errno(fs.set_link_root(Some(Path::new("rel")))),
+        libc::EINVAL
+    );
+    fs.set_link_root(None).unwrap();
+    assert_eq!(errno(fs.read("/d/in")), libc::ENOENT);
+}

@@ -179,9 +179,28 @@ pub unsafe fn path_call<T: Fail>(
 ) -> T {
     // SAFETY: see the function comment.
     match unsafe { route(dirfd, p) } {
-        Ok(Route::Cairn(cp)) => run(op, || cairn(&cp)),
+        Ok(Route::Cairn(cp)) => cairn_or_host(op, || cairn(&cp), host),
         Ok(r) => host(r.host_ptr(p)),
         Err(e) => state::fail(op, e),
+    }
+}
+
+/// Run the Cairn side of a path call; if the path led out of the store (a symbolic
+/// link or `..`: `cairn_area::error::elsewhere`), the host's call (`host`) goes on with
+/// the host path LibFS resolved.
+pub fn cairn_or_host<T: Fail>(
+    op: &str,
+    cairn: impl FnOnce() -> io::Result<T>,
+    host: impl FnOnce(*const c_char) -> T,
+) -> T {
+    let mut elsewhere = None;
+    let r = run(op, || {
+        cairn()
+            .inspect_err(|e| elsewhere = cairn_area::error::elsewhere_path(e).map(<[u8]>::to_vec))
+    });
+    match elsewhere.map(CString::new) {
+        Some(Ok(h)) => host(h.as_ptr()),
+        _ => r,
     }
 }
 

@@ -53,7 +53,11 @@ fn open_stream(cp: &ops::CPath) -> io::Result<*mut DIR> {
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
     match unsafe { crate::abi::route(libc::AT_FDCWD, path) } {
         Err(e) => crate::state::fail("opendir", e),
-        Ok(crate::abi::Route::Cairn(cp)) => run("opendir", || open_stream(&cp)),
+        Ok(crate::abi::Route::Cairn(cp)) => crate::abi::cairn_or_host(
+            "opendir",
+            || open_stream(&cp),
+            |h| unsafe { real::opendir(h) },
+        ),
         Ok(r) => unsafe { real::opendir(r.host_ptr(path)) },
     }
 }
@@ -257,12 +261,16 @@ pub unsafe extern "C" fn scandirat64(
 ) -> c_int {
     match unsafe { crate::abi::route(dirfd, dir) } {
         Err(e) => crate::state::fail("scandir", e),
-        Ok(crate::abi::Route::Cairn(cp)) => run("scandir", || {
-            let d = open_stream(&cp)?;
-            let r = unsafe { scan(d, list, filter, compar) };
-            unsafe { closedir(d) };
-            r
-        }),
+        Ok(crate::abi::Route::Cairn(cp)) => crate::abi::cairn_or_host(
+            "scandir",
+            || {
+                let d = open_stream(&cp)?;
+                let r = unsafe { scan(d, list, filter, compar) };
+                unsafe { closedir(d) };
+                r
+            },
+            |h| unsafe { real::scandirat64(dirfd, h, list, filter, compar) },
+        ),
         Ok(r) => unsafe { real::scandirat64(dirfd, r.host_ptr(dir), list, filter, compar) },
     }
 }

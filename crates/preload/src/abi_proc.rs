@@ -13,15 +13,24 @@ use std::ffi::CString;
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     match unsafe { route(libc::AT_FDCWD, path) } {
         Err(e) => state::fail("chdir", e),
-        Ok(Route::Cairn(cp)) => run("chdir", || ok0(ops::chdir(&cp))),
-        Ok(r) => {
-            let rc = unsafe { real::chdir(r.host_ptr(path)) };
-            if rc == 0 {
-                state::set_cwd(None);
-            }
-            rc
-        }
+        Ok(Route::Cairn(cp)) => crate::abi::cairn_or_host(
+            "chdir",
+            || ok0(ops::chdir(&cp)),
+            |h| unsafe { host_chdir(h) },
+        ),
+        Ok(r) => unsafe { host_chdir(r.host_ptr(path)) },
     }
+}
+
+/// `chdir` to a host directory.
+///
+/// SAFETY: `path` is a NUL-terminated string.
+unsafe fn host_chdir(path: *const c_char) -> c_int {
+    let rc = unsafe { real::chdir(path) };
+    if rc == 0 {
+        state::set_cwd(None);
+    }
+    rc
 }
 
 #[no_mangle]
@@ -81,15 +90,19 @@ pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
 pub unsafe extern "C" fn realpath(path: *const c_char, out: *mut c_char) -> *mut c_char {
     match unsafe { route(libc::AT_FDCWD, path) } {
         Err(e) => state::fail("realpath", e),
-        Ok(Route::Cairn(cp)) => run("realpath", || {
-            let p = ops::realpath(&cp)?;
-            if out.is_null() {
-                malloc_cstr(&p)
-            } else {
-                unsafe { copy_cstr(&p, out, libc::PATH_MAX as usize) }?;
-                Ok(out)
-            }
-        }),
+        Ok(Route::Cairn(cp)) => crate::abi::cairn_or_host(
+            "realpath",
+            || {
+                let p = ops::realpath(&cp)?;
+                if out.is_null() {
+                    malloc_cstr(&p)
+                } else {
+                    unsafe { copy_cstr(&p, out, libc::PATH_MAX as usize) }?;
+                    Ok(out)
+                }
+            },
+            |h| unsafe { real::realpath(h, out) },
+        ),
         Ok(r) => unsafe { real::realpath(r.host_ptr(path), out) },
     }
 }
@@ -371,7 +384,20 @@ unsafe fn cairn_program(
                 _keep: keep,
             }));
         };
-        match ops::exec_plan(&cp)? {
+        let plan = match ops::exec_plan(&cp) {
+            Ok(p) => p,
+            Err(e) => match cairn_area::error::elsewhere_path(&e) {
+                // A symbolic link to a host program: that one runs.
+                Some(h) => {
+                    let h = CString::new(h).map_err(|_| err(libc::EINVAL, "exec: path"))?;
+                    cur = h.as_ptr();
+                    keep.push(h);
+                    continue;
+                }
+                None => return Err(e),
+            },
+        };
+        match plan {
             ops::ExecPlan::Script { interp, arg } => {
                 let bad = |_| err(libc::ENOEXEC, "exec: bad #! line");
                 let interp = CString::new(interp).map_err(bad)?;

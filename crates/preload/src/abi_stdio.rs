@@ -94,17 +94,21 @@ unsafe fn cookie_stream(fd: c_int, mode: *const c_char, borrowed: bool) -> *mut 
 pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
     match unsafe { route(libc::AT_FDCWD, path) } {
         Err(e) => crate::state::fail("fopen", e),
-        Ok(Route::Cairn(cp)) => run("fopen", || {
-            let fl = crate::ops::mode_flags(unsafe { cbytes(mode) }.unwrap_or(b""))?;
-            let fd = crate::ops::open(&cp, fl, 0o666)?;
-            let f = unsafe { cookie_stream(fd, mode, false) };
-            if f.is_null() {
-                let e = io::Error::last_os_error();
-                unsafe { crate::abi_fd::close(fd) };
-                return Err(e);
-            }
-            Ok(f)
-        }),
+        Ok(Route::Cairn(cp)) => crate::abi::cairn_or_host(
+            "fopen",
+            || {
+                let fl = crate::ops::mode_flags(unsafe { cbytes(mode) }.unwrap_or(b""))?;
+                let fd = crate::ops::open(&cp, fl, 0o666)?;
+                let f = unsafe { cookie_stream(fd, mode, false) };
+                if f.is_null() {
+                    let e = io::Error::last_os_error();
+                    unsafe { crate::abi_fd::close(fd) };
+                    return Err(e);
+                }
+                Ok(f)
+            },
+            |h| unsafe { real::fopen64(h, mode) },
+        ),
         Ok(r) => unsafe { real::fopen64(r.host_ptr(path), mode) },
     }
 }

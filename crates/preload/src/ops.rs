@@ -747,6 +747,10 @@ pub fn readlink(cp: &CPath) -> io::Result<Vec<u8>> {
 
 /// The inode of directory `ino`'s parent (the root is its own).
 fn parent_of(fs: &Fs, ino: u64) -> io::Result<u64> {
+    if ino == root_ino() {
+        // (`..` at the root leads out of the store, to the prefix's parent.)
+        return Ok(ino);
+    }
     let p = At {
         dir: ino,
         path: bytes_path(b".."),
@@ -873,6 +877,16 @@ pub fn realpath(cp: &CPath) -> io::Result<Vec<u8>> {
         if m.is_symlink() {
             let t = fs.read_link(last)?;
             let t = std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec();
+            // An absolute target is the process's path: in the store under the prefix,
+            // else the host's (which resolves the rest).
+            let t = if t.starts_with(b"/") {
+                match paths::strip_prefix(&t, state::config().prefix()) {
+                    Some(inside) => inside.to_vec(),
+                    None => return Err(cairn_area::error::elsewhere(t, "realpath")),
+                }
+            } else {
+                t
+            };
             cur = CPath {
                 dir: pm.ino(),
                 path: t,

@@ -159,6 +159,9 @@ fn open_fs() -> io::Result<Arc<Fs>> {
         e
     })?);
     f.set_umask(current_umask());
+    // Symbolic links and `..` resolve as the kernel would, with the store at the prefix.
+    let prefix = std::path::Path::new(std::ffi::OsStr::from_bytes(config().prefix()));
+    f.set_link_root(Some(prefix))?;
     let mut g = FS.lock();
     // SAFETY: getpid cannot fail.
     FS_PID.store(

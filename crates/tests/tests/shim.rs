@@ -1055,3 +1055,67 @@ int main(void) {
         );
     }
 }
+
+/// Symbolic links resolve as the kernel resolves them, with the store at `/cairn`: an
+/// absolute target under the prefix is inside the store, one elsewhere (and `..` at the
+/// store's root) is the host's; `os.walk`, `shutil` and `pathlib` follow them.
+#[test]
+fn absolute_symlinks_and_dot_dot_lead_where_the_kernel_would() {
+    let store = TestStore::new();
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("outside"), b"host data").unwrap();
+    std::fs::create_dir(host.path().join("hostdir")).unwrap();
+    let out = python(
+        &store,
+        &format!(
+            r#"
+import os, shutil, pathlib
+os.makedirs('/cairn/d/sub')
+with open('/cairn/d/target', 'w') as f: f.write('store data')
+os.symlink('/cairn/d/target', '/cairn/d/abs')
+os.symlink('/cairn/d/sub', '/cairn/d/absdir')
+os.symlink('/cairn', '/cairn/root')
+os.symlink('{h}/outside', '/cairn/d/out')
+os.symlink('{h}/hostdir', '/cairn/d/outdir')
+os.symlink('../../..{h}/outside', '/cairn/d/up')
+print(open('/cairn/d/abs').read())
+print(os.path.exists('/cairn/d/absdir/'), os.path.isdir('/cairn/root/d/sub'))
+print(open('/cairn/d/out').read(), open('/cairn/d/up').read())
+with open('/cairn/d/outdir/new', 'w') as f: f.write('made through a link')
+print(sorted(os.listdir('/cairn/d/outdir')), os.stat('/cairn/d/out').st_size)
+print(os.path.realpath('/cairn/d/abs'), open('/cairn/../{hr}/outside').read())
+shutil.copy('/cairn/d/abs', '/cairn/d/copy')
+shutil.copytree('/cairn/d', '/cairn/tree', symlinks=True)
+print(os.readlink('/cairn/tree/abs'), open('/cairn/tree/copy').read())
+print(sorted(p.name for p in pathlib.Path('/cairn/d').iterdir() if p.is_file()))
+walked = sorted(r for r, _, _ in os.walk('/cairn/d', followlinks=True))
+print(len(walked), '/cairn/d/absdir' in walked)
+shutil.rmtree('/cairn/tree')
+os.chdir('/cairn/d/outdir'); print(open('new').read())
+import subprocess
+os.symlink('/bin/echo', '/cairn/echo')
+print(subprocess.run(['/cairn/echo', 'ran'], capture_output=True).stdout.decode().strip())
+"#,
+            h = host.path().display(),
+            hr = host.path().display().to_string().trim_start_matches('/'),
+        ),
+    );
+    assert_eq!(
+        out,
+        "store data\nTrue True\nhost data host data\n['new'] 9\n\
+         /cairn/d/target host data\n/cairn/d/target store data\n\
+         ['abs', 'copy', 'out', 'target', 'up']\n4 True\nmade through a link\nran\n",
+        "through the shim"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("hostdir/new")).unwrap(),
+        "made through a link"
+    );
+    // The API's view is unchanged: the store is the whole namespace there.
+    let fs = store.fs();
+    assert_eq!(
+        fs.read_link("/d/abs").unwrap(),
+        std::path::Path::new("/cairn/d/target")
+    );
+    assert!(fs.read("/d/abs").is_err(), "no /cairn inside the store");
+}

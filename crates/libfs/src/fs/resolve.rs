@@ -71,8 +71,19 @@ pub(crate) struct Walk {
 }
 
 impl Inner {
+    /// Where the store's root appears in the processes' namespace, if set
+    /// ([`crate::Fs::set_link_root`]).
+    fn link_root(&self) -> Option<path::LinkRoot> {
+        self.link_root
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Resolve `p` from the root. `follow_last`: follow a symlink in the last component
-    /// (a trailing `/` always does). One loop (about 115 lines) over the components: each
+    /// (a trailing `/` always does). With a link root set, an absolute symbolic link to a
+    /// path outside the store, or `..` at its root, ends the walk with
+    /// [`cairn_area::error::elsewhere`]: the host path to go on with. One loop (about 115 lines) over the components: each
     /// step shares its state (the directory, the components left, the symlinks followed)
     /// and checks search permission and takes the directory's lease as it goes.
     pub(crate) fn walk(
@@ -126,6 +137,13 @@ impl Inner {
                     kind = Kind::Dir;
                 }
                 Comp::Parent => {
+                    if cur == ROOT_INO {
+                        if let Some(r) = self.link_root() {
+                            let host =
+                                path::host_path(&r.parent(), stack.iter().rev(), trailing_slash);
+                            return Err(cairn_area::error::elsewhere(host, op));
+                        }
+                    }
                     let up = if cur == ROOT_INO || da.parent == 0 {
                         ROOT_INO
                     } else {
@@ -162,10 +180,23 @@ impl Inner {
                             }
                             let target = self.read_symlink(st, ino)?;
                             let t = path::parse_bytes(&target, op)?;
+                            let mut comps = t.comps;
                             if t.absolute {
                                 cur = ROOT_INO;
+                                // Seen under a prefix, an absolute target is the
+                                // processes' path: inside the store, or the host's.
+                                if let Some(r) = self.link_root() {
+                                    comps = r.inside(&comps).ok_or_else(|| {
+                                        let host = path::host_path(
+                                            &target,
+                                            stack.iter().rev(),
+                                            trailing_slash,
+                                        );
+                                        cairn_area::error::elsewhere(host, op)
+                                    })?;
+                                }
                             }
-                            stack.extend(t.comps.into_iter().rev());
+                            stack.extend(comps.into_iter().rev());
                             if stack.is_empty() {
                                 // A target of "/" (or "/."-like): the root itself.
                                 parent = ROOT_INO;

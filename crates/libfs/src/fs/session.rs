@@ -175,6 +175,7 @@ impl Inner {
                 area.superblock().uuid,
                 std::path::PathBuf::from(&reg.nvm_path),
             ),
+            link_root: std::sync::RwLock::new(None),
             store,
             create,
             cred: Cred {
