@@ -442,7 +442,13 @@ pub unsafe extern "C" fn readahead(fd: c_int, off: off64_t, n: size_t) -> ssize_
     if table::is_cairn(fd) {
         return 0;
     }
-    unsafe { libc::syscall(libc::SYS_readahead, fd, off, n) as ssize_t }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe {
+        real::syscall6(
+            libc::SYS_readahead,
+            [fd as libc::c_long, off, n as libc::c_long, 0, 0, 0],
+        ) as ssize_t
+    }
 }
 
 #[no_mangle]

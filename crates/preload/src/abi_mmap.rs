@@ -492,7 +492,19 @@ unsafe fn raw_mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, fl, new_addr) as *mut c_void }
+    unsafe {
+        real::syscall6(
+            libc::SYS_mremap,
+            [
+                old as libc::c_long,
+                old_len as libc::c_long,
+                new_len as libc::c_long,
+                fl as libc::c_long,
+                new_addr as libc::c_long,
+                0,
+            ],
+        ) as *mut c_void
+    }
 }
 
 /// At exit: write back every tracked shared mapping and give back the map objects.

@@ -10,7 +10,8 @@
 //! `state` (configuration, the client, the current directory, `fork`), `ops` (the
 //! operations, safe Rust over LibFS), `maps` (streams and mappings handed out),
 //! `segments` (SpaceJMP segments mapped by programs), `real` (the C library's
-//! definitions), and the C entry points `abi_*`.
+//! definitions), and the C entry points `abi_*` (`abi_syscall`: the same calls made
+//! through `syscall(2)`).
 
 // Unit tests leave the C entry points out (a test binary must not interpose its own
 // C library), so most of the crate is unused there.
@@ -43,6 +44,8 @@ mod abi_proc;
 mod abi_sock;
 #[cfg(not(test))]
 mod abi_stdio;
+#[cfg(all(not(test), target_arch = "x86_64"))]
+mod abi_syscall;
 #[cfg(not(test))]
 mod abi_temp;
 #[cfg(not(test))]

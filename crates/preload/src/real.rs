@@ -239,6 +239,63 @@ impl Fail for mode_t {
     const FAIL: Self = 0;
 }
 
+/// System call `nr` with six arguments, straight to the kernel (not through the C
+/// library's `syscall`, which this library interposes): the kernel's answer, `-errno` on
+/// failure.
+///
+/// SAFETY: the arguments are what the kernel documents for `nr` (pointers valid for what
+/// it reads and writes).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn raw_syscall(nr: libc::c_long, args: [libc::c_long; 6]) -> libc::c_long {
+    let ret: libc::c_long;
+    // SAFETY: the x86-64 Linux system call convention: number in rax, arguments in
+    // rdi, rsi, rdx, r10, r8, r9; the kernel clobbers rcx and r11 and uses no user
+    // stack. What the call itself does is the caller's contract.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => ret,
+            in("rdi") args[0],
+            in("rsi") args[1],
+            in("rdx") args[2],
+            in("r10") args[3],
+            in("r8") args[4],
+            in("r9") args[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// Elsewhere: through the C library (which this library does not interpose there).
+///
+/// SAFETY: as the x86-64 version.
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn raw_syscall(nr: libc::c_long, a: [libc::c_long; 6]) -> libc::c_long {
+    // SAFETY: see the function comment.
+    let r = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    if r == -1 {
+        -(errno() as libc::c_long)
+    } else {
+        r
+    }
+}
+
+/// [`raw_syscall`] with the C library's convention: -1 and `errno` on failure.
+///
+/// SAFETY: as [`raw_syscall`].
+pub unsafe fn syscall6(nr: libc::c_long, args: [libc::c_long; 6]) -> libc::c_long {
+    // SAFETY: see the function comment.
+    let r = unsafe { raw_syscall(nr, args) };
+    if (-4095..0).contains(&r) {
+        set_errno(-r as c_int);
+        return -1;
+    }
+    r
+}
+
 /// The calls an allocator or the dynamic linker may make while they initialize (when
 /// `dlsym`, which allocates, cannot be used) go straight to the kernel: for these the
 /// C library's wrappers are the system calls.
@@ -246,8 +303,12 @@ macro_rules! sys_fns {
     ($(fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $nr:expr, ($($pass:expr),*);)*) => {$(
         #[allow(clippy::missing_safety_doc)]
         pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            let mut args = [0 as libc::c_long; 6];
+            for (slot, v) in args.iter_mut().zip([$($pass as libc::c_long),*]) {
+                *slot = v;
+            }
             // SAFETY: see the module comment; the arguments are the system call's.
-            unsafe { libc::syscall($nr, $($pass),*) as $ret }
+            unsafe { syscall6($nr, args) as $ret }
         }
     )*};
 }

@@ -499,3 +499,30 @@ fn unnamed_files_with_o_tmpfile() {
     drop((f, g));
     assert_eq!(used(), 5);
 }
+
+/// File system calls made through `syscall(2)` rather than the C library's wrappers
+/// (`scripts/raw_syscalls.c`: data, descriptors, copies, a mapping, names, links,
+/// permissions, times, a listing, the current directory) answer on Cairn through the
+/// shim exactly as the kernel answers on the host.
+#[test]
+fn raw_system_calls_answer_as_on_the_host() {
+    let store = TestStore::new();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/raw_syscalls.c");
+    let work = tempfile::tempdir().unwrap();
+    let bin = work.path().join("raw_syscalls");
+    cairn_tests::shim::compile_c(std::path::Path::new(src), &bin);
+    let host = tempfile::tempdir().unwrap();
+    let want = std::process::Command::new(&bin)
+        .arg(host.path())
+        .output()
+        .unwrap();
+    assert!(want.status.success(), "{want:?}");
+    let want = String::from_utf8(want.stdout).unwrap();
+    assert!(want.contains("copy_file_range 6\n"), "{want}");
+    store.fs().create_dir("/raw").unwrap();
+    let got = cairn_tests::shim::sh(&store, &format!("{} /cairn/raw", bin.display()));
+    for (w, g) in want.lines().zip(got.lines()) {
+        assert_eq!(g, w, "through the shim vs on the host");
+    }
+    assert_eq!(got.lines().count(), want.lines().count(), "{got}");
+}
