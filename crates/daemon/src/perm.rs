@@ -115,6 +115,21 @@ pub(crate) fn cred_of_process(pid: u32, uid: u32, gid: u32) -> Cred {
     }
 }
 
+/// A connected process's credentials now, as the kernel checks its file accesses (file
+/// system uid and gid, supplementary groups), from `/proc/<pid>/status`: after it
+/// changed them (`Request::Credentials`). `ESRCH` if the process is gone.
+pub(crate) fn cred_now(pid: u32) -> io::Result<Cred> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| cairn_format::perm::cred_of_status(&s))
+        .ok_or_else(|| {
+            fs_err(
+                libc::ESRCH,
+                format!("credentials of pid {pid}: process gone"),
+            )
+        })
+}
+
 /// A client known only by its uid and gid (recovery after a daemon restart): its
 /// supplementary groups are those of the group database.
 pub(crate) fn cred_of_user(uid: u32, gid: u32) -> Cred {

@@ -82,6 +82,27 @@ impl Cred {
     }
 }
 
+/// The current process's credentials as its file accesses are checked: the file system
+/// uid and gid (the fourth fields of `Uid:` and `Gid:` in `/proc/<pid>/status`) and the
+/// supplementary groups. `None` if the lines are missing.
+pub fn cred_of_status(status: &str) -> Option<Cred> {
+    let id = |key: &str| -> Option<u32> {
+        let l = status.lines().find_map(|l| l.strip_prefix(key))?;
+        l.split_whitespace().nth(3)?.parse().ok()
+    };
+    let groups = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))?
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    Some(Cred {
+        uid: id("Uid:")?,
+        gid: id("Gid:")?,
+        groups,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +166,19 @@ mod tests {
         // Root keeps them; directories keep them.
         assert_eq!(root.privs_to_kill(&attrs(Kind::File, 0o6777, 5, 5)), 0);
         assert_eq!(user.privs_to_kill(&attrs(Kind::Dir, 0o2777, 0, 0)), 0);
+    }
+
+    #[test]
+    fn credentials_of_a_status_file() {
+        let s = "Name:\tx\nUid:\t0\t1000\t0\t1001\nGid:\t5\t6\t7\t8\nGroups:\t4 24 27 \n";
+        assert_eq!(
+            cred_of_status(s),
+            Some(Cred {
+                uid: 1001,
+                gid: 8,
+                groups: vec![4, 24, 27]
+            })
+        );
+        assert_eq!(cred_of_status("Uid:\t0\n"), None);
     }
 }

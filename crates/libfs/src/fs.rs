@@ -158,7 +158,10 @@ pub(crate) struct Inner {
     /// The default store (auto-started with `--create`).
     create: bool,
     pub(crate) area: Area,
-    pub(crate) cred: Cred,
+    /// The credentials this client checks permissions with: the process's, as the daemon
+    /// read them from the kernel (at registration, and after every change of the
+    /// process's credentials: [`Inner::credentials_changed`]). Use [`Inner::cred`].
+    cred: std::sync::RwLock<std::sync::Arc<Cred>>,
     /// The umask applied to created files (the process's at open; see `Fs::set_umask`).
     pub(crate) umask: std::sync::atomic::AtomicU32,
     /// The NVM tier file.

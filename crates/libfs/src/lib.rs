@@ -122,6 +122,22 @@ impl Fs {
         self.inner.abandon();
     }
 
+    /// The process changed its credentials (`setuid`, `setgid`, `setgroups`, …): check
+    /// its calls with the new ones from now on, here and in the daemon (which reads them
+    /// from the kernel). What it logged before is digested with the old ones first; what
+    /// it has open stays usable, as on Linux. The shim calls this after every successful
+    /// change. An error means the daemon could not be told; this client uses the new
+    /// credentials anyway.
+    pub fn credentials_changed(&self) -> io::Result<()> {
+        self.inner.credentials_changed()
+    }
+
+    /// The uid, gid and supplementary groups this client checks permissions with.
+    pub fn credentials(&self) -> (u32, u32, Vec<u32>) {
+        let c = self.inner.cred();
+        (c.uid, c.gid, c.groups.clone())
+    }
+
     /// Say where the store's root appears in the namespace of the processes using this
     /// client (the shim's prefix, such as `/cairn`), or `None` (the default: the store
     /// is the whole namespace). With a root set, resolving a path that follows an

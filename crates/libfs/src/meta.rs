@@ -281,9 +281,29 @@ pub(crate) fn groups_and_umask() -> (Vec<u32>, u32) {
     (groups, umask)
 }
 
+/// This process's credentials (`cairn_format::perm::cred_of_status`); nobody's (65534)
+/// if unreadable.
+pub(crate) fn process_cred() -> Cred {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| cairn_format::perm::cred_of_status(&s))
+        .unwrap_or(Cred {
+            uid: 65534,
+            gid: 65534,
+            groups: Vec::new(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_process_credentials_are_the_kernels() {
+        let me = process_cred();
+        let (euid, egid) = cairn_media::sys::ids();
+        assert_eq!((me.uid, me.gid), (euid, egid));
+    }
 
     #[test]
     fn times_roundtrip() {

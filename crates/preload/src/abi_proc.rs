@@ -128,6 +128,37 @@ pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
     old
 }
 
+/// The calls that change the process's credentials: the client follows
+/// ([`state::before_credentials_change`], [`state::credentials_changed`]).
+macro_rules! credential_fns {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            state::before_credentials_change();
+            let r = unsafe { real::$name($($arg),*) };
+            if r == 0 {
+                let e = real::errno();
+                state::credentials_changed();
+                real::set_errno(e);
+            }
+            r
+        }
+    )*};
+}
+
+credential_fns! {
+    fn setuid(uid: libc::uid_t);
+    fn seteuid(uid: libc::uid_t);
+    fn setreuid(r: libc::uid_t, e: libc::uid_t);
+    fn setresuid(r: libc::uid_t, e: libc::uid_t, s: libc::uid_t);
+    fn setgid(gid: libc::gid_t);
+    fn setegid(gid: libc::gid_t);
+    fn setregid(r: libc::gid_t, e: libc::gid_t);
+    fn setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t);
+    fn setgroups(n: size_t, list: *const libc::gid_t);
+    fn initgroups(user: *const c_char, gid: libc::gid_t);
+}
+
 /// `execve`: the Cairn current directory goes to the new program in `CAIRN_CWD` (its
 /// open Cairn descriptors carry themselves: see `table.rs`). A program stored on Cairn
 /// runs too: what [`cairn_program`] resolves it to.

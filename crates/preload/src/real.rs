@@ -220,6 +220,16 @@ next_fns! {
     fn system(cmd: *const c_char) -> c_int;
     fn popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE;
     fn umask(mask: mode_t) -> mode_t;
+    fn setuid(uid: libc::uid_t) -> c_int;
+    fn seteuid(uid: libc::uid_t) -> c_int;
+    fn setreuid(r: libc::uid_t, e: libc::uid_t) -> c_int;
+    fn setresuid(r: libc::uid_t, e: libc::uid_t, s: libc::uid_t) -> c_int;
+    fn setgid(gid: libc::gid_t) -> c_int;
+    fn setegid(gid: libc::gid_t) -> c_int;
+    fn setregid(r: libc::gid_t, e: libc::gid_t) -> c_int;
+    fn setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t) -> c_int;
+    fn setgroups(n: size_t, list: *const libc::gid_t) -> c_int;
+    fn initgroups(user: *const c_char, gid: libc::gid_t) -> c_int;
     fn copy_file_range(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t;
     fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
     fn splice(fd1: c_int, o1: *mut off64_t, fd2: c_int, o2: *mut off64_t, n: size_t, fl: c_uint) -> ssize_t;

@@ -187,6 +187,33 @@ pub fn umask_changed(mask: u32) {
     }
 }
 
+/// Before the process changes its credentials: open the client now, if this process
+/// may (it is about to give up the rights that let it map the store; its client keeps
+/// working with the new credentials: [`credentials_changed`]). A process whose store
+/// cannot be opened goes on without one.
+pub fn before_credentials_change() {
+    #[cfg(not(test))]
+    let ours = crate::abi::in_cairn();
+    #[cfg(test)]
+    let ours = false;
+    if FS.lock().is_none() && !ours {
+        let _ = fs();
+    }
+}
+
+/// The process changed its credentials: the client checks its calls with the new ones
+/// (and so does the daemon, which reads them from the kernel).
+pub fn credentials_changed() {
+    let f = FS.lock().clone();
+    if let Some(f) = f {
+        if let Err(e) = f.credentials_changed() {
+            if config().log {
+                eprintln!("cairn-preload: telling the daemon about new credentials: {e}");
+            }
+        }
+    }
+}
+
 /// The current directory when it is inside Cairn: its host-visible path (absolute,
 /// canonical, under the prefix) and inode (0: not looked up yet, after `exec`).
 #[derive(Clone)]

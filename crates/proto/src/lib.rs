@@ -59,6 +59,12 @@ pub enum Request {
     /// before `tail_lsn`. The daemon digests up to there, unpins, and frees the inode if
     /// it is unlinked and nobody else pinned it. Answer `Ok`.
     Unpin { ino: u64, tail_lsn: u64 },
+    /// The client's process changed its credentials (`setuid`, `setgroups`, …). Its
+    /// records before `tail_lsn` were made with the old ones: the daemon digests them
+    /// with those, then reads the process's file system uid and gid and supplementary
+    /// groups from the kernel (`/proc/<pid>/status`: never the client's word) and checks
+    /// its log with them from then on. Answer `Credentials`.
+    Credentials { tail_lsn: u64 },
     /// Pin `ino`, an inode number this client reserved and is about to create without a
     /// name (`O_TMPFILE`): its digest keeps the inode, unlinked, until `Unpin` (or the
     /// client's end). Answer `Ok`; `EINVAL` for a number the client did not reserve.
@@ -187,6 +193,12 @@ pub enum Response {
         used_bytes: u64,
     },
     Ok,
+    /// Answer to `Credentials`: what the daemon now checks the client's log with.
+    Credentials {
+        uid: u32,
+        gid: u32,
+        groups: Vec<u32>,
+    },
     /// The lease asked for with `Lease` is granted.
     Leased {
         ino: u64,

@@ -1119,3 +1119,38 @@ print(subprocess.run(['/cairn/echo', 'ran'], capture_output=True).stdout.decode(
     );
     assert!(fs.read("/d/abs").is_err(), "no /cairn inside the store");
 }
+
+/// A root process that drops to another user (`setgroups`, `setgid`, `setuid`) goes on
+/// with exactly what Linux allows that user (`scripts/drop_privileges.py`, run on the
+/// host and through the shim, compared line by line), keeping what it opened before.
+#[test]
+fn a_process_that_drops_privileges_gets_the_new_users_rights() {
+    if cairn_media::sys::ids().0 != 0 {
+        eprintln!("skipped: needs root (to drop privileges)");
+        return;
+    }
+    let store = TestStore::new();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/drop_privileges.py");
+    let host = tempfile::tempdir().unwrap();
+    let want = Command::new("python3")
+        .arg(script)
+        .arg(host.path())
+        .output()
+        .unwrap();
+    assert!(want.status.success(), "{want:?}");
+    let want = String::from_utf8(want.stdout).unwrap();
+    assert!(
+        want.contains("read secret EACCES\n") && want.contains("read held secret\n"),
+        "{want}"
+    );
+    store.fs().create_dir("/drop").unwrap();
+    let got = sh(&store, &format!("python3 {script} /cairn/drop"));
+    for (w, g) in want.lines().zip(got.lines()) {
+        assert_eq!(g, w, "through the shim vs on the host");
+    }
+    assert_eq!(got.lines().count(), want.lines().count(), "{got}");
+    // The daemon checked the nobody's records with nobody's credentials: they are in.
+    let fs = store.fs();
+    assert_eq!(fs.read("/drop/open/mine").unwrap(), b"mine");
+    assert_eq!(fs.metadata("/drop/open/mine").unwrap().uid(), 65534);
+}

@@ -91,6 +91,7 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
             Reply::Nothing
         }
         Request::Unpin { ino, tail_lsn } => unpin(d, c, ino, tail_lsn),
+        Request::Credentials { tail_lsn } => credentials(d, c, tail_lsn),
         Request::Pin { ino } => pin(d, c, ino),
         Request::Shutdown => shutdown(d, c),
     }
@@ -344,6 +345,38 @@ fn unpin(d: &Daemon, c: &mut Conn, ino: u64, tail_lsn: u64) -> Reply {
         Ok(()) => Reply::Send(Response::Ok),
         Err(e) => Reply::Send(err_response(&e)),
     }
+}
+
+/// `Credentials`: the client's process changed its credentials. What it logged before
+/// `tail_lsn` is digested with the old ones; then its log is checked with the ones the
+/// kernel reports for the process now.
+fn credentials(d: &Daemon, c: &mut Conn, tail_lsn: u64) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    if let Err(e) = core.digest_client(slot, tail_lsn) {
+        return digest_failed(&mut core, c, slot, e, true, "credentials");
+    }
+    let cred = match crate::perm::cred_now(c.pid) {
+        Ok(cred) => cred,
+        Err(e) => return Reply::Send(err_response(&e)),
+    };
+    if let Err(e) = core.set_slot_cred(slot, cred.clone()) {
+        return Reply::Send(err_response(&e));
+    }
+    tracing::info!(
+        "slot {slot} (pid {}): credentials now uid {} gid {} groups {:?}",
+        c.pid,
+        cred.uid,
+        cred.gid,
+        cred.groups
+    );
+    Reply::Send(Response::Credentials {
+        uid: cred.uid,
+        gid: cred.gid,
+        groups: cred.groups,
+    })
 }
 
 /// `Pin`: keep a reserved inode (an unnamed file) while the client lives.

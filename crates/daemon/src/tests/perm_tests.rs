@@ -874,3 +874,12 @@ fn unnamed_files_are_kept_while_pinned_and_checked_at_creation() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_process_credentials_are_read_from_the_kernel() {
+    let me = crate::perm::cred_now(std::process::id()).unwrap();
+    assert_eq!((me.uid, me.gid), cairn_media::sys::ids());
+    // A pid no process has (above the kernel's limit): gone.
+    let e = crate::perm::cred_now(u32::MAX - 1).unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::ESRCH);
+}

@@ -144,7 +144,7 @@ impl Inner {
     ) -> io::Result<()> {
         self.need(st, ino, true)?;
         let (gen, mut a) = self.attrs(st, ino)?;
-        f(&self.cred, &mut a)?;
+        f(&self.cred(), &mut a)?;
         a.ctime = now_ns();
         let mut tx = Tx::default();
         tx.inode(ino, gen, a);
@@ -155,7 +155,7 @@ impl Inner {
     /// Clear the setuid and setgid bits a write or truncate by this client removes
     /// (`Cred::privs_to_kill`), in a transaction of its own; whether it did.
     pub(super) fn kill_privs(&self, st: &mut State, ino: u64, a: &Attrs) -> io::Result<bool> {
-        let kill = self.cred.privs_to_kill(a);
+        let kill = self.cred().privs_to_kill(a);
         if kill == 0 {
             return Ok(false);
         }

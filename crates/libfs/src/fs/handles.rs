@@ -37,7 +37,7 @@ impl Inner {
                     }
                     let (gen, a) = self.attrs(st, ino)?;
                     let want = if read { R } else { 0 } | if write { W } else { 0 };
-                    if !self.cred.may(&a, want) {
+                    if !self.cred().may(&a, want) {
                         return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
                     }
                     if !kind.has_data() && kind != Kind::Dir {

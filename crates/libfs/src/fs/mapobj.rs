@@ -169,7 +169,7 @@ impl Inner {
             self.read_logged(st, ino, pos, &mut b[..n])?;
             for (p, q) in dirty_runs(&a[..n], &b[..n]) {
                 // The daemon's rule for `WRITE`: it would refuse the log otherwise.
-                if !self.cred.owns_or_writes(&attrs) {
+                if !self.cred().owns_or_writes(&attrs) {
                     return Err(fs_err(
                         libc::EACCES,
                         format!(

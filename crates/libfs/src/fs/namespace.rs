@@ -32,7 +32,7 @@ impl Inner {
         if pa.kind != Kind::Dir {
             return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
         }
-        if !self.cred.may(&pa, W | X) {
+        if !self.cred().may(&pa, W | X) {
             return Err(fs_err(
                 libc::EACCES,
                 format!("{op}: permission denied (no write access to the directory)"),
@@ -69,8 +69,8 @@ impl Inner {
         let a = Attrs {
             kind: o.kind,
             perm,
-            uid: self.cred.uid,
-            gid: if setgid { pa.gid } else { self.cred.gid },
+            uid: self.cred().uid,
+            gid: if setgid { pa.gid } else { self.cred().gid },
             nlink: if o.kind == Kind::Dir { 2 } else { 1 },
             size: symlink_target.map_or(0, |t| t.len() as u64),
             atime: now,
@@ -167,7 +167,7 @@ impl Inner {
                 return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
             }
             let (_, a) = self.attrs(st, ino)?;
-            if !self.cred.may(&a, R) {
+            if !self.cred().may(&a, R) {
                 return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
             }
             self.list(st, ino)
@@ -233,7 +233,7 @@ impl Inner {
     ) -> io::Result<()> {
         let (_, da) = self.attrs(st, dir)?;
         let (_, va) = self.attrs(st, victim)?;
-        if !self.cred.sticky_ok(&da, &va) {
+        if !self.cred().sticky_ok(&da, &va) {
             return Err(fs_err(
                 libc::EPERM,
                 format!("{op}: operation not permitted (sticky directory)"),
@@ -476,7 +476,7 @@ impl Inner {
         }
         if skind == Kind::Dir && wf.parent != wt.parent {
             let (_, sa) = self.attrs(st, src)?;
-            if !self.cred.may(&sa, W) {
+            if !self.cred().may(&sa, W) {
                 return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
             }
         }
@@ -513,7 +513,7 @@ impl Inner {
             // A directory moving to another parent rewrites its `..`.
             if wa.parent != wb.parent {
                 for (i, k) in [(ai, ak), (bi, bk)] {
-                    if k == Kind::Dir && !self.cred.may(&self.attrs(st, i)?.1, W) {
+                    if k == Kind::Dir && !self.cred().may(&self.attrs(st, i)?.1, W) {
                         return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
                     }
                 }

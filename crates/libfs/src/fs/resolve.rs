@@ -124,7 +124,7 @@ impl Inner {
             if da.kind != Kind::Dir {
                 return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
             }
-            if !self.cred.may(&da, X) {
+            if !self.cred().may(&da, X) {
                 return Err(fs_err(
                     libc::EACCES,
                     format!("{op}: search permission denied"),

@@ -178,11 +178,11 @@ impl Inner {
             link_root: std::sync::RwLock::new(None),
             store,
             create,
-            cred: Cred {
+            cred: std::sync::RwLock::new(std::sync::Arc::new(Cred {
                 uid: reg.uid,
                 gid: reg.gid,
                 groups,
-            },
+            })),
             umask: std::sync::atomic::AtomicU32::new(umask),
             nvm_path: PathBuf::from(&reg.nvm_path),
             pid,
@@ -279,6 +279,34 @@ impl Inner {
         }
         self.locks.abandon();
         cairn_media::sys::close_abandoned(self.slot_lock.as_raw_fd());
+    }
+
+    /// The credentials permissions are checked with now.
+    pub(crate) fn cred(&self) -> std::sync::Arc<Cred> {
+        self.cred.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The process changed its credentials: from now on they are the ones its calls are
+    /// checked with, here and by the daemon (which digests what was logged before with
+    /// the old ones and reads the new ones from the kernel: PROTOCOL.md, "Credentials").
+    /// If the daemon cannot be told, this client still takes the new credentials (read
+    /// from the kernel here), so the process never keeps rights it gave up.
+    pub(crate) fn credentials_changed(&self) -> io::Result<()> {
+        let told = self.run(|st| {
+            let req = Request::Credentials {
+                tail_lsn: st.log.tail(),
+            };
+            match self.request(st, &req)? {
+                Response::Credentials { uid, gid, groups } => Ok(Cred { uid, gid, groups }),
+                r => Err(response_error("credentials", r)),
+            }
+        });
+        let (cred, r) = match told {
+            Ok(c) => (c, Ok(())),
+            Err(e) => (crate::meta::process_cred(), Err(e)),
+        };
+        *self.cred.write().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::new(cred);
+        r
     }
 
     /// Read the published head (one atomic load) and drop the overlay entries it passed.

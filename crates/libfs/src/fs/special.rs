@@ -233,7 +233,7 @@ impl Inner {
                 return Err(fs_err(libc::EINVAL, format!("{op}: use symlink")));
             }
             k if k.is_device() => {
-                if !self.cred.is_root() {
+                if !self.cred().is_root() {
                     return Err(fs_err(
                         libc::EPERM,
                         format!("{op}: only root may make device nodes"),
@@ -332,7 +332,7 @@ impl Inner {
             ) {
                 return Err(fs_err(libc::EINVAL, format!("{op}: not a special file")));
             }
-            if !self.cred.may(&a, want) {
+            if !self.cred().may(&a, want) {
                 return Err(fs_err(libc::EACCES, format!("{op}: permission denied")));
             }
             let (path, rendezvous) = if kind.is_device() {

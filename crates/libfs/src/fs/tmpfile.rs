@@ -58,15 +58,15 @@ impl Inner {
             let now = now_ns();
             // A setgid directory's group, when the caller may use it (the daemon checks
             // an unnamed file's group without a directory to inherit it from).
-            let gid = if pa.perm & 0o2000 != 0 && self.cred.in_group(pa.gid) {
+            let gid = if pa.perm & 0o2000 != 0 && self.cred().in_group(pa.gid) {
                 pa.gid
             } else {
-                self.cred.gid
+                self.cred().gid
             };
             let a = Attrs {
                 kind: Kind::File,
                 perm: perm & 0o7777 & !self.umask.load(Ordering::Relaxed),
-                uid: self.cred.uid,
+                uid: self.cred().uid,
                 gid,
                 nlink: 0,
                 atime: now,

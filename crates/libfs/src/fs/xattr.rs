@@ -64,7 +64,7 @@ impl Inner {
                     return match (&op, name.map(cairn_format::xattr::namespace)) {
                         (XattrOp::Get { .. }, Some(Ok(ns))) => {
                             let n = cairn_format::xattr::check(
-                                &self.cred,
+                                &self.cred(),
                                 &attrs,
                                 ns,
                                 cairn_format::xattr::Access::Get,
