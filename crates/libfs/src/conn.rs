@@ -20,6 +20,12 @@ pub struct Conn {
     buf: Vec<u8>,
 }
 
+impl std::os::fd::AsRawFd for Conn {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
 impl Conn {
     /// Connect without starting a daemon.
     pub fn connect_only(store: &StoreDir) -> io::Result<Conn> {

@@ -167,6 +167,14 @@ impl Fs {
         Ok(())
     }
 
+    /// The descriptors this client holds open (daemon connections, slot lock, POSIX
+    /// lock descriptors), or `None` if another thread is using one of them right now. A
+    /// program about to close descriptors wholesale (`closefrom`) asks, and gives the
+    /// client up first if any is among them ([`Fs::abandon_after_fork`] says how).
+    pub fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
+        self.inner.descriptors()
+    }
+
     /// Change the umask this client applies to the files and directories it creates
     /// (read from the process when the `Fs` was opened); for callers that track
     /// `umask(2)`, such as the `LD_PRELOAD` library.

@@ -152,16 +152,8 @@ impl ClientLocks {
                 std::process::id(),
                 MAKING.fetch_add(1, Ordering::Relaxed)
             ));
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&tmp)
-                .map_err(|e| failed(e, &tmp))?;
-            let placed = host::share_with_store(&f, &self.nvm)
-                .and_then(|()| std::fs::hard_link(&tmp, &path));
+            let f = host::create_object(&tmp, &self.nvm).map_err(|e| failed(e, &tmp))?;
+            let placed = std::fs::hard_link(&tmp, &path);
             let _ = std::fs::remove_file(&tmp);
             match placed {
                 Ok(()) => return Ok(f),
@@ -185,6 +177,14 @@ impl ClientLocks {
         let f = Arc::new(self.open(ino, gen)?);
         m.insert((ino, gen), f.clone());
         Ok(Some(f))
+    }
+
+    /// The descriptors of this process's POSIX locks (`None` while another thread
+    /// changes them).
+    pub(crate) fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
+        use std::os::fd::AsRawFd;
+        let m = self.posix.try_lock().ok()?;
+        Some(m.values().map(|f| f.as_raw_fd()).collect())
     }
 
     /// After `fork`, in the child: close the copies of the parent's POSIX descriptors.

@@ -4,7 +4,7 @@
 use crate::abi::{fd_call, fill_stat, fill_statx, inode_path, ok0, run, slice, slice_mut};
 use crate::ops;
 use crate::real::{self, set_errno};
-use crate::state::err;
+use crate::state::{self, err};
 use crate::table::{self, Ofd};
 use libc::{c_int, c_uint, c_void, iovec, off64_t, size_t, ssize_t};
 use std::io;
@@ -888,6 +888,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) 
 
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, fl: c_int) -> c_int {
+    if fl & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first <= last {
+        state::step_aside(first as usize, last as usize);
+    }
     let r = unsafe { real::close_range(first, last, fl) };
     if r == 0 && fl & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         table::template_gone(first as usize, last as usize);
@@ -903,6 +906,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, fl: c_int) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(first: c_int) {
+    state::step_aside(first.max(0) as usize, usize::MAX);
     unsafe { real::closefrom(first) };
     table::template_gone(first.max(0) as usize, usize::MAX);
     for o in table::remove_range(first.max(0) as usize, usize::MAX) {

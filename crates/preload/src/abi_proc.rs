@@ -521,6 +521,60 @@ pub unsafe extern "C" fn posix_spawnp(
     unsafe { spawn(pid, file, actions, attr, argv, envp, true) }
 }
 
+/// Cairn descriptors opened for `posix_spawn` file actions: (actions, descriptor),
+/// closed when the actions are destroyed.
+static SPAWN_OPENS: parking_lot::Mutex<Vec<(usize, c_int)>> = parking_lot::Mutex::new(Vec::new());
+
+/// `posix_spawn_file_actions_addopen` of a Cairn path: the child cannot open it itself
+/// (its kernel does not know the store), so it is opened here, when the action is added,
+/// and the action becomes a `dup2` of that descriptor, which the new program adopts as an
+/// inherited Cairn description (as across `exec`). The descriptor closes when the actions
+/// are destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_addopen(
+    fa: *mut libc::posix_spawn_file_actions_t,
+    fd: c_int,
+    path: *const c_char,
+    oflag: c_int,
+    mode: mode_t,
+) -> c_int {
+    match unsafe { route(libc::AT_FDCWD, path) } {
+        Ok(Route::Cairn(cp)) => {
+            let opened = match ops::open(&cp, oflag | libc::O_CLOEXEC, mode) {
+                Ok(p) => p,
+                Err(e) => return cairn_area::errno_of(&e),
+            };
+            let r = unsafe { real::posix_spawn_file_actions_adddup2(fa, opened, fd) };
+            if r != 0 {
+                unsafe { crate::abi_fd::close(opened) };
+                return r;
+            }
+            SPAWN_OPENS.lock().push((fa as usize, opened));
+            0
+        }
+        Ok(r) => unsafe {
+            real::posix_spawn_file_actions_addopen(fa, fd, r.host_ptr(path), oflag, mode)
+        },
+        Err(e) => cairn_area::errno_of(&e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_destroy(
+    fa: *mut libc::posix_spawn_file_actions_t,
+) -> c_int {
+    let mine: Vec<c_int> = {
+        let mut g = SPAWN_OPENS.lock();
+        let (mine, rest) = g.drain(..).partition(|&(a, _)| a == fa as usize);
+        *g = rest;
+        mine.into_iter().map(|(_, fd)| fd).collect()
+    };
+    for fd in mine {
+        unsafe { crate::abi_fd::close(fd) };
+    }
+    unsafe { real::posix_spawn_file_actions_destroy(fa) }
+}
+
 /// `system` and `popen` start a shell inside the C library (the environment already
 /// carries the current directory: `chdir` sets it).
 #[no_mangle]

@@ -334,6 +334,31 @@ pub extern "C" fn after_fork_parent() {
     }
 }
 
+/// The program is about to close descriptors `[first, last]` wholesale (`close_range`,
+/// `closefrom`: a child between `fork` and `exec` closing what it inherited, a daemon
+/// starting): if the client's own descriptors are among them, publish its log while
+/// they work, then give the client up as after `fork`, so that nothing of it ever uses
+/// a closed (or reused) descriptor. The next Cairn call opens a new client, through
+/// which open Cairn files and mappings reopen their inodes.
+pub fn step_aside(first: usize, last: usize) {
+    let Some(f) = FS.lock().clone() else { return };
+    let hit = f
+        .descriptors()
+        .is_none_or(|v| v.iter().any(|&d| (first..=last).contains(&(d as usize))));
+    if !hit {
+        return;
+    }
+    let _ = f.digest();
+    drop(f);
+    if let Some(f) = FS.lock().take() {
+        f.abandon_after_fork();
+        std::mem::forget(f);
+    }
+    #[cfg(not(test))]
+    crate::abi_mmap::copy_in_place_mappings();
+    table::reborn_after_fork();
+}
+
 /// After `fork`, in the child: release the locks; give up the parent's client (its
 /// connection is the parent's) and make every open file and mapping reopen its inode
 /// through a client of the child's own, on first use.

@@ -1154,3 +1154,51 @@ fn a_process_that_drops_privileges_gets_the_new_users_rights() {
     assert_eq!(fs.read("/drop/open/mine").unwrap(), b"mine");
     assert_eq!(fs.metadata("/drop/open/mine").unwrap().uid(), 65534);
 }
+
+/// A program that closes descriptors wholesale (`close_range`, as a `subprocess` child
+/// does between `fork` and `exec`) closes the library's own too: the library publishes
+/// its log and steps aside first, and the next call works through a new client.
+#[test]
+fn closing_every_descriptor_leaves_the_store_usable() {
+    let store = TestStore::new();
+    let out = python(
+        &store,
+        r#"
+import os, subprocess
+os.makedirs('/cairn/cr/dist')
+with open('/cairn/cr/dist/a', 'w') as f: f.write('hi')
+# The child enters the Cairn directory, closes everything it inherited, runs tar.
+r = subprocess.run(['tar', '-cf', 'a.tar', 'dist'], cwd='/cairn/cr', stdout=subprocess.DEVNULL)
+print('tar', r.returncode, os.path.getsize('/cairn/cr/a.tar') > 0)
+fd = os.open('/cairn/cr/before', os.O_WRONLY | os.O_CREAT)
+os.write(fd, b'written before')
+os.closerange(3, 1 << 20)
+with open('/cairn/cr/after', 'w') as f: f.write('written after')
+print(open('/cairn/cr/before').read(), '/', open('/cairn/cr/after').read())
+"#,
+    );
+    assert_eq!(out, "tar 0 True\nwritten before / written after\n");
+    let fs = store.fs();
+    assert_eq!(fs.read("/cr/before").unwrap(), b"written before");
+}
+
+/// `posix_spawn` with a file action that opens a Cairn path (relative to a Cairn working
+/// directory): the new program's descriptor is that Cairn file.
+#[test]
+fn posix_spawn_opens_cairn_files_for_the_child() {
+    let store = TestStore::new();
+    let out = python(
+        &store,
+        r#"
+import os
+os.makedirs('/cairn/sp')
+os.chdir('/cairn/sp')
+flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+pid = os.posix_spawn('/bin/echo', ['echo', 'spawned'], os.environ,
+                     file_actions=[(os.POSIX_SPAWN_OPEN, 1, 'out.txt', flags, 0o640)])
+print(os.waitpid(pid, 0)[1], open('/cairn/sp/out.txt').read().strip(),
+      oct(os.stat('out.txt').st_mode & 0o777))
+"#,
+    );
+    assert_eq!(out, "0 spawned 0o640\n");
+}

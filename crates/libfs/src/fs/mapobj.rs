@@ -242,16 +242,8 @@ impl Inner {
         };
         let tmp = PathBuf::from(format!("{}.new-{}", path.display(), self.pid));
         let _ = std::fs::remove_file(&tmp);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(shm_err)?;
+        let f = host::create_object(&tmp, &self.nvm_path).map_err(shm_err)?;
         let filled = (|| -> io::Result<()> {
-            host::share_with_store(&f, &self.nvm_path)?;
             f.set_len(size)?;
             let mut buf = vec![0u8; STEP];
             let mut pos = 0;

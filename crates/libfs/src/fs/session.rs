@@ -281,6 +281,20 @@ impl Inner {
         cairn_media::sys::close_abandoned(self.slot_lock.as_raw_fd());
     }
 
+    /// The descriptors this client holds open (its daemon connections, its slot lock, the
+    /// descriptors of its POSIX locks), or `None` while another thread holds one of
+    /// them and they cannot be read.
+    pub(crate) fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
+        use std::os::fd::AsRawFd;
+        let mut v = vec![self.slot_lock.as_raw_fd()];
+        v.extend(self.conn.try_lock().ok()?.as_ref().map(|c| c.as_raw_fd()));
+        v.extend(self.upcall.try_lock().ok()?.as_ref().map(|u| u.as_raw_fd()));
+        v.push(self.upcall_thread_fd.load(Ordering::SeqCst));
+        v.extend(self.locks.descriptors()?);
+        v.retain(|&fd| fd >= 0);
+        Some(v)
+    }
+
     /// The credentials permissions are checked with now.
     pub(crate) fn cred(&self) -> std::sync::Arc<Cred> {
         self.cred.read().unwrap_or_else(|p| p.into_inner()).clone()
