@@ -115,7 +115,9 @@ impl BucketBlock {
         if used > BUCKET_SPACE {
             return bad("directory bucket: bad length");
         }
-        let mut entries = Vec::with_capacity(count);
+        // Room for what the block can hold (an entry takes 11 bytes or more), not for
+        // what a corrupt count claims.
+        let mut entries = Vec::with_capacity(count.min(BUCKET_SPACE / 11));
         let mut off = BUCKET_HEADER;
         let end = BUCKET_HEADER + used;
         while off < end {

@@ -8,7 +8,6 @@ use crate::format::{
 use crate::log::{lock, seg_of, Core, Head, RESERVE};
 use crate::pool::Pool;
 use crate::store::KvError;
-use cairn_format::dir::hash;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -257,7 +256,7 @@ impl Core {
                 .pool
                 .map
                 .bytes((loc + RECORD_HEADER) as usize, rh.key_len)?;
-            let h = hash(key);
+            let h = self.index.key_hash(key);
             let _pin = self.epochs.pin();
             let g = self.index.lock_key(h);
             let rh = match self.header_at(loc) {

@@ -9,7 +9,14 @@
 //! Free slots are claimed by compare-and-swap, so no other lock is ever taken while a
 //! home lock is held (no lock order to keep). Hashes are 64-bit; every match is
 //! confirmed by the caller against the key stored in the record.
+//!
+//! Keys come from the network (`cairn kv serve`), so their hash is keyed
+//! ([`Index::key_hash`]: SipHash-1-3, the keys random for each index, which lives in
+//! memory only and is rebuilt at every open): a client cannot choose keys that all land
+//! in one neighbourhood of buckets, which would make inserts probe far and then fail as
+//! if the table were full.
 
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Entries per bucket.
@@ -30,6 +37,8 @@ struct Bucket {
 /// The index.
 pub struct Index {
     buckets: Box<[Bucket]>,
+    /// The keys of [`Index::key_hash`].
+    keys: std::hash::RandomState,
 }
 
 /// A write lock on a bucket (released at drop).
@@ -49,7 +58,13 @@ impl Index {
         let n = ((entries as f64 / (SLOTS as f64 * 0.7)).ceil() as usize).max(16);
         Index {
             buckets: (0..n).map(|_| Bucket::default()).collect(),
+            keys: std::hash::RandomState::new(),
         }
+    }
+
+    /// The hash of `key` in this index (keyed: see the module docs).
+    pub fn key_hash(&self, key: &[u8]) -> u64 {
+        self.keys.hash_one(key)
     }
 
     /// The home bucket of `hash` (its high bits scaled to the table: any size works).
@@ -273,7 +288,47 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
+
+    /// Keys chosen to share one home bucket under an unkeyed hash (the directory hash,
+    /// which this index used before) spread over the table under the keyed one, so
+    /// inserting all of them works; under the unkeyed hash the table counts as full
+    /// after a few hundred.
+    #[test]
+    fn keys_chosen_to_collide_do_not_collide() {
+        let idx = Index::new(10_000);
+        let unkeyed = |k: &[u8]| idx.home(cairn_format::dir::hash(k));
+        let target = unkeyed(b"k0");
+        let chosen: Vec<Vec<u8>> = (0u64..)
+            .map(|i| format!("k{i}").into_bytes())
+            .filter(|k| unkeyed(k) == target)
+            .take(2_000)
+            .collect();
+        let homes: HashSet<usize> = chosen.iter().map(|k| idx.home(idx.key_hash(k))).collect();
+        assert!(homes.len() > 1_000, "{} homes for 2,000 keys", homes.len());
+        for (i, k) in chosen.iter().enumerate() {
+            let h = idx.key_hash(k);
+            let g = idx.lock_key(h);
+            idx.set(&g, h, &|_| false, i as u64 + 1)
+                .expect("room in the table");
+        }
+        // Under the unkeyed hash the same keys fill the probe window and then fail.
+        let plain = Index::new(10_000);
+        let failed = chosen.iter().enumerate().any(|(i, k)| {
+            let h = cairn_format::dir::hash(k);
+            let g = plain.lock_key(h);
+            plain.set(&g, h, &|_| false, i as u64 + 1).is_err()
+        });
+        assert!(
+            failed,
+            "the unkeyed hash should have filled its neighbourhood"
+        );
+        // Two indexes (two opens) hash differently.
+        assert_ne!(
+            Index::new(16).key_hash(b"k0"),
+            Index::new(16).key_hash(b"k0")
+        );
+    }
 
     #[test]
     fn set_get_remove_with_collisions_and_overflow() {

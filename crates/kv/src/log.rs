@@ -10,7 +10,6 @@ use crate::format::{
 use crate::index::Index;
 use crate::pool::Pool;
 use crate::store::{KvError, UpdatePolicy};
-use cairn_format::dir::hash;
 use std::borrow::Cow;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -509,7 +508,7 @@ impl Core {
         mut decide: impl FnMut(Option<&[u8]>) -> Result<(Change<'v>, R), KvError>,
     ) -> Result<R, KvError> {
         Self::check_key(key)?;
-        let h = hash(key);
+        let h = self.index.key_hash(key);
         let mut fruitless = 0;
         for _ in 0..64 {
             {

@@ -8,7 +8,6 @@ use crate::format::{
 use crate::log::{lock, seg_of, Core};
 use crate::pool::Pool;
 use crate::store::KvError;
-use cairn_format::dir::hash;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -129,7 +128,7 @@ impl Core {
                 max_version = max_version.max(rh.version);
                 let k = at + RECORD_HEADER as usize;
                 let key = &buf[k..k + rh.key_len];
-                let kh = hash(key);
+                let kh = self.index.key_hash(key);
                 let f = Found {
                     version: rh.version,
                     loc: base as u64 + off,

@@ -4,7 +4,6 @@
 use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
 use crate::log::{Change, Core, Setup};
 use crate::pool::Pool;
-use cairn_format::dir::hash;
 use std::borrow::Cow;
 use std::io;
 use std::path::Path;
@@ -267,7 +266,7 @@ impl Store {
         Ok(self
             .core
             .index
-            .get(hash(key), &|l| self.core.key_is(l, key))
+            .get(self.core.index.key_hash(key), &|l| self.core.key_is(l, key))
             .is_some())
     }
 
@@ -280,7 +279,7 @@ impl Store {
         // The record stays where it is while the pin lives (compaction reuses a segment
         // only after every reader that could have found it is gone).
         let _pin = core.epochs.pin();
-        let h = hash(key);
+        let h = core.index.key_hash(key);
         let is_key = |l: u64| core.key_is(l, key);
         let at = out.len();
         let copy = |loc: u64, out: &mut Vec<u8>| -> io::Result<usize> {
@@ -309,7 +308,7 @@ impl Store {
         Core::check_key(key)?;
         let core = &*self.core;
         let _pin = core.epochs.pin();
-        let h = hash(key);
+        let h = core.index.key_hash(key);
         let is_key = |l: u64| core.key_is(l, key);
         let _lock;
         let loc = match core.policy {

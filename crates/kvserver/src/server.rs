@@ -33,6 +33,9 @@ struct Conn {
     interest: (bool, bool),
 }
 
+/// The most room made ahead of the bytes of an announced bulk.
+const MAX_PREALLOC: usize = 1 << 20;
+
 impl Conn {
     /// Read what is there, execute every whole request, write what can be written.
     /// Whether the connection is finished.
@@ -47,10 +50,11 @@ impl Conn {
                 Ok(n) => {
                     self.inb.extend_from_slice(&scratch[..n]);
                     got += n;
-                    // A large bulk announced: make room for it at once.
+                    // A large bulk announced: make room for it at once, up to a bound
+                    // (a client announcing 512 MiB and sending nothing costs 1 MiB).
                     let w = wanted(&self.inb);
                     if w > 0 {
-                        self.inb.reserve(w);
+                        self.inb.reserve(w.min(MAX_PREALLOC));
                     }
                     self.run(sh);
                 }

@@ -8,6 +8,9 @@
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 
+/// Frames up to this size are read into room made at once; larger ones as they arrive.
+const EAGER_FRAME: usize = 64 << 10;
+
 /// Largest frame accepted (a status report of many clients fits easily).
 pub const MAX_FRAME: u32 = 16 << 20;
 
@@ -453,8 +456,26 @@ pub fn recv_with<T: for<'de> Deserialize<'de>>(
         ));
     }
     buf.clear();
-    buf.resize(len as usize, 0);
-    r.read_exact(buf)?;
+    let len = len as usize;
+    if len <= EAGER_FRAME {
+        buf.resize(len, 0);
+        r.read_exact(buf)?;
+    } else {
+        // Room for what arrives, not for what the frame announces: a peer that announces
+        // 16 MiB and sends 10 bytes costs 10 bytes.
+        let mut chunk = [0u8; 8192];
+        while buf.len() < len {
+            let want = (len - buf.len()).min(chunk.len());
+            let n = r.read(&mut chunk[..want])?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("frame cut short at {} of {len} bytes", buf.len()),
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
     postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 

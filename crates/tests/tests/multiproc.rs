@@ -37,7 +37,8 @@ fn parse(line: &str) -> Op {
     }
 }
 
-fn run(procs: u32, n: usize, seed: u64, shared_write: bool) {
+/// One run; returns how many times a file entered shared-write mode.
+fn run(procs: u32, n: usize, seed: u64, shared_write: bool) -> u64 {
     let store = TestStore::new();
     store.set_config("shared_write", &shared_write.to_string());
     {
@@ -121,11 +122,11 @@ fn run(procs: u32, n: usize, seed: u64, shared_write: bool) {
     // Final state: every append once, in each process's order; every entry as its last
     // operation left it.
     let fs = store.fs();
-    if shared_write {
-        let s = fs.status().unwrap().sharing;
+    let sharing = fs.status().unwrap().sharing;
+    if sharing.mode_entries > 0 {
         assert!(
-            s.mode_entries > 0 && s.commits > 0,
-            "shared-write mode unused: {s:?}"
+            sharing.commits > 0,
+            "the mode entered but unused: {sharing:?}"
         );
     }
     for f in ["/s/f0", "/s/f1"] {
@@ -145,6 +146,7 @@ fn run(procs: u32, n: usize, seed: u64, shared_write: bool) {
     for (name, (_, r)) in &life {
         assert_eq!(fs.exists(format!("/s/d/{name}")), r.is_none(), "{name}");
     }
+    sharing.mode_entries
 }
 
 #[test]
@@ -158,7 +160,17 @@ fn four_processes_on_one_directory() {
 /// through the daemon (`Commit`), which must keep every outcome explainable.
 #[test]
 fn four_processes_in_shared_write_mode() {
-    for seed in 10..12 {
-        run(4, 300, seed, true);
+    // Whether the processes meet on a file at once (entering the mode) is up to the
+    // scheduler: seeds run until two runs did (almost always the first two), so the
+    // mode is always exercised and a loaded machine only takes longer.
+    let mut entered = 0;
+    for seed in 10..20 {
+        if run(4, 300, seed, true) > 0 {
+            entered += 1;
+            if entered == 2 {
+                return;
+            }
+        }
     }
+    panic!("in ten runs shared-write mode was entered in {entered}, not 2");
 }
