@@ -350,6 +350,14 @@ pub fn step_aside(first: usize, last: usize) {
     }
     let _ = f.digest();
     drop(f);
+    give_up_client();
+}
+
+/// Give up the client without a word to the daemon and without dropping it (its
+/// descriptors are closed here, and nothing of it runs again; another thread in the
+/// middle of a call on it fails), and make every open file and mapping reopen its inode
+/// through a new client on first use.
+fn give_up_client() {
     if let Some(f) = FS.lock().take() {
         f.abandon_after_fork();
         std::mem::forget(f);
@@ -371,11 +379,5 @@ pub extern "C" fn after_fork_child() {
     table::unlock_all();
     // A thread of the parent that was opening the client is not in the child.
     OPENING.store(false, std::sync::atomic::Ordering::Release);
-    if let Some(f) = FS.lock().take() {
-        f.abandon_after_fork();
-        std::mem::forget(f);
-    }
-    #[cfg(not(test))]
-    crate::abi_mmap::copy_in_place_mappings();
-    table::reborn_after_fork();
+    give_up_client();
 }
