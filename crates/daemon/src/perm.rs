@@ -50,14 +50,7 @@ fn proc_groups(pid: u32) -> Vec<u32> {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return Vec::new();
     };
-    s.lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| {
-            g.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    cairn_format::perm::groups_of_status(&s).unwrap_or_default()
 }
 
 /// The groups of the user `uid` in the group database (`/etc/passwd`, `/etc/group`):

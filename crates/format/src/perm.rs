@@ -90,17 +90,21 @@ pub fn cred_of_status(status: &str) -> Option<Cred> {
         let l = status.lines().find_map(|l| l.strip_prefix(key))?;
         l.split_whitespace().nth(3)?.parse().ok()
     };
-    let groups = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))?
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
     Some(Cred {
         uid: id("Uid:")?,
         gid: id("Gid:")?,
-        groups,
+        groups: groups_of_status(status)?,
     })
+}
+
+/// The supplementary groups of a `/proc/<pid>/status` text (its `Groups:` line).
+pub fn groups_of_status(status: &str) -> Option<Vec<u32>> {
+    let g = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
+    Some(
+        g.split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect(),
+    )
 }
 
 #[cfg(test)]

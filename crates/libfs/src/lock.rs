@@ -89,11 +89,9 @@ pub enum FlockOp {
 /// The longest pause between two attempts of a bounded wait.
 const MAX_PAUSE: Duration = Duration::from_millis(5);
 
-/// A client's lock files (one per `Fs`): where they are, and its POSIX descriptors.
+/// This client's descriptors of lock files that hold its process's POSIX locks (one per
+/// `Fs`).
 pub(crate) struct ClientLocks {
-    uuid: [u8; 16],
-    /// The NVM file: lock files get its group and permission bits.
-    nvm: PathBuf,
     /// The descriptor holding this process's POSIX locks on each `(ino, gen)` it locked;
     /// closed (dropping them) when any `File` of the inode closes.
     posix: Mutex<HashMap<(u64, u64), Arc<std::fs::File>>>,
@@ -114,19 +112,17 @@ fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 static MAKING: AtomicU64 = AtomicU64::new(0);
 
 impl ClientLocks {
-    pub(crate) fn new(uuid: [u8; 16], nvm: PathBuf) -> ClientLocks {
+    pub(crate) fn new() -> ClientLocks {
         ClientLocks {
-            uuid,
-            nvm,
             posix: Mutex::new(HashMap::new()),
         }
     }
 
-    /// A new descriptor of the lock file of `(ino, gen)`, making the file if there is
-    /// none: under a temporary name first, given the store's permissions, then linked
-    /// into place, so nobody opens it before its permissions are set.
-    fn open(&self, ino: u64, gen: u64) -> io::Result<std::fs::File> {
-        let path = host::lock_file_path(&self.uuid, ino, gen);
+    /// A new descriptor of the lock file of `(ino, gen)` in `fs`'s store, making the file
+    /// if there is none: under a temporary name first, given the store's permissions,
+    /// then linked into place, so nobody opens it before its permissions are set.
+    fn open(fs: &Inner, ino: u64, gen: u64) -> io::Result<std::fs::File> {
+        let path = host::lock_file_path(&fs.area.superblock().uuid, ino, gen);
         let failed = |e: io::Error, what: &Path| {
             fs_err(
                 libc::ENOLCK,
@@ -152,7 +148,7 @@ impl ClientLocks {
                 std::process::id(),
                 MAKING.fetch_add(1, Ordering::Relaxed)
             ));
-            let f = host::create_object(&tmp, &self.nvm).map_err(|e| failed(e, &tmp))?;
+            let f = host::create_object(&tmp, &fs.nvm_path).map_err(|e| failed(e, &tmp))?;
             let placed = std::fs::hard_link(&tmp, &path);
             let _ = std::fs::remove_file(&tmp);
             match placed {
@@ -166,7 +162,13 @@ impl ClientLocks {
 
     /// This process's POSIX descriptor for `(ino, gen)`; with `make`, opened if there is
     /// none (else `None`).
-    fn posix_fd(&self, ino: u64, gen: u64, make: bool) -> io::Result<Option<Arc<std::fs::File>>> {
+    fn posix_fd(
+        &self,
+        fs: &Inner,
+        ino: u64,
+        gen: u64,
+        make: bool,
+    ) -> io::Result<Option<Arc<std::fs::File>>> {
         let mut m = guard(&self.posix);
         if let Some(f) = m.get(&(ino, gen)) {
             return Ok(Some(f.clone()));
@@ -174,7 +176,7 @@ impl ClientLocks {
         if !make {
             return Ok(None);
         }
-        let f = Arc::new(self.open(ino, gen)?);
+        let f = Arc::new(Self::open(fs, ino, gen)?);
         m.insert((ino, gen), f.clone());
         Ok(Some(f))
     }
@@ -277,7 +279,7 @@ impl File {
     fn lock_fd(&self, kind: LockKind, make: bool) -> io::Result<Option<LockFd<'_>>> {
         let (fs, ino, gen, fl) = self.lock_parts();
         match kind {
-            LockKind::Posix => Ok(fs.locks.posix_fd(ino, gen, make)?.map(LockFd::Posix)),
+            LockKind::Posix => Ok(fs.locks.posix_fd(fs, ino, gen, make)?.map(LockFd::Posix)),
             LockKind::Ofd => {
                 if let Some(f) = fl.fd.get() {
                     return Ok(Some(LockFd::Own(f)));
@@ -285,7 +287,7 @@ impl File {
                 if !make {
                     return Ok(None);
                 }
-                let f = fs.locks.open(ino, gen)?;
+                let f = ClientLocks::open(fs, ino, gen)?;
                 // A concurrent first lock may have set it: theirs stays, ours closes.
                 let _ = fl.fd.set(f);
                 Ok(fl.fd.get().map(LockFd::Own))

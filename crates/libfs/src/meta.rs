@@ -265,17 +265,13 @@ pub(crate) fn groups_and_umask() -> (Vec<u32>, u32) {
     let mut groups = Vec::new();
     let mut umask = 0o022;
     if let Ok(s) = std::fs::read_to_string("/proc/self/status") {
-        for line in s.lines() {
-            if let Some(g) = line.strip_prefix("Groups:") {
-                groups = g
-                    .split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect();
-            } else if let Some(u) = line.strip_prefix("Umask:") {
-                if let Ok(v) = u32::from_str_radix(u.trim(), 8) {
-                    umask = v;
-                }
-            }
+        groups = cairn_format::perm::groups_of_status(&s).unwrap_or_default();
+        if let Some(v) = s
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .and_then(|u| u32::from_str_radix(u.trim(), 8).ok())
+        {
+            umask = v;
         }
     }
     (groups, umask)

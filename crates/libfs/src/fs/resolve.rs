@@ -117,6 +117,7 @@ impl Inner {
         let mut name: Option<Vec<u8>> = None;
         let mut kind = Kind::Dir;
         let mut links = 0u32;
+        let cred = self.cred();
         while let Some(c) = stack.pop() {
             let is_last = stack.is_empty();
             // `cur` must be a searchable directory.
@@ -124,7 +125,7 @@ impl Inner {
             if da.kind != Kind::Dir {
                 return Err(fs_err(libc::ENOTDIR, format!("{op}: not a directory")));
             }
-            if !self.cred().may(&da, X) {
+            if !cred.may(&da, X) {
                 return Err(fs_err(
                     libc::EACCES,
                     format!("{op}: search permission denied"),

@@ -171,10 +171,7 @@ impl Inner {
             closing: AtomicBool::new(false),
             lease_lost: std::sync::RwLock::new(None),
             lease_gen_off,
-            locks: crate::lock::ClientLocks::new(
-                area.superblock().uuid,
-                std::path::PathBuf::from(&reg.nvm_path),
-            ),
+            locks: crate::lock::ClientLocks::new(),
             link_root: std::sync::RwLock::new(None),
             store,
             create,
