@@ -686,11 +686,15 @@ fn memory_follows_the_live_data_under_a_garbage_bound() {
                 st.data_bytes
             );
             assert!(st.garbage <= 0.05, "{st:?}");
-            // The tombstones went too (the values they deleted were compacted away):
-            // 9,000 of them would be 6% of the live data. How many went depends on which
-            // segments compaction chose before the garbage fell under the bound (seen:
-            // 2.5% to 4.1% left), so the check is that not all stayed.
-            assert!(st.live_bytes < st.data_bytes + st.data_bytes / 20, "{st:?}");
+            // Tombstones count as garbage (the bound above covers those in closed
+            // segments). Those compaction copied while still needed sit in its head,
+            // which is never compacted, until the head closes: how many were dropped
+            // depends on which segments compaction chose first (seen: all of them to
+            // none), so it is reported, not checked.
+            eprintln!(
+                "tombstone bytes left: {}",
+                st.live_bytes.saturating_sub(st.data_bytes)
+            );
         } else {
             // Everything written is still there, dead or not.
             assert!(st.resident_bytes > 36 << 20, "{st:?}");
