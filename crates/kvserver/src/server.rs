@@ -2,7 +2,8 @@
 //! of connections (non-blocking sockets, level-triggered). A connection's requests are
 //! parsed as they arrive, as many as its buffer holds (pipelining), executed in order,
 //! and their replies written back in order; a connection whose client does not read
-//! its replies stops being read from (4 MiB of replies pending) until it does.
+//! its replies stops being served (4 MiB of replies pending: no more of its requests
+//! executed, none read) until it does.
 
 use crate::commands::{execute, After, Session, Shared};
 use crate::resp::{parse, wanted, Out};
@@ -40,6 +41,11 @@ impl Conn {
     /// Read what is there, execute every whole request, write what can be written.
     /// Whether the connection is finished.
     fn serve(&mut self, sh: &Shared, scratch: &mut [u8]) -> bool {
+        // Replies out first, then the requests the last wake-up left waiting for room.
+        if self.flush().is_err() {
+            return true;
+        }
+        self.run(sh);
         let mut got = 0;
         while !self.closing && self.out.len() - self.sent < MAX_PENDING && got < READ_BUDGET {
             match self.stream.read(scratch) {
@@ -66,10 +72,11 @@ impl Conn {
         self.flush().is_err() || (self.closing && self.sent == self.out.len())
     }
 
-    /// Execute the whole requests in the input buffer.
+    /// Execute the whole requests in the input buffer, until the replies pending reach
+    /// `MAX_PENDING` (the rest waits for the client to read).
     fn run(&mut self, sh: &Shared) {
         let mut at = 0;
-        while !self.closing {
+        while !self.closing && self.out.len() - self.sent < MAX_PENDING {
             match parse(&self.inb[at..]) {
                 Ok(Some((args, n))) => {
                     at += n;
@@ -215,6 +222,11 @@ pub fn serve(
     stop: Arc<dyn Fn() -> bool + Send + Sync>,
 ) -> io::Result<()> {
     listener.set_nonblocking(true)?;
+    // A connection costs a descriptor (and a few KiB while idle): as many as the
+    // system lets this process have.
+    if let Err(e) = cairn_media::sys::raise_open_files_limit() {
+        eprintln!("cairn kv serve: cannot raise the limit of open files: {e}");
+    }
     let workers: Vec<Arc<Worker>> = (0..threads.max(1))
         .map(|_| {
             Ok(Arc::new(Worker {
@@ -246,6 +258,8 @@ pub fn serve(
         tv_nsec: 100_000_000,
     };
     let mut next = 0usize;
+    // When accept last said why it failed (once a second at most).
+    let mut said = None;
     while !stop() {
         events.clear();
         match epoll::wait(&ep, spare_capacity(&mut events), Some(&tick)) {
@@ -260,7 +274,12 @@ pub fn serve(
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // Out of descriptors and the like: the listener stays, try again soon.
                 Err(e) => {
-                    eprintln!("cairn kv serve: accept: {e}");
+                    if said
+                        .is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1))
+                    {
+                        eprintln!("cairn kv serve: accept: {e}");
+                        said = Some(std::time::Instant::now());
+                    }
                     std::thread::sleep(Duration::from_millis(10));
                     break;
                 }

@@ -1043,6 +1043,18 @@ pub mod sys {
         }
     }
 
+    /// Raise this process's soft limit of open descriptors to its hard limit (a server
+    /// that holds many connections); the limit now (`u64::MAX`: none).
+    pub fn raise_open_files_limit() -> io::Result<u64> {
+        use rustix::process::{getrlimit, setrlimit, Resource};
+        let mut l = getrlimit(Resource::Nofile);
+        if l.current != l.maximum {
+            l.current = l.maximum;
+            setrlimit(Resource::Nofile, l)?;
+        }
+        Ok(l.current.unwrap_or(u64::MAX))
+    }
+
     /// Current uid and gid of this process.
     pub fn ids() -> (u32, u32) {
         (

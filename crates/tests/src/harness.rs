@@ -37,6 +37,30 @@ pub fn output_ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A figure of `/proc/PID/status` (`VmRSS` and `VmSize` in KiB, `Threads`), while the
+/// process lives.
+pub fn proc_status(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| {
+        l.strip_prefix(field)?
+            .strip_prefix(':')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// Let this process hold `n` descriptors and a hundred more (its soft limit raised as
+/// far as the hard one allows); fails the test if the hard limit is lower.
+pub fn allow_open_files(n: u64) {
+    let l = cairn_media::sys::raise_open_files_limit().expect("raising RLIMIT_NOFILE");
+    assert!(
+        l >= n + 100,
+        "this test holds {n} descriptors; the hard limit of open files is {l} (ulimit -Hn)"
+    );
+}
+
 /// Make sure LibFS auto-starts daemons from the binary under test.
 pub fn export_cairn_bin() {
     if std::env::var_os("CAIRN_BIN").is_none() {

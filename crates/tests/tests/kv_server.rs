@@ -481,3 +481,76 @@ fn bad_input_gets_error_replies() {
         Reply::Simple("OK".into())
     );
 }
+
+/// What one client can do to the server, all at once: announce bulks of 500 MiB on 64
+/// connections and send 4 KiB of each (the server holds what arrives, not what is
+/// announced: it once reserved the whole bulk), pipeline 2,000 GETs of a 64 KiB value
+/// on 16 connections and never read the replies (a connection stops being read past
+/// 4 MiB of replies pending), and hold 10,000 connections more. The server's memory
+/// stays bounded, another client is served, and nothing acknowledged is lost.
+#[test]
+fn one_client_cannot_take_the_server_down() {
+    use cairn_tests::harness::{allow_open_files, proc_status};
+    const IDLE: usize = 10_000;
+    allow_open_files(IDLE as u64 + 100);
+    let pool = Pool::new("dos");
+    let s = start(&pool.0, "64M", &[]);
+    let pid = s.child.id();
+    let mut c = client(s.port);
+    let value = vec![b'v'; 64 << 10];
+    assert_eq!(
+        c.call(&[b"SET", b"v", &value]).unwrap(),
+        Reply::Simple("OK".into())
+    );
+    let status = |f| proc_status(pid, f).expect("the server lives");
+    let (vm0, rss0) = (status("VmSize"), status("VmRSS"));
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let mut t = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        t.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$524288000\r\n")
+            .unwrap();
+        t.write_all(&[b'x'; 4096]).unwrap();
+        held.push(t);
+    }
+    let gets = b"*2\r\n$3\r\nGET\r\n$1\r\nv\r\n".repeat(2000);
+    for _ in 0..16 {
+        let mut t = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        t.write_all(&gets).unwrap();
+        held.push(t);
+    }
+    let t = Instant::now();
+    for _ in 0..IDLE {
+        held.push(TcpStream::connect(("127.0.0.1", s.port)).unwrap());
+    }
+    let opened = t.elapsed();
+    // Another client, meanwhile.
+    let t = Instant::now();
+    let mut other = client(s.port);
+    assert_eq!(
+        call(&mut other, &["SET", "during", "yes"]),
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(
+        other.call(&[b"GET", b"v"]).unwrap(),
+        Reply::Bulk(value.clone())
+    );
+    let served = t.elapsed();
+    // Let the server do all it will for the greedy ones.
+    std::thread::sleep(Duration::from_secs(1));
+    let (vm, rss) = (status("VmSize"), status("VmRSS"));
+    eprintln!(
+        "{IDLE} idle connections opened in {opened:?}; another client served in {served:?}; \
+         server VmSize {vm0} -> {vm} KiB, VmRSS {rss0} -> {rss} KiB"
+    );
+    // 64 bulks of 500 MiB reserved would be 32 GB of address space; 16 connections of
+    // 4 MiB pending replies and the idle connections' buffers are well under 256 MiB.
+    assert!(vm < vm0 + (1 << 20), "VmSize {vm0} -> {vm} KiB");
+    assert!(rss < rss0 + (256 << 10), "VmRSS {rss0} -> {rss} KiB");
+    drop(held);
+    assert_eq!(
+        call(&mut c, &["GET", "during"]),
+        Reply::Bulk(b"yes".to_vec())
+    );
+    assert_eq!(c.call(&[b"GET", b"v"]).unwrap(), Reply::Bulk(value));
+    assert_eq!(call(&mut c, &["EXISTS", "k"]), Reply::Int(0));
+}

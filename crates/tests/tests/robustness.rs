@@ -347,3 +347,135 @@ fn a_panic_stops_the_daemon_and_the_next_one_recovers() {
     let log = std::fs::read_to_string(&log_path).unwrap();
     std::fs::write(&log_path, log.replace("internal error", "planted error")).unwrap();
 }
+
+/// One process opens 10,000 connections to the daemon and holds them: a quarter idle,
+/// a quarter with half a request sent, a quarter with a status request whose answer it
+/// never reads, a quarter announcing a request of 1 GiB; and eight more that ask for
+/// thousands of status reports without reading them. The daemon holds them without
+/// a thread each (at most two per log slot and a few more serve requests), closes the
+/// oversized ones, and another client is served meanwhile; afterwards the daemon is the
+/// same process and the store is intact.
+#[test]
+fn ten_thousand_held_connections_leave_other_clients_served() {
+    use cairn_tests::harness::{allow_open_files, proc_status};
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+    const N: usize = 10_000;
+    let store = TestStore::with_size(StoreSize {
+        nvm: "256M",
+        log: "1M",
+        clients: 8,
+        inodes: None,
+        tiers: None,
+    });
+    let fs = store.fs();
+    fs.write("/before", b"written before").unwrap();
+    let pid = store.daemon_pid().expect("a daemon");
+    let threads = || proc_status(pid, "Threads").expect("the daemon lives");
+    let base = threads();
+    allow_open_files(N as u64);
+    let sock = cairn_area::StoreDir::new(store.path()).socket_path();
+    // The daemon's bound: two threads per log slot (a client's connection and its
+    // upcall channel) and 16 for requests of connections that are no client's (`base`
+    // counts two of them already: `fs`'s), and two more that have finished and are
+    // about to exit.
+    let bound = base + 2 * 8 + 16 + 2;
+    let (mut peak, rss_before) = (base, proc_status(pid, "VmRSS").unwrap());
+    let t = Instant::now();
+    let mut held = Vec::with_capacity(N);
+    for i in 0..N {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        match i % 4 {
+            0 => {}
+            1 => s.write_all(&[200, 0, 0, 0, 1, 2, 3]).unwrap(),
+            2 => cairn_proto::send(&mut s, &cairn_proto::Request::Status).unwrap(),
+            _ => s.write_all(&(1u32 << 30).to_le_bytes()).unwrap(),
+        }
+        held.push(s);
+        if i % 500 == 0 {
+            peak = peak.max(threads());
+        }
+    }
+    // Eight more ask for a status 2,000 times each and read nothing: the answers fill
+    // the socket, and the daemon gives each up after 10 s instead of holding a thread.
+    for _ in 0..8 {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut req = Vec::new();
+        cairn_proto::send(&mut req, &cairn_proto::Request::Status).unwrap();
+        for _ in 0..2000 {
+            if s.write_all(&req).is_err() {
+                break;
+            }
+        }
+        held.push(s);
+    }
+    let opened = t.elapsed();
+    // Another client, meanwhile: a new one registers, writes, syncs and reads back.
+    let t = Instant::now();
+    {
+        let other = store.fs();
+        other
+            .write("/during", b"written while 10,000 were held")
+            .unwrap();
+        assert_eq!(other.read("/before").unwrap(), b"written before");
+    }
+    let served = t.elapsed();
+    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
+        .args(["status", "--store"])
+        .arg(store.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The threads of the status requests went back to the front.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while threads() > base + 2 && Instant::now() < deadline {
+        peak = peak.max(threads());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let settled = threads();
+    let rss = proc_status(pid, "VmRSS").unwrap();
+    eprintln!(
+        "{N} connections opened in {opened:?}; daemon threads {base} before, peak {peak}, \
+         {settled} after; RSS {rss_before} -> {rss} KiB; another client served in {served:?}"
+    );
+    assert!(peak <= bound, "{peak} daemon threads (bound {bound})");
+    assert!(
+        settled <= base + 2,
+        "{settled} daemon threads left (before: {base})"
+    );
+    // A status request's answer is waiting, unread; the 1 GiB announcements were closed.
+    let mut s = &held[2];
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    match cairn_proto::recv::<cairn_proto::Response>(&mut s).unwrap() {
+        cairn_proto::Response::Status(_) => {}
+        r => panic!("{r:?}"),
+    }
+    let mut s = &held[3];
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(s.read(&mut [0u8; 16]).unwrap(), 0, "closed by the daemon");
+    drop(held);
+    assert_eq!(store.daemon_pid(), Some(pid), "the same daemon");
+    assert_eq!(
+        fs.read("/during").unwrap(),
+        b"written while 10,000 were held"
+    );
+    fs.write("/after", b"and after").unwrap();
+    drop(fs);
+    store.stop();
+    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
+        .args(["fsck", "--store"])
+        .arg(store.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -1,5 +1,6 @@
 //! The server: `run_daemon` takes the store's daemon lock, opens and recovers the tier,
-//! listens on `cairnd.sock` and serves each connection on its own thread. A 100 ms timer
+//! listens on `cairnd.sock` and holds idle connections in one `epoll` set (`front`),
+//! serving a request, or a registered client's connection, on a thread of its own. A 100 ms timer
 //! thread reclaims retired blocks and recovers dead clients. Asynchronous digest requests
 //! go to a pool of digest workers (`crate::digest::parallel`) so that different clients' logs
 //! are digested in parallel; everything else takes the core with `CoreLock::serial`. SIGTERM/SIGINT and the
@@ -29,6 +30,7 @@ use std::sync::{Arc, MutexGuard};
 
 use std::time::{Duration, Instant};
 
+mod front;
 mod requests;
 
 pub(crate) use requests::mark_xattr_inodes;
@@ -186,7 +188,8 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         sj: std::sync::Mutex::new(sj),
     });
     let threads = spawn_threads(&d)?;
-    accept_loop(&d, &listener)?;
+    let slots = d.core().sh.layout.nslots as usize;
+    front::run(&d, &listener, slots)?;
     if sys::termination_requested() {
         tracing::info!("{}", "termination signal: stopping");
     }
@@ -328,46 +331,6 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
     Ok(threads)
 }
 
-/// Serve each connection on a thread of its own until a stop is asked for.
-fn accept_loop(d: &Arc<Daemon>, listener: &UnixListener) -> io::Result<()> {
-    listener.set_nonblocking(true)?;
-    while !d.stop.load(Ordering::SeqCst) && !sys::termination_requested() {
-        // Woken at once by a connection; every 100 ms to look at the stop flags.
-        match sys::wait_readable(listener, Duration::from_millis(100)) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::warn!("waiting for connections failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        }
-        match listener.accept() {
-            Ok((s, _)) => {
-                let d2 = d.clone();
-                let spawned = s.set_nonblocking(false).and_then(|()| {
-                    std::thread::Builder::new()
-                        .name("cairnd-conn".into())
-                        .spawn(move || {
-                            let _log = d2.mark_thread();
-                            serve(&d2, s)
-                        })
-                });
-                if let Err(e) = spawned {
-                    tracing::warn!("cannot serve a connection: {e}");
-                }
-            }
-            // Taken by nobody else, but a connection may have gone before `accept`.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The background migration and cleaning policy of tier `from` (`Migrator::tick`), every
 /// 100 ms, when a digest or a credit request found NVM above the high watermark, and at
 /// once again while it finds work.
@@ -474,16 +437,27 @@ fn timer_loop(d: &Daemon) {
     }
 }
 
-fn serve(d: &Daemon, mut s: UnixStream) {
-    let (pid, uid, gid) = match sys::peer_cred(&s) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!("connection without credentials refused: {e}");
-            return;
-        }
-    };
+/// How long a connection that is no client's may leave an answer unread.
+const UNREAD_ANSWER: Duration = Duration::from_secs(10);
+
+/// Serve connection `w`, whose first request `w.buf` holds, on this thread: while it is
+/// a registered client's connection or upcall channel, until it closes; a connection
+/// that is no client's goes back to the front after each request.
+fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
+    let front::Waiting {
+        stream: mut s,
+        id,
+        peer: (pid, uid, gid),
+        buf,
+    } = w;
+    let mut first = Some(buf);
+    if let Err(e) = s.set_nonblocking(false) {
+        tracing::warn!("pid {pid}: connection dropped: {e}");
+        front.done();
+        return;
+    }
     let mut c = Conn {
-        id: d.next_conn.fetch_add(1, Ordering::SeqCst),
+        id,
         pid,
         uid,
         gid,
@@ -492,8 +466,20 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         sock: s.try_clone().ok(),
         refusal: Arc::new(crate::digest::parallel::Refusal::new(s.try_clone().ok())),
     };
+    // A peer that is no client's and does not read its answers loses the connection
+    // rather than hold this thread.
+    if let Err(e) = s.set_write_timeout(Some(UNREAD_ANSWER)) {
+        tracing::warn!("pid {pid}: connection dropped: {e}");
+        front.done();
+        return;
+    }
+    let mut timed = true;
     loop {
-        let req: Request = match recv(&mut s) {
+        let req = match first.take() {
+            Some(b) => recv(&mut b.as_slice()),
+            None => recv(&mut s),
+        };
+        let req: Request = match req {
             Ok(r) => r,
             Err(e) => {
                 if e.kind() != io::ErrorKind::UnexpectedEof {
@@ -507,6 +493,13 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         }
         // A panic here stops the daemon (fail-stop, `util::install_fail_stop`).
         let reply = handle(d, &mut c, req);
+        if timed && (c.slot.is_some() || c.upcall_of.is_some()) {
+            // A client's: its own thread, which only it can hold up.
+            if s.set_write_timeout(None).is_err() {
+                break;
+            }
+            timed = false;
+        }
         let (resp, close) = match reply {
             Reply::Send(r) => (Some(r), false),
             Reply::Nothing => (None, false),
@@ -519,6 +512,16 @@ fn serve(d: &Daemon, mut s: UnixStream) {
         }
         if close || d.stop.load(Ordering::SeqCst) {
             break;
+        }
+        if c.slot.is_none() && c.upcall_of.is_none() {
+            drop(c);
+            front.give_back(front::Waiting {
+                stream: s,
+                id,
+                peer: (pid, uid, gid),
+                buf: Vec::new(),
+            });
+            return;
         }
     }
     take_refusal(d, &mut c);
@@ -533,4 +536,7 @@ fn serve(d: &Daemon, mut s: UnixStream) {
             core.recover_dead();
         }
     }
+    drop(c);
+    drop(s);
+    front.done();
 }

@@ -20,6 +20,11 @@
 //!        cairn-test-worker --load STORE ID N   (N operations: private ones under /p<ID>,
 //!        and every 5th one shared: an O_APPEND record to /shared/log and a new entry in
 //!        /shared/d; exits non-zero on any unexpected error)
+//!        cairn-test-worker --churn STORE ID N   (N steps under /c/<ID>, each printed as
+//!        `ACK <i>` once it returned: step i creates f<i> holding `<ID>:<i>`; every 4th
+//!        renames it to r<i> as well; every 4th after that adds one to the 8-byte counter
+//!        /shared/counter under a POSIX write lock instead; each step reads the previous
+//!        one's file back; `DONE` at the end, exit 1 on any error)
 //!        cairn-test-worker --mp STORE ID N SEED   (N operations on the shared directory
 //!        /s: appends of unique records to /s/f0 and /s/f1, creates and removes of this
 //!        worker's own entries in /s/d, whole-file reads and listings; prints one line per
@@ -45,6 +50,9 @@ fn main() {
     }
     if a.len() == 5 && a[1] == "--load" {
         load(&a[2], a[3].parse().expect("id"), a[4].parse().expect("n"));
+    }
+    if a.len() == 5 && a[1] == "--churn" {
+        churn(&a[2], a[3].parse().expect("id"), a[4].parse().expect("n"));
     }
     if a.len() == 6 && a[1] == "--mp" {
         multiproc(
@@ -224,6 +232,65 @@ fn load(store: &str, id: u32, n: usize) -> ! {
         }
     }
     std::process::exit(0);
+}
+
+fn churn(store: &str, id: u32, n: usize) -> ! {
+    let fail = |what: String, e: std::io::Error| -> ! {
+        eprintln!("churn worker {id}: {what}: {e}");
+        std::process::exit(1)
+    };
+    let fs = cairn::Fs::open(store).unwrap_or_else(|e| fail("open".into(), e));
+    let dir = format!("/c/{id}");
+    fs.create_dir(&dir)
+        .unwrap_or_else(|e| fail(format!("mkdir {dir}"), e));
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    for i in 0..n {
+        match cairn_tests::churn_step(id, i) {
+            Some((name, body)) => {
+                let f = format!("{dir}/f{i}");
+                fs.write(&f, &body)
+                    .unwrap_or_else(|e| fail(format!("write {f}"), e));
+                if name != format!("f{i}") {
+                    let to = format!("{dir}/{name}");
+                    fs.rename(&f, &to)
+                        .unwrap_or_else(|e| fail(format!("rename {f} {to}"), e));
+                }
+            }
+            None => {
+                let c = cairn::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&fs, "/shared/counter")
+                    .unwrap_or_else(|e| fail("open the counter".into(), e));
+                let locked = c.lock(cairn::LockKind::Posix, cairn::LockType::Write, 0, 0, true);
+                locked.unwrap_or_else(|e| fail("lock the counter".into(), e));
+                let mut b = [0u8; 8];
+                let got = c
+                    .read_at(&mut b, 0)
+                    .unwrap_or_else(|e| fail("read the counter".into(), e));
+                assert_eq!(got, 8, "the counter's length");
+                let next = (u64::from_le_bytes(b) + 1).to_le_bytes();
+                c.write_at(&next, 0)
+                    .unwrap_or_else(|e| fail("write the counter".into(), e));
+                // Closing the file drops the lock (the last descriptor of the inode in
+                // this process).
+            }
+        }
+        if let Some((name, body)) = i
+            .checked_sub(1)
+            .and_then(|j| cairn_tests::churn_step(id, j))
+        {
+            let f = format!("{dir}/{name}");
+            let got = fs.read(&f).unwrap_or_else(|e| fail(format!("read {f}"), e));
+            assert_eq!(got, body, "{f} read back");
+        }
+        let _ = writeln!(out, "ACK {i}");
+        let _ = out.flush();
+    }
+    let _ = writeln!(out, "DONE");
+    let _ = out.flush();
+    std::process::exit(0)
 }
 
 /// Now, in nanoseconds since the Unix epoch (as the records carry it).
