@@ -45,6 +45,11 @@ command -v g++ >/dev/null 2>&1 || apt_missing+=(g++)
 [ -f /usr/include/boost/interprocess/offset_ptr.hpp ] || apt_missing+=(libboost-dev)
 [ -f /usr/include/lmdb.h ] || apt_missing+=(liblmdb-dev)
 
+# The remote tier on Ceph RADOS (docs/REMOTE.md): librados to build against, and the
+# daemons of the one-machine cluster its tests start (scripts/ceph-dev-cluster.sh).
+command -v ceph-osd >/dev/null 2>&1 || apt_missing+=(ceph-mon ceph-osd ceph-common)
+[ -f /usr/include/rados/librados.h ] || apt_missing+=(librados-dev)
+
 if ((${#apt_missing[@]})); then
     if ! command -v apt-get >/dev/null 2>&1; then
         log "missing ${apt_missing[*]} and there is no apt-get: install them by hand" >&2

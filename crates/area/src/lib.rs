@@ -15,9 +15,11 @@ pub mod error;
 pub mod host;
 pub mod reader;
 pub mod store;
+pub mod tier;
 pub mod time;
 pub mod units;
 
 pub use error::{errno_of, fs_err};
 pub use reader::Area;
 pub use store::{StoreConfig, StoreDir};
+pub use tier::{FileTier, TierDevice};

@@ -9,6 +9,7 @@
 
 use crate::cache::BlockCache;
 use crate::error::fs_err;
+use crate::tier::{FileTier, TierDevice};
 use cairn_format::dir::{self, Entry};
 use cairn_format::inode::{current_copy, read_ok, Inode, Kind, COPY_BYTES, COPY_OFF, INODE_BYTES};
 use cairn_format::map::{self, entry_block, entry_tier, ENTRY_FLAGS};
@@ -33,9 +34,7 @@ pub struct Area {
     map: Mapping,
     sb: Superblock,
     /// SSD and HDD, when the store has them and they were attached.
-    tiers: [Option<File>; 2],
-    /// The same opened with `O_DIRECT`, where the file system or device allows it.
-    direct: [Option<File>; 2],
+    tiers: [Option<Box<dyn TierDevice>>; 2],
     /// DRAM cache of lower-tier blocks ([`Area::set_cache`]).
     cache: Option<BlockCache>,
     /// Read-ahead, in blocks, on a sequential miss.
@@ -77,7 +76,6 @@ impl Area {
             map,
             sb,
             tiers: [None, None],
-            direct: [None, None],
             cache: None,
             readahead: 1,
             next_miss: Default::default(),
@@ -104,31 +102,14 @@ impl Area {
                     "the store has an {name} tier but cairn.toml names no {name}_path"
                 )));
             };
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(writable)
-                .open(path)
-                .map_err(|e| {
-                    fs_err(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                        format!("cannot open the {name} tier {}: {e}", path.display()),
-                    )
-                })?;
+            let t = FileTier::open(tier, path, writable)?;
             let mut h = vec![0u8; BLOCK_SIZE];
-            f.read_exact_at(&mut h, 0)
+            t.file()
+                .read_exact_at(&mut h, 0)
                 .map_err(|e| eio(format!("{name} tier {}: {e}", path.display())))?;
             cairn_format::tier::check_header(&h, tier, &self.sb.uuid, &g)
                 .map_err(|e| eio(format!("{name} tier {}: {}", path.display(), e.0)))?;
-            self.tiers[i] = Some(f);
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                self.direct[i] = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(writable)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(path)
-                    .ok();
-            }
+            self.tiers[i] = Some(Box::new(t));
         }
         Ok(())
     }
@@ -177,7 +158,7 @@ impl Area {
         };
         let n = window.min((seg + 1) * g.segment_blocks - blk);
         let mut buf = cairn_media::AlignedBuf::zeroed(n as usize * BLOCK_SIZE);
-        self.read_tier_aligned(tier, blk * BLOCK_SIZE_U64, &mut buf)?;
+        self.read_tier(tier, blk * BLOCK_SIZE_U64, &mut buf)?;
         for (i, b) in buf.chunks_exact(BLOCK_SIZE).enumerate() {
             c.put(e + i as u64, gen, b);
         }
@@ -188,41 +169,10 @@ impl Area {
     }
 
     /// The device of lower tier `tier` (1 = SSD, 2 = HDD), if attached.
-    pub fn tier_file(&self, tier: u8) -> Option<&File> {
+    pub fn tier(&self, tier: u8) -> Option<&dyn TierDevice> {
         match tier {
-            1 | 2 => self.tiers[tier as usize - 1].as_ref(),
+            1 | 2 => self.tiers[tier as usize - 1].as_deref(),
             _ => None,
-        }
-    }
-
-    /// The device of lower tier `tier` opened with `O_DIRECT`, if the file system or
-    /// device allows it (buffers, offsets and lengths must then be 4 KiB aligned).
-    pub fn tier_direct(&self, tier: u8) -> Option<&File> {
-        match tier {
-            1 | 2 => self.direct[tier as usize - 1].as_ref(),
-            _ => None,
-        }
-    }
-
-    /// Read `buf.len()` bytes at byte `off` of lower tier `tier`, with direct I/O when
-    /// the tier allows it and `buf`, `off` and the length are 4 KiB aligned.
-    pub fn read_tier_aligned(&self, tier: u8, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let aligned = |x: u64| x.is_multiple_of(BLOCK_SIZE_U64);
-        match self.tier_direct(tier) {
-            Some(f)
-                if aligned(off) && aligned(buf.len() as u64) && aligned(buf.as_ptr() as u64) =>
-            {
-                f.read_exact_at(buf, off).map_err(|e| {
-                    eio(format!(
-                        "direct read of the {} tier at {off}: {e}",
-                        map::TIER_NAMES[tier as usize]
-                    ))
-                })?;
-                cairn_media::emulate::read(tier, buf.len());
-                Ok(())
-            }
-            _ => self.read_tier(tier, off, buf),
         }
     }
 
@@ -326,16 +276,24 @@ impl Area {
         Ok(map::huge_first(e))
     }
 
-    /// Read `buf.len()` bytes at byte `off` of lower tier `tier`.
+    /// Read `buf.len()` bytes at byte `off` of lower tier `tier` (one read per segment
+    /// the range touches; direct I/O where the device allows it and `buf`, `off` and the
+    /// length are 4 KiB aligned).
     pub fn read_tier(&self, tier: u8, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
         let name = map::TIER_NAMES[tier.min(2) as usize];
-        let f = self
-            .tier_file(tier)
-            .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
-        f.read_exact_at(buf, off)
-            .map_err(|e| eio(format!("read of the {name} tier at {off}: {e}")))?;
-        cairn_media::emulate::read(tier, buf.len());
+        let (Some(dev), Some(g)) = (self.tier(tier), self.layout().tier(tier).copied()) else {
+            return Err(eio(format!("the {name} tier is not attached")));
+        };
+        let seg_bytes = g.segment_bytes();
+        let mut done = 0;
+        while done < buf.len() {
+            let at = off + done as u64;
+            let seg = at / seg_bytes;
+            let n = ((seg + 1) * seg_bytes - at).min((buf.len() - done) as u64) as usize;
+            let gen = self.segment_gen(tier, seg)?;
+            dev.read(seg, gen, at, &mut buf[done..done + n])?;
+            done += n;
+        }
         Ok(())
     }
 

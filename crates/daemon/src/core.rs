@@ -170,7 +170,7 @@ impl Core {
         } else {
             cfg.recency_grain_nvm_kib
         };
-        sh.recency = crate::tiers::migrate::Recency::new(nvm_grain, cfg.recency_grain_ssd_kib);
+        sh.recency = crate::tiers::recency::Recency::new(nvm_grain, cfg.recency_grain_ssd_kib);
         let mut report = StartReport::default();
         let mounts = allocation_state(&mut sh, clean, &mut report)?;
         let v5 = sh.area.superblock().superpages();

@@ -70,7 +70,7 @@ pub(crate) struct Shared {
     /// the core lock): nothing retired in or after them is freed.
     pub held_epochs: Vec<u64>,
     /// Recency of file data per tier (`crate::tiers::migrate`).
-    pub recency: crate::tiers::migrate::Recency,
+    pub recency: crate::tiers::recency::Recency,
     /// Migration and cleaning traffic, per tier (mirrored in the daemon state block).
     pub traffic: [cairn_proto::TierTraffic; 3],
     /// Inodes (number, generation) that may have extended attributes (`crate::xattr`):
@@ -153,13 +153,15 @@ impl Shared {
         for i in 0..self.tiers.len() {
             let segs = std::mem::take(&mut self.tiers[i].to_trim);
             let t = &self.tiers[i];
-            let Some(f) = self.area.tier_file(t.num) else {
+            let Some(dev) = self.area.tier(t.num) else {
                 continue;
             };
             for s in segs {
                 let len = t.geom.segment_bytes();
                 // A failed trim wastes nothing: the segment is rewritten whole.
-                let _ = cairn_media::file::discard(f, s * len, len);
+                if let Ok(gen) = self.area.segment_gen(t.num, s) {
+                    let _ = dev.discard(s, gen, s * len, len);
+                }
             }
         }
     }

@@ -3,9 +3,14 @@
 //! every segment, and the segment being written. A lower tier is written only in whole
 //! segments: a migration or cleaning round takes one free segment, fills it sequentially
 //! with one write, and never writes it again until every block of it is dead and it was
-//! trimmed.
+//! trimmed. The moves between tiers are `migrate` (rounds), `select` (which blocks),
+//! `copy` (the data and the map switch) and `recency` (what is cold, what is hot); the
+//! storage of a lower tier is a `cairn_area::TierDevice`.
 
+mod copy;
 pub(crate) mod migrate;
+pub(crate) mod recency;
+mod select;
 
 use crate::store::alloc::Bitmap;
 use cairn_format::superblock::TierGeom;
