@@ -224,6 +224,18 @@ impl TestStore {
     pub fn stop(&self) {
         let _ = cairn::daemon_shutdown(Some(self.path()));
     }
+
+    /// Stop the daemon and check the store with `cairn fsck`: fails the test unless it
+    /// is clean.
+    pub fn fsck_clean(&self) {
+        self.stop();
+        output_ok(
+            Command::new(cairn_bin())
+                .args(["fsck", "--store"])
+                .arg(self.path()),
+            "fsck",
+        );
+    }
 }
 
 impl Default for TestStore {

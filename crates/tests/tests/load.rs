@@ -251,15 +251,5 @@ fn two_hundred_fifty_six_processes_one_killed_every_second() {
         "counter {counter}: {acked_incs} increments acknowledged, {inflight_incs} in flight"
     );
     drop(fs);
-    store.stop();
-    let out = Command::new(cairn_tests::harness::cairn_bin())
-        .args(["fsck", "--store"])
-        .arg(store.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "fsck: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    store.fsck_clean();
 }

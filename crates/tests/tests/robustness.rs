@@ -422,15 +422,11 @@ fn ten_thousand_held_connections_leave_other_clients_served() {
         assert_eq!(other.read("/before").unwrap(), b"written before");
     }
     let served = t.elapsed();
-    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
-        .args(["status", "--store"])
-        .arg(store.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    cairn_tests::harness::output_ok(
+        std::process::Command::new(cairn_tests::harness::cairn_bin())
+            .args(["status", "--store"])
+            .arg(store.path()),
+        "cairn status",
     );
     // The threads of the status requests went back to the front.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -467,15 +463,5 @@ fn ten_thousand_held_connections_leave_other_clients_served() {
     );
     fs.write("/after", b"and after").unwrap();
     drop(fs);
-    store.stop();
-    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
-        .args(["fsck", "--store"])
-        .arg(store.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    store.fsck_clean();
 }

@@ -272,21 +272,6 @@ fn kill_daemon(store: &TestStore) {
     }
 }
 
-fn fsck_clean(store: &TestStore) {
-    store.stop();
-    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
-        .args(["fsck", "--store"])
-        .arg(store.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "fsck: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn killing_the_daemon_during_promotion_and_demotion_loses_nothing() {
     let store = store("256M");
@@ -341,7 +326,7 @@ fn killing_the_daemon_during_promotion_and_demotion_loses_nothing() {
         assert!(fs.read(n).unwrap() == *d, "{n} differs at the end");
     }
     drop(fs);
-    fsck_clean(&store);
+    store.fsck_clean();
 }
 
 #[test]
@@ -397,7 +382,7 @@ fn killing_the_daemon_during_compaction_loses_nothing() {
         assert!(fs.read(n).unwrap() == *d, "{n} differs at the end");
     }
     drop(fs);
-    fsck_clean(&store);
+    store.fsck_clean();
 }
 
 /// A store whose NVM file is on a tmpfs mounted `huge=within_size`, in a private mount
