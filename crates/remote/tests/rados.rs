@@ -33,8 +33,9 @@ fn free_ports() -> u16 {
 }
 
 impl Cluster {
-    /// One monitor and one OSD in RAM; `None` (outside CI) when Ceph is not installed.
-    fn start() -> Option<Cluster> {
+    /// One monitor and `osds` OSDs in RAM (`tag` names its directory); `None` (outside
+    /// CI) when Ceph is not installed.
+    fn start(tag: &str, osds: u32) -> Option<Cluster> {
         if Command::new("ceph-osd").arg("--version").output().is_err() {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -43,12 +44,13 @@ impl Cluster {
             eprintln!("ceph-osd is missing (scripts/setup.sh installs it): not tested");
             return None;
         }
-        let dir = std::env::temp_dir().join(format!("cairn-ceph-test-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("cairn-ceph-test-{tag}-{}", std::process::id()));
         let port = free_ports();
         let out = Command::new(script())
             .args(["start", "--dir"])
             .arg(&dir)
-            .args(["--port", &port.to_string()])
+            .args(["--port", &port.to_string(), "--osds", &osds.to_string()])
             .output()
             .unwrap();
         assert!(
@@ -60,6 +62,21 @@ impl Cluster {
             conf: dir.join("ceph.conf"),
             dir,
         })
+    }
+}
+
+impl Cluster {
+    fn run(&self, what: &str, osd: u32) {
+        let out = Command::new(script())
+            .args([what, &osd.to_string(), "--dir"])
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what} {osd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -75,7 +92,9 @@ impl Drop for Cluster {
 /// Both parts against one cluster (starting one takes seconds).
 #[test]
 fn the_remote_tier_against_a_ceph_cluster() {
-    let Some(c) = Cluster::start() else { return };
+    let Some(c) = Cluster::start("one", 1) else {
+        return;
+    };
     a_segment_round_trips_through_objects(&c);
     bad_settings_get_clear_errors_not_hangs(&c);
 }
@@ -192,4 +211,44 @@ fn bad_settings_get_clear_errors_not_hangs(c: &Cluster) {
     let e = Pool::connect(&spec, Duration::from_secs(3)).err().unwrap();
     assert_eq!(errno_of(&e), libc::ETIMEDOUT, "{e}");
     assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+/// Three OSDs, three replicas (two needed to write): one OSD killed with SIGKILL while
+/// segments are written. Every write finishes (after a stall while the cluster notices),
+/// and every segment reads back, before and after the OSD comes back.
+#[test]
+fn an_osd_killed_while_segments_are_written_loses_nothing() {
+    let Some(c) = Cluster::start("three", 3) else {
+        return;
+    };
+    let geom = TierGeom {
+        segments: 64,
+        segment_blocks: 1024,
+    };
+    let t = RadosTier::new(pool(&c), b"cairn-osd-kill!!", 1, geom);
+    let seg_bytes = geom.segment_bytes();
+    let mut slowest = Duration::ZERO;
+    for seg in 1..48u64 {
+        if seg == 16 {
+            c.run("kill-osd", 1);
+        }
+        let data = pattern(seg_bytes as usize, seg as u8);
+        let t0 = Instant::now();
+        t.write_segment(seg, 1, seg * seg_bytes, &data).unwrap();
+        slowest = slowest.max(t0.elapsed());
+    }
+    let check = |when: &str| {
+        for seg in 1..48u64 {
+            let mut b = vec![0u8; seg_bytes as usize];
+            t.read(seg, 1, seg * seg_bytes, &mut b).unwrap();
+            assert!(
+                b == pattern(seg_bytes as usize, seg as u8),
+                "segment {seg} {when}"
+            );
+        }
+    };
+    check("with the OSD down");
+    c.run("start-osd", 1);
+    check("with the OSD back");
+    eprintln!("47 segments of 4 MiB written, one OSD killed after 15: slowest write {slowest:?}");
 }
