@@ -109,7 +109,7 @@ start() {
     rm -rf "$DIR"
     mkdir -p "$DIR"/{mon,osd,run,log}
     local t0 fsid v1 v2
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N)
     fsid="$(cat /proc/sys/kernel/random/uuid)"
     v1="127.0.0.1:$PORT"
     v2="127.0.0.1:$((PORT + 1))"
@@ -198,7 +198,7 @@ EOF
         sleep 0.5
     done
     [ "$ready" = 1 ] || die "the pool $POOL takes no writes after a minute (see $DIR/log)"
-    log "$OSDS OSD(s) ($STORE), pool $POOL size $SIZE min_size $MIN_SIZE, monitor on $v1, ready in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t0" | bc)") s"
+    log "$OSDS OSD(s) ($STORE), pool $POOL size $SIZE min_size $MIN_SIZE, monitor on $v1, ready in $((($(date +%s%N) - t0) / 1000000)) ms"
     echo "CEPH_CONF=$CONF"
 }
 
