@@ -15,15 +15,15 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The largest request a connection that is not a client's may send: a registration, a
 /// status or an administration request is a few hundred bytes. A larger announced
 /// length closes the connection (a client's own connection, once registered, is read
 /// by its thread, up to the protocol's `MAX_FRAME`).
-pub(super) const FRONT_FRAME: usize = 64 << 10;
+const FRONT_FRAME: usize = 64 << 10;
 
 /// Threads beyond two per log slot: for the requests of connections that are no
 /// client's (command-line tools), and registrations in progress. Requests that find them
@@ -66,8 +66,9 @@ impl Waiting {
     fn read_request(&mut self) -> io::Result<bool> {
         loop {
             let want = match self.frame_len() {
-                Ok(None) => 4,
+                Ok(Some(n)) if self.buf.len() >= n => return Ok(true),
                 Ok(Some(n)) => n,
+                Ok(None) => 4,
                 Err(len) => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
@@ -78,12 +79,6 @@ impl Waiting {
                     ))
                 }
             };
-            if self.buf.len() >= want {
-                if want == 4 {
-                    continue;
-                }
-                return Ok(true);
-            }
             let have = self.buf.len();
             self.buf.resize(want, 0);
             let r = self.stream.read(&mut self.buf[have..]);
@@ -133,20 +128,38 @@ impl Queue {
     }
 }
 
+/// The worker threads: `alive` of them (at most the cap), `idle` of which wait for a
+/// connection in `jobs`.
+#[derive(Default)]
+struct Workers {
+    jobs: VecDeque<Waiting>,
+    idle: usize,
+    alive: usize,
+}
+
+/// How long a worker with nothing to do waits for a connection before it exits.
+const WORKER_IDLE: Duration = Duration::from_secs(30);
+
 /// The connections waiting in the front, and the threads serving the others.
 pub(super) struct Front {
     ep: OwnedFd,
-    /// Written when a thread is done with a connection (requests may queue for it).
+    /// Written when a worker becomes idle (requests may queue for it).
     wake: OwnedFd,
     waiting: Mutex<HashMap<u64, Waiting>>,
-    /// Connections a thread serves now, and the most there may be.
-    threads: AtomicUsize,
+    workers: Mutex<Workers>,
+    /// Signalled when `workers.jobs` has a connection.
+    work: Condvar,
+    /// The most worker threads.
     cap: usize,
 }
 
 impl Front {
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn workers(&self) -> std::sync::MutexGuard<'_, Workers> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Hold `w` until its next request has arrived whole.
@@ -165,27 +178,25 @@ impl Front {
         Ok(())
     }
 
-    /// A thread stopped serving a connection that is no client's, between requests: it
+    /// A worker stopped serving a connection that is no client's, between requests: it
     /// waits in the front again.
     pub(super) fn give_back(&self, w: Waiting) {
         let (pid, id) = (w.peer.0, w.id);
         if let Err(e) = self.hold(w) {
             tracing::warn!("pid {pid}: connection {id} dropped: {e}");
         }
-        self.done();
     }
 
-    /// A thread stopped serving a connection (given back, or closed).
-    pub(super) fn done(&self) {
-        let was = self.threads.fetch_sub(1, Ordering::SeqCst);
-        debug_assert!(was > 0 && was <= self.cap);
-        // A full counter (the front has not read it yet) is as good as a write.
-        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-    }
-
-    /// Connections served by a thread now.
+    /// Worker threads alive now.
     fn threads(&self) -> usize {
-        self.threads.load(Ordering::SeqCst)
+        self.workers().alive
+    }
+
+    /// Whether a connection can go to a worker now: an idle one not yet given one, or
+    /// room for another.
+    fn has_room(&self) -> bool {
+        let g = self.workers();
+        g.idle > g.jobs.len() || g.alive < self.cap
     }
 
     /// Connections waiting in the front now.
@@ -209,7 +220,8 @@ pub(super) fn run(d: &Arc<Daemon>, listener: &UnixListener, slots: usize) -> io:
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )?,
         waiting: Mutex::new(HashMap::new()),
-        threads: AtomicUsize::new(0),
+        workers: Mutex::new(Workers::default()),
+        work: Condvar::new(),
         cap: 2 * slots + SPARE_THREADS,
     });
     epoll::add(
@@ -255,10 +267,11 @@ pub(super) fn run(d: &Arc<Daemon>, listener: &UnixListener, slots: usize) -> io:
                 }
             }
         }
-        // Requests to threads, as many as there may be.
-        while front.threads() < front.cap {
+        // Requests to workers: idle ones first, then new ones up to the cap. (Only this
+        // thread hands work out, so room seen here is still there.)
+        while front.has_room() {
             let Some(w) = queue.pop() else { break };
-            spawn(d, &front, w);
+            dispatch(d, &front, w);
         }
     }
     Ok(())
@@ -333,20 +346,131 @@ fn readable(front: &Front, id: u64) -> Option<Waiting> {
     }
 }
 
-/// Serve `w`'s request, and what follows of the connection, on a thread of its own.
-fn spawn(d: &Arc<Daemon>, front: &Arc<Front>, w: Waiting) {
-    let was = front.threads.fetch_add(1, Ordering::SeqCst);
-    debug_assert!(was < front.cap);
+/// Give `w` to an idle worker, or to a new one ([`Front::has_room`] said there is room).
+fn dispatch(d: &Arc<Daemon>, front: &Arc<Front>, w: Waiting) {
+    let mut g = front.workers();
+    debug_assert!(g.idle <= g.alive && g.alive <= front.cap);
+    if g.idle > g.jobs.len() {
+        g.jobs.push_back(w);
+        front.work.notify_one();
+        return;
+    }
+    assert!(g.alive < front.cap, "dispatch without room");
+    g.alive += 1;
+    drop(g);
     let (d2, f2, pid) = (d.clone(), front.clone(), w.peer.0);
     let spawned = std::thread::Builder::new()
         .name("cairnd-conn".into())
         .spawn(move || {
             let _log = d2.mark_thread();
-            serve(&d2, &f2, w)
+            work(&d2, &f2, w)
         });
     if let Err(e) = spawned {
         // The connection is dropped with the closure.
-        front.threads.fetch_sub(1, Ordering::SeqCst);
+        front.workers().alive -= 1;
         tracing::warn!("pid {pid}: cannot serve a connection: {e}");
+    }
+}
+
+/// A worker: serve `first` (its request, and the connection while it is a client's),
+/// then the connections the front hands it, until none came for [`WORKER_IDLE`].
+fn work(d: &Daemon, front: &Front, first: Waiting) {
+    let mut job = Some(first);
+    while let Some(w) = job.take() {
+        serve(d, front, w);
+        let mut g = front.workers();
+        g.idle += 1;
+        // A full counter (the front has not read it yet) is as good as a write.
+        let _ = rustix::io::write(&front.wake, &1u64.to_ne_bytes());
+        let deadline = Instant::now() + WORKER_IDLE;
+        loop {
+            if let Some(w) = g.jobs.pop_front() {
+                job = Some(w);
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || d.stop.load(Ordering::SeqCst) {
+                g.alive -= 1;
+                break;
+            }
+            g = front
+                .work
+                .wait_timeout(g, left.min(Duration::from_millis(500)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        g.idle -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn waiting() -> (Waiting, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let w = Waiting {
+            stream: a,
+            id: 1,
+            peer: (1, 0, 0),
+            buf: Vec::new(),
+        };
+        (w, b)
+    }
+
+    #[test]
+    fn requests_are_read_whole_and_no_further() {
+        let (mut w, mut peer) = waiting();
+        assert!(!w.read_request().unwrap(), "nothing yet");
+        // The prefix in two pieces, then the body, then the next request's first byte.
+        peer.write_all(&[5, 0]).unwrap();
+        assert!(!w.read_request().unwrap());
+        peer.write_all(&[0, 0, 1, 2, 3]).unwrap();
+        assert!(!w.read_request().unwrap());
+        peer.write_all(&[4, 5, 9]).unwrap();
+        assert!(w.read_request().unwrap());
+        assert_eq!(w.buf, [5, 0, 0, 0, 1, 2, 3, 4, 5], "not a byte of the next");
+        // An empty request is whole at once (its decoding fails later, on its thread):
+        // it once made this loop spin for ever.
+        let (mut w, mut peer) = waiting();
+        peer.write_all(&[0, 0, 0, 0]).unwrap();
+        assert!(w.read_request().unwrap());
+        assert_eq!(w.buf.len(), 4);
+    }
+
+    #[test]
+    fn too_large_or_closed_is_an_error() {
+        let (mut w, mut peer) = waiting();
+        peer.write_all(&(FRONT_FRAME as u32 + 1).to_le_bytes())
+            .unwrap();
+        let e = w.read_request().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let (mut w, mut peer) = waiting();
+        peer.write_all(&(FRONT_FRAME as u32).to_le_bytes()).unwrap();
+        peer.write_all(&[1; 100]).unwrap();
+        assert!(!w.read_request().unwrap(), "the largest allowed, in part");
+        drop(peer);
+        let e = w.read_request().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn the_queue_takes_turns_by_process() {
+        let mut q = Queue::default();
+        let w = |pid: u32, id: u64| Waiting {
+            stream: UnixStream::pair().unwrap().0,
+            id,
+            peer: (pid, 0, 0),
+            buf: Vec::new(),
+        };
+        for id in 1..=4 {
+            q.push(w(7, id));
+        }
+        q.push(w(8, 10));
+        q.push(w(9, 20));
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop().map(|w| w.id)).collect();
+        assert_eq!(order, [1, 10, 20, 2, 3, 4]);
     }
 }

@@ -453,7 +453,6 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
     let mut first = Some(buf);
     if let Err(e) = s.set_nonblocking(false) {
         tracing::warn!("pid {pid}: connection dropped: {e}");
-        front.done();
         return;
     }
     let mut c = Conn {
@@ -470,7 +469,6 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
     // rather than hold this thread.
     if let Err(e) = s.set_write_timeout(Some(UNREAD_ANSWER)) {
         tracing::warn!("pid {pid}: connection dropped: {e}");
-        front.done();
         return;
     }
     let mut timed = true;
@@ -536,7 +534,4 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
             core.recover_dead();
         }
     }
-    drop(c);
-    drop(s);
-    front.done();
 }
