@@ -186,8 +186,8 @@ fn crash_images_during_migration_and_cleaning_recover() {
     // And the simulator sees a lower tier's missing persistence point: without the
     // `fdatasync` of a round's copy before the switch, switched data can be lost.
     let site = call_after(
-        "crates/daemon/src/tiers/migrate.rs",
-        "cairn_media::file::write_all_at(f, buf, first * BLOCK_SIZE_U64)",
+        "crates/area/src/tier.rs",
+        "cairn_media::file::write_all_at(f, data, off)",
         "sync_data",
     );
     assert_caught(&rec, &site, 300, "");

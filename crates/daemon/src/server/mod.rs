@@ -1,7 +1,7 @@
 //! The server: `run_daemon` takes the store's daemon lock, opens and recovers the tier,
 //! listens on `cairnd.sock` and holds idle connections in one `epoll` set (`front`),
-//! serving a request, or a registered client's connection, on a thread of its own. A 100 ms timer
-//! thread reclaims retired blocks and recovers dead clients. Asynchronous digest requests
+//! serving a request, or a registered client's connection, on a worker thread of a
+//! bounded pool. A 100 ms timer thread reclaims retired blocks and recovers dead clients. Asynchronous digest requests
 //! go to a pool of digest workers (`crate::digest::parallel`) so that different clients' logs
 //! are digested in parallel; everything else takes the core with `CoreLock::serial`. SIGTERM/SIGINT and the
 //! `Shutdown` request stop the daemon cleanly.
