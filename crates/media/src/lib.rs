@@ -639,7 +639,7 @@ pub mod sys {
     use rustix::fs::{FallocateFlags, FlockOperation};
     use std::fs::File;
     use std::io;
-    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
     fn flock(f: &File, op: FlockOperation) -> io::Result<()> {
@@ -925,22 +925,6 @@ pub mod sys {
             rustix::fs::Mode::from_raw_mode(mode),
             0,
         )?)
-    }
-
-    /// Wait until `fd` is readable (for a listening socket: a connection is pending) or
-    /// `timeout` passes; whether it is readable. An interrupted wait counts as a timeout.
-    pub fn wait_readable(fd: &impl AsFd, timeout: std::time::Duration) -> io::Result<bool> {
-        use rustix::event::{PollFd, PollFlags, Timespec};
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        let t = Timespec {
-            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-            tv_nsec: timeout.subsec_nanos() as _,
-        };
-        match rustix::event::poll(&mut fds, Some(&t)) {
-            Ok(n) => Ok(n > 0),
-            Err(rustix::io::Errno::INTR) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// Credentials of the peer of a Unix socket: (pid, uid, gid).

@@ -55,11 +55,6 @@ impl Spec {
             user: user.unwrap_or("admin").to_string(),
         })
     }
-
-    /// `ceph:POOL`.
-    pub fn url(&self) -> String {
-        format!("ceph:{}", self.pool)
-    }
 }
 
 /// An error of librados as an `io::Error` with its errno, saying what was done.
@@ -141,10 +136,6 @@ impl Pool {
             ioctx,
             _owner: stop_tx,
         })
-    }
-
-    pub fn spec(&self) -> &Spec {
-        &self.spec
     }
 
     /// Write `data` as the whole of object `name` (replacing it), acknowledged by every

@@ -29,7 +29,7 @@ pub(crate) struct Recency {
 
 /// Reads of a lower-tier chunk (within [`HEAT_WINDOW_NS`] of each other) that make it
 /// worth promoting.
-pub(super) const PROMOTE_READS: u32 = 4;
+const PROMOTE_READS: u32 = 4;
 /// A chunk not read for this long starts counting again (30 s).
 const HEAT_WINDOW_NS: i64 = 30_000_000_000;
 
