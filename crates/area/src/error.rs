@@ -36,6 +36,17 @@ pub fn fs_err(errno: i32, message: impl Into<String>) -> io::Error {
     )
 }
 
+/// A copy of `e` (an `io::Error` is not `Clone`): the same errno and message.
+pub fn copy_err(e: &io::Error) -> io::Error {
+    match e.get_ref().and_then(|x| x.downcast_ref::<FsError>()) {
+        Some(f) => fs_err(f.errno, f.message.clone()),
+        None => match e.raw_os_error() {
+            Some(n) => io::Error::from_raw_os_error(n),
+            None => io::Error::new(e.kind(), e.to_string()),
+        },
+    }
+}
+
 /// The path being resolved left the store (an absolute symbolic link to a path outside
 /// it, or `..` at its root, when the store is seen under a prefix: `Fs::set_link_root`):
 /// the call must go on with the host path `host_path` (absolute). Its errno is `EXDEV`,

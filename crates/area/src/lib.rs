@@ -19,7 +19,7 @@ pub mod tier;
 pub mod time;
 pub mod units;
 
-pub use error::{errno_of, fs_err};
+pub use error::{copy_err, errno_of, fs_err};
 pub use reader::Area;
 pub use store::{StoreConfig, StoreDir};
 pub use tier::{FileTier, TierDevice};

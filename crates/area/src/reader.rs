@@ -33,8 +33,8 @@ fn eio(msg: impl Into<String>) -> io::Error {
 pub struct Area {
     map: Mapping,
     sb: Superblock,
-    /// SSD and HDD, when the store has them and they were attached.
-    tiers: [Option<Box<dyn TierDevice>>; 2],
+    /// SSD, HDD and remote, when the store has them and they were attached.
+    tiers: [Option<Box<dyn TierDevice>>; 3],
     /// DRAM cache of lower-tier blocks ([`Area::set_cache`]).
     cache: Option<BlockCache>,
     /// Read-ahead, in blocks, on a sequential miss.
@@ -75,19 +75,21 @@ impl Area {
         Ok(Area {
             map,
             sb,
-            tiers: [None, None],
+            tiers: [None, None, None],
             cache: None,
             readahead: 1,
             next_miss: Default::default(),
         })
     }
 
-    /// Open the store's lower tiers (`paths[0]` SSD, `paths[1]` HDD, from `cairn.toml`),
-    /// read-only or read-write, and check that each is the tier of this store the
-    /// superblock describes.
+    /// Open the store's local lower tiers (`paths[0]` SSD, `paths[1]` HDD, from
+    /// `cairn.toml`), read-only or read-write, and check that each is the tier of this
+    /// store the superblock describes; and take `remote` as the remote tier's device
+    /// (whoever made it checked it: `cairn_remote`, or the daemon for a client).
     pub fn attach_tiers(
         &mut self,
         paths: [Option<&std::path::Path>; 2],
+        remote: Option<Box<dyn TierDevice>>,
         writable: bool,
     ) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
@@ -110,6 +112,11 @@ impl Area {
             cairn_format::tier::check_header(&h, tier, &self.sb.uuid, &g)
                 .map_err(|e| eio(format!("{name} tier {}: {}", path.display(), e.0)))?;
             self.tiers[i] = Some(Box::new(t));
+        }
+        if self.sb.layout.tier(map::TIER_REMOTE).is_some() {
+            self.tiers[2] = Some(remote.ok_or_else(|| {
+                eio("the store has a remote tier but cairn.toml names no remote")
+            })?);
         }
         Ok(())
     }
@@ -168,10 +175,10 @@ impl Area {
         Ok(())
     }
 
-    /// The device of lower tier `tier` (1 = SSD, 2 = HDD), if attached.
+    /// The device of lower tier `tier` (1 = SSD, 2 = HDD, 3 = remote), if attached.
     pub fn tier(&self, tier: u8) -> Option<&dyn TierDevice> {
         match tier {
-            1 | 2 => self.tiers[tier as usize - 1].as_deref(),
+            1..=3 => self.tiers[tier as usize - 1].as_deref(),
             _ => None,
         }
     }
@@ -280,7 +287,7 @@ impl Area {
     /// the range touches; direct I/O where the device allows it and `buf`, `off` and the
     /// length are 4 KiB aligned).
     pub fn read_tier(&self, tier: u8, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        let name = map::TIER_NAMES[tier.min(2) as usize];
+        let name = map::TIER_NAMES[tier.min(3) as usize];
         let (Some(dev), Some(g)) = (self.tier(tier), self.layout().tier(tier).copied()) else {
             return Err(eio(format!("the {name} tier is not attached")));
         };

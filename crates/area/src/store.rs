@@ -49,6 +49,24 @@ pub struct StoreConfig {
     /// The HDD tier's file or block device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hdd_path: Option<PathBuf>,
+    /// The remote tier: `ceph:POOL` (docs/REMOTE.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+    /// The Ceph configuration file naming the cluster's monitors and keyring (absent:
+    /// `/etc/ceph/ceph.conf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceph_conf: Option<PathBuf>,
+    /// The Ceph user the daemon connects as (absent: `admin`, i.e. `client.admin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceph_user: Option<String>,
+    /// The daemon's DRAM cache of remote-tier data, shared by every client (MiB).
+    #[serde(default = "default_remote_cache_mib")]
+    pub remote_cache_mib: u64,
+    /// How long one operation on the remote tier may take before it fails with
+    /// `ETIMEDOUT` (milliseconds): a round waiting for an unreachable cluster gives up,
+    /// and migration to the tier pauses.
+    #[serde(default = "default_remote_timeout_ms")]
+    pub remote_timeout_ms: u64,
     /// Use (percent of a tier's data blocks) above which the daemon migrates the
     /// coldest data to the tier below.
     #[serde(default = "default_migrate_high_pct")]
@@ -124,6 +142,20 @@ pub const DEFAULT_CLEAN_FREE_PCT: u32 = 5;
 
 fn default_clean_free_pct() -> u32 {
     DEFAULT_CLEAN_FREE_PCT
+}
+
+/// Default `remote_cache_mib`.
+pub const DEFAULT_REMOTE_CACHE_MIB: u64 = 256;
+
+fn default_remote_cache_mib() -> u64 {
+    DEFAULT_REMOTE_CACHE_MIB
+}
+
+/// Default `remote_timeout_ms`.
+pub const DEFAULT_REMOTE_TIMEOUT_MS: u64 = 30_000;
+
+fn default_remote_timeout_ms() -> u64 {
+    DEFAULT_REMOTE_TIMEOUT_MS
 }
 
 /// Default `read_cache_mib`.
@@ -263,6 +295,11 @@ impl StoreConfig {
             trusted_gid: None,
             ssd_path: None,
             hdd_path: None,
+            remote: None,
+            ceph_conf: None,
+            ceph_user: None,
+            remote_cache_mib: DEFAULT_REMOTE_CACHE_MIB,
+            remote_timeout_ms: DEFAULT_REMOTE_TIMEOUT_MS,
             migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
             migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
             background_migration: default_background_migration(),

@@ -134,12 +134,13 @@ pub enum Command {
     },
     /// Move the coldest data of a tier to the tier below now (in whole segments)
     Migrate {
-        /// The tier to drain: nvm or ssd
+        /// The tier to drain: nvm, ssd or hdd
         #[arg(long, value_name = "TIER")]
         tier: String,
-        /// The tier to move to: the one below (ssd or hdd)
+        /// The tier to move to, which must be the next one below the store has (ssd,
+        /// hdd or remote) [default: that one]
         #[arg(long, value_name = "TIER")]
-        to: String,
+        to: Option<String>,
         /// Bytes to move [default: down to the low watermark]
         #[arg(long, value_name = "BYTES", value_parser = util::parse_size)]
         free: Option<u64>,
@@ -532,9 +533,22 @@ pub struct MkfsArgs {
     #[arg(long, value_name = "SIZE", value_parser = util::parse_size, requires = "hdd")]
     pub hdd_size: Option<u64>,
     /// Segment size of the lower tiers, the unit they are written and cleaned in
-    /// [default: 64M on the SSD, 256M on the HDD]
+    /// [default: 64M on the SSD, 256M on the HDD, 64M on the remote tier]
     #[arg(long, value_name = "SIZE", value_parser = util::parse_size)]
     pub segment_size: Option<u64>,
+    /// Remote tier below the local ones: ceph:POOL, a RADOS pool that exists
+    #[arg(long, value_name = "ceph:POOL")]
+    pub remote: Option<String>,
+    /// The Ceph configuration file naming the monitors and the keyring
+    /// [default: /etc/ceph/ceph.conf]
+    #[arg(long, value_name = "PATH", requires = "remote")]
+    pub ceph_conf: Option<PathBuf>,
+    /// The Ceph user to connect as [default: admin]
+    #[arg(long, value_name = "NAME", requires = "remote")]
+    pub ceph_user: Option<String>,
+    /// Size of the remote tier: the most data it holds [default: 256G]
+    #[arg(long, value_name = "SIZE", value_parser = util::parse_size, requires = "remote")]
+    pub remote_size: Option<u64>,
     /// Emulate slower media (for experiments): `strata` (NVM with 300 ns reads and 1/8
     /// of this machine's memory bandwidth, an NVMe SSD, an HDD) [default: off]
     #[arg(long, value_name = "PROFILE")]

@@ -156,7 +156,12 @@ impl Core {
         let file = open_nvm(store, &cfg)?;
         cfg.apply_emulation();
         let mut area = Area::open(&file, true)?;
-        area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], true)?;
+        let remote = crate::tiers::remote::open(&cfg, area.superblock(), true)?;
+        area.attach_tiers(
+            [cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()],
+            remote.clone().map(|t| Box::new(t) as _),
+            true,
+        )?;
         let l = *area.layout();
         let clean = area.state_field(state::CLEAN)? == 1;
         let mut sh = Shared::new(
@@ -164,6 +169,7 @@ impl Core {
             BlockAlloc::new(l.data_start, l.data_blocks),
             InodeAlloc::new(l.inode_count),
         );
+        sh.remote = remote;
         // With superpages, NVM's recency chunk holds whole extents (they migrate whole).
         let nvm_grain = if sh.area.superblock().superpages() && cfg.superpages {
             cfg.recency_grain_nvm_kib.next_multiple_of(2048)
@@ -761,6 +767,10 @@ impl Core {
             migration: None,
             superpages: Some(Box::new(crate::superpage::status(&self.sh))),
             host: Some(Box::new(self.host_status())),
+            remote: self.sh.remote.as_ref().map(|t| {
+                let alloc = self.sh.tier(cairn_format::map::TIER_REMOTE);
+                Box::new(crate::tiers::remote::status(&self.cfg, t, alloc))
+            }),
         })
     }
 

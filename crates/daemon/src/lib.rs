@@ -41,7 +41,10 @@ mod xattr;
 mod tests;
 
 pub use offline::fsck::{fsck, FsckOptions, FsckReport};
-pub use offline::mkfs::{mkfs, MkfsOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_SSD_SEGMENT};
+pub use offline::mkfs::{
+    mkfs, MkfsOptions, RemoteOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_REMOTE_SIZE,
+    DEFAULT_SSD_SEGMENT,
+};
 pub use offline::{recover, stored_xattrs, StoredXattrs};
 pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

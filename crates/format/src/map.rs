@@ -53,8 +53,13 @@ pub const TIER_BITS: u64 = 3 << TIER_SHIFT;
 pub const TIER_NVM: u8 = 0;
 pub const TIER_SSD: u8 = 1;
 pub const TIER_HDD: u8 = 2;
+/// The remote tier (format version 6): segments as objects of a Ceph RADOS pool, below
+/// every local tier.
+pub const TIER_REMOTE: u8 = 3;
+/// Number of tiers, NVM included.
+pub const TIERS: usize = 4;
 /// Names of the tiers, by number.
-pub const TIER_NAMES: [&str; 3] = ["nvm", "ssd", "hdd"];
+pub const TIER_NAMES: [&str; TIERS] = ["nvm", "ssd", "hdd", "remote"];
 
 /// The tier of a leaf entry.
 pub fn entry_tier(e: u64) -> u8 {
@@ -68,7 +73,7 @@ pub fn entry_block(e: u64) -> u64 {
 
 /// The leaf entry for block `blk` of tier `tier`.
 pub fn tier_entry(tier: u8, blk: u64) -> u64 {
-    debug_assert!(tier <= TIER_HDD && blk & ENTRY_FLAGS == 0);
+    debug_assert!(tier <= TIER_REMOTE && blk & ENTRY_FLAGS == 0);
     ((tier as u64) << TIER_SHIFT) | blk
 }
 

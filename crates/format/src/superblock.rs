@@ -8,9 +8,11 @@ pub const SB_MAGIC: &[u8; 8] = b"CAIRNSB\0";
 /// Magic at the start of the daemon state block.
 pub const STATE_MAGIC: &[u8; 8] = b"CAIRNST\0";
 /// Current format version (2: lower tiers; 3: special files, inode kinds 4–7; 4: a copy
-/// of the superblock in the tier's last block). Version 1 stores (no lower tiers) and
-/// versions 2 and 3 (no copy) are still read.
-pub const FORMAT_VERSION: u32 = 5;
+/// of the superblock in the tier's last block; 5: superpage extents; 6: a remote tier).
+/// Every older version is still read.
+pub const FORMAT_VERSION: u32 = 6;
+/// The first version that may have a remote tier (its geometry after the HDD's).
+pub const VERSION_REMOTE: u32 = 6;
 /// The first version whose file maps may hold superpage extents
 /// (`crate::map::HUGE_FLAG`).
 pub const VERSION_SUPERPAGES: u32 = 5;
@@ -46,14 +48,26 @@ pub mod state {
     /// Superpage counters (format version 5; zero before): promotions, demotions,
     /// bytes promoted (copied into extents), bytes compacted, extents placed by digests.
     pub const SUPERPAGES: usize = 152;
+    /// The remote tier's three traffic counters (format version 6), as [`TRAFFIC`]'s.
+    pub const TRAFFIC_REMOTE: usize = 192;
+
+    /// Where the traffic counters of tier `t` (0 = NVM .. 3 = remote) start.
+    pub const fn traffic(t: usize) -> usize {
+        if t < 3 {
+            TRAFFIC + 24 * t
+        } else {
+            TRAFFIC_REMOTE
+        }
+    }
 }
 
-/// Number of lower tiers a store can have (SSD, HDD).
-pub const LOWER_TIERS: usize = 2;
+/// Number of lower tiers a store can have (SSD, HDD, remote).
+pub const LOWER_TIERS: usize = 3;
 
-/// The geometry of a lower tier (SSD or HDD): a file or block device written only in
-/// whole segments. Tier block `b` lives at byte `b * 4096` of the device; segment 0
-/// holds the tier's header (`crate::tier`) and is never used for data.
+/// The geometry of a lower tier (SSD, HDD or remote): storage written only in whole
+/// segments. Tier block `b` lives at byte `b * 4096` of the device (of the tier's
+/// address space, for the remote tier); segment 0 holds the tier's header
+/// (`crate::tier`) and is never used for data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TierGeom {
     /// Segments on the device, the header segment included (0: no such tier).
@@ -121,7 +135,7 @@ pub struct Params {
     pub nslots: u32,
     pub log_bytes: u64,
     pub inode_count: u64,
-    /// SSD and HDD (absent: `segments == 0`).
+    /// SSD, HDD and remote (absent: `segments == 0`).
     pub tiers: [TierGeom; LOWER_TIERS],
 }
 
@@ -144,7 +158,7 @@ pub struct Layout {
     pub inode_count: u64,
     pub data_start: u64,
     pub data_blocks: u64,
-    /// SSD and HDD geometry.
+    /// SSD, HDD and remote geometry.
     pub tiers: [TierGeom; LOWER_TIERS],
     /// The block holding a copy of the superblock, the last of the tier, right after the
     /// data region (0: none, a store of format version 3 or older).
@@ -176,6 +190,7 @@ impl Layout {
         }
         p.tiers[0].check("SSD")?;
         p.tiers[1].check("HDD")?;
+        p.tiers[2].check("remote")?;
         if p.tiers[1].present() && !p.tiers[0].present() {
             return bad("an HDD tier needs an SSD tier above it");
         }
@@ -231,7 +246,7 @@ impl Layout {
     }
 
     /// Byte offset of the segment-table entry of segment `seg` of lower tier `tier`
-    /// (1 = SSD, 2 = HDD; caller checks both).
+    /// (1 = SSD, 2 = HDD, 3 = remote; caller checks both).
     pub fn seg_entry_off(&self, tier: u8, seg: u64) -> u64 {
         let mut off = self.seg_table_start * BLOCK_SIZE_U64;
         for t in &self.tiers[..(tier as usize - 1)] {
@@ -240,12 +255,24 @@ impl Layout {
         off + seg * crate::tier::SEG_ENTRY_BYTES
     }
 
-    /// The geometry of lower tier `tier` (1 = SSD, 2 = HDD), if the store has it.
+    /// The geometry of lower tier `tier` (1 = SSD, 2 = HDD, 3 = remote), if the store
+    /// has it.
     pub fn tier(&self, tier: u8) -> Option<&TierGeom> {
         match tier {
-            1 | 2 => Some(&self.tiers[tier as usize - 1]).filter(|t| t.present()),
+            1..=3 => Some(&self.tiers[tier as usize - 1]).filter(|t| t.present()),
             _ => None,
         }
+    }
+
+    /// The tier data of tier `tier` migrates down to: the next one the store has.
+    pub fn below(&self, tier: u8) -> Option<u8> {
+        (tier + 1..=LOWER_TIERS as u8).find(|&t| self.tier(t).is_some())
+    }
+
+    /// The tier data of lower tier `tier` is promoted to: the nearest one above it the
+    /// store has, NVM (0) at last.
+    pub fn above(&self, tier: u8) -> Option<u8> {
+        (0..tier).rev().find(|&t| t == 0 || self.tier(t).is_some())
     }
 
     /// Whether `e` is a valid leaf entry of a file map: an NVM data block, or a data
@@ -351,6 +378,7 @@ impl Superblock {
         let mut b = vec![0u8; BLOCK_SIZE];
         b[0..8].copy_from_slice(SB_MAGIC);
         debug_assert_eq!(self.version > VERSION_NO_COPY, l.sb_copy != 0);
+        debug_assert!(self.version >= VERSION_REMOTE || !l.tiers[2].present());
         le::put_u32(&mut b, 8, self.version);
         le::put_u32(&mut b, 12, BLOCK_SIZE as u32);
         le::put_u64(&mut b, 16, l.total_blocks);
@@ -394,8 +422,14 @@ impl Superblock {
             return bad("superblock: checksum mismatch");
         }
         let mut tiers = [TierGeom::default(); LOWER_TIERS];
-        if v >= 2 {
-            for (i, t) in tiers.iter_mut().enumerate() {
+        // Version 2 added the SSD and HDD, version 6 the remote tier.
+        let known = match v {
+            1 => 0,
+            2..VERSION_REMOTE => 2,
+            _ => LOWER_TIERS,
+        };
+        {
+            for (i, t) in tiers.iter_mut().enumerate().take(known) {
                 t.segments = le::u64(b, SB_TIERS_OFF + 16 * i);
                 t.segment_blocks = le::u64(b, SB_TIERS_OFF + 16 * i + 8);
             }
@@ -641,8 +675,8 @@ mod tests {
         assert!(l.leaf_valid(tier_entry(1, 256)));
         assert!(!l.leaf_valid(tier_entry(1, 40 * 256)));
         assert!(l.leaf_valid(tier_entry(2, 8 * 1024 - 1)));
-        // Tier 3 does not exist (built by hand: `tier_entry` asserts a valid tier).
-        assert!(!l.leaf_valid(3 << crate::map::TIER_SHIFT | 2000));
+        // This store has no tier 3 (remote).
+        assert!(!l.leaf_valid(tier_entry(3, 2000)));
         assert!(!l.leaf_valid(l.data_start | 1 << 56));
         // An HDD without an SSD, tiny segments and too few segments are refused.
         let mut q = p;
@@ -654,6 +688,46 @@ mod tests {
         q = p;
         q.tiers[1].segments = 2;
         assert!(Layout::compute(q).is_err());
+
+        // A remote tier, below the local ones or alone below NVM (version 6).
+        let remote = TierGeom {
+            segments: 64,
+            segment_blocks: 2048,
+        };
+        assert_eq!(
+            (l.below(0), l.below(1), l.below(2)),
+            (Some(1), Some(2), None)
+        );
+        assert_eq!((l.above(2), l.above(1)), (Some(1), Some(0)));
+        for local in [0, 2] {
+            let mut r = p;
+            r.tiers[2] = remote;
+            if local == 0 {
+                r.tiers = [TierGeom::default(), TierGeom::default(), remote];
+            }
+            let l = Layout::compute(r).unwrap();
+            let last_local = (local > 0).then_some(local as u8);
+            assert_eq!(l.below(last_local.unwrap_or(0)), Some(3));
+            assert_eq!(l.above(3), Some(last_local.unwrap_or(0)));
+            assert_eq!(l.below(3), None);
+            assert!(l.leaf_valid(tier_entry(3, 2048)));
+            assert!(!l.leaf_valid(tier_entry(3, 2047)), "the header segment");
+            assert!(l.seg_entry_off(3, 63) < l.log_start * BLOCK_SIZE_U64);
+            let sb = Superblock {
+                version: FORMAT_VERSION,
+                layout: l,
+                uuid: [2; 16],
+                created_ns: 6,
+            };
+            let mut b = sb.encode();
+            assert_eq!(Superblock::decode(&b, 64 << 20).unwrap(), sb);
+            // Read as version 5, the remote tier's fields are not there: the layout
+            // no longer matches its parameters.
+            le::put_u32(&mut b, 8, 5);
+            let c = crc(&b[..SB_CRC_OFF]);
+            le::put_u32(&mut b, SB_CRC_OFF, c);
+            assert!(Superblock::decode(&b, 64 << 20).is_err());
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ mod ordmap;
 mod overlay;
 pub mod path;
 mod ring;
+mod tier;
 mod view;
 
 pub use conn::set_daemon_binary;
@@ -597,14 +598,20 @@ pub fn daemon_status(store: Option<&Path>) -> io::Result<StatusReport> {
 }
 
 /// Ask the daemon of `store` to move up to `max_bytes` of the coldest data of tier
-/// `from` (0 = NVM, 1 = SSD) one tier down, in whole segments, without registering as a
-/// client. Returns the bytes moved and the bytes of `from` still in use.
-pub fn daemon_migrate(store: Option<&Path>, from: u8, max_bytes: u64) -> io::Result<(u64, u64)> {
+/// `from` (0 = NVM, 1 = SSD, 2 = HDD) to tier `to`, the one below it the store has, in
+/// whole segments, without registering as a client. Returns the bytes moved and the
+/// bytes of `from` still in use.
+pub fn daemon_migrate(
+    store: Option<&Path>,
+    from: u8,
+    to: u8,
+    max_bytes: u64,
+) -> io::Result<(u64, u64)> {
     let dir = StoreDir::resolve(store);
     let mut c = conn::Conn::connect(&dir, false)?;
     match c.roundtrip(&Request::Migrate {
         from,
-        to: from + 1,
+        to,
         max_bytes,
     })? {
         Response::Migrated { bytes, used_bytes } => Ok((bytes, used_bytes)),

@@ -104,7 +104,21 @@ pub enum Request {
     SjRelease { ino: u64, gen: u64 },
     /// The registry's ranges: answer `SjRanges`.
     SjRanges,
+    /// Read `len` bytes (at most [`MAX_TIER_READ`]) at byte `off` of lower tier `tier`,
+    /// inside segment `seg` written under generation `gen` (PROTOCOL.md, "Remote
+    /// reads"): answer `TierData`, or `Error` (`ESTALE` if the segment was rewritten
+    /// since, `EINVAL` outside it, the tier's own errno, e.g. `ETIMEDOUT`).
+    TierRead {
+        tier: u8,
+        seg: u64,
+        gen: u64,
+        off: u64,
+        len: u32,
+    },
 }
+
+/// The most bytes one `TierRead` returns.
+pub const MAX_TIER_READ: u32 = 4 << 20;
 
 /// What `SjReserve` asks for: segment file `ino` of generation `gen` (at `path`) gets
 /// `len` bytes at `base` (`None`: the first free range); `overlap`: it may share addresses
@@ -233,6 +247,8 @@ pub enum Response {
     },
     /// Answer to `SjRanges`, sorted by base.
     SjRanges(Vec<SjRange>),
+    /// Answer to `TierRead`: the bytes.
+    TierData(Vec<u8>),
     /// A failure, with a POSIX errno and a message.
     Error {
         errno: i32,
@@ -333,6 +349,36 @@ pub struct StatusReport {
     /// before them).
     #[serde(default)]
     pub host: Option<Box<HostStatus>>,
+    /// The remote tier, if the store has one.
+    #[serde(default)]
+    pub remote: Option<Box<RemoteStatus>>,
+}
+
+/// The remote tier in a status report (counters since the daemon started).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct RemoteStatus {
+    /// `ceph:POOL`.
+    pub url: String,
+    /// Whether the daemon is connected to the cluster now.
+    pub connected: bool,
+    /// Objects the tier's segments in use are (every chunk of a segment is one).
+    pub objects: u64,
+    pub objects_written: u64,
+    pub bytes_written: u64,
+    pub objects_removed: u64,
+    /// Objects no segment in use named (left by a crash or a given-up write), removed.
+    pub orphans_removed: u64,
+    /// Reads of the cluster and their bytes; blocks found in and missing from the
+    /// daemon's cache.
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Migration to the tier is paused (the cluster failed); it resumes by itself.
+    pub paused: bool,
+    /// The last failure and when (ns since the Unix epoch).
+    pub last_error: Option<String>,
+    pub last_error_ns: i64,
 }
 
 /// The host files of a store outside its directory: the NVM tier file and the host

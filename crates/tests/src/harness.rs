@@ -162,6 +162,33 @@ impl TestStore {
         TestStore { dir }
     }
 
+    /// A new store whose only lower tier is a remote one in the pool `cairn` of the
+    /// cluster of `ceph_conf`: `nvm` of NVM, `remote` bytes in segments of `segment`.
+    pub fn with_remote(ceph_conf: &Path, nvm: &str, remote: &str, segment: &str) -> TestStore {
+        export_cairn_bin();
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-test-")
+            .tempdir()
+            .expect("tempdir");
+        let nvm_path = Path::new("/dev/shm").join(format!(
+            "{}.nvm",
+            dir.path().file_name().unwrap().to_string_lossy()
+        ));
+        output_ok(
+            Command::new(cairn_bin())
+                .args(["mkfs", "--store"])
+                .arg(dir.path())
+                .args(["--nvm-size", nvm, "--log-size", "1M", "--max-clients", "4"])
+                .arg("--nvm-path")
+                .arg(&nvm_path)
+                .args(["--remote", "ceph:cairn", "--ceph-conf"])
+                .arg(ceph_conf)
+                .args(["--remote-size", remote, "--segment-size", segment]),
+            "mkfs --remote",
+        );
+        TestStore { dir }
+    }
+
     /// A new store (64 MiB of NVM, 4 clients) made by root with `--trusted-group gid`,
     /// so that members of `gid` may use it through LibFS.
     pub fn with_trusted_group(gid: u32) -> TestStore {

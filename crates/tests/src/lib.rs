@@ -2,6 +2,7 @@
 //! common interface over Cairn and a reference file system (`std::fs` on tmpfs), a
 //! deterministic operation generator, and whole-tree snapshots to compare the two.
 
+pub mod ceph;
 pub mod harness;
 pub mod mount;
 pub mod ops;

@@ -496,8 +496,12 @@ impl Scratch {
                 .map_err(|e| e.to_string())?;
             let f = std::fs::File::open(&nvm).map_err(|e| e.to_string())?;
             let mut area = Area::open(&f, false).map_err(|e| format!("open: {e}"))?;
-            area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)
-                .map_err(|e| format!("attach the tiers: {e}"))?;
+            area.attach_tiers(
+                [cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()],
+                None,
+                false,
+            )
+            .map_err(|e| format!("attach the tiers: {e}"))?;
             let xattrs = unless_busy(|| cairn_daemon::stored_xattrs(&store))
                 .map_err(|e| format!("reading the extended attributes: {e}"))?;
             area_snapshot(&area, prefix, &xattrs).map_err(|e| format!("reading the tree: {e}"))

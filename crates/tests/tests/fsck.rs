@@ -506,7 +506,7 @@ fn a_segment_table_contradicting_the_maps_is_found() {
         fs.write("/big", vec![9u8; 3 << 20]).unwrap();
         fs.digest().unwrap();
     }
-    let (moved, _) = cairn::daemon_migrate(Some(store.path()), 0, 2 << 20).unwrap();
+    let (moved, _) = cairn::daemon_migrate(Some(store.path()), 0, 1, 2 << 20).unwrap();
     assert!(moved > 0);
     store.stop();
     assert_eq!(fsck_at(store.path().into(), &[]).0, 0);

@@ -263,11 +263,11 @@ fn data_read_often_moves_back_up() {
     }
     // Push the coldest data on to the HDD (as `cairn migrate --tier ssd --to hdd`), so
     // that the SSD has room to take promotions (below its low watermark).
-    let (moved, _) = cairn::daemon_migrate(Some(store.path()), 1, 48 << 20).unwrap();
+    let (moved, _) = cairn::daemon_migrate(Some(store.path()), 1, 2, 48 << 20).unwrap();
     assert!(moved >= 48 << 20, "{moved}");
     // And NVM below its low watermark (promotions fill a tier only up to it): the
     // writes leave it between the watermarks, where nothing moves by itself.
-    cairn::daemon_migrate(Some(store.path()), 0, 8 << 20).unwrap();
+    cairn::daemon_migrate(Some(store.path()), 0, 1, 8 << 20).unwrap();
     // The first files are the coldest: on the HDD by now. Read them again and again (the
     // cache serves the bytes, the hints still count the reads): they move to the SSD,
     // and from there to NVM.

@@ -71,6 +71,12 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
     opts.ssd = tier(&args.ssd, args.ssd_size);
     opts.hdd = tier(&args.hdd, args.hdd_size);
     opts.segment_size = args.segment_size;
+    opts.remote = args.remote.as_ref().map(|url| cairn_daemon::RemoteOptions {
+        url: url.clone(),
+        conf: args.ceph_conf.clone(),
+        user: args.ceph_user.clone(),
+        size: args.remote_size,
+    });
     if let Some(g) = &args.trusted_group {
         opts.trusted_gid = Some(
             cairn_daemon::resolve_group(g)
@@ -145,6 +151,13 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
                 size.map(|s| format!(" ({s})")).unwrap_or_default()
             ))
         })
+        .chain(opts.remote.as_ref().map(|r| {
+            format!(
+                "  remote tier   {} ({}; objects cairn.<store id>.3.*)\n",
+                r.url,
+                human_bytes(r.size.unwrap_or(cairn_daemon::DEFAULT_REMOTE_SIZE))
+            )
+        }))
         .collect::<String>(),
         trust = match (cfg.owner_uid, cfg.trusted_gid) {
             (Some(u), Some(g)) => format!("root, uid {u} (owner), group {g}"),
@@ -163,32 +176,42 @@ fn tier_num(name: &str) -> Result<u8, CliError> {
         "nvm" => Ok(0),
         "ssd" => Ok(1),
         "hdd" => Ok(2),
+        "remote" => Ok(3),
         _ => Err(CliError::new(format!(
-            "unknown tier {name:?}: use nvm, ssd or hdd"
+            "unknown tier {name:?}: use nvm, ssd, hdd or remote"
         ))),
     }
 }
 
-/// `cairn migrate --tier FROM --to TO [--free BYTES]`: drain a tier now, one segment
-/// per request, with a progress bar on stderr.
-pub fn migrate(store: Option<&Path>, from: &str, to: &str, free: Option<u64>) -> CliResult {
-    let (f, t) = (tier_num(from)?, tier_num(to)?);
-    if t != f + 1 {
-        return Err(CliError::new(format!(
-            "data moves one tier down: --tier {from} --to {}",
-            ["ssd", "hdd", "(none)"][f.min(2) as usize]
-        )));
-    }
+/// `cairn migrate --tier FROM [--to TO] [--free BYTES]`: drain a tier into the one below
+/// it now, one segment per request, with a progress bar on stderr.
+pub fn migrate(store: Option<&Path>, from: &str, to: Option<&str>, free: Option<u64>) -> CliResult {
+    let f = tier_num(from)?;
     let status = cairn::daemon_status(store)?;
-    let (Some(src), Some(dst)) = (
-        status.tiers.iter().find(|x| x.name == from),
-        status.tiers.iter().find(|x| x.name == to),
-    ) else {
+    // The status lists the tiers the store has, from the top.
+    let Some(i) = status.tiers.iter().position(|x| x.name == from) else {
         return Err(CliError::new(format!(
-            "the store {} has no {to} tier (see cairn mkfs --ssd/--hdd)",
+            "the store {} has no {from} tier (see cairn mkfs --ssd/--hdd/--remote)",
             status.store
         )));
     };
+    let src = &status.tiers[i];
+    let Some(dst) = status.tiers.get(i + 1) else {
+        return Err(CliError::new(format!(
+            "the store {} has no tier below {from}",
+            status.store
+        )));
+    };
+    if let Some(to) = to {
+        tier_num(to)?;
+        if to != dst.name {
+            return Err(CliError::new(format!(
+                "data moves one tier down: --tier {from} --to {}",
+                dst.name
+            )));
+        }
+    }
+    let (to, t) = (dst.name.as_str(), tier_num(&dst.name)?);
     let want = match free {
         Some(b) => b,
         None => {
@@ -202,7 +225,7 @@ pub fn migrate(store: Option<&Path>, from: &str, to: &str, free: Option<u64>) ->
     let bar = crate::progress::bytes(&format!("migrating {from} -> {to}"), want);
     let mut used = src.used_bytes;
     while done < want {
-        let (n, u) = cairn::daemon_migrate(store, f, step.min(want - done))?;
+        let (n, u) = cairn::daemon_migrate(store, f, t, step.min(want - done))?;
         used = u;
         if n == 0 {
             break;
@@ -381,6 +404,39 @@ fn format_superpages(s: &mut String, sp: &cairn_proto::SuperpageStatus) {
     }
 }
 
+/// The remote tier's lines of `cairn status`.
+fn format_remote(s: &mut String, r: &cairn_proto::RemoteStatus) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s);
+    let state = match (r.connected, r.paused) {
+        (_, true) => "migration to it paused after a failure (it resumes by itself)",
+        (true, false) => "connected",
+        (false, false) => "not connected",
+    };
+    let _ = writeln!(s, "remote  {}: {state}", r.url);
+    let _ = writeln!(
+        s,
+        "  objects in use {}; since start: {} written ({}), {} removed, {} orphans removed",
+        r.objects,
+        r.objects_written,
+        human_bytes(r.bytes_written),
+        r.objects_removed,
+        r.orphans_removed
+    );
+    let _ = writeln!(
+        s,
+        "  reads {} ({}); daemon cache {} hits, {} misses",
+        r.reads,
+        human_bytes(r.bytes_read),
+        r.cache_hits,
+        r.cache_misses
+    );
+    if let Some(e) = &r.last_error {
+        let ago = (cairn_area::time::now_ns() - r.last_error_ns).max(0) / 1_000_000_000;
+        let _ = writeln!(s, "  last error ({ago} s ago): {e}");
+    }
+}
+
 pub fn format_status(r: &cairn_proto::StatusReport) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
@@ -454,6 +510,9 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
             human_bytes(m.bytes_done),
             human_bytes(m.bytes_planned)
         );
+    }
+    if let Some(rm) = &r.remote {
+        format_remote(&mut s, rm);
     }
     if let Some(sp) = &r.superpages {
         format_superpages(&mut s, sp);
@@ -637,8 +696,30 @@ mod tests {
                 resident_segments: 1,
                 resident_segment_bytes: 4096,
             })),
+            remote: Some(Box::new(RemoteStatus {
+                url: "ceph:cairn".into(),
+                objects: 8,
+                objects_written: 12,
+                bytes_written: 96 << 20,
+                paused: true,
+                last_error: Some("writing object x: Connection timed out".into()),
+                last_error_ns: cairn_area::time::now_ns() - 3_000_000_000,
+                ..Default::default()
+            })),
         };
         let s = format_status(&r);
+        assert!(
+            s.contains("remote  ceph:cairn: migration to it paused after a failure"),
+            "{s}"
+        );
+        assert!(
+            s.contains("objects in use 8; since start: 12 written (96 MiB)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("last error (3 s ago): writing object x: Connection timed out"),
+            "{s}"
+        );
         assert!(s.contains("nvm"), "{s}");
         assert!(s.contains("128 MiB"), "{s}");
         assert!(s.contains("25.0%"), "{s}");

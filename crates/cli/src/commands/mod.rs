@@ -25,7 +25,7 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Status { json } => admin::status(store, json),
         Command::Stop => admin::stop(store),
         Command::Fsck { json, repair } => fsck::fsck(store, json, repair),
-        Command::Migrate { tier, to, free } => admin::migrate(store, &tier, &to, free),
+        Command::Migrate { tier, to, free } => admin::migrate(store, &tier, to.as_deref(), free),
         Command::Clean { tier } => admin::clean_tier(store, &tier),
         Command::Put { src, dst } => files::put(store, &src, &dst),
         Command::Get { src, dst } => files::get(store, &src, &dst),

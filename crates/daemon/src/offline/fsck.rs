@@ -264,7 +264,12 @@ fn open(store: &StoreDir) -> io::Result<Area> {
     let cfg = store.load_config()?;
     let file = crate::core::open_nvm(store, &cfg)?;
     let mut area = Area::open(&file, true)?;
-    area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
+    let remote = crate::tiers::remote::open(&cfg, area.superblock(), false)?;
+    area.attach_tiers(
+        [cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()],
+        remote.map(|t| Box::new(t) as _),
+        false,
+    )?;
     Ok(area)
 }
 

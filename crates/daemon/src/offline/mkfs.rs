@@ -41,10 +41,31 @@ pub struct MkfsOptions {
     pub ssd: Option<TierOptions>,
     /// The HDD tier, if any (needs an SSD tier).
     pub hdd: Option<TierOptions>,
-    /// Segment size of both lower tiers; `None`: [`DEFAULT_SSD_SEGMENT`] and
-    /// [`DEFAULT_HDD_SEGMENT`].
+    /// Segment size of the lower tiers; `None`: [`DEFAULT_SSD_SEGMENT`],
+    /// [`DEFAULT_HDD_SEGMENT`] and [`DEFAULT_REMOTE_SEGMENT`].
     pub segment_size: Option<u64>,
+    /// The remote tier, if any.
+    pub remote: Option<RemoteOptions>,
 }
+
+/// The remote tier at mkfs: a RADOS pool that exists (`ceph osd pool create`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// `ceph:POOL`.
+    pub url: String,
+    /// The cluster's configuration file (`None`: `/etc/ceph/ceph.conf`).
+    pub conf: Option<PathBuf>,
+    /// The user to connect as (`None`: `admin`).
+    pub user: Option<String>,
+    /// Bytes of the tier (its address space: the most data it holds); `None`:
+    /// [`DEFAULT_REMOTE_SIZE`].
+    pub size: Option<u64>,
+}
+
+/// Default remote tier: 256 GiB (its allocation bitmap takes 8 MiB of NVM).
+pub const DEFAULT_REMOTE_SIZE: u64 = 256 << 30;
+/// Default remote segment: 64 MiB, four objects of 16 MiB.
+pub const DEFAULT_REMOTE_SEGMENT: u64 = 64 << 20;
 
 /// A lower tier at mkfs: a file (created if missing) or a block device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +97,7 @@ impl Default for MkfsOptions {
             ssd: None,
             hdd: None,
             segment_size: None,
+            remote: None,
         }
     }
 }
@@ -108,7 +130,7 @@ fn existing_size(path: &std::path::Path) -> io::Result<Option<u64>> {
     }
 }
 
-/// The geometry of a lower tier from its options.
+/// The geometry of a local lower tier from its options.
 fn tier_geom(name: &str, t: &TierOptions, segment: u64) -> io::Result<TierGeom> {
     let size = match (t.size, existing_size(&t.path)?) {
         (Some(s), _) => s,
@@ -121,6 +143,11 @@ fn tier_geom(name: &str, t: &TierOptions, segment: u64) -> io::Result<TierGeom> 
             )))
         }
     };
+    geom(size, segment)
+}
+
+/// `size` bytes in segments of `segment` bytes.
+fn geom(size: u64, segment: u64) -> io::Result<TierGeom> {
     if !segment.is_multiple_of(BLOCK_SIZE_U64) {
         return Err(einval(format!(
             "segment size {segment} must be a multiple of 4096"
@@ -133,13 +160,17 @@ fn tier_geom(name: &str, t: &TierOptions, segment: u64) -> io::Result<TierGeom> 
 }
 
 /// The lower tiers' geometry `opts` give.
-fn tiers_of(opts: &MkfsOptions) -> io::Result<[TierGeom; 2]> {
-    let mut g = [TierGeom::default(); 2];
+fn tiers_of(opts: &MkfsOptions) -> io::Result<[TierGeom; 3]> {
+    let mut g = [TierGeom::default(); 3];
     if let Some(t) = &opts.ssd {
         g[0] = tier_geom("SSD", t, opts.segment_size.unwrap_or(DEFAULT_SSD_SEGMENT))?;
     }
     if let Some(t) = &opts.hdd {
         g[1] = tier_geom("HDD", t, opts.segment_size.unwrap_or(DEFAULT_HDD_SEGMENT))?;
+    }
+    if let Some(r) = &opts.remote {
+        let size = r.size.unwrap_or(DEFAULT_REMOTE_SIZE);
+        g[2] = geom(size, opts.segment_size.unwrap_or(DEFAULT_REMOTE_SEGMENT))?;
     }
     Ok(g)
 }
@@ -385,6 +416,9 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                 trusted_gid: opts.trusted_gid,
                 ssd_path: opts.ssd.as_ref().map(|t| t.path.clone()),
                 hdd_path: opts.hdd.as_ref().map(|t| t.path.clone()),
+                remote: opts.remote.as_ref().map(|r| r.url.clone()),
+                ceph_conf: opts.remote.as_ref().and_then(|r| r.conf.clone()),
+                ceph_user: opts.remote.as_ref().and_then(|r| r.user.clone()),
                 ..StoreConfig::with_defaults(nvm_path.clone())
             };
             store.save_config(&cfg)?;
@@ -541,8 +575,13 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
     let mut uuid = [0u8; 16];
     uuid.copy_from_slice(&random_bytes(16)?);
     let now = now_ns();
+    // The oldest version that has what the store needs, so that older builds read it.
     let sb = Superblock {
-        version: cairn_format::superblock::FORMAT_VERSION,
+        version: if l.tiers[2].present() {
+            cairn_format::superblock::VERSION_REMOTE
+        } else {
+            cairn_format::superblock::VERSION_SUPERPAGES
+        },
         layout: *l,
         uuid,
         created_ns: now,
@@ -598,6 +637,13 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
         if let Some(t) = t {
             format_tier(i as u8 + 1, t, &l.tiers[i], &uuid, opts)?;
         }
+    }
+    if let Some(r) = &opts.remote {
+        // Connects, checks the pool and writes the tier's header object.
+        let spec = cairn_remote::Spec::parse(&r.url, r.conf.as_deref(), r.user.as_deref())?;
+        let timeout =
+            std::time::Duration::from_millis(cairn_area::store::DEFAULT_REMOTE_TIMEOUT_MS);
+        cairn_remote::RadosTier::create(&spec, timeout, &uuid, 3, l.tiers[2])?;
     }
     // The superblock last (its copy in the last block first): a tier without a valid
     // superblock is not a store.

@@ -129,6 +129,8 @@ struct Conn {
     sock: Option<UnixStream>,
     /// A digest worker found this client's log malformed.
     refusal: Arc<crate::digest::parallel::Refusal>,
+    /// The peer was found in the trust domain (`TierRead` checks once).
+    admitted: bool,
 }
 
 /// The segment registry, without the ranges of segments whose file is gone.
@@ -280,8 +282,8 @@ fn detach(store: &StoreDir, sock: &std::path::Path) -> io::Result<()> {
 }
 
 /// The daemon's own threads: the timer, one migration policy thread per tier that can
-/// hold file data (NVM, SSD, HDD; the last one only cleans), the superpage policy and
-/// the digest workers.
+/// hold file data (NVM, SSD, HDD, remote; the lowest one only cleans), the superpage
+/// policy, the remote tier's sweep and the digest workers.
 fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut threads = Vec::new();
     let dd = d.clone();
@@ -293,7 +295,7 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
                 timer_loop(&dd)
             })?,
     );
-    for from in 0..3u8 {
+    for from in 0..cairn_format::map::TIERS as u8 {
         let d = d.clone();
         threads.push(
             std::thread::Builder::new()
@@ -303,6 +305,17 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
                     migrate_loop(&d, from)
                 })?,
         );
+    }
+    // Not joined at shutdown: a sweep waiting for an unreachable cluster would hold
+    // the stop up to the remote tier's timeout.
+    if let Some(t) = d.core().sh.remote.clone() {
+        let dd = d.clone();
+        std::thread::Builder::new()
+            .name("cairnd-sweep".into())
+            .spawn(move || {
+                let _log = dd.mark_thread();
+                sweep_loop(&dd, &t)
+            })?;
     }
     let dd = d.clone();
     threads.push(
@@ -351,6 +364,34 @@ fn migrate_loop(d: &Daemon, from: u8) {
         worked = background && d.migrator.tick(&d.core, from);
     }
 }
+
+/// The remote tier's sweep of orphan objects (`crate::tiers::remote::sweep`): at start
+/// (which also connects to the cluster), then every [`SWEEP_PERIOD`], and again a
+/// minute after a sweep that failed.
+fn sweep_loop(d: &Daemon, t: &cairn_remote::RadosTier) {
+    let mut next = std::time::Instant::now();
+    while !d.stop.load(Ordering::SeqCst) {
+        let now = std::time::Instant::now();
+        if now >= next {
+            next = match crate::tiers::remote::sweep(&d.core, t) {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!("remote tier: {n} orphan object(s) removed");
+                    }
+                    now + SWEEP_PERIOD
+                }
+                Err(e) => {
+                    tracing::warn!("remote tier: sweep of orphan objects failed: {e}");
+                    now + Duration::from_secs(60)
+                }
+            };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// How often the remote tier is swept.
+const SWEEP_PERIOD: Duration = Duration::from_secs(600);
 
 /// The superpage policy (`crate::superpage::pass`, then a compaction round when one is
 /// needed: `crate::superpage::compact`): at once when a digest adds candidates, else
@@ -464,6 +505,7 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
         upcall_of: None,
         sock: s.try_clone().ok(),
         refusal: Arc::new(crate::digest::parallel::Refusal::new(s.try_clone().ok())),
+        admitted: false,
     };
     // A peer that is no client's and does not read its answers loses the connection
     // rather than hold this thread.

@@ -44,6 +44,9 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         Request::Status => match d.core().status() {
             Ok(mut r) => {
                 r.migration = d.migrator.progress();
+                if let Some(remote) = r.remote.as_mut() {
+                    remote.paused = d.migrator.paused(cairn_format::map::TIER_REMOTE);
+                }
                 Reply::Send(Response::Status(r))
             }
             Err(e) => Reply::Send(err_response(&e)),
@@ -65,6 +68,17 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 .unwrap_or_else(|e| err_response(&e)),
         ),
         Request::SjRanges => Reply::Send(Response::SjRanges(d.sj_registry().ranges().to_vec())),
+        Request::TierRead {
+            tier,
+            seg,
+            gen,
+            off,
+            len,
+        } => Reply::Send(
+            tier_read(d, c, tier, seg, gen, off, len)
+                .map(Response::TierData)
+                .unwrap_or_else(|e| err_response(&e)),
+        ),
         Request::Goodbye { tail_lsn } => goodbye(d, c, tail_lsn),
         Request::Lease { ino, write } => lease(d, c, ino, write),
         Request::Xattr { ino, op } => {
@@ -277,7 +291,7 @@ fn credits(d: &Daemon, c: &Conn, blocks: u64) -> Reply {
 
 /// `Migrate`: move cold data of tier `from` one tier down.
 fn migrate(d: &Daemon, from: u8, to: u8, max_bytes: u64) -> Reply {
-    if to != from + 1 || d.core().sh.tier(to).is_none() {
+    if d.core().sh.layout.below(from) != Some(to) {
         return Reply::Send(err_response(&fs_err(
             libc::EINVAL,
             format!(
@@ -310,6 +324,56 @@ fn clean(d: &Daemon, tier: u8) -> Reply {
     }
     let n = d.migrator.clean(&d.core, tier);
     moved(d, tier, n)
+}
+
+/// `TierRead`: bytes of a lower tier's segment, for a client in the trust domain (which
+/// may read the NVM file and the local tiers' files anyway). Read without the core
+/// lock, through the tier's cache (the remote tier's), so that a slow cluster stalls
+/// only this connection.
+fn tier_read(
+    d: &Daemon,
+    c: &mut Conn,
+    tier: u8,
+    seg: u64,
+    gen: u64,
+    off: u64,
+    len: u32,
+) -> io::Result<Vec<u8>> {
+    let area = {
+        let core = d.core();
+        if !c.admitted {
+            core.admit(c.pid, c.uid, c.gid)?;
+            c.admitted = true;
+        }
+        core.sh.area.clone()
+    };
+    let bad = |why: &str| {
+        fs_err(
+            libc::EINVAL,
+            format!("read of tier {tier}, segment {seg}, {len} bytes at {off}: {why}"),
+        )
+    };
+    let (Some(g), Some(dev)) = (area.layout().tier(tier).copied(), area.tier(tier)) else {
+        return Err(bad("the store has no such tier"));
+    };
+    let start = seg.saturating_mul(g.segment_bytes());
+    if len > cairn_proto::MAX_TIER_READ
+        || seg == 0
+        || seg >= g.segments
+        || off < start
+        || off.saturating_add(len as u64) > start + g.segment_bytes()
+    {
+        return Err(bad("not inside one data segment, or too long"));
+    }
+    if area.segment_gen(tier, seg)? != gen {
+        return Err(fs_err(
+            libc::ESTALE,
+            format!("segment {seg} of tier {tier} was rewritten since generation {gen}"),
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    dev.read(seg, gen, off, &mut buf)?;
+    Ok(buf)
 }
 
 /// `Goodbye`: digest the leaving client's log and free its slot.

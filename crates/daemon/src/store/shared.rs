@@ -66,13 +66,16 @@ pub(crate) struct Shared {
     pub reads: std::cell::RefCell<Option<std::collections::HashSet<u64>>>,
     /// The lower tiers the store has (SSD first).
     pub tiers: Vec<TierAlloc>,
+    /// Another handle on the remote tier's device, if the store has one (its sweep
+    /// and counters).
+    pub remote: Option<cairn_remote::RadosTier>,
     /// Epochs held by the daemon's own readers (migration rounds copying blocks without
     /// the core lock): nothing retired in or after them is freed.
     pub held_epochs: Vec<u64>,
     /// Recency of file data per tier (`crate::tiers::migrate`).
     pub recency: crate::tiers::recency::Recency,
     /// Migration and cleaning traffic, per tier (mirrored in the daemon state block).
-    pub traffic: [cairn_proto::TierTraffic; 3],
+    pub traffic: [cairn_proto::TierTraffic; cairn_format::map::TIERS],
     /// Inodes (number, generation) that may have extended attributes (`crate::xattr`):
     /// every inode written gets its `xattrs` flag from here.
     pub xattr_inodes: std::collections::HashSet<(u64, u64)>,
@@ -91,7 +94,7 @@ impl Shared {
         let layout = *area.layout();
         let f = |o| area.state_field(o).unwrap_or(0);
         let traffic = std::array::from_fn(|t| {
-            let f = |k: usize| f(state::TRAFFIC + 24 * t + 8 * k);
+            let f = |k: usize| f(state::traffic(t) + 8 * k);
             cairn_proto::TierTraffic {
                 bytes_migrated_down: f(0),
                 bytes_migrated_up: f(1),
@@ -119,9 +122,10 @@ impl Shared {
             pins: Default::default(),
             keep_unlinked: false,
             reads: Default::default(),
-            tiers: (1..=2u8)
+            tiers: (1..=cairn_format::superblock::LOWER_TIERS as u8)
                 .filter_map(|t| layout.tier(t).map(|g| TierAlloc::new(t, *g)))
                 .collect(),
+            remote: None,
             held_epochs: Vec::new(),
             recency: Default::default(),
             traffic,
@@ -130,7 +134,7 @@ impl Shared {
         }
     }
 
-    /// The allocation state of lower tier `tier` (1 = SSD, 2 = HDD).
+    /// The allocation state of lower tier `tier` (1 = SSD, 2 = HDD, 3 = remote).
     pub(crate) fn tier_mut(&mut self, tier: u8) -> Option<&mut TierAlloc> {
         self.tiers.iter_mut().find(|t| t.num == tier)
     }
@@ -174,10 +178,11 @@ impl Shared {
                 .enumerate()
             {
                 self.map()
-                    .store_u64(BLOCK_SIZE + state::TRAFFIC + 24 * t + 8 * k, v)?;
+                    .store_u64(BLOCK_SIZE + state::traffic(t) + 8 * k, v)?;
             }
+            self.map().persist(BLOCK_SIZE + state::traffic(t), 24)?;
         }
-        self.map().persist(BLOCK_SIZE + state::TRAFFIC, 72)
+        Ok(())
     }
 
     pub(crate) fn map(&self) -> &Mapping {

@@ -28,7 +28,7 @@ use super::select::{select_cold, select_victims};
 use crate::digest::parallel::CoreLock;
 use crate::store::shared::{Shared, Work};
 use crate::util::{eio, now_ns};
-use cairn_format::map::TIER_NAMES;
+use cairn_format::map::{TIERS, TIER_NAMES};
 use cairn_format::tier::SEG_WRITTEN_NS;
 use cairn_format::BLOCK_SIZE_U64;
 use cairn_proto::MigrationStatus;
@@ -97,12 +97,27 @@ pub(crate) const PROMOTE_MAX: u64 = 1024;
 #[derive(Debug, Default)]
 pub(crate) struct Migrator {
     /// By target tier.
-    running: [Mutex<()>; 3],
+    running: [Mutex<()>; TIERS],
     /// By target tier.
-    progress: Mutex<[Option<MigrationStatus>; 3]>,
+    progress: Mutex<[Option<MigrationStatus>; TIERS]>,
+    /// By target tier: rounds into it failed (its device, or the cluster, failed):
+    /// no round starts before the pause ends.
+    paused: Mutex<[Option<Pause>; TIERS]>,
     /// Rung by [`Migrator::kick`]: the background policy should run now.
     kicked: crate::util::Doorbell,
 }
+
+/// A pause of the rounds into a tier after a failure: until `until`; the next failure
+/// doubles `wait`, up to [`PAUSE_MAX`].
+#[derive(Debug, Clone, Copy)]
+struct Pause {
+    until: std::time::Instant,
+    wait: std::time::Duration,
+}
+
+/// The first pause after a failed round, and the longest.
+const PAUSE_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+const PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Bytes of `n` blocks.
 fn bytes(n: u64) -> u64 {
@@ -148,6 +163,45 @@ impl Migrator {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize] = p;
     }
 
+    /// Whether rounds into tier `to` are paused after a failure (they resume by
+    /// themselves once the pause ends).
+    pub(crate) fn paused(&self, to: u8) -> bool {
+        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        p[to as usize].is_some_and(|p| std::time::Instant::now() < p.until)
+    }
+
+    /// A round into `to` ended: a failure pauses the next ones (longer after each
+    /// failure in a row), a success ends the pause.
+    fn round_ended(&self, to: u8, ok: bool) {
+        let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut p[to as usize];
+        *slot = match (ok, *slot) {
+            (true, _) => None,
+            (false, prev) => {
+                let wait = prev.map_or(PAUSE_MIN, |p| (p.wait * 2).min(PAUSE_MAX));
+                tracing::warn!(
+                    "rounds into the {} tier paused for {} s",
+                    TIER_NAMES[to as usize],
+                    wait.as_secs()
+                );
+                Some(Pause {
+                    until: std::time::Instant::now() + wait,
+                    wait,
+                })
+            }
+        };
+    }
+
+    /// The tier a round of `kind` from `from` writes to (`None`: there is none).
+    fn target(core: &CoreLock, kind: RoundKind, from: u8) -> Option<u8> {
+        let l = core.serial().sh.layout;
+        match kind {
+            RoundKind::Migrate | RoundKind::Evacuate => l.below(from),
+            RoundKind::Clean | RoundKind::Compact => Some(from),
+            RoundKind::Promote => l.above(from),
+        }
+    }
+
     /// Run one round of `kind` from tier `from`: at most one segment of the target tier
     /// (a promotion into NVM: at most [`PROMOTE_MAX`] blocks of its free space), filled
     /// as far as there is data to move. Returns the blocks moved (0: nothing to move or
@@ -165,14 +219,17 @@ impl Migrator {
         from: u8,
         needed: &dyn Fn(&mut crate::core::Core) -> bool,
     ) -> io::Result<u64> {
-        let to = match kind {
-            RoundKind::Migrate | RoundKind::Evacuate => from + 1,
-            RoundKind::Clean | RoundKind::Compact => from,
-            RoundKind::Promote => from.wrapping_sub(1),
+        let Some((to, lock)) = Self::target(core, kind, from)
+            .and_then(|to| Some((to, self.running.get(to as usize)?)))
+        else {
+            return Err(eio(format!(
+                "a {kind:?} round from the {} tier has no tier to go to",
+                TIER_NAMES[(from as usize).min(TIERS - 1)]
+            )));
         };
-        let Some(lock) = self.running.get(to as usize) else {
-            return Err(eio(format!("no tier {to}")));
-        };
+        if self.paused(to) {
+            return Ok(0);
+        }
         let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
         let Some((dest, moves, (epoch, since))) = self.prepare(core, kind, from, to, needed)?
         else {
@@ -197,6 +254,7 @@ impl Migrator {
         );
         let r = self.copy_and_switch(core, kind, (from, to), &dest, &moves, since);
         self.set_progress(to, None);
+        self.round_ended(to, r.is_ok());
         finish_round(core, to, epoch, &dest, &r);
         r.map(|(n, _)| n)
     }
@@ -363,7 +421,7 @@ impl Migrator {
         if has_room(core) {
             return true;
         }
-        let below = core.serial().sh.tier(to + 1).is_some();
+        let below = core.serial().sh.layout.below(to).is_some();
         if below && self.run(core, RoundKind::Migrate, to) > 0 && has_room(core) {
             return true;
         }
@@ -420,9 +478,12 @@ impl Migrator {
     /// segments, so up to a segment more), making room below first when needed. Returns
     /// the blocks moved.
     pub(crate) fn migrate(&self, core: &CoreLock, from: u8, max: u64) -> u64 {
+        let Some(to) = core.serial().sh.layout.below(from) else {
+            return 0;
+        };
         let mut moved = 0;
         while moved < max {
-            if !self.room_in(core, from + 1) {
+            if !self.room_in(core, to) {
                 break;
             }
             let n = self.run(core, RoundKind::Migrate, from);
@@ -439,11 +500,14 @@ impl Migrator {
     /// caller's or the background's) did not free enough.
     pub(crate) fn free_nvm(&self, core: &CoreLock, short: &dyn Fn(&mut crate::core::Core) -> bool) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let Some(below) = core.serial().sh.layout.below(0) else {
+            return;
+        };
         loop {
             if !short(&mut core.serial()) {
                 return;
             }
-            let moved = self.room_in(core, 1)
+            let moved = self.room_in(core, below)
                 && match self.round_when(core, RoundKind::Migrate, 0, short) {
                     Ok(n) => n > 0,
                     Err(e) => {
@@ -493,17 +557,17 @@ impl Migrator {
     /// cleaned when it has none beyond the reserved one. Returns whether it did work.
     pub(crate) fn tick(&self, core: &CoreLock, from: u8) -> bool {
         let promoted = self.promote_if_hot(core, from);
-        let (high, low, has_below, free) = {
+        let (high, low, below, free) = {
             let c = core.serial();
             (
                 c.cfg.migrate_high_pct.clamp(1, 100) as u64,
                 c.cfg.migrate_low_pct.clamp(0, 99) as u64,
-                c.sh.tier(from + 1).is_some(),
+                c.sh.layout.below(from),
                 c.sh.tier(from).map(|t| t.free_segments()),
             )
         };
         let mut worked = false;
-        if has_below {
+        if let Some(below) = below {
             let (used, cap) = Self::usage(&core.serial().sh, from);
             let spare = free.is_none_or(|f| f > 2);
             if cap == 0 || (used * 100 < cap * high && spare) {
@@ -519,7 +583,7 @@ impl Migrator {
                     "migrated {} MiB from the {} tier to the {} tier ({}% -> {}% used)",
                     bytes(n) >> 20,
                     TIER_NAMES[from as usize],
-                    TIER_NAMES[from as usize + 1],
+                    TIER_NAMES[below as usize],
                     used * 100 / cap,
                     after * 100 / cap
                 );
@@ -531,7 +595,7 @@ impl Migrator {
                 c.reclaim();
                 c.sh.tier(from).is_none_or(|t| t.free_segments() > 2)
             };
-            if !spare && self.room_in(core, from + 1) {
+            if !spare && self.room_in(core, below) {
                 worked |= self.run(core, RoundKind::Evacuate, from) > 0;
             }
         }
@@ -551,11 +615,15 @@ impl Migrator {
             // moved 1.4 GiB down and 1.4 GiB up for 156 MiB written.
             let limit = c.cfg.migrate_low_pct;
             let hot = c.sh.recency.has_hot(from);
-            if from == 0 || !hot {
+            let Some(above) = c.sh.layout.above(from).filter(|_| hot) else {
                 return false;
-            }
-            promotion_room(&c.sh, from - 1, limit.clamp(1, 100) as u64)
+            };
+            (
+                above,
+                promotion_room(&c.sh, above, limit.clamp(1, 100) as u64),
+            )
         };
+        let (above, room) = room;
         // Only into room the tier above has below its high watermark: making room by
         // moving its coldest data down first costs a whole segment per promotion, and
         // churned the lower tiers under a scattered hot set (measured: the SSD wrote 15
@@ -569,7 +637,7 @@ impl Migrator {
                 "promoted {} KiB read often from the {} tier to the {} tier",
                 bytes(n) >> 10,
                 TIER_NAMES[from as usize],
-                TIER_NAMES[from as usize - 1]
+                TIER_NAMES[above as usize]
             );
         }
         n > 0

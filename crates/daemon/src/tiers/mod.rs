@@ -1,15 +1,17 @@
-//! DRAM allocation state of the lower tiers (SSD, HDD): which blocks hold live data
+//! DRAM allocation state of the lower tiers (SSD, HDD, remote): which blocks hold live data
 //! (set from the copy until the epoch after the block was replaced), the live count of
 //! every segment, and the segment being written. A lower tier is written only in whole
 //! segments: a migration or cleaning round takes one free segment, fills it sequentially
 //! with one write, and never writes it again until every block of it is dead and it was
 //! trimmed. The moves between tiers are `migrate` (rounds), `select` (which blocks),
 //! `copy` (the data and the map switch) and `recency` (what is cold, what is hot); the
-//! storage of a lower tier is a `cairn_area::TierDevice`.
+//! storage of a lower tier is a `cairn_area::TierDevice`, and `remote` opens, sweeps and
+//! reports the remote one.
 
 mod copy;
 pub(crate) mod migrate;
 pub(crate) mod recency;
+pub(crate) mod remote;
 mod select;
 
 use crate::store::alloc::Bitmap;
@@ -18,7 +20,7 @@ use cairn_format::superblock::TierGeom;
 /// One lower tier's allocation state.
 #[derive(Debug, Clone)]
 pub(crate) struct TierAlloc {
-    /// 1 = SSD, 2 = HDD.
+    /// 1 = SSD, 2 = HDD, 3 = remote.
     pub num: u8,
     pub geom: TierGeom,
     live: Bitmap,
@@ -98,6 +100,11 @@ impl TierAlloc {
     /// watermarks compare, since space is given out in whole segments.
     pub(crate) fn used_blocks(&self) -> u64 {
         (self.data_segments() - self.free_segments()) * self.geom.segment_blocks
+    }
+
+    /// Whether segment `s` holds live blocks or a round is writing it.
+    pub(crate) fn in_use(&self, s: u64) -> bool {
+        self.seg_live(s) > 0 || self.busy.get(s as usize).is_some_and(|&b| b)
     }
 
     /// Live blocks of segment `s` (those waiting for their epoch included).

@@ -56,7 +56,15 @@ fn map_slot(store: &StoreDir, reg: &Registration, pid: u32) -> io::Result<(File,
     let cfg = store.load_config()?;
     cfg.apply_emulation();
     if area.layout().tiers.iter().any(|t| t.present()) {
-        area.attach_tiers([cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()], false)?;
+        let remote = area
+            .layout()
+            .tier(cairn_format::map::TIER_REMOTE)
+            .map(|_| Box::new(crate::tier::DaemonTier::new(store, 3)) as _);
+        area.attach_tiers(
+            [cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()],
+            remote,
+            false,
+        )?;
         area.set_cache(cfg.read_cache_mib << 20, cfg.readahead_kib << 10);
     }
     let l = *area.layout();

@@ -143,7 +143,7 @@ fn main() {
                 &[0]
             };
             for &from in down {
-                if let Err(e) = cairn::daemon_migrate(store, from, 1 << 30) {
+                if let Err(e) = cairn::daemon_migrate(store, from, from + 1, 1 << 30) {
                     eprintln!("cairn-test-worker: migrate from tier {from} after op {i}: {e}");
                 }
             }

@@ -1,93 +1,13 @@
-//! The remote tier against a real Ceph cluster on this machine
-//! (`scripts/ceph-dev-cluster.sh`: one monitor and one OSD in RAM, started for the test
-//! and stopped at its end). In CI (`CI` set) a missing Ceph is a failure; elsewhere the
-//! tests say so and pass.
+//! The remote tier's device (`cairn_remote`) against a real Ceph cluster on this
+//! machine (`cairn_tests::ceph::Cluster`: one monitor and one or three OSDs in RAM,
+//! started for the test and stopped at its end).
 
 use cairn_area::{errno_of, TierDevice};
 use cairn_format::superblock::TierGeom;
 use cairn_remote::{Pool, RadosTier, Spec, CHUNK};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use cairn_tests::ceph::{free_ports, Cluster};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// A cluster started for a test, stopped (its daemons, by pid, and its directory) when
-/// dropped.
-struct Cluster {
-    dir: PathBuf,
-    conf: PathBuf,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-dev-cluster.sh")
-}
-
-/// Two free TCP ports in a row on 127.0.0.1 (the monitor's v1 and v2).
-fn free_ports() -> u16 {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < 65535 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-}
-
-impl Cluster {
-    /// One monitor and `osds` OSDs in RAM (`tag` names its directory); `None` (outside
-    /// CI) when Ceph is not installed.
-    fn start(tag: &str, osds: u32) -> Option<Cluster> {
-        if Command::new("ceph-osd").arg("--version").output().is_err() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "ceph-osd is missing: scripts/setup.sh installs Ceph"
-            );
-            eprintln!("ceph-osd is missing (scripts/setup.sh installs it): not tested");
-            return None;
-        }
-        let dir =
-            std::env::temp_dir().join(format!("cairn-ceph-test-{tag}-{}", std::process::id()));
-        let port = free_ports();
-        let out = Command::new(script())
-            .args(["start", "--dir"])
-            .arg(&dir)
-            .args(["--port", &port.to_string(), "--osds", &osds.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "starting a Ceph cluster: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Some(Cluster {
-            conf: dir.join("ceph.conf"),
-            dir,
-        })
-    }
-}
-
-impl Cluster {
-    fn run(&self, what: &str, osd: u32) {
-        let out = Command::new(script())
-            .args([what, &osd.to_string(), "--dir"])
-            .arg(&self.dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{what} {osd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(script())
-            .args(["stop", "--dir"])
-            .arg(&self.dir)
-            .status();
-    }
-}
 
 /// Both parts against one cluster (starting one takes seconds).
 #[test]
@@ -96,12 +16,31 @@ fn the_remote_tier_against_a_ceph_cluster() {
         return;
     };
     a_segment_round_trips_through_objects(&c);
+    the_cache_and_the_sweep(&c);
     bad_settings_get_clear_errors_not_hangs(&c);
+    // Last: it stops the cluster's only OSD.
+    a_cluster_that_stops_answering_times_out(&c);
 }
 
-fn pool(c: &Cluster) -> Pool {
-    let spec = Spec::parse("ceph:cairn", Some(&c.conf), None).unwrap();
-    Pool::connect(&spec, Duration::from_secs(30)).unwrap()
+fn spec(c: &Cluster) -> Spec {
+    Spec::parse("ceph:cairn", Some(&c.conf), None).unwrap()
+}
+
+/// Tier `tier` of store `uuid`, made in the cluster's pool.
+fn make(c: &Cluster, uuid: &[u8; 16], tier: u8, geom: TierGeom) -> RadosTier {
+    RadosTier::create(&spec(c), Duration::from_secs(30), uuid, tier, geom).unwrap()
+}
+
+/// Wait until object `name` is gone (discards remove objects in the background).
+fn gone(t: &RadosTier, name: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if t.pool().unwrap().size(name).unwrap().is_none() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -117,7 +56,7 @@ fn a_segment_round_trips_through_objects(c: &Cluster) {
         segment_blocks: 10240,
     };
     let uuid = *b"cairn-test-uuid!";
-    let t = RadosTier::new(pool(c), &uuid, 2, geom);
+    let t = make(c, &uuid, 3, geom);
     let seg_bytes = geom.segment_bytes();
     let data = pattern(20 << 20, 1);
     t.write_segment(3, 5, 3 * seg_bytes, &data).unwrap();
@@ -128,7 +67,7 @@ fn a_segment_round_trips_through_objects(c: &Cluster) {
             _ => 0,
         };
         assert_eq!(
-            t.pool().size(&t.object(3, 5, c)).unwrap(),
+            t.pool().unwrap().size(&t.object(3, 5, c)).unwrap(),
             Some(want),
             "chunk {c}"
         );
@@ -160,7 +99,7 @@ fn a_segment_round_trips_through_objects(c: &Cluster) {
     assert_eq!(b, data[..4096]);
     t.discard(3, 5, base, seg_bytes).unwrap();
     for c in 0..3 {
-        assert_eq!(t.pool().size(&t.object(3, 5, c)).unwrap(), None);
+        assert!(gone(&t, &t.object(3, 5, c)), "chunk {c} removed");
     }
     let e = t.read(3, 5, base, &mut b).unwrap_err();
     assert_eq!(errno_of(&e), libc::ENOENT, "{e}");
@@ -172,6 +111,96 @@ fn a_segment_round_trips_through_objects(c: &Cluster) {
     assert_eq!(errno_of(&e), libc::EINVAL);
     let e = t.read(3, 6, base + seg_bytes, &mut b).unwrap_err();
     assert_eq!(errno_of(&e), libc::EINVAL);
+    let s = t.stats();
+    // Two segments of three objects each (empty ones past the data).
+    assert!(
+        s.connected && s.objects_written == 6 && s.bytes_written == (21 << 20),
+        "{s:?}"
+    );
+}
+
+fn the_cache_and_the_sweep(c: &Cluster) {
+    let geom = TierGeom {
+        segments: 16,
+        segment_blocks: 256,
+    };
+    let uuid = *b"cairn-cache-swp!";
+    make(c, &uuid, 3, geom);
+    // Opened as the daemon does, with a cache: the first read of a block goes to the
+    // cluster, the second does not; a new generation is never served from the cache.
+    let t = RadosTier::open(&spec(c), Duration::from_secs(30), &uuid, 3, geom, 1 << 20);
+    let sb = geom.segment_bytes();
+    t.write_segment(2, 1, 2 * sb, &pattern(sb as usize, 7))
+        .unwrap();
+    let mut b = vec![0u8; 8192];
+    t.read(2, 1, 2 * sb + 4096, &mut b).unwrap();
+    let reads = t.stats().reads;
+    t.read(2, 1, 2 * sb + 4096, &mut b).unwrap();
+    assert_eq!(b, pattern(sb as usize, 7)[4096..4096 + 8192]);
+    let s = t.stats();
+    assert_eq!((s.reads, s.cache_hits), (reads, 2), "served from the cache");
+    t.write_segment(2, 2, 2 * sb, &pattern(sb as usize, 8))
+        .unwrap();
+    t.read(2, 2, 2 * sb + 4096, &mut b).unwrap();
+    assert_eq!(b, pattern(sb as usize, 8)[4096..4096 + 8192]);
+    // Blocks partly cached: only the missing range is read.
+    t.read(2, 2, 2 * sb, &mut b).unwrap();
+    assert_eq!(b, pattern(sb as usize, 8)[..8192]);
+    // The sweep keeps what `keep` names (and the header), removes the rest.
+    t.write_segment(5, 3, 5 * sb, &pattern(100, 9)).unwrap();
+    let removed = t.sweep(|seg, gen| (seg, gen) == (2, 2)).unwrap();
+    assert_eq!(removed, 2, "segment 2 of generation 1 and segment 5");
+    t.read(2, 2, 2 * sb, &mut b).unwrap();
+    assert_eq!(
+        errno_of(&t.read(5, 3, 5 * sb, &mut b).unwrap_err()),
+        libc::ENOENT
+    );
+    assert!(!gone(&t, &t.header_object()) || panic!("the header was removed"));
+    // Opening checks the header: another geometry, or a store never made there.
+    let other = TierGeom {
+        segments: 17,
+        ..geom
+    };
+    let t2 = RadosTier::open(&spec(c), Duration::from_secs(30), &uuid, 3, other, 0);
+    let e = t2.pool().err().unwrap();
+    assert!(e.to_string().contains("geometry"), "{e}");
+    assert_eq!(t2.stats().last_error.map(|(m, _)| m), Some(e.to_string()));
+    let t3 = RadosTier::open(
+        &spec(c),
+        Duration::from_secs(30),
+        b"never-made-here!",
+        3,
+        geom,
+        0,
+    );
+    let e = t3.read(2, 2, 2 * sb, &mut b).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ENOENT);
+    assert!(e.to_string().contains("holds no remote tier"), "{e}");
+    t.discard(2, 2, 2 * sb, sb).unwrap();
+}
+
+fn a_cluster_that_stops_answering_times_out(c: &Cluster) {
+    let geom = TierGeom {
+        segments: 4,
+        segment_blocks: 16,
+    };
+    let t = RadosTier::create(
+        &spec(c),
+        Duration::from_secs(3),
+        b"cairn-timeouts!!",
+        3,
+        geom,
+    )
+    .unwrap();
+    c.run("kill-osd", 0);
+    let t0 = Instant::now();
+    let e = t.write_segment(1, 1, 65536, &[1u8; 4096]).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ETIMEDOUT, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let mut b = vec![0u8; 4096];
+    let e = t.read(1, 1, 65536, &mut b).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ETIMEDOUT, "{e}");
+    assert!(t.stats().last_error.is_some());
 }
 
 fn bad_settings_get_clear_errors_not_hangs(c: &Cluster) {
@@ -225,7 +254,7 @@ fn an_osd_killed_while_segments_are_written_loses_nothing() {
         segments: 64,
         segment_blocks: 1024,
     };
-    let t = RadosTier::new(pool(&c), b"cairn-osd-kill!!", 1, geom);
+    let t = make(&c, b"cairn-osd-kill!!", 3, geom);
     let seg_bytes = geom.segment_bytes();
     let mut slowest = Duration::ZERO;
     for seg in 1..48u64 {

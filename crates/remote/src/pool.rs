@@ -1,0 +1,257 @@
+//! A connection to one RADOS pool whose every operation is bounded in time.
+//!
+//! librados waits for ever on a cluster it cannot reach (its own timeouts,
+//! `rados_osd_op_timeout` and `rados_mon_op_timeout`, are 0 unless the cluster's
+//! configuration sets them). Cairn must never hang a migration round or a client's read
+//! on that, so every operation runs on one of a few I/O threads and the caller waits at
+//! most the pool's timeout: then it gets `ETIMEDOUT`, while the operation itself goes on
+//! in librados until the cluster answers. A write given up on that way is skipped if no
+//! thread has started it yet; one already started may still land, as an object nothing
+//! names (the remote tier sweeps those).
+
+use crate::{rados_err, Spec};
+use cairn_area::fs_err;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// I/O threads per pool: the most operations in flight at once.
+const IO_THREADS: usize = 4;
+
+/// The I/O context, shared by the I/O threads.
+struct Io {
+    /// Dropped before `_owner` (declaration order): the context needs the cluster.
+    ioctx: ceph::ceph::IoCtx,
+    /// The cluster handle (`ceph::ceph::Rados`, which may not move between threads)
+    /// lives on the thread that connected, which shuts it down once this is dropped,
+    /// after the last I/O thread let go of the context.
+    _owner: Sender<()>,
+}
+
+type Job = Box<dyn FnOnce(&Io) + Send>;
+
+/// A connection to one pool.
+pub struct Pool {
+    jobs: Mutex<Sender<Job>>,
+    pool: String,
+    timeout: Duration,
+}
+
+impl Pool {
+    /// Connect to the cluster and open the pool; every later operation (and this one)
+    /// gives up after `timeout` with `ETIMEDOUT`.
+    pub fn connect(spec: &Spec, timeout: Duration) -> io::Result<Pool> {
+        let conf = spec
+            .conf
+            .to_str()
+            .ok_or_else(|| fs_err(libc::EINVAL, format!("{}: not UTF-8", spec.conf.display())))?;
+        if !spec.conf.is_file() {
+            return Err(fs_err(
+                libc::ENOENT,
+                format!("no Ceph configuration file at {conf} (--ceph-conf)"),
+            ));
+        }
+        let (tx, rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let (user, conf_s, pool) = (spec.user.clone(), conf.to_string(), spec.pool.clone());
+        std::thread::Builder::new()
+            .name("cairn-rados".into())
+            .spawn(move || {
+                let rados = match ceph::ceph::connect_to_ceph(&user, &conf_s) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let what =
+                            format!("connecting to the Ceph cluster of {conf_s} as client.{user}");
+                        let _ = tx.send(Err(rados_err(&what, e)));
+                        return;
+                    }
+                };
+                let io = rados
+                    .get_rados_ioctx(&pool)
+                    .map_err(|e| rados_err(&format!("opening the RADOS pool {pool:?}"), e));
+                let opened = io.is_ok();
+                // Nobody waiting any more (timed out): the context goes with the error.
+                if tx.send(io).is_err() || !opened {
+                    return;
+                }
+                // Until the context is dropped.
+                let _ = stop_rx.recv();
+                drop(rados);
+            })?;
+        let ioctx = rx.recv_timeout(timeout).map_err(|_| {
+            fs_err(
+                libc::ETIMEDOUT,
+                format!(
+                    "the Ceph cluster of {conf} did not answer in {} s (are its monitors up?)",
+                    timeout.as_secs()
+                ),
+            )
+        })??;
+        let io = Arc::new(Io {
+            ioctx,
+            _owner: stop_tx,
+        });
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..IO_THREADS {
+            let (io, rx) = (io.clone(), rx.clone());
+            std::thread::Builder::new()
+                .name(format!("cairn-rados-io{i}"))
+                .spawn(move || io_thread(&io, &rx))?;
+        }
+        Ok(Pool {
+            jobs: Mutex::new(jobs),
+            pool: spec.pool.clone(),
+            timeout,
+        })
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.pool
+    }
+
+    /// Run `f` on an I/O thread; wait at most the timeout for its result. `what` says
+    /// what it does, for the error.
+    fn call<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&Io) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let c = cancelled.clone();
+        self.submit(Box::new(move |io: &Io| {
+            if !c.load(Ordering::Acquire) {
+                let _ = tx.send(f(io));
+            }
+        }))?;
+        rx.recv_timeout(self.timeout).unwrap_or_else(|_| {
+            cancelled.store(true, Ordering::Release);
+            Err(fs_err(
+                libc::ETIMEDOUT,
+                format!(
+                    "{what}: the Ceph cluster did not answer in {} s",
+                    self.timeout.as_secs()
+                ),
+            ))
+        })
+    }
+
+    fn submit(&self, job: Job) -> io::Result<()> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .map_err(|_| fs_err(libc::EIO, "the RADOS I/O threads are gone"))
+    }
+
+    /// Write `data` as the whole of object `name` (replacing it), acknowledged by every
+    /// replica when it returns.
+    pub fn put(&self, name: &str, data: &[u8]) -> io::Result<()> {
+        let what = format!("writing object {name} to pool {}", self.pool);
+        let (n, data, w) = (name.to_string(), data.to_vec(), what.clone());
+        self.call(&what, move |io| {
+            io.ioctx
+                .rados_object_write_full(&n, &data)
+                .map_err(|e| rados_err(&w, e))
+        })
+    }
+
+    /// Read from byte `off` of object `name` into `buf`: the bytes read, fewer than
+    /// `buf.len()` only where the object ends. `ENOENT` if there is no such object.
+    pub fn read(&self, name: &str, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let what = format!("reading object {name} of pool {}", self.pool);
+        let (n, len, w) = (name.to_string(), buf.len(), what.clone());
+        let data = self.call(&what, move |io| read_object(io, &n, off, len, &w))?;
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
+    }
+
+    /// Remove object `name`; `Ok(false)` if there was none.
+    pub fn remove(&self, name: &str) -> io::Result<bool> {
+        let what = format!("removing object {name} from pool {}", self.pool);
+        let (n, w) = (name.to_string(), what.clone());
+        self.call(&what, move |io| remove_object(io, &n, &w))
+    }
+
+    /// Remove the objects `names` in the background, without waiting; `done` gets the
+    /// first failure, if any.
+    pub fn remove_later(
+        &self,
+        names: Vec<String>,
+        done: impl FnOnce(io::Result<()>) + Send + 'static,
+    ) -> io::Result<()> {
+        let pool = self.pool.clone();
+        self.submit(Box::new(move |io: &Io| {
+            let r = names.iter().try_for_each(|n| {
+                remove_object(io, n, &format!("removing object {n} from pool {pool}")).map(|_| ())
+            });
+            done(r)
+        }))
+    }
+
+    /// The size of object `name`, if it exists.
+    pub fn size(&self, name: &str) -> io::Result<Option<u64>> {
+        let what = format!("stat of object {name} in pool {}", self.pool);
+        let (n, w) = (name.to_string(), what.clone());
+        self.call(&what, move |io| match io.ioctx.rados_object_stat(&n) {
+            Ok((len, _)) => Ok(Some(len)),
+            Err(ceph::error::RadosError::ApiError(e)) if e as i32 == libc::ENOENT => Ok(None),
+            Err(e) => Err(rados_err(&w, e)),
+        })
+    }
+
+    /// The names of the pool's objects that start with `prefix`.
+    pub fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let what = format!("listing the objects of pool {}", self.pool);
+        let (p, w) = (prefix.to_string(), what.clone());
+        self.call(&what, move |io| {
+            let ctx = io
+                .ioctx
+                .rados_list_pool_objects()
+                .map_err(|e| rados_err(&w, e))?;
+            Ok(ceph::ceph::Pool { ctx }
+                .map(|o| o.name)
+                .filter(|n| n.starts_with(&p))
+                .collect())
+        })
+    }
+}
+
+fn io_thread(io: &Io, jobs: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match jobs.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        job(io);
+    }
+}
+
+fn read_object(io: &Io, name: &str, off: u64, len: usize, what: &str) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let mut v = Vec::with_capacity(len - out.len());
+        let n = io
+            .ioctx
+            .rados_object_read(name, &mut v, off + out.len() as u64)
+            .map_err(|e| rados_err(what, e))?;
+        if n <= 0 {
+            break;
+        }
+        let n = (n as usize).min(len - out.len());
+        out.extend_from_slice(&v[..n]);
+    }
+    Ok(out)
+}
+
+fn remove_object(io: &Io, name: &str, what: &str) -> io::Result<bool> {
+    match io.ioctx.rados_object_remove(name) {
+        Ok(()) => Ok(true),
+        Err(ceph::error::RadosError::ApiError(e)) if e as i32 == libc::ENOENT => Ok(false),
+        Err(e) => Err(rados_err(what, e)),
+    }
+}
