@@ -10,11 +10,13 @@
 #   scripts/ceph-dev-cluster.sh status [--dir DIR]
 #   scripts/ceph-dev-cluster.sh kill-osd ID [--dir DIR]     (SIGKILL, for fault tests)
 #   scripts/ceph-dev-cluster.sh start-osd ID [--dir DIR]    (start a stopped OSD again)
+#   scripts/ceph-dev-cluster.sh pause|resume [--dir DIR]    (SIGSTOP/SIGCONT every daemon:
+#                                                            the cluster stops answering)
 #
 # `start` prints `CEPH_CONF=DIR/ceph.conf` last; `rados -c DIR/ceph.conf -p POOL ...` and
 # librados clients use that file (it names the admin keyring). Defaults: DIR
 # /tmp/cairn-ceph, 1 OSD, memstore (RAM, 1 GiB per OSD; bluestore uses a sparse file of
-# --osd-gb GiB, default 20, per OSD), monitor ports P (v1) and P+1 (v2) with P = 46789,
+# --osd-gb GiB, default 20, per OSD), monitor ports P (v1) and P+1 (v2) with P = 16789,
 # pool `cairn` with as many replicas as OSDs (at most 3) and min_size 1 for one replica,
 # 2 otherwise. `stop` sends SIGTERM to exactly the daemons whose pid files are in DIR/run,
 # SIGKILL after 10 s, and removes DIR unless --keep. The packages come from
@@ -26,7 +28,9 @@ cmd="${1:-}"
 DIR=/tmp/cairn-ceph
 OSDS=1
 STORE=memstore
-PORT=46789
+# Below Linux's ephemeral port range (32768-60999), where an outgoing connection may
+# hold the port.
+PORT=16789
 POOL=cairn
 SIZE=""
 MIN_SIZE=""
@@ -222,6 +226,15 @@ case "$cmd" in
         log "osd.$OSD_ID (pid $p) killed"
         ;;
     start-osd) start_osd "$OSD_ID" ;;
+    pause | resume)
+        pids="$(live_pids)"
+        [ -n "$pids" ] || die "no daemons of $DIR run"
+        sig=STOP
+        [ "$cmd" = resume ] && sig=CONT
+        # shellcheck disable=SC2086
+        kill -$sig $pids
+        log "$cmd: SIG$sig sent to $(echo $pids | wc -w) daemon(s)"
+        ;;
     *)
         sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2

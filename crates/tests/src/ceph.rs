@@ -62,14 +62,30 @@ impl Cluster {
 
     /// `scripts/ceph-dev-cluster.sh WHAT OSD` (`kill-osd`, `start-osd`).
     pub fn run(&self, what: &str, osd: u32) {
+        self.script(&[what, &osd.to_string()]);
+    }
+
+    /// Stop every daemon of the cluster (SIGSTOP): it no longer answers, and keeps its
+    /// data (the OSDs keep theirs in RAM).
+    pub fn pause(&self) {
+        self.script(&["pause"]);
+    }
+
+    /// Let the daemons go on (SIGCONT).
+    pub fn resume(&self) {
+        self.script(&["resume"]);
+    }
+
+    fn script(&self, args: &[&str]) {
         let out = Command::new(script())
-            .args([what, &osd.to_string(), "--dir"])
+            .args(args)
+            .arg("--dir")
             .arg(&self.dir)
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "{what} {osd}: {}",
+            "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
