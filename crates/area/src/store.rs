@@ -67,6 +67,13 @@ pub struct StoreConfig {
     /// and migration to the tier pauses.
     #[serde(default = "default_remote_timeout_ms")]
     pub remote_timeout_ms: u64,
+    /// Where backups go (`ceph:POOL`) for a store without a remote tier (one with a
+    /// remote tier backs up into its pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_remote: Option<String>,
+    /// The daemon takes a backup every this many seconds (0: only `cairn backup`).
+    #[serde(default)]
+    pub backup_interval_s: u64,
     /// Use (percent of a tier's data blocks) above which the daemon migrates the
     /// coldest data to the tier below.
     #[serde(default = "default_migrate_high_pct")]
@@ -300,6 +307,8 @@ impl StoreConfig {
             ceph_user: None,
             remote_cache_mib: DEFAULT_REMOTE_CACHE_MIB,
             remote_timeout_ms: DEFAULT_REMOTE_TIMEOUT_MS,
+            backup_remote: None,
+            backup_interval_s: 0,
             migrate_high_pct: DEFAULT_MIGRATE_HIGH_PCT,
             migrate_low_pct: DEFAULT_MIGRATE_LOW_PCT,
             background_migration: default_background_migration(),

@@ -145,6 +145,46 @@ pub enum Command {
         #[arg(long, value_name = "BYTES", value_parser = util::parse_size)]
         free: Option<u64>,
     },
+    /// Back up the whole store into a Ceph RADOS pool now (docs/REMOTE.md)
+    Backup {
+        /// The pool: ceph:POOL [default: the remote tier's, else backup_remote of
+        /// cairn.toml]
+        #[arg(long, value_name = "ceph:POOL")]
+        remote: Option<String>,
+        /// Print the report as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild a store on this machine from its newest backup in a Ceph RADOS pool
+    Restore {
+        /// The pool: ceph:POOL
+        #[arg(long, value_name = "ceph:POOL")]
+        remote: String,
+        /// The Ceph configuration file [default: /etc/ceph/ceph.conf]
+        #[arg(long, value_name = "PATH")]
+        ceph_conf: Option<PathBuf>,
+        /// The Ceph user [default: admin]
+        #[arg(long, value_name = "NAME")]
+        ceph_user: Option<String>,
+        /// The store to restore (its id, or a prefix of it) [default: the pool's only one]
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// The new NVM file [default: /dev/shm/cairn-<random>.nvm]
+        #[arg(long, value_name = "PATH")]
+        nvm_path: Option<PathBuf>,
+        /// The new SSD tier file [default: ssd.tier in the store]
+        #[arg(long, value_name = "PATH")]
+        ssd: Option<PathBuf>,
+        /// The new HDD tier file [default: hdd.tier in the store]
+        #[arg(long, value_name = "PATH")]
+        hdd: Option<PathBuf>,
+        /// List the backups in the pool instead
+        #[arg(long)]
+        list: bool,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Compact a lower tier now: move the live data of partly dead segments together
     /// until no round frees a segment
     Clean {

@@ -771,6 +771,7 @@ impl Core {
                 let alloc = self.sh.tier(cairn_format::map::TIER_REMOTE);
                 Box::new(crate::tiers::remote::status(&self.cfg, t, alloc))
             }),
+            backup: None,
         })
     }
 

@@ -24,6 +24,7 @@
 
 #![forbid(unsafe_code)]
 
+mod backup;
 mod core;
 mod digest;
 mod offline;
@@ -40,11 +41,13 @@ mod xattr;
 #[cfg(test)]
 mod tests;
 
+pub use cairn_remote::backup::Manifest as BackupManifest;
 pub use offline::fsck::{fsck, FsckOptions, FsckReport};
 pub use offline::mkfs::{
     mkfs, MkfsOptions, RemoteOptions, TierOptions, DEFAULT_HDD_SEGMENT, DEFAULT_REMOTE_SIZE,
     DEFAULT_SSD_SEGMENT,
 };
+pub use offline::restore::{list_backups, restore, RestoreOptions};
 pub use offline::{recover, stored_xattrs, StoredXattrs};
 pub use perm::resolve_group;
 pub use server::{run_daemon, DaemonOptions};

@@ -597,6 +597,22 @@ pub fn daemon_status(store: Option<&Path>) -> io::Result<StatusReport> {
     }
 }
 
+/// Ask the daemon of `store` to take a backup of the whole store now, into the pool
+/// `remote` (`ceph:POOL`; `None`: the store's), and wait for it.
+pub fn daemon_backup(
+    store: Option<&Path>,
+    remote: Option<&str>,
+) -> io::Result<cairn_proto::BackupReport> {
+    let dir = StoreDir::resolve(store);
+    let mut c = conn::Conn::connect(&dir, is_default_store(store))?;
+    match c.roundtrip(&Request::Backup {
+        remote: remote.map(str::to_string),
+    })? {
+        Response::BackedUp(r) => Ok(r),
+        r => Err(conn::response_error("backup", r)),
+    }
+}
+
 /// Ask the daemon of `store` to move up to `max_bytes` of the coldest data of tier
 /// `from` (0 = NVM, 1 = SSD, 2 = HDD) to tier `to`, the one below it the store has, in
 /// whole segments, without registering as a client. Returns the bytes moved and the

@@ -115,6 +115,10 @@ pub enum Request {
         off: u64,
         len: u32,
     },
+    /// Take a backup of the whole store now, into the pool `remote` (`ceph:POOL`; `None`:
+    /// the remote tier's pool, else `backup_remote` of `cairn.toml`): answer `BackedUp`
+    /// once its manifest is written (docs/REMOTE.md, "Backup and restore").
+    Backup { remote: Option<String> },
 }
 
 /// The most bytes one `TierRead` returns.
@@ -249,6 +253,8 @@ pub enum Response {
     SjRanges(Vec<SjRange>),
     /// Answer to `TierRead`: the bytes.
     TierData(Vec<u8>),
+    /// Answer to `Backup`.
+    BackedUp(BackupReport),
     /// A failure, with a POSIX errno and a message.
     Error {
         errno: i32,
@@ -352,6 +358,34 @@ pub struct StatusReport {
     /// The remote tier, if the store has one.
     #[serde(default)]
     pub remote: Option<Box<RemoteStatus>>,
+    /// The newest backup this daemon took, if any.
+    #[serde(default)]
+    pub backup: Option<Box<BackupReport>>,
+}
+
+/// What a backup did (`cairn backup`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct BackupReport {
+    /// `ceph:POOL`.
+    pub url: String,
+    /// The backup's number (1 for the store's first).
+    pub seq: u64,
+    /// The moment it holds (ns since the Unix epoch): every write acknowledged before.
+    pub taken_ns: i64,
+    /// Time the store's daemon was held while the snapshot was copied, and in all.
+    pub snapshot_ms: u64,
+    pub total_ms: u64,
+    /// Objects (and bytes) written now; those the previous backup had that were kept.
+    pub objects_written: u64,
+    pub bytes_written: u64,
+    pub objects_kept: u64,
+    /// The backup's whole size: objects and bytes.
+    pub objects: u64,
+    pub bytes: u64,
+    /// Objects of the previous backup no longer needed, removed.
+    pub objects_removed: u64,
+    /// The remote tier's segments it names (their objects stay while it is the newest).
+    pub remote_segments: u64,
 }
 
 /// The remote tier in a status report (counters since the daemon started).

@@ -10,8 +10,9 @@
 //! Every chunk of a written segment is an object (empty past the round's data), so a
 //! missing object is a loss and reads as an error, while bytes past an object's end read
 //! as zeros, as a file's unwritten space does. [`pool`] bounds every librados call in
-//! time; [`tier`] is the tier device.
+//! time; [`tier`] is the tier device; [`backup`] keeps whole stores in a pool.
 
+pub mod backup;
 mod pool;
 mod tier;
 

@@ -34,9 +34,23 @@ type Job = Box<dyn FnOnce(&Io) + Send>;
 
 /// A connection to one pool.
 pub struct Pool {
-    jobs: Mutex<Sender<Job>>,
+    /// `None` once dropped.
+    jobs: Mutex<Option<Sender<Job>>>,
     pool: String,
     timeout: Duration,
+    /// Told when the cluster handle was shut down.
+    down: Mutex<Receiver<()>>,
+}
+
+impl Drop for Pool {
+    /// Let the I/O threads end, then wait (at most the timeout) until the cluster
+    /// handle is shut down: a process that exits meanwhile would run librados' own
+    /// destructors under its threads (and abort).
+    fn drop(&mut self) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = down.recv_timeout(self.timeout);
+    }
 }
 
 impl Pool {
@@ -55,6 +69,7 @@ impl Pool {
         }
         let (tx, rx) = mpsc::channel();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let (down_tx, down) = mpsc::channel::<()>();
         let (user, conf_s, pool) = (spec.user.clone(), conf.to_string(), spec.pool.clone());
         std::thread::Builder::new()
             .name("cairn-rados".into())
@@ -79,6 +94,7 @@ impl Pool {
                 // Until the context is dropped.
                 let _ = stop_rx.recv();
                 drop(rados);
+                let _ = down_tx.send(());
             })?;
         let ioctx = rx.recv_timeout(timeout).map_err(|_| {
             fs_err(
@@ -102,9 +118,10 @@ impl Pool {
                 .spawn(move || io_thread(&io, &rx))?;
         }
         Ok(Pool {
-            jobs: Mutex::new(jobs),
+            jobs: Mutex::new(Some(jobs)),
             pool: spec.pool.clone(),
             timeout,
+            down: Mutex::new(down),
         })
     }
 
@@ -144,8 +161,9 @@ impl Pool {
         self.jobs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send(job)
-            .map_err(|_| fs_err(libc::EIO, "the RADOS I/O threads are gone"))
+            .as_ref()
+            .and_then(|j| j.send(job).ok())
+            .ok_or_else(|| fs_err(libc::EIO, "the RADOS I/O threads are gone"))
     }
 
     /// Write `data` as the whole of object `name` (replacing it), acknowledged by every

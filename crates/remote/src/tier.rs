@@ -7,6 +7,7 @@ use cairn_area::{copy_err, errno_of, fs_err, TierDevice};
 use cairn_format::map::TIER_NAMES;
 use cairn_format::superblock::TierGeom;
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
+use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -70,6 +71,10 @@ struct Inner {
     cache: Option<BlockCache>,
     counters: Counters,
     last_error: Mutex<Option<(String, i64)>>,
+    /// Segments (and generations) whose objects a backup names: never removed while it
+    /// is the newest (`crate::backup`). `None` until the newest backup's manifest was
+    /// read: until then no segment's objects are removed (the sweep does it later).
+    keep: Mutex<Option<HashSet<(u64, u64)>>>,
 }
 
 /// A lower tier whose segments are objects of a pool ([`TierDevice`]). Cloning gives
@@ -110,6 +115,7 @@ impl RadosTier {
                 cache: BlockCache::new(cache_bytes),
                 counters: Counters::default(),
                 last_error: Mutex::new(None),
+                keep: Mutex::new(None),
             }),
         }
     }
@@ -126,12 +132,33 @@ impl RadosTier {
         let pool = Pool::connect(spec, timeout)?;
         let header = cairn_format::tier::encode_header(tier, uuid, &geom);
         pool.put(&t.header_object(), &header)?;
+        *t.lock_keep() = Some(HashSet::new());
         *t.lock_conn() = Conn::Up(Arc::new(pool));
         Ok(t)
     }
 
     fn lock_conn(&self) -> std::sync::MutexGuard<'_, Conn> {
         self.inner.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_keep(&self) -> std::sync::MutexGuard<'_, Option<HashSet<(u64, u64)>>> {
+        self.inner.keep.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The segments whose objects are kept whatever happens to the segments: those
+    /// backups name (a backup in progress sets the union of the newest one's and its
+    /// own, then its own once its manifest is written).
+    pub fn set_keep(&self, keep: HashSet<(u64, u64)>) {
+        *self.lock_keep() = Some(keep);
+    }
+
+    /// Merge the newest backup's remote segments into the kept ones.
+    fn load_keep(&self, pool: &Pool) -> io::Result<()> {
+        let m = crate::backup::read_manifest(pool, &crate::backup::uuid_hex(&self.inner.uuid))?;
+        let mut k = self.lock_keep();
+        let set = k.get_or_insert_with(HashSet::new);
+        set.extend(m.into_iter().flat_map(|m| m.remote));
+        Ok(())
     }
 
     /// The connection: the one made, else a new one (whose header must be this
@@ -145,6 +172,8 @@ impl RadosTier {
         }
         match self.connect() {
             Ok(p) => {
+                // Without it, no segment's objects are removed (the sweep loads it).
+                let _ = self.load_keep(&p);
                 let p = Arc::new(p);
                 *c = Conn::Up(p.clone());
                 Ok(p)
@@ -274,15 +303,21 @@ impl RadosTier {
     /// round wrote but never switched to (the daemon crashed, or gave up on a slow
     /// cluster) and those of segments discarded while the cluster was unreachable.
     /// Returns how many were removed.
+    /// The objects of the segments the newest backup names are kept too.
     pub fn sweep(&self, keep: impl Fn(u64, u64) -> bool) -> io::Result<u64> {
         let pool = self.pool()?;
+        self.note(self.load_keep(&pool))?;
         let names = self.note(pool.list(&format!("{}.", self.inner.prefix)))?;
         let mut removed = 0;
         for name in names {
             let Some((seg, gen)) = self.parse(&name) else {
                 continue;
             };
-            if !keep(seg, gen) && self.note(pool.remove(&name))? {
+            let backed_up = self
+                .lock_keep()
+                .as_ref()
+                .is_none_or(|k| k.contains(&(seg, gen)));
+            if !backed_up && !keep(seg, gen) && self.note(pool.remove(&name))? {
                 removed += 1;
             }
         }
@@ -382,9 +417,16 @@ impl TierDevice for RadosTier {
     }
 
     /// Removes the segment's objects in the background (an unreachable cluster leaves
-    /// them to the next sweep).
+    /// them to the next sweep), unless a backup names them.
     fn discard(&self, seg: u64, gen: u64, _off: u64, _len: u64) -> io::Result<()> {
         let pool = self.pool()?;
+        if self
+            .lock_keep()
+            .as_ref()
+            .is_none_or(|k| k.contains(&(seg, gen)))
+        {
+            return Ok(());
+        }
         let names: Vec<String> = (0..self.chunks())
             .map(|c| self.object(seg, gen, c))
             .collect();

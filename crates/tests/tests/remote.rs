@@ -331,3 +331,182 @@ fn an_osd_killed_during_migration_and_cold_reads_loses_nothing() {
     drop(fs);
     store.fsck_clean();
 }
+
+/// `cairn restore --store DIR` of the pool's backup of store `uuid`, into a new test
+/// store (its NVM file in /dev/shm, removed with it).
+fn restore(c: &Cluster, id: &str) -> TestStore {
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-test-")
+        .tempdir()
+        .unwrap();
+    let nvm = std::path::Path::new("/dev/shm").join(format!(
+        "{}.nvm",
+        dir.path().file_name().unwrap().to_string_lossy()
+    ));
+    let out = cairn_tests::harness::output_ok(
+        Command::new(cairn_bin())
+            .arg("--store")
+            .arg(dir.path())
+            .args([
+                "restore",
+                "--remote",
+                "ceph:cairn",
+                "--id",
+                id,
+                "--ceph-conf",
+            ])
+            .arg(&c.conf)
+            .arg("--nvm-path")
+            .arg(&nvm),
+        "restore",
+    );
+    assert!(out.contains("restored store"), "{out}");
+    // The restored store is checked before anything else touches it.
+    cairn_tests::harness::output_ok(
+        Command::new(cairn_bin())
+            .args(["fsck", "--store"])
+            .arg(dir.path()),
+        "fsck of the restored store",
+    );
+    TestStore { dir }
+}
+
+fn backup_now(store: &TestStore) -> cairn_proto::BackupReport {
+    cairn::daemon_backup(Some(store.path()), None).expect("backup")
+}
+
+/// The store's id, from `cairn restore --list` (its newest backup's manifest).
+fn store_id(c: &Cluster, taken_ns: i64) -> String {
+    let out = cairn_tests::harness::output_ok(
+        Command::new(cairn_bin())
+            .args([
+                "restore",
+                "--remote",
+                "ceph:cairn",
+                "--list",
+                "--json",
+                "--ceph-conf",
+            ])
+            .arg(&c.conf),
+        "restore --list",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["taken_ns"].as_i64() == Some(taken_ns))
+        .expect("the backup is listed")["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The machine is lost (its daemon killed, its store directory and NVM file deleted)
+/// after a backup: the store restored from the pool on "another machine" (a new
+/// directory and NVM file) is clean and holds every file the backup holds, including
+/// files removed after it, whose remote objects the backup kept. Then a store whose
+/// lower tier is a local SSD (its segments copied into the pool), with backups every
+/// second.
+#[test]
+fn a_store_lost_with_its_machine_is_restored_from_its_backup() {
+    let Some(c) = Cluster::start("backup", 1) else {
+        return;
+    };
+    let store = store(&c);
+    let fs = store.fs();
+    let mut files = BTreeMap::new();
+    for i in 0..32u32 {
+        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+        files.insert(i, (0, 2 << 20));
+    }
+    fs.create_dir("/d").unwrap();
+    fs.symlink("/f1", "/d/link").unwrap();
+    fs.set_xattr("/f2", b"user.kept", b"across machines", 0, true)
+        .unwrap();
+    assert!(used(&fs.status().unwrap(), "remote") >= 32 << 20);
+    let b1 = backup_now(&store);
+    assert!(
+        b1.seq == 1 && b1.remote_segments > 0 && b1.objects_written > 0,
+        "{b1:?}"
+    );
+    // After the backup: files whose data is in the remote tier removed (their segments
+    // empty; the backup keeps their objects), a new file (not in the backup).
+    for i in 0..8 {
+        fs.remove_file(format!("/f{i}")).unwrap();
+    }
+    fs.write("/late", b"after the backup").unwrap();
+    fs.digest().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    drop(fs);
+    kill_daemon(&store);
+    let id = store_id(&c, b1.taken_ns);
+    let nvm = cairn_area::StoreDir::new(store.path())
+        .load_config()
+        .unwrap()
+        .nvm_path;
+    std::fs::remove_file(nvm).unwrap();
+    std::fs::remove_dir_all(store.path()).unwrap();
+    drop(store);
+
+    let restored = restore(&c, &id);
+    let fs = restored.fs();
+    verify(&fs, &files);
+    assert_eq!(
+        fs.read_link("/d/link").unwrap(),
+        std::path::Path::new("/f1")
+    );
+    assert_eq!(
+        fs.get_xattr("/f2", b"user.kept", true).unwrap(),
+        b"across machines"
+    );
+    // The next backup writes only what changed.
+    fs.write("/new", b"on the new machine").unwrap();
+    let b2 = backup_now(&restored);
+    assert!(b2.seq == 2 && b2.objects_kept > 0, "{b2:?}");
+    assert!(b2.objects_written < b2.objects, "{b2:?}");
+    drop(fs);
+    restored.fsck_clean();
+    drop(restored);
+
+    // A store with a local SSD tier: its segments in use are copied.
+    let local = TestStore::with_size(cairn_tests::harness::StoreSize {
+        nvm: "24M",
+        log: "1M",
+        clients: 4,
+        inodes: Some(2048),
+        tiers: Some(cairn_tests::harness::Tiers {
+            ssd: "256M",
+            ssd_device: None,
+            hdd: None,
+            segment: "1M",
+        }),
+    });
+    local.set_config("backup_remote", "\"ceph:cairn\"");
+    local.set_config("ceph_conf", &format!("{:?}", c.conf.display().to_string()));
+    local.set_config("backup_interval_s", "1");
+    let fs = local.fs();
+    let mut files = BTreeMap::new();
+    for i in 0..24u32 {
+        fs.write(format!("/f{i}"), content(i, 1, 2 << 20)).unwrap();
+        files.insert(i, (1, 2 << 20));
+    }
+    assert!(used(&fs.status().unwrap(), "ssd") >= 16 << 20);
+    // Backups every second: one that holds all of it comes.
+    let t = cairn_area::time::now_ns();
+    let mut last = None;
+    eventually("a periodic backup after the writes", || {
+        last = fs.status().unwrap().backup.filter(|b| b.taken_ns > t);
+        last.is_some()
+    });
+    let b = *last.unwrap();
+    eprintln!("periodic backup: {b:?}");
+    drop(fs);
+    kill_daemon(&local);
+    let id = store_id(&c, b.taken_ns);
+    drop(local);
+    let restored = restore(&c, &id);
+    let fs = restored.fs();
+    verify(&fs, &files);
+    drop(fs);
+    restored.fsck_clean();
+}

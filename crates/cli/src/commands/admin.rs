@@ -514,6 +514,18 @@ pub fn format_status(r: &cairn_proto::StatusReport) -> String {
     if let Some(rm) = &r.remote {
         format_remote(&mut s, rm);
     }
+    if let Some(b) = &r.backup {
+        let ago = (cairn_area::time::now_ns() - b.taken_ns).max(0) / 1_000_000_000;
+        let _ = writeln!(
+            s,
+            "backup  {} into {}: {ago} s old; {} objects ({}); the snapshot held the store {} ms",
+            b.seq,
+            b.url,
+            b.objects,
+            human_bytes(b.bytes),
+            b.snapshot_ms
+        );
+    }
     if let Some(sp) = &r.superpages {
         format_superpages(&mut s, sp);
     }
@@ -706,6 +718,15 @@ mod tests {
                 last_error_ns: cairn_area::time::now_ns() - 3_000_000_000,
                 ..Default::default()
             })),
+            backup: Some(Box::new(BackupReport {
+                url: "ceph:cairn".into(),
+                seq: 4,
+                taken_ns: cairn_area::time::now_ns() - 7_000_000_000,
+                objects: 12,
+                bytes: 48 << 20,
+                snapshot_ms: 30,
+                ..Default::default()
+            })),
         };
         let s = format_status(&r);
         assert!(
@@ -718,6 +739,10 @@ mod tests {
         );
         assert!(
             s.contains("last error (3 s ago): writing object x: Connection timed out"),
+            "{s}"
+        );
+        assert!(
+            s.contains("backup  4 into ceph:cairn: 7 s old; 12 objects (48 MiB)"),
             "{s}"
         );
         assert!(s.contains("nvm"), "{s}");

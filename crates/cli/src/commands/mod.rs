@@ -1,6 +1,7 @@
 //! One module per group of subcommands; [`run`] dispatches.
 
 mod admin;
+mod backup;
 mod files;
 mod fsck;
 mod hugepaged;
@@ -27,6 +28,34 @@ pub fn run(cli: Cli) -> CliResult {
         Command::Fsck { json, repair } => fsck::fsck(store, json, repair),
         Command::Migrate { tier, to, free } => admin::migrate(store, &tier, to.as_deref(), free),
         Command::Clean { tier } => admin::clean_tier(store, &tier),
+        Command::Backup { remote, json } => backup::backup(store, remote.as_deref(), json),
+        Command::Restore {
+            remote,
+            ceph_conf,
+            ceph_user,
+            id,
+            nvm_path,
+            ssd,
+            hdd,
+            list,
+            json,
+        } => {
+            let opts = cairn_daemon::RestoreOptions {
+                url: remote,
+                conf: ceph_conf,
+                user: ceph_user,
+                store: store.map(Path::to_path_buf).unwrap_or_default(),
+                id,
+                nvm_path,
+                ssd,
+                hdd,
+            };
+            if list {
+                backup::list(&opts, json)
+            } else {
+                backup::restore(store, &opts, json)
+            }
+        }
         Command::Put { src, dst } => files::put(store, &src, &dst),
         Command::Get { src, dst } => files::get(store, &src, &dst),
         Command::Cat { paths } => files::cat(store, &paths),

@@ -372,15 +372,7 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
     let r = restrict(&nvm_path, tg, 0o600, 0o660)
         .and_then(|()| format_file(&file, &layout, opts))
         .and_then(|()| {
-            std::fs::create_dir_all(store.slots_dir())?;
-            for s in 0..layout.nslots {
-                OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(store.slot_lock_path(s))?;
-                restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
-            }
+            skeleton(&store, layout.nslots, tg)?;
             // The old store's extended attributes and segment registry go with it (the
             // daemon starts new ones).
             for p in ["", "tmp", "old"]
@@ -393,14 +385,6 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
                     _ => {}
                 }
             }
-            // The trust domain may run the daemon: its lock and log files are theirs too.
-            for p in [store.daemon_lock_path(), store.daemon_log_path()] {
-                OpenOptions::new().append(true).create(true).open(&p)?;
-                restrict(&p, tg, 0o600, 0o660)?;
-            }
-            restrict(&store.slots_dir(), tg, 0o700, 0o2770)?;
-            // Everyone may reach the socket (and get a clear refusal if untrusted).
-            restrict(&store.path, tg, 0o755, 0o2775)?;
             let cfg = StoreConfig {
                 format_version: 1,
                 nvm_path: nvm_path.clone(),
@@ -429,6 +413,29 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         let _ = std::fs::remove_file(&nvm_path);
     }
     r
+}
+
+/// The files of a store directory besides its configuration, with the modes that let
+/// exactly the trust domain use them: a lock file per slot, the daemon's lock and log,
+/// and the directories.
+pub(crate) fn skeleton(store: &StoreDir, nslots: u32, tg: Option<u32>) -> io::Result<()> {
+    std::fs::create_dir_all(store.slots_dir())?;
+    for s in 0..nslots {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(store.slot_lock_path(s))?;
+        restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
+    }
+    // The trust domain may run the daemon: its lock and log files are theirs too.
+    for p in [store.daemon_lock_path(), store.daemon_log_path()] {
+        OpenOptions::new().append(true).create(true).open(&p)?;
+        restrict(&p, tg, 0o600, 0o660)?;
+    }
+    restrict(&store.slots_dir(), tg, 0o700, 0o2770)?;
+    // Everyone may reach the socket (and get a clear refusal if untrusted).
+    restrict(&store.path, tg, 0o755, 0o2775)
 }
 
 /// `ENOSPC` unless the file system that will hold the NVM file at `nvm_path` has room

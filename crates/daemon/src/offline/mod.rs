@@ -3,6 +3,7 @@
 
 pub(crate) mod fsck;
 pub(crate) mod mkfs;
+pub(crate) mod restore;
 
 use crate::core::Core;
 use cairn_area::{fs_err, StoreDir};

@@ -83,9 +83,36 @@ struct Daemon {
     xattrs: std::sync::Mutex<crate::xattr::Xattrs>,
     /// The segment registry (its own mutex; `core` may be taken while holding it).
     sj: std::sync::Mutex<crate::sj::Registry>,
+    /// Held while a backup runs (one at a time; `core` is taken while holding it).
+    backup_running: std::sync::Mutex<()>,
+    /// The newest backup this daemon took.
+    last_backup: std::sync::Mutex<Option<cairn_proto::BackupReport>>,
 }
 
 impl Daemon {
+    /// Take a backup now (after the one running, if any) into the pool `url` (`None`:
+    /// the store's), logging it, and keep its report for `cairn status`.
+    fn backup(&self, url: Option<&str>) -> io::Result<cairn_proto::BackupReport> {
+        let _one = self
+            .backup_running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let r = crate::backup::take(&self.core, url)?;
+        tracing::info!(
+            "backup {} into {}: {} objects written ({} KiB), {} kept, {} removed; snapshot {} ms, {} ms in all",
+            r.seq,
+            r.url,
+            r.objects_written,
+            r.bytes_written >> 10,
+            r.objects_kept,
+            r.objects_removed,
+            r.snapshot_ms,
+            r.total_ms
+        );
+        *self.last_backup.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.clone());
+        Ok(r)
+    }
+
     fn core(&self) -> MutexGuard<'_, Core> {
         self.core.serial()
     }
@@ -188,6 +215,8 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         superpage_gate,
         xattrs: std::sync::Mutex::new(xattrs),
         sj: std::sync::Mutex::new(sj),
+        backup_running: Default::default(),
+        last_backup: Default::default(),
     });
     let threads = spawn_threads(&d)?;
     let slots = d.core().sh.layout.nslots as usize;
@@ -306,6 +335,18 @@ fn spawn_threads(d: &Arc<Daemon>) -> io::Result<Vec<std::thread::JoinHandle<()>>
                 })?,
         );
     }
+    let every = d.core().cfg.backup_interval_s;
+    if every > 0 {
+        let dd = d.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("cairnd-backup".into())
+                .spawn(move || {
+                    let _log = dd.mark_thread();
+                    backup_loop(&dd, Duration::from_secs(every))
+                })?,
+        );
+    }
     // Not joined at shutdown: a sweep waiting for an unreachable cluster would hold
     // the stop up to the remote tier's timeout.
     if let Some(t) = d.core().sh.remote.clone() {
@@ -385,6 +426,22 @@ fn sweep_loop(d: &Daemon, t: &cairn_remote::RadosTier) {
                     now + Duration::from_secs(60)
                 }
             };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The periodic backups (`backup_interval_s` of `cairn.toml`; 0: none): one every
+/// interval, counted from the end of the previous one; a failed one is tried again after
+/// the interval too.
+fn backup_loop(d: &Daemon, every: Duration) {
+    let mut next = std::time::Instant::now() + every;
+    while !d.stop.load(Ordering::SeqCst) {
+        if std::time::Instant::now() >= next {
+            if let Err(e) = d.backup(None) {
+                tracing::warn!("periodic backup failed: {e}");
+            }
+            next = std::time::Instant::now() + every;
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -47,6 +47,12 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 if let Some(remote) = r.remote.as_mut() {
                     remote.paused = d.migrator.paused(cairn_format::map::TIER_REMOTE);
                 }
+                r.backup = d
+                    .last_backup
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .map(Box::new);
                 Reply::Send(Response::Status(r))
             }
             Err(e) => Reply::Send(err_response(&e)),
@@ -68,6 +74,11 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
                 .unwrap_or_else(|e| err_response(&e)),
         ),
         Request::SjRanges => Reply::Send(Response::SjRanges(d.sj_registry().ranges().to_vec())),
+        Request::Backup { remote } => Reply::Send(
+            d.backup(remote.as_deref())
+                .map(Response::BackedUp)
+                .unwrap_or_else(|e| err_response(&e)),
+        ),
         Request::TierRead {
             tier,
             seg,
