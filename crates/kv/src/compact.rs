@@ -5,7 +5,8 @@
 use crate::format::{
     encode_record, record_len, record_valid, Kind, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
 };
-use crate::log::{lock, seg_of, Core, Head, RESERVE};
+use crate::head::Head;
+use crate::log::{lock, seg_of, Core, RESERVE};
 use crate::pool::Pool;
 use crate::store::KvError;
 use std::sync::atomic::Ordering;
@@ -75,25 +76,22 @@ impl Core {
     /// while holding theirs.)
     fn close_pinning_head(&self, comp: &mut Head) {
         let (_, oldest, _) = self.segs.oldest();
-        let close = |h: &mut Head| {
-            self.segs.close(h.seg);
-            *h = Head::default();
-        };
+        let close = |h: &mut Head| h.close(&self.segs);
         if oldest == 0 {
             return;
         }
-        if comp.seg as usize == oldest {
-            if self.free_count() >= 1 && self.segs.pins_tombstones(comp.seq) {
+        if comp.seg() as usize == oldest {
+            if self.free_count() >= 1 && self.segs.pins_tombstones(comp.seq()) {
                 close(comp);
             }
             return;
         }
-        if self.free_count() <= self.heads.len() + RESERVE + 1 {
+        if self.free_count() <= self.heads.writers().len() + RESERVE + 1 {
             return;
         }
-        for h in &self.heads {
+        for h in self.heads.writers() {
             let Ok(mut g) = h.try_lock() else { continue };
-            if g.seg as usize == oldest && self.segs.pins_tombstones(g.seq) {
+            if g.seg() as usize == oldest && self.segs.pins_tombstones(g.seq()) {
                 close(&mut g);
             }
         }
@@ -107,18 +105,15 @@ impl Core {
     /// reader can be in them. Returns the segments gained: emptied, less those the
     /// compaction head took.
     pub fn compact(&self, max: usize) -> Result<usize, KvError> {
-        let mut head = lock(&self.compactor);
+        let mut head = self.heads.compactor();
         // The head keeps its segment from round to round (a new one each round would
         // leave the rest of the last one unused), unless most of what it copied there
         // has died since (then it is closed, and can be a candidate) and a free
         // segment remains for the copies (closing the head with the last one gone
         // would leave compaction nowhere to copy to).
-        if head.seg != 0
-            && self.segs.live(head.seg) * 2 < head.off - SEGMENT_HEADER
-            && self.free_count() >= 1
+        if head.is_open() && self.segs.live(head.seg()) * 2 < head.used() && self.free_count() >= 1
         {
-            self.segs.close(head.seg);
-            *head = Head::default();
+            head.close(&self.segs);
         }
         self.close_pinning_head(&mut head);
         self.reclaim();
@@ -140,11 +135,7 @@ impl Core {
             // Only a segment whose live bytes fit the room left for copies (the head's
             // and the free segments'): a copy cut short by a full pool frees nothing and
             // would spend the last free segment, leaving no room to compact into.
-            let room = if head.seg == 0 {
-                0
-            } else {
-                SEGMENT_BYTES - head.off
-            } + self.free_count() as u64 * (SEGMENT_BYTES - SEGMENT_HEADER);
+            let room = head.room() + self.free_count() as u64 * (SEGMENT_BYTES - SEGMENT_HEADER);
             if result.is_err() || self.segs.live(s) > room {
                 self.segs.unclaim(s);
                 continue;

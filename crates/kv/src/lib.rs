@@ -12,7 +12,7 @@
 //!
 //! Modules: `format` (the pool's on-media format, pure), `pool` (the file and its
 //! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `segment` (the
-//! segments' state and the free list), `log` (the shared state and the write path:
+//! segments' state and the free list), `head` (the log heads), `log` (the shared state and the write path:
 //! appends, in-place updates), `recover`, `compact`
 //! (compaction and its background threads), `store` (the API).
 #![forbid(unsafe_code)]
@@ -20,6 +20,7 @@
 mod compact;
 mod epoch;
 pub mod format;
+mod head;
 mod index;
 mod log;
 mod pool;

@@ -5,8 +5,9 @@ use crate::epoch::Epochs;
 use crate::format::{
     decode_record_header, encode_journal, encode_record, encode_record_in, encode_segment_header,
     record_len, Kind, JOURNAL_MAX_RECORD, JOURNAL_SLOTS, JOURNAL_SLOT_BYTES, JOURNAL_START,
-    MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
+    MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES,
 };
+use crate::head::{Head, Heads};
 use crate::index::Index;
 use crate::pool::Pool;
 use crate::segment::Segments;
@@ -24,14 +25,6 @@ pub enum Change<'v> {
     Put(Cow<'v, [u8]>),
     /// Remove it.
     Delete,
-}
-
-/// A log head: the segment it appends to and where.
-#[derive(Debug, Default)]
-pub(crate) struct Head {
-    pub seg: u64,
-    pub seq: u64,
-    pub off: u64,
 }
 
 /// Free segments only compaction may take (so that it can always make room).
@@ -53,7 +46,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Core {
     pub pool: Pool,
     pub index: Index,
-    pub heads: Vec<Mutex<Head>>,
+    /// The writers' log heads and compaction's.
+    pub heads: Heads,
     /// The next record version.
     pub version: AtomicU64,
     /// The next segment sequence number.
@@ -66,9 +60,6 @@ pub(crate) struct Core {
     pub epochs: Epochs,
     /// Segments emptied by compaction, by the epoch they were retired at.
     pub retired: Mutex<Vec<(u64, u64)>>,
-    /// Compaction's head (and the lock that serializes rounds: a round checks that the
-    /// room it has for copies covers a segment before it starts on it).
-    pub compactor: Mutex<Head>,
     /// The in-place journal's slots.
     journal: Vec<Mutex<()>>,
     pub policy: UpdatePolicy,
@@ -122,9 +113,7 @@ impl Core {
         Core {
             index: Index::new(s.expected_keys.max(64)),
             pool,
-            heads: (0..s.heads.max(1))
-                .map(|_| Mutex::new(Head::default()))
-                .collect(),
+            heads: Heads::new(s.heads),
             version: AtomicU64::new(1),
             next_seq: AtomicU64::new(1),
             segs: Segments::new(segments),
@@ -132,7 +121,6 @@ impl Core {
             data: AtomicU64::new(0),
             epochs: Epochs::new(),
             retired: Mutex::new(Vec::new()),
-            compactor: Mutex::new(Head::default()),
             journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
             policy: s.policy,
             durable: s.durable,
@@ -223,11 +211,9 @@ impl Core {
         Ok(())
     }
 
-    /// The log head of the calling CPU (one per core: appends from different cores
-    /// never contend; a thread that moved meanwhile only shares a head for a while).
+    /// The log head of the calling CPU.
     fn head(&self) -> MutexGuard<'_, Head> {
-        let i = cairn_media::sys::current_cpu() % self.heads.len();
-        lock(&self.heads[i])
+        self.heads.for_cpu(cairn_media::sys::current_cpu())
     }
 
     pub fn free_count(&self) -> usize {
@@ -248,6 +234,14 @@ impl Core {
     /// delete).
     pub fn garbage(&self) -> f64 {
         self.segs.garbage()
+    }
+
+    /// Check the invariants of the segments, the free list and the heads (checked
+    /// builds: after recovery, and when the store is dropped). Only for a quiescent
+    /// store: no thread may change them meanwhile.
+    pub fn check(&self) {
+        self.segs.check();
+        self.heads.check(&self.segs);
     }
 
     /// Milliseconds since the store was opened.
@@ -297,12 +291,11 @@ impl Core {
         // A head from now on (under the free list's lock: compaction chooses among
         // segments neither free nor heads under the same lock).
         let (s, released) = self.segs.free_list().take(reserve).ok_or(KvError::Full)?;
-        if head.seg != 0 {
+        if head.is_open() {
             // Closed at once (not when the new segment is open): a head that fails to
             // open the new one below does not append to a segment that compaction may
             // now choose.
-            self.segs.close(head.seg);
-            *head = Head::default();
+            head.close(&self.segs);
         }
         if for_compaction {
             self.counters
@@ -322,20 +315,16 @@ impl Core {
         }
         self.persist(off, h.len() as u64)?;
         self.segs.open(s, seq, self.version.load(Ordering::Relaxed));
-        *head = Head {
-            seg: s,
-            seq,
-            off: SEGMENT_HEADER,
-        };
+        head.open(&self.segs, s, seq);
         Ok(())
     }
 
     /// With no free segment for this CPU's head: append to another writer's head that
     /// has the room (a deletion's small tombstone in a full pool, most often).
     fn append_anywhere(&self, len: u64, encode: &dyn Fn(u64) -> Vec<u8>) -> Result<u64, KvError> {
-        for h in &self.heads {
+        for h in self.heads.writers() {
             let Ok(mut g) = h.try_lock() else { continue };
-            if g.seg != 0 && g.off + len <= SEGMENT_BYTES {
+            if g.fits(len) {
                 return self.append_to(&mut g, len, false, encode);
             }
         }
@@ -351,15 +340,14 @@ impl Core {
         for_compaction: bool,
         encode: &dyn Fn(u64) -> Vec<u8>,
     ) -> Result<u64, KvError> {
-        if head.seg == 0 || head.off + len > SEGMENT_BYTES {
+        if !head.fits(len) {
             self.roll(head, for_compaction)?;
         }
-        let rec = encode(head.seq);
-        let loc = Pool::seg_off(head.seg) as u64 + head.off;
+        let rec = encode(head.seq());
+        let loc = Pool::seg_off(head.seg()) as u64 + head.off();
         self.put_bytes(loc, &rec)?;
         self.fence();
-        head.off += len;
-        self.segs.appended(head.seg, head.off, len);
+        head.advance(&self.segs, len);
         Ok(loc)
     }
 
@@ -504,7 +492,7 @@ impl Core {
                 // head for the next one (at high utilization): a few in a row; then,
                 // unless another round is running now, full.
                 fruitless += 1;
-                if fruitless >= 4 && self.compactor.try_lock().is_ok() {
+                if fruitless >= 4 && self.heads.compactor_idle() {
                     return Err(KvError::Full);
                 }
                 std::thread::yield_now();

@@ -181,7 +181,7 @@ impl Core {
         self.release_cold(&mut free_list, 0);
         drop(free_list);
         if cfg!(debug_assertions) {
-            self.segs.check();
+            self.check();
         }
         Ok(())
     }

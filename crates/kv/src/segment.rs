@@ -130,7 +130,6 @@ impl Segments {
         self.at(s).live.load(Ordering::Acquire)
     }
 
-    #[cfg(test)]
     pub fn is_head(&self, s: u64) -> bool {
         self.at(s).head.load(Ordering::Acquire)
     }
@@ -139,7 +138,6 @@ impl Segments {
         self.at(s).released.load(Ordering::Relaxed)
     }
 
-    #[cfg(test)]
     pub fn written(&self, s: u64) -> u64 {
         self.at(s).written.load(Ordering::Acquire)
     }

@@ -163,6 +163,10 @@ impl Drop for Store {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // Quiescent now: the store's own threads are gone, and no call can be running.
+        if cfg!(debug_assertions) && !std::thread::panicking() {
+            self.core.check();
+        }
     }
 }
 
