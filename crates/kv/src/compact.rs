@@ -25,7 +25,7 @@ impl Core {
             if self.reclaim() {
                 return true;
             }
-            if lock(&self.retired).is_empty() || Instant::now() >= deadline {
+            if self.epochs.retired().is_empty() || Instant::now() >= deadline {
                 return false;
             }
             std::thread::yield_now();
@@ -35,21 +35,12 @@ impl Core {
     /// Free the segments compaction retired that no reader can still be in; whether any
     /// was.
     pub fn reclaim(&self) -> bool {
-        let mut retired = lock(&self.retired);
-        // The minimum after the lock: every segment retired by then had its records'
-        // index entries switched before, so a reader that pins later cannot find them.
-        let min = self.epochs.min_pinned();
-        let before = retired.len();
+        let mut retired = self.epochs.retired();
+        let quiet = retired.take_quiescent();
+        let any = !quiet.is_empty();
         let mut free = self.segs.free_list();
-        let mut freed = Vec::new();
-        retired.retain(|&(e, s)| {
-            let keep = e >= min;
-            if !keep {
-                freed.push(s);
-            }
-            keep
-        });
-        for s in freed {
+        for q in quiet {
+            let s = q.item();
             // Its header erased (durably), its records are nothing to a recovery: no
             // tombstone has to stay for them.
             let off = Pool::seg_off(s);
@@ -59,10 +50,10 @@ impl Core {
                 .zero(off, SEGMENT_HEADER as usize)
                 .and_then(|()| self.persist(off as u64, SEGMENT_HEADER))
                 .is_ok();
-            free.put(s, erased, self.now_ms());
+            free.put(q, erased, self.now_ms());
         }
         self.release_cold(&mut free, crate::log::RELEASE_AFTER);
-        retired.len() < before
+        any
     }
 
     /// Close a log head that has become the oldest segment while tombstones wait for
@@ -151,8 +142,7 @@ impl Core {
                 }
                 Ok(true) => {
                     self.segs.check_emptied(s);
-                    let at = self.epochs.advance();
-                    lock(&self.retired).push((at, s));
+                    self.epochs.retire(s);
                     self.counters
                         .compacted_segments
                         .fetch_add(1, Ordering::Relaxed);

@@ -57,9 +57,9 @@ pub(crate) struct Core {
     /// Keys present, and the bytes of their keys and values.
     pub keys: AtomicU64,
     pub data: AtomicU64,
+    /// Readers' epochs, and the segments emptied by compaction that wait for readers
+    /// to leave.
     pub epochs: Epochs,
-    /// Segments emptied by compaction, by the epoch they were retired at.
-    pub retired: Mutex<Vec<(u64, u64)>>,
     /// The in-place journal's slots.
     journal: Vec<Mutex<()>>,
     pub policy: UpdatePolicy,
@@ -120,7 +120,6 @@ impl Core {
             keys: AtomicU64::new(0),
             data: AtomicU64::new(0),
             epochs: Epochs::new(),
-            retired: Mutex::new(Vec::new()),
             journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
             policy: s.policy,
             durable: s.durable,
@@ -236,12 +235,18 @@ impl Core {
         self.segs.garbage()
     }
 
-    /// Check the invariants of the segments, the free list and the heads (checked
-    /// builds: after recovery, and when the store is dropped). Only for a quiescent
-    /// store: no thread may change them meanwhile.
+    /// Check the invariants of the segments, the free list, the heads and the retired
+    /// list (checked builds: after recovery, and when the store is dropped). Only for a
+    /// quiescent store: no thread may change them meanwhile.
     pub fn check(&self) {
         self.segs.check();
         self.heads.check(&self.segs);
+        let retired = self.epochs.retired();
+        retired.check();
+        // A retired segment was emptied by compaction, and is not free yet.
+        for s in retired.items() {
+            self.segs.check_emptied(s);
+        }
     }
 
     /// Milliseconds since the store was opened.

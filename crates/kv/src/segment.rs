@@ -31,6 +31,7 @@
 //! array and forgotten in another. The scans over all segments (choosing candidates,
 //! the garbage estimate) read several fields of each segment too.
 
+use crate::epoch::Quiescent;
 use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -482,10 +483,12 @@ impl FreeList<'_> {
         Some((s, g.released.swap(false, Ordering::Relaxed)))
     }
 
-    /// Free segment `s`: compaction emptied it and no reader can be in it any more;
-    /// `erased`: its header is durably erased (it has no sequence number any more);
-    /// `now`: the time (ms since the store was opened).
-    pub fn put(&mut self, s: u64, erased: bool, now: u64) {
+    /// Free segment `s`: compaction emptied it and no reader can be in it any more
+    /// (`crate::epoch::Retired::take_quiescent` said so); `erased`: its header is
+    /// durably erased (it has no sequence number any more); `now`: the time (ms since
+    /// the store was opened).
+    pub fn put(&mut self, q: Quiescent, erased: bool, now: u64) {
+        let s = q.item();
         let g = self.segs.at(s);
         assert!(
             g.claimed.load(Ordering::Acquire),
@@ -624,7 +627,7 @@ mod tests {
         segs.unlive(s, 48, "tombstone dropped");
         segs.sweep_to(s, SEGMENT_HEADER + 148);
         segs.check_emptied(s);
-        segs.free_list().put(s, true, 0);
+        segs.free_list().put(Quiescent::for_test(s), true, 0);
         assert_eq!(segs.seq(s), 0);
         assert_eq!(segs.free_count(), 3);
         segs.check();
@@ -666,7 +669,7 @@ mod tests {
         segs.close(s);
         segs.free_list().choose(1, |_| Some(1.0));
         segs.check_emptied(s);
-        segs.free_list().put(s, false, 0);
+        segs.free_list().put(Quiescent::for_test(s), false, 0);
         assert_eq!(segs.seq(s), 1);
         segs.check();
         let released = std::cell::RefCell::new(Vec::new());
@@ -713,7 +716,7 @@ mod tests {
         segs.unlive(a, ROOM / 2, "moved");
         segs.free_list().choose(1, |s| (s == a).then_some(1.0));
         segs.check_emptied(a);
-        segs.free_list().put(a, true, 0);
+        segs.free_list().put(Quiescent::for_test(a), true, 0);
         assert_eq!(segs.oldest(), (4, b as usize, 5));
         assert_eq!(segs.needed(b, segs.oldest()), 0);
         assert_eq!(segs.needed(c, segs.oldest()), 0);
@@ -734,7 +737,7 @@ mod tests {
         segs.close(s);
         segs.free_list().choose(1, |_| Some(1.0));
         segs.check_emptied(s);
-        segs.free_list().put(s, false, 0);
+        segs.free_list().put(Quiescent::for_test(s), false, 0);
         opened(&segs, 5);
     }
 
@@ -762,7 +765,7 @@ mod tests {
         let segs = pool(4);
         let s = opened(&segs, 1);
         segs.close(s);
-        segs.free_list().put(s, true, 0);
+        segs.free_list().put(Quiescent::for_test(s), true, 0);
     }
 
     #[test]
@@ -784,7 +787,7 @@ mod tests {
         segs.close(s);
         segs.free_list().choose(1, |_| Some(1.0));
         segs.at(s).head.store(true, Ordering::Relaxed);
-        segs.free_list().put(s, true, 0);
+        segs.free_list().put(Quiescent::for_test(s), true, 0);
     }
 
     #[test]

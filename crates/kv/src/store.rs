@@ -374,7 +374,7 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let c = &*self.core;
         let free = c.free_count() as u64;
-        let retired = crate::log::lock(&c.retired).len() as u64;
+        let retired = c.epochs.retired().len() as u64;
         let segments = c.pool.header.segments;
         let utilization = c.segs.utilization();
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
