@@ -5,7 +5,8 @@
 use crate::format::{
     encode_record, record_len, record_valid, Kind, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
 };
-use crate::log::{lock, seg_of, Core, Head, RESERVE};
+use crate::head::Head;
+use crate::log::{lock, seg_of, Core, RESERVE};
 use crate::pool::Pool;
 use crate::store::KvError;
 use std::sync::atomic::Ordering;
@@ -24,7 +25,7 @@ impl Core {
             if self.reclaim() {
                 return true;
             }
-            if lock(&self.retired).is_empty() || Instant::now() >= deadline {
+            if self.epochs.retired().is_empty() || Instant::now() >= deadline {
                 return false;
             }
             std::thread::yield_now();
@@ -34,48 +35,25 @@ impl Core {
     /// Free the segments compaction retired that no reader can still be in; whether any
     /// was.
     pub fn reclaim(&self) -> bool {
-        let mut retired = lock(&self.retired);
-        // The minimum after the lock: every segment retired by then had its records'
-        // index entries switched before, so a reader that pins later cannot find them.
-        let min = self.epochs.min_pinned();
-        let before = retired.len();
-        let mut free = lock(&self.free);
-        let mut freed = Vec::new();
-        retired.retain(|&(e, s)| {
-            let keep = e >= min;
-            if !keep {
-                freed.push(s);
-            }
-            keep
-        });
-        for s in freed {
+        let mut retired = self.epochs.retired();
+        let quiet = retired.take_quiescent();
+        let any = !quiet.is_empty();
+        let mut free = self.segs.free_list();
+        for q in quiet {
+            let s = q.item();
             // Its header erased (durably), its records are nothing to a recovery: no
             // tombstone has to stay for them.
             let off = Pool::seg_off(s);
-            if self
+            let erased = self
                 .pool
                 .map
                 .zero(off, SEGMENT_HEADER as usize)
                 .and_then(|()| self.persist(off as u64, SEGMENT_HEADER))
-                .is_ok()
-            {
-                self.seqs[s as usize].store(0, Ordering::Release);
-            }
-            self.claimed[s as usize].store(false, Ordering::Release);
-            self.freed_at[s as usize].store(self.now_ms(), Ordering::Relaxed);
-            free.push(s);
+                .is_ok();
+            free.put(q, erased, self.now_ms());
         }
-        self.release_cold(&free, crate::log::RELEASE_AFTER);
-        retired.len() < before
-    }
-
-    /// Whether tombstones wait for the segment opened under `seq` to go: some were
-    /// written after it was opened.
-    fn pins_tombstones(&self, seq: u64) -> bool {
-        (1..self.pool.header.segments as usize).any(|s| {
-            self.tombs[s].load(Ordering::Relaxed) > 0
-                && self.horizon[s].load(Ordering::Relaxed) > seq
-        })
+        self.release_cold(&mut free, crate::log::RELEASE_AFTER);
+        any
     }
 
     /// Close a log head that has become the oldest segment while tombstones wait for
@@ -88,26 +66,23 @@ impl Core {
     /// order: compaction's head, then a writer's; writers never take compaction's head
     /// while holding theirs.)
     fn close_pinning_head(&self, comp: &mut Head) {
-        let (_, oldest, _) = self.oldest();
-        let close = |h: &mut Head| {
-            self.is_head[h.seg as usize].store(false, Ordering::Release);
-            *h = Head::default();
-        };
+        let (_, oldest, _) = self.segs.oldest();
+        let close = |h: &mut Head| h.close(&self.segs);
         if oldest == 0 {
             return;
         }
-        if comp.seg as usize == oldest {
-            if self.free_count() >= 1 && self.pins_tombstones(comp.seq) {
+        if comp.seg() as usize == oldest {
+            if self.free_count() >= 1 && self.segs.pins_tombstones(comp.seq()) {
                 close(comp);
             }
             return;
         }
-        if self.free_count() <= self.heads.len() + RESERVE + 1 {
+        if self.free_count() <= self.heads.writers().len() + RESERVE + 1 {
             return;
         }
-        for h in &self.heads {
+        for h in self.heads.writers() {
             let Ok(mut g) = h.try_lock() else { continue };
-            if g.seg as usize == oldest && self.pins_tombstones(g.seq) {
+            if g.seg() as usize == oldest && self.segs.pins_tombstones(g.seq()) {
                 close(&mut g);
             }
         }
@@ -121,18 +96,15 @@ impl Core {
     /// reader can be in them. Returns the segments gained: emptied, less those the
     /// compaction head took.
     pub fn compact(&self, max: usize) -> Result<usize, KvError> {
-        let mut head = lock(&self.compactor);
+        let mut head = self.heads.compactor();
         // The head keeps its segment from round to round (a new one each round would
         // leave the rest of the last one unused), unless most of what it copied there
         // has died since (then it is closed, and can be a candidate) and a free
         // segment remains for the copies (closing the head with the last one gone
         // would leave compaction nowhere to copy to).
-        if head.seg != 0
-            && self.live[head.seg as usize].load(Ordering::Relaxed) * 2 < head.off - SEGMENT_HEADER
-            && self.free_count() >= 1
+        if head.is_open() && self.segs.live(head.seg()) * 2 < head.used() && self.free_count() >= 1
         {
-            self.is_head[head.seg as usize].store(false, Ordering::Release);
-            *head = Head::default();
+            head.close(&self.segs);
         }
         self.close_pinning_head(&mut head);
         self.reclaim();
@@ -140,32 +112,13 @@ impl Core {
             .compaction_rounds
             .fetch_add(1, Ordering::Relaxed);
         let now = self.version.load(Ordering::Relaxed);
-        let oldest = self.oldest();
-        let chosen: Vec<u64> = {
-            // Under the free list's lock: heads are taken from it under the same lock.
-            let free = lock(&self.free);
-            let mut cands: Vec<(f64, u64)> = (1..self.pool.header.segments)
-                .filter(|&s| {
-                    let i = s as usize;
-                    self.seqs[i].load(Ordering::Acquire) != 0
-                        && !self.is_head[i].load(Ordering::Acquire)
-                        && !self.claimed[i].load(Ordering::Acquire)
-                        && !free.contains(&s)
-                })
-                .filter_map(|s| {
-                    let i = s as usize;
-                    let u = self.needed(i, oldest) as f64 / SEGMENT_BYTES as f64;
-                    let age = now.saturating_sub(self.born[i].load(Ordering::Relaxed)) as f64 + 1.0;
-                    (u < FULL_ENOUGH).then_some(((1.0 - u) * age / (1.0 + u), s))
-                })
-                .collect();
-            cands.sort_by(|a, b| b.0.total_cmp(&a.0));
-            cands.truncate(max);
-            for &(_, s) in &cands {
-                self.claimed[s as usize].store(true, Ordering::Release);
-            }
-            cands.into_iter().map(|(_, s)| s).collect()
-        };
+        let oldest = self.segs.oldest();
+        // Under the free list's lock: heads are taken from it under the same lock.
+        let chosen = self.segs.free_list().choose(max, |s| {
+            let u = self.segs.needed(s, oldest) as f64 / SEGMENT_BYTES as f64;
+            let age = now.saturating_sub(self.segs.born(s)) as f64 + 1.0;
+            (u < FULL_ENOUGH).then_some((1.0 - u) * age / (1.0 + u))
+        });
         let rolls = self.counters.compaction_rolls.load(Ordering::Relaxed);
         let mut emptied: usize = 0;
         let mut result = Ok(());
@@ -173,27 +126,23 @@ impl Core {
             // Only a segment whose live bytes fit the room left for copies (the head's
             // and the free segments'): a copy cut short by a full pool frees nothing and
             // would spend the last free segment, leaving no room to compact into.
-            let room = if head.seg == 0 {
-                0
-            } else {
-                SEGMENT_BYTES - head.off
-            } + self.free_count() as u64 * (SEGMENT_BYTES - SEGMENT_HEADER);
-            if result.is_err() || self.live[s as usize].load(Ordering::Relaxed) > room {
-                self.claimed[s as usize].store(false, Ordering::Release);
+            let room = head.room() + self.free_count() as u64 * (SEGMENT_BYTES - SEGMENT_HEADER);
+            if result.is_err() || self.segs.live(s) > room {
+                self.segs.unclaim(s);
                 continue;
             }
             match self.compact_segment(&mut head, s) {
                 Ok(false) => {
                     // Records the walk could not reach are still current: the segment
                     // stays (and can be chosen again).
-                    self.claimed[s as usize].store(false, Ordering::Release);
+                    self.segs.unclaim(s);
                     self.counters
                         .compaction_errors
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(true) => {
-                    let at = self.epochs.advance();
-                    lock(&self.retired).push((at, s));
+                    self.segs.check_emptied(s);
+                    self.epochs.retire(s);
                     self.counters
                         .compacted_segments
                         .fetch_add(1, Ordering::Relaxed);
@@ -204,7 +153,7 @@ impl Core {
                 Err(e) => {
                     // The segment keeps what was not moved (no room left for the copies:
                     // `Full`); it can be chosen again.
-                    self.claimed[s as usize].store(false, Ordering::Release);
+                    self.segs.unclaim(s);
                     result = Err(e);
                 }
             }
@@ -225,15 +174,14 @@ impl Core {
     /// nothing current any more (its live bytes are down to 0: the walk reached every
     /// record). A segment not emptied must not be retired.
     fn compact_segment(&self, head: &mut Head, s: u64) -> Result<bool, KvError> {
-        let seq = self.seqs[s as usize].load(Ordering::Acquire);
+        let seq = self.segs.seq(s);
         // The oldest incarnation of any other segment that may hold records.
-        let oldest = match self.oldest() {
+        let oldest = match self.segs.oldest() {
             (_, at, next) if at == s as usize => next,
             (first, _, _) => first,
         };
         let base = Pool::seg_off(s) as u64;
-        let swept = &self.swept[s as usize];
-        let mut off = swept.load(Ordering::Acquire).max(SEGMENT_HEADER);
+        let mut off = self.segs.swept(s).max(SEGMENT_HEADER);
         while off + RECORD_HEADER <= SEGMENT_BYTES {
             let loc = base + off;
             // The record may be rewritten by an in-place update until its key's lock is
@@ -277,7 +225,7 @@ impl Core {
                 Kind::Value => {
                     let is_key = |l: u64| self.key_is(l, key);
                     if self.index.get_locked(&g, h, &is_key) != Some(loc) {
-                        swept.store(off, Ordering::Release);
+                        self.segs.sweep_to(s, off);
                         continue;
                     }
                     // The copy is tight: an in-place update by a shorter value left
@@ -301,20 +249,21 @@ impl Core {
                         let at = self.append_to(head, rh.len, true, &|sq| {
                             encode_record(sq, rh.version, Kind::Tombstone, key, value)
                         })?;
-                        self.note_tombstone(seg_of(at), rh.len, horizon);
+                        self.segs.note_tombstone(seg_of(at), rh.len, horizon);
                     }
                     needed
                 }
             };
-            self.unlive(s, rh.len, if live { "moved" } else { "tombstone dropped" });
-            swept.store(off, Ordering::Release);
+            self.segs
+                .unlive(s, rh.len, if live { "moved" } else { "tombstone dropped" });
+            self.segs.sweep_to(s, off);
             if live {
                 self.counters
                     .compacted_bytes
                     .fetch_add(rh.len, Ordering::Relaxed);
             }
         }
-        Ok(self.live[s as usize].load(Ordering::Acquire) == 0)
+        Ok(self.segs.live(s) == 0)
     }
 }
 

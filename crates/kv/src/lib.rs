@@ -11,18 +11,21 @@
 //! and frees them once no reader can be in them (epochs).
 //!
 //! Modules: `format` (the pool's on-media format, pure), `pool` (the file and its
-//! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `log` (the
-//! shared state and the write path: appends, in-place updates), `recover`, `compact`
+//! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `segment` (the
+//! segments' state and the free list), `head` (the log heads), `log` (the shared state and the write path:
+//! appends, in-place updates), `recover`, `compact`
 //! (compaction and its background threads), `store` (the API).
 #![forbid(unsafe_code)]
 
 mod compact;
 mod epoch;
 pub mod format;
+mod head;
 mod index;
 mod log;
 mod pool;
 mod recover;
+mod segment;
 mod store;
 
 pub use log::Change;

@@ -5,10 +5,12 @@ use crate::epoch::Epochs;
 use crate::format::{
     decode_record_header, encode_journal, encode_record, encode_record_in, encode_segment_header,
     record_len, Kind, JOURNAL_MAX_RECORD, JOURNAL_SLOTS, JOURNAL_SLOT_BYTES, JOURNAL_START,
-    MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
+    MAX_KEY, MAX_VALUE, RECORD_HEADER, SEGMENT_BYTES,
 };
+use crate::head::{Head, Heads};
 use crate::index::Index;
 use crate::pool::Pool;
+use crate::segment::Segments;
 use crate::store::{KvError, UpdatePolicy};
 use std::borrow::Cow;
 use std::io;
@@ -23,14 +25,6 @@ pub enum Change<'v> {
     Put(Cow<'v, [u8]>),
     /// Remove it.
     Delete,
-}
-
-/// A log head: the segment it appends to and where.
-#[derive(Debug, Default)]
-pub(crate) struct Head {
-    pub seg: u64,
-    pub seq: u64,
-    pub off: u64,
 }
 
 /// Free segments only compaction may take (so that it can always make room).
@@ -52,40 +46,20 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Core {
     pub pool: Pool,
     pub index: Index,
-    pub heads: Vec<Mutex<Head>>,
+    /// The writers' log heads and compaction's.
+    pub heads: Heads,
     /// The next record version.
     pub version: AtomicU64,
     /// The next segment sequence number.
     pub next_seq: AtomicU64,
-    pub free: Mutex<Vec<u64>>,
-    /// Per segment: the bytes of its records that are current (values and
-    /// tombstones); the sequence number it was opened under (0: free); whether it is a
-    /// log head now; the version counter when it was opened (its age); whether a
-    /// compaction has chosen it.
-    pub live: Vec<AtomicU64>,
-    pub seqs: Vec<AtomicU64>,
-    pub is_head: Vec<AtomicBool>,
-    pub born: Vec<AtomicU64>,
-    pub claimed: Vec<AtomicBool>,
-    /// Per segment: how far compaction has processed its records in this incarnation
-    /// (a round cut short by a full pool resumes there: a tombstone it already copied
-    /// must not be copied, and counted out, twice).
-    pub swept: Vec<AtomicU64>,
-    /// Per segment: the bytes of tombstones written into it in this incarnation, and
-    /// the newest of their horizons (once every segment opened before that is gone,
-    /// none of them is needed: compaction drops them, so they count as garbage when
-    /// choosing what to compact).
-    pub tombs: Vec<AtomicU64>,
-    pub horizon: Vec<AtomicU64>,
+    /// Every segment's state, and the free list.
+    pub segs: Segments,
     /// Keys present, and the bytes of their keys and values.
     pub keys: AtomicU64,
     pub data: AtomicU64,
+    /// Readers' epochs, and the segments emptied by compaction that wait for readers
+    /// to leave.
     pub epochs: Epochs,
-    /// Segments emptied by compaction, by the epoch they were retired at.
-    pub retired: Mutex<Vec<(u64, u64)>>,
-    /// Compaction's head (and the lock that serializes rounds: a round checks that the
-    /// room it has for copies covers a segment before it starts on it).
-    pub compactor: Mutex<Head>,
     /// The in-place journal's slots.
     journal: Vec<Mutex<()>>,
     pub policy: UpdatePolicy,
@@ -95,14 +69,10 @@ pub(crate) struct Core {
     /// or when more than `max_garbage` of the bytes of the closed segments is dead.
     pub trigger: f64,
     pub max_garbage: Option<f64>,
-    /// Per segment, with a garbage bound: whether its memory is handed back to the
-    /// system (a free segment beyond the `warm` most recently freed, which heads take
-    /// first, once it has been free for [`RELEASE_AFTER`]); when it was last freed (ms
-    /// since `opened`); whether a head took it after its release (it is collapsed into
-    /// a huge folio again by the background thread, off the writer's path).
-    pub released: Vec<AtomicBool>,
-    pub freed_at: Vec<AtomicU64>,
-    pub fresh: Vec<AtomicBool>,
+    /// With a garbage bound, the free segments beyond the `warm` most recently freed
+    /// (which heads take first) hand their memory back to the system once they have
+    /// been free for [`RELEASE_AFTER`]; a head that takes one marks it fresh, and the
+    /// background thread collapses it into a huge folio again, off the writer's path.
     pub warm: usize,
     pub opened: std::time::Instant,
     /// Whether segments are backed by huge folios (asked for, and the kernel allows).
@@ -140,37 +110,21 @@ pub(crate) struct Setup {
 impl Core {
     pub fn new(pool: Pool, s: &Setup) -> Core {
         let segments = pool.header.segments;
-        let per_seg = |_| AtomicU64::new(0);
         Core {
             index: Index::new(s.expected_keys.max(64)),
             pool,
-            heads: (0..s.heads.max(1))
-                .map(|_| Mutex::new(Head::default()))
-                .collect(),
+            heads: Heads::new(s.heads),
             version: AtomicU64::new(1),
             next_seq: AtomicU64::new(1),
-            free: Mutex::new(Vec::new()),
-            live: (0..segments).map(per_seg).collect(),
-            seqs: (0..segments).map(per_seg).collect(),
-            is_head: (0..segments).map(|_| AtomicBool::new(false)).collect(),
-            born: (0..segments).map(per_seg).collect(),
-            claimed: (0..segments).map(|_| AtomicBool::new(false)).collect(),
-            swept: (0..segments).map(per_seg).collect(),
-            tombs: (0..segments).map(per_seg).collect(),
-            horizon: (0..segments).map(per_seg).collect(),
+            segs: Segments::new(segments),
             keys: AtomicU64::new(0),
             data: AtomicU64::new(0),
             epochs: Epochs::new(),
-            retired: Mutex::new(Vec::new()),
-            compactor: Mutex::new(Head::default()),
             journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
             policy: s.policy,
             durable: s.durable,
             trigger: s.trigger,
             max_garbage: s.max_garbage,
-            released: (0..segments).map(|_| AtomicBool::new(false)).collect(),
-            freed_at: (0..segments).map(per_seg).collect(),
-            fresh: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             opened: std::time::Instant::now(),
             // The segments heads and compaction may take at once.
             warm: s.heads.max(1) + RESERVE,
@@ -256,15 +210,13 @@ impl Core {
         Ok(())
     }
 
-    /// The log head of the calling CPU (one per core: appends from different cores
-    /// never contend; a thread that moved meanwhile only shares a head for a while).
+    /// The log head of the calling CPU.
     fn head(&self) -> MutexGuard<'_, Head> {
-        let i = cairn_media::sys::current_cpu() % self.heads.len();
-        lock(&self.heads[i])
+        self.heads.for_cpu(cairn_media::sys::current_cpu())
     }
 
     pub fn free_count(&self) -> usize {
-        lock(&self.free).len()
+        self.segs.free_count()
     }
 
     /// Whether the free segments are below the compaction trigger, or the dead bytes of
@@ -280,59 +232,21 @@ impl Core {
     /// needed go once compaction has emptied the older segments that hold what they
     /// delete).
     pub fn garbage(&self) -> f64 {
-        let (mut used, mut live) = (0u64, 0u64);
-        for s in 1..self.pool.header.segments as usize {
-            if self.seqs[s].load(Ordering::Relaxed) != 0 && !self.is_head[s].load(Ordering::Relaxed)
-            {
-                used += SEGMENT_BYTES - SEGMENT_HEADER;
-                live += self.live[s]
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(self.tombs[s].load(Ordering::Relaxed));
-            }
-        }
-        if used == 0 {
-            return 0.0;
-        }
-        1.0 - live.min(used) as f64 / used as f64
+        self.segs.garbage()
     }
 
-    /// The two smallest sequence numbers of segments holding records (`u64::MAX`: none),
-    /// and the segment of the first.
-    pub fn oldest(&self) -> (u64, usize, u64) {
-        let (mut a, mut at, mut b) = (u64::MAX, 0, u64::MAX);
-        for (s, q) in self.seqs.iter().enumerate().skip(1) {
-            let q = q.load(Ordering::Acquire);
-            if q == 0 {
-                continue;
-            }
-            if q < a {
-                (b, a, at) = (a, q, s);
-            } else if q < b {
-                b = q;
-            }
+    /// Check the invariants of the segments, the free list, the heads and the retired
+    /// list (checked builds: after recovery, and when the store is dropped). Only for a
+    /// quiescent store: no thread may change them meanwhile.
+    pub fn check(&self) {
+        self.segs.check();
+        self.heads.check(&self.segs);
+        let retired = self.epochs.retired();
+        retired.check();
+        // A retired segment was emptied by compaction, and is not free yet.
+        for s in retired.items() {
+            self.segs.check_emptied(s);
         }
-        (a, at, b)
-    }
-
-    /// The live bytes of segment `s` that are needed: its tombstones are not once no
-    /// other segment is older than the newest of their horizons (`oldest`: from
-    /// [`Core::oldest`]). A hint for choosing segments to compact (the walk decides
-    /// each record).
-    pub fn needed(&self, s: usize, oldest: (u64, usize, u64)) -> u64 {
-        let live = self.live[s].load(Ordering::Relaxed);
-        let other = if oldest.1 == s { oldest.2 } else { oldest.0 };
-        let h = self.horizon[s].load(Ordering::Relaxed);
-        if h != 0 && other >= h {
-            live.saturating_sub(self.tombs[s].load(Ordering::Relaxed))
-        } else {
-            live
-        }
-    }
-
-    /// A tombstone of `len` bytes with horizon `h` was written into segment `s`.
-    pub fn note_tombstone(&self, s: u64, len: u64, h: u64) {
-        self.tombs[s as usize].fetch_add(len, Ordering::Relaxed);
-        self.horizon[s as usize].fetch_max(h, Ordering::Relaxed);
     }
 
     /// Milliseconds since the store was opened.
@@ -347,24 +261,13 @@ impl Core {
     /// under the free list's lock (no head can take one meanwhile). Only segments whose
     /// header is durably erased: a recovery finds nothing in them either way. `after`:
     /// the time a segment must have been free (ms; recovery releases at once).
-    pub fn release_cold(&self, free: &[u64], after: u64) {
+    pub fn release_cold(&self, free: &mut crate::segment::FreeList<'_>, after: u64) {
         if self.max_garbage.is_none() {
             // Without a garbage bound the pool's size is the bound on memory, and
             // compaction keeps free segments for the log to take again.
             return;
         }
-        let cold = free.len().saturating_sub(self.warm);
-        let now = self.now_ms();
-        for &s in &free[..cold] {
-            let i = s as usize;
-            if self.seqs[i].load(Ordering::Acquire) == 0
-                && !self.released[i].load(Ordering::Relaxed)
-                && now.saturating_sub(self.freed_at[i].load(Ordering::Relaxed)) >= after
-                && self.pool.release(s).is_ok()
-            {
-                self.released[i].store(true, Ordering::Relaxed);
-            }
-        }
+        free.release_cold(self.warm, after, self.now_ms(), |s| self.pool.release(s));
     }
 
     /// Collapse the segments heads took after their release into huge folios again (the
@@ -373,9 +276,9 @@ impl Core {
         if !self.huge {
             return;
         }
-        for (s, f) in self.fresh.iter().enumerate() {
-            if f.swap(false, Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
-                let _ = self.pool.collapse(s as u64);
+        for s in 1..self.segs.count() {
+            if self.segs.take_fresh(s) && !self.stop.load(Ordering::Relaxed) {
+                let _ = self.pool.collapse(s);
             }
         }
     }
@@ -389,19 +292,15 @@ impl Core {
     /// Take a free segment for a head (a client's: not the last [`RESERVE`] ones, which
     /// only compaction takes) and open it under a new sequence number.
     pub fn roll(&self, head: &mut Head, for_compaction: bool) -> Result<(), KvError> {
-        let (s, released) = {
-            let mut free = lock(&self.free);
-            if free.len() <= RESERVE && !for_compaction {
-                return Err(KvError::Full);
-            }
-            let s = free.pop().ok_or(KvError::Full)?;
-            // A head from now on (under the free list's lock: compaction chooses among
-            // segments neither free nor heads under the same lock).
-            self.is_head[s as usize].store(true, Ordering::Release);
-            (s, self.released[s as usize].swap(false, Ordering::Relaxed))
-        };
-        if head.seg != 0 {
-            self.is_head[head.seg as usize].store(false, Ordering::Release);
+        let reserve = if for_compaction { 0 } else { RESERVE };
+        // A head from now on (under the free list's lock: compaction chooses among
+        // segments neither free nor heads under the same lock).
+        let (s, released) = self.segs.free_list().take(reserve).ok_or(KvError::Full)?;
+        if head.is_open() {
+            // Closed at once (not when the new segment is open): a head that fails to
+            // open the new one below does not append to a segment that compaction may
+            // now choose.
+            head.close(&self.segs);
         }
         if for_compaction {
             self.counters
@@ -417,28 +316,20 @@ impl Core {
         let off = Pool::seg_off(s) as u64;
         self.pool.map.write(off as usize, &h)?;
         if released {
-            self.fresh[s as usize].store(true, Ordering::Relaxed);
+            self.segs.mark_fresh(s);
         }
         self.persist(off, h.len() as u64)?;
-        self.seqs[s as usize].store(seq, Ordering::Release);
-        self.swept[s as usize].store(0, Ordering::Release);
-        self.tombs[s as usize].store(0, Ordering::Relaxed);
-        self.horizon[s as usize].store(0, Ordering::Relaxed);
-        self.born[s as usize].store(self.version.load(Ordering::Relaxed), Ordering::Relaxed);
-        *head = Head {
-            seg: s,
-            seq,
-            off: SEGMENT_HEADER,
-        };
+        self.segs.open(s, seq, self.version.load(Ordering::Relaxed));
+        head.open(&self.segs, s, seq);
         Ok(())
     }
 
     /// With no free segment for this CPU's head: append to another writer's head that
     /// has the room (a deletion's small tombstone in a full pool, most often).
     fn append_anywhere(&self, len: u64, encode: &dyn Fn(u64) -> Vec<u8>) -> Result<u64, KvError> {
-        for h in &self.heads {
+        for h in self.heads.writers() {
             let Ok(mut g) = h.try_lock() else { continue };
-            if g.seg != 0 && g.off + len <= SEGMENT_BYTES {
+            if g.fits(len) {
                 return self.append_to(&mut g, len, false, encode);
             }
         }
@@ -454,15 +345,14 @@ impl Core {
         for_compaction: bool,
         encode: &dyn Fn(u64) -> Vec<u8>,
     ) -> Result<u64, KvError> {
-        if head.seg == 0 || head.off + len > SEGMENT_BYTES {
+        if !head.fits(len) {
             self.roll(head, for_compaction)?;
         }
-        let rec = encode(head.seq);
-        let loc = Pool::seg_off(head.seg) as u64 + head.off;
+        let rec = encode(head.seq());
+        let loc = Pool::seg_off(head.seg()) as u64 + head.off();
         self.put_bytes(loc, &rec)?;
         self.fence();
-        head.off += len;
-        self.live[head.seg as usize].fetch_add(len, Ordering::Relaxed);
+        head.advance(&self.segs, len);
         Ok(loc)
     }
 
@@ -479,7 +369,7 @@ impl Core {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), KvError> {
-        let seq = self.seqs[seg_of(loc) as usize].load(Ordering::Acquire);
+        let seq = self.segs.seq(seg_of(loc));
         let rec = encode_record_in(len, seq, version, Kind::Value, key, value);
         if !self.durable {
             self.pool.map.write(loc as usize, &rec)?;
@@ -570,7 +460,7 @@ impl Core {
                             .set(&g, h, &is_key, new)
                             .map_err(|()| KvError::IndexFull)?;
                         if let Some((l, rh)) = &cur {
-                            self.unlive(seg_of(*l), rh.len, "replaced");
+                            self.segs.unlive(seg_of(*l), rh.len, "replaced");
                             self.data
                                 .fetch_sub((rh.key_len + rh.value_len) as u64, Ordering::Relaxed);
                         }
@@ -580,7 +470,11 @@ impl Core {
                             }
                             (true, Kind::Tombstone) => {
                                 self.keys.fetch_sub(1, Ordering::Relaxed);
-                                self.note_tombstone(seg_of(loc), len, u64::from_le_bytes(horizon));
+                                self.segs.note_tombstone(
+                                    seg_of(loc),
+                                    len,
+                                    u64::from_le_bytes(horizon),
+                                );
                             }
                             _ => {}
                         }
@@ -603,7 +497,7 @@ impl Core {
                 // head for the next one (at high utilization): a few in a row; then,
                 // unless another round is running now, full.
                 fruitless += 1;
-                if fruitless >= 4 && self.compactor.try_lock().is_ok() {
+                if fruitless >= 4 && self.heads.compactor_idle() {
                     return Err(KvError::Full);
                 }
                 std::thread::yield_now();
@@ -612,14 +506,5 @@ impl Core {
             }
         }
         Err(KvError::Full)
-    }
-
-    /// Take `n` live bytes from segment `s` (checked builds check the count).
-    pub fn unlive(&self, s: u64, n: u64, why: &str) {
-        let before = self.live[s as usize].fetch_sub(n, Ordering::Relaxed);
-        debug_assert!(
-            before >= n,
-            "segment {s}: {before} live bytes, {n} taken ({why})"
-        );
     }
 }

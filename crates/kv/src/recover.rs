@@ -5,7 +5,7 @@ use crate::format::{
     self, decode_journal, decode_record_header, record_valid, Kind, JOURNAL_SLOTS,
     JOURNAL_SLOT_BYTES, JOURNAL_START, RECORD_HEADER, SEGMENT_BYTES, SEGMENT_HEADER,
 };
-use crate::log::{lock, seg_of, Core};
+use crate::log::{seg_of, Core};
 use crate::pool::Pool;
 use crate::store::KvError;
 use std::collections::HashMap;
@@ -115,7 +115,7 @@ impl Core {
                 continue;
             };
             max_seq = max_seq.max(seq);
-            self.seqs[s as usize].store(seq, Ordering::Relaxed);
+            self.segs.recovered(s, seq);
             let mut off = SEGMENT_HEADER;
             while off + RECORD_HEADER <= SEGMENT_BYTES {
                 let at = off as usize;
@@ -136,12 +136,11 @@ impl Core {
                     kind: rh.kind,
                     data: (rh.key_len + rh.value_len) as u64,
                 };
-                if rh.kind == Kind::Tombstone {
-                    self.live[s as usize].fetch_add(rh.len, Ordering::Relaxed);
+                let horizon = (rh.kind == Kind::Tombstone).then(|| {
                     let v = &buf[k + rh.key_len..k + rh.key_len + rh.value_len];
-                    let h = u64::from_le_bytes(v.try_into().unwrap_or([0; 8]));
-                    self.note_tombstone(s, rh.len, h);
-                }
+                    u64::from_le_bytes(v.try_into().unwrap_or([0; 8]))
+                });
+                self.segs.recovered_record(s, off + rh.len, rh.len, horizon);
                 let same = newest.entry(kh).or_default();
                 match same.iter_mut().find(|o| self.key_is(o.loc, key)) {
                     Some(old) if old.version >= f.version => {}
@@ -153,7 +152,7 @@ impl Core {
         }
         for (&h, same) in &newest {
             for f in same.iter().filter(|f| f.kind == Kind::Value) {
-                self.live[seg_of(f.loc) as usize].fetch_add(f.len, Ordering::Relaxed);
+                self.segs.recovered_live(seg_of(f.loc), f.len);
                 let rh = self.header_at(f.loc)?;
                 let key = self
                     .pool
@@ -173,15 +172,17 @@ impl Core {
         // interrupted before they were reused) are free; they keep their sequence number
         // until reused, for the tombstones that name their records.
         for s in 1..segments {
-            if self.seqs[s as usize].load(Ordering::Relaxed) != 0
-                && self.live[s as usize].load(Ordering::Relaxed) == 0
-            {
+            if self.segs.seq(s) != 0 && self.segs.live(s) == 0 {
                 free.push(s);
             }
         }
-        let mut free_list = lock(&self.free);
-        *free_list = free;
-        self.release_cold(&free_list, 0);
+        let mut free_list = self.segs.free_list();
+        free_list.recovered(free);
+        self.release_cold(&mut free_list, 0);
+        drop(free_list);
+        if cfg!(debug_assertions) {
+            self.check();
+        }
         Ok(())
     }
 }

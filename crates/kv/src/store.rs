@@ -1,7 +1,7 @@
 //! The store's API: open (recovery), reads, writes, statistics; the compaction threads'
 //! lifetime.
 
-use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
+use crate::format::SEGMENT_BYTES;
 use crate::log::{Change, Core, Setup};
 use crate::pool::Pool;
 use std::borrow::Cow;
@@ -163,6 +163,10 @@ impl Drop for Store {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // Quiescent now: the store's own threads are gone, and no call can be running.
+        if cfg!(debug_assertions) && !std::thread::panicking() {
+            self.core.check();
+        }
     }
 }
 
@@ -222,8 +226,7 @@ impl Store {
                     .name("kv-collapse".into())
                     .spawn(move || {
                         // Segment 0 holds the header and the journal's slots: a few pages.
-                        let skip =
-                            |s: u64| s == 0 || c.released[s as usize].load(Ordering::Relaxed);
+                        let skip = |s: u64| s == 0 || c.segs.is_released(s);
                         c.pool
                             .collapse_all(&skip, &|| c.stop.load(Ordering::Acquire))
                     })?,
@@ -371,21 +374,14 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let c = &*self.core;
         let free = c.free_count() as u64;
-        let retired = crate::log::lock(&c.retired).len() as u64;
+        let retired = c.epochs.retired().len() as u64;
         let segments = c.pool.header.segments;
-        let mut utilization = [0u64; 10];
-        for s in 1..segments as usize {
-            if c.seqs[s].load(Ordering::Relaxed) != 0 {
-                let live = c.live[s].load(Ordering::Relaxed);
-                let decile = live * 10 / (SEGMENT_BYTES - SEGMENT_HEADER);
-                utilization[decile.min(9) as usize] += 1;
-            }
-        }
+        let utilization = c.segs.utilization();
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             keys: self.len(),
             data_bytes: n(&c.data),
-            live_bytes: c.live.iter().map(n).sum(),
+            live_bytes: c.segs.live_total(),
             used_bytes: (segments - 1 - free) * SEGMENT_BYTES,
             index_bytes: c.index.bytes(),
             pool_bytes: segments * SEGMENT_BYTES,
