@@ -181,6 +181,9 @@ pub enum Command {
         /// List the backups in the pool instead
         #[arg(long)]
         list: bool,
+        /// Restore even if the store's daemon said it runs less than a minute ago
+        #[arg(long)]
+        force: bool,
         /// Print JSON
         #[arg(long)]
         json: bool,

@@ -86,6 +86,35 @@ fn destination(
     Ok((url.to_string(), Arc::new(pool)))
 }
 
+/// How often a daemon says in the pool that its store runs.
+pub(crate) const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A heartbeat younger than this keeps `cairn restore` from making a second copy of a
+/// running store (both would remove each other's objects).
+pub const ALIVE_FOR_NS: i64 = 60_000_000_000;
+
+/// Say in `pool` that the store runs here (`backup::heartbeat`); failures are only
+/// logged.
+pub(crate) fn heartbeat(core: &CoreLock, pool: Option<&Pool>) {
+    let Some(pool) = pool else { return };
+    let (uuid, dir) = {
+        let c = core.serial();
+        (
+            backup::uuid_hex(&c.sh.area.superblock().uuid),
+            c.store.path.display().to_string(),
+        )
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let who = format!(
+        "host {} pid {} store {dir}",
+        host.trim(),
+        std::process::id()
+    );
+    if let Err(e) = backup::heartbeat(pool, &uuid, &who) {
+        tracing::debug!("heartbeat: {e}");
+    }
+}
+
 /// Take a backup now (one at a time: the caller serializes). `url`: the pool asked for.
 pub(crate) fn take(core: &CoreLock, url: Option<&str>) -> io::Result<BackupReport> {
     let t0 = Instant::now();
@@ -99,6 +128,7 @@ pub(crate) fn take(core: &CoreLock, url: Option<&str>) -> io::Result<BackupRepor
         )
     };
     let (url, pool) = destination(&cfg, tier.as_ref(), url)?;
+    heartbeat(core, Some(&pool));
     let prev = backup::read_manifest(&pool, &uuid)?;
     let snap = snapshot(core, &store, tier.as_ref(), prev.as_ref())?;
     let snapshot_ms = t0.elapsed().as_millis() as u64;

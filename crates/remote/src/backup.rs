@@ -194,3 +194,27 @@ pub fn list(pool: &Pool) -> io::Result<Vec<Manifest>> {
 pub fn uuid_hex(uuid: &[u8; 16]) -> String {
     uuid.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The object a running daemon of store `uuid` rewrites every few seconds, so that a
+/// restore elsewhere can tell the store is not lost.
+pub fn alive_object(uuid: &str) -> String {
+    format!("cairn.{uuid}.alive")
+}
+
+/// Say that the store runs: now, and `who` (host, pid, directory).
+pub fn heartbeat(pool: &Pool, uuid: &str, who: &str) -> io::Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    pool.put(&alive_object(uuid), format!("{now} {who}").as_bytes())
+}
+
+/// The last heartbeat of store `uuid`: when (ns since the Unix epoch) and who.
+pub fn last_heartbeat(pool: &Pool, uuid: &str) -> io::Result<Option<(i64, String)>> {
+    let Some(b) = get(pool, &alive_object(uuid))? else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&b);
+    let (ns, who) = text.split_once(' ').unwrap_or((&text, ""));
+    Ok(ns.parse().ok().map(|ns| (ns, who.to_string())))
+}

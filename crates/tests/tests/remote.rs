@@ -332,8 +332,10 @@ fn an_osd_killed_during_migration_and_cold_reads_loses_nothing() {
     store.fsck_clean();
 }
 
-/// `cairn restore --store DIR` of the pool's backup of store `uuid`, into a new test
-/// store (its NVM file in /dev/shm, removed with it).
+/// `cairn restore --store DIR` of the pool's backup of store `id`, into a new test
+/// store (its NVM file in /dev/shm, removed with it), checked by `cairn fsck` first.
+/// The store's daemon was killed a moment ago: without `--force`, restore refuses (its
+/// heartbeat is fresh) and makes nothing.
 fn restore(c: &Cluster, id: &str) -> TestStore {
     let dir = tempfile::Builder::new()
         .prefix("cairn-test-")
@@ -343,25 +345,25 @@ fn restore(c: &Cluster, id: &str) -> TestStore {
         "{}.nvm",
         dir.path().file_name().unwrap().to_string_lossy()
     ));
-    let out = cairn_tests::harness::output_ok(
-        Command::new(cairn_bin())
-            .arg("--store")
-            .arg(dir.path())
-            .args([
-                "restore",
-                "--remote",
-                "ceph:cairn",
-                "--id",
-                id,
-                "--ceph-conf",
-            ])
+    let cmd = || {
+        let mut cmd = Command::new(cairn_bin());
+        cmd.arg("--store").arg(dir.path());
+        cmd.args(["restore", "--remote", "ceph:cairn", "--id", id]);
+        cmd.arg("--ceph-conf")
             .arg(&c.conf)
             .arg("--nvm-path")
-            .arg(&nvm),
-        "restore",
+            .arg(&nvm);
+        cmd
+    };
+    let refused = cmd().output().unwrap();
+    let text = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && text.contains("still runs"),
+        "{text}"
     );
+    assert!(!nvm.exists(), "a refused restore makes nothing");
+    let out = cairn_tests::harness::output_ok(cmd().arg("--force"), "restore --force");
     assert!(out.contains("restored store"), "{out}");
-    // The restored store is checked before anything else touches it.
     cairn_tests::harness::output_ok(
         Command::new(cairn_bin())
             .args(["fsck", "--store"])

@@ -38,6 +38,7 @@ pub fn run(cli: Cli) -> CliResult {
             ssd,
             hdd,
             list,
+            force,
             json,
         } => {
             let opts = cairn_daemon::RestoreOptions {
@@ -49,6 +50,7 @@ pub fn run(cli: Cli) -> CliResult {
                 nvm_path,
                 ssd,
                 hdd,
+                force,
             };
             if list {
                 backup::list(&opts, json)

@@ -32,6 +32,8 @@ pub struct RestoreOptions {
     /// The new SSD and HDD tier files (`None`: `ssd.tier`, `hdd.tier` in the store).
     pub ssd: Option<PathBuf>,
     pub hdd: Option<PathBuf>,
+    /// Restore even though the store's daemon said it runs less than a minute ago.
+    pub force: bool,
 }
 
 /// The stores backed up in the pool of `url`, newest first.
@@ -96,6 +98,21 @@ fn io_ctx(what: String) -> impl Fn(io::Error) -> io::Error {
 pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result<Manifest> {
     let pool = connect(&opts.url, opts.conf.as_deref(), opts.user.as_deref())?;
     let m = choose(backup::list(&pool)?, opts.id.as_deref(), &opts.url)?;
+    if let Some((ns, who)) = backup::last_heartbeat(&pool, &m.uuid)? {
+        let age = cairn_area::time::now_ns() - ns;
+        if age < crate::backup::ALIVE_FOR_NS && !opts.force {
+            return Err(fs_err(
+                libc::EBUSY,
+                format!(
+                    "store {} still runs ({who}, {} s ago): a second copy would remove \
+                     the first one's objects in the pool; stop it, or wait a minute after \
+                     it stopped answering (--force restores anyway)",
+                    m.uuid,
+                    age / 1_000_000_000
+                ),
+            ));
+        }
+    }
     let store = StoreDir::new(&opts.store);
     if store.exists() {
         return Err(fs_err(

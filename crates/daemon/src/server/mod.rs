@@ -408,11 +408,16 @@ fn migrate_loop(d: &Daemon, from: u8) {
 
 /// The remote tier's sweep of orphan objects (`crate::tiers::remote::sweep`): at start
 /// (which also connects to the cluster), then every [`SWEEP_PERIOD`], and again a
-/// minute after a sweep that failed.
+/// minute after a sweep that failed; and the store's heartbeat in the pool.
 fn sweep_loop(d: &Daemon, t: &cairn_remote::RadosTier) {
     let mut next = std::time::Instant::now();
+    let mut beat = next;
     while !d.stop.load(Ordering::SeqCst) {
         let now = std::time::Instant::now();
+        if now >= beat {
+            crate::backup::heartbeat(&d.core, t.pool().ok().as_deref());
+            beat = now + crate::backup::HEARTBEAT;
+        }
         if now >= next {
             next = match crate::tiers::remote::sweep(&d.core, t) {
                 Ok(n) => {
