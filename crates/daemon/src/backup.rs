@@ -171,6 +171,36 @@ pub(crate) fn take(core: &CoreLock, url: Option<&str>) -> io::Result<BackupRepor
     })
 }
 
+/// The NVM file as a crash image: every block but the free data blocks, whose bytes
+/// nothing names (they read as zeros), so that the copy, under the core lock, costs
+/// what the store holds rather than its size.
+fn copy_nvm(sh: &crate::store::shared::Shared) -> io::Result<Vec<u8>> {
+    use cairn_format::BLOCK_SIZE;
+    let map = sh.map();
+    let mut nvm = vec![0u8; map.len()];
+    let l = &sh.layout;
+    let (start, end) = (l.data_start, l.data_start + l.data_blocks);
+    let copy = |nvm: &mut [u8], from: u64, to: u64| {
+        let (a, b) = (from as usize * BLOCK_SIZE, (to as usize * BLOCK_SIZE).min(nvm.len()));
+        map.read(a, &mut nvm[a..b])
+    };
+    copy(&mut nvm, 0, start)?;
+    let mut b = start;
+    while b < end {
+        if !sh.blocks.is_used(b) {
+            b += 1;
+            continue;
+        }
+        let run = b;
+        while b < end && sh.blocks.is_used(b) {
+            b += 1;
+        }
+        copy(&mut nvm, run, b)?;
+    }
+    copy(&mut nvm, end, l.total_blocks)?;
+    Ok(nvm)
+}
+
 /// The snapshot, under the core lock.
 fn snapshot(
     core: &CoreLock,
@@ -180,8 +210,7 @@ fn snapshot(
 ) -> io::Result<Snapshot> {
     let mut c = core.serial();
     let sh = &mut c.sh;
-    let mut nvm = vec![0u8; sh.map().len()];
-    sh.map().read(0, &mut nvm)?;
+    let nvm = copy_nvm(sh)?;
     let mut files = Vec::new();
     for (name, path) in store_files(store) {
         match std::fs::read(&path) {
@@ -244,9 +273,12 @@ fn upload(
     let seq = prev.map_or(1, |p| p.seq + 1);
     let mut written = (0u64, 0u64);
     let mut put = |name: String, data: &[u8]| -> io::Result<Piece> {
-        written.0 += 1;
-        written.1 += data.len() as u64;
-        backup::put(pool, name, data)
+        let p = backup::put(pool, name, data)?;
+        if !p.object.is_empty() {
+            written.0 += 1;
+            written.1 += data.len() as u64;
+        }
+        Ok(p)
     };
     let same = |old: Option<&Piece>, data: &[u8]| {
         old.filter(|p| p.len == data.len() as u64 && p.crc == crc32c::crc32c(data))

@@ -29,6 +29,7 @@ pub const MANIFEST_VERSION: u32 = 1;
 /// One object of a backup and what it must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Piece {
+    /// Empty: `len` zero bytes, in no object.
     pub object: String,
     pub len: u64,
     /// crc32c of its bytes.
@@ -74,14 +75,16 @@ impl Manifest {
             .chain(self.segments.iter().flat_map(|s| s.pieces.iter()))
             .chain(self.files.iter().map(|(_, p)| p))
             .map(|p| p.object.as_str())
+            .filter(|o| !o.is_empty())
     }
 
-    /// Bytes of the backup's objects.
+    /// Bytes of the backup's objects (zeros held in none not counted).
     pub fn bytes(&self) -> u64 {
         self.nvm
             .iter()
             .chain(self.segments.iter().flat_map(|s| s.pieces.iter()))
             .chain(self.files.iter().map(|(_, p)| p))
+            .filter(|p| !p.object.is_empty())
             .map(|p| p.len)
             .sum()
     }
@@ -103,11 +106,15 @@ pub fn get(pool: &Pool, name: &str) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(buf))
 }
 
-/// Write `data` as object `name`, and what the manifest says of it.
+/// Write `data` as object `name` (no object if it is all zeros), and what the manifest
+/// says of it.
 pub fn put(pool: &Pool, name: String, data: &[u8]) -> io::Result<Piece> {
-    pool.put(&name, data)?;
+    let zeros = data.iter().all(|&b| b == 0);
+    if !zeros {
+        pool.put(&name, data)?;
+    }
     Ok(Piece {
-        object: name,
+        object: if zeros { String::new() } else { name },
         len: data.len() as u64,
         crc: crc32c::crc32c(data),
     })
@@ -116,6 +123,9 @@ pub fn put(pool: &Pool, name: String, data: &[u8]) -> io::Result<Piece> {
 /// The bytes `p` names, checked against its length and crc (`EIO` if they differ, a
 /// missing object `ENOENT`).
 pub fn fetch(pool: &Pool, p: &Piece) -> io::Result<Vec<u8>> {
+    if p.object.is_empty() {
+        return Ok(vec![0; p.len as usize]);
+    }
     let data = get(pool, &p.object)?.ok_or_else(|| {
         fs_err(
             libc::ENOENT,

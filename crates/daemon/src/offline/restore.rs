@@ -166,10 +166,21 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
         .create_new(true)
         .open(&cfg.nvm_path)
         .map_err(io_ctx(format!("creating {}", cfg.nvm_path.display())))?;
-    nvm.set_len(m.nvm_size)?;
+    // Fully allocated, as mkfs makes it: stores through a mapping never fault for lack
+    // of space.
+    cairn_media::sys::fallocate(&nvm, m.nvm_size).map_err(io_ctx(format!(
+        "allocating {} bytes for {}",
+        m.nvm_size,
+        cfg.nvm_path.display()
+    )))?;
     let mut off = 0u64;
     let mut sb = None;
     for p in &m.nvm {
+        if p.object.is_empty() && off > 0 {
+            // Zeros, which fallocate gave.
+            off += p.len;
+            continue;
+        }
         let data = fetch(p)?;
         if off == 0 {
             sb = Some(
@@ -206,9 +217,10 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
         for c in m.segments.iter().filter(|c| c.tier == tier) {
             let mut at = c.seg * g.segment_bytes();
             for p in &c.pieces {
-                let data = fetch(p)?;
-                f.write_all_at(&data, at)?;
-                at += data.len() as u64;
+                if !p.object.is_empty() {
+                    f.write_all_at(&fetch(p)?, at)?;
+                }
+                at += p.len;
             }
         }
         f.sync_all()?;
