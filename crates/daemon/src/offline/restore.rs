@@ -113,6 +113,25 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
             ));
         }
     }
+    let mut made = Vec::new();
+    let r = rebuild(&pool, &m, opts, progress, &mut made);
+    if r.is_err() {
+        // Nothing half made stays (the directory itself may have existed).
+        for p in made.iter().rev() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    r.map(|()| m)
+}
+
+/// The store of backup `m` at `opts.store`; every file it creates is pushed on `made`.
+fn rebuild(
+    pool: &Pool,
+    m: &Manifest,
+    opts: &RestoreOptions,
+    progress: &dyn Fn(u64, u64),
+    made: &mut Vec<PathBuf>,
+) -> io::Result<()> {
     let store = StoreDir::new(&opts.store);
     if store.exists() {
         return Err(fs_err(
@@ -128,7 +147,7 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
     let total = m.bytes();
     let mut done = 0u64;
     let mut fetch = |p: &backup::Piece| -> io::Result<Vec<u8>> {
-        let b = backup::fetch(&pool, p)?;
+        let b = backup::fetch(pool, p)?;
         done += b.len() as u64;
         progress(done, total);
         Ok(b)
@@ -138,6 +157,7 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
         if name != "cairn.toml" {
             let data = fetch(p)?;
             let path = store.path.join(name);
+            made.push(path.clone());
             std::fs::write(&path, data).map_err(io_ctx(format!("writing {}", path.display())))?;
         }
     }
@@ -146,6 +166,7 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
         .iter()
         .find(|(n, _)| n == "cairn.toml")
         .ok_or_else(|| fs_err(libc::EIO, "the backup holds no cairn.toml"))?;
+    made.push(store.config_path());
     std::fs::write(store.config_path(), fetch(&toml.1)?)?;
     let mut cfg = store.load_config()?;
     cfg.nvm_path = match &opts.nvm_path {
@@ -166,6 +187,7 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
         .create_new(true)
         .open(&cfg.nvm_path)
         .map_err(io_ctx(format!("creating {}", cfg.nvm_path.display())))?;
+    made.push(cfg.nvm_path.clone());
     // Fully allocated, as mkfs makes it: stores through a mapping never fault for lack
     // of space.
     cairn_media::sys::fallocate(&nvm, m.nvm_size).map_err(io_ctx(format!(
@@ -212,6 +234,7 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
                 "creating the {name} tier {}",
                 path.display()
             )))?;
+        made.push(path.clone());
         f.set_len(g.segments * g.segment_bytes())?;
         f.write_all_at(&cairn_format::tier::encode_header(tier, &sb.uuid, &g), 0)?;
         for c in m.segments.iter().filter(|c| c.tier == tier) {
@@ -232,6 +255,5 @@ pub fn restore(opts: &RestoreOptions, progress: &dyn Fn(u64, u64)) -> io::Result
     }
     restrict(&cfg.nvm_path, cfg.trusted_gid, 0o600, 0o660)?;
     skeleton(&store, sb.layout.nslots, cfg.trusted_gid)?;
-    store.save_config(&cfg)?;
-    Ok(m)
+    store.save_config(&cfg)
 }
