@@ -15,8 +15,8 @@
 #
 # `start` prints `CEPH_CONF=DIR/ceph.conf` last; `rados -c DIR/ceph.conf -p POOL ...` and
 # librados clients use that file (it names the admin keyring). Defaults: DIR
-# /tmp/cairn-ceph, 1 OSD, memstore (RAM, 1 GiB per OSD; bluestore uses a sparse file of
-# --osd-gb GiB, default 20, per OSD), monitor ports P (v1) and P+1 (v2) with P = 16789,
+# /tmp/cairn-ceph, 1 OSD, memstore (RAM, --osd-gb GiB per OSD, default 1; bluestore uses a
+# sparse file of --osd-gb GiB, default 20, per OSD), monitor ports P (v1) and P+1 (v2) with P = 16789,
 # pool `cairn` with as many replicas as OSDs (at most 3) and min_size 1 for one replica,
 # 2 otherwise. `stop` sends SIGTERM to exactly the daemons whose pid files are in DIR/run,
 # SIGKILL after 10 s, and removes DIR unless --keep. The packages come from
@@ -35,7 +35,7 @@ POOL=cairn
 SIZE=""
 MIN_SIZE=""
 MGR=0
-OSD_GB=20
+OSD_GB=""
 KEEP=0
 OSD_ID=""
 case "$cmd" in
@@ -108,6 +108,7 @@ start() {
     [ "$MGR" = 0 ] || command -v ceph-mgr >/dev/null || die "ceph-mgr is missing"
     [ -n "$(live_pids 2>/dev/null || true)" ] && die "a cluster already runs in $DIR (stop it first)"
     case "$STORE" in memstore | bluestore) ;; *) die "--objectstore memstore or bluestore" ;; esac
+    [ -n "$OSD_GB" ] || OSD_GB=$([ "$STORE" = memstore ] && echo 1 || echo 20)
     [ -n "$SIZE" ] || SIZE=$((OSDS < 3 ? OSDS : 3))
     [ -n "$MIN_SIZE" ] || MIN_SIZE=$((SIZE == 1 ? 1 : 2))
     rm -rf "$DIR"
@@ -150,7 +151,7 @@ mon_data = $DIR/mon/\$name
 osd_data = $DIR/osd/\$id
 keyring = $DIR/osd/\$id/keyring
 osd_objectstore = $STORE
-memstore_device_bytes = 1073741824
+memstore_device_bytes = $((OSD_GB << 30))
 bluestore_block_create = true
 bluestore_block_size = $((OSD_GB << 30))
 osd_memory_target = 1073741824

@@ -48,6 +48,8 @@ command -v g++ >/dev/null 2>&1 || apt_missing+=(g++)
 # The remote tier on Ceph RADOS (docs/REMOTE.md): librados to build against, and the
 # daemons of the one-machine cluster its tests start (scripts/ceph-dev-cluster.sh).
 command -v ceph-osd >/dev/null 2>&1 || apt_missing+=(ceph-mon ceph-osd ceph-common)
+# The manager: `cairn bench remote` asks it for the placement groups' states.
+command -v ceph-mgr >/dev/null 2>&1 || apt_missing+=(ceph-mgr)
 [ -f /usr/include/rados/librados.h ] || apt_missing+=(librados-dev)
 
 if ((${#apt_missing[@]})); then

@@ -620,6 +620,10 @@ pub enum BenchCommand {
     /// Cairn across NVM, SSD and HDD (a three-tier store made for the run) against the
     /// host file system: multi-layer appends, a Zipfian mix, write amplification
     Tiers(bench::TiersArgs),
+    /// The remote tier and backups on Ceph clusters started for the run (1 and 3 OSDs):
+    /// migration against `rados bench`, cold reads against raw librados, backup lag and
+    /// restore, an OSD killed during migration
+    Remote(bench::RemoteArgs),
     /// Superpage extents of the NVM tier against 4 KiB blocks and tmpfs: random loads,
     /// copies and reads, page faults to map; the promotion of a file
     Superpages(bench::SuperpagesArgs),

@@ -181,7 +181,10 @@ fn copy_nvm(sh: &crate::store::shared::Shared) -> io::Result<Vec<u8>> {
     let l = &sh.layout;
     let (start, end) = (l.data_start, l.data_start + l.data_blocks);
     let copy = |nvm: &mut [u8], from: u64, to: u64| {
-        let (a, b) = (from as usize * BLOCK_SIZE, (to as usize * BLOCK_SIZE).min(nvm.len()));
+        let (a, b) = (
+            from as usize * BLOCK_SIZE,
+            (to as usize * BLOCK_SIZE).min(nvm.len()),
+        );
         map.read(a, &mut nvm[a..b])
     };
     copy(&mut nvm, 0, start)?;

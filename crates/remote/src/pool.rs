@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// I/O threads per pool: the most operations in flight at once.
-const IO_THREADS: usize = 4;
+pub const IO_THREADS: usize = 4;
 
 /// The I/O context, shared by the I/O threads.
 struct Io {
@@ -176,6 +176,40 @@ impl Pool {
                 .rados_object_write_full(&n, &data)
                 .map_err(|e| rados_err(&w, e))
         })
+    }
+
+    /// Write every `(name, data)` as a whole object, up to [`IO_THREADS`] at once;
+    /// returns when all are acknowledged, or with the first failure (then some may have
+    /// been written: the caller names none of them).
+    pub fn put_many(&self, objects: Vec<(String, Vec<u8>)>) -> io::Result<()> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut waiting = Vec::new();
+        for (name, data) in objects {
+            let (tx, rx) = mpsc::sync_channel(1);
+            let what = format!("writing object {name} to pool {}", self.pool);
+            let w = what.clone();
+            self.submit(Box::new(move |io: &Io| {
+                let r = io
+                    .ioctx
+                    .rados_object_write_full(&name, &data)
+                    .map_err(|e| rados_err(&w, e));
+                let _ = tx.send(r);
+            }))?;
+            waiting.push((what, rx));
+        }
+        for (what, rx) in waiting {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            rx.recv_timeout(left).unwrap_or_else(|_| {
+                Err(fs_err(
+                    libc::ETIMEDOUT,
+                    format!(
+                        "{what}: the Ceph cluster did not answer in {} s",
+                        self.timeout.as_secs()
+                    ),
+                ))
+            })?;
+        }
+        Ok(())
     }
 
     /// Read from byte `off` of object `name` into `buf`: the bytes read, fewer than

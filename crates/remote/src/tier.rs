@@ -392,8 +392,9 @@ impl TierDevice for RadosTier {
     }
 
     /// Every chunk of the segment is an object (empty past the data), so a missing
-    /// object is always a loss (an error), never space left unwritten. Returns once
-    /// RADOS acknowledged every object (`rados_write_full`: every replica has it).
+    /// object is always a loss (an error), never space left unwritten. The chunks are
+    /// written at once (up to the pool's I/O threads); returns once RADOS acknowledged
+    /// every object (`rados_write_full`: every replica has it).
     fn write_segment(&self, seg: u64, gen: u64, off: u64, data: &[u8]) -> io::Result<()> {
         if off != seg * self.segment_bytes() || data.len() as u64 > self.segment_bytes() {
             return Err(fs_err(
@@ -405,14 +406,18 @@ impl TierDevice for RadosTier {
             ));
         }
         let pool = self.pool()?;
-        for c in 0..self.chunks() {
-            let from = ((c * CHUNK) as usize).min(data.len());
-            let to = (((c + 1) * CHUNK) as usize).min(data.len());
-            self.note(pool.put(&self.object(seg, gen, c), &data[from..to]))?;
-            let k = &self.inner.counters;
-            k.objects_written.fetch_add(1, Relaxed);
-            k.bytes_written.fetch_add((to - from) as u64, Relaxed);
-        }
+        let objects: Vec<(String, Vec<u8>)> = (0..self.chunks())
+            .map(|c| {
+                let from = ((c * CHUNK) as usize).min(data.len());
+                let to = (((c + 1) * CHUNK) as usize).min(data.len());
+                (self.object(seg, gen, c), data[from..to].to_vec())
+            })
+            .collect();
+        let n = objects.len() as u64;
+        self.note(pool.put_many(objects))?;
+        let k = &self.inner.counters;
+        k.objects_written.fetch_add(n, Relaxed);
+        k.bytes_written.fetch_add(data.len() as u64, Relaxed);
         Ok(())
     }
 

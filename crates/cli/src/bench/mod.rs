@@ -7,6 +7,8 @@
 //! * [`apps`](apps::run): SQLite, RocksDB and Redis on the FUSE mount, the host file
 //!   system and tmpfs.
 //! * [`tiers`](tiers::run): NVM, SSD and HDD tiers against the host file system.
+//! * [`remote`](remote::run): the remote tier and backups on Ceph clusters started for
+//!   the run, against `rados bench` and raw librados reads.
 //! * [`superpages`](superpages::run): 2 MiB extents against 4 KiB blocks and tmpfs.
 //! * [`mail`](mail::run): Filebench's varmail flow through the shim, the host file
 //!   system and tmpfs, with the digest's counters.
@@ -19,6 +21,7 @@ mod kv;
 mod kv_churn;
 mod latency;
 mod mail;
+mod remote;
 mod report;
 mod share;
 mod spacejmp;
@@ -37,6 +40,7 @@ pub use kv::{run as kv, KvArgs};
 pub use kv_churn::{worker as kv_churn_worker, WorkerArgs as KvChurnWorkerArgs};
 pub use latency::run as latency;
 pub use mail::{run as mail, worker as mail_worker, MailArgs, MailWorkerArgs};
+pub use remote::{run as remote, RemoteArgs};
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
 pub use spacejmp::{run as spacejmp, worker as spacejmp_worker, SpacejmpArgs, SpacejmpWorkerArgs};
 pub use superpages::{run as superpages, SuperpagesArgs};

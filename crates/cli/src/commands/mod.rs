@@ -107,6 +107,7 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::Share(args) => crate::bench::share(store, &args),
             BenchCommand::Apps(args) => crate::bench::apps(store, &args),
             BenchCommand::Tiers(args) => crate::bench::tiers(&args),
+            BenchCommand::Remote(args) => crate::bench::remote(&args),
             BenchCommand::Kv(args) => crate::bench::kv(&args),
             BenchCommand::Hugepage(args) => crate::bench::hugepage(&args),
             BenchCommand::HugepageWorker(args) => crate::bench::hugepage_worker(&args),
