@@ -247,6 +247,29 @@ impl TestStore {
         std::fs::write(&p, out).expect("write cairn.toml");
     }
 
+    /// SIGKILL the daemon and wait until its socket refuses connections (a killed
+    /// process closes its files only when its last thread is gone), so that the next
+    /// connection reaches a new daemon (or until a client started a new one). False if
+    /// no daemon ran.
+    pub fn kill_daemon(&self) -> bool {
+        let pids = daemon_pids(self.path());
+        for &pid in &pids {
+            kill9(pid);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let sock = self.path().join("cairnd.sock");
+        while std::os::unix::net::UnixStream::connect(&sock).is_ok()
+            && daemon_pids(self.path()).iter().all(|p| pids.contains(p))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the daemon does not die"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        !pids.is_empty()
+    }
+
     /// Stop the daemon cleanly (if it runs).
     pub fn stop(&self) {
         let _ = cairn::daemon_shutdown(Some(self.path()));
@@ -354,4 +377,17 @@ pub fn store_pids(store: &Path, command: &[u8]) -> Vec<u32> {
 /// SIGKILL a process.
 pub fn kill9(pid: u32) {
     let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+}
+
+/// Deterministic content of version `v` of file `i`: `len` bytes (xorshift).
+pub fn content(i: u32, v: u32, len: usize) -> Vec<u8> {
+    let mut x = (i as u64) << 32 | v as u64 | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }

@@ -6,23 +6,11 @@
 
 use cairn_proto::StatusReport;
 use cairn_tests::ceph::Cluster;
-use cairn_tests::harness::{cairn_bin, daemon_pids, kill9};
+use cairn_tests::harness::{cairn_bin, content};
 use cairn_tests::TestStore;
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn content(i: u32, v: u32, len: usize) -> Vec<u8> {
-    let mut x = (i as u64) << 32 | v as u64 | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn remote(r: &StatusReport) -> &cairn_proto::RemoteStatus {
     r.remote.as_deref().expect("a remote tier in the status")
@@ -46,6 +34,16 @@ fn verify(fs: &cairn::Fs, files: &BTreeMap<u32, (u32, usize)>) {
     }
 }
 
+/// Files `/f0..` of 2 MiB each (version 0), and what they hold.
+fn write_files(fs: &cairn::Fs, n: u32) -> BTreeMap<u32, (u32, usize)> {
+    (0..n)
+        .map(|i| {
+            fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+            (i, (0, 2 << 20))
+        })
+        .collect()
+}
+
 /// The store's data objects in the pool (its header aside).
 fn data_objects(c: &Cluster, prefix: &str) -> Vec<String> {
     c.objects(prefix)
@@ -63,20 +61,6 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-fn kill_daemon(store: &TestStore) {
-    let pids = daemon_pids(store.path());
-    for &p in &pids {
-        kill9(p);
-    }
-    let sock = store.path().join("cairnd.sock");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        && daemon_pids(store.path()).iter().all(|p| pids.contains(p))
-    {
-        assert!(Instant::now() < deadline, "the daemon does not die");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 /// 24 MiB of NVM over a remote tier of 1 MiB segments (one object each).
 fn store(c: &Cluster) -> TestStore {
@@ -90,12 +74,8 @@ fn a_remote_tier_takes_cold_data_reads_it_back_and_leaves_no_orphans() {
     };
     let store = store(&c);
     let fs = store.fs();
-    let mut files = BTreeMap::new();
     // 64 MiB: more than twice the NVM tier.
-    for i in 0..32u32 {
-        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
-        files.insert(i, (0, 2 << 20));
-    }
+    let mut files = write_files(&fs, 32);
     let r = fs.status().unwrap();
     assert!(used(&r, "remote") >= 32 << 20, "{r:?}");
     let rm = remote(&r);
@@ -158,7 +138,7 @@ fn a_remote_tier_takes_cold_data_reads_it_back_and_leaves_no_orphans() {
             })
         };
         std::thread::sleep(Duration::from_millis(150 * round as u64));
-        kill_daemon(&store);
+        store.kill_daemon();
         // A write cut off by the kill leaves its file in any state: not checked.
         for (f, ok) in writer.join().unwrap() {
             if ok {
@@ -205,8 +185,8 @@ fn a_remote_tier_takes_cold_data_reads_it_back_and_leaves_no_orphans() {
     store.fsck_clean();
 }
 
-/// The cluster stops answering (every daemon SIGSTOPped, as a partition would): reads of cold data fail with `ETIMEDOUT` within the
-/// tier's timeout, never hang; writes go on into NVM; migration to the remote tier
+/// The cluster stops answering (every daemon SIGSTOPped, as a partition would): reads
+/// of cold data fail with `ETIMEDOUT` within the tier's timeout, never hang; writes go on into NVM; migration to the remote tier
 /// pauses (the status says so, with the error) and nothing is switched to an object the
 /// cluster did not acknowledge. The cluster back, migration resumes by itself and every
 /// file reads back.
@@ -221,11 +201,7 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
     store.set_config("migrate_high_pct", "60");
     store.set_config("migrate_low_pct", "40");
     let fs = store.fs();
-    let mut files = BTreeMap::new();
-    for i in 0..16u32 {
-        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
-        files.insert(i, (0, 2 << 20));
-    }
+    let mut files = write_files(&fs, 16);
     let r = fs.status().unwrap();
     assert!(used(&r, "remote") > 0, "{r:?}");
     c.pause();
@@ -287,11 +263,7 @@ fn an_osd_killed_during_migration_and_cold_reads_loses_nothing() {
     store.set_config("read_cache_mib", "0");
     store.set_config("remote_cache_mib", "0");
     let fs = store.fs();
-    let mut files = BTreeMap::new();
-    for i in 0..16u32 {
-        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
-        files.insert(i, (0, 2 << 20));
-    }
+    let mut files = write_files(&fs, 16);
     let cold = files.clone();
     let reader = {
         let path = store.path().to_path_buf();
@@ -416,11 +388,7 @@ fn a_store_lost_with_its_machine_is_restored_from_its_backup() {
     };
     let store = store(&c);
     let fs = store.fs();
-    let mut files = BTreeMap::new();
-    for i in 0..32u32 {
-        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
-        files.insert(i, (0, 2 << 20));
-    }
+    let files = write_files(&fs, 32);
     fs.create_dir("/d").unwrap();
     fs.symlink("/f1", "/d/link").unwrap();
     fs.set_xattr("/f2", b"user.kept", b"across machines", 0, true)
@@ -440,7 +408,7 @@ fn a_store_lost_with_its_machine_is_restored_from_its_backup() {
     fs.digest().unwrap();
     std::thread::sleep(Duration::from_secs(1));
     drop(fs);
-    kill_daemon(&store);
+    store.kill_daemon();
     let id = store_id(&c, b1.taken_ns);
     let nvm = cairn_area::StoreDir::new(store.path())
         .load_config()
@@ -503,7 +471,7 @@ fn a_store_lost_with_its_machine_is_restored_from_its_backup() {
     let b = *last.unwrap();
     eprintln!("periodic backup: {b:?}");
     drop(fs);
-    kill_daemon(&local);
+    local.kill_daemon();
     let id = store_id(&c, b.taken_ns);
     drop(local);
     let restored = restore(&c, &id);

@@ -5,7 +5,7 @@
 
 use cairn_media::huge::{pmd_mapped_kib, HUGE_PAGE};
 use cairn_proto::SuperpageStatus;
-use cairn_tests::harness::{daemon_pids, kill9, StoreSize};
+use cairn_tests::harness::StoreSize;
 use cairn_tests::shim::python;
 use cairn_tests::TestStore;
 use std::time::{Duration, Instant};
@@ -256,21 +256,6 @@ fn internal_fragmentation_stays_below_one_percent_on_mixed_sizes() {
     );
 }
 
-/// SIGKILL the daemon and wait until its socket is gone.
-fn kill_daemon(store: &TestStore) {
-    let pids = daemon_pids(store.path());
-    for &p in &pids {
-        kill9(p);
-    }
-    let sock = store.path().join("cairnd.sock");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        && daemon_pids(store.path()).iter().all(|p| pids.contains(p))
-    {
-        assert!(Instant::now() < deadline, "the daemon does not die");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn killing_the_daemon_during_promotion_and_demotion_loses_nothing() {
@@ -312,7 +297,7 @@ fn killing_the_daemon_during_promotion_and_demotion_loses_nothing() {
         std::thread::sleep(Duration::from_millis(next(400)));
         promoted = superpages(&fs).promotions;
         drop(fs);
-        kill_daemon(&store);
+        store.kill_daemon();
         let fs = store.fs();
         for (n, d) in &files {
             assert!(fs.read(n).unwrap() == *d, "round {round}: {n} differs");
@@ -367,7 +352,7 @@ fn killing_the_daemon_during_compaction_loses_nothing() {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         std::thread::sleep(Duration::from_millis(rng % 300));
-        kill_daemon(&store);
+        store.kill_daemon();
         let fs = store.fs();
         for (n, d) in &kept {
             assert!(fs.read(n).unwrap() == *d, "round {round}: {n} differs");

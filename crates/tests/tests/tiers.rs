@@ -4,7 +4,7 @@
 //! takes them again once space is freed.
 
 use cairn_proto::{StatusReport, TierStatus};
-use cairn_tests::harness::{daemon_pids, kill9, StoreSize, Tiers};
+use cairn_tests::harness::{content, StoreSize, Tiers};
 
 use cairn_tests::TestStore;
 use rand::{Rng, SeedableRng};
@@ -13,18 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Deterministic content of version `v` of file `i`: `len` bytes.
-fn content(i: u32, v: u32, len: usize) -> Vec<u8> {
-    let mut x = (i as u64) << 32 | v as u64 | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn tier<'a>(r: &'a StatusReport, name: &str) -> &'a TierStatus {
     r.tiers.iter().find(|t| t.name == name).unwrap()
@@ -50,25 +38,6 @@ fn three_tiers_with(ssd: &'static str, hdd: &'static str, segment: &'static str)
     })
 }
 
-/// SIGKILL the daemon and wait until its socket refuses connections (a killed process
-/// closes its files only when its last thread is gone), so that the next connection
-/// reaches a new daemon (or until a client started a new one).
-fn kill_daemon(store: &TestStore) -> bool {
-    let pids = daemon_pids(store.path());
-    for &pid in &pids {
-        kill9(pid);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let sock = store.path().join("cairnd.sock");
-    let old = |p: &u32| pids.contains(p);
-    while std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        && daemon_pids(store.path()).iter().all(old)
-    {
-        assert!(Instant::now() < deadline, "the daemon does not die");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    !pids.is_empty()
-}
 
 /// Per-tier accounting as `cairn status` reports it.
 fn accounting(r: &StatusReport) -> Vec<(String, u64, u64, u64)> {
@@ -85,7 +54,7 @@ fn check_accounting_equals_full_scan(store: &TestStore) {
     store.set_config("background_migration", "false");
     store.stop();
     let saved = cairn::daemon_status(Some(store.path())).unwrap();
-    assert!(kill_daemon(store), "no daemon runs");
+    assert!(store.kill_daemon(), "no daemon runs");
     let scanned = cairn::daemon_status(Some(store.path())).unwrap();
     assert_eq!(
         accounting(&saved),
@@ -330,7 +299,7 @@ fn daemon_killed_during_migration_and_cleaning_loses_nothing() {
     let start = Instant::now();
     for _ in 0..runs {
         std::thread::sleep(Duration::from_millis(rng.gen_range(150..600)));
-        if kill_daemon(&store) {
+        if store.kill_daemon() {
             kills += 1;
         }
         // A new daemon (the writer re-attaches to it, or starts it itself).
