@@ -355,7 +355,11 @@ fn every_command_fails_with_a_clean_line() {
         ("clean", vec!["clean", "--tier", "ssd"], 1),
         // No remote tier and no pool named.
         ("backup", vec!["backup"], 1),
-        ("restore", vec!["restore", "--remote", "s3:bucket", "--list"], 1),
+        (
+            "restore",
+            vec!["restore", "--remote", "s3:bucket", "--list"],
+            1,
+        ),
         ("mount", vec!["mount", none], 1),
         ("umount", vec!["umount", none], 1),
         ("run", vec!["run", "--prefix", "/", "--", "true"], 1),

@@ -61,7 +61,6 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-
 /// 24 MiB of NVM over a remote tier of 1 MiB segments (one object each).
 fn store(c: &Cluster) -> TestStore {
     TestStore::with_remote(&c.conf, "24M", "1G", "1M")

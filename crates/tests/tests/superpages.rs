@@ -256,7 +256,6 @@ fn internal_fragmentation_stays_below_one_percent_on_mixed_sizes() {
     );
 }
 
-
 #[test]
 fn killing_the_daemon_during_promotion_and_demotion_loses_nothing() {
     let store = store("256M");

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-
 fn tier<'a>(r: &'a StatusReport, name: &str) -> &'a TierStatus {
     r.tiers.iter().find(|t| t.name == name).unwrap()
 }
@@ -37,7 +36,6 @@ fn three_tiers_with(ssd: &'static str, hdd: &'static str, segment: &'static str)
         }),
     })
 }
-
 
 /// Per-tier accounting as `cairn status` reports it.
 fn accounting(r: &StatusReport) -> Vec<(String, u64, u64, u64)> {
