@@ -32,7 +32,7 @@ use std::time::Instant;
 
 /// Files of the store directory a backup holds (the rest is rebuilt: lock files, the
 /// socket, the log).
-pub(crate) fn store_files(store: &StoreDir) -> [(&'static str, std::path::PathBuf); 3] {
+fn store_files(store: &StoreDir) -> [(&'static str, std::path::PathBuf); 3] {
     [
         ("cairn.toml", store.config_path()),
         ("xattrs", store.xattr_path()),

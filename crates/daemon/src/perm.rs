@@ -662,6 +662,21 @@ impl crate::core::Core {
         Ok(cred)
     }
 
+    /// Whether the store trusts a connecting process, `EACCES` if not, as [`Self::admit`]
+    /// but without its credentials: the owner and root are known by their uid alone, so
+    /// only others cost a read of `/proc` (their groups).
+    pub(crate) fn trusts(&self, pid: u32, uid: u32, gid: u32) -> io::Result<()> {
+        let ids = Cred {
+            uid,
+            gid,
+            groups: Vec::new(),
+        };
+        if TrustDomain::of(&self.cfg)?.admits(&ids) {
+            return Ok(());
+        }
+        self.admit(pid, uid, gid).map(|_| ())
+    }
+
     /// Make `cred` the credentials `slot`'s log is checked with (persisted first, so a
     /// later daemon recovers the log with them).
     pub(crate) fn set_slot_cred(&mut self, slot: u32, cred: Cred) -> io::Result<()> {

@@ -125,11 +125,6 @@ impl Pool {
         })
     }
 
-    /// The pool's name.
-    pub fn name(&self) -> &str {
-        &self.pool
-    }
-
     /// Run `f` on an I/O thread; wait at most the timeout for its result. `what` says
     /// what it does, for the error.
     fn call<T: Send + 'static>(
@@ -169,13 +164,7 @@ impl Pool {
     /// Write `data` as the whole of object `name` (replacing it), acknowledged by every
     /// replica when it returns.
     pub fn put(&self, name: &str, data: &[u8]) -> io::Result<()> {
-        let what = format!("writing object {name} to pool {}", self.pool);
-        let (n, data, w) = (name.to_string(), data.to_vec(), what.clone());
-        self.call(&what, move |io| {
-            io.ioctx
-                .rados_object_write_full(&n, &data)
-                .map_err(|e| rados_err(&w, e))
-        })
+        self.put_many(vec![(name.to_string(), data.to_vec())])
     }
 
     /// Write every `(name, data)` as a whole object, up to [`IO_THREADS`] at once;

@@ -352,11 +352,6 @@ impl RadosTier {
                 .clone(),
         }
     }
-
-    /// The pool's name.
-    pub fn pool_name(&self) -> &str {
-        &self.inner.spec.pool
-    }
 }
 
 impl TierDevice for RadosTier {

@@ -391,3 +391,16 @@ pub fn content(i: u32, v: u32, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Check that every file `/f<i>` of `files` holds version `v` of its `len` bytes
+/// ([`content`]).
+pub fn verify_files(fs: &cairn::Fs, files: &std::collections::BTreeMap<u32, (u32, usize)>) {
+    for (&i, &(v, len)) in files {
+        let got = fs.read(format!("/f{i}")).unwrap();
+        assert!(
+            got == content(i, v, len),
+            "file {i} differs from version {v} ({} bytes read, {len} expected)",
+            got.len()
+        );
+    }
+}

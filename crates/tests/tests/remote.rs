@@ -6,7 +6,7 @@
 
 use cairn_proto::StatusReport;
 use cairn_tests::ceph::Cluster;
-use cairn_tests::harness::{cairn_bin, content};
+use cairn_tests::harness::{cairn_bin, content, verify_files as verify};
 use cairn_tests::TestStore;
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -21,17 +21,6 @@ fn used(r: &StatusReport, name: &str) -> u64 {
         .iter()
         .find(|t| t.name == name)
         .map_or(0, |t| t.used_bytes)
-}
-
-fn verify(fs: &cairn::Fs, files: &BTreeMap<u32, (u32, usize)>) {
-    for (&i, &(v, len)) in files {
-        let got = fs.read(format!("/f{i}")).unwrap();
-        assert!(
-            got == content(i, v, len),
-            "file {i} differs from version {v} ({} bytes read, {len} expected)",
-            got.len()
-        );
-    }
 }
 
 /// Files `/f0..` of 2 MiB each (version 0), and what they hold.

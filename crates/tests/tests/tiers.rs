@@ -4,7 +4,7 @@
 //! takes them again once space is freed.
 
 use cairn_proto::{StatusReport, TierStatus};
-use cairn_tests::harness::{content, StoreSize, Tiers};
+use cairn_tests::harness::{content, verify_files as verify, StoreSize, Tiers};
 
 use cairn_tests::TestStore;
 use rand::{Rng, SeedableRng};
@@ -61,17 +61,6 @@ fn check_accounting_equals_full_scan(store: &TestStore) {
     );
     store.set_config("background_migration", "true");
     store.stop();
-}
-
-fn verify(fs: &cairn::Fs, files: &BTreeMap<u32, (u32, usize)>) {
-    for (&i, &(v, len)) in files {
-        let got = fs.read(format!("/f{i}")).unwrap();
-        assert!(
-            got == content(i, v, len),
-            "file {i} differs from version {v} ({} bytes read, {len} expected)",
-            got.len()
-        );
-    }
 }
 
 #[test]

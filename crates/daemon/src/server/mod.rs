@@ -156,8 +156,6 @@ struct Conn {
     sock: Option<UnixStream>,
     /// A digest worker found this client's log malformed.
     refusal: Arc<crate::digest::parallel::Refusal>,
-    /// The peer was found in the trust domain (`TierRead` checks once).
-    admitted: bool,
 }
 
 /// The segment registry, without the ranges of segments whose file is gone.
@@ -567,7 +565,6 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
         upcall_of: None,
         sock: s.try_clone().ok(),
         refusal: Arc::new(crate::digest::parallel::Refusal::new(s.try_clone().ok())),
-        admitted: false,
     };
     // A peer that is no client's and does not read its answers loses the connection
     // rather than hold this thread.
