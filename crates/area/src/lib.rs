@@ -22,4 +22,4 @@ pub mod units;
 pub use error::{copy_err, errno_of, fs_err};
 pub use reader::Area;
 pub use store::{StoreConfig, StoreDir};
-pub use tier::{FileTier, TierDevice};
+pub use tier::{FileTier, SharedBuf, TierDevice};

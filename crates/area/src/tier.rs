@@ -14,6 +14,10 @@ use std::io;
 use std::path::Path;
 
 /// A lower tier's storage.
+/// A buffer a round's copy is read into, shared with a device's I/O threads
+/// ([`TierDevice::write_segment_shared`]).
+pub type SharedBuf = std::sync::Arc<cairn_media::AlignedBuf>;
+
 pub trait TierDevice: Send + Sync {
     /// Read `buf.len()` bytes at byte `off` of the tier, all inside segment `seg`, which
     /// was written under generation `gen`.
@@ -22,6 +26,20 @@ pub trait TierDevice: Send + Sync {
     /// Write `data` at byte `off`, the start of segment `seg` (generation `gen`); durable
     /// when it returns.
     fn write_segment(&self, seg: u64, gen: u64, off: u64, data: &[u8]) -> io::Result<()>;
+
+    /// [`TierDevice::write_segment`] of `data[..len]`, for a device that hands the data
+    /// to threads of its own: they keep the buffer as long as they need it, with no
+    /// copy (a write given up on after a timeout may still be running).
+    fn write_segment_shared(
+        &self,
+        seg: u64,
+        gen: u64,
+        off: u64,
+        data: &SharedBuf,
+        len: usize,
+    ) -> io::Result<()> {
+        self.write_segment(seg, gen, off, &data[..len])
+    }
 
     /// Segment `seg` (`len` bytes at `off`, last written under `gen`) holds nothing any
     /// more: its space may be given back. Losing this is harmless (the segment is

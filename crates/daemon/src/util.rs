@@ -50,6 +50,31 @@ pub(crate) fn daemon_thread(log_path: &Path) {
     DAEMON_LOG.with(|l| *l.borrow_mut() = Some(log_path.to_path_buf()));
 }
 
+/// What a thread started by a daemon thread needs to serve the same daemon: its log
+/// (the `tracing` default) and fail-stop ([`daemon_thread`]).
+pub(crate) struct ThreadCtx {
+    log_path: Option<std::path::PathBuf>,
+    dispatch: tracing::Dispatch,
+}
+
+impl ThreadCtx {
+    /// The calling thread's.
+    pub(crate) fn current() -> ThreadCtx {
+        ThreadCtx {
+            log_path: DAEMON_LOG.with(|l| l.borrow().clone()),
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+        }
+    }
+
+    /// Make the calling thread serve the same daemon (its log while the guard lives).
+    pub(crate) fn enter(&self) -> tracing::dispatcher::DefaultGuard {
+        if let Some(p) = &self.log_path {
+            daemon_thread(p);
+        }
+        tracing::dispatcher::set_default(&self.dispatch)
+    }
+}
+
 /// Fail-stop: a panic on a daemon thread is written to that daemon's log (message and
 /// source location) and aborts the process, before any unwinding. After a broken
 /// invariant the daemon's memory (allocation bitmaps, maps, leases) may be wrong, and

@@ -16,7 +16,7 @@ pub mod backup;
 mod pool;
 mod tier;
 
-pub use pool::Pool;
+pub use pool::{Pool, Slice};
 pub use tier::{RadosTier, RemoteStats, CHUNK};
 
 use cairn_area::fs_err;

@@ -10,12 +10,15 @@
 //! names (the remote tier sweeps those).
 
 use crate::{rados_err, Spec};
-use cairn_area::fs_err;
+use cairn_area::{fs_err, SharedBuf};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The longest wait for the cluster's health.
+const HEALTH_LIMIT: Duration = Duration::from_secs(5);
 
 /// I/O threads per pool: the most operations in flight at once.
 pub const IO_THREADS: usize = 4;
@@ -27,10 +30,39 @@ struct Io {
     /// The cluster handle (`ceph::ceph::Rados`, which may not move between threads)
     /// lives on the thread that connected, which shuts it down once this is dropped,
     /// after the last I/O thread let go of the context.
-    _owner: Sender<()>,
+    _owner: Sender<Ask>,
+}
+
+/// A question for the thread that holds the cluster handle.
+enum Ask {
+    /// The cluster's health (`ceph health`).
+    Health(mpsc::SyncSender<io::Result<String>>),
 }
 
 type Job = Box<dyn FnOnce(&Io) + Send>;
+
+/// Bytes `range` of a shared buffer: an object's data, as the I/O threads hold it
+/// (without a copy, and for as long as a write given up on still runs).
+pub struct Slice {
+    pub buf: SharedBuf,
+    pub range: std::ops::Range<usize>,
+}
+
+impl Slice {
+    /// A copy of `data`.
+    pub fn copy_of(data: &[u8]) -> Slice {
+        let mut b = cairn_media::AlignedBuf::zeroed(data.len());
+        b.copy_from_slice(data);
+        Slice {
+            buf: Arc::new(b),
+            range: 0..data.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.range.clone()]
+    }
+}
 
 /// A connection to one pool.
 pub struct Pool {
@@ -38,6 +70,8 @@ pub struct Pool {
     jobs: Mutex<Option<Sender<Job>>>,
     pool: String,
     timeout: Duration,
+    /// Questions for the cluster handle's thread; `None` once dropped.
+    ask: Mutex<Option<Sender<Ask>>>,
     /// Told when the cluster handle was shut down.
     down: Mutex<Receiver<()>>,
 }
@@ -48,6 +82,7 @@ impl Drop for Pool {
     /// destructors under its threads (and abort).
     fn drop(&mut self) {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.ask.lock().unwrap_or_else(|e| e.into_inner()).take();
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
         let _ = down.recv_timeout(self.timeout);
     }
@@ -68,7 +103,7 @@ impl Pool {
             ));
         }
         let (tx, rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let (stop_tx, stop_rx) = mpsc::channel::<Ask>();
         let (down_tx, down) = mpsc::channel::<()>();
         let (user, conf_s, pool) = (spec.user.clone(), conf.to_string(), spec.pool.clone());
         std::thread::Builder::new()
@@ -92,7 +127,12 @@ impl Pool {
                     return;
                 }
                 // Until the context is dropped.
-                let _ = stop_rx.recv();
+                while let Ok(Ask::Health(reply)) = stop_rx.recv() {
+                    let h = rados
+                        .ceph_health_string()
+                        .map_err(|e| rados_err("asking the cluster's health", e));
+                    let _ = reply.send(h);
+                }
                 drop(rados);
                 let _ = down_tx.send(());
             })?;
@@ -107,7 +147,7 @@ impl Pool {
         })??;
         let io = Arc::new(Io {
             ioctx,
-            _owner: stop_tx,
+            _owner: stop_tx.clone(),
         });
         let (jobs, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
@@ -121,6 +161,7 @@ impl Pool {
             jobs: Mutex::new(Some(jobs)),
             pool: spec.pool.clone(),
             timeout,
+            ask: Mutex::new(Some(stop_tx)),
             down: Mutex::new(down),
         })
     }
@@ -164,13 +205,44 @@ impl Pool {
     /// Write `data` as the whole of object `name` (replacing it), acknowledged by every
     /// replica when it returns.
     pub fn put(&self, name: &str, data: &[u8]) -> io::Result<()> {
-        self.put_many(vec![(name.to_string(), data.to_vec())])
+        self.put_many(vec![(name.to_string(), Slice::copy_of(data))])
+    }
+
+    /// The cluster's health, as `ceph health` prints it (`HEALTH_OK`, or `HEALTH_ERR`
+    /// and why), asked within `limit`.
+    pub fn health(&self, limit: Duration) -> io::Result<String> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.ask
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|a| a.send(Ask::Health(tx)).ok())
+            .ok_or_else(|| fs_err(libc::EIO, "the RADOS cluster handle is gone"))?;
+        rx.recv_timeout(limit).unwrap_or_else(|_| {
+            Err(fs_err(
+                libc::ETIMEDOUT,
+                "the Ceph cluster's monitors did not answer",
+            ))
+        })
+    }
+
+    /// `ENOSPC` and why if the cluster says it is full (RADOS then holds writes back
+    /// until it is not: they time out).
+    pub fn full(&self) -> Option<io::Error> {
+        let h = self.health(self.timeout.min(HEALTH_LIMIT)).ok()?;
+        h.contains("full").then(|| {
+            fs_err(
+                libc::ENOSPC,
+                format!("the Ceph cluster of pool {} is full: {h}", self.pool),
+            )
+        })
     }
 
     /// Write every `(name, data)` as a whole object, up to [`IO_THREADS`] at once;
     /// returns when all are acknowledged, or with the first failure (then some may have
-    /// been written: the caller names none of them).
-    pub fn put_many(&self, objects: Vec<(String, Vec<u8>)>) -> io::Result<()> {
+    /// been written: the caller names none of them). A write that times out on a full
+    /// cluster is `ENOSPC`, with the cluster's health.
+    pub fn put_many(&self, objects: Vec<(String, Slice)>) -> io::Result<()> {
         let deadline = std::time::Instant::now() + self.timeout;
         let mut waiting = Vec::new();
         for (name, data) in objects {
@@ -180,8 +252,10 @@ impl Pool {
             self.submit(Box::new(move |io: &Io| {
                 let r = io
                     .ioctx
-                    .rados_object_write_full(&name, &data)
+                    .rados_object_write_full(&name, data.bytes())
                     .map_err(|e| rados_err(&w, e));
+                // Before the answer: the caller may take the buffer back.
+                drop(data);
                 let _ = tx.send(r);
             }))?;
             waiting.push((what, rx));
@@ -189,13 +263,15 @@ impl Pool {
         for (what, rx) in waiting {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             rx.recv_timeout(left).unwrap_or_else(|_| {
-                Err(fs_err(
-                    libc::ETIMEDOUT,
-                    format!(
-                        "{what}: the Ceph cluster did not answer in {} s",
-                        self.timeout.as_secs()
-                    ),
-                ))
+                Err(self.full().unwrap_or_else(|| {
+                    fs_err(
+                        libc::ETIMEDOUT,
+                        format!(
+                            "{what}: the Ceph cluster did not answer in {} s",
+                            self.timeout.as_secs()
+                        ),
+                    )
+                }))
             })?;
         }
         Ok(())

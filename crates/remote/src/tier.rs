@@ -1,9 +1,9 @@
 //! [`RadosTier`]: a lower tier whose segments are objects of a pool.
 
-use crate::pool::Pool;
+use crate::pool::{Pool, Slice};
 use crate::Spec;
 use cairn_area::cache::BlockCache;
-use cairn_area::{copy_err, errno_of, fs_err, TierDevice};
+use cairn_area::{copy_err, errno_of, fs_err, SharedBuf, TierDevice};
 use cairn_format::map::TIER_NAMES;
 use cairn_format::superblock::TierGeom;
 use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
@@ -120,7 +120,8 @@ impl RadosTier {
         }
     }
 
-    /// Make the tier in the pool (`cairn mkfs`): connect and write its header.
+    /// Make the tier in the pool (`cairn mkfs`): connect and write its header. A full
+    /// cluster is `ENOSPC` at once.
     pub fn create(
         spec: &Spec,
         timeout: Duration,
@@ -130,6 +131,9 @@ impl RadosTier {
     ) -> io::Result<RadosTier> {
         let t = RadosTier::open(spec, timeout, uuid, tier, geom, 0);
         let pool = Pool::connect(spec, timeout)?;
+        if let Some(e) = pool.full() {
+            return Err(e);
+        }
         let header = cairn_format::tier::encode_header(tier, uuid, &geom);
         pool.put(&t.header_object(), &header)?;
         *t.lock_keep() = Some(HashSet::new());
@@ -391,28 +395,43 @@ impl TierDevice for RadosTier {
     /// written at once (up to the pool's I/O threads); returns once RADOS acknowledged
     /// every object (`rados_write_full`: every replica has it).
     fn write_segment(&self, seg: u64, gen: u64, off: u64, data: &[u8]) -> io::Result<()> {
-        if off != seg * self.segment_bytes() || data.len() as u64 > self.segment_bytes() {
+        let s = Slice::copy_of(data);
+        self.write_segment_shared(seg, gen, off, &s.buf, data.len())
+    }
+
+    /// [`RadosTier::write_segment`], the objects' data handed to the I/O threads as
+    /// slices of `data` (no copy).
+    fn write_segment_shared(
+        &self,
+        seg: u64,
+        gen: u64,
+        off: u64,
+        data: &SharedBuf,
+        len: usize,
+    ) -> io::Result<()> {
+        if off != seg * self.segment_bytes() || len as u64 > self.segment_bytes() {
             return Err(fs_err(
                 libc::EINVAL,
-                format!(
-                    "segment {seg} is written whole, from its start ({} bytes at {off})",
-                    data.len()
-                ),
+                format!("segment {seg} is written whole, from its start ({len} bytes at {off})"),
             ));
         }
         let pool = self.pool()?;
-        let objects: Vec<(String, Vec<u8>)> = (0..self.chunks())
+        let objects: Vec<(String, Slice)> = (0..self.chunks())
             .map(|c| {
-                let from = ((c * CHUNK) as usize).min(data.len());
-                let to = (((c + 1) * CHUNK) as usize).min(data.len());
-                (self.object(seg, gen, c), data[from..to].to_vec())
+                let from = ((c * CHUNK) as usize).min(len);
+                let to = (((c + 1) * CHUNK) as usize).min(len);
+                let s = Slice {
+                    buf: data.clone(),
+                    range: from..to,
+                };
+                (self.object(seg, gen, c), s)
             })
             .collect();
         let n = objects.len() as u64;
         self.note(pool.put_many(objects))?;
         let k = &self.inner.counters;
         k.objects_written.fetch_add(n, Relaxed);
-        k.bytes_written.fetch_add(data.len() as u64, Relaxed);
+        k.bytes_written.fetch_add(len as u64, Relaxed);
         Ok(())
     }
 

@@ -108,6 +108,18 @@ impl Cluster {
         v
     }
 
+    /// `ceph ARGS…` against the cluster: its standard output.
+    pub fn ceph(&self, args: &[&str]) -> String {
+        let out = Command::new("ceph")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ceph {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `rados put NAME` of `data`.
     pub fn put(&self, name: &str, data: &[u8]) {
         let f = self.dir.join("put.tmp");

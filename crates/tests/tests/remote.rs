@@ -50,6 +50,16 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Wait until migration brought NVM well under its high watermark (60%, as the tests
+/// that call this set it), so that the few MiB of writes that follow have room in it.
+fn nvm_under_high_watermark(fs: &cairn::Fs) {
+    eventually("NVM under its high watermark", || {
+        let r = fs.status().unwrap();
+        let nvm = r.tiers.iter().find(|t| t.name == "nvm").unwrap();
+        r.migration.is_none() && nvm.used_bytes * 100 < nvm.capacity_bytes * 60
+    });
+}
+
 /// 24 MiB of NVM over a remote tier of 1 MiB segments (one object each).
 fn store(c: &Cluster) -> TestStore {
     TestStore::with_remote(&c.conf, "24M", "1G", "1M")
@@ -192,13 +202,8 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
     let mut files = write_files(&fs, 16);
     let r = fs.status().unwrap();
     assert!(used(&r, "remote") > 0, "{r:?}");
-    // Migration brings NVM down to its low watermark first: the writes below need
-    // that room, and on a slow machine the last round may still be running here.
-    eventually("NVM down to its low watermark", || {
-        let r = fs.status().unwrap();
-        let nvm = r.tiers.iter().find(|t| t.name == "nvm").unwrap();
-        nvm.used_bytes * 100 <= nvm.capacity_bytes * 45
-    });
+    // The writes below need the room (the last round may still run here).
+    nvm_under_high_watermark(&fs);
     c.pause();
     // Cold data: an error in about the timeout. (The first file went to the cluster
     // first; the cache holds nothing of it yet.)
@@ -245,9 +250,10 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
 }
 
 /// Three OSDs, three replicas (two needed to write): one OSD killed with SIGKILL while
-/// data migrates into the cluster and another client reads cold files. Every round
-/// finishes after the stall, no read fails, and every file reads back, with the OSD
-/// down and after it came back.
+/// data migrates into the cluster, another client reads cold files and a backup runs.
+/// Every round finishes after the stall, no read fails, and every file reads back, with
+/// the OSD down and after it came back; the backup taken meanwhile restores a store
+/// that holds every file written before it.
 #[test]
 fn an_osd_killed_during_migration_and_cold_reads_loses_nothing() {
     let Some(c) = Cluster::start("osdkill", 3) else {
@@ -275,9 +281,14 @@ fn an_osd_killed_during_migration_and_cold_reads_loses_nothing() {
         })
     };
     let mut slowest = Duration::ZERO;
+    let mut backup = None;
     for i in 16..40u32 {
         if i == 20 {
             c.run("kill-osd", 1);
+            let path = store.path().to_path_buf();
+            backup = Some(std::thread::spawn(move || {
+                cairn::daemon_backup(Some(&path), None).expect("a backup with an OSD down")
+            }));
         }
         let t = Instant::now();
         fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
@@ -295,6 +306,99 @@ fn an_osd_killed_during_migration_and_cold_reads_loses_nothing() {
         "one OSD of 3 killed: slowest 2 MiB write {slowest:?}, slowest pass over the cold \
          files {read_pass:?}"
     );
+    drop(fs);
+    store.fsck_clean();
+    // The backup taken with the OSD down restores.
+    let b = backup
+        .expect("started")
+        .join()
+        .expect("the backup finished");
+    let id = store_id(&c, b.taken_ns);
+    let before: BTreeMap<u32, (u32, usize)> = files.into_iter().filter(|&(i, _)| i < 20).collect();
+    store.kill_daemon();
+    let restored = restore(&c, &id);
+    verify(&restored.fs(), &before);
+}
+
+/// A full cluster (its full ratio lowered under what it holds): migration into it fails
+/// with `ENOSPC` and the cluster's health in the status, not a bare timeout; writes to
+/// NVM go on; `mkfs --remote` into it is refused at once; once the cluster has room,
+/// migration resumes by itself and every file reads back.
+#[test]
+fn a_full_cluster_is_a_clear_error_and_migration_resumes_after_it() {
+    let Some(c) = Cluster::start("full", 1) else {
+        return;
+    };
+    let store = store(&c);
+    store.set_config("remote_timeout_ms", "3000");
+    store.set_config("migrate_high_pct", "60");
+    store.set_config("migrate_low_pct", "40");
+    let fs = store.fs();
+    let mut files = write_files(&fs, 8);
+    nvm_under_high_watermark(&fs);
+    // Full at 4% of the OSD's 1 GiB: more than it holds once 48 MiB more are in.
+    for (what, ratio) in [
+        ("set-nearfull-ratio", "0.02"),
+        ("set-backfillfull-ratio", "0.03"),
+        ("set-full-ratio", "0.04"),
+    ] {
+        c.ceph(&["osd", what, ratio]);
+    }
+    for i in 0..3 {
+        c.put(&format!("filler.{i}"), &vec![7u8; 16 << 20]);
+    }
+    eventually("the cluster says it is full", || {
+        c.ceph(&["health"]).contains("full")
+    });
+    // NVM keeps taking writes; a migration into the cluster fails as full.
+    for i in 8..10u32 {
+        fs.write(format!("/f{i}"), content(i, 0, 2 << 20)).unwrap();
+        files.insert(i, (0, 2 << 20));
+    }
+    fs.digest().unwrap();
+    let out = Command::new(cairn_bin())
+        .args(["migrate", "--tier", "nvm", "--free", "4M", "--store"])
+        .arg(store.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is full") && err.contains("No space left"),
+        "{err}"
+    );
+    let text = cairn_tests::harness::output_ok(
+        Command::new(cairn_bin())
+            .args(["status", "--store"])
+            .arg(store.path()),
+        "status",
+    );
+    assert!(text.contains("is full"), "{text}");
+    // A new store into the full pool: refused at once, with the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let nvm = std::path::Path::new("/dev/shm")
+        .join(format!("cairn-test-full-{}.nvm", std::process::id()));
+    let t = Instant::now();
+    let out = Command::new(cairn_bin())
+        .args(["mkfs", "--store"])
+        .arg(dir.path().join("s"))
+        .args(["--nvm-size", "64M", "--nvm-path"])
+        .arg(&nvm)
+        .args(["--remote", "ceph:cairn", "--ceph-conf"])
+        .arg(&c.conf)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is full"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert!(!nvm.exists(), "a refused mkfs leaves no NVM file");
+    // Room again: once the pause ends, migration into the cluster works.
+    c.ceph(&["osd", "set-full-ratio", "0.95"]);
+    c.ceph(&["osd", "set-backfillfull-ratio", "0.90"]);
+    c.ceph(&["osd", "set-nearfull-ratio", "0.85"]);
+    eventually("migration works once the cluster has room", || {
+        cairn::daemon_migrate(Some(store.path()), 0, 3, 4 << 20).is_ok_and(|(n, _)| n > 0)
+    });
+    verify(&fs, &files);
     drop(fs);
     store.fsck_clean();
 }

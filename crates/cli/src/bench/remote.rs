@@ -44,9 +44,14 @@ pub struct RemoteArgs {
     /// NVM tier of the benchmark stores
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::util::parse_size)]
     pub nvm_size: u64,
-    /// Bytes migrated in each throughput run
-    #[arg(long, value_name = "SIZE", default_value = "160M", value_parser = crate::util::parse_size)]
+    /// Bytes migrated in each throughput run (as much as `rados bench` writes)
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = crate::util::parse_size)]
     pub migrate: u64,
+    /// Throughput runs at each replication (`rados bench` and Cairn take turns): the
+    /// medians are reported
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub runs: u32,
     /// Cold reads per kind
     #[arg(long, value_name = "N", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
@@ -62,8 +67,9 @@ pub struct RemoteArgs {
 pub struct Throughput {
     pub replicas: u32,
     pub what: String,
-    /// MiB per second.
+    /// MiB per second: the median of the runs, and each run's.
     pub mib_per_sec: f64,
+    pub runs: Vec<f64>,
 }
 
 /// Latencies of one kind of 4 KiB read.
@@ -176,6 +182,24 @@ impl Cluster {
         } else {
             Err(CliError::new(format!(
                 "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+
+    /// Remove every object of the pool.
+    fn purge(&self) -> CliResult {
+        let out = Command::new("rados")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(["purge", "cairn", "--yes-i-really-really-mean-it"])
+            .output()
+            .map_err(ctx_msg("rados purge"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(CliError::new(format!(
+                "rados purge: {}",
                 String::from_utf8_lossy(&out.stderr)
             )))
         }
@@ -297,13 +321,16 @@ fn file_bytes(i: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| r.next() as u8).collect()
 }
 
-/// Write `total` bytes in files of `each` bytes named `/f<i>`.
+/// Write `total` bytes in files of `each` bytes named `/f<i>`, digested when it returns
+/// (a migration timed next does not share the machine with the digest).
 fn fill(fs: &cairn::Fs, total: u64, each: usize) -> CliResult<u64> {
     let n = total.div_ceil(each as u64);
     for i in 0..n {
         fs.write(format!("/f{i}"), file_bytes(i, each))
             .map_err(ctx_msg("writing the benchmark files"))?;
     }
+    fs.digest()
+        .map_err(ctx_msg("digesting the benchmark files"))?;
     Ok(n)
 }
 
@@ -506,41 +533,54 @@ fn osd_kill(c: &Cluster, nvm_size: u64) -> CliResult<OsdKill> {
 }
 
 /// `rados bench` at its defaults and at Cairn's shape, then `cairn migrate` into the
-/// pool of `c` (`replicas` copies); the store is returned for more.
+/// pool of `c` (`replicas` copies), taking turns for `args.runs` runs (the pool emptied
+/// before each); the last run's store is returned for more.
 fn throughput(
     c: &Cluster,
     replicas: u32,
     args: &RemoteArgs,
     rep: &mut Report,
 ) -> CliResult<(Store, u64)> {
-    progress(format_args!(
-        "rados bench write, {replicas} replica(s)...\n"
-    ));
-    for (what, object, threads) in [
+    const KINDS: [(&str, u64, &str); 2] = [
         ("rados bench (4M, 16 in flight)", 4 << 20, "16"),
         ("rados bench (16M, 4 in flight)", 16 << 20, "4"),
-    ] {
-        let mib_per_sec = c.rados_bench(object, threads)?;
+    ];
+    let mut runs = vec![Vec::new(); KINDS.len() + 1];
+    let mut kept = None;
+    // NVM holds what migrates, and room to spare.
+    let nvm_size = args.nvm_size.max(args.migrate / 2 * 3);
+    for run in 1..=args.runs {
+        drop(kept.take());
+        c.purge()?;
+        progress(format_args!(
+            "rados bench write, {replicas} replica(s), run {run} of {}...\n",
+            args.runs
+        ));
+        for (i, (_, object, threads)) in KINDS.iter().enumerate() {
+            runs[i].push(c.rados_bench(*object, threads)?);
+        }
+        let tag = format!("r{replicas}");
+        let s = Store::make(c, &tag, nvm_size, &[("background_migration", "false")])?;
+        let files = fill(&s.fs()?, args.migrate, 1 << 20)?;
+        progress(format_args!(
+            "migrating {} MiB into RADOS...\n",
+            args.migrate >> 20
+        ));
+        runs[KINDS.len()].push(migrate(&s, args.migrate)?);
+        kept = Some((s, files));
+    }
+    let names = KINDS.iter().map(|k| k.0).chain(["cairn migrate"]);
+    for (what, mut r) in names.zip(runs) {
+        let all = r.clone();
+        r.sort_by(f64::total_cmp);
         rep.throughput.push(Throughput {
             replicas,
             what: what.into(),
-            mib_per_sec,
+            mib_per_sec: r[r.len() / 2],
+            runs: all,
         });
     }
-    let tag = format!("r{replicas}");
-    let s = Store::make(c, &tag, args.nvm_size, &[("background_migration", "false")])?;
-    let files = fill(&s.fs()?, args.migrate, 1 << 20)?;
-    progress(format_args!(
-        "migrating {} MiB into RADOS...\n",
-        args.migrate >> 20
-    ));
-    let mib_per_sec = migrate(&s, args.migrate)?;
-    rep.throughput.push(Throughput {
-        replicas,
-        what: "cairn migrate".into(),
-        mib_per_sec,
-    });
-    Ok((s, files))
+    Ok(kept.expect("at least one run"))
 }
 
 pub fn run(args: &RemoteArgs) -> CliResult {

@@ -220,7 +220,8 @@ pub fn migrate(store: Option<&Path>, from: &str, to: Option<&str>, free: Option<
             src.used_bytes.saturating_sub(goal)
         }
     };
-    let step = dst.segment_bytes.max(1 << 20);
+    // Four segments a request: the daemon keeps two rounds in flight within one.
+    let step = dst.segment_bytes.max(1 << 20) * 4;
     let mut done = 0u64;
     let bar = crate::progress::bytes(&format!("migrating {from} -> {to}"), want);
     let mut used = src.used_bytes;

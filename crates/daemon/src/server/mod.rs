@@ -401,6 +401,9 @@ fn migrate_loop(d: &Daemon, from: u8) {
             break;
         }
         worked = background && d.migrator.tick(&d.core, from);
+        if !worked {
+            d.migrator.trim();
+        }
     }
 }
 

@@ -313,6 +313,17 @@ fn migrate(d: &Daemon, from: u8, to: u8, max_bytes: u64) -> Reply {
     }
     let max = max_bytes.div_ceil(cairn_format::BLOCK_SIZE_U64);
     let n = d.migrator.migrate(&d.core, from, max);
+    if n == 0 {
+        if let Some((errno, why)) = d.migrator.failure(to) {
+            return Reply::Send(err_response(&fs_err(
+                errno,
+                format!(
+                    "rounds into the {} tier are paused after a failure: {why}",
+                    cairn_format::map::TIER_NAMES[to as usize]
+                ),
+            )));
+        }
+    }
     moved(d, from, n)
 }
 

@@ -13,13 +13,14 @@ use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 
-/// The blocks of a round's moves, read in order (one read per run of blocks consecutive
-/// on a lower tier).
+/// The blocks of a round's moves, read in order into `buf` (one read per run of blocks
+/// consecutive on a lower tier).
 pub(super) fn read_moves(
     area: &cairn_area::Area,
     moves: &[Move],
-) -> io::Result<cairn_media::AlignedBuf> {
-    let mut buf = cairn_media::AlignedBuf::zeroed(moves.len() * BLOCK_SIZE);
+    buf: &mut [u8],
+) -> io::Result<()> {
+    assert_eq!(buf.len(), moves.len() * BLOCK_SIZE, "one block per move");
     let mut i = 0;
     while i < moves.len() {
         let e = moves[i].old;
@@ -36,17 +37,17 @@ pub(super) fn read_moves(
         area.read_tier(entry_tier(e), at, &mut buf[i * BLOCK_SIZE..j * BLOCK_SIZE])?;
         i = j;
     }
-    Ok(buf)
+    Ok(())
 }
 
-/// Write a round's copy and make it durable: a segment in one go and `fdatasync`ed
-/// (with direct I/O where the tier allows it), or NVM blocks with non-temporal stores
-/// and a fence.
+/// Write a round's copy (`buf[..len]`) and make it durable: a segment in one go and
+/// `fdatasync`ed (with direct I/O where the tier allows it; the remote tier's threads
+/// take slices of `buf`), or NVM blocks with non-temporal stores and a fence.
 pub(super) fn write_copy(
     area: &cairn_area::Area,
     to: u8,
     dest: &Dest,
-    buf: &[u8],
+    (buf, len): (&cairn_area::SharedBuf, usize),
 ) -> io::Result<()> {
     let name = TIER_NAMES[to as usize];
     match dest {
@@ -55,9 +56,10 @@ pub(super) fn write_copy(
                 .tier(to)
                 .ok_or_else(|| eio(format!("the {name} tier is not attached")))?;
             let gen = area.segment_gen(to, *seg)?;
-            dev.write_segment(*seg, gen, first * BLOCK_SIZE_U64, buf)?;
+            dev.write_segment_shared(*seg, gen, first * BLOCK_SIZE_U64, buf, len)?;
         }
         Dest::Nvm(blocks) => {
+            assert_eq!(len, blocks.len() * BLOCK_SIZE, "one block per move");
             for (i, &b) in blocks.iter().enumerate() {
                 let data = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
                 area.map().write_nt((b * BLOCK_SIZE_U64) as usize, data)?;

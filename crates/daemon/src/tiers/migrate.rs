@@ -18,7 +18,15 @@
 //!    the inode; retire the old blocks (freed after the epoch) and release the hold.
 //!
 //! A crash before step 3 leaves the segment unreferenced (the rebuild finds it free); a
-//! crash inside step 3 leaves each inode either switched or not. This module runs the
+//! crash inside step 3 leaves each inode either switched or not.
+//!
+//! Rounds into one tier run one at a time, except migration rounds: [`Migrator::migrate`]
+//! keeps [`MIGRATE_DEPTH`] of them in flight, so that one round's copy is written while
+//! the next one chooses and reads its blocks (a cluster, or a disk with a queue, is
+//! never left idle between rounds). A round in flight keeps the blocks it copies from
+//! the choice of the others (`Migrator::in_flight`); the switch's check of every entry
+//! keeps any overlap with other rounds (a compaction of NVM, a digest) correct. This
+//! module runs the
 //! rounds and their policy; `super::select` chooses the blocks, `super::copy` does
 //! steps 2 and 3, `super::recency` knows what is cold and what is hot.
 
@@ -30,11 +38,13 @@ use crate::store::shared::{Shared, Work};
 use crate::util::{eio, now_ns};
 use cairn_format::map::{TIERS, TIER_NAMES};
 use cairn_format::tier::SEG_WRITTEN_NS;
-use cairn_format::BLOCK_SIZE_U64;
+use cairn_format::{BLOCK_SIZE, BLOCK_SIZE_U64};
+use cairn_media::AlignedBuf;
 use cairn_proto::MigrationStatus;
 use std::collections::HashSet;
 use std::io;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 /// Blocks tier `tier` can take by promotion without passing `limit_pct` of its capacity
 /// (its low watermark; a lower tier: a segment or nothing).
@@ -92,14 +102,25 @@ pub(super) enum Dest {
 /// Most blocks one promotion into NVM moves (4 MiB).
 pub(crate) const PROMOTE_MAX: u64 = 1024;
 
-/// Runs rounds (one at a time per target tier, so that a round into the SSD and one
-/// into the HDD overlap) and reports those in flight.
+/// Migration rounds one caller of [`Migrator::migrate`] keeps in flight.
+pub(crate) const MIGRATE_DEPTH: usize = 2;
+
+/// Runs rounds (rounds into different tiers overlap, and migration rounds into one
+/// tier too) and reports those in flight.
 #[derive(Debug, Default)]
 pub(crate) struct Migrator {
-    /// By target tier.
-    running: [Mutex<()>; TIERS],
-    /// By target tier.
-    progress: Mutex<[Option<MigrationStatus>; TIERS]>,
+    /// By target tier: migration rounds hold it shared, the others alone.
+    running: [RwLock<()>; TIERS],
+    /// The map entries (blocks) that migration rounds in flight copy: no other
+    /// migration round chooses them.
+    in_flight: Mutex<HashSet<u64>>,
+    /// The rounds in flight, by round number.
+    progress: Mutex<Vec<(u64, MigrationStatus)>>,
+    /// Buffers of rounds that ended, for the next ones while rounds follow each other
+    /// (a fresh buffer costs its page faults: about a fifth of a round's time into
+    /// RADOS here); [`Migrator::trim`] lets them go.
+    spare: Mutex<Vec<AlignedBuf>>,
+    next_round: AtomicU64,
     /// By target tier: rounds into it failed (its device, or the cluster, failed):
     /// no round starts before the pause ends.
     paused: Mutex<[Option<Pause>; TIERS]>,
@@ -109,10 +130,12 @@ pub(crate) struct Migrator {
 
 /// A pause of the rounds into a tier after a failure: until `until`; the next failure
 /// doubles `wait`, up to [`PAUSE_MAX`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Pause {
     until: std::time::Instant,
     wait: std::time::Duration,
+    /// The failure's errno and message.
+    why: (i32, String),
 }
 
 /// The first pause after a failed round, and the longest.
@@ -145,39 +168,74 @@ impl Migrator {
 
     /// Wait for the rounds in flight and keep new ones from starting while the guards
     /// live.
-    pub(crate) fn pause(&self) -> Vec<std::sync::MutexGuard<'_, ()>> {
+    pub(crate) fn pause(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
         // Rounds take one of these at a time, so taking all in order cannot deadlock.
         self.running
             .iter()
-            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+            .map(|m| m.write().unwrap_or_else(|e| e.into_inner()))
             .collect()
     }
 
-    /// The round in flight, if any.
-    pub(crate) fn progress(&self) -> Option<MigrationStatus> {
-        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        p.iter().flatten().next().cloned()
+    /// A buffer of at least `len` bytes for a round's copy: a spare one if it is
+    /// large enough.
+    fn buffer(&self, len: usize) -> AlignedBuf {
+        let mut spare = lock(&self.spare);
+        match spare.iter().position(|b| b.len() >= len) {
+            Some(i) => spare.swap_remove(i),
+            None => AlignedBuf::zeroed(len),
+        }
     }
 
-    fn set_progress(&self, to: u8, p: Option<MigrationStatus>) {
-        self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize] = p;
+    /// Keep a round's buffer for the next round, unless a device's thread still holds
+    /// it (a write given up on).
+    fn give_back(&self, buf: cairn_area::SharedBuf) {
+        if let Ok(b) = std::sync::Arc::try_unwrap(buf) {
+            let mut spare = lock(&self.spare);
+            if spare.len() < MIGRATE_DEPTH {
+                spare.push(b);
+            }
+        }
+    }
+
+    /// Let the spare buffers go while no round runs (the policy's threads, between
+    /// their ticks).
+    pub(crate) fn trim(&self) {
+        if lock(&self.progress).is_empty() {
+            lock(&self.spare).clear();
+        }
+    }
+
+    /// The oldest round in flight, if any.
+    pub(crate) fn progress(&self) -> Option<MigrationStatus> {
+        lock(&self.progress).first().map(|(_, p)| p.clone())
     }
 
     /// Whether rounds into tier `to` are paused after a failure (they resume by
     /// themselves once the pause ends).
     pub(crate) fn paused(&self, to: u8) -> bool {
         let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
-        p[to as usize].is_some_and(|p| std::time::Instant::now() < p.until)
+        p[to as usize]
+            .as_ref()
+            .is_some_and(|p| std::time::Instant::now() < p.until)
+    }
+
+    /// Why rounds into `to` are paused, while they are: errno and message.
+    pub(crate) fn failure(&self, to: u8) -> Option<(i32, String)> {
+        let p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        p[to as usize]
+            .as_ref()
+            .filter(|p| std::time::Instant::now() < p.until)
+            .map(|p| p.why.clone())
     }
 
     /// A round into `to` ended: a failure pauses the next ones (longer after each
     /// failure in a row), a success ends the pause.
-    fn round_ended(&self, to: u8, ok: bool) {
+    fn round_ended(&self, to: u8, failed: Option<&io::Error>) {
         let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
         let slot = &mut p[to as usize];
-        *slot = match (ok, *slot) {
-            (true, _) => None,
-            (false, prev) => {
+        *slot = match (failed, slot.take()) {
+            (None, _) => None,
+            (Some(e), prev) => {
                 let wait = prev.map_or(PAUSE_MIN, |p| (p.wait * 2).min(PAUSE_MAX));
                 tracing::warn!(
                     "rounds into the {} tier paused for {} s",
@@ -187,6 +245,7 @@ impl Migrator {
                 Some(Pause {
                     until: std::time::Instant::now() + wait,
                     wait,
+                    why: (cairn_area::errno_of(e), cairn_area::error::message(e)),
                 })
             }
         };
@@ -219,7 +278,7 @@ impl Migrator {
         from: u8,
         needed: &dyn Fn(&mut crate::core::Core) -> bool,
     ) -> io::Result<u64> {
-        let Some((to, lock)) = Self::target(core, kind, from)
+        let Some((to, running)) = Self::target(core, kind, from)
             .and_then(|to| Some((to, self.running.get(to as usize)?)))
         else {
             return Err(eio(format!(
@@ -230,11 +289,23 @@ impl Migrator {
         if self.paused(to) {
             return Ok(0);
         }
-        let _one = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _shared;
+        let _alone;
+        if kind == RoundKind::Migrate {
+            _shared = running.read().unwrap_or_else(|e| e.into_inner());
+        } else {
+            _alone = running.write().unwrap_or_else(|e| e.into_inner());
+        }
         let Some((dest, moves, (epoch, since))) = self.prepare(core, kind, from, to, needed)?
         else {
             return Ok(0);
         };
+        // A migration round's blocks, kept from the others' choice by `prepare`, are
+        // given back when it ends.
+        let claimed = (kind == RoundKind::Migrate).then(|| InFlight {
+            migrator: self,
+            entries: moves.iter().map(|m| m.old).collect(),
+        });
         let kind_name = match kind {
             RoundKind::Migrate => "migrate",
             RoundKind::Clean => "clean",
@@ -242,20 +313,22 @@ impl Migrator {
             RoundKind::Evacuate => "evacuate",
             RoundKind::Compact => "compact",
         };
-        self.set_progress(
-            to,
-            Some(MigrationStatus {
+        let id = self.next_round.fetch_add(1, Ordering::Relaxed);
+        lock(&self.progress).push((
+            id,
+            MigrationStatus {
                 kind: kind_name.into(),
                 from: TIER_NAMES[from as usize].into(),
                 to: TIER_NAMES[to as usize].into(),
                 bytes_done: 0,
                 bytes_planned: bytes(moves.len() as u64),
-            }),
-        );
-        let r = self.copy_and_switch(core, kind, (from, to), &dest, &moves, since);
-        self.set_progress(to, None);
-        self.round_ended(to, r.is_ok());
+            },
+        ));
+        let r = self.copy_and_switch(core, (id, kind), (from, to), &dest, &moves, since);
+        lock(&self.progress).retain(|(i, _)| *i != id);
+        self.round_ended(to, r.as_ref().err());
         finish_round(core, to, epoch, &dest, &r);
+        drop(claimed);
         r.map(|(n, _)| n)
     }
 
@@ -307,7 +380,7 @@ impl Migrator {
         let mut victims = Vec::new();
         let moves = match kind {
             // A whole segment's worth (segments are written once).
-            RoundKind::Migrate => select_cold(sh, from, want),
+            RoundKind::Migrate => select_cold(sh, from, want, &lock(&self.in_flight)),
             RoundKind::Clean => select_victims(sh, from, want, 2),
             RoundKind::Evacuate => select_victims(sh, from, want, 1),
             RoundKind::Promote => select_hot(sh, from, want),
@@ -360,6 +433,13 @@ impl Migrator {
                 Dest::Segment { seg, first }
             }
         };
+        if kind == RoundKind::Migrate {
+            let mut set = lock(&self.in_flight);
+            for m in &moves {
+                // The choice excluded every block in flight.
+                assert!(set.insert(m.old), "block {:#x} chosen twice", m.old);
+            }
+        }
         let epoch = sh.epoch();
         sh.held_epochs.push(epoch);
         Ok(Some((dest, moves, (epoch, sh.superpages.inplace_seq))))
@@ -370,7 +450,7 @@ impl Migrator {
     fn copy_and_switch(
         &self,
         core: &CoreLock,
-        kind: RoundKind,
+        (id, kind): (u64, RoundKind),
         (from, to): (u8, u8),
         dest: &Dest,
         moves: &[Move],
@@ -378,12 +458,13 @@ impl Migrator {
     ) -> io::Result<(u64, HashSet<u64>)> {
         // Phase 2: read every block, write them to the destination and make them durable.
         let area = core.serial().sh.area.clone();
-        let buf = read_moves(&area, moves)?;
-        write_copy(&area, to, dest, &buf)?;
-        drop(buf);
-        if let Some(p) =
-            self.progress.lock().unwrap_or_else(|e| e.into_inner())[to as usize].as_mut()
-        {
+        let len = moves.len() * BLOCK_SIZE;
+        let mut buf = self.buffer(len);
+        read_moves(&area, moves, &mut buf[..len])?;
+        let buf = std::sync::Arc::new(buf);
+        write_copy(&area, to, dest, (&buf, len))?;
+        self.give_back(buf);
+        if let Some((_, p)) = lock(&self.progress).iter_mut().find(|(i, _)| *i == id) {
             p.bytes_done = p.bytes_planned;
         }
         // Phase 3: switch the entries that still name the copied blocks.
@@ -478,21 +559,46 @@ impl Migrator {
     /// segments, so up to a segment more), making room below first when needed. Returns
     /// the blocks moved.
     pub(crate) fn migrate(&self, core: &CoreLock, from: u8, max: u64) -> u64 {
-        let Some(to) = core.serial().sh.layout.below(from) else {
-            return 0;
+        let (to, segment) = {
+            let c = core.serial();
+            let Some(to) = c.sh.layout.below(from) else {
+                return 0;
+            };
+            (
+                to,
+                c.sh.tier(to).map_or(1, |t| t.geom.segment_blocks.max(1)),
+            )
         };
-        let mut moved = 0;
-        while moved < max {
-            if !self.room_in(core, to) {
-                break;
+        // Each round is claimed (a segment's worth) before it starts, so that the
+        // rounds in flight together move no more than a segment past `max`.
+        let (claimed, moved) = (AtomicU64::new(0), AtomicU64::new(0));
+        let worker = || {
+            while claimed.fetch_add(segment, Ordering::Relaxed) < max {
+                if !self.room_in(core, to) {
+                    break;
+                }
+                let n = self.run(core, RoundKind::Migrate, from);
+                if n == 0 {
+                    break;
+                }
+                moved.fetch_add(n, Ordering::Relaxed);
             }
-            let n = self.run(core, RoundKind::Migrate, from);
-            if n == 0 {
-                break;
+        };
+        let depth = MIGRATE_DEPTH.min(max.div_ceil(segment) as usize);
+        let ctx = crate::util::ThreadCtx::current();
+        std::thread::scope(|s| {
+            for _ in 1..depth {
+                // Without a thread, the rounds run one at a time.
+                let _ = std::thread::Builder::new()
+                    .name("cairn-migrate".into())
+                    .spawn_scoped(s, || {
+                        let _log = ctx.enter();
+                        worker()
+                    });
             }
-            moved += n;
-        }
-        moved
+            worker();
+        });
+        moved.into_inner()
     }
 
     /// Move NVM's coldest data down while `short` says NVM lacks space (a client waits
@@ -655,5 +761,25 @@ impl Migrator {
             })
         };
         starved && self.run(core, RoundKind::Clean, t) > 0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The blocks a migration round in flight copies ([`Migrator::in_flight`]), given back
+/// when the round ends, whichever way.
+struct InFlight<'m> {
+    migrator: &'m Migrator,
+    entries: Vec<u64>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut set = lock(&self.migrator.in_flight);
+        for e in &self.entries {
+            set.remove(e);
+        }
     }
 }

@@ -8,7 +8,7 @@ use crate::util::now_ns;
 use cairn_format::inode::Kind;
 use cairn_format::map::{entry_block, entry_tier};
 use cairn_format::tier::SEG_WRITTEN_NS;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 
 /// Every block of a regular file's map in the tier(s) `want` accepts, grouped by inode.
@@ -57,9 +57,15 @@ pub(super) fn leaves_of(
     Ok(v)
 }
 
-/// The coldest blocks of tier `from`, at most `max`, whole chunks first. Forgets the
-/// recency of chunks that no longer hold blocks there.
-pub(super) fn select_cold(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec<Move>> {
+/// The coldest blocks of tier `from`, at most `max`, whole chunks first, none of those
+/// in `busy` (other rounds copy them). Forgets the recency of chunks that no longer
+/// hold blocks there.
+pub(super) fn select_cold(
+    sh: &mut Shared,
+    from: u8,
+    max: u64,
+    busy: &HashSet<u64>,
+) -> io::Result<Vec<Move>> {
     let all = file_blocks(sh, &mut |e| entry_tier(e) == from)?;
     let g = sh.recency.grain(from);
     // (recency, inode, chunk, its blocks)
@@ -82,14 +88,15 @@ pub(super) fn select_cold(sh: &mut Shared, from: u8, max: u64) -> io::Result<Vec
             chunks.push((sh.recency.get(from, ino, c), ino, c, v));
         }
     }
-    let seen: std::collections::HashSet<(u64, u64)> = chunks.iter().map(|c| (c.1, c.2)).collect();
+    let seen: HashSet<(u64, u64)> = chunks.iter().map(|c| (c.1, c.2)).collect();
     sh.recency.forget_except(from, &seen);
     chunks.sort_by_key(|c| (c.0, c.1, c.2));
     // NVM chunks are superpage extents or hold several (the grain is at least 2 MiB
     // with superpages, `Core::open`): an extent moves whole or not at all.
     let whole = from == 0 && sh.superpages.enabled;
     let mut out = Vec::new();
-    for (_, ino, _, v) in chunks {
+    for (_, ino, _, mut v) in chunks {
+        v.retain(|(_, e)| !busy.contains(e));
         if whole && !out.is_empty() && out.len() + v.len() > max as usize {
             continue;
         }
