@@ -536,6 +536,7 @@ impl<'a> Open<'a> {
             o: self,
             obj,
             cores: None,
+            names: true,
         })
     }
 
@@ -654,11 +655,14 @@ impl<'a> Open<'a> {
         )?)
     }
 
-    /// The records overlapping `region` (samtools' syntax), through the index.
-    pub fn query(&self, region: &str, f: &mut dyn FnMut(&Rec<'_>)) -> io::Result<u64> {
+    /// The records overlapping `region` (samtools' syntax), through the index; `f` sees
+    /// their names only if `names` (else empty names: counting needs none).
+    pub fn query(&self, region: &str, names: bool, f: &mut dyn FnMut(&Rec<'_>)) -> io::Result<u64> {
         let ix = self.load_index()?;
         let region = Region::parse(&self.refs, region)?;
-        ops::query(&mut self.sorted(Order::Coord)?, &ix, region, f)
+        let mut src = self.sorted(Order::Coord)?;
+        src.names = names;
+        ops::query(&mut src, &ix, region, f)
     }
 
     /// Which of the roots a data set may have are set.
@@ -751,6 +755,8 @@ pub struct Sorted<'o, 'a> {
     obj: OrderObj,
     /// Every core, read at the first whole scan.
     cores: Option<Vec<Core>>,
+    /// Whether [`Source::scan_from`] reads the names.
+    pub names: bool,
 }
 
 impl Sorted<'_, '_> {
@@ -807,8 +813,10 @@ impl Source for Sorted<'_, '_> {
             for (j, &p) in ptrs.iter().enumerate() {
                 self.ordinal(p)?;
                 let c: Core = g.get(SegPtr(p))?;
-                name.resize(c.name_len as usize, 0);
-                g.read(SegPtr(c.name), &mut name)?;
+                if self.names {
+                    name.resize(c.name_len as usize, 0);
+                    g.read(SegPtr(c.name), &mut name)?;
+                }
                 if !f(
                     i + j as u64,
                     &Rec {

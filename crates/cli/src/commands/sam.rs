@@ -107,7 +107,7 @@ pub fn run(store: Option<&Path>, which: SamCommand) -> CliResult {
             let o = d.enter()?;
             let refs = o.references().to_vec();
             let mut text = String::new();
-            let n = o.query(&region, &mut |r| {
+            let n = o.query(&region, !count, &mut |r| {
                 if !count {
                     let c = &r.core;
                     let _ = writeln!(
