@@ -762,7 +762,7 @@ pub struct Sorted<'o, 'a> {
 impl Sorted<'_, '_> {
     fn ordinal(&self, p: u64) -> io::Result<usize> {
         let r = &self.o.reads;
-        if p < r.cores || (p - r.cores) % CORE != 0 || (p - r.cores) / CORE >= r.n {
+        if p < r.cores || !(p - r.cores).is_multiple_of(CORE) || (p - r.cores) / CORE >= r.n {
             return Err(damaged(format!("order holds {p:#x}, not a read")));
         }
         Ok(((p - r.cores) / CORE) as usize)

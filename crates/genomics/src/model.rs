@@ -216,7 +216,7 @@ pub fn reg2bin(beg: i32, end: i32) -> u16 {
     } else if beg >> 23 == end >> 23 {
         ((1 << 6) - 1) / 7 + (beg >> 23)
     } else if beg >> 26 == end >> 26 {
-        ((1 << 3) - 1) / 7 + (beg >> 26)
+        1 + (beg >> 26)
     } else {
         0
     };

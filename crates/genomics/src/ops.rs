@@ -473,7 +473,7 @@ impl Index {
     }
 
     pub fn from_bytes(b: &[u8]) -> io::Result<Index> {
-        if b.len() % 8 != 0 {
+        if !b.len().is_multiple_of(8) {
             return Err(fs_err(libc::EINVAL, "damaged index: not whole words"));
         }
         let v: Vec<u64> = b
