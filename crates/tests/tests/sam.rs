@@ -126,6 +126,26 @@ fn tools_on_a_data_set_equal_samtools() {
             );
         }
     }
+    // Readers share the data set: two flagstats at once, each its own process.
+    let a = cairn(&s, &["sam", "flagstat", "b"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b = cairn(&s, &["sam", "flagstat", "b"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), st_flagstat);
+    }
+    // Durable: after the daemon stops, the next tool finds all of it.
+    s.stop();
+    assert_eq!(
+        ok(&s, &["sam", "view", "-c", "b", REGIONS[0]]),
+        samtools(&["view", "-c", p(&by_coord), REGIONS[0]])
+    );
     let info = ok(&s, &["sam", "info", "b"]);
     assert!(info.contains("reads      20001"), "{info}");
     assert!(
