@@ -389,7 +389,14 @@ pub fn remove(sj: &Arc<SpaceJmp>, name: &str) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    sj.seg_free(&seg)
+    match sj.seg_free(&seg) {
+        // A segment whose creation was killed before its header was written: only
+        // its file is there.
+        Err(e) if cairn_area::errno_of(&e) == libc::EINVAL => {
+            sj.fs().remove_file(cairn_sj::seg_path(&seg)?.as_str())
+        }
+        r => r,
+    }
 }
 
 // ---- attaching ---------------------------------------------------------------------
@@ -500,9 +507,10 @@ impl<'a> Open<'a> {
         self.reads.n
     }
 
-    /// The data set's records in the order loaded.
-    pub fn loaded(&self) -> LoadOrder<'_, 'a> {
-        LoadOrder { o: self }
+    /// The data set's records in the order loaded (with their names if `names`; else
+    /// with empty names).
+    pub fn loaded(&self, names: bool) -> LoadOrder<'_, 'a> {
+        LoadOrder { o: self, names }
     }
 
     fn order_obj(&self, order: Order) -> io::Result<Option<(SegPtr, OrderObj)>> {
@@ -541,13 +549,13 @@ impl<'a> Open<'a> {
     }
 
     pub fn flagstat(&self) -> io::Result<FlagStat> {
-        ops::flagstat(&mut self.loaded())
+        ops::flagstat(&mut self.loaded(false))
     }
 
     /// Sort the data set by `order`: the order is kept as root `by_name` or `by_coord`
     /// (replacing the last one; a new coordinate order drops the index), one commit.
     pub fn sort(&self, order: Order) -> io::Result<SortStats> {
-        let sorted = ops::sort(&mut self.loaded(), order)?;
+        let sorted = ops::sort(&mut self.loaded(order == Order::Name), order)?;
         let t = Instant::now();
         let g = &self.g;
         let ptrs: Vec<u64> = sorted
@@ -694,6 +702,7 @@ const PIECE: usize = 16384;
 /// The records in the order loaded; locations are their ordinals.
 pub struct LoadOrder<'o, 'a> {
     o: &'o Open<'a>,
+    names: bool,
 }
 
 impl LoadOrder<'_, '_> {
@@ -710,17 +719,23 @@ impl LoadOrder<'_, '_> {
             let cores: Vec<Core> = get_vec(g, SegPtr(r.cores + i * CORE), k)?;
             // The names of these cores, contiguous in the names arena.
             let (first, last) = (&cores[0], &cores[k - 1]);
-            let end = last.name + last.name_len as u64;
-            if first.name < r.names || end > r.names + r.names_len || end < first.name {
-                return Err(damaged(format!("names of reads {i}..{}", i + k as u64)));
+            if self.names {
+                let end = last.name + last.name_len as u64;
+                if first.name < r.names || end > r.names + r.names_len || end < first.name {
+                    return Err(damaged(format!("names of reads {i}..{}", i + k as u64)));
+                }
+                names.resize((end - first.name) as usize, 0);
+                g.read(SegPtr(first.name), &mut names)?;
             }
-            names.resize((end - first.name) as usize, 0);
-            g.read(SegPtr(first.name), &mut names)?;
             for (j, c) in cores.iter().enumerate() {
-                let off = c.name.wrapping_sub(first.name) as usize;
-                let name = names
-                    .get(off..off + c.name_len as usize)
-                    .ok_or_else(|| damaged(format!("name of read {}", i + j as u64)))?;
+                let name: &[u8] = if self.names {
+                    let off = c.name.wrapping_sub(first.name) as usize;
+                    names
+                        .get(off..off + c.name_len as usize)
+                        .ok_or_else(|| damaged(format!("name of read {}", i + j as u64)))?
+                } else {
+                    b""
+                };
                 if !f(i + j as u64, &Rec { core: *c, name })? {
                     return Ok(());
                 }

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 
-/// Reads per pair of bases: the read length.
-pub const READ_LEN: usize = 100;
+/// Bases per read.
+pub const READ_LEN: usize = 150;
 
 /// The references of the generated header: name and length.
 pub const REFS: [(&str, u64); 8] = [
