@@ -67,6 +67,19 @@ pub struct OrderObj {
     /// `n` addresses of cores.
     pub ptrs: u64,
     pub order: u64,
+    /// For the coordinate order: `n` [`CoordKey`]s beside the pointers (0 otherwise).
+    pub keys: u64,
+}
+
+/// The coordinates of the record a coordinate order points at, kept beside the pointer
+/// so that indexing and counting a region read one array instead of following a
+/// pointer per record.
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub struct CoordKey {
+    pub ref_id: i32,
+    pub pos: i32,
+    pub end: i32,
 }
 
 /// Root `index`.
@@ -545,6 +558,7 @@ impl<'a> Open<'a> {
             obj,
             cores: None,
             names: true,
+            full: true,
         })
     }
 
@@ -563,8 +577,28 @@ impl<'a> Open<'a> {
             .iter()
             .map(|&i| self.reads.cores + i * CORE)
             .collect();
+        let keys: Vec<CoordKey> = if order == Order::Coord {
+            let cores: Vec<Core> = get_vec(g, SegPtr(self.reads.cores), self.reads.n as usize)?;
+            sorted
+                .locs
+                .iter()
+                .map(|&i| {
+                    let c = &cores[i as usize];
+                    CoordKey {
+                        ref_id: c.ref_id,
+                        pos: c.pos,
+                        end: c.end,
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         if let Some((p, old)) = self.order_obj(order)? {
             g.free(SegPtr(old.ptrs))?;
+            if old.keys != 0 {
+                g.free(SegPtr(old.keys))?;
+            }
             g.free(p)?;
         }
         if order == Order::Coord {
@@ -572,6 +606,16 @@ impl<'a> Open<'a> {
         }
         let at = g.alloc_bytes(self.seg, (ptrs.len() as u64 * 8).max(16))?;
         put_bytes(g, at, bytemuck::cast_slice(&ptrs))?;
+        let keys_at = if keys.is_empty() {
+            SegPtr::NULL
+        } else {
+            let k = g.alloc_bytes(
+                self.seg,
+                (keys.len() * std::mem::size_of::<CoordKey>()) as u64,
+            )?;
+            put_bytes(g, k, bytemuck::cast_slice(&keys))?;
+            k
+        };
         let obj = g.alloc(
             self.seg,
             OrderObj {
@@ -579,6 +623,7 @@ impl<'a> Open<'a> {
                 n: ptrs.len() as u64,
                 ptrs: at.0,
                 order: order as u64,
+                keys: keys_at.0,
             },
         )?;
         let root = match order {
@@ -616,7 +661,9 @@ impl<'a> Open<'a> {
                 ),
             )
         })?;
-        let ix = Index::build(&mut self.sorted(Order::Coord)?)?;
+        let mut src = self.sorted(Order::Coord)?;
+        src.full = false;
+        let ix = Index::build(&mut src)?;
         self.drop_index()?;
         let words = ix.to_words();
         let g = &self.g;
@@ -664,12 +711,14 @@ impl<'a> Open<'a> {
     }
 
     /// The records overlapping `region` (samtools' syntax), through the index; `f` sees
-    /// their names only if `names` (else empty names: counting needs none).
+    /// whole records if `names`, else only their coordinates (reference, position and
+    /// end, from the order's keys, with empty names): what counting needs.
     pub fn query(&self, region: &str, names: bool, f: &mut dyn FnMut(&Rec<'_>)) -> io::Result<u64> {
         let ix = self.load_index()?;
         let region = Region::parse(&self.refs, region)?;
         let mut src = self.sorted(Order::Coord)?;
         src.names = names;
+        src.full = names;
         ops::query(&mut src, &ix, region, f)
     }
 
@@ -772,9 +821,45 @@ pub struct Sorted<'o, 'a> {
     cores: Option<Vec<Core>>,
     /// Whether [`Source::scan_from`] reads the names.
     pub names: bool,
+    /// Whether scans give whole cores; else (and if the order has coordinate keys) only
+    /// their reference, position and end, read from the keys beside the pointers:
+    /// what indexing and counting need.
+    pub full: bool,
 }
 
 impl Sorted<'_, '_> {
+    /// The records from `loc` on as their coordinate keys (cores with only the
+    /// reference, position and end set), in pieces.
+    fn keys_from(
+        &mut self,
+        loc: u64,
+        f: &mut dyn FnMut(u64, &Rec<'_>) -> io::Result<bool>,
+    ) -> io::Result<()> {
+        let g = &self.o.g;
+        let ksz = std::mem::size_of::<CoordKey>() as u64;
+        let mut i = loc;
+        let mut piece = 256u64;
+        while i < self.obj.n {
+            let k = (self.obj.n - i).min(piece) as usize;
+            let keys: Vec<CoordKey> = get_vec(g, SegPtr(self.obj.keys + i * ksz), k)?;
+            for (j, key) in keys.iter().enumerate() {
+                let core = Core {
+                    ref_id: key.ref_id,
+                    pos: key.pos,
+                    end: key.end,
+                    ..Core::default()
+                };
+                if !f(i + j as u64, &Rec { core, name: b"" })? {
+                    return Ok(());
+                }
+            }
+            i += k as u64;
+            // Small pieces first (a query may need few), larger ones after.
+            piece = (piece * 4).min(PIECE as u64 * 4);
+        }
+        Ok(())
+    }
+
     fn ordinal(&self, p: u64) -> io::Result<usize> {
         let r = &self.o.reads;
         if p < r.cores || !(p - r.cores).is_multiple_of(CORE) || (p - r.cores) / CORE >= r.n {
@@ -792,6 +877,9 @@ impl Source for Sorted<'_, '_> {
     /// A whole scan reads every core once and follows the order's pointers to them
     /// (names are not read: the scans of a sorted order, index and query, need none).
     fn scan(&mut self, f: &mut dyn FnMut(u64, &Rec<'_>) -> io::Result<()>) -> io::Result<()> {
+        if !self.full && self.obj.keys != 0 {
+            return self.keys_from(0, &mut |l, r| f(l, r).map(|()| true));
+        }
         let g = &self.o.g;
         if self.cores.is_none() {
             self.cores = Some(get_vec(
@@ -819,6 +907,9 @@ impl Source for Sorted<'_, '_> {
         loc: u64,
         f: &mut dyn FnMut(u64, &Rec<'_>) -> io::Result<bool>,
     ) -> io::Result<()> {
+        if !self.full && self.obj.keys != 0 {
+            return self.keys_from(loc, f);
+        }
         let g = &self.o.g;
         let mut i = loc;
         let mut name = Vec::new();
