@@ -35,7 +35,7 @@ pub struct SamBenchArgs {
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..=99))]
     pub runs: u32,
-    /// Reads in the synthetic data set (8 million: about 2.2 GB of SAM, 0.6 GB of BAM)
+    /// Reads in the synthetic data set (8 million: about 3 GB of SAM, 0.76 GB of BAM)
     #[arg(long, value_name = "N", default_value_t = 8_000_000,
           value_parser = clap::value_parser!(u64).range(1000..=100_000_000))]
     pub reads: u64,
@@ -109,8 +109,8 @@ pub fn run(args: &SamBenchArgs) -> CliResult {
         nvm: nvm.clone(),
     };
     let store_dir = root.join("store");
-    // The segment (about 330 bytes a read), its staged commit and the orders.
-    let need = (args.reads * 360 * 5 / 2).max(1 << 30);
+    // The segment (about 410 bytes a read), its staged commit and the orders.
+    let need = (args.reads * 450 * 5 / 2).max(1 << 30);
     let mut opts = cairn_daemon::MkfsOptions::new(&store_dir);
     opts.nvm_path = Some(nvm.clone());
     opts.nvm_size = need.div_ceil(1 << 30) << 30;
