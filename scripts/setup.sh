@@ -45,6 +45,9 @@ command -v g++ >/dev/null 2>&1 || apt_missing+=(g++)
 [ -f /usr/include/boost/interprocess/offset_ptr.hpp ] || apt_missing+=(libboost-dev)
 [ -f /usr/include/lmdb.h ] || apt_missing+=(liblmdb-dev)
 
+# `cairn bench spacejmp sam` and the genomics tests compare with the real samtools.
+command -v samtools >/dev/null 2>&1 || apt_missing+=(samtools)
+
 # The remote tier on Ceph RADOS (docs/REMOTE.md): librados to build against, and the
 # daemons of the one-machine cluster its tests start (scripts/ceph-dev-cluster.sh).
 command -v ceph-osd >/dev/null 2>&1 || apt_missing+=(ceph-mon ceph-osd ceph-common)

@@ -247,6 +247,12 @@ pub enum Command {
         #[command(subcommand)]
         which: SjCommand,
     },
+    /// Genomics data sets in address spaces: SAM/BAM loaded once into a segment, and
+    /// samtools-like tools that switch into it (docs/SPACEJMP.md)
+    Sam {
+        #[command(subcommand)]
+        which: SamCommand,
+    },
     /// The persistent key-value store (cairn-kv) and its Redis-compatible server
     Kv {
         #[command(subcommand)]
@@ -376,6 +382,65 @@ pub enum SjCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SamCommand {
+    /// Write synthetic paired-end reads as SAM (deterministic: the same seed and count
+    /// give the same file), and as BAM with --bam
+    Gen {
+        /// The SAM file to write
+        out: PathBuf,
+        /// Records to write
+        #[arg(long, value_name = "N", default_value_t = 8_000_000,
+              value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+        reads: u64,
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        seed: u64,
+        /// Also write it as BAM here
+        #[arg(long, value_name = "FILE")]
+        bam: Option<PathBuf>,
+    },
+    /// Load a SAM or BAM file as data set NAME (a segment and its address spaces), in
+    /// one commit
+    Load {
+        file: PathBuf,
+        /// The data set's name
+        #[arg(long)]
+        name: String,
+        /// Permission bits of its segment and address spaces (octal)
+        #[arg(long, value_name = "MODE", default_value = "0600")]
+        mode: String,
+    },
+    /// samtools flagstat of a data set
+    Flagstat { name: String },
+    /// Sort a data set (the order is kept in it, in one commit)
+    Sort {
+        name: String,
+        /// name (samtools sort -n) or coord (samtools sort)
+        #[arg(long, value_name = "ORDER", default_value = "coord")]
+        by: String,
+        /// Print the order: each record's name, flag, reference and position
+        #[arg(long)]
+        print: bool,
+    },
+    /// Index a data set's coordinate order (sort --by coord first)
+    Index { name: String },
+    /// The records of a data set overlapping REGION (NAME, NAME:BEG or NAME:BEG-END,
+    /// 1-based, as samtools view), through its index
+    View {
+        name: String,
+        region: String,
+        /// Print their count only (samtools view -c)
+        #[arg(short = 'c', long)]
+        count: bool,
+    },
+    /// A data set's reads, references and roots
+    Info { name: String },
+    /// List the data sets
+    Ls,
+    /// Remove a data set
+    Rm { name: String },
 }
 
 #[derive(Debug, Subcommand)]

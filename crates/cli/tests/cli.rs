@@ -366,6 +366,7 @@ fn every_command_fails_with_a_clean_line() {
         ("bench", vec!["bench", "latency", "--store", missing], 1),
         ("kv", vec!["kv", "get", "k", "--pool", none], 1),
         ("sj", vec!["sj", "seg", "stat", "nope"], 1),
+        ("sam", vec!["sam", "flagstat", "nope"], 1),
         ("hugepaged", vec!["hugepaged", "--pid", "2147483000"], 1),
         ("help", vec!["help", "nope"], 2),
     ];

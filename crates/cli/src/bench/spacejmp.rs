@@ -19,6 +19,9 @@
 //! Every row has `experiment`, `mode` or `system`, its parameters and its figure; with
 //! `--runs N` each figure is the median of N runs.
 
+mod sam;
+pub use sam::SamBenchArgs;
+
 use super::{median, BenchStore, Rng};
 use crate::error::{CliError, CliResult};
 use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target, Vh};
@@ -35,7 +38,11 @@ const SJ_H: &str = include_str!("../../../sj-capi/include/cairn/sj.h");
 
 /// `cairn bench spacejmp` options.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct SpacejmpArgs {
+    /// An application instead of the experiments
+    #[command(subcommand)]
+    pub app: Option<SpacejmpApp>,
     /// Print the results as JSON on stdout (progress goes to stderr)
     #[arg(long)]
     pub json: bool,
@@ -62,6 +69,14 @@ pub struct SpacejmpArgs {
     /// which fit in the caches)
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     pub nodes: u64,
+}
+
+/// `cairn bench spacejmp` applications.
+#[derive(Debug, clap::Subcommand)]
+pub enum SpacejmpApp {
+    /// Genomics tools (flagstat, sorts, index, region query) on a data set in a segment,
+    /// against the same code on decoded BAM and against samtools
+    Sam(SamBenchArgs),
 }
 
 /// The hidden worker of the crash experiment (started by it).
@@ -103,6 +118,9 @@ fn batches(
 }
 
 pub fn run(args: &SpacejmpArgs) -> CliResult {
+    if let Some(SpacejmpApp::Sam(a)) = &args.app {
+        return sam::run(a);
+    }
     let root = tempfile_dir()?;
     let store_dir = root.join("store");
     let nvm = PathBuf::from(format!(

@@ -9,6 +9,7 @@ mod kv;
 pub(crate) mod mount;
 mod rmfs;
 pub(crate) mod run;
+mod sam;
 mod sj;
 mod tree;
 
@@ -100,6 +101,7 @@ pub fn run(cli: Cli) -> CliResult {
             run::run(store, &prefix, vas.as_ref(), &command)
         }
         Command::Sj { which } => sj::run(store, which),
+        Command::Sam { which } => sam::run(store, which),
         Command::Kv { which } => kv::run(which),
         Command::Hugepaged(args) => hugepaged::run(&args),
         Command::Bench { which } => match which {
