@@ -35,8 +35,57 @@ struct Io {
 
 /// A question for the thread that holds the cluster handle.
 enum Ask {
-    /// The cluster's health (`ceph health`).
-    Health(mpsc::SyncSender<io::Result<String>>),
+    /// The cluster's health (`ceph health --format json`).
+    Health(mpsc::SyncSender<io::Result<Health>>),
+}
+
+/// The cluster's health: its status (`HEALTH_OK`, `HEALTH_WARN`, `HEALTH_ERR`) and the
+/// checks that fail, by code (`OSD_FULL`, `POOL_FULL`, …) with their summaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub status: String,
+    pub checks: Vec<(String, String)>,
+}
+
+impl Health {
+    /// From `ceph health --format json`'s output.
+    pub fn parse(json: &[u8]) -> io::Result<Health> {
+        let bad = |why: &str| fs_err(libc::EIO, format!("the cluster's health: {why}"));
+        let v: serde_json::Value = serde_json::from_slice(json).map_err(|e| bad(&e.to_string()))?;
+        let status = v["status"].as_str().ok_or_else(|| bad("no status"))?;
+        let checks = v["checks"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(code, c)| {
+                        let msg = c["summary"]["message"].as_str().unwrap_or_default();
+                        (code.clone(), msg.to_string())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Health {
+            status: status.to_string(),
+            checks,
+        })
+    }
+
+    /// Whether an OSD or a pool is full (RADOS holds writes back).
+    pub fn full(&self) -> bool {
+        self.checks
+            .iter()
+            .any(|(c, _)| c == "OSD_FULL" || c == "POOL_FULL")
+    }
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.status)?;
+        for (i, (_, m)) in self.checks.iter().enumerate() {
+            write!(f, "{}{m}", if i == 0 { ": " } else { "; " })?;
+        }
+        Ok(())
+    }
 }
 
 type Job = Box<dyn FnOnce(&Io) + Send>;
@@ -128,9 +177,11 @@ impl Pool {
                 }
                 // Until the context is dropped.
                 while let Ok(Ask::Health(reply)) = stop_rx.recv() {
+                    let cmd = serde_json::json!({"prefix": "health", "format": "json"});
                     let h = rados
-                        .ceph_health_string()
-                        .map_err(|e| rados_err("asking the cluster's health", e));
+                        .ceph_mon_command_without_data(&cmd)
+                        .map_err(|e| rados_err("asking the cluster's health", e))
+                        .and_then(|(out, _)| Health::parse(&out));
                     let _ = reply.send(h);
                 }
                 drop(rados);
@@ -208,9 +259,8 @@ impl Pool {
         self.put_many(vec![(name.to_string(), Slice::copy_of(data))])
     }
 
-    /// The cluster's health, as `ceph health` prints it (`HEALTH_OK`, or `HEALTH_ERR`
-    /// and why), asked within `limit`.
-    pub fn health(&self, limit: Duration) -> io::Result<String> {
+    /// The cluster's health, asked within `limit`.
+    pub fn health(&self, limit: Duration) -> io::Result<Health> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.ask
             .lock()
@@ -230,7 +280,7 @@ impl Pool {
     /// until it is not: they time out).
     pub fn full(&self) -> Option<io::Error> {
         let h = self.health(self.timeout.min(HEALTH_LIMIT)).ok()?;
-        h.contains("full").then(|| {
+        h.full().then(|| {
             fs_err(
                 libc::ENOSPC,
                 format!("the Ceph cluster of pool {} is full: {h}", self.pool),
@@ -370,5 +420,25 @@ fn remove_object(io: &Io, name: &str, what: &str) -> io::Result<bool> {
         Ok(()) => Ok(true),
         Err(ceph::error::RadosError::ApiError(e)) if e as i32 == libc::ENOENT => Ok(false),
         Err(e) => Err(rados_err(what, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Health;
+
+    #[test]
+    fn health_says_full_only_when_an_osd_or_a_pool_is() {
+        let full = br#"{"status":"HEALTH_ERR","checks":{"OSD_FULL":{"severity":"HEALTH_ERR","summary":{"message":"1 full osd(s)","count":1},"muted":false},"POOL_FULL":{"severity":"HEALTH_WARN","summary":{"message":"1 pool(s) full","count":1},"muted":false}},"mutes":[]}"#;
+        let h = Health::parse(full).unwrap();
+        assert!(h.full());
+        assert_eq!(h.to_string(), "HEALTH_ERR: 1 full osd(s); 1 pool(s) full");
+        let near = br#"{"status":"HEALTH_WARN","checks":{"OSD_NEARFULL":{"summary":{"message":"1 nearfull osd(s)"}}}}"#;
+        assert!(!Health::parse(near).unwrap().full());
+        let ok = br#"{"status":"HEALTH_OK","checks":{},"mutes":[]}"#;
+        let h = Health::parse(ok).unwrap();
+        assert!(!h.full() && h.to_string() == "HEALTH_OK");
+        assert!(Health::parse(b"not json").is_err());
+        assert!(Health::parse(br#"{"checks":{}}"#).is_err());
     }
 }

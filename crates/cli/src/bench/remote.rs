@@ -60,6 +60,9 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "SECS", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(2..=3600))]
     pub backup_seconds: u64,
+    /// Data of the store backed up whole and restored (0: none), in 1 MiB files in NVM
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = crate::util::parse_size)]
+    pub restore_size: u64,
 }
 
 /// Throughput of one way of writing into a pool.
@@ -101,6 +104,17 @@ pub struct Backups {
     pub restore_ms: u64,
 }
 
+/// A store of `--restore-size` of data backed up whole, then restored.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Restore {
+    /// Bytes of file data, and of the store's objects the restore read.
+    pub data_bytes: u64,
+    pub restore_bytes: u64,
+    /// The first (whole) backup, and the restore (ms).
+    pub backup_ms: u64,
+    pub restore_ms: u64,
+}
+
 /// One OSD of three killed while data migrates.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct OsdKill {
@@ -117,6 +131,7 @@ pub struct Report {
     pub throughput: Vec<Throughput>,
     pub reads: Vec<Reads>,
     pub backups: Backups,
+    pub restore: Option<Restore>,
     pub osd_kill: OsdKill,
 }
 
@@ -128,7 +143,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(script: &Path, osds: u32) -> CliResult<Cluster> {
+    /// `osd_gb` GiB of RAM per OSD.
+    fn start(script: &Path, osds: u32, osd_gb: u64) -> CliResult<Cluster> {
         let dir =
             std::env::temp_dir().join(format!("cairn-bench-ceph-{}-{osds}", std::process::id()));
         // Two free ports in a row (the monitor's v1 and v2), below the ephemeral range.
@@ -149,7 +165,7 @@ impl Cluster {
             // The manager knows the placement groups' states (`ceph pg stat`).
             .arg("--mgr")
             // RAM per OSD: rados bench's objects, the stores' and the backups' fit.
-            .args(["--osd-gb", "3"])
+            .args(["--osd-gb", &osd_gb.to_string()])
             .output()
             .map_err(|e| {
                 CliError::new(format!(
@@ -473,6 +489,13 @@ fn backups(c: &Cluster, s: &Store, secs: u64) -> CliResult<Backups> {
     };
     // The machine lost: restore into a new directory.
     cairn::daemon_backup(Some(&s.dir), None).map_err(ctx_msg("backup"))?;
+    (out.restore_bytes, out.restore_ms) = restore_of(c, s)?;
+    Ok(out)
+}
+
+/// Restore `s` (its daemon stopped) from its newest backup into a new directory and
+/// NVM file, removed afterwards: the bytes read and the time (ms).
+fn restore_of(c: &Cluster, s: &Store) -> CliResult<(u64, u64)> {
     let _ = cairn::daemon_shutdown(Some(&s.dir));
     let root = s.bs.root.join("restored");
     let nvm = PathBuf::from(format!("{}-restored", s.bs.nvm.display()));
@@ -489,11 +512,31 @@ fn backups(c: &Cluster, s: &Store, secs: u64) -> CliResult<Backups> {
         },
         &|_, _| {},
     );
-    out.restore_ms = t.elapsed().as_millis() as u64;
+    let ms = t.elapsed().as_millis() as u64;
     let _ = std::fs::remove_file(&nvm);
     let _ = std::fs::remove_dir_all(&root);
-    out.restore_bytes = r.map_err(ctx_msg("restore"))?.bytes();
-    Ok(out)
+    Ok((r.map_err(ctx_msg("restore"))?.bytes(), ms))
+}
+
+/// A store holding `size` of 1 MiB files in NVM, backed up whole, then restored.
+fn restore_large(c: &Cluster, size: u64) -> CliResult<Restore> {
+    let s = Store::make(
+        c,
+        "big",
+        size / 4 * 5 + (256 << 20),
+        &[("background_migration", "false")],
+    )?;
+    fill(&s.fs()?, size, 1 << 20)?;
+    let t = Instant::now();
+    cairn::daemon_backup(Some(&s.dir), None).map_err(ctx_msg("backup"))?;
+    let backup_ms = t.elapsed().as_millis() as u64;
+    let (restore_bytes, restore_ms) = restore_of(c, &s)?;
+    Ok(Restore {
+        data_bytes: size,
+        restore_bytes,
+        backup_ms,
+        restore_ms,
+    })
 }
 
 /// The store's id (its superblock's uuid, in hex: its objects are named by it).
@@ -586,7 +629,10 @@ fn throughput(
 pub fn run(args: &RemoteArgs) -> CliResult {
     let mut rep = Report::default();
     {
-        let c = Cluster::start(&args.script, 1)?;
+        // RAM for the runs' objects, the stores' and the backups', and the large store's
+        // backup.
+        let gb = 3 + (args.restore_size / 4 * 5).div_ceil(1 << 30);
+        let c = Cluster::start(&args.script, 1, gb)?;
         let (s, files) = throughput(&c, 1, args, &mut rep)?;
         progress(format_args!("cold 4 KiB reads...\n"));
         rep.reads = cold_reads(&c, &s, files, args.reads)?;
@@ -595,9 +641,18 @@ pub fn run(args: &RemoteArgs) -> CliResult {
             args.backup_seconds
         ));
         rep.backups = backups(&c, &s, args.backup_seconds)?;
+        drop(s);
+        if args.restore_size > 0 {
+            progress(format_args!(
+                "a store of {} MiB backed up and restored...\n",
+                args.restore_size >> 20
+            ));
+            c.purge()?;
+            rep.restore = Some(restore_large(&c, args.restore_size)?);
+        }
     }
     {
-        let c = Cluster::start(&args.script, 3)?;
+        let c = Cluster::start(&args.script, 3, 3)?;
         drop(throughput(&c, 3, args, &mut rep)?);
         progress(format_args!(
             "one OSD of three killed during migration...\n"
@@ -659,6 +714,16 @@ fn format_report(r: &Report) -> String {
         b.restore_bytes >> 20,
         b.restore_ms
     );
+    if let Some(x) = &r.restore {
+        let _ = writeln!(
+            s,
+            "\na store of {} MiB of files: backed up whole in {} ms, restored ({} MiB read) in {} ms",
+            x.data_bytes >> 20,
+            x.backup_ms,
+            x.restore_bytes >> 20,
+            x.restore_ms
+        );
+    }
     let k = &r.osd_kill;
     let _ = writeln!(s, "\none OSD of three killed during migration");
     let _ = writeln!(
