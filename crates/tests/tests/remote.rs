@@ -50,8 +50,28 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// Wait until migration brought NVM well under its high watermark (60%, as the tests
-/// that call this set it), so that the few MiB of writes that follow have room in it.
+/// [`store`] with operations that give up after `timeout_ms` and NVM's watermarks at
+/// 60% and 40%, so that it keeps room for writes while rounds into the cluster fail.
+fn store_with_room(c: &Cluster, timeout_ms: u32) -> TestStore {
+    let store = store(c);
+    store.set_config("remote_timeout_ms", &timeout_ms.to_string());
+    store.set_config("migrate_high_pct", "60");
+    store.set_config("migrate_low_pct", "40");
+    store
+}
+
+/// What `cairn status` prints for the store.
+fn status_text(store: &TestStore) -> String {
+    cairn_tests::harness::output_ok(
+        Command::new(cairn_bin())
+            .args(["status", "--store"])
+            .arg(store.path()),
+        "status",
+    )
+}
+
+/// Wait until migration brought NVM well under its high watermark (60%, as
+/// [`store_with_room`] sets it), so that the few MiB of writes that follow have room.
 fn nvm_under_high_watermark(fs: &cairn::Fs) {
     eventually("NVM under its high watermark", || {
         let r = fs.status().unwrap();
@@ -193,11 +213,8 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
     let Some(c) = Cluster::start("down", 1) else {
         return;
     };
-    let store = store(&c);
-    store.set_config("remote_timeout_ms", "2000");
     // NVM keeps room above its high watermark for writes while the cluster is away.
-    store.set_config("migrate_high_pct", "60");
-    store.set_config("migrate_low_pct", "40");
+    let store = store_with_room(&c, 2000);
     let fs = store.fs();
     let mut files = write_files(&fs, 16);
     let r = fs.status().unwrap();
@@ -226,12 +243,7 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
         rm.paused && rm.last_error.is_some()
     });
     let r = fs.status().unwrap();
-    let text = cairn_tests::harness::output_ok(
-        Command::new(cairn_bin())
-            .args(["status", "--store"])
-            .arg(store.path()),
-        "status",
-    );
+    let text = status_text(&store);
     assert!(text.contains("paused after a failure"), "{text}");
     eprintln!(
         "cluster down: {}",
@@ -329,10 +341,7 @@ fn a_full_cluster_is_a_clear_error_and_migration_resumes_after_it() {
     let Some(c) = Cluster::start("full", 1) else {
         return;
     };
-    let store = store(&c);
-    store.set_config("remote_timeout_ms", "3000");
-    store.set_config("migrate_high_pct", "60");
-    store.set_config("migrate_low_pct", "40");
+    let store = store_with_room(&c, 3000);
     let fs = store.fs();
     let mut files = write_files(&fs, 8);
     nvm_under_high_watermark(&fs);
@@ -366,12 +375,7 @@ fn a_full_cluster_is_a_clear_error_and_migration_resumes_after_it() {
         !out.status.success() && err.contains("is full") && err.contains("No space left"),
         "{err}"
     );
-    let text = cairn_tests::harness::output_ok(
-        Command::new(cairn_bin())
-            .args(["status", "--store"])
-            .arg(store.path()),
-        "status",
-    );
+    let text = status_text(&store);
     assert!(text.contains("is full"), "{text}");
     // A new store into the full pool: refused at once, with the reason.
     let dir = tempfile::tempdir().unwrap();
