@@ -249,7 +249,7 @@ fn concurrent_writers_readers_and_compaction_never_see_a_torn_value() {
 }
 
 fn concurrent(pool: u64, keys: u64, max_len: u64, ops: u64, policy: UpdatePolicy) {
-    let pf = PoolFile::new(&format!("conc-{pool}-{policy:?}"));
+    let pf = PoolFile::new(&format!("conc-{pool}-{keys}-{policy:?}"));
     let s = Arc::new(open_with(&pf.0, pool, policy));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writers: Vec<_> = (0..2u64)
