@@ -200,7 +200,7 @@ impl Core {
         Ok(())
     }
 
-    fn check_value(value: &[u8]) -> Result<(), KvError> {
+    pub(crate) fn check_value(value: &[u8]) -> Result<(), KvError> {
         if value.len() > MAX_VALUE {
             return Err(KvError::TooBig(format!(
                 "a value has at most {MAX_VALUE} bytes, not {}",
@@ -211,7 +211,7 @@ impl Core {
     }
 
     /// The log head of the calling CPU.
-    fn head(&self) -> MutexGuard<'_, Head> {
+    pub(crate) fn head(&self) -> MutexGuard<'_, Head> {
         self.heads.for_cpu(cairn_media::sys::current_cpu())
     }
 
@@ -315,7 +315,9 @@ impl Core {
         let h = encode_segment_header(seq);
         let off = Pool::seg_off(s) as u64;
         self.pool.map.write(off as usize, &h)?;
-        if released {
+        if released || self.huge {
+            // Collapsed by the background thread (one released, or never collapsed:
+            // free segments are not at opening; collapsing one that is costs little).
             self.segs.mark_fresh(s);
         }
         self.persist(off, h.len() as u64)?;

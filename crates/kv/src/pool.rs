@@ -185,7 +185,10 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         drop(first);
         let file = Pool::lock(&path, waiting).unwrap();
-        assert!(Pool::is_at(&file, &path).unwrap(), "the removed file was opened");
+        assert!(
+            Pool::is_at(&file, &path).unwrap(),
+            "the removed file was opened"
+        );
         let second = Pool::on_file(file, 8 << 20).unwrap();
         assert_eq!(second.header.segments, 4);
         // Locked: a third opener waits (and gives up after a second).

@@ -226,7 +226,10 @@ impl Store {
                     .name("kv-collapse".into())
                     .spawn(move || {
                         // Segment 0 holds the header and the journal's slots: a few pages.
-                        let skip = |s: u64| s == 0 || c.segs.is_released(s);
+                        // Free segments are collapsed when a head takes one (a fresh
+                        // pool's would all be made resident, and the kernel's zeroing
+                        // of them took the CPUs for seconds after opening).
+                        let skip = |s: u64| s == 0 || c.segs.is_released(s) || c.segs.is_free(s);
                         c.pool
                             .collapse_all(&skip, &|| c.stop.load(Ordering::Acquire))
                     })?,
@@ -239,6 +242,14 @@ impl Store {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), KvError> {
         self.core
             .update(key, |_| Ok((Change::Put(Cow::Borrowed(value)), ())))
+    }
+
+    /// A batch of puts made durable together: one fence for all of them, each value
+    /// visible only once durable, the outcomes known at [`Batch::commit`] (group
+    /// commit; see [`crate::Batch`]). For a server that acknowledges the requests it
+    /// read together once they are all durable.
+    pub fn batch(&self) -> crate::Batch<'_> {
+        crate::Batch::new(&self.core)
     }
 
     /// Remove `key`, durably: a tombstone record, which holds the segment sequence

@@ -55,7 +55,7 @@ fn syntax(o: &mut Out<'_>) {
 }
 
 /// The reply for a store error.
-fn store_error(o: &mut Out<'_>, e: &KvError) {
+pub(crate) fn store_error(o: &mut Out<'_>, e: &KvError) {
     match e {
         KvError::Full => o.error("OOM command not allowed when used memory > 'maxmemory'."),
         KvError::IndexFull => o.error(
@@ -83,15 +83,24 @@ pub fn parse_i64(b: &[u8]) -> Option<i64> {
 const NOT_INT: &str = "ERR value is not an integer or out of range";
 
 /// Execute one request.
-pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>) -> After {
+pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -> After {
     let Some(cmd) = args.first() else {
         return After::Continue;
     };
-    sh.commands.fetch_add(1, Ordering::Relaxed);
-    let name = lower(cmd);
+    // The name in lower case, on the stack (every known one is short; a longer one, or
+    // one that is not UTF-8, is unknown whatever its case).
+    let mut lowered = [0u8; 16];
+    let name = match lowered.get_mut(..cmd.len()) {
+        Some(l) => {
+            l.copy_from_slice(cmd);
+            l.make_ascii_lowercase();
+            std::str::from_utf8(l).unwrap_or("")
+        }
+        None => "",
+    };
     let a = &args[1..];
     let s = &sh.store;
-    match name.as_str() {
+    match name {
         "ping" => match a {
             [] => o.simple("PONG"),
             [m] => o.bulk(m),
@@ -306,7 +315,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// `DEL`, `EXISTS`: how many of the keys `f` says yes for (each key counted as often
 /// as it is named).
-fn count(name: &str, a: &[Vec<u8>], o: &mut Out<'_>, f: impl Fn(&[u8]) -> Result<bool, KvError>) {
+fn count(name: &str, a: &[&[u8]], o: &mut Out<'_>, f: impl Fn(&[u8]) -> Result<bool, KvError>) {
     if a.is_empty() {
         return arity(o, name);
     }
@@ -329,7 +338,7 @@ fn get(s: &Store, k: &[u8], o: &mut Out<'_>) {
     }
 }
 
-fn set(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn set(s: &Store, a: &[&[u8]], o: &mut Out<'_>) {
     if a.len() < 2 {
         return arity(o, "set");
     }
@@ -356,7 +365,7 @@ fn set(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
         let old = if get { cur.map(<[u8]>::to_vec) } else { None };
         let go = !(nx && cur.is_some() || xx && cur.is_none());
         let change = if go {
-            Change::Put(Cow::Borrowed(v.as_slice()))
+            Change::Put(Cow::Borrowed(*v))
         } else {
             Change::Keep
         };
@@ -405,7 +414,7 @@ fn flush(s: &Store, o: &mut Out<'_>) {
     o.ok();
 }
 
-fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn scan(s: &Store, a: &[&[u8]], o: &mut Out<'_>) {
     let Some(cursor) = a.first() else {
         return arity(o, "scan");
     };
@@ -423,7 +432,7 @@ fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
             return syntax(o);
         };
         match opt.as_str() {
-            "match" => pattern = Some(val.clone()),
+            "match" => pattern = Some(*val),
             "count" => match parse_i64(val) {
                 Some(n) if n >= 1 => count = n as usize,
                 Some(_) => return syntax(o),
@@ -448,7 +457,7 @@ fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
     }
 }
 
-fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn client(se: &mut Session, a: &[&[u8]], o: &mut Out<'_>) {
     let Some(sub) = a.first() else {
         return arity(o, "client");
     };
@@ -459,7 +468,7 @@ fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
                     "ERR Client names cannot contain spaces, newlines or special characters.",
                 );
             }
-            se.name = n.clone();
+            se.name = n.to_vec();
             o.ok();
         }
         ("getname", []) => {
@@ -492,7 +501,7 @@ fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     }
 }
 
-fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn hello(se: &mut Session, a: &[&[u8]], o: &mut Out<'_>) {
     let mut i = 0;
     if let Some(v) = a.first() {
         match parse_i64(v) {
@@ -510,7 +519,7 @@ fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
                     .error("WRONGPASS cairn-kv has no users or passwords (AUTH is not supported)");
             }
             "setname" if i + 1 < a.len() => {
-                se.name = a[i + 1].clone();
+                se.name = a[i + 1].to_vec();
                 i += 2;
             }
             _ => return syntax(o),
@@ -534,7 +543,7 @@ fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     o.array(0);
 }
 
-fn config(sh: &Shared, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn config(sh: &Shared, a: &[&[u8]], o: &mut Out<'_>) {
     let Some(sub) = a.first() else {
         return arity(o, "config");
     };
@@ -631,7 +640,7 @@ pub fn stats_pairs(st: &cairn_kv::Stats) -> Vec<(&'static str, String)> {
 }
 
 /// `INFO`'s text: the sections asked for (all by default).
-pub fn info(sh: &Shared, a: &[Vec<u8>]) -> String {
+pub fn info(sh: &Shared, a: &[&[u8]]) -> String {
     let want: Vec<String> = a.iter().map(|x| lower(x)).collect();
     let all = want.is_empty()
         || want
