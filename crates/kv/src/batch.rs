@@ -5,12 +5,15 @@
 //! the other in memory, taking each key's lock, a version and room in its log head
 //! meanwhile; at [`Batch::commit`] it writes them all at once (non-temporal stores),
 //! fences once and switches the index for all of them: each value is still durable
-//! before anyone can see it, and a put's outcome is known only after the commit. (The
+//! before anyone can see it, and a put's outcome is known only after the commit; a
+//! crash in the middle of the commit keeps a prefix of the batch's puts (recovery stops
+//! at the first torn record of a segment, and the records follow the puts' order). (The
 //! records are written together because any locked instruction after non-temporal
 //! stores waits for them to drain, as a fence does: written one by one between the
-//! version counter's and the segment's atomics, each cost a fence anyway.) Puts of a key already in
-//! the batch replace its pending record (the earlier value is never visible: it is
-//! superseded before the commit, as if the two puts had followed each other at once).
+//! version counter's and the segment's atomics, each cost a fence anyway.) A put of the
+//! key of the batch's last record, of the same size, takes that record's room (the
+//! earlier value is never visible: it is superseded before the commit, as if the two
+//! puts had followed each other at once).
 //!
 //! No deadlock: a batch that holds locks only tries further ones (and commits first
 //! when one is taken); it waits for a lock only while it holds none, and it never
@@ -143,13 +146,16 @@ impl<'c> Batch<'c> {
         };
         let version = core.version.fetch_add(1, Ordering::Relaxed);
         let data = (key.len() + value.len()) as u64;
+        let end = self.records.len();
         if let Some(p) = earlier
             .map(|i| &mut self.pending[i])
-            .filter(|p| p.len == len)
+            .filter(|p| p.len == len && p.at + len as usize == end)
         {
-            // The same room: the new value takes the earlier one's record, which was
-            // never written (a hot key rewritten through a pipeline takes one record
-            // per batch, not one per put). Its head is the batch's: the same segment.
+            // The last record, of the same size: the new value takes its room (it was
+            // never written). A hot key rewritten through a pipeline takes one record
+            // per batch, not one per put. Only the last: a crash in the middle of the
+            // commit keeps a prefix of the records (recovery stops at the first torn
+            // one), and so of the puts in their order. Its head is the batch's.
             let seq = self.head.as_ref().map_or(0, |hd| hd.seq());
             let b = &mut self.records[p.at..p.at + len as usize];
             encode_record_at(b, seq, version, Kind::Value, key, value);
