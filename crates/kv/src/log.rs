@@ -315,9 +315,7 @@ impl Core {
         let h = encode_segment_header(seq);
         let off = Pool::seg_off(s) as u64;
         self.pool.map.write(off as usize, &h)?;
-        if released || self.huge {
-            // Collapsed by the background thread (one released, or never collapsed:
-            // free segments are not at opening; collapsing one that is costs little).
+        if released {
             self.segs.mark_fresh(s);
         }
         self.persist(off, h.len() as u64)?;

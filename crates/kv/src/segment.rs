@@ -131,11 +131,6 @@ impl Segments {
         self.at(s).live.load(Ordering::Acquire)
     }
 
-    /// Whether segment `s` is on the free list.
-    pub fn is_free(&self, s: u64) -> bool {
-        self.at(s).free.load(Ordering::Acquire)
-    }
-
     pub fn is_head(&self, s: u64) -> bool {
         self.at(s).head.load(Ordering::Acquire)
     }

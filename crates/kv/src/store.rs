@@ -226,10 +226,7 @@ impl Store {
                     .name("kv-collapse".into())
                     .spawn(move || {
                         // Segment 0 holds the header and the journal's slots: a few pages.
-                        // Free segments are collapsed when a head takes one (a fresh
-                        // pool's would all be made resident, and the kernel's zeroing
-                        // of them took the CPUs for seconds after opening).
-                        let skip = |s: u64| s == 0 || c.segs.is_released(s) || c.segs.is_free(s);
+                        let skip = |s: u64| s == 0 || c.segs.is_released(s);
                         c.pool
                             .collapse_all(&skip, &|| c.stop.load(Ordering::Acquire))
                     })?,
