@@ -805,7 +805,7 @@ fn batches_match_a_model_across_reopenings() {
             }
             for _ in 0..5 {
                 let k = format!("key-{}", rng.next() % 300).into_bytes();
-                if rng.next() % 3 == 0 {
+                if rng.next().is_multiple_of(3) {
                     assert_eq!(s.delete(&k).unwrap(), model.remove(&k).is_some());
                 } else {
                     assert_eq!(get(&s, &k), model.get(&k).cloned());

@@ -104,11 +104,11 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
         "ping" => match a {
             [] => o.simple("PONG"),
             [m] => o.bulk(m),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "echo" => match a {
             [m] => o.bulk(m),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "quit" => {
             o.ok();
@@ -116,7 +116,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
         }
         "get" => match a {
             [k] => get(s, k, o),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "set" => set(s, a, o),
         "getdel" => match a {
@@ -128,13 +128,13 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
                     Err(e) => store_error(o, &e),
                 }
             }
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
-        "del" | "unlink" => count(&name, a, o, |k| s.delete(k)),
-        "exists" => count(&name, a, o, |k| s.contains(k)),
+        "del" | "unlink" => count(name, a, o, |k| s.delete(k)),
+        "exists" => count(name, a, o, |k| s.contains(k)),
         "mget" => {
             if a.is_empty() {
-                arity(o, &name);
+                arity(o, name);
                 return After::Continue;
             }
             let mut vals = Vec::with_capacity(a.len());
@@ -160,11 +160,11 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
         }
         "mset" => {
             if a.is_empty() || !a.len().is_multiple_of(2) {
-                arity(o, &name);
+                arity(o, name);
                 return After::Continue;
             }
             for kv in a.chunks(2) {
-                if let Err(e) = s.put(&kv[0], &kv[1]) {
+                if let Err(e) = s.put(kv[0], kv[1]) {
                     store_error(o, &e);
                     return After::Continue;
                 }
@@ -173,7 +173,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
         }
         "incr" | "decr" => match a {
             [k] => incr(s, k, if name == "incr" { 1 } else { -1 }, o),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "incrby" | "decrby" => match a {
             [k, by] => match parse_i64(by) {
@@ -184,7 +184,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
                 },
                 None => o.error(NOT_INT),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "append" => match a {
             [k, v] => {
@@ -199,7 +199,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
                     Err(e) => store_error(o, &e),
                 }
             }
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "strlen" => match a {
             [k] => match s.get_with(k, <[u8]>::len) {
@@ -207,14 +207,14 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
                 Err(KvError::TooBig(_)) => o.int(0),
                 Err(e) => store_error(o, &e),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "type" => match a {
             [k] => match s.contains(k) {
                 Ok(true) => o.simple("string"),
                 _ => o.simple("none"),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "ttl" | "pttl" => match a {
             // Keys never expire here: -1 for a key, -2 for none.
@@ -223,7 +223,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
             } else {
                 -2
             }),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "dbsize" => o.int(s.len() as i64),
         "flushdb" | "flushall" => match a {
@@ -251,7 +251,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
                     o.bulk(&k);
                 }
             }
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "select" => match a {
             [db] => match parse_i64(db) {
@@ -259,7 +259,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
                 Some(_) => o.error("ERR DB index is out of range"),
                 None => o.error(NOT_INT),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "client" => client(se, a, o),
         "hello" => hello(se, a, o),
@@ -280,7 +280,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -
             }
             Some(_) => o.error(&format!(
                 "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-                String::from_utf8_lossy(&a[0])
+                String::from_utf8_lossy(a[0])
             )),
         },
         "config" => config(sh, a, o),
@@ -346,7 +346,7 @@ fn set(s: &Store, a: &[&[u8]], o: &mut Out<'_>) {
     let (mut nx, mut xx, mut get) = (false, false, false);
     let mut i = 2;
     while i < a.len() {
-        match lower(&a[i]).as_str() {
+        match lower(a[i]).as_str() {
             "nx" if !xx => nx = true,
             "xx" if !nx => xx = true,
             "get" => get = true,
@@ -427,7 +427,7 @@ fn scan(s: &Store, a: &[&[u8]], o: &mut Out<'_>) {
     let (mut pattern, mut count, mut strings_only) = (None, 10usize, true);
     let mut i = 1;
     while i < a.len() {
-        let opt = lower(&a[i]);
+        let opt = lower(a[i]);
         let Some(val) = a.get(i + 1) else {
             return syntax(o);
         };
@@ -513,7 +513,7 @@ fn hello(se: &mut Session, a: &[&[u8]], o: &mut Out<'_>) {
         i = 1;
     }
     while i < a.len() {
-        match lower(&a[i]).as_str() {
+        match lower(a[i]).as_str() {
             "auth" if i + 2 < a.len() => {
                 return o
                     .error("WRONGPASS cairn-kv has no users or passwords (AUTH is not supported)");
