@@ -55,7 +55,9 @@ struct Pending {
 
 /// Puts made durable together (see the module's documentation). Outcomes are reported
 /// in the order of the puts by [`Batch::commit`]. A batch lives on one thread (its
-/// epoch pin is that thread's).
+/// epoch pin is that thread's), and that thread makes no other change to the store
+/// while the batch has puts pending (it holds their keys' locks and a log head: a
+/// `put` of one of those keys, or on that head, would wait for itself): commit first.
 pub struct Batch<'c> {
     core: &'c Core,
     pin: Option<Pin>,
