@@ -558,24 +558,28 @@ pub fn run(args: &KvArgs) -> CliResult {
         )?;
         return Ok(());
     }
-    writeln!(
-        o,
-        "cairn-kv, {} keys of {} B: load {:.2} s, recovery {:.2} s{}\n",
-        r.keys,
-        r.value_bytes,
-        r.load_secs,
-        r.recovery_secs,
-        if r.runs > 1 {
-            format!(" (medians of {} runs)", r.runs)
-        } else {
-            String::new()
-        }
-    )?;
-    writeln!(
-        o,
-        "{:<9} {:<8} {:>5} {:>3} {:>12} {:>9} {:>9}",
-        "policy", "keys", "GET%", "thr", "ops/s", "p50 ns", "p99 ns"
-    )?;
+    if !r.embedded.is_empty() {
+        writeln!(
+            o,
+            "cairn-kv, {} keys of {} B: load {:.2} s, recovery {:.2} s{}\n",
+            r.keys,
+            r.value_bytes,
+            r.load_secs,
+            r.recovery_secs,
+            if r.runs > 1 {
+                format!(" (medians of {} runs)", r.runs)
+            } else {
+                String::new()
+            }
+        )?;
+        writeln!(
+            o,
+            "{:<9} {:<8} {:>5} {:>3} {:>12} {:>9} {:>9}",
+            "policy", "keys", "GET%", "thr", "ops/s", "p50 ns", "p99 ns"
+        )?;
+    } else if r.runs > 1 {
+        writeln!(o, "(medians of {} runs)", r.runs)?;
+    }
     for e in &r.embedded {
         writeln!(
             o,
