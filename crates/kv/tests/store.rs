@@ -888,3 +888,67 @@ fn concurrent_batches_never_show_a_torn_value() {
         assert_eq!(get(&s, &key.to_le_bytes()), values[key as usize]);
     }
 }
+
+/// Tombstones that pin each other: one thread deletes on one CPU, then the other, then
+/// the first again (each CPU has its log head), so that each of the two heads holds
+/// tombstones written after the other was opened; then both heads fill with live values
+/// and close. Neither segment is worth copying on its own (all live, its tombstones
+/// needed while the other, older than their horizon, exists), yet their tombstones are
+/// garbage above the bound: compaction moves the oldest of them, and the bound is met.
+#[test]
+fn tombstones_pinning_each_other_are_dropped_under_a_garbage_bound() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: one CPU");
+        return;
+    }
+    let p = PoolFile::new("pinning");
+    let s = Store::open(
+        &p.0,
+        &Options {
+            size: 64 << 20,
+            heads: Some(2),
+            max_garbage: Some(0.05),
+            background_compaction: false,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let on = |cpu: usize| cairn_media::sys::pin_to_cpu(cpu).unwrap();
+    let value = vec![7u8; 1000];
+    on(0);
+    for i in 0u64..10_000 {
+        s.put(&i.to_le_bytes(), &value).unwrap();
+    }
+    // Keys whose values are in closed segments (the last 2,000 may share head 0's).
+    for (cpu, keys) in [(1, 0u64..2600), (0, 2600..5200), (1, 5200..7800)] {
+        on(cpu);
+        for i in keys {
+            assert!(s.delete(&i.to_le_bytes()).unwrap());
+        }
+    }
+    // Both heads fill with live values and close.
+    for (cpu, keys) in [(0, 20_000u64..23_000), (1, 30_000..33_000)] {
+        on(cpu);
+        for i in keys {
+            s.put(&i.to_le_bytes(), &value).unwrap();
+        }
+    }
+    let mut idle = 0;
+    for _ in 0..200 {
+        idle = if s.compact(4).unwrap() == 0 {
+            idle + 1
+        } else {
+            0
+        };
+        s.reclaim();
+        if idle >= 20 {
+            break;
+        }
+    }
+    let st = s.stats();
+    assert_eq!(st.keys, 2200 + 6000);
+    assert!(st.garbage <= 0.05, "{st:?}");
+    for i in (7800u64..10_000).chain(20_000..23_000) {
+        assert_eq!(get(&s, &i.to_le_bytes()).as_deref(), Some(&value[..]));
+    }
+}

@@ -844,6 +844,13 @@ pub mod sys {
         rustix::thread::sched_getcpu()
     }
 
+    /// Run the calling thread on `cpu` only (tests that need a given per-CPU structure).
+    pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu);
+        Ok(rustix::thread::sched_setaffinity(None, &set)?)
+    }
+
     /// `flock(2)`: take an exclusive lock (`nonblock`: fail with `WouldBlock` if held).
     pub fn flock_exclusive(f: &File, nonblock: bool) -> io::Result<()> {
         flock(
