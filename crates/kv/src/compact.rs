@@ -114,11 +114,29 @@ impl Core {
         let now = self.version.load(Ordering::Relaxed);
         let oldest = self.segs.oldest();
         // Under the free list's lock: heads are taken from it under the same lock.
-        let chosen = self.segs.free_list().choose(max, |s| {
+        let mut chosen = self.segs.free_list().choose(max, |s| {
             let u = self.segs.needed(s, oldest) as f64 / SEGMENT_BYTES as f64;
             let age = now.saturating_sub(self.segs.born(s)) as f64 + 1.0;
             (u < FULL_ENOUGH).then_some((1.0 - u) * age / (1.0 + u))
         });
+        // Nothing worth copying, yet the garbage is above its bound: tombstones that
+        // pin each other (two segments, each holding tombstones written after the other
+        // was opened: a writer's thread moved between CPUs, so between heads, in the
+        // middle of its deletions) count as needed in both, which are then too full to
+        // choose, for ever. Moving the oldest segment's records (tombstones included) to
+        // compaction's head, newer than every horizon, frees the others' tombstones;
+        // each such move makes the oldest segment newer, so they end.
+        let (_, at, _) = oldest;
+        if chosen.is_empty()
+            && at != 0
+            && self.max_garbage.is_some_and(|g| self.garbage() > g)
+            && self.segs.pins_tombstones(self.segs.seq(at as u64))
+        {
+            chosen = self
+                .segs
+                .free_list()
+                .choose(1, |s| (s == at as u64).then_some(1.0));
+        }
         let rolls = self.counters.compaction_rolls.load(Ordering::Relaxed);
         let mut emptied: usize = 0;
         let mut result = Ok(());

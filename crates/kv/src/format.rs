@@ -170,9 +170,38 @@ pub fn encode_record_in(
     key: &[u8],
     value: &[u8],
 ) -> Vec<u8> {
-    debug_assert!(len >= record_len(key.len(), value.len()) && len.is_multiple_of(8));
-    let len = len as usize;
-    let mut b = vec![0u8; len];
+    let mut b = Vec::with_capacity(len as usize);
+    encode_record_onto(&mut b, len, seq, version, kind, key, value);
+    b
+}
+
+/// [`encode_record_in`] appended to `out` (records written together: a batch).
+pub fn encode_record_onto(
+    out: &mut Vec<u8>,
+    len: u64,
+    seq: u64,
+    version: u64,
+    kind: Kind,
+    key: &[u8],
+    value: &[u8],
+) {
+    let at = out.len();
+    out.resize(at + len as usize, 0);
+    encode_record_at(&mut out[at..], seq, version, kind, key, value);
+}
+
+/// [`encode_record_in`] into `b`, the record's whole allocation (its padding zeroed).
+pub fn encode_record_at(
+    b: &mut [u8],
+    seq: u64,
+    version: u64,
+    kind: Kind,
+    key: &[u8],
+    value: &[u8],
+) {
+    let len = b.len();
+    debug_assert!(len as u64 >= record_len(key.len(), value.len()) && len.is_multiple_of(8));
+    b[RECORD_HEADER as usize + key.len() + value.len()..].fill(0);
     b[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&(len as u32).to_le_bytes());
     b[8..16].copy_from_slice(&version.to_le_bytes());
@@ -184,7 +213,6 @@ pub fn encode_record_in(
     let k = RECORD_HEADER as usize;
     b[k..k + key.len()].copy_from_slice(key);
     b[k + key.len()..k + key.len() + value.len()].copy_from_slice(value);
-    b
 }
 
 /// The header of the record at the start of `b` if it is one (magic, sizes within the

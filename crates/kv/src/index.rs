@@ -34,6 +34,18 @@ struct Bucket {
     loc: [AtomicU64; SLOTS],
 }
 
+/// Wait for a bucket's writer: spin a little, then let other threads run (the writer
+/// may be one that was preempted: with more busy threads than CPUs, as a server and its
+/// clients on two cores, spinning on would burn the time slice it needs).
+fn wait(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 /// The index.
 pub struct Index {
     buckets: Box<[Bucket]>,
@@ -83,6 +95,7 @@ impl Index {
 
     fn lock(&self, i: usize) -> Locked<'_> {
         let b = &self.buckets[i];
+        let mut spins = 0u32;
         loop {
             let v = b.version.load(Ordering::Relaxed);
             if v & 1 == 0
@@ -92,19 +105,20 @@ impl Index {
             {
                 return Locked { b };
             }
-            std::hint::spin_loop();
+            wait(&mut spins);
         }
     }
 
     /// The location of the entry for `hash` that `is_key` accepts, read optimistically.
     pub fn get(&self, hash: u64, is_key: &dyn Fn(u64) -> bool) -> Option<u64> {
         let mut i = self.home(hash);
+        let mut spins = 0u32;
         for _ in 0..MAX_PROBE {
             let b = &self.buckets[i];
             let (found, more) = loop {
                 let v = b.version.load(Ordering::Acquire);
                 if v & 1 == 1 {
-                    std::hint::spin_loop();
+                    wait(&mut spins);
                     continue;
                 }
                 let mut found = None;
@@ -141,10 +155,11 @@ impl Index {
         mut f: impl FnMut(u64) -> R,
     ) -> Option<R> {
         let home = &self.buckets[self.home(hash)];
+        let mut spins = 0u32;
         loop {
             let v = home.version.load(Ordering::Acquire);
             if v & 1 == 1 {
-                std::hint::spin_loop();
+                wait(&mut spins);
                 continue;
             }
             let r = self.get(hash, is_key).map(&mut f);
@@ -211,6 +226,22 @@ impl Index {
             i = self.next(i);
         }
         None
+    }
+
+    /// The lock on the home bucket of `hash`, if no one holds it.
+    pub fn try_lock_key(&self, hash: u64) -> Option<Locked<'_>> {
+        let b = &self.buckets[self.home(hash)];
+        let v = b.version.load(Ordering::Relaxed);
+        (v & 1 == 0
+            && b.version
+                .compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok())
+        .then(|| Locked { b })
+    }
+
+    /// Whether `held` is the lock on the home bucket of `hash`.
+    pub fn covers(&self, held: &Locked<'_>, hash: u64) -> bool {
+        std::ptr::eq(held.b, &self.buckets[self.home(hash)])
     }
 
     /// Lock the home bucket of `hash`: every change to a key happens under it.

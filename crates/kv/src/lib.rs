@@ -17,6 +17,7 @@
 //! (compaction and its background threads), `store` (the API).
 #![forbid(unsafe_code)]
 
+mod batch;
 mod compact;
 mod epoch;
 pub mod format;
@@ -28,5 +29,6 @@ mod recover;
 mod segment;
 mod store;
 
+pub use batch::Batch;
 pub use log::Change;
 pub use store::{KvError, Options, Stats, Store, UpdatePolicy};

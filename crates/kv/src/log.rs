@@ -200,7 +200,7 @@ impl Core {
         Ok(())
     }
 
-    fn check_value(value: &[u8]) -> Result<(), KvError> {
+    pub(crate) fn check_value(value: &[u8]) -> Result<(), KvError> {
         if value.len() > MAX_VALUE {
             return Err(KvError::TooBig(format!(
                 "a value has at most {MAX_VALUE} bytes, not {}",
@@ -211,7 +211,7 @@ impl Core {
     }
 
     /// The log head of the calling CPU.
-    fn head(&self) -> MutexGuard<'_, Head> {
+    pub(crate) fn head(&self) -> MutexGuard<'_, Head> {
         self.heads.for_cpu(cairn_media::sys::current_cpu())
     }
 

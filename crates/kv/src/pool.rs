@@ -26,16 +26,30 @@ impl Pool {
     /// has it open (after waiting a second: a child forked by the last user may hold
     /// the lock until it executes its program).
     pub fn open(path: &Path, size: u64) -> io::Result<Pool> {
-        let file = OpenOptions::new()
+        let file = Self::lock(path, Self::open_file(path)?)?;
+        Self::on_file(file, size)
+    }
+
+    fn open_file(path: &Path) -> io::Result<File> {
+        OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(path)?;
+            .open(path)
+    }
+
+    /// `file`, opened at `path`, once it is locked (exclusively) and still the file at
+    /// `path`. A file removed (or replaced) while this waited for its lock is not the
+    /// pool any more: a store opened on it would write to a file nobody can open again,
+    /// and lose everything at close. Then the file now at `path` is opened (created if
+    /// there is none) and locked instead.
+    fn lock(path: &Path, mut file: File) -> io::Result<File> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         loop {
             match cairn_media::sys::flock_exclusive(&file, true) {
-                Ok(()) => break,
+                Ok(()) if Self::is_at(&file, path)? => return Ok(file),
+                Ok(()) => file = Self::open_file(path)?,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if std::time::Instant::now() >= deadline {
                         return Err(io::Error::new(
@@ -48,7 +62,17 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
-        Self::on_file(file, size)
+    }
+
+    /// Whether `file` is the file at `path` (false when there is none).
+    fn is_at(file: &File, path: &Path) -> io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let f = file.metadata()?;
+        match std::fs::metadata(path) {
+            Ok(p) => Ok((p.dev(), p.ino()) == (f.dev(), f.ino())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// A pool of `size` bytes in memory only (an unlinked file on `/dev/shm`): gone when
@@ -137,5 +161,40 @@ impl Pool {
     /// Byte offset of segment `s`.
     pub fn seg_off(s: u64) -> usize {
         (s * SEGMENT_BYTES) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two stores opened on one path, the first removing the file before it lets go
+    /// (tests sharing a pool's name did): the second, waiting for the lock on the file
+    /// it opened, must not open the removed file (whatever it wrote there would be gone
+    /// at its next opening) but the one now at the path.
+    #[test]
+    fn a_pool_removed_while_an_opener_waits_is_not_the_one_it_opens() {
+        let path = std::path::PathBuf::from(format!(
+            "/dev/shm/cairn-kv-pool-removed-{}.pool",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let first = Pool::open(&path, 8 << 20).unwrap();
+        // What the second opener holds while it waits.
+        let waiting = Pool::open_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        drop(first);
+        let file = Pool::lock(&path, waiting).unwrap();
+        assert!(
+            Pool::is_at(&file, &path).unwrap(),
+            "the removed file was opened"
+        );
+        let second = Pool::on_file(file, 8 << 20).unwrap();
+        assert_eq!(second.header.segments, 4);
+        // Locked: a third opener waits (and gives up after a second).
+        let third = Pool::open(&path, 8 << 20).err().expect("a third open");
+        assert_eq!(third.kind(), io::ErrorKind::WouldBlock);
+        drop(second);
+        std::fs::remove_file(&path).unwrap();
     }
 }

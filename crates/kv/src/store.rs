@@ -241,6 +241,14 @@ impl Store {
             .update(key, |_| Ok((Change::Put(Cow::Borrowed(value)), ())))
     }
 
+    /// A batch of puts made durable together: one fence for all of them, each value
+    /// visible only once durable, the outcomes known at [`Batch::commit`] (group
+    /// commit; see [`crate::Batch`]). For a server that acknowledges the requests it
+    /// read together once they are all durable.
+    pub fn batch(&self) -> crate::Batch<'_> {
+        crate::Batch::new(&self.core)
+    }
+
     /// Remove `key`, durably: a tombstone record, which holds the segment sequence
     /// counter at the time (its horizon: every older record of the key is in a segment
     /// opened before it; compaction keeps the tombstone while such a segment may still be

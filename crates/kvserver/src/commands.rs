@@ -55,7 +55,7 @@ fn syntax(o: &mut Out<'_>) {
 }
 
 /// The reply for a store error.
-fn store_error(o: &mut Out<'_>, e: &KvError) {
+pub(crate) fn store_error(o: &mut Out<'_>, e: &KvError) {
     match e {
         KvError::Full => o.error("OOM command not allowed when used memory > 'maxmemory'."),
         KvError::IndexFull => o.error(
@@ -83,23 +83,32 @@ pub fn parse_i64(b: &[u8]) -> Option<i64> {
 const NOT_INT: &str = "ERR value is not an integer or out of range";
 
 /// Execute one request.
-pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>) -> After {
+pub fn execute(sh: &Shared, se: &mut Session, args: &[&[u8]], o: &mut Out<'_>) -> After {
     let Some(cmd) = args.first() else {
         return After::Continue;
     };
-    sh.commands.fetch_add(1, Ordering::Relaxed);
-    let name = lower(cmd);
+    // The name in lower case, on the stack (every known one is short; a longer one, or
+    // one that is not UTF-8, is unknown whatever its case).
+    let mut lowered = [0u8; 16];
+    let name = match lowered.get_mut(..cmd.len()) {
+        Some(l) => {
+            l.copy_from_slice(cmd);
+            l.make_ascii_lowercase();
+            std::str::from_utf8(l).unwrap_or("")
+        }
+        None => "",
+    };
     let a = &args[1..];
     let s = &sh.store;
-    match name.as_str() {
+    match name {
         "ping" => match a {
             [] => o.simple("PONG"),
             [m] => o.bulk(m),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "echo" => match a {
             [m] => o.bulk(m),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "quit" => {
             o.ok();
@@ -107,7 +116,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
         }
         "get" => match a {
             [k] => get(s, k, o),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "set" => set(s, a, o),
         "getdel" => match a {
@@ -119,13 +128,13 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
                     Err(e) => store_error(o, &e),
                 }
             }
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
-        "del" | "unlink" => count(&name, a, o, |k| s.delete(k)),
-        "exists" => count(&name, a, o, |k| s.contains(k)),
+        "del" | "unlink" => count(name, a, o, |k| s.delete(k)),
+        "exists" => count(name, a, o, |k| s.contains(k)),
         "mget" => {
             if a.is_empty() {
-                arity(o, &name);
+                arity(o, name);
                 return After::Continue;
             }
             let mut vals = Vec::with_capacity(a.len());
@@ -151,11 +160,11 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
         }
         "mset" => {
             if a.is_empty() || !a.len().is_multiple_of(2) {
-                arity(o, &name);
+                arity(o, name);
                 return After::Continue;
             }
             for kv in a.chunks(2) {
-                if let Err(e) = s.put(&kv[0], &kv[1]) {
+                if let Err(e) = s.put(kv[0], kv[1]) {
                     store_error(o, &e);
                     return After::Continue;
                 }
@@ -164,7 +173,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
         }
         "incr" | "decr" => match a {
             [k] => incr(s, k, if name == "incr" { 1 } else { -1 }, o),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "incrby" | "decrby" => match a {
             [k, by] => match parse_i64(by) {
@@ -175,7 +184,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
                 },
                 None => o.error(NOT_INT),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "append" => match a {
             [k, v] => {
@@ -190,7 +199,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
                     Err(e) => store_error(o, &e),
                 }
             }
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "strlen" => match a {
             [k] => match s.get_with(k, <[u8]>::len) {
@@ -198,14 +207,14 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
                 Err(KvError::TooBig(_)) => o.int(0),
                 Err(e) => store_error(o, &e),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "type" => match a {
             [k] => match s.contains(k) {
                 Ok(true) => o.simple("string"),
                 _ => o.simple("none"),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "ttl" | "pttl" => match a {
             // Keys never expire here: -1 for a key, -2 for none.
@@ -214,7 +223,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
             } else {
                 -2
             }),
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "dbsize" => o.int(s.len() as i64),
         "flushdb" | "flushall" => match a {
@@ -242,7 +251,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
                     o.bulk(&k);
                 }
             }
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "select" => match a {
             [db] => match parse_i64(db) {
@@ -250,7 +259,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
                 Some(_) => o.error("ERR DB index is out of range"),
                 None => o.error(NOT_INT),
             },
-            _ => arity(o, &name),
+            _ => arity(o, name),
         },
         "client" => client(se, a, o),
         "hello" => hello(se, a, o),
@@ -271,7 +280,7 @@ pub fn execute(sh: &Shared, se: &mut Session, args: &[Vec<u8>], o: &mut Out<'_>)
             }
             Some(_) => o.error(&format!(
                 "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-                String::from_utf8_lossy(&a[0])
+                String::from_utf8_lossy(a[0])
             )),
         },
         "config" => config(sh, a, o),
@@ -306,7 +315,7 @@ pub const COMMANDS: &[&str] = &[
 
 /// `DEL`, `EXISTS`: how many of the keys `f` says yes for (each key counted as often
 /// as it is named).
-fn count(name: &str, a: &[Vec<u8>], o: &mut Out<'_>, f: impl Fn(&[u8]) -> Result<bool, KvError>) {
+fn count(name: &str, a: &[&[u8]], o: &mut Out<'_>, f: impl Fn(&[u8]) -> Result<bool, KvError>) {
     if a.is_empty() {
         return arity(o, name);
     }
@@ -329,7 +338,7 @@ fn get(s: &Store, k: &[u8], o: &mut Out<'_>) {
     }
 }
 
-fn set(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn set(s: &Store, a: &[&[u8]], o: &mut Out<'_>) {
     if a.len() < 2 {
         return arity(o, "set");
     }
@@ -337,7 +346,7 @@ fn set(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
     let (mut nx, mut xx, mut get) = (false, false, false);
     let mut i = 2;
     while i < a.len() {
-        match lower(&a[i]).as_str() {
+        match lower(a[i]).as_str() {
             "nx" if !xx => nx = true,
             "xx" if !nx => xx = true,
             "get" => get = true,
@@ -356,7 +365,7 @@ fn set(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
         let old = if get { cur.map(<[u8]>::to_vec) } else { None };
         let go = !(nx && cur.is_some() || xx && cur.is_none());
         let change = if go {
-            Change::Put(Cow::Borrowed(v.as_slice()))
+            Change::Put(Cow::Borrowed(*v))
         } else {
             Change::Keep
         };
@@ -405,7 +414,7 @@ fn flush(s: &Store, o: &mut Out<'_>) {
     o.ok();
 }
 
-fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn scan(s: &Store, a: &[&[u8]], o: &mut Out<'_>) {
     let Some(cursor) = a.first() else {
         return arity(o, "scan");
     };
@@ -418,12 +427,12 @@ fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
     let (mut pattern, mut count, mut strings_only) = (None, 10usize, true);
     let mut i = 1;
     while i < a.len() {
-        let opt = lower(&a[i]);
+        let opt = lower(a[i]);
         let Some(val) = a.get(i + 1) else {
             return syntax(o);
         };
         match opt.as_str() {
-            "match" => pattern = Some(val.clone()),
+            "match" => pattern = Some(*val),
             "count" => match parse_i64(val) {
                 Some(n) if n >= 1 => count = n as usize,
                 Some(_) => return syntax(o),
@@ -448,7 +457,7 @@ fn scan(s: &Store, a: &[Vec<u8>], o: &mut Out<'_>) {
     }
 }
 
-fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn client(se: &mut Session, a: &[&[u8]], o: &mut Out<'_>) {
     let Some(sub) = a.first() else {
         return arity(o, "client");
     };
@@ -459,7 +468,7 @@ fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
                     "ERR Client names cannot contain spaces, newlines or special characters.",
                 );
             }
-            se.name = n.clone();
+            se.name = n.to_vec();
             o.ok();
         }
         ("getname", []) => {
@@ -492,7 +501,7 @@ fn client(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     }
 }
 
-fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn hello(se: &mut Session, a: &[&[u8]], o: &mut Out<'_>) {
     let mut i = 0;
     if let Some(v) = a.first() {
         match parse_i64(v) {
@@ -504,13 +513,13 @@ fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
         i = 1;
     }
     while i < a.len() {
-        match lower(&a[i]).as_str() {
+        match lower(a[i]).as_str() {
             "auth" if i + 2 < a.len() => {
                 return o
                     .error("WRONGPASS cairn-kv has no users or passwords (AUTH is not supported)");
             }
             "setname" if i + 1 < a.len() => {
-                se.name = a[i + 1].clone();
+                se.name = a[i + 1].to_vec();
                 i += 2;
             }
             _ => return syntax(o),
@@ -534,7 +543,7 @@ fn hello(se: &mut Session, a: &[Vec<u8>], o: &mut Out<'_>) {
     o.array(0);
 }
 
-fn config(sh: &Shared, a: &[Vec<u8>], o: &mut Out<'_>) {
+fn config(sh: &Shared, a: &[&[u8]], o: &mut Out<'_>) {
     let Some(sub) = a.first() else {
         return arity(o, "config");
     };
@@ -631,7 +640,7 @@ pub fn stats_pairs(st: &cairn_kv::Stats) -> Vec<(&'static str, String)> {
 }
 
 /// `INFO`'s text: the sections asked for (all by default).
-pub fn info(sh: &Shared, a: &[Vec<u8>]) -> String {
+pub fn info(sh: &Shared, a: &[&[u8]]) -> String {
     let want: Vec<String> = a.iter().map(|x| lower(x)).collect();
     let all = want.is_empty()
         || want

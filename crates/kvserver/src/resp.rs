@@ -27,27 +27,56 @@ fn perr<T>(m: &str) -> Result<T, ProtocolError> {
 /// not hold all of it yet, or the protocol error.
 pub type Parsed = Result<Option<(Vec<Vec<u8>>, usize)>, ProtocolError>;
 
-/// Where `\r\n` ends the line starting at `from`, if the buffer holds it.
-fn line_end(buf: &[u8], from: usize) -> Option<usize> {
-    buf.get(from..)?
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .map(|p| from + p)
+/// The arguments of the request [`parse_into`] parsed last, without copying them: where
+/// they are in the buffer (an array's bulk strings), or the bytes an inline command's
+/// quotes and escapes made. Reused from request to request (no allocation once grown).
+#[derive(Debug, Default)]
+pub struct Args {
+    ranges: Vec<(usize, usize)>,
+    owned: Vec<Vec<u8>>,
+    inline: bool,
 }
 
-/// A decimal integer (with an optional sign) of a header line.
-fn number(b: &[u8]) -> Option<i64> {
-    std::str::from_utf8(b).ok()?.parse().ok()
+impl Args {
+    /// How many arguments.
+    pub fn len(&self) -> usize {
+        if self.inline {
+            self.owned.len()
+        } else {
+            self.ranges.len()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Argument `i` of the request parsed from `buf` (the bytes given to [`parse_into`]).
+    pub fn get<'a>(&'a self, buf: &'a [u8], i: usize) -> &'a [u8] {
+        if self.inline {
+            &self.owned[i]
+        } else {
+            let (a, b) = self.ranges[i];
+            &buf[a..b]
+        }
+    }
 }
 
-/// Parse one request from the start of `buf`: its arguments and the bytes it took, or
-/// `None` when the buffer does not hold all of it yet.
-pub fn parse(buf: &[u8]) -> Parsed {
+/// Parse one request from the start of `buf` into `args`: the bytes it took, or `None`
+/// when the buffer does not hold all of it yet.
+pub fn parse_into(buf: &[u8], args: &mut Args) -> Result<Option<usize>, ProtocolError> {
+    args.ranges.clear();
+    args.inline = false;
     if buf.is_empty() {
         return Ok(None);
     }
     if buf[0] != b'*' {
-        return parse_inline(buf);
+        args.inline = true;
+        args.owned.clear();
+        return Ok(parse_inline(buf)?.map(|(a, n)| {
+            args.owned = a;
+            n
+        }));
     }
     let Some(end) = line_end(buf, 1) else {
         if buf.len() > MAX_INLINE {
@@ -61,9 +90,8 @@ pub fn parse(buf: &[u8]) -> Parsed {
     };
     let mut at = end + 2;
     if n <= 0 {
-        return Ok(Some((Vec::new(), at)));
+        return Ok(Some(at));
     }
-    let mut args = Vec::with_capacity((n as usize).min(1024));
     for _ in 0..n {
         if at >= buf.len() {
             return Ok(None);
@@ -88,10 +116,51 @@ pub fn parse(buf: &[u8]) -> Parsed {
         if &buf[start + len..start + len + 2] != b"\r\n" {
             return perr("bulk string not terminated by CRLF");
         }
-        args.push(buf[start..start + len].to_vec());
+        args.ranges.push((start, start + len));
         at = start + len + 2;
     }
-    Ok(Some((args, at)))
+    Ok(Some(at))
+}
+
+/// Where `\r\n` ends the line starting at `from`, if the buffer holds it.
+fn line_end(buf: &[u8], from: usize) -> Option<usize> {
+    let rest = buf.get(from..)?;
+    let mut i = 0;
+    while let Some(p) = rest[i..].iter().position(|&b| b == b'\r') {
+        let at = i + p;
+        if rest.get(at + 1) == Some(&b'\n') {
+            return Some(from + at);
+        }
+        i = at + 1;
+    }
+    None
+}
+
+/// A decimal integer (with an optional sign) of a header line.
+fn number(b: &[u8]) -> Option<i64> {
+    let (neg, digits) = match b.split_first() {
+        Some((b'-', d)) => (true, d),
+        Some((b'+', d)) => (false, d),
+        _ => (false, b),
+    };
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        // Longer ones (still valid integers) and anything else the slow way.
+        return std::str::from_utf8(b).ok()?.parse().ok();
+    }
+    let n = digits
+        .iter()
+        .fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+    Some(if neg { -n } else { n })
+}
+
+/// Parse one request from the start of `buf`: its arguments and the bytes it took, or
+/// `None` when the buffer does not hold all of it yet.
+pub fn parse(buf: &[u8]) -> Parsed {
+    let mut args = Args::default();
+    Ok(parse_into(buf, &mut args)?.map(|n| {
+        let v = (0..args.len()).map(|i| args.get(buf, i).to_vec()).collect();
+        (v, n)
+    }))
 }
 
 /// How many bytes the request at the start of `buf` announces it still needs at least

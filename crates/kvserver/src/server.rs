@@ -6,7 +6,7 @@
 //! executed, none read) until it does.
 
 use crate::commands::{execute, After, Session, Shared};
-use crate::resp::{parse, wanted, Out};
+use crate::resp::{parse_into, wanted, Args, Out};
 use rustix::buffer::spare_capacity;
 use rustix::event::epoll;
 use std::collections::HashMap;
@@ -28,11 +28,17 @@ struct Conn {
     out: Vec<u8>,
     sent: usize,
     session: Session,
+    /// The arguments of the request being executed (reused).
+    args: Args,
     /// Close once the replies are out (`QUIT`, a protocol error, the peer's EOF).
     closing: bool,
     /// The interest registered now (readable, writable).
     interest: (bool, bool),
 }
+
+/// `SET`s committed together at most: a batch holds the locks of its keys' buckets
+/// (readers of those wait) until its commit.
+const MAX_BATCH: usize = 64;
 
 /// The most room made ahead of the bytes of an announced bulk.
 const MAX_PREALLOC: usize = 1 << 20;
@@ -73,18 +79,51 @@ impl Conn {
     }
 
     /// Execute the whole requests in the input buffer, until the replies pending reach
-    /// `MAX_PENDING` (the rest waits for the client to read).
+    /// `MAX_PENDING` (the rest waits for the client to read). Plain `SET`s in a row are
+    /// one batch (group commit): their records written, fenced once, and only then
+    /// visible and acknowledged; any other request commits the batch before it runs.
     fn run(&mut self, sh: &Shared) {
         let mut at = 0;
+        let mut done = 0;
+        let mut batch = sh.store.batch();
         while !self.closing && self.out.len() - self.sent < MAX_PENDING {
-            match parse(&self.inb[at..]) {
-                Ok(Some((args, n))) => {
+            let buf = &self.inb[at..];
+            match parse_into(buf, &mut self.args) {
+                Ok(Some(n)) => {
                     at += n;
+                    done += 1;
+                    if self.args.len() == 3 && self.args.get(buf, 0).eq_ignore_ascii_case(b"set") {
+                        batch.put(self.args.get(buf, 1), self.args.get(buf, 2));
+                        if batch.len() >= MAX_BATCH {
+                            let mut o = Out {
+                                buf: &mut self.out,
+                                resp3: self.session.resp3,
+                            };
+                            commit(&mut batch, &mut o);
+                        }
+                        continue;
+                    }
                     let mut o = Out {
                         buf: &mut self.out,
                         resp3: self.session.resp3,
                     };
-                    if execute(sh, &mut self.session, &args, &mut o) == After::Close {
+                    commit(&mut batch, &mut o);
+                    // The arguments as slices (on the stack for the usual few).
+                    let mut small: [&[u8]; 8] = [&[]; 8];
+                    let big: Vec<&[u8]>;
+                    let argv: &[&[u8]] = match self.args.len() {
+                        k if k <= small.len() => {
+                            for (i, a) in small[..k].iter_mut().enumerate() {
+                                *a = self.args.get(buf, i);
+                            }
+                            &small[..k]
+                        }
+                        k => {
+                            big = (0..k).map(|i| self.args.get(buf, i)).collect();
+                            &big
+                        }
+                    };
+                    if execute(sh, &mut self.session, argv, &mut o) == After::Close {
                         self.closing = true;
                     }
                 }
@@ -95,11 +134,20 @@ impl Conn {
                         buf: &mut self.out,
                         resp3: self.session.resp3,
                     };
+                    commit(&mut batch, &mut o);
                     o.error(&format!("ERR {}", e.0));
                     self.closing = true;
                 }
             }
         }
+        let mut o = Out {
+            buf: &mut self.out,
+            resp3: self.session.resp3,
+        };
+        commit(&mut batch, &mut o);
+        // Counted once per batch (a counter shared by every worker: once per command
+        // it bounced between the CPUs).
+        sh.commands.fetch_add(done, Ordering::Relaxed);
         self.inb.drain(..at);
     }
 
@@ -126,6 +174,16 @@ impl Conn {
     fn wants(&self) -> (bool, bool) {
         let pending = self.out.len() - self.sent;
         (!self.closing && pending < MAX_PENDING, pending > 0)
+    }
+}
+
+/// Commit the batched `SET`s and write their replies.
+fn commit(batch: &mut cairn_kv::Batch<'_>, o: &mut Out<'_>) {
+    if !batch.is_empty() {
+        batch.commit(|r| match r {
+            Ok(()) => o.ok(),
+            Err(e) => crate::commands::store_error(o, &e),
+        });
     }
 }
 
@@ -179,6 +237,7 @@ fn work(w: Arc<Worker>, sh: Arc<Shared>, stop: Arc<dyn Fn() -> bool + Send + Syn
                                 resp3: false,
                                 name: Vec::new(),
                             },
+                            args: Args::default(),
                             closing: false,
                             interest: (true, false),
                         },

@@ -399,6 +399,119 @@ fn kill_9_under_load_loses_nothing_acknowledged() {
     assert_eq!(call(&mut c, &["DBSIZE"]), Reply::Int(present as i64));
 }
 
+/// Pipelines of 16 `SET`s (and a few `DEL`s) from three clients, many of them on the
+/// same few keys (a key set twice in one pipeline, as redis-benchmark's single key is),
+/// while the server is killed (-9): the server commits the `SET`s it read together
+/// with one fence and acknowledges them after it. After each restart every key holds
+/// its last acknowledged value, or one its client had in flight since.
+#[test]
+fn kill_9_under_pipelined_sets_loses_nothing_acknowledged() {
+    let pool = Pool::new("kill-pipelined");
+    // Per key: the acknowledged state (Some(version) or None: absent) and the states
+    // sent since.
+    type Book = HashMap<u64, (Option<u64>, Vec<Option<u64>>)>;
+    let book: Arc<Mutex<Book>> = Arc::new(Mutex::new(HashMap::new()));
+    let check = |c: &mut Client, b: &mut Book, round: u64| {
+        for (k, (acked, flight)) in b.iter_mut() {
+            let got = match call(c, &["GET", &format!("k{k}")]) {
+                Reply::Bulk(v) => {
+                    let v = String::from_utf8(v).unwrap();
+                    let (key, ver) = v.split_once(':').unwrap();
+                    assert_eq!(key, format!("k{k}"), "round {round}: a foreign value");
+                    Some(ver.split('.').next().unwrap().parse::<u64>().unwrap())
+                }
+                Reply::Nil => None,
+                r => panic!("{r:?}"),
+            };
+            assert!(
+                got == *acked || flight.contains(&got),
+                "round {round}: key {k} holds {got:?}, acknowledged {acked:?}, in flight {flight:?}"
+            );
+            *acked = got;
+            flight.clear();
+        }
+    };
+    for round in 0..5u64 {
+        let extra: &[&str] = if round == 3 { &["--in-place"] } else { &[] };
+        let mut s = start(&pool.0, "24M", extra);
+        check(&mut client(s.port), &mut book.lock().unwrap(), round);
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..3u64)
+            .map(|w| {
+                let (book, stop, port) = (book.clone(), stop.clone(), s.port);
+                std::thread::spawn(move || {
+                    let mut c = client(port);
+                    let mut x = round * 1000 + w + 1;
+                    let mut version = (round + 1) * 1_000_000;
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut req = Vec::new();
+                        let mut sent = Vec::new();
+                        for _ in 0..16 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            // Few keys: most pipelines set one of them more than once.
+                            let k = w * 1000 + x % 12;
+                            version += 1;
+                            let key = format!("k{k}");
+                            let new = if x % 29 == 0 {
+                                cairn_kvserver::client::encode(&mut req, &[b"DEL", key.as_bytes()]);
+                                None
+                            } else {
+                                let pad = "p".repeat((x % 2000) as usize);
+                                let v = format!("{key}:{version}.{pad}");
+                                cairn_kvserver::client::encode(
+                                    &mut req,
+                                    &[b"SET", key.as_bytes(), v.as_bytes()],
+                                );
+                                Some(version)
+                            };
+                            sent.push((k, new));
+                        }
+                        {
+                            let mut b = book.lock().unwrap();
+                            for &(k, new) in &sent {
+                                b.entry(k).or_insert((None, Vec::new())).1.push(new);
+                            }
+                        }
+                        match c.pipeline(&req, sent.len()) {
+                            Ok(replies) => {
+                                let mut b = book.lock().unwrap();
+                                for (&(k, new), r) in sent.iter().zip(replies) {
+                                    assert!(!matches!(r, Reply::Error(_)), "{r:?}");
+                                    let e = b.get_mut(&k).unwrap();
+                                    e.0 = new;
+                                    // The states sent before this one are past.
+                                    let at = e.1.iter().position(|&f| f == new).unwrap();
+                                    e.1.drain(..=at);
+                                }
+                            }
+                            // The server died: the pipeline is in flight.
+                            Err(_) => return,
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300 + 70 * round));
+        let _ = Command::new("kill")
+            .args(["-9", &s.child.id().to_string()])
+            .status();
+        let _ = s.child.wait();
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+    let s = start(&pool.0, "24M", &[]);
+    let mut c = client(s.port);
+    let mut b = book.lock().unwrap();
+    check(&mut c, &mut b, 5);
+    let present = b.values().filter(|(acked, _)| acked.is_some()).count();
+    assert!(present > 0);
+    assert_eq!(call(&mut c, &["DBSIZE"]), Reply::Int(present as i64));
+}
+
 fn raw(port: u16, req: &[u8]) -> (Vec<u8>, bool) {
     let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
     t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -54,6 +54,10 @@ pub struct KvArgs {
     /// cairn-kv's garbage bound in the churn runs (see `cairn kv serve --max-garbage`)
     #[arg(long, value_name = "F", default_value_t = 0.05)]
     pub max_garbage: f64,
+    /// Only the SET runs against redis-server (the four runs a new user tries: 3-byte
+    /// and 1 KiB values, one key and 100,000; -P 16 and -P 1), skipping the rest
+    #[arg(long)]
+    pub versus_only: bool,
     /// Runs of the embedded and server measurements: each figure is the median
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=99))]
@@ -83,6 +87,22 @@ pub struct Served {
     pub p99_ms: f64,
 }
 
+/// One SET run of redis-benchmark against `cairn kv serve` and `redis-server` without
+/// persistence, taken in turns in the same run (medians of `--runs`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Versus {
+    /// The redis-benchmark command (without its port).
+    pub command: String,
+    pub pipeline: u32,
+    pub value_bytes: u32,
+    /// Keys written (1: redis-benchmark's default, one key).
+    pub keys: u64,
+    pub cairn_sets_per_sec: f64,
+    pub redis_sets_per_sec: f64,
+    /// cairn over redis-server.
+    pub ratio: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct Results {
     /// Runs each embedded and server figure is the median of.
@@ -93,6 +113,7 @@ struct Results {
     recovery_secs: f64,
     embedded: Vec<Embedded>,
     server: Vec<Served>,
+    versus: Vec<Versus>,
     churn: Vec<super::kv_churn::Churn>,
 }
 
@@ -382,6 +403,66 @@ fn server(args: &KvArgs, out: &mut Results) -> CliResult {
     Ok(())
 }
 
+/// SETs per second that `redis-benchmark -q ... --csv` printed.
+fn sets_per_sec(o: &std::process::Output) -> f64 {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(',').map(|x| x.trim_matches('"')).collect();
+            (f.len() >= 2 && f[0] == "SET").then(|| f[1].parse().unwrap_or(0.0))
+        })
+        .unwrap_or(0.0)
+}
+
+/// The runs a new user tries (`redis-benchmark -t set -n N -c 50`, 3-byte values and
+/// one key by default, `-r 100000`, `-d 1024`; `-P 16` and `-P 1`) against `cairn kv
+/// serve` (append) and `redis-server` without persistence, both started here, each
+/// run taken against one then the other.
+fn versus(args: &KvArgs, out: &mut Results) -> CliResult {
+    let (cp, rp) = (free_port()?, free_port()?);
+    let _c = start("cairn-kv append", cp)?;
+    let _r = start("redis none", rp)?;
+    for pipeline in [16u32, 1] {
+        for (value, keys) in [(3u32, 1u64), (3, 100_000), (1024, 1), (1024, 100_000)] {
+            let mut a: Vec<String> = ["-t", "set", "-n", &args.requests.to_string(), "-c", "50"]
+                .iter()
+                .map(|x| x.to_string())
+                .collect();
+            a.extend(["-P".into(), pipeline.to_string()]);
+            if value != 3 {
+                a.extend(["-d".into(), value.to_string()]);
+            }
+            if keys > 1 {
+                a.extend(["-r".into(), keys.to_string()]);
+            }
+            let run = |port: u16| -> CliResult<f64> {
+                Ok(sets_per_sec(
+                    &Command::new("redis-benchmark")
+                        .args(["-p", &port.to_string()])
+                        .args(&a)
+                        .arg("--csv")
+                        .output()?,
+                ))
+            };
+            let command = format!("redis-benchmark {}", a.join(" "));
+            progress(format_args!(
+                "kv: {command} against cairn-kv and redis-server\n"
+            ));
+            let (c, r) = (run(cp)?, run(rp)?);
+            out.versus.push(Versus {
+                command,
+                pipeline,
+                value_bytes: value,
+                keys,
+                cairn_sets_per_sec: c,
+                redis_sets_per_sec: r,
+                ratio: if r > 0.0 { c / r } else { 0.0 },
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Each figure of `runs` (rows in the same order in every run) replaced by its median.
 fn medians(runs: Vec<Results>) -> Results {
     let mut r = Results {
@@ -392,8 +473,18 @@ fn medians(runs: Vec<Results>) -> Results {
         recovery_secs: median(&runs.iter().map(|x| x.recovery_secs).collect::<Vec<_>>()),
         embedded: runs[0].embedded.clone(),
         server: runs[0].server.clone(),
+        versus: runs[0].versus.clone(),
         churn: Vec::new(),
     };
+    for (i, v) in r.versus.iter_mut().enumerate() {
+        let of = |f: &dyn Fn(&Versus) -> f64| {
+            median(&runs.iter().map(|x| f(&x.versus[i])).collect::<Vec<_>>())
+        };
+        v.cairn_sets_per_sec = of(&|x| x.cairn_sets_per_sec);
+        v.redis_sets_per_sec = of(&|x| x.redis_sets_per_sec);
+        // The median of the runs' ratios (each run's two figures taken together).
+        v.ratio = of(&|x| x.ratio);
+    }
     for (i, e) in r.embedded.iter_mut().enumerate() {
         let of = |f: &dyn Fn(&Embedded) -> f64| {
             median(&runs.iter().map(|x| f(&x.embedded[i])).collect::<Vec<_>>())
@@ -437,18 +528,22 @@ pub fn run(args: &KvArgs) -> CliResult {
             recovery_secs: 0.0,
             embedded: Vec::new(),
             server: Vec::new(),
+            versus: Vec::new(),
             churn: Vec::new(),
         };
-        if args.ops > 0 {
+        if args.ops > 0 && !args.versus_only {
             embedded(args, &mut r)?;
         }
         if args.requests > 0 {
-            server(args, &mut r)?;
+            if !args.versus_only {
+                server(args, &mut r)?;
+            }
+            versus(args, &mut r)?;
         }
         runs.push(r);
     }
     let mut r = medians(runs);
-    if args.churn_bytes > 0 {
+    if args.churn_bytes > 0 && !args.versus_only {
         if !(0.0..1.0).contains(&args.max_garbage) {
             return Err(CliError::new("--max-garbage: a fraction from 0 to 1"));
         }
@@ -463,24 +558,28 @@ pub fn run(args: &KvArgs) -> CliResult {
         )?;
         return Ok(());
     }
-    writeln!(
-        o,
-        "cairn-kv, {} keys of {} B: load {:.2} s, recovery {:.2} s{}\n",
-        r.keys,
-        r.value_bytes,
-        r.load_secs,
-        r.recovery_secs,
-        if r.runs > 1 {
-            format!(" (medians of {} runs)", r.runs)
-        } else {
-            String::new()
-        }
-    )?;
-    writeln!(
-        o,
-        "{:<9} {:<8} {:>5} {:>3} {:>12} {:>9} {:>9}",
-        "policy", "keys", "GET%", "thr", "ops/s", "p50 ns", "p99 ns"
-    )?;
+    if !r.embedded.is_empty() {
+        writeln!(
+            o,
+            "cairn-kv, {} keys of {} B: load {:.2} s, recovery {:.2} s{}\n",
+            r.keys,
+            r.value_bytes,
+            r.load_secs,
+            r.recovery_secs,
+            if r.runs > 1 {
+                format!(" (medians of {} runs)", r.runs)
+            } else {
+                String::new()
+            }
+        )?;
+        writeln!(
+            o,
+            "{:<9} {:<8} {:>5} {:>3} {:>12} {:>9} {:>9}",
+            "policy", "keys", "GET%", "thr", "ops/s", "p50 ns", "p99 ns"
+        )?;
+    } else if r.runs > 1 {
+        writeln!(o, "(medians of {} runs)", r.runs)?;
+    }
     for e in &r.embedded {
         writeln!(
             o,
@@ -499,6 +598,20 @@ pub fn run(args: &KvArgs) -> CliResult {
                 o,
                 "{:<18} {:<4} {:>3} {:>12.0} {:>8.3} {:>8.3}",
                 s.server, s.test, s.pipeline, s.requests_per_sec, s.p50_ms, s.p99_ms
+            )?;
+        }
+    }
+    if !r.versus.is_empty() {
+        writeln!(
+            o,
+            "\n{:<58} {:>11} {:>11} {:>6}",
+            "SET, cairn kv serve vs redis-server (no persistence)", "cairn/s", "redis/s", "ratio"
+        )?;
+        for v in &r.versus {
+            writeln!(
+                o,
+                "{:<58} {:>11.0} {:>11.0} {:>6.2}",
+                v.command, v.cairn_sets_per_sec, v.redis_sets_per_sec, v.ratio
             )?;
         }
     }
