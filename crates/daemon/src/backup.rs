@@ -265,8 +265,8 @@ fn snapshot(
     })
 }
 
-/// Write what changed since `prev`; the manifest of the new backup (not written yet)
-/// and the objects and bytes written.
+/// Write what changed since `prev` (a few objects at a time: `backup::Uploads`); the
+/// manifest of the new backup (not written yet) and the objects and bytes written.
 fn upload(
     pool: &Pool,
     uuid: &str,
@@ -274,15 +274,8 @@ fn upload(
     s: &Snapshot,
 ) -> io::Result<(Manifest, (u64, u64))> {
     let seq = prev.map_or(1, |p| p.seq + 1);
-    let mut written = (0u64, 0u64);
-    let mut put = |name: String, data: &[u8]| -> io::Result<Piece> {
-        let p = backup::put(pool, name, data)?;
-        if !p.object.is_empty() {
-            written.0 += 1;
-            written.1 += data.len() as u64;
-        }
-        Ok(p)
-    };
+    let mut up = backup::Uploads::new(pool);
+    let mut put = |name: String, data: &[u8]| up.put(name, data);
     let same = |old: Option<&Piece>, data: &[u8]| {
         old.filter(|p| p.len == data.len() as u64 && p.crc == crc32c::crc32c(data))
             .cloned()
@@ -330,6 +323,7 @@ fn upload(
         };
         files.push((name.clone(), piece));
     }
+    let written = up.finish()?;
     Ok((
         Manifest {
             version: backup::MANIFEST_VERSION,

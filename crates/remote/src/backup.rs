@@ -15,7 +15,7 @@
 //! a file `cairn.<uuid>.backup.file.<name>.<seq>`. So a backup uploads only what changed
 //! since the previous one.
 
-use crate::pool::Pool;
+use crate::pool::{Pool, Slice, IO_THREADS};
 use cairn_area::{errno_of, fs_err};
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -106,18 +106,57 @@ pub fn get(pool: &Pool, name: &str) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(buf))
 }
 
-/// Write `data` as object `name` (no object if it is all zeros), and what the manifest
-/// says of it.
-pub fn put(pool: &Pool, name: String, data: &[u8]) -> io::Result<Piece> {
-    let zeros = data.iter().all(|&b| b == 0);
-    if !zeros {
-        pool.put(&name, data)?;
+/// A backup's objects on their way into the pool: written [`IO_THREADS`] at a time
+/// (each a copy of its bytes), so that an upload keeps the pool's I/O threads busy. A
+/// piece is in the pool only once [`Uploads::finish`] returned.
+pub struct Uploads<'p> {
+    pool: &'p Pool,
+    queued: Vec<(String, Slice)>,
+    /// Objects and bytes written so far.
+    pub written: (u64, u64),
+}
+
+impl<'p> Uploads<'p> {
+    pub fn new(pool: &'p Pool) -> Uploads<'p> {
+        Uploads {
+            pool,
+            queued: Vec::new(),
+            written: (0, 0),
+        }
     }
-    Ok(Piece {
-        object: if zeros { String::new() } else { name },
-        len: data.len() as u64,
-        crc: crc32c::crc32c(data),
-    })
+
+    /// Write `data` as object `name` (no object if it is all zeros), and what the
+    /// manifest says of it.
+    pub fn put(&mut self, name: String, data: &[u8]) -> io::Result<Piece> {
+        let zeros = data.iter().all(|&b| b == 0);
+        let p = Piece {
+            object: if zeros { String::new() } else { name },
+            len: data.len() as u64,
+            crc: crc32c::crc32c(data),
+        };
+        if !zeros {
+            self.queued.push((p.object.clone(), Slice::copy_of(data)));
+            if self.queued.len() >= IO_THREADS {
+                self.flush()?;
+            }
+        }
+        Ok(p)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let batch = std::mem::take(&mut self.queued);
+        let bytes: u64 = batch.iter().map(|(_, s)| s.range.len() as u64).sum();
+        let n = batch.len() as u64;
+        self.pool.put_many(batch)?;
+        self.written = (self.written.0 + n, self.written.1 + bytes);
+        Ok(())
+    }
+
+    /// Write what is still queued: every piece handed out is in the pool after this.
+    pub fn finish(mut self) -> io::Result<(u64, u64)> {
+        self.flush()?;
+        Ok(self.written)
+    }
 }
 
 /// The bytes `p` names, checked against its length and crc (`EIO` if they differ, a
