@@ -25,10 +25,10 @@
 //! the next one chooses and reads its blocks (a cluster, or a disk with a queue, is
 //! never left idle between rounds). A round in flight keeps the blocks it copies from
 //! the choice of the others (`Migrator::in_flight`); the switch's check of every entry
-//! keeps any overlap with other rounds (a compaction of NVM, a digest) correct. This
-//! module runs the
-//! rounds and their policy; `super::select` chooses the blocks, `super::copy` does
-//! steps 2 and 3, `super::recency` knows what is cold and what is hot.
+//! keeps any overlap with other rounds (a compaction of NVM, a digest) correct.
+//!
+//! This module runs the rounds and their policy; `super::select` chooses the blocks,
+//! `super::copy` does steps 2 and 3, `super::recency` knows what is cold and what is hot.
 
 use super::copy::{finish_round, read_moves, switch_maps, write_copy};
 use super::recency::{drain_hints, select_hot};
