@@ -345,15 +345,12 @@ fn kill_9_under_load_loses_nothing_acknowledged() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300 + 60 * round));
-        let _ = Command::new("kill")
-            .args(["-9", &s.child.id().to_string()])
-            .status();
-        let _ = s.child.wait();
-        stop.store(true, Ordering::Relaxed);
-        for w in workers {
-            w.join().unwrap();
-        }
+        kill_9_after(
+            &mut s,
+            Duration::from_millis(300 + 60 * round),
+            &stop,
+            workers,
+        );
     }
     // A kill during recovery itself, then a clean start: still everything.
     for delay in [0u64, 2, 5] {
@@ -493,15 +490,12 @@ fn kill_9_under_pipelined_sets_loses_nothing_acknowledged() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300 + 70 * round));
-        let _ = Command::new("kill")
-            .args(["-9", &s.child.id().to_string()])
-            .status();
-        let _ = s.child.wait();
-        stop.store(true, Ordering::Relaxed);
-        for w in workers {
-            w.join().unwrap();
-        }
+        kill_9_after(
+            &mut s,
+            Duration::from_millis(300 + 70 * round),
+            &stop,
+            workers,
+        );
     }
     let s = start(&pool.0, "24M", &[]);
     let mut c = client(s.port);
@@ -510,6 +504,24 @@ fn kill_9_under_pipelined_sets_loses_nothing_acknowledged() {
     let present = b.values().filter(|(acked, _)| acked.is_some()).count();
     assert!(present > 0);
     assert_eq!(call(&mut c, &["DBSIZE"]), Reply::Int(present as i64));
+}
+
+/// `kill -9` the server `after` a while, then stop and join its clients.
+fn kill_9_after(
+    s: &mut Server,
+    after: Duration,
+    stop: &AtomicBool,
+    workers: Vec<std::thread::JoinHandle<()>>,
+) {
+    std::thread::sleep(after);
+    let _ = Command::new("kill")
+        .args(["-9", &s.child.id().to_string()])
+        .status();
+    let _ = s.child.wait();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
 }
 
 fn raw(port: u16, req: &[u8]) -> (Vec<u8>, bool) {

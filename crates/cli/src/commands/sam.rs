@@ -18,13 +18,6 @@ fn out(text: &str) -> CliResult {
         .map_err(crate::error::stdout_err)
 }
 
-fn parse_mode(s: &str) -> Result<u32, CliError> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8)
-        .ok()
-        .filter(|m| *m <= 0o777)
-        .ok_or_else(|| CliError::new(format!("--mode {s}: permission bits in octal (0640)")))
-}
-
 pub fn run(store: Option<&Path>, which: SamCommand) -> CliResult {
     if let SamCommand::Gen {
         out: path,
@@ -49,7 +42,7 @@ pub fn run(store: Option<&Path>, which: SamCommand) -> CliResult {
     match which {
         SamCommand::Gen { .. } => unreachable!("handled above"),
         SamCommand::Load { file, name, mode } => {
-            let mode = parse_mode(&mode)?;
+            let mode = super::sj::parse_mode(&mode)?;
             let st = dataset::load(&sj, &name, &file, mode)?;
             out(&format!(
                 "loaded {} reads as data set {name} (segment of {}) in {:.2} s (reading {:.2} s)\n",

@@ -32,7 +32,8 @@ fn out(text: &str) -> CliResult {
         .map_err(crate::error::stdout_err)
 }
 
-fn parse_mode(s: &str) -> Result<u32, CliError> {
+/// `--mode`: a segment's or address space's permission bits, in octal.
+pub(super) fn parse_mode(s: &str) -> Result<u32, CliError> {
     u32::from_str_radix(s.trim_start_matches("0o"), 8)
         .ok()
         .filter(|m| *m <= 0o7777)
