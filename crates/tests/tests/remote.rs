@@ -214,7 +214,8 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
         return;
     };
     // NVM keeps room above its high watermark for writes while the cluster is away.
-    let store = store_with_room(&c, 2000);
+    // 5 s: reads right after the cluster resumes may wait for its OSD to reconnect.
+    let store = store_with_room(&c, 5000);
     let fs = store.fs();
     let mut files = write_files(&fs, 16);
     let r = fs.status().unwrap();
