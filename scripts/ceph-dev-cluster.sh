@@ -80,6 +80,8 @@ stop() {
     pids="$(live_pids)"
     if [ -n "$pids" ]; then
         # shellcheck disable=SC2086
+        kill -CONT $pids 2>/dev/null || true # paused ones too
+        # shellcheck disable=SC2086
         kill -TERM $pids 2>/dev/null || true
         for i in $(seq 100); do
             [ -z "$(live_pids)" ] && break
@@ -145,6 +147,11 @@ osd_heartbeat_grace = 6
 osd_recovery_sleep_hdd = 0
 osd_recovery_max_active = 16
 osd_max_backfills = 16
+# One OSD, no peers to fail over to: a read lease of 100 x 6 s. With the default (0.8 x
+# 6 s), Ceph 16.2 leaves a placement group whose lease ran out while the OSD was
+# stopped (pause) "laggy" for ever, and its reads wait for ever. Several OSDs keep the
+# default, which bounds how long reads wait after an OSD fails.
+osd_pool_default_read_lease_ratio = $([ "$OSDS" = 1 ] && echo 100 || echo 0.8)
 [mon]
 mon_data = $DIR/mon/\$name
 [osd]

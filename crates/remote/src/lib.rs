@@ -1,5 +1,6 @@
 //! The remote tier: a lower tier whose segments are objects of a Ceph RADOS pool, through
-//! librados (the `ceph` crate, which holds the only `unsafe` of this path).
+//! librados (the `ceph` crate, which holds the `unsafe` of this path but for one call,
+//! in `ffi`).
 //!
 //! A segment written under generation `gen` is the objects
 //! `cairn.<store uuid>.<tier>.<segment>.<gen>.<chunk>` (numbers in hex), each at most
@@ -11,8 +12,10 @@
 //! missing object is a loss and reads as an error, while bytes past an object's end read
 //! as zeros, as a file's unwritten space does. [`pool`] bounds every librados call in
 //! time; [`tier`] is the tier device; [`backup`] keeps whole stores in a pool.
+#![deny(unsafe_code)]
 
 pub mod backup;
+mod ffi;
 mod pool;
 mod tier;
 

@@ -4,10 +4,14 @@
 //! `rados_osd_op_timeout` and `rados_mon_op_timeout`, are 0 unless the cluster's
 //! configuration sets them). Cairn must never hang a migration round or a client's read
 //! on that, so every operation runs on one of a few I/O threads and the caller waits at
-//! most the pool's timeout: then it gets `ETIMEDOUT`, while the operation itself goes on
-//! in librados until the cluster answers. A write given up on that way is skipped if no
-//! thread has started it yet; one already started may still land, as an object nothing
-//! names (the remote tier sweeps those).
+//! most the pool's timeout: then it gets `ETIMEDOUT`. An operation given up on that way
+//! is skipped if no thread has started it yet; one already started may still land (a
+//! write, as an object nothing names: the remote tier sweeps those).
+//!
+//! librados' own timeouts are set to the pool's too (in whole seconds, rounded up), so
+//! that an I/O thread is never lost to an operation librados never finishes: a client
+//! whose cluster stopped and went on (SIGSTOP, SIGCONT) was seen to keep some of the
+//! operations sent meanwhile waiting for ever, and with them every I/O thread.
 
 use crate::{rados_err, Spec};
 use cairn_area::{fs_err, SharedBuf};
@@ -167,9 +171,15 @@ impl Pool {
                         return;
                     }
                 };
-                let io = rados
-                    .get_rados_ioctx(&pool)
-                    .map_err(|e| rados_err(&format!("opening the RADOS pool {pool:?}"), e));
+                let secs = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+                let limits = ["rados_osd_op_timeout", "rados_mon_op_timeout"]
+                    .iter()
+                    .try_for_each(|k| crate::ffi::conf_set(&rados, k, &secs.to_string()));
+                let io = limits.and_then(|()| {
+                    rados
+                        .get_rados_ioctx(&pool)
+                        .map_err(|e| rados_err(&format!("opening the RADOS pool {pool:?}"), e))
+                });
                 let opened = io.is_ok();
                 // Nobody waiting any more (timed out): the context goes with the error.
                 if tx.send(io).is_err() || !opened {
@@ -294,12 +304,18 @@ impl Pool {
     /// cluster is `ENOSPC`, with the cluster's health.
     pub fn put_many(&self, objects: Vec<(String, Slice)>) -> io::Result<()> {
         let deadline = std::time::Instant::now() + self.timeout;
+        // Set once this call returns: writes no thread has started yet are skipped.
+        let over = Arc::new(AtomicBool::new(false));
+        let _over = SetOnDrop(over.clone());
         let mut waiting = Vec::new();
         for (name, data) in objects {
             let (tx, rx) = mpsc::sync_channel(1);
             let what = format!("writing object {name} to pool {}", self.pool);
-            let w = what.clone();
+            let (w, over) = (what.clone(), over.clone());
             self.submit(Box::new(move |io: &Io| {
+                if over.load(Ordering::Acquire) {
+                    return;
+                }
                 let r = io
                     .ioctx
                     .rados_object_write_full(&name, data.bytes())
@@ -385,6 +401,15 @@ impl Pool {
                 .filter(|n| n.starts_with(&p))
                 .collect())
         })
+    }
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 

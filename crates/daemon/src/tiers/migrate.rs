@@ -229,12 +229,15 @@ impl Migrator {
     }
 
     /// A round into `to` ended: a failure pauses the next ones (longer after each
-    /// failure in a row), a success ends the pause.
+    /// failure in a row), a success ends the pause. A failure while a pause already
+    /// runs (another round in flight failed first) leaves that pause as it is.
     fn round_ended(&self, to: u8, failed: Option<&io::Error>) {
         let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
         let slot = &mut p[to as usize];
+        let now = std::time::Instant::now();
         *slot = match (failed, slot.take()) {
             (None, _) => None,
+            (Some(_), Some(prev)) if now < prev.until => Some(prev),
             (Some(e), prev) => {
                 let wait = prev.map_or(PAUSE_MIN, |p| (p.wait * 2).min(PAUSE_MAX));
                 tracing::warn!(
@@ -243,7 +246,7 @@ impl Migrator {
                     wait.as_secs()
                 );
                 Some(Pause {
-                    until: std::time::Instant::now() + wait,
+                    until: now + wait,
                     wait,
                     why: (cairn_area::errno_of(e), cairn_area::error::message(e)),
                 })
@@ -781,5 +784,32 @@ impl Drop for InFlight<'_> {
         for e in &self.entries {
             set.remove(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait_of(m: &Migrator, to: u8) -> Option<std::time::Duration> {
+        lock(&m.paused)[to as usize].as_ref().map(|p| p.wait)
+    }
+
+    #[test]
+    fn rounds_failing_together_pause_once_and_a_success_ends_the_pause() {
+        let m = Migrator::default();
+        let e = io::Error::from_raw_os_error(libc::ETIMEDOUT);
+        m.round_ended(3, Some(&e));
+        assert!(m.paused(3) && !m.paused(1));
+        assert_eq!(m.failure(3).map(|f| f.0), Some(libc::ETIMEDOUT));
+        // The other round in flight fails too, while the pause runs: still the first.
+        m.round_ended(3, Some(&e));
+        assert_eq!(wait_of(&m, 3), Some(PAUSE_MIN));
+        // A round started after the pause fails again: twice as long.
+        lock(&m.paused)[3].as_mut().unwrap().until = std::time::Instant::now();
+        m.round_ended(3, Some(&e));
+        assert_eq!(wait_of(&m, 3), Some(PAUSE_MIN * 2));
+        m.round_ended(3, None);
+        assert!(!m.paused(3) && m.failure(3).is_none() && wait_of(&m, 3).is_none());
     }
 }
