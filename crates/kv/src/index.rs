@@ -11,27 +11,61 @@
 //! confirmed by the caller against the key stored in the record.
 //!
 //! Keys come from the network (`cairn kv serve`), so their hash is keyed
-//! ([`Index::key_hash`]: SipHash-1-3, the keys random for each index, which lives in
-//! memory only and is rebuilt at every open): a client cannot choose keys that all land
-//! in one neighbourhood of buckets, which would make inserts probe far and then fail as
-//! if the table were full.
+//! ([`Index::key_hash`]: SipHash-1-3 under two random 64-bit keys chosen for each index,
+//! which lives in memory only and is rebuilt at every open): a client cannot choose keys
+//! that all land in one neighbourhood of buckets, which would make inserts probe far and
+//! then fail as if the table were full.
+//!
+//! The table is [`Words`]: bucket `i` is words `16i .. 16i + 16` (a cache-line pair:
+//! version, overflow flag, [`SLOTS`] hashes, [`SLOTS`] locations, 0 = empty), in the
+//! process's memory or in a mapping processes share, where the same protocol holds
+//! between processes.
 
-use std::hash::BuildHasher;
+use crate::words::Words;
+use std::hash::Hasher;
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Entries per bucket.
 pub const SLOTS: usize = 7;
 /// Buckets an insert probes before the table counts as full.
 const MAX_PROBE: usize = 32;
+/// Words per bucket, and where its fields are.
+const BUCKET_WORDS: usize = 16;
+const VERSION: usize = 0;
+const OVERFLOW: usize = 1;
+const HASH: usize = 2;
+const LOC: usize = HASH + SLOTS;
+const _: () = assert!(LOC + SLOTS == BUCKET_WORDS);
 
-/// One cache-line pair: version, overflow flag, hashes, locations (0 = empty).
-#[repr(align(64))]
-#[derive(Default)]
-struct Bucket {
-    version: AtomicU64,
-    overflow: AtomicU64,
-    hash: [AtomicU64; SLOTS],
-    loc: [AtomicU64; SLOTS],
+/// One bucket's words.
+#[derive(Clone, Copy)]
+struct Bucket<'a>(&'a [AtomicU64]);
+
+impl<'a> Bucket<'a> {
+    fn version(self) -> &'a AtomicU64 {
+        &self.0[VERSION]
+    }
+
+    fn overflow(self) -> &'a AtomicU64 {
+        &self.0[OVERFLOW]
+    }
+
+    fn hash(self, s: usize) -> &'a AtomicU64 {
+        &self.0[HASH + s]
+    }
+
+    fn loc(self, s: usize) -> &'a AtomicU64 {
+        &self.0[LOC + s]
+    }
+
+    fn locs(self) -> &'a [AtomicU64] {
+        &self.0[LOC..LOC + SLOTS]
+    }
+
+    fn is(self, other: Bucket<'_>) -> bool {
+        std::ptr::eq(self.0.as_ptr(), other.0.as_ptr())
+    }
 }
 
 /// Wait for a bucket's writer: spin a little, then let other threads run (the writer
@@ -48,45 +82,79 @@ fn wait(spins: &mut u32) {
 
 /// The index.
 pub struct Index {
-    buckets: Box<[Bucket]>,
+    table: Words,
+    /// Buckets in the table.
+    n: usize,
     /// The keys of [`Index::key_hash`].
-    keys: std::hash::RandomState,
+    keys: [u64; 2],
 }
 
 /// A write lock on a bucket (released at drop).
 pub struct Locked<'a> {
-    b: &'a Bucket,
+    b: Bucket<'a>,
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        self.b.version.fetch_add(1, Ordering::Release);
+        self.b.version().fetch_add(1, Ordering::Release);
     }
 }
 
 impl Index {
-    /// A table for about `entries` entries (buckets about 70% full).
-    pub fn new(entries: u64) -> Index {
-        let n = ((entries as f64 / (SLOTS as f64 * 0.7)).ceil() as usize).max(16);
-        Index {
-            buckets: (0..n).map(|_| Bucket::default()).collect(),
-            keys: std::hash::RandomState::new(),
+    /// The buckets for about `entries` entries (about 70% full).
+    pub fn buckets_for(entries: u64) -> usize {
+        ((entries as f64 / (SLOTS as f64 * 0.7)).ceil() as usize).max(16)
+    }
+
+    /// The words of a table of `buckets` buckets.
+    pub fn words_for(buckets: usize) -> usize {
+        buckets * BUCKET_WORDS
+    }
+
+    /// A table of the process's own for about `entries` entries, under random keys.
+    pub fn new(entries: u64) -> io::Result<Index> {
+        let n = Self::buckets_for(entries);
+        let mut keys = [0u8; 16];
+        getrandom::getrandom(&mut keys).map_err(|e| io::Error::other(e.to_string()))?;
+        let k = |i: usize| u64::from_le_bytes(keys[i..i + 8].try_into().unwrap());
+        Index::on(
+            Words::owned("cairn-kv-index", Self::words_for(n))?,
+            [k(0), k(8)],
+        )
+    }
+
+    /// The index whose table is `table` (zeroed, or one this index's protocol keeps:
+    /// another process's, which hashes under the same `keys`).
+    pub fn on(table: Words, keys: [u64; 2]) -> io::Result<Index> {
+        let n = table.len() / BUCKET_WORDS;
+        if n == 0 || table.len() != n * BUCKET_WORDS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("an index table of {} words", table.len()),
+            ));
         }
+        Ok(Index { table, n, keys })
     }
 
     /// The hash of `key` in this index (keyed: see the module docs).
     pub fn key_hash(&self, key: &[u8]) -> u64 {
-        self.keys.hash_one(key)
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(self.keys[0], self.keys[1]);
+        h.write(key);
+        h.finish()
+    }
+
+    fn bucket(&self, i: usize) -> Bucket<'_> {
+        Bucket(&self.table.get()[i * BUCKET_WORDS..(i + 1) * BUCKET_WORDS])
     }
 
     /// The home bucket of `hash` (its high bits scaled to the table: any size works).
     fn home(&self, hash: u64) -> usize {
-        ((hash as u128 * self.buckets.len() as u128) >> 64) as usize
+        ((hash as u128 * self.n as u128) >> 64) as usize
     }
 
     /// The bucket after `i` (wrapping).
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.buckets.len() {
+        if i + 1 == self.n {
             0
         } else {
             i + 1
@@ -94,12 +162,12 @@ impl Index {
     }
 
     fn lock(&self, i: usize) -> Locked<'_> {
-        let b = &self.buckets[i];
+        let b = self.bucket(i);
         let mut spins = 0u32;
         loop {
-            let v = b.version.load(Ordering::Relaxed);
+            let v = b.version().load(Ordering::Relaxed);
             if v & 1 == 0
-                && b.version
+                && b.version()
                     .compare_exchange_weak(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
@@ -114,25 +182,25 @@ impl Index {
         let mut i = self.home(hash);
         let mut spins = 0u32;
         for _ in 0..MAX_PROBE {
-            let b = &self.buckets[i];
+            let b = self.bucket(i);
             let (found, more) = loop {
-                let v = b.version.load(Ordering::Acquire);
+                let v = b.version().load(Ordering::Acquire);
                 if v & 1 == 1 {
                     wait(&mut spins);
                     continue;
                 }
                 let mut found = None;
                 for s in 0..SLOTS {
-                    if b.hash[s].load(Ordering::Acquire) == hash {
-                        let loc = b.loc[s].load(Ordering::Acquire);
+                    if b.hash(s).load(Ordering::Acquire) == hash {
+                        let loc = b.loc(s).load(Ordering::Acquire);
                         if loc != 0 && is_key(loc) {
                             found = Some(loc);
                             break;
                         }
                     }
                 }
-                let more = b.overflow.load(Ordering::Acquire) != 0;
-                if b.version.load(Ordering::Acquire) == v {
+                let more = b.overflow().load(Ordering::Acquire) != 0;
+                if b.version().load(Ordering::Acquire) == v {
                     break (found, more);
                 }
             };
@@ -154,17 +222,17 @@ impl Index {
         is_key: &dyn Fn(u64) -> bool,
         mut f: impl FnMut(u64) -> R,
     ) -> Option<R> {
-        let home = &self.buckets[self.home(hash)];
+        let home = self.bucket(self.home(hash));
         let mut spins = 0u32;
         loop {
-            let v = home.version.load(Ordering::Acquire);
+            let v = home.version().load(Ordering::Acquire);
             if v & 1 == 1 {
                 wait(&mut spins);
                 continue;
             }
             let r = self.get(hash, is_key).map(&mut f);
             std::sync::atomic::fence(Ordering::Acquire);
-            if home.version.load(Ordering::Relaxed) == v {
+            if home.version().load(Ordering::Relaxed) == v {
                 return r;
             }
         }
@@ -172,25 +240,25 @@ impl Index {
 
     /// Buckets in the table.
     pub fn buckets(&self) -> usize {
-        self.buckets.len()
+        self.n
     }
 
     /// The locations of the entries in bucket `i`, read optimistically (for scans).
     pub fn bucket_locations(&self, i: usize) -> Vec<u64> {
-        let b = &self.buckets[i];
+        let b = self.bucket(i);
         loop {
-            let v = b.version.load(Ordering::Acquire);
+            let v = b.version().load(Ordering::Acquire);
             if v & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
             let locs: Vec<u64> = b
-                .loc
+                .locs()
                 .iter()
                 .map(|l| l.load(Ordering::Acquire))
                 .filter(|&l| l != 0)
                 .collect();
-            if b.version.load(Ordering::Acquire) == v {
+            if b.version().load(Ordering::Acquire) == v {
                 return locs;
             }
         }
@@ -198,7 +266,7 @@ impl Index {
 
     /// Buckets' bytes (for the store's memory figures).
     pub fn bytes(&self) -> u64 {
-        std::mem::size_of_val(&*self.buckets) as u64
+        self.table.len() as u64 * 8
     }
 
     /// [`Index::get`] for the holder of the key's lock ([`Index::lock_key`]): only the
@@ -211,16 +279,16 @@ impl Index {
         is_key: &dyn Fn(u64) -> bool,
     ) -> Option<u64> {
         let mut i = self.home(hash);
-        debug_assert!(std::ptr::eq(held.b, &self.buckets[i]));
+        debug_assert!(held.b.is(self.bucket(i)));
         for _ in 0..MAX_PROBE {
-            let b = &self.buckets[i];
+            let b = self.bucket(i);
             for s in 0..SLOTS {
-                let l = b.loc[s].load(Ordering::Acquire);
-                if l != 0 && b.hash[s].load(Ordering::Acquire) == hash && is_key(l) {
+                let l = b.loc(s).load(Ordering::Acquire);
+                if l != 0 && b.hash(s).load(Ordering::Acquire) == hash && is_key(l) {
                     return Some(l);
                 }
             }
-            if b.overflow.load(Ordering::Acquire) == 0 {
+            if b.overflow().load(Ordering::Acquire) == 0 {
                 return None;
             }
             i = self.next(i);
@@ -230,10 +298,10 @@ impl Index {
 
     /// The lock on the home bucket of `hash`, if no one holds it.
     pub fn try_lock_key(&self, hash: u64) -> Option<Locked<'_>> {
-        let b = &self.buckets[self.home(hash)];
-        let v = b.version.load(Ordering::Relaxed);
+        let b = self.bucket(self.home(hash));
+        let v = b.version().load(Ordering::Relaxed);
         (v & 1 == 0
-            && b.version
+            && b.version()
                 .compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok())
         .then(|| Locked { b })
@@ -241,7 +309,7 @@ impl Index {
 
     /// Whether `held` is the lock on the home bucket of `hash`.
     pub fn covers(&self, held: &Locked<'_>, hash: u64) -> bool {
-        std::ptr::eq(held.b, &self.buckets[self.home(hash)])
+        held.b.is(self.bucket(self.home(hash)))
     }
 
     /// Lock the home bucket of `hash`: every change to a key happens under it.
@@ -264,21 +332,21 @@ impl Index {
         loc: u64,
     ) -> Result<u64, ()> {
         let home = self.home(hash);
-        debug_assert!(std::ptr::eq(held.b, &self.buckets[home]));
+        debug_assert!(held.b.is(self.bucket(home)));
         let mut i = home;
         for _ in 0..MAX_PROBE {
-            let b = &self.buckets[i];
+            let b = self.bucket(i);
             for s in 0..SLOTS {
-                let l = b.loc[s].load(Ordering::Acquire);
-                if l != 0 && b.hash[s].load(Ordering::Acquire) == hash && is_key(l) {
+                let l = b.loc(s).load(Ordering::Acquire);
+                if l != 0 && b.hash(s).load(Ordering::Acquire) == hash && is_key(l) {
                     if loc == 0 {
-                        b.hash[s].store(0, Ordering::Release);
+                        b.hash(s).store(0, Ordering::Release);
                     }
-                    b.loc[s].store(loc, Ordering::Release);
+                    b.loc(s).store(loc, Ordering::Release);
                     return Ok(l);
                 }
             }
-            if b.overflow.load(Ordering::Acquire) == 0 {
+            if b.overflow().load(Ordering::Acquire) == 0 {
                 break;
             }
             i = self.next(i);
@@ -290,17 +358,17 @@ impl Index {
         // remember it first, so that a reader that finds the entry found the way too.
         let mut j = home;
         for _ in 0..MAX_PROBE {
-            let b = &self.buckets[j];
+            let b = self.bucket(j);
             for s in 0..SLOTS {
-                if b.loc[s]
+                if b.loc(s)
                     .compare_exchange(0, loc, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    b.hash[s].store(hash, Ordering::Release);
+                    b.hash(s).store(hash, Ordering::Release);
                     return Ok(0);
                 }
             }
-            b.overflow.store(1, Ordering::Release);
+            b.overflow().store(1, Ordering::Release);
             j = self.next(j);
         }
         Err(())
@@ -309,9 +377,8 @@ impl Index {
     /// Every location in the table (no concurrent writer).
     #[cfg(test)]
     pub fn locations(&self) -> impl Iterator<Item = u64> + '_ {
-        self.buckets
-            .iter()
-            .flat_map(|b| b.loc.iter().map(|l| l.load(Ordering::Acquire)))
+        (0..self.n)
+            .flat_map(|i| self.bucket(i).locs().iter().map(|l| l.load(Ordering::Acquire)))
             .filter(|&l| l != 0)
     }
 }
@@ -327,7 +394,7 @@ mod tests {
     /// after a few hundred.
     #[test]
     fn keys_chosen_to_collide_do_not_collide() {
-        let idx = Index::new(10_000);
+        let idx = Index::new(10_000).unwrap();
         let unkeyed = |k: &[u8]| idx.home(cairn_format::dir::hash(k));
         let target = unkeyed(b"k0");
         let chosen: Vec<Vec<u8>> = (0u64..)
@@ -344,7 +411,7 @@ mod tests {
                 .expect("room in the table");
         }
         // Under the unkeyed hash the same keys fill the probe window and then fail.
-        let plain = Index::new(10_000);
+        let plain = Index::new(10_000).unwrap();
         let failed = chosen.iter().enumerate().any(|(i, k)| {
             let h = cairn_format::dir::hash(k);
             let g = plain.lock_key(h);
@@ -356,14 +423,14 @@ mod tests {
         );
         // Two indexes (two opens) hash differently.
         assert_ne!(
-            Index::new(16).key_hash(b"k0"),
-            Index::new(16).key_hash(b"k0")
+            Index::new(16).unwrap().key_hash(b"k0"),
+            Index::new(16).unwrap().key_hash(b"k0")
         );
     }
 
     #[test]
     fn set_get_remove_with_collisions_and_overflow() {
-        let idx = Index::new(400);
+        let idx = Index::new(400).unwrap();
         // Keys are their locations here; every hash collides into few buckets, whose
         // entries overflow into the next ones.
         let mut model = HashMap::new();
@@ -390,7 +457,7 @@ mod tests {
 
     #[test]
     fn concurrent_readers_see_whole_entries() {
-        let idx = std::sync::Arc::new(Index::new(1000));
+        let idx = std::sync::Arc::new(Index::new(1000).unwrap());
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Location = key << 32 | round: a reader must find a location of its key.
         let writer = {
@@ -413,5 +480,73 @@ mod tests {
             }
         }
         writer.join().unwrap();
+    }
+
+    /// The table file of [`two_processes_share_one_table`] and the index on it (the
+    /// keys are fixed: both processes hash alike).
+    fn shared_at(path: &std::path::Path) -> Index {
+        let words = Index::words_for(64);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .unwrap();
+        f.set_len(words as u64 * 8).unwrap();
+        let map = cairn_media::Mapping::new(&f, 0, words * 8, true, false).unwrap();
+        Index::on(Words::shared(map, 0, words).unwrap(), [1, 2]).unwrap()
+    }
+
+    /// Rounds of updates of keys `first, first + 2, ...` (location = key << 32 |
+    /// round), checking every key of both processes that is there meanwhile.
+    fn update_half(idx: &Index, first: u64) {
+        for round in 1..=300u64 {
+            for k in (first..200).step_by(2) {
+                let h = idx.key_hash(&k.to_le_bytes());
+                let g = idx.lock_key(h);
+                idx.set(&g, h, &|l| l >> 32 == k, k << 32 | round).unwrap();
+                drop(g);
+                let other = k ^ 1;
+                let oh = idx.key_hash(&other.to_le_bytes());
+                if let Some(l) = idx.get(oh, &|l| l >> 32 == other) {
+                    assert_eq!(l >> 32, other);
+                }
+            }
+        }
+    }
+
+    /// Run by [`two_processes_share_one_table`] in its child process.
+    #[test]
+    #[ignore = "the other process of two_processes_share_one_table"]
+    fn index_child_process() {
+        let Some(path) = std::env::var_os("CAIRN_KV_INDEX_TABLE") else {
+            return;
+        };
+        update_half(&shared_at(std::path::Path::new(&path)), 1);
+    }
+
+    /// Two processes insert and update keys of one table in a shared mapping at once,
+    /// each reading the other's meanwhile: the buckets' locks and versions work between
+    /// processes, every entry ends at its last round, and no key is there twice.
+    #[test]
+    fn two_processes_share_one_table() {
+        let path = std::env::temp_dir().join(format!("cairn-kv-index-{}", std::process::id()));
+        let idx = shared_at(&path);
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["index::tests::index_child_process", "--exact", "--ignored"])
+            .env("CAIRN_KV_INDEX_TABLE", &path)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        update_half(&idx, 0);
+        let status = child.wait_with_output().unwrap().status;
+        std::fs::remove_file(&path).unwrap();
+        assert!(status.success(), "the child process: {status}");
+        for k in 0..200u64 {
+            let h = idx.key_hash(&k.to_le_bytes());
+            assert_eq!(idx.get(h, &|l| l >> 32 == k), Some(k << 32 | 300), "key {k}");
+        }
+        assert_eq!(idx.locations().count(), 200);
     }
 }

@@ -108,10 +108,10 @@ pub(crate) struct Setup {
 }
 
 impl Core {
-    pub fn new(pool: Pool, s: &Setup) -> Core {
+    pub fn new(pool: Pool, s: &Setup) -> io::Result<Core> {
         let segments = pool.header.segments;
-        Core {
-            index: Index::new(s.expected_keys.max(64)),
+        Ok(Core {
+            index: Index::new(s.expected_keys.max(64))?,
             pool,
             heads: Heads::new(s.heads),
             version: AtomicU64::new(1),
@@ -132,7 +132,7 @@ impl Core {
             bell: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
-        }
+        })
     }
 
     /// Write `data` at `off` for the log: non-temporal stores (durable at the next

@@ -207,7 +207,7 @@ impl Store {
             max_garbage: opts.max_garbage,
             huge_pages: opts.huge_pages,
         };
-        let core = Arc::new(Core::new(pool, &setup));
+        let core = Arc::new(Core::new(pool, &setup)?);
         core.recover()?;
         let mut threads = Vec::new();
         if opts.background_compaction {

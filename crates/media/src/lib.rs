@@ -120,6 +120,15 @@ impl Mapping {
         })
     }
 
+    /// `len` zeroed bytes of the process's own memory (a `memfd`, mapped shared: page
+    /// aligned, as a file's mapping is, and handed back when dropped).
+    pub fn anonymous(name: &str, len: usize) -> io::Result<Mapping> {
+        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        let file = File::from(fd);
+        file.set_len(len as u64)?;
+        Mapping::new(&file, 0, len, true, false)
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -271,6 +280,26 @@ impl Mapping {
         // reference lives no longer than `&self`, and so the mapping; `AtomicU64` has the
         // layout of u64 and every access through it is atomic.
         Ok(unsafe { &*(self.ptr.add(off) as *const AtomicU64) })
+    }
+
+    /// The `n` u64s at `off` (8-byte aligned) as atomics, as [`Mapping::atomic_u64`]:
+    /// tables of words that processes mapping the file share (an index, slot arrays).
+    pub fn atomic_u64s(&self, off: usize, n: usize) -> io::Result<&[AtomicU64]> {
+        let len = n
+            .checked_mul(8)
+            .ok_or_else(|| oob(off, usize::MAX, self.len))?;
+        self.check_write(off, len)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned atomic u64s",
+            ));
+        }
+        // SAFETY: `off..off + 8n` is in bounds, 8-aligned (the mapping is page aligned)
+        // and writable; the slice lives no longer than `&self`, and so the mapping;
+        // `AtomicU64` has the layout of u64 and every access through the slice is atomic
+        // (other processes' too, by the callers' protocol).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.add(off) as *const AtomicU64, n) })
     }
 
     /// The u32 at `off` (4-byte aligned) as an atomic (a futex word), as
