@@ -11,7 +11,9 @@
 //! librados' own timeouts are set to the pool's too (in whole seconds, rounded up), so
 //! that an I/O thread is never lost to an operation librados never finishes: a client
 //! whose cluster stopped and went on (SIGSTOP, SIGCONT) was seen to keep some of the
-//! operations sent meanwhile waiting for ever, and with them every I/O thread.
+//! operations sent meanwhile waiting for ever, and with them every I/O thread. Reads,
+//! whose latency a client waits for, run on the caller's thread under that bound alone
+//! ([`Pool::read`]).
 
 use crate::{rados_err, Spec};
 use cairn_area::{fs_err, SharedBuf};
@@ -121,6 +123,8 @@ impl Slice {
 pub struct Pool {
     /// `None` once dropped.
     jobs: Mutex<Option<Sender<Job>>>,
+    /// The I/O context, for reads made on the caller's thread; `None` once dropped.
+    io: Option<Arc<Io>>,
     pool: String,
     timeout: Duration,
     /// Questions for the cluster handle's thread; `None` once dropped.
@@ -134,6 +138,7 @@ impl Drop for Pool {
     /// handle is shut down: a process that exits meanwhile would run librados' own
     /// destructors under its threads (and abort).
     fn drop(&mut self) {
+        self.io.take();
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.ask.lock().unwrap_or_else(|e| e.into_inner()).take();
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
@@ -220,6 +225,7 @@ impl Pool {
         }
         Ok(Pool {
             jobs: Mutex::new(Some(jobs)),
+            io: Some(io),
             pool: spec.pool.clone(),
             timeout,
             ask: Mutex::new(Some(stop_tx)),
@@ -244,13 +250,7 @@ impl Pool {
         }))?;
         rx.recv_timeout(self.timeout).unwrap_or_else(|_| {
             cancelled.store(true, Ordering::Release);
-            Err(fs_err(
-                libc::ETIMEDOUT,
-                format!(
-                    "{what}: the Ceph cluster did not answer in {} s",
-                    self.timeout.as_secs()
-                ),
-            ))
+            Err(self.no_answer(what))
         })
     }
 
@@ -328,29 +328,43 @@ impl Pool {
         }
         for (what, rx) in waiting {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            rx.recv_timeout(left).unwrap_or_else(|_| {
-                Err(self.full().unwrap_or_else(|| {
-                    fs_err(
-                        libc::ETIMEDOUT,
-                        format!(
-                            "{what}: the Ceph cluster did not answer in {} s",
-                            self.timeout.as_secs()
-                        ),
-                    )
-                }))
-            })?;
+            rx.recv_timeout(left)
+                .unwrap_or_else(|_| Err(self.full().unwrap_or_else(|| self.no_answer(&what))))?;
         }
         Ok(())
     }
 
     /// Read from byte `off` of object `name` into `buf`: the bytes read, fewer than
     /// `buf.len()` only where the object ends. `ENOENT` if there is no such object.
+    /// Runs on the caller's thread (a cold read is latency: no hand-off to an I/O
+    /// thread), so it is bounded by librados' own timeout, the pool's rounded up to
+    /// whole seconds.
     pub fn read(&self, name: &str, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         let what = format!("reading object {name} of pool {}", self.pool);
-        let (n, len, w) = (name.to_string(), buf.len(), what.clone());
-        let data = self.call(&what, move |io| read_object(io, &n, off, len, &w))?;
+        let io = self
+            .io
+            .as_ref()
+            .ok_or_else(|| fs_err(libc::EIO, "the RADOS I/O context is gone"))?;
+        let data = read_object(io, name, off, buf.len(), &what).map_err(|e| {
+            if cairn_area::errno_of(&e) == libc::ETIMEDOUT {
+                self.no_answer(&what)
+            } else {
+                e
+            }
+        })?;
         buf[..data.len()].copy_from_slice(&data);
         Ok(data.len())
+    }
+
+    /// `ETIMEDOUT`: the cluster did not answer `what` in the pool's time.
+    fn no_answer(&self, what: &str) -> io::Error {
+        fs_err(
+            libc::ETIMEDOUT,
+            format!(
+                "{what}: the Ceph cluster did not answer in {} s",
+                self.timeout.as_secs()
+            ),
+        )
     }
 
     /// Remove object `name`; `Ok(false)` if there was none.
