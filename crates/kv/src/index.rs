@@ -378,7 +378,12 @@ impl Index {
     #[cfg(test)]
     pub fn locations(&self) -> impl Iterator<Item = u64> + '_ {
         (0..self.n)
-            .flat_map(|i| self.bucket(i).locs().iter().map(|l| l.load(Ordering::Acquire)))
+            .flat_map(|i| {
+                self.bucket(i)
+                    .locs()
+                    .iter()
+                    .map(|l| l.load(Ordering::Acquire))
+            })
             .filter(|&l| l != 0)
     }
 }
@@ -545,7 +550,11 @@ mod tests {
         assert!(status.success(), "the child process: {status}");
         for k in 0..200u64 {
             let h = idx.key_hash(&k.to_le_bytes());
-            assert_eq!(idx.get(h, &|l| l >> 32 == k), Some(k << 32 | 300), "key {k}");
+            assert_eq!(
+                idx.get(h, &|l| l >> 32 == k),
+                Some(k << 32 | 300),
+                "key {k}"
+            );
         }
         assert_eq!(idx.locations().count(), 200);
     }

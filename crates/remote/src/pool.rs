@@ -248,10 +248,15 @@ impl Pool {
                 let _ = tx.send(f(io));
             }
         }))?;
-        rx.recv_timeout(self.timeout).unwrap_or_else(|_| {
-            cancelled.store(true, Ordering::Release);
-            Err(self.no_answer(what))
-        })
+        match rx.recv_timeout(self.timeout) {
+            // Given up on by librados (its own timeout may come first).
+            Ok(Err(e)) if cairn_area::errno_of(&e) == libc::ETIMEDOUT => Err(self.no_answer(what)),
+            Ok(r) => r,
+            Err(_) => {
+                cancelled.store(true, Ordering::Release);
+                Err(self.no_answer(what))
+            }
+        }
     }
 
     fn submit(&self, job: Job) -> io::Result<()> {
@@ -328,8 +333,17 @@ impl Pool {
         }
         for (what, rx) in waiting {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            rx.recv_timeout(left)
-                .unwrap_or_else(|_| Err(self.full().unwrap_or_else(|| self.no_answer(&what))))?;
+            // Given up on here, or by librados (whose own timeout may come first).
+            let r = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| Err(self.no_answer(&what)));
+            if let Err(e) = r {
+                return Err(if cairn_area::errno_of(&e) == libc::ETIMEDOUT {
+                    self.full().unwrap_or_else(|| self.no_answer(&what))
+                } else {
+                    e
+                });
+            }
         }
         Ok(())
     }
