@@ -16,6 +16,7 @@ pub mod emulate;
 pub mod fixed;
 pub mod helper;
 pub mod huge;
+pub mod owner;
 pub mod trace;
 pub mod view;
 
