@@ -11,25 +11,35 @@
 //! the outer epoch, and a pin releases only what it pinned; an item is retired at most
 //! once (until it is taken back), at an epoch later than every item retired before it;
 //! an item is handed back only when every pinned epoch is later than its retirement's.
+//!
+//! The global epoch and the slots are [`Words`] (word 0, then [`SLOTS`] slots of 16
+//! words, each alone in its cache lines: the owning process, the epoch, the pins now),
+//! so threads of several processes can share them. A thread claims a slot the first
+//! time it pins (a free one, or one whose process is gone: `cairn_media::owner`) and
+//! gives it back when it exits (unless a pin of it is still held); a process that dies
+//! pinned holds nothing back, since the minimum skips slots whose process is gone.
 
+use crate::words::Words;
+use cairn_media::owner::{owner_dead, process_word};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// One thread's slot, alone in its cache lines.
-#[repr(align(128))]
-#[derive(Default)]
-struct Slot {
-    epoch: AtomicU64,
-    /// Pins of the owning thread now (only it touches this).
-    depth: AtomicU64,
-}
+/// Threads that can read one store at once (a thread past them waits for a slot).
+pub const SLOTS: usize = 1024;
+/// Words per slot, and where its fields are.
+const SLOT_WORDS: usize = 16;
+const OWNER: usize = 0;
+const EPOCH: usize = 1;
+const DEPTH: usize = 2;
+/// The words of the epochs: the global epoch, then the slots (from word 16).
+pub const WORDS: usize = SLOT_WORDS * (SLOTS + 1);
 
 /// The epochs of one store, and what it retired.
 pub struct Epochs {
-    global: AtomicU64,
-    slots: Mutex<Vec<Weak<Slot>>>,
+    words: Arc<Words>,
     id: u64,
     /// Items (segments emptied by compaction) by the epoch they were retired at, oldest
     /// first.
@@ -61,65 +71,139 @@ pub struct Retired<'a> {
 
 thread_local! {
     /// This thread's slot in each store's epochs (by `Epochs::id`).
-    static MINE: RefCell<HashMap<u64, Arc<Slot>>> = RefCell::new(HashMap::new());
+    static MINE: RefCell<HashMap<u64, Claimed>> = RefCell::new(HashMap::new());
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A pinned epoch (released at drop).
-pub struct Pin {
-    slot: Arc<Slot>,
+/// A thread's slot, given back when the thread exits.
+struct Claimed {
+    words: Arc<Words>,
+    slot: usize,
 }
 
-impl Drop for Pin {
+impl Drop for Claimed {
     fn drop(&mut self) {
-        let depth = self.slot.depth.fetch_sub(1, Ordering::Relaxed);
-        debug_assert!(depth >= 1, "a pin released twice");
-        if depth == 1 {
-            self.slot.epoch.store(0, Ordering::Release);
+        let w = slot_words(&self.words, self.slot);
+        if w[DEPTH].load(Ordering::Acquire) == 0 {
+            w[OWNER].store(0, Ordering::Release);
         }
     }
 }
 
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A pinned epoch (released at drop, on any thread).
+pub struct Pin {
+    words: Arc<Words>,
+    slot: usize,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let w = slot_words(&self.words, self.slot);
+        let depth = w[DEPTH].fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(depth >= 1, "a pin released twice");
+        if depth == 1 {
+            w[EPOCH].store(0, Ordering::Release);
+        }
+    }
+}
+
+/// The words of slot `i`.
+fn slot_words(words: &Words, i: usize) -> &[AtomicU64] {
+    &words.get()[SLOT_WORDS * (i + 1)..SLOT_WORDS * (i + 2)]
+}
+
 impl Epochs {
-    pub fn new() -> Epochs {
-        Epochs {
-            global: AtomicU64::new(1),
-            slots: Mutex::new(Vec::new()),
+    /// Epochs of the process's own.
+    pub fn new() -> io::Result<Epochs> {
+        Epochs::on(Words::owned("cairn-kv-epochs", WORDS)?)
+    }
+
+    /// The epochs in `words` ([`WORDS`] of them: zeroed, or others' epochs, which this
+    /// protocol keeps).
+    pub fn on(words: Words) -> io::Result<Epochs> {
+        if words.len() != WORDS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("epochs of {} words, not {WORDS}", words.len()),
+            ));
+        }
+        let _ = words.get()[0].compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+        Ok(Epochs {
+            words: Arc::new(words),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             retired: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn global(&self) -> &AtomicU64 {
+        &self.words.get()[0]
+    }
+
+    /// This thread's slot (claimed on its first pin).
+    fn my_slot(&self) -> usize {
+        if let Some(i) = MINE.with(|m| m.borrow().get(&self.id).map(|c| c.slot)) {
+            return i;
+        }
+        let slot = self.claim();
+        let words = self.words.clone();
+        MINE.with(|m| m.borrow_mut().insert(self.id, Claimed { words, slot }));
+        slot
+    }
+
+    /// Claim a slot for this thread: a free one, else one whose process is gone (its
+    /// fields reset), else wait for one.
+    fn claim(&self) -> usize {
+        let me = process_word();
+        loop {
+            for i in 0..SLOTS {
+                let w = slot_words(&self.words, i);
+                if w[OWNER]
+                    .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return i;
+                }
+            }
+            for i in 0..SLOTS {
+                let w = slot_words(&self.words, i);
+                let owner = w[OWNER].load(Ordering::Acquire);
+                if owner != me
+                    && owner_dead(owner)
+                    && w[OWNER]
+                        .compare_exchange(owner, me, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    w[DEPTH].store(0, Ordering::Relaxed);
+                    w[EPOCH].store(0, Ordering::Release);
+                    return i;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
     /// Publish that this thread reads from now on (until the pin drops).
     pub fn pin(&self) -> Pin {
-        let slot = MINE.with(|m| {
-            m.borrow_mut()
-                .entry(self.id)
-                .or_insert_with(|| {
-                    let s = Arc::new(Slot::default());
-                    self.slots
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(Arc::downgrade(&s));
-                    s
-                })
-                .clone()
-        });
+        let slot = self.my_slot();
+        let w = slot_words(&self.words, slot);
         // A pin inside a pin keeps the outer (older) epoch.
-        if slot.depth.fetch_add(1, Ordering::Relaxed) == 0 {
-            let e = self.global.load(Ordering::Acquire);
+        if w[DEPTH].fetch_add(1, Ordering::Relaxed) == 0 {
+            let e = self.global().load(Ordering::Acquire);
             debug_assert!(e != 0, "epoch 0 pinned");
-            slot.epoch.store(e, Ordering::SeqCst);
+            w[EPOCH].store(e, Ordering::SeqCst);
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        Pin { slot }
+        Pin {
+            words: self.words.clone(),
+            slot,
+        }
     }
 
     /// The current epoch, then advance it (what is retired at the returned epoch can go
     /// once every pin is later).
     fn advance(&self) -> u64 {
-        let e = self.global.fetch_add(1, Ordering::SeqCst);
+        let e = self.global().fetch_add(1, Ordering::SeqCst);
         assert!(e != 0 && e != u64::MAX, "the global epoch wrapped");
         e
     }
@@ -150,19 +234,19 @@ impl Epochs {
     }
 
     /// The oldest epoch a thread reads under (`u64::MAX`: none reads).
+    /// Slots of threads (of any process) that died pinned count as not reading.
     pub fn min_pinned(&self) -> u64 {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.retain(|w| w.strong_count() > 0);
-        let min = slots
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|s| s.epoch.load(Ordering::Acquire))
-            .filter(|&e| e != 0)
-            .min()
-            .unwrap_or(u64::MAX);
+        let mut min = u64::MAX;
+        for i in 0..SLOTS {
+            let w = slot_words(&self.words, i);
+            let e = w[EPOCH].load(Ordering::Acquire);
+            if e != 0 && e < min && !owner_dead(w[OWNER].load(Ordering::Acquire)) {
+                min = e;
+            }
+        }
         // The global epoch read after the slots: never earlier than a pinned one.
         debug_assert!(
-            min == u64::MAX || min <= self.global.load(Ordering::SeqCst),
+            min == u64::MAX || min <= self.global().load(Ordering::SeqCst),
             "epoch {min} pinned, later than the global epoch"
         );
         min
@@ -221,7 +305,7 @@ mod tests {
 
     #[test]
     fn pins_hold_back_the_minimum() {
-        let e = Epochs::new();
+        let e = Epochs::new().unwrap();
         assert_eq!(e.min_pinned(), u64::MAX);
         let p = e.pin();
         let at = e.advance();
@@ -258,7 +342,7 @@ mod tests {
 
     #[test]
     fn retired_items_wait_for_the_readers_before_them() {
-        let e = Epochs::new();
+        let e = Epochs::new().unwrap();
         let a = e.retire(7);
         assert_eq!(
             items(e.retired().take_quiescent()),
@@ -296,7 +380,7 @@ mod tests {
 
     #[test]
     fn a_reader_in_another_thread_holds_retired_items() {
-        let e = Arc::new(Epochs::new());
+        let e = Arc::new(Epochs::new().unwrap());
         let (pinned, release) = (
             Arc::new(std::sync::Barrier::new(2)),
             Arc::new(std::sync::Barrier::new(2)),
@@ -320,7 +404,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "3: retired twice")]
     fn retiring_twice_is_caught() {
-        let e = Epochs::new();
+        let e = Epochs::new().unwrap();
         let _p = e.pin();
         e.retire(3);
         e.retire(3);
@@ -329,7 +413,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "an item retired twice")]
     fn check_finds_an_item_retired_twice() {
-        let e = Epochs::new();
+        let e = Epochs::new().unwrap();
         e.retire(3);
         let mut r = e.retired();
         r.list.push((u64::MAX, 3));
@@ -339,10 +423,112 @@ mod tests {
     #[test]
     #[should_panic(expected = "retired out of order")]
     fn check_finds_retirements_out_of_order() {
-        let e = Epochs::new();
+        let e = Epochs::new().unwrap();
         e.retire(3);
         let mut r = e.retired();
         r.list.push((0, 4));
         r.check();
+    }
+
+    fn claimed(e: &Epochs) -> usize {
+        (0..SLOTS)
+            .filter(|&i| slot_words(&e.words, i)[OWNER].load(Ordering::Acquire) != 0)
+            .count()
+    }
+
+    /// Threads give their slots back when they exit: many more threads than slots pin
+    /// one after the other.
+    #[test]
+    fn exited_threads_give_their_slots_back() {
+        let e = Arc::new(Epochs::new().unwrap());
+        for _ in 0..(SLOTS + 200) / 50 {
+            let ts: Vec<_> = (0..50)
+                .map(|_| {
+                    let e = e.clone();
+                    std::thread::spawn(move || drop(e.pin()))
+                })
+                .collect();
+            ts.into_iter().for_each(|t| t.join().unwrap());
+        }
+        assert_eq!(claimed(&e), 0);
+        let _p = e.pin();
+        assert_eq!(claimed(&e), 1);
+    }
+
+    /// The epochs file of [`a_process_killed_while_pinned_holds_nothing_back`].
+    fn shared_at(path: &std::path::Path) -> Epochs {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .unwrap();
+        f.set_len(WORDS as u64 * 8).unwrap();
+        let map = cairn_media::Mapping::new(&f, 0, WORDS * 8, true, false).unwrap();
+        Epochs::on(Words::shared(map, 0, WORDS).unwrap()).unwrap()
+    }
+
+    /// Run by [`a_process_killed_while_pinned_holds_nothing_back`] in its child: pin,
+    /// say so, and wait to be killed.
+    #[test]
+    #[ignore = "the other process of a_process_killed_while_pinned_holds_nothing_back"]
+    fn epochs_child_process() {
+        let Some(path) = std::env::var_os("CAIRN_KV_EPOCHS") else {
+            return;
+        };
+        let e = shared_at(std::path::Path::new(&path));
+        let _p = e.pin();
+        println!("pinned");
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+
+    /// Another process's pin holds retired items back while it lives; killed (SIGKILL,
+    /// pinned), it holds nothing back, and its slot is taken by the next thread that
+    /// needs one when none is free.
+    #[test]
+    fn a_process_killed_while_pinned_holds_nothing_back() {
+        use std::io::BufRead;
+        let path = std::env::temp_dir().join(format!("cairn-kv-epochs-{}", std::process::id()));
+        let e = shared_at(&path);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "epoch::tests::epochs_child_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("CAIRN_KV_EPOCHS", &path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("pinned") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the child ended");
+        }
+        std::fs::remove_file(&path).unwrap();
+        e.retire(5);
+        assert!(
+            e.retired().take_quiescent().is_empty(),
+            "the child's pin holds"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(items(e.retired().take_quiescent()), vec![5]);
+        // Every other slot taken by a live owner: a new thread gets the dead one's.
+        for i in 0..SLOTS {
+            let _ = slot_words(&e.words, i)[OWNER].compare_exchange(
+                0,
+                process_word(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        let e = Arc::new(e);
+        let e2 = e.clone();
+        let slot = std::thread::spawn(move || e2.my_slot()).join().unwrap();
+        assert_eq!(slot_words(&e.words, slot)[EPOCH].load(Ordering::Acquire), 0);
     }
 }

@@ -119,7 +119,7 @@ impl Core {
             segs: Segments::new(segments),
             keys: AtomicU64::new(0),
             data: AtomicU64::new(0),
-            epochs: Epochs::new(),
+            epochs: Epochs::new()?,
             journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
             policy: s.policy,
             durable: s.durable,
