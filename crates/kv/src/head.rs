@@ -210,7 +210,7 @@ mod tests {
 
     /// Segments 1..n free.
     fn pool(n: u64) -> Segments {
-        let segs = Segments::new(n);
+        let segs = Segments::new(n).unwrap();
         segs.free_list().recovered((1..n).rev().collect());
         segs
     }

@@ -116,7 +116,7 @@ impl Core {
             heads: Heads::new(s.heads),
             version: AtomicU64::new(1),
             next_seq: AtomicU64::new(1),
-            segs: Segments::new(segments),
+            segs: Segments::new(segments)?,
             keys: AtomicU64::new(0),
             data: AtomicU64::new(0),
             epochs: Epochs::new()?,

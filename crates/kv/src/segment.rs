@@ -25,61 +25,109 @@
 //!   so, the segment), never go below 0; the bytes of its tombstones neither;
 //! * compaction's walk (`swept`) only goes forward, and never past what was written.
 //!
-//! One `Vec` of per-segment structs (not an array per field): each transition touches
-//! several fields of one segment, and each invariant relates fields of one segment, so
-//! they sit together (one or two cache lines), and a field cannot be added to one
-//! array and forgotten in another. The scans over all segments (choosing candidates,
-//! the garbage estimate) read several fields of each segment too.
+//! One table of [`SEG_WORDS`] words per segment (not an array per field): each
+//! transition touches several fields of one segment, and each invariant relates fields
+//! of one segment, so they sit together (a cache-line pair), and a field cannot be
+//! added to one array and forgotten in another. The scans over all segments (choosing
+//! candidates, the garbage estimate) read several fields of each segment too. The table
+//! is [`Words`] (flags are words of 0 or 1), so that it can live in a mapping several
+//! processes share.
 
 use crate::epoch::Quiescent;
 use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
+use crate::words::Words;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// The bytes of a segment that records can take.
 const ROOM: u64 = SEGMENT_BYTES - SEGMENT_HEADER;
 
 /// One segment's state (segment 0, the pool header and the journal, has one too, never
-/// used).
-#[derive(Default)]
-struct Segment {
+/// used): [`SEG_WORDS`] words of the segments' table, flags 0 or 1.
+#[derive(Clone, Copy)]
+struct Segment<'a>(&'a [AtomicU64]);
+
+/// Words per segment (13 used; a segment's words are a cache-line pair).
+pub(crate) const SEG_WORDS: usize = 16;
+
+impl<'a> Segment<'a> {
     /// The sequence number it was opened under (0: none, its header is erased).
-    seq: AtomicU64,
+    fn seq(self) -> &'a AtomicU64 {
+        &self.0[0]
+    }
+
     /// The bytes of its records that are current (values and tombstones).
-    live: AtomicU64,
+    fn live(self) -> &'a AtomicU64 {
+        &self.0[1]
+    }
+
     /// The end of what was written in this incarnation (from the segment's start; the
     /// end of the valid records for one recovery found).
-    written: AtomicU64,
+    fn written(self) -> &'a AtomicU64 {
+        &self.0[2]
+    }
+
     /// How far compaction has processed its records in this incarnation (a round cut
     /// short by a full pool resumes there: a tombstone it already copied must not be
     /// copied, and counted out, twice).
-    swept: AtomicU64,
+    fn swept(self) -> &'a AtomicU64 {
+        &self.0[3]
+    }
+
     /// The version counter when it was opened (its age).
-    born: AtomicU64,
+    fn born(self) -> &'a AtomicU64 {
+        &self.0[4]
+    }
+
     /// The bytes of tombstones written into it in this incarnation, and the newest of
     /// their horizons (once every segment opened before that is gone, none of them is
     /// needed: compaction drops them, so they count as garbage when choosing what to
     /// compact).
-    tombs: AtomicU64,
-    horizon: AtomicU64,
+    fn tombs(self) -> &'a AtomicU64 {
+        &self.0[5]
+    }
+
+    fn horizon(self) -> &'a AtomicU64 {
+        &self.0[6]
+    }
+
     /// When it was last freed (ms since the store was opened).
-    freed_at: AtomicU64,
+    fn freed_at(self) -> &'a AtomicU64 {
+        &self.0[7]
+    }
+
     /// A log head (a writer's or compaction's) now.
-    head: AtomicBool,
+    fn head(self) -> &'a AtomicU64 {
+        &self.0[8]
+    }
+
     /// Chosen by a compaction round.
-    claimed: AtomicBool,
+    fn claimed(self) -> &'a AtomicU64 {
+        &self.0[9]
+    }
+
     /// On the free list.
-    free: AtomicBool,
+    fn free(self) -> &'a AtomicU64 {
+        &self.0[10]
+    }
+
     /// Its memory is handed back to the system.
-    released: AtomicBool,
+    fn released(self) -> &'a AtomicU64 {
+        &self.0[11]
+    }
+
     /// A head took it after its release (to be collapsed into a huge folio again).
-    fresh: AtomicBool,
+    fn fresh(self) -> &'a AtomicU64 {
+        &self.0[12]
+    }
 }
 
 /// The state of every segment of the pool, and the free list.
 pub(crate) struct Segments {
-    segs: Vec<Segment>,
+    /// [`SEG_WORDS`] per segment.
+    words: Words,
+    n: u64,
     free: Mutex<Vec<u64>>,
 }
 
@@ -93,21 +141,33 @@ pub(crate) struct FreeList<'a> {
 impl Segments {
     /// `n` segments (segment 0 included), none free yet: recovery fills the free list
     /// ([`FreeList::recovered`]).
-    pub fn new(n: u64) -> Segments {
-        Segments {
-            segs: (0..n).map(|_| Segment::default()).collect(),
+    pub fn new(n: u64) -> io::Result<Segments> {
+        Ok(Segments {
+            words: Words::owned("cairn-kv-segments", n as usize * SEG_WORDS)?,
+            n,
             free: Mutex::new(Vec::new()),
-        }
+        })
     }
 
-    fn at(&self, s: u64) -> &Segment {
+    /// Segment `s`'s words (segment 0's too).
+    fn word_of(&self, s: u64) -> Segment<'_> {
+        let i = s as usize * SEG_WORDS;
+        Segment(&self.words.get()[i..i + SEG_WORDS])
+    }
+
+    fn at(&self, s: u64) -> Segment<'_> {
         debug_assert!(s != 0, "segment 0 holds the pool header, not records");
-        &self.segs[s as usize]
+        self.word_of(s)
+    }
+
+    /// Segments 1.., with their state.
+    fn all(&self) -> impl Iterator<Item = (u64, Segment<'_>)> {
+        (1..self.n).map(|s| (s, self.word_of(s)))
     }
 
     /// Segments of the pool, segment 0 included.
     pub fn count(&self) -> u64 {
-        self.segs.len() as u64
+        self.n
     }
 
     /// Lock the free list.
@@ -124,32 +184,32 @@ impl Segments {
 
     /// The sequence number segment `s` was opened under (0: its header is erased).
     pub fn seq(&self, s: u64) -> u64 {
-        self.at(s).seq.load(Ordering::Acquire)
+        self.at(s).seq().load(Ordering::Acquire)
     }
 
     pub fn live(&self, s: u64) -> u64 {
-        self.at(s).live.load(Ordering::Acquire)
+        self.at(s).live().load(Ordering::Acquire)
     }
 
     pub fn is_head(&self, s: u64) -> bool {
-        self.at(s).head.load(Ordering::Acquire)
+        self.at(s).head().load(Ordering::Acquire) != 0
     }
 
     pub fn is_released(&self, s: u64) -> bool {
-        self.at(s).released.load(Ordering::Relaxed)
+        self.at(s).released().load(Ordering::Relaxed) != 0
     }
 
     pub fn written(&self, s: u64) -> u64 {
-        self.at(s).written.load(Ordering::Acquire)
+        self.at(s).written().load(Ordering::Acquire)
     }
 
     pub fn born(&self, s: u64) -> u64 {
-        self.at(s).born.load(Ordering::Relaxed)
+        self.at(s).born().load(Ordering::Relaxed)
     }
 
     /// Where compaction's walk of segment `s` resumes (0: not started).
     pub fn swept(&self, s: u64) -> u64 {
-        self.at(s).swept.load(Ordering::Acquire)
+        self.at(s).swept().load(Ordering::Acquire)
     }
 
     /// Segment `s`, taken from the free list by a head ([`FreeList::take`]), is opened
@@ -157,54 +217,54 @@ impl Segments {
     pub fn open(&self, s: u64, seq: u64, version: u64) {
         let g = self.at(s);
         assert!(
-            g.head.load(Ordering::Acquire),
+            g.head().load(Ordering::Acquire) != 0,
             "segment {s}: opened without being taken for a head"
         );
         assert!(
-            !g.claimed.load(Ordering::Acquire) && !g.free.load(Ordering::Acquire),
+            g.claimed().load(Ordering::Acquire) == 0 && g.free().load(Ordering::Acquire) == 0,
             "segment {s}: opened while claimed or free"
         );
-        let live = g.live.load(Ordering::Acquire);
+        let live = g.live().load(Ordering::Acquire);
         assert_eq!(live, 0, "segment {s}: opened with {live} live bytes");
-        let old = g.seq.load(Ordering::Acquire);
+        let old = g.seq().load(Ordering::Acquire);
         assert!(
             seq > old,
             "segment {s}: opened under sequence {seq}, not above its last ({old})"
         );
-        g.seq.store(seq, Ordering::Release);
-        g.written.store(SEGMENT_HEADER, Ordering::Release);
-        g.swept.store(0, Ordering::Release);
-        g.tombs.store(0, Ordering::Relaxed);
-        g.horizon.store(0, Ordering::Relaxed);
-        g.born.store(version, Ordering::Relaxed);
+        g.seq().store(seq, Ordering::Release);
+        g.written().store(SEGMENT_HEADER, Ordering::Release);
+        g.swept().store(0, Ordering::Release);
+        g.tombs().store(0, Ordering::Relaxed);
+        g.horizon().store(0, Ordering::Relaxed);
+        g.born().store(version, Ordering::Relaxed);
     }
 
     /// Segment `s`, taken after its memory was handed back, is to be collapsed into a
     /// huge folio again.
     pub fn mark_fresh(&self, s: u64) {
-        self.at(s).fresh.store(true, Ordering::Relaxed);
+        self.at(s).fresh().store(1, Ordering::Relaxed);
     }
 
     /// Whether segment `s` was marked fresh ([`Segments::mark_fresh`]); unmarks it.
     pub fn take_fresh(&self, s: u64) -> bool {
-        self.at(s).fresh.swap(false, Ordering::Relaxed)
+        self.at(s).fresh().swap(0, Ordering::Relaxed) != 0
     }
 
     /// A record of `len` bytes was appended to segment `s`, a head's, ending at `end`.
     pub fn appended(&self, s: u64, end: u64, len: u64) {
         let g = self.at(s);
         debug_assert!(
-            g.head.load(Ordering::Relaxed),
+            g.head().load(Ordering::Relaxed) != 0,
             "segment {s}: appended to, not a head"
         );
         debug_assert!(end <= SEGMENT_BYTES, "segment {s}: record ends at {end}");
-        let before = g.written.swap(end, Ordering::Release);
+        let before = g.written().swap(end, Ordering::Release);
         debug_assert_eq!(
             before + len,
             end,
             "segment {s}: a record of {len} bytes at {before} ends at {end}"
         );
-        let live = g.live.fetch_add(len, Ordering::Relaxed) + len;
+        let live = g.live().fetch_add(len, Ordering::Relaxed) + len;
         debug_assert!(
             live <= end - SEGMENT_HEADER,
             "segment {s}: {live} live bytes, {end} written"
@@ -213,7 +273,7 @@ impl Segments {
 
     /// Take `n` live bytes from segment `s` (a record that is not current any more).
     pub fn unlive(&self, s: u64, n: u64, why: &str) {
-        let before = self.at(s).live.fetch_sub(n, Ordering::Relaxed);
+        let before = self.at(s).live().fetch_sub(n, Ordering::Relaxed);
         debug_assert!(
             before >= n,
             "segment {s}: {before} live bytes, {n} taken ({why})"
@@ -223,24 +283,24 @@ impl Segments {
     /// A tombstone of `len` bytes with horizon `h` was written into segment `s`.
     pub fn note_tombstone(&self, s: u64, len: u64, h: u64) {
         let g = self.at(s);
-        let tombs = g.tombs.fetch_add(len, Ordering::Relaxed) + len;
-        g.horizon.fetch_max(h, Ordering::Relaxed);
+        let tombs = g.tombs().fetch_add(len, Ordering::Relaxed) + len;
+        g.horizon().fetch_max(h, Ordering::Relaxed);
         debug_assert!(
-            tombs + SEGMENT_HEADER <= g.written.load(Ordering::Acquire),
+            tombs + SEGMENT_HEADER <= g.written().load(Ordering::Acquire),
             "segment {s}: {tombs} bytes of tombstones, more than written"
         );
     }
 
     /// Segment `s` is a head no more.
     pub fn close(&self, s: u64) {
-        let was = self.at(s).head.swap(false, Ordering::Release);
+        let was = self.at(s).head().swap(0, Ordering::Release) != 0;
         assert!(was, "segment {s}: closed, not a head");
     }
 
     /// Compaction gives segment `s` up (it stays, and can be chosen again).
     pub fn unclaim(&self, s: u64) {
         let g = self.at(s);
-        let was = g.claimed.swap(false, Ordering::Release);
+        let was = g.claimed().swap(0, Ordering::Release) != 0;
         assert!(was, "segment {s}: given up by compaction, not claimed");
     }
 
@@ -248,15 +308,15 @@ impl Segments {
     pub fn sweep_to(&self, s: u64, off: u64) {
         let g = self.at(s);
         debug_assert!(
-            g.claimed.load(Ordering::Relaxed) && !g.head.load(Ordering::Relaxed),
+            g.claimed().load(Ordering::Relaxed) != 0 && g.head().load(Ordering::Relaxed) == 0,
             "segment {s}: walked while not claimed, or a head"
         );
-        let before = g.swept.swap(off, Ordering::Release);
+        let before = g.swept().swap(off, Ordering::Release);
         debug_assert!(
             off >= before,
             "segment {s}: the walk went back from {before} to {off}"
         );
-        let written = g.written.load(Ordering::Acquire);
+        let written = g.written().load(Ordering::Acquire);
         debug_assert!(
             off <= written,
             "segment {s}: walked to {off}, past what was written ({written})"
@@ -268,12 +328,12 @@ impl Segments {
     pub fn check_emptied(&self, s: u64) {
         let g = self.at(s);
         assert!(
-            g.claimed.load(Ordering::Acquire)
-                && !g.head.load(Ordering::Acquire)
-                && !g.free.load(Ordering::Acquire),
+            g.claimed().load(Ordering::Acquire) != 0
+                && g.head().load(Ordering::Acquire) == 0
+                && g.free().load(Ordering::Acquire) == 0,
             "segment {s}: emptied while not claimed, or a head, or free"
         );
-        let live = g.live.load(Ordering::Acquire);
+        let live = g.live().load(Ordering::Acquire);
         assert_eq!(live, 0, "segment {s}: retired with {live} live bytes");
     }
 
@@ -281,8 +341,8 @@ impl Segments {
     pub fn recovered(&self, s: u64, seq: u64) {
         let g = self.at(s);
         debug_assert!(seq != 0);
-        g.seq.store(seq, Ordering::Relaxed);
-        g.written.store(SEGMENT_HEADER, Ordering::Relaxed);
+        g.seq().store(seq, Ordering::Relaxed);
+        g.written().store(SEGMENT_HEADER, Ordering::Relaxed);
     }
 
     /// Recovery found a valid record of `len` bytes in segment `s` ending at `end`;
@@ -290,7 +350,7 @@ impl Segments {
     /// compaction drops it, as at run time).
     pub fn recovered_record(&self, s: u64, end: u64, len: u64, tombstone: Option<u64>) {
         let g = self.at(s);
-        let before = g.written.swap(end, Ordering::Relaxed);
+        let before = g.written().swap(end, Ordering::Relaxed);
         debug_assert_eq!(before + len, end, "segment {s}: records recovered apart");
         if let Some(h) = tombstone {
             self.recovered_live(s, len);
@@ -301,9 +361,9 @@ impl Segments {
     /// Recovery counts `len` live bytes in segment `s` (the newest record of a key).
     pub fn recovered_live(&self, s: u64, len: u64) {
         let g = self.at(s);
-        let live = g.live.fetch_add(len, Ordering::Relaxed) + len;
+        let live = g.live().fetch_add(len, Ordering::Relaxed) + len;
         debug_assert!(
-            live + SEGMENT_HEADER <= g.written.load(Ordering::Relaxed),
+            live + SEGMENT_HEADER <= g.written().load(Ordering::Relaxed),
             "segment {s}: {live} live bytes recovered, more than its records"
         );
     }
@@ -312,8 +372,8 @@ impl Segments {
     /// and the segment of the first (0: none).
     pub fn oldest(&self) -> (u64, usize, u64) {
         let (mut a, mut at, mut b) = (u64::MAX, 0, u64::MAX);
-        for (s, g) in self.segs.iter().enumerate().skip(1) {
-            let q = g.seq.load(Ordering::Acquire);
+        for (s, g) in self.all() {
+            let q = g.seq().load(Ordering::Acquire);
             if q == 0 {
                 continue;
             }
@@ -323,7 +383,7 @@ impl Segments {
                 b = q;
             }
         }
-        (a, at, b)
+        (a, at as usize, b)
     }
 
     /// The live bytes of segment `s` that are needed: its tombstones are not once no
@@ -332,15 +392,15 @@ impl Segments {
     /// each record).
     pub fn needed(&self, s: u64, oldest: (u64, usize, u64)) -> u64 {
         let g = self.at(s);
-        let live = g.live.load(Ordering::Relaxed);
+        let live = g.live().load(Ordering::Relaxed);
         let other = if oldest.1 == s as usize {
             oldest.2
         } else {
             oldest.0
         };
-        let h = g.horizon.load(Ordering::Relaxed);
+        let h = g.horizon().load(Ordering::Relaxed);
         if h != 0 && other >= h {
-            live.saturating_sub(g.tombs.load(Ordering::Relaxed))
+            live.saturating_sub(g.tombs().load(Ordering::Relaxed))
         } else {
             live
         }
@@ -349,23 +409,22 @@ impl Segments {
     /// Whether tombstones wait for the segment opened under `seq` to go: some were
     /// written after it was opened.
     pub fn pins_tombstones(&self, seq: u64) -> bool {
-        self.segs
-            .iter()
-            .skip(1)
-            .any(|g| g.tombs.load(Ordering::Relaxed) > 0 && g.horizon.load(Ordering::Relaxed) > seq)
+        self.all().any(|(_, g)| {
+            g.tombs().load(Ordering::Relaxed) > 0 && g.horizon().load(Ordering::Relaxed) > seq
+        })
     }
 
     /// The fraction of the bytes of the closed segments (with a sequence number, not
     /// log heads) that holds no current value: dead records, and tombstones.
     pub fn garbage(&self) -> f64 {
         let (mut used, mut live) = (0u64, 0u64);
-        for g in self.segs.iter().skip(1) {
-            if g.seq.load(Ordering::Relaxed) != 0 && !g.head.load(Ordering::Relaxed) {
+        for (_, g) in self.all() {
+            if g.seq().load(Ordering::Relaxed) != 0 && g.head().load(Ordering::Relaxed) == 0 {
                 used += ROOM;
                 live += g
-                    .live
+                    .live()
                     .load(Ordering::Relaxed)
-                    .saturating_sub(g.tombs.load(Ordering::Relaxed));
+                    .saturating_sub(g.tombs().load(Ordering::Relaxed));
             }
         }
         if used == 0 {
@@ -376,9 +435,8 @@ impl Segments {
 
     /// The live bytes of all segments.
     pub fn live_total(&self) -> u64 {
-        self.segs
-            .iter()
-            .map(|g| g.live.load(Ordering::Relaxed))
+        self.all()
+            .map(|(_, g)| g.live().load(Ordering::Relaxed))
             .sum()
     }
 
@@ -386,9 +444,9 @@ impl Segments {
     /// `[0]` under 10%, …, `[9]` 90% and more.
     pub fn utilization(&self) -> [u64; 10] {
         let mut u = [0u64; 10];
-        for g in self.segs.iter().skip(1) {
-            if g.seq.load(Ordering::Relaxed) != 0 {
-                let decile = g.live.load(Ordering::Relaxed) * 10 / ROOM;
+        for (_, g) in self.all() {
+            if g.seq().load(Ordering::Relaxed) != 0 {
+                let decile = g.live().load(Ordering::Relaxed) * 10 / ROOM;
                 u[decile.min(9) as usize] += 1;
             }
         }
@@ -400,25 +458,28 @@ impl Segments {
     /// the fields are read one by one); panics on the first broken one.
     pub fn check(&self) {
         let free = self.free_list();
-        let mut on_list = vec![false; self.segs.len()];
+        let mut on_list = vec![false; self.n as usize];
         for &s in free.list.iter() {
             assert!(s != 0 && s < self.count(), "free list: segment {s}");
             assert!(!on_list[s as usize], "segment {s}: twice on the free list");
             on_list[s as usize] = true;
         }
-        for (s, g) in self.segs.iter().enumerate().skip(1) {
+        for (s, g) in self.all() {
             let (seq, live, written) = (
-                g.seq.load(Ordering::Acquire),
-                g.live.load(Ordering::Acquire),
-                g.written.load(Ordering::Acquire),
+                g.seq().load(Ordering::Acquire),
+                g.live().load(Ordering::Acquire),
+                g.written().load(Ordering::Acquire),
             );
             let (head, claimed, is_free, released) = (
-                g.head.load(Ordering::Acquire),
-                g.claimed.load(Ordering::Acquire),
-                g.free.load(Ordering::Acquire),
-                g.released.load(Ordering::Acquire),
+                g.head().load(Ordering::Acquire) != 0,
+                g.claimed().load(Ordering::Acquire) != 0,
+                g.free().load(Ordering::Acquire) != 0,
+                g.released().load(Ordering::Acquire) != 0,
             );
-            assert_eq!(is_free, on_list[s], "segment {s}: free flag and free list");
+            assert_eq!(
+                is_free, on_list[s as usize],
+                "segment {s}: free flag and free list"
+            );
             if is_free {
                 assert!(
                     !head && !claimed && live == 0,
@@ -441,7 +502,7 @@ impl Segments {
                     live + SEGMENT_HEADER <= written,
                     "segment {s}: {live} live bytes, written up to {written}"
                 );
-                let tombs = g.tombs.load(Ordering::Acquire);
+                let tombs = g.tombs().load(Ordering::Acquire);
                 assert!(
                     tombs + SEGMENT_HEADER <= written,
                     "segment {s}: {tombs} bytes of tombstones, written up to {written}"
@@ -449,7 +510,7 @@ impl Segments {
             } else {
                 assert_eq!(live, 0, "segment {s}: never opened, {live} live bytes");
             }
-            let swept = g.swept.load(Ordering::Acquire);
+            let swept = g.swept().load(Ordering::Acquire);
             assert!(
                 swept <= written.max(SEGMENT_HEADER),
                 "segment {s}: swept to {swept}, written up to {written}"
@@ -473,14 +534,14 @@ impl FreeList<'_> {
         }
         let s = self.list.pop()?;
         let g = self.segs.at(s);
-        let was_free = g.free.swap(false, Ordering::AcqRel);
+        let was_free = g.free().swap(0, Ordering::AcqRel) != 0;
         assert!(was_free, "segment {s}: on the free list, not marked free");
         assert!(
-            !g.head.load(Ordering::Acquire) && !g.claimed.load(Ordering::Acquire),
+            g.head().load(Ordering::Acquire) == 0 && g.claimed().load(Ordering::Acquire) == 0,
             "segment {s}: free, yet a head or claimed"
         );
-        g.head.store(true, Ordering::Release);
-        Some((s, g.released.swap(false, Ordering::Relaxed)))
+        g.head().store(1, Ordering::Release);
+        Some((s, (g.released().swap(0, Ordering::Relaxed) != 0)))
     }
 
     /// Free segment `s`: compaction emptied it and no reader can be in it any more
@@ -491,22 +552,22 @@ impl FreeList<'_> {
         let s = q.item();
         let g = self.segs.at(s);
         assert!(
-            g.claimed.load(Ordering::Acquire),
+            g.claimed().load(Ordering::Acquire) != 0,
             "segment {s}: freed without compaction claiming it"
         );
         assert!(
-            !g.head.load(Ordering::Acquire),
+            g.head().load(Ordering::Acquire) == 0,
             "segment {s}: freed while a head"
         );
-        let live = g.live.load(Ordering::Acquire);
+        let live = g.live().load(Ordering::Acquire);
         assert_eq!(live, 0, "segment {s}: freed with {live} live bytes");
-        let was_free = g.free.swap(true, Ordering::AcqRel);
+        let was_free = g.free().swap(1, Ordering::AcqRel) != 0;
         assert!(!was_free, "segment {s}: freed twice");
         if erased {
-            g.seq.store(0, Ordering::Release);
+            g.seq().store(0, Ordering::Release);
         }
-        g.claimed.store(false, Ordering::Release);
-        g.freed_at.store(now, Ordering::Relaxed);
+        g.claimed().store(0, Ordering::Release);
+        g.freed_at().store(now, Ordering::Relaxed);
         self.list.push(s);
     }
 
@@ -515,9 +576,9 @@ impl FreeList<'_> {
         assert!(self.list.is_empty(), "recovery on a store in use");
         for &s in &free {
             let g = self.segs.at(s);
-            let was_free = g.free.swap(true, Ordering::AcqRel);
+            let was_free = g.free().swap(1, Ordering::AcqRel) != 0;
             assert!(!was_free, "segment {s}: recovered free twice");
-            let live = g.live.load(Ordering::Relaxed);
+            let live = g.live().load(Ordering::Relaxed);
             assert_eq!(
                 live, 0,
                 "segment {s}: recovered free with {live} live bytes"
@@ -533,17 +594,17 @@ impl FreeList<'_> {
         let mut cands: Vec<(f64, u64)> = (1..self.segs.count())
             .filter(|&s| {
                 let g = self.segs.at(s);
-                g.seq.load(Ordering::Acquire) != 0
-                    && !g.head.load(Ordering::Acquire)
-                    && !g.claimed.load(Ordering::Acquire)
-                    && !g.free.load(Ordering::Acquire)
+                g.seq().load(Ordering::Acquire) != 0
+                    && g.head().load(Ordering::Acquire) == 0
+                    && g.claimed().load(Ordering::Acquire) == 0
+                    && g.free().load(Ordering::Acquire) == 0
             })
             .filter_map(|s| rank(s).map(|r| (r, s)))
             .collect();
         cands.sort_by(|a, b| b.0.total_cmp(&a.0));
         cands.truncate(max);
         for &(_, s) in &cands {
-            let was = self.segs.at(s).claimed.swap(true, Ordering::AcqRel);
+            let was = self.segs.at(s).claimed().swap(1, Ordering::AcqRel) != 0;
             assert!(!was, "segment {s}: claimed twice");
         }
         cands.into_iter().map(|(_, s)| s).collect()
@@ -564,17 +625,17 @@ impl FreeList<'_> {
         for &s in &self.list[..cold] {
             let g = self.segs.at(s);
             debug_assert!(
-                g.free.load(Ordering::Relaxed)
-                    && !g.head.load(Ordering::Relaxed)
-                    && !g.claimed.load(Ordering::Relaxed),
+                g.free().load(Ordering::Relaxed) != 0
+                    && g.head().load(Ordering::Relaxed) == 0
+                    && g.claimed().load(Ordering::Relaxed) == 0,
                 "segment {s}: on the free list, yet not free"
             );
-            if g.seq.load(Ordering::Acquire) == 0
-                && !g.released.load(Ordering::Relaxed)
-                && now.saturating_sub(g.freed_at.load(Ordering::Relaxed)) >= after
+            if g.seq().load(Ordering::Acquire) == 0
+                && g.released().load(Ordering::Relaxed) == 0
+                && now.saturating_sub(g.freed_at().load(Ordering::Relaxed)) >= after
                 && release(s).is_ok()
             {
-                g.released.store(true, Ordering::Relaxed);
+                g.released().store(1, Ordering::Relaxed);
             }
         }
     }
@@ -586,7 +647,7 @@ mod tests {
 
     /// Segments 1..n free (as recovery leaves a new pool: the highest taken first).
     fn pool(n: u64) -> Segments {
-        let segs = Segments::new(n);
+        let segs = Segments::new(n).unwrap();
         segs.free_list().recovered((1..n).rev().collect());
         segs
     }
@@ -786,14 +847,14 @@ mod tests {
         let s = opened(&segs, 1);
         segs.close(s);
         segs.free_list().choose(1, |_| Some(1.0));
-        segs.at(s).head.store(true, Ordering::Relaxed);
+        segs.at(s).head().store(1, Ordering::Relaxed);
         segs.free_list().put(Quiescent::for_test(s), true, 0);
     }
 
     #[test]
     #[should_panic(expected = "recovered free with 1 live bytes")]
     fn a_free_segment_has_no_live_bytes() {
-        let segs = Segments::new(4);
+        let segs = Segments::new(4).unwrap();
         segs.recovered(2, 1);
         segs.recovered_record(2, SEGMENT_HEADER + 1, 1, Some(1));
         segs.free_list().recovered(vec![1, 2]);
@@ -803,7 +864,7 @@ mod tests {
     #[should_panic(expected = "free, yet head true")]
     fn check_finds_a_free_head() {
         let segs = pool(4);
-        segs.at(2).head.store(true, Ordering::Relaxed);
+        segs.at(2).head().store(1, Ordering::Relaxed);
         segs.check();
     }
 
@@ -811,9 +872,11 @@ mod tests {
     #[should_panic(expected = "released, yet free true, seq 9")]
     fn check_finds_a_released_segment_with_records() {
         let segs = pool(4);
-        segs.at(2).released.store(true, Ordering::Relaxed);
-        segs.at(2).seq.store(9, Ordering::Relaxed);
-        segs.at(2).written.store(SEGMENT_HEADER, Ordering::Relaxed);
+        segs.at(2).released().store(1, Ordering::Relaxed);
+        segs.at(2).seq().store(9, Ordering::Relaxed);
+        segs.at(2)
+            .written()
+            .store(SEGMENT_HEADER, Ordering::Relaxed);
         segs.check();
     }
 
