@@ -19,8 +19,8 @@
 //! gives it back when it exits (unless a pin of it is still held); a process that dies
 //! pinned holds nothing back, since the minimum skips slots whose process is gone.
 
-use crate::words::Words;
 use cairn_media::owner::{owner_dead, process_word};
+use cairn_media::words::Words;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;

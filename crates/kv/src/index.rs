@@ -21,7 +21,7 @@
 //! process's memory or in a mapping processes share, where the same protocol holds
 //! between processes.
 
-use crate::words::Words;
+use cairn_media::words::Words;
 use std::hash::Hasher;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -28,7 +28,6 @@ mod pool;
 mod recover;
 mod segment;
 mod store;
-mod words;
 
 pub use batch::Batch;
 pub use log::Change;

@@ -35,7 +35,7 @@
 
 use crate::epoch::Quiescent;
 use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
-use crate::words::Words;
+use cairn_media::words::Words;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};

@@ -19,6 +19,7 @@ pub mod huge;
 pub mod owner;
 pub mod trace;
 pub mod view;
+pub mod words;
 
 pub use aligned::AlignedBuf;
 pub use view::View;

@@ -1,19 +1,29 @@
 //! Tables of atomic words ([`Words`]) in a mapping: of the process's own memory, or of a
 //! file that several processes map, where every access is atomic on every side. The
-//! structures a store's processes share (the index first) are laid out in words, so one
-//! piece of code serves a store open in one process and one shared by several.
+//! structures processes share (a key-value store's index, its epochs, its segments'
+//! state) are laid out in words, so one piece of code serves memory of one process and
+//! memory several share.
 
-use cairn_media::Mapping;
+use crate::Mapping;
 use std::io;
 use std::sync::atomic::AtomicU64;
 
-/// `len` atomic words, at byte `off` (8-aligned) of a writable mapping; the mapping is
-/// page aligned, so a table at a multiple of 64 bytes starts a cache line.
-pub(crate) struct Words {
-    map: Mapping,
-    off: usize,
+/// `len` atomic words at a byte offset (8-aligned) of a writable mapping, which it
+/// owns; the mapping is page aligned, so a table at a multiple of 64 bytes starts a
+/// cache line. Bounds and access are checked once, when the table is made: lending the
+/// words costs nothing after that (they are on every lookup's path).
+pub struct Words {
+    /// Keeps the words mapped (only held).
+    _map: Mapping,
+    ptr: *const AtomicU64,
     len: usize,
 }
+
+// SAFETY: `ptr` points into `map`, which is `Send` and `Sync`; the words are only
+// reached as `&AtomicU64`, whose every access is atomic.
+unsafe impl Send for Words {}
+// SAFETY: as above.
+unsafe impl Sync for Words {}
 
 impl Words {
     /// `len` zeroed words of the process's own (`what` names the memory, as
@@ -24,21 +34,30 @@ impl Words {
 
     /// The `len` words at byte `off` of `map`.
     pub fn shared(map: Mapping, off: usize, len: usize) -> io::Result<Words> {
-        map.atomic_u64s(off, len)?;
-        Ok(Words { map, off, len })
+        let ptr = map.atomic_u64s(off, len)?.as_ptr();
+        Ok(Words {
+            _map: map,
+            ptr,
+            len,
+        })
     }
 
     /// The words.
     #[inline]
     pub fn get(&self) -> &[AtomicU64] {
-        self.map
-            .atomic_u64s(self.off, self.len)
-            .expect("bounds and access checked at creation")
+        // SAFETY: `ptr..ptr + len` was checked in bounds, aligned and writable when the
+        // table was made (`Mapping::atomic_u64s`), and `self._map` keeps it mapped for as
+        // long as the borrow of `self` lasts.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// How many.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -49,7 +68,7 @@ mod tests {
 
     #[test]
     fn shared_words_are_the_files_and_bounds_are_checked() {
-        let path = std::env::temp_dir().join(format!("cairn-kv-words-{}", std::process::id()));
+        let path = std::env::temp_dir().join(format!("cairn-media-words-{}", std::process::id()));
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -64,7 +83,7 @@ mod tests {
         let b = Words::shared(map(true), 64, 8).unwrap();
         a.get()[3].store(42, Ordering::SeqCst);
         assert_eq!(b.get()[3].load(Ordering::SeqCst), 42);
-        let own = Words::owned("cairn-kv-test", 5).unwrap();
+        let own = Words::owned("cairn-media-test", 5).unwrap();
         assert_eq!((a.len(), own.len()), (8, 5));
         assert!(own.get().iter().all(|w| w.load(Ordering::Relaxed) == 0));
         assert!(Words::shared(map(true), 4096 - 8, 2).is_err());
