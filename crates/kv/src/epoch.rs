@@ -457,16 +457,7 @@ mod tests {
 
     /// The epochs file of [`a_process_killed_while_pinned_holds_nothing_back`].
     fn shared_at(path: &std::path::Path) -> Epochs {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .unwrap();
-        f.set_len(WORDS as u64 * 8).unwrap();
-        let map = cairn_media::Mapping::new(&f, 0, WORDS * 8, true, false).unwrap();
-        Epochs::on(Words::shared(map, 0, WORDS).unwrap()).unwrap()
+        Epochs::on(Words::file(path, WORDS).unwrap()).unwrap()
     }
 
     /// Run by [`a_process_killed_while_pinned_holds_nothing_back`] in its child: pin,

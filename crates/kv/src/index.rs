@@ -490,17 +490,7 @@ mod tests {
     /// The table file of [`two_processes_share_one_table`] and the index on it (the
     /// keys are fixed: both processes hash alike).
     fn shared_at(path: &std::path::Path) -> Index {
-        let words = Index::words_for(64);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .unwrap();
-        f.set_len(words as u64 * 8).unwrap();
-        let map = cairn_media::Mapping::new(&f, 0, words * 8, true, false).unwrap();
-        Index::on(Words::shared(map, 0, words).unwrap(), [1, 2]).unwrap()
+        Index::on(Words::file(path, Index::words_for(64)).unwrap(), [1, 2]).unwrap()
     }
 
     /// Rounds of updates of keys `first, first + 2, ...` (location = key << 32 |

@@ -32,6 +32,22 @@ impl Words {
         Words::shared(Mapping::anonymous(what, (len * 8).max(1))?, 0, len)
     }
 
+    /// The first `len` words of the file at `path`, created (zeroed) or grown to hold
+    /// them if needed: a table the processes that open the same path share.
+    pub fn file(path: &std::path::Path, len: usize) -> io::Result<Words> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let bytes = (len * 8).max(1);
+        if f.metadata()?.len() < bytes as u64 {
+            f.set_len(bytes as u64)?;
+        }
+        Words::shared(Mapping::new(&f, 0, bytes, true, false)?, 0, len)
+    }
+
     /// The `len` words at byte `off` of `map`.
     pub fn shared(map: Mapping, off: usize, len: usize) -> io::Result<Words> {
         let ptr = map.atomic_u64s(off, len)?.as_ptr();
@@ -69,25 +85,24 @@ mod tests {
     #[test]
     fn shared_words_are_the_files_and_bounds_are_checked() {
         let path = std::env::temp_dir().join(format!("cairn-media-words-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let a = Words::file(&path, 520).unwrap();
+        let b = Words::file(&path, 520).unwrap();
+        a.get()[515].store(42, Ordering::SeqCst);
+        assert_eq!(b.get()[515].load(Ordering::SeqCst), 42);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 520 * 8);
+        let f = std::fs::File::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        f.set_len(4096).unwrap();
-        let map = |writable| Mapping::new(&f, 0, 4096, writable, false).unwrap();
-        let a = Words::shared(map(true), 64, 8).unwrap();
-        let b = Words::shared(map(true), 64, 8).unwrap();
-        a.get()[3].store(42, Ordering::SeqCst);
-        assert_eq!(b.get()[3].load(Ordering::SeqCst), 42);
+        let map = |writable| Mapping::new(&f, 0, 4096, writable, false);
         let own = Words::owned("cairn-media-test", 5).unwrap();
-        assert_eq!((a.len(), own.len()), (8, 5));
+        assert_eq!((a.len(), own.len()), (520, 5));
         assert!(own.get().iter().all(|w| w.load(Ordering::Relaxed) == 0));
-        assert!(Words::shared(map(true), 4096 - 8, 2).is_err());
-        assert!(Words::shared(map(true), 4, 1).is_err());
-        assert!(Words::shared(map(false), 0, 1).is_err());
+        // Read-only file: no writable mapping; a read-only one gives no words.
+        assert!(map(true).is_err());
+        let ro = map(false).unwrap();
+        assert!(Words::shared(ro, 0, 1).is_err());
+        let rw = Mapping::anonymous("cairn-media-test", 4096).unwrap();
+        assert!(Words::shared(rw, 4096 - 8, 2).is_err());
+        let rw = Mapping::anonymous("cairn-media-test", 4096).unwrap();
+        assert!(Words::shared(rw, 4, 1).is_err());
     }
 }
