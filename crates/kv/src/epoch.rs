@@ -16,7 +16,8 @@
 //! words, each alone in its cache lines: the owning process, the epoch, the pins now),
 //! so threads of several processes can share them. A thread claims a slot the first
 //! time it pins (a free one, or one whose process is gone: `cairn_media::owner`) and
-//! gives it back when it exits (unless a pin of it is still held); a process that dies
+//! gives it back when it exits, or at its first pin of another store once the store is
+//! closed (unless a pin of it is still held); a process that dies
 //! pinned holds nothing back, since the minimum skips slots whose process is gone.
 
 use cairn_media::owner::{owner_dead, process_word};
@@ -147,7 +148,13 @@ impl Epochs {
         }
         let slot = self.claim();
         let words = self.words.clone();
-        MINE.with(|m| m.borrow_mut().insert(self.id, Claimed { words, slot }));
+        MINE.with(|m| {
+            let mut m = m.borrow_mut();
+            // The slots of stores closed since: given back, and their tables unmapped
+            // (a thread that opens store after store keeps only the open ones').
+            m.retain(|_, c| Arc::strong_count(&c.words) > 1);
+            m.insert(self.id, Claimed { words, slot })
+        });
         slot
     }
 
@@ -521,5 +528,25 @@ mod tests {
         let e2 = e.clone();
         let slot = std::thread::spawn(move || e2.my_slot()).join().unwrap();
         assert_eq!(slot_words(&e.words, slot)[EPOCH].load(Ordering::Acquire), 0);
+    }
+
+    /// A thread that pins store after store keeps the tables of open stores only.
+    #[test]
+    fn closed_stores_tables_are_let_go() {
+        let first = Epochs::new().unwrap();
+        drop(first.pin());
+        let weak = Arc::downgrade(&first.words);
+        drop(first);
+        assert!(weak.upgrade().is_some(), "this thread still holds its slot");
+        for _ in 0..3 {
+            let e = Epochs::new().unwrap();
+            drop(e.pin());
+        }
+        assert!(
+            weak.upgrade().is_none(),
+            "let go at the next store's first pin"
+        );
+        let n = MINE.with(|m| m.borrow().len());
+        assert!(n <= 1, "{n} stores' slots kept");
     }
 }
