@@ -402,7 +402,10 @@ fn locks_survive_a_daemon_restart_and_lock_files_go_with_their_inodes() {
     drop(fs);
     store.stop();
     let after = store.daemon_pid();
-    assert!(before.is_some() && after != before, "{before:?}, then {after:?}");
+    assert!(
+        before.is_some() && after != before,
+        "{before:?}, then {after:?}"
+    );
     b.ok("open 1 /f rw");
     assert_eq!(b.ask("lock 1 posix w 5 1 0"), err(libc::EAGAIN));
     assert_eq!(b.ask("flock 1 sh 1"), err(libc::EWOULDBLOCK));

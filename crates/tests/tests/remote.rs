@@ -236,11 +236,23 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
         "{e}"
     );
     assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
-    // Writes go on while NVM has room; migration fails and pauses.
-    for i in 16..22u32 {
+    // Writes go on while NVM has room; once they take it past the high watermark (60%),
+    // migration fails and pauses. (How far under it migration left NVM varies: write
+    // until past it, 65%, well short of full.)
+    let nvm_pct = || {
+        let r = fs.status().unwrap();
+        let nvm = r.tiers.iter().find(|t| t.name == "nvm").unwrap();
+        nvm.used_bytes * 100 / nvm.capacity_bytes
+    };
+    for i in 16..32u32 {
+        if nvm_pct() >= 65 {
+            break;
+        }
         fs.write(format!("/f{i}"), content(i, 0, 1 << 20)).unwrap();
+        fs.digest().unwrap();
         files.insert(i, (0, 1 << 20));
     }
+    assert!(nvm_pct() >= 60, "NVM at {}%", nvm_pct());
     eventually("migration to the remote tier pauses", || {
         let r = fs.status().unwrap();
         let rm = remote(&r);
