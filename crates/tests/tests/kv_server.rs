@@ -475,8 +475,15 @@ fn kill_9_under_pipelined_sets_loses_nothing_acknowledged() {
                             Ok(replies) => {
                                 let mut b = book.lock().unwrap();
                                 for (&(k, new), r) in sent.iter().zip(replies) {
-                                    assert!(!matches!(r, Reply::Error(_)), "{r:?}");
                                     let e = b.get_mut(&k).unwrap();
+                                    // Refused (the pool full while compaction lags, as
+                                    // under a loaded CI machine): never applied.
+                                    if let Reply::Error(m) = &r {
+                                        assert!(m.starts_with("OOM"), "{r:?}");
+                                        let at = e.1.iter().position(|&f| f == new).unwrap();
+                                        e.1.remove(at);
+                                        continue;
+                                    }
                                     e.0 = new;
                                     // The states sent before this one are past.
                                     let at = e.1.iter().position(|&f| f == new).unwrap();
