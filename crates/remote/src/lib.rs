@@ -66,6 +66,11 @@ impl Spec {
 pub(crate) fn rados_err(what: &str, e: ceph::error::RadosError) -> io::Error {
     // The errno's own text is added by `fs_err`.
     match &e {
+        // librados' own operation timeout (`Pool` sets it): the cluster did not answer.
+        ceph::error::RadosError::ApiError(n) if *n as i32 == libc::ETIMEDOUT => fs_err(
+            libc::ETIMEDOUT,
+            format!("{what}: the Ceph cluster did not answer in time"),
+        ),
         ceph::error::RadosError::ApiError(n) => fs_err(*n as i32, what),
         ceph::error::RadosError::IoError(io) => fs_err(
             io.raw_os_error().unwrap_or(libc::EIO),

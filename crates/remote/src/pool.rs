@@ -9,9 +9,10 @@
 //! write, as an object nothing names: the remote tier sweeps those).
 //!
 //! librados' own timeouts are set to the pool's too (in whole seconds, rounded up), so
-//! that an I/O thread is never lost to an operation librados never finishes: a client
-//! whose cluster stopped and went on (SIGSTOP, SIGCONT) was seen to keep some of the
-//! operations sent meanwhile waiting for ever, and with them every I/O thread. Reads,
+//! that an I/O thread is never lost to an operation librados never finishes: reads of a
+//! placement group that a one-OSD Ceph 16.2 cluster left "laggy" after it was stopped
+//! and continued (SIGSTOP, SIGCONT) were seen to wait for ever, and with them every I/O
+//! thread. A librados timeout reads as any other (`rados_err`). Reads,
 //! whose latency a client waits for, run on the caller's thread under that bound alone
 //! ([`Pool::read`]).
 
@@ -248,15 +249,10 @@ impl Pool {
                 let _ = tx.send(f(io));
             }
         }))?;
-        match rx.recv_timeout(self.timeout) {
-            // Given up on by librados (its own timeout may come first).
-            Ok(Err(e)) if cairn_area::errno_of(&e) == libc::ETIMEDOUT => Err(self.no_answer(what)),
-            Ok(r) => r,
-            Err(_) => {
-                cancelled.store(true, Ordering::Release);
-                Err(self.no_answer(what))
-            }
-        }
+        rx.recv_timeout(self.timeout).unwrap_or_else(|_| {
+            cancelled.store(true, Ordering::Release);
+            Err(self.no_answer(what))
+        })
     }
 
     fn submit(&self, job: Job) -> io::Result<()> {
@@ -338,11 +334,8 @@ impl Pool {
                 .recv_timeout(left)
                 .unwrap_or_else(|_| Err(self.no_answer(&what)));
             if let Err(e) = r {
-                return Err(if cairn_area::errno_of(&e) == libc::ETIMEDOUT {
-                    self.full().unwrap_or_else(|| self.no_answer(&what))
-                } else {
-                    e
-                });
+                let timed_out = cairn_area::errno_of(&e) == libc::ETIMEDOUT;
+                return Err(timed_out.then(|| self.full()).flatten().unwrap_or(e));
             }
         }
         Ok(())
@@ -359,13 +352,7 @@ impl Pool {
             .io
             .as_ref()
             .ok_or_else(|| fs_err(libc::EIO, "the RADOS I/O context is gone"))?;
-        let data = read_object(io, name, off, buf.len(), &what).map_err(|e| {
-            if cairn_area::errno_of(&e) == libc::ETIMEDOUT {
-                self.no_answer(&what)
-            } else {
-                e
-            }
-        })?;
+        let data = read_object(io, name, off, buf.len(), &what)?;
         buf[..data.len()].copy_from_slice(&data);
         Ok(data.len())
     }
