@@ -83,8 +83,6 @@ fn wait(spins: &mut u32) {
 /// The index.
 pub struct Index {
     table: Words,
-    /// Buckets in the table.
-    n: usize,
     /// The keys of [`Index::key_hash`].
     keys: [u64; 2],
 }
@@ -133,7 +131,7 @@ impl Index {
                 format!("an index table of {} words", table.len()),
             ));
         }
-        Ok(Index { table, n, keys })
+        Ok(Index { table, keys })
     }
 
     /// The hash of `key` in this index (keyed: see the module docs).
@@ -149,12 +147,12 @@ impl Index {
 
     /// The home bucket of `hash` (its high bits scaled to the table: any size works).
     fn home(&self, hash: u64) -> usize {
-        ((hash as u128 * self.n as u128) >> 64) as usize
+        ((hash as u128 * self.buckets() as u128) >> 64) as usize
     }
 
     /// The bucket after `i` (wrapping).
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.n {
+        if i + 1 == self.buckets() {
             0
         } else {
             i + 1
@@ -240,7 +238,7 @@ impl Index {
 
     /// Buckets in the table.
     pub fn buckets(&self) -> usize {
-        self.n
+        self.table.len() / BUCKET_WORDS
     }
 
     /// The locations of the entries in bucket `i`, read optimistically (for scans).
@@ -377,7 +375,7 @@ impl Index {
     /// Every location in the table (no concurrent writer).
     #[cfg(test)]
     pub fn locations(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.n)
+        (0..self.buckets())
             .flat_map(|i| {
                 self.bucket(i)
                     .locs()

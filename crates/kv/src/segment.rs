@@ -127,7 +127,6 @@ impl<'a> Segment<'a> {
 pub(crate) struct Segments {
     /// [`SEG_WORDS`] per segment.
     words: Words,
-    n: u64,
     free: Mutex<Vec<u64>>,
 }
 
@@ -144,7 +143,6 @@ impl Segments {
     pub fn new(n: u64) -> io::Result<Segments> {
         Ok(Segments {
             words: Words::owned("cairn-kv-segments", n as usize * SEG_WORDS)?,
-            n,
             free: Mutex::new(Vec::new()),
         })
     }
@@ -162,12 +160,12 @@ impl Segments {
 
     /// Segments 1.., with their state.
     fn all(&self) -> impl Iterator<Item = (u64, Segment<'_>)> {
-        (1..self.n).map(|s| (s, self.word_of(s)))
+        (1..self.count()).map(|s| (s, self.word_of(s)))
     }
 
     /// Segments of the pool, segment 0 included.
     pub fn count(&self) -> u64 {
-        self.n
+        (self.words.len() / SEG_WORDS) as u64
     }
 
     /// Lock the free list.
@@ -458,7 +456,7 @@ impl Segments {
     /// the fields are read one by one); panics on the first broken one.
     pub fn check(&self) {
         let free = self.free_list();
-        let mut on_list = vec![false; self.n as usize];
+        let mut on_list = vec![false; self.count() as usize];
         for &s in free.list.iter() {
             assert!(s != 0 && s < self.count(), "free list: segment {s}");
             assert!(!on_list[s as usize], "segment {s}: twice on the free list");
