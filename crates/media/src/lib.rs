@@ -871,6 +871,13 @@ pub mod sys {
 
     /// The CPU the calling thread runs on now (for per-core structures; it may have
     /// moved by the time the caller uses it).
+    /// Milliseconds of the system's monotonic clock: the same in every process (unlike
+    /// an `Instant`, which a process cannot hand to another).
+    pub fn monotonic_ms() -> u64 {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+    }
+
     pub fn current_cpu() -> usize {
         rustix::thread::sched_getcpu()
     }

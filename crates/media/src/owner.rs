@@ -71,6 +71,12 @@ pub fn process_word() -> u64 {
 /// Whether the owner of word `w` (a thread or process id and a start-time hash) is gone:
 /// no such task, a zombie, or another task that got the number since.
 pub fn owner_dead(w: u64) -> bool {
+    owner_dead_masked(w, 0xffff_ffff)
+}
+
+/// [`owner_dead`] for a word that keeps only the bits `mask` of the start-time hash (a
+/// word packed with other fields).
+pub fn owner_dead_masked(w: u64, mask: u64) -> bool {
     if w == 0 {
         return false;
     }
@@ -78,14 +84,114 @@ pub fn owner_dead(w: u64) -> bool {
     match proc_stat(id) {
         None => true,
         Some((start, state)) => {
-            matches!(state, 'Z' | 'X' | 'x') || hash32(start) != (w & 0xffff_ffff)
+            matches!(state, 'Z' | 'X' | 'x') || hash32(start) & mask != (w & mask)
         }
+    }
+}
+
+/// A lock in one word that processes share (a table of [`crate::words::Words`]): 0 when
+/// free, else the [`thread_word`] of its holder. A waiter that finds the holder gone
+/// (killed with the lock held) takes the lock over, and is told so
+/// ([`Taken::FromDead`]): what the lock protects may be half changed, and the new
+/// holder repairs it before it goes on.
+#[derive(Clone, Copy)]
+pub struct LockWord<'a>(pub &'a AtomicU64);
+
+/// How a [`LockWord`] was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// From its last holder's release.
+    Clean,
+    /// From a holder that is gone (its owner word): repair what it protects.
+    FromDead(u64),
+}
+
+impl LockWord<'_> {
+    /// Take the lock if it is free or its holder is gone (`check_dead`: look, which
+    /// reads `/proc`); `None` when a live thread holds it.
+    fn attempt(&self, me: u64, check_dead: bool) -> Option<Taken> {
+        let w = self.0.load(SeqCst);
+        assert!(w != me, "a lock word taken twice by one thread");
+        if w == 0 {
+            return self
+                .0
+                .compare_exchange(0, me, SeqCst, SeqCst)
+                .is_ok()
+                .then_some(Taken::Clean);
+        }
+        (check_dead && owner_dead(w) && self.0.compare_exchange(w, me, SeqCst, SeqCst).is_ok())
+            .then_some(Taken::FromDead(w))
+    }
+
+    /// Take the lock without waiting (a dead holder's too); `None` while a live thread
+    /// holds it.
+    pub fn try_lock(&self) -> Option<Taken> {
+        self.attempt(thread_word(), true)
+    }
+
+    /// Take the lock, waiting while a live thread holds it: spinning a little, then
+    /// yielding, then sleeping (the holder may be a preempted thread that needs the
+    /// CPU); whether the holder is gone is looked at now and then (it reads `/proc`).
+    pub fn lock(&self) -> Taken {
+        let me = thread_word();
+        let mut spins = 0u32;
+        loop {
+            if let Some(t) = self.attempt(me, spins > 0 && spins.is_multiple_of(256)) {
+                return t;
+            }
+            spins = spins.wrapping_add(1);
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if spins < 4096 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Release the lock (the calling thread holds it).
+    pub fn unlock(&self) {
+        let was = self.0.swap(0, SeqCst);
+        debug_assert_eq!(was, thread_word(), "a lock word released by another thread");
+    }
+
+    /// Whether no one holds the lock now.
+    pub fn is_free(&self) -> bool {
+        self.0.load(SeqCst) == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock word held by a process that is killed: a waiter takes it over and is told
+    /// whose it was.
+    #[test]
+    fn a_lock_word_held_by_a_killed_process_is_taken_over() {
+        let path =
+            std::env::temp_dir().join(format!("cairn-media-lockword-{}", std::process::id()));
+        let words = crate::words::Words::file(&path, 1).unwrap();
+        let lock = LockWord(&words.get()[0]);
+        assert_eq!(lock.lock(), Taken::Clean);
+        assert!(!lock.is_free());
+        lock.unlock();
+        assert!(lock.is_free());
+        // The holder: another process (its owner word, as its thread would write it).
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let child_word = word_of(child.id());
+        lock.0.store(child_word, SeqCst);
+        assert_eq!(lock.try_lock(), None, "a live holder keeps it");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(lock.lock(), Taken::FromDead(child_word));
+        lock.unlock();
+        std::fs::remove_file(path).unwrap();
+    }
 
     #[test]
     fn owners_are_alive_or_dead() {

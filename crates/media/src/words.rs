@@ -12,9 +12,11 @@ use std::sync::atomic::AtomicU64;
 /// owns; the mapping is page aligned, so a table at a multiple of 64 bytes starts a
 /// cache line. Bounds and access are checked once, when the table is made: lending the
 /// words costs nothing after that (they are on every lookup's path).
+#[derive(Clone)]
 pub struct Words {
-    /// Keeps the words mapped (only held).
-    _map: Mapping,
+    /// Keeps the words mapped (only held; shared by the tables cut from one mapping:
+    /// [`Words::slice`]).
+    _map: std::sync::Arc<Mapping>,
     ptr: *const AtomicU64,
     len: usize,
 }
@@ -52,8 +54,24 @@ impl Words {
     pub fn shared(map: Mapping, off: usize, len: usize) -> io::Result<Words> {
         let ptr = map.atomic_u64s(off, len)?.as_ptr();
         Ok(Words {
-            _map: map,
+            _map: std::sync::Arc::new(map),
             ptr,
+            len,
+        })
+    }
+
+    /// Words `at..at + len` of this table, as a table of their own (the mapping stays
+    /// while either is held): one mapping cut into the tables of a structure.
+    pub fn slice(&self, at: usize, len: usize) -> io::Result<Words> {
+        if at.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("words {at}..+{len} of a table of {}", self.len),
+            ));
+        }
+        Ok(Words {
+            _map: self._map.clone(),
+            ptr: self.get()[at..].as_ptr(),
             len,
         })
     }
@@ -104,5 +122,11 @@ mod tests {
         assert!(Words::shared(rw, 4096 - 8, 2).is_err());
         let rw = Mapping::anonymous("cairn-media-test", 4096).unwrap();
         assert!(Words::shared(rw, 4, 1).is_err());
+        // A slice is the same words, and outlives the table it was cut from.
+        let s = a.slice(500, 20).unwrap();
+        drop(a);
+        assert_eq!(s.get()[15].load(Ordering::SeqCst), 42);
+        assert!(s.slice(10, 11).is_err() && s.slice(usize::MAX, 2).is_err());
+        assert_eq!(s.slice(20, 0).unwrap().len(), 0);
     }
 }
