@@ -146,7 +146,7 @@ impl<'c> Batch<'c> {
                 None => None,
             },
         };
-        let version = core.version.fetch_add(1, Ordering::Relaxed);
+        let version = core.region.version().fetch_add(1, Ordering::Relaxed);
         let data = (key.len() + value.len()) as u64;
         let end = self.records.len();
         if let Some(p) = earlier
@@ -174,7 +174,7 @@ impl<'c> Batch<'c> {
             }
             Err(e) => return Err(e),
         };
-        core.counters.appends.fetch_add(1, Ordering::Relaxed);
+        core.region.appends().fetch_add(1, Ordering::Relaxed);
         match earlier {
             Some(i) => {
                 let p = &mut self.pending[i];
@@ -284,13 +284,13 @@ impl<'c> Batch<'c> {
             match p.cur {
                 Some((l, len, data)) => {
                     core.segs.unlive(seg_of(l), len, "replaced");
-                    core.data.fetch_sub(data, Ordering::Relaxed);
+                    core.region.data().fetch_sub(data, Ordering::Relaxed);
                 }
                 None => {
-                    core.keys.fetch_add(1, Ordering::Relaxed);
+                    core.region.keys().fetch_add(1, Ordering::Relaxed);
                 }
             }
-            core.data.fetch_add(p.data, Ordering::Relaxed);
+            core.region.data().fetch_add(p.data, Ordering::Relaxed);
         }
         self.records.clear();
         self.locks.clear();

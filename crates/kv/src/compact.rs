@@ -97,6 +97,9 @@ impl Core {
     /// compaction head took.
     pub fn compact(&self, max: usize) -> Result<usize, KvError> {
         let mut head = self.heads.compactor();
+        // Between processes, rounds are serialized by the region's lock; what a
+        // compaction killed in the middle of a round held (its claims) is given up.
+        let _round = self.region.shared.then(|| Round::start(self));
         // The head keeps its segment from round to round (a new one each round would
         // leave the rest of the last one unused), unless most of what it copied there
         // has died since (then it is closed, and can be a candidate) and a free
@@ -108,10 +111,10 @@ impl Core {
         }
         self.close_pinning_head(&mut head);
         self.reclaim();
-        self.counters
-            .compaction_rounds
+        self.region
+            .compaction_rounds()
             .fetch_add(1, Ordering::Relaxed);
-        let now = self.version.load(Ordering::Relaxed);
+        let now = self.region.version().load(Ordering::Relaxed);
         let oldest = self.segs.oldest();
         // Under the free list's lock: heads are taken from it under the same lock.
         let mut chosen = self.segs.free_list().choose(max, |s| {
@@ -137,7 +140,7 @@ impl Core {
                 .free_list()
                 .choose(1, |s| (s == at as u64).then_some(1.0));
         }
-        let rolls = self.counters.compaction_rolls.load(Ordering::Relaxed);
+        let rolls = self.region.compaction_rolls().load(Ordering::Relaxed);
         let mut emptied: usize = 0;
         let mut result = Ok(());
         for &s in &chosen {
@@ -154,15 +157,15 @@ impl Core {
                     // Records the walk could not reach are still current: the segment
                     // stays (and can be chosen again).
                     self.segs.unclaim(s);
-                    self.counters
-                        .compaction_errors
+                    self.region
+                        .compaction_errors()
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(true) => {
                     self.segs.check_emptied(s);
                     self.epochs.retire(s);
-                    self.counters
-                        .compacted_segments
+                    self.region
+                        .compacted_segments()
                         .fetch_add(1, Ordering::Relaxed);
                     emptied += 1;
                     // Free at once if no reader can be in it: the next copies can go there.
@@ -182,7 +185,7 @@ impl Core {
             // would be, frees nothing: counted as progress, it kept compaction copying
             // the same data round after round in a full pool).
             Ok(()) | Err(KvError::Full) => Ok(emptied.saturating_sub(
-                (self.counters.compaction_rolls.load(Ordering::Relaxed) - rolls) as usize,
+                (self.region.compaction_rolls().load(Ordering::Relaxed) - rolls) as usize,
             )),
             Err(e) => Err(e),
         }
@@ -200,7 +203,10 @@ impl Core {
         };
         let base = Pool::seg_off(s) as u64;
         let mut off = self.segs.swept(s).max(SEGMENT_HEADER);
-        while off + RECORD_HEADER <= SEGMENT_BYTES {
+        // Up to what its head wrote (a head killed in the middle of an append leaves a
+        // record past it, which no index entry names).
+        let written = self.segs.written(s);
+        while off + RECORD_HEADER <= written {
             let loc = base + off;
             // The record may be rewritten by an in-place update until its key's lock is
             // held: the walk takes from it unlocked only what such updates keep (the
@@ -276,12 +282,72 @@ impl Core {
                 .unlive(s, rh.len, if live { "moved" } else { "tombstone dropped" });
             self.segs.sweep_to(s, off);
             if live {
-                self.counters
-                    .compacted_bytes
+                self.region
+                    .compacted_bytes()
                     .fetch_add(rh.len, Ordering::Relaxed);
             }
         }
+        if off >= written && self.region.shared {
+            // Walked whole: nothing in it is current. Live bytes left are those of
+            // writers killed between an index switch and the count (each change of a
+            // live count follows the switch it stands for).
+            let left = self.segs.clear_live(s);
+            if left != 0 {
+                self.region.repaired().fetch_add(1, Ordering::Relaxed);
+            }
+        }
         Ok(self.segs.live(s) == 0)
+    }
+
+    /// Put right what processes that are gone held (a shared store): their heads
+    /// closed, their claims given up (`FreeList::reap`).
+    pub fn reap(&self) {
+        if self.region.shared {
+            let gone = self.segs.free_list().reap(self.now_ms());
+            self.region
+                .deaths()
+                .fetch_add(gone as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// This process lets go of a shared store that others go on with (its threads
+    /// stopped, no call running): its heads closed (closed segments others compact),
+    /// the segments its compaction emptied freed if no reader can be in them, else
+    /// given up (nothing in them is current: the next round empties them at no cost).
+    pub fn leave(&self) {
+        let writers = self.heads.writers().iter().map(lock);
+        for mut h in std::iter::once(self.heads.compactor()).chain(writers) {
+            if h.is_open() {
+                h.close(&self.segs);
+            }
+        }
+        self.reclaim();
+        for s in self.epochs.retired().abandon() {
+            self.segs.unclaim(s);
+        }
+    }
+
+    /// Whether no compaction round runs now (in any process).
+    pub fn compaction_idle(&self) -> bool {
+        self.heads.compactor_idle() && self.region.compactor().is_free()
+    }
+}
+
+/// A compaction round of a shared store: the region's compaction lock, held until it
+/// drops.
+struct Round<'c>(&'c Core);
+
+impl<'c> Round<'c> {
+    fn start(core: &'c Core) -> Round<'c> {
+        core.region.compactor().lock();
+        core.reap();
+        Round(core)
+    }
+}
+
+impl Drop for Round<'_> {
+    fn drop(&mut self) {
+        self.0.region.compactor().unlock();
     }
 }
 
@@ -296,14 +362,15 @@ pub(crate) fn run(core: Arc<Core>) {
     // eight (a pool full of live data that packs no better), wait longer each time, up
     // to 3.2 s, until a writer rings.
     let mut fruitless = 0u32;
+    let mut last_reap = Instant::now();
     while !core.stop.load(Ordering::Acquire) {
         let mut worked = false;
         if core.wants_compaction() {
             match core.compact(3) {
                 Ok(n) => worked = n > 0,
                 Err(_) => {
-                    core.counters
-                        .compaction_errors
+                    core.region
+                        .compaction_errors()
                         .fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -311,6 +378,10 @@ pub(crate) fn run(core: Arc<Core>) {
         }
         core.reclaim();
         core.collapse_fresh();
+        if core.region.shared && last_reap.elapsed() >= Duration::from_secs(1) {
+            core.reap();
+            last_reap = Instant::now();
+        }
         if worked || (fruitless > 0 && fruitless < 8) {
             continue;
         }

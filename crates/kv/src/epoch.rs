@@ -116,6 +116,7 @@ fn slot_words(words: &Words, i: usize) -> &[AtomicU64] {
 
 impl Epochs {
     /// Epochs of the process's own.
+    #[cfg(test)]
     pub fn new() -> io::Result<Epochs> {
         Epochs::on(Words::owned("cairn-kv-epochs", WORDS)?)
     }
@@ -290,6 +291,12 @@ impl Retired<'_> {
             keep
         });
         quiet
+    }
+
+    /// Give every item up, quiescent or not (a process leaving a store others go on
+    /// with: they take the items back another way).
+    pub fn abandon(&mut self) -> Vec<u64> {
+        self.list.drain(..).map(|(_, i)| i).collect()
     }
 
     /// Check that the list is in retirement order, each item once (for a quiescent

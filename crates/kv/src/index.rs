@@ -59,6 +59,7 @@ impl<'a> Bucket<'a> {
         &self.0[LOC + s]
     }
 
+    #[cfg(test)]
     fn locs(self) -> &'a [AtomicU64] {
         &self.0[LOC..LOC + SLOTS]
     }
@@ -68,16 +69,37 @@ impl<'a> Bucket<'a> {
     }
 }
 
-/// Wait for a bucket's writer: spin a little, then let other threads run (the writer
-/// may be one that was preempted: with more busy threads than CPUs, as a server and its
-/// clients on two cores, spinning on would burn the time slice it needs).
-fn wait(spins: &mut u32) {
-    *spins += 1;
-    if *spins < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
+/// The bits of a locked bucket's word: odd, the holding process's id (22 bits, Linux's
+/// largest `pid_max`), 20 bits of the hash of its start time
+/// (`cairn_media::owner::process_word`), and 21 bits of the version it was locked at.
+const PID_BITS: u32 = 22;
+const HASH_BITS: u32 = 20;
+const LOW_BITS: u32 = 21;
+const _: () = assert!(1 + PID_BITS + HASH_BITS + LOW_BITS == 64);
+
+/// The word of a bucket locked at version `v` (even) by the process of owner word
+/// `owner`.
+fn locked_word(owner: u64, v: u64) -> u64 {
+    let pid = (owner >> 32) & ((1 << PID_BITS) - 1);
+    let hash = owner & ((1 << HASH_BITS) - 1);
+    let low = (v >> 1) & ((1 << LOW_BITS) - 1);
+    1 | pid << 1 | hash << (1 + PID_BITS) | low << (1 + PID_BITS + HASH_BITS)
+}
+
+/// The holder of a locked bucket's word, as an owner word that keeps only the low
+/// [`HASH_BITS`] of the hash.
+fn holder(w: u64) -> u64 {
+    let pid = (w >> 1) & ((1 << PID_BITS) - 1);
+    let hash = (w >> (1 + PID_BITS)) & ((1 << HASH_BITS) - 1);
+    pid << 32 | hash
+}
+
+/// The version a bucket taken over from a dead holder (its locked word `w`) is released
+/// at: one no reader can have read before the holder took it (those agree with `w`'s
+/// low bits of the version, this one does not).
+fn version_after(w: u64) -> u64 {
+    let low = (w >> (1 + PID_BITS + HASH_BITS)) + 1;
+    (low & ((1 << LOW_BITS) - 1)) << 1
 }
 
 /// The index.
@@ -90,11 +112,13 @@ pub struct Index {
 /// A write lock on a bucket (released at drop).
 pub struct Locked<'a> {
     b: Bucket<'a>,
+    /// The version it is released at.
+    release: u64,
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        self.b.version().fetch_add(1, Ordering::Release);
+        self.b.version().store(self.release, Ordering::Release);
     }
 }
 
@@ -110,6 +134,7 @@ impl Index {
     }
 
     /// A table of the process's own for about `entries` entries, under random keys.
+    #[cfg(test)]
     pub fn new(entries: u64) -> io::Result<Index> {
         let n = Self::buckets_for(entries);
         let mut keys = [0u8; 16];
@@ -159,20 +184,65 @@ impl Index {
         }
     }
 
+    /// Lock bucket `b` if it is free now.
+    fn try_lock(b: Bucket<'_>) -> Option<Locked<'_>> {
+        let v = b.version().load(Ordering::Relaxed);
+        let me = locked_word(cairn_media::owner::process_word(), v);
+        (v & 1 == 0
+            && b.version()
+                .compare_exchange(v, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok())
+        // Made only once taken (a `Locked` releases the bucket when it drops).
+        .then(|| Locked {
+            b,
+            release: v.wrapping_add(2),
+        })
+    }
+
     fn lock(&self, i: usize) -> Locked<'_> {
         let b = self.bucket(i);
         let mut spins = 0u32;
         loop {
-            let v = b.version().load(Ordering::Relaxed);
-            if v & 1 == 0
-                && b.version()
-                    .compare_exchange_weak(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return Locked { b };
+            if let Some(l) = Self::try_lock(b) {
+                return l;
             }
-            wait(&mut spins);
+            self.wait(b, &mut spins);
         }
+    }
+
+    /// Wait for a bucket's writer: spin a little, then let other threads run (the
+    /// writer may be one that was preempted: with more busy threads than CPUs, as a
+    /// server and its clients on two cores, spinning on would burn the time slice it
+    /// needs); now and then, look whether its process is gone (killed with the lock
+    /// held: [`Index::break_dead`]).
+    fn wait(&self, b: Bucket<'_>, spins: &mut u32) {
+        *spins = spins.wrapping_add(1);
+        if *spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            if spins.is_multiple_of(1024) {
+                Self::break_dead(b);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Release bucket `b`'s lock if the process holding it is gone. Its change of a
+    /// key is cut short, which leaves what readers and writers already tolerate: an
+    /// entry not inserted yet (its record is durable, so a recovery finds it: a put in
+    /// flight when its process died is not seen until the store is next rebuilt), an
+    /// entry whose hash is cleared and location not yet (a deletion: found by no one,
+    /// its slot lost until the next rebuild), a slot claimed for an entry not yet
+    /// named (the same). Returns whether it did.
+    fn break_dead(b: Bucket<'_>) -> bool {
+        let w = b.version().load(Ordering::Acquire);
+        if w & 1 == 0 || !cairn_media::owner::owner_dead_masked(holder(w), (1 << HASH_BITS) - 1) {
+            return false;
+        }
+        let v = version_after(w);
+        b.version()
+            .compare_exchange(w, v, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// The location of the entry for `hash` that `is_key` accepts, read optimistically.
@@ -184,7 +254,7 @@ impl Index {
             let (found, more) = loop {
                 let v = b.version().load(Ordering::Acquire);
                 if v & 1 == 1 {
-                    wait(&mut spins);
+                    self.wait(b, &mut spins);
                     continue;
                 }
                 let mut found = None;
@@ -225,7 +295,7 @@ impl Index {
         loop {
             let v = home.version().load(Ordering::Acquire);
             if v & 1 == 1 {
-                wait(&mut spins);
+                self.wait(home, &mut spins);
                 continue;
             }
             let r = self.get(hash, is_key).map(&mut f);
@@ -244,16 +314,17 @@ impl Index {
     /// The locations of the entries in bucket `i`, read optimistically (for scans).
     pub fn bucket_locations(&self, i: usize) -> Vec<u64> {
         let b = self.bucket(i);
+        let mut spins = 0u32;
         loop {
             let v = b.version().load(Ordering::Acquire);
             if v & 1 == 1 {
-                std::hint::spin_loop();
+                self.wait(b, &mut spins);
                 continue;
             }
-            let locs: Vec<u64> = b
-                .locs()
-                .iter()
-                .map(|l| l.load(Ordering::Acquire))
+            // Entries with a hash (one cleared is being removed).
+            let locs: Vec<u64> = (0..SLOTS)
+                .filter(|&s| b.hash(s).load(Ordering::Acquire) != 0)
+                .map(|s| b.loc(s).load(Ordering::Acquire))
                 .filter(|&l| l != 0)
                 .collect();
             if b.version().load(Ordering::Acquire) == v {
@@ -296,13 +367,7 @@ impl Index {
 
     /// The lock on the home bucket of `hash`, if no one holds it.
     pub fn try_lock_key(&self, hash: u64) -> Option<Locked<'_>> {
-        let b = self.bucket(self.home(hash));
-        let v = b.version().load(Ordering::Relaxed);
-        (v & 1 == 0
-            && b.version()
-                .compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok())
-        .then(|| Locked { b })
+        Self::try_lock(self.bucket(self.home(hash)))
     }
 
     /// Whether `held` is the lock on the home bucket of `hash`.
@@ -395,6 +460,35 @@ mod tests {
     /// which this index used before) spread over the table under the keyed one, so
     /// inserting all of them works; under the unkeyed hash the table counts as full
     /// after a few hundred.
+    /// A lock that is not taken changes nothing (a planted `then_some`, which builds
+    /// the guard whatever the outcome and drops it, released other holders' locks);
+    /// one held by a process that is gone is broken, at a version no reader saw.
+    #[test]
+    fn bucket_locks_name_their_process_and_die_with_it() {
+        let idx = Index::new(100).unwrap();
+        let h = idx.key_hash(b"k");
+        let held = idx.lock_key(h);
+        let word = held.b.version().load(Ordering::Relaxed);
+        assert_eq!(holder(word) >> 32, u64::from(std::process::id()));
+        assert!(idx.try_lock_key(h).is_none());
+        assert_eq!(held.b.version().load(Ordering::Relaxed), word, "untouched");
+        assert!(!Index::break_dead(held.b), "a live holder keeps it");
+        drop(held);
+        let b = idx.bucket(idx.home(h));
+        let before = b.version().load(Ordering::Relaxed);
+        assert_eq!(before & 1, 0);
+        // Held by a process that is gone (a pid above Linux's largest).
+        let dead = locked_word((4_194_303u64 << 32) | 7, before);
+        b.version().store(dead, Ordering::Relaxed);
+        assert!(Index::break_dead(b));
+        let after = b.version().load(Ordering::Relaxed);
+        assert!(
+            after & 1 == 0 && after != before,
+            "{before:x} then {after:x}"
+        );
+        assert!(idx.try_lock_key(h).is_some());
+    }
+
     #[test]
     fn keys_chosen_to_collide_do_not_collide() {
         let idx = Index::new(10_000).unwrap();

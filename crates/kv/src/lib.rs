@@ -26,6 +26,7 @@ mod index;
 mod log;
 mod pool;
 mod recover;
+mod region;
 mod segment;
 mod store;
 

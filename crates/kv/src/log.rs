@@ -10,11 +10,12 @@ use crate::format::{
 use crate::head::{Head, Heads};
 use crate::index::Index;
 use crate::pool::Pool;
+use crate::region::Region;
 use crate::segment::Segments;
 use crate::store::{KvError, UpdatePolicy};
 use std::borrow::Cow;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// What an update ([`Core::update`]) does with a key, decided from its current value.
@@ -42,23 +43,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The state of an open store, shared with its compaction threads.
+/// The state of an open store, shared with its compaction threads (and, for a shared
+/// store, in its region with the other processes that have it open).
 pub(crate) struct Core {
     pub pool: Pool,
+    /// The counters, and the tables below (their memory).
+    pub region: Region,
     pub index: Index,
-    /// The writers' log heads and compaction's.
+    /// This process's log heads: its writers' and its compaction's.
     pub heads: Heads,
-    /// The next record version.
-    pub version: AtomicU64,
-    /// The next segment sequence number.
-    pub next_seq: AtomicU64,
     /// Every segment's state, and the free list.
     pub segs: Segments,
-    /// Keys present, and the bytes of their keys and values.
-    pub keys: AtomicU64,
-    pub data: AtomicU64,
-    /// Readers' epochs, and the segments emptied by compaction that wait for readers
-    /// to leave.
+    /// Readers' epochs, and the segments emptied by this process's compaction that wait
+    /// for readers to leave.
     pub epochs: Epochs,
     /// The in-place journal's slots.
     journal: Vec<Mutex<()>>,
@@ -74,32 +71,16 @@ pub(crate) struct Core {
     /// been free for [`RELEASE_AFTER`]; a head that takes one marks it fresh, and the
     /// background thread collapses it into a huge folio again, off the writer's path.
     pub warm: usize,
-    pub opened: std::time::Instant,
     /// Whether segments are backed by huge folios (asked for, and the kernel allows).
     pub huge: bool,
     /// Wakes the compaction threads (set: there is work), and tells them to stop.
     pub bell: (Mutex<bool>, Condvar),
     pub stop: AtomicBool,
-    pub counters: Counters,
-}
-
-/// Event counters ([`crate::Stats`]).
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub compacted_bytes: AtomicU64,
-    pub compacted_segments: AtomicU64,
-    pub compaction_rounds: AtomicU64,
-    pub appends: AtomicU64,
-    pub in_place: AtomicU64,
-    pub compaction_errors: AtomicU64,
-    /// Segments compaction's head has taken.
-    pub compaction_rolls: AtomicU64,
 }
 
 /// How a [`Core`] is built.
 pub(crate) struct Setup {
     pub heads: usize,
-    pub expected_keys: u64,
     pub policy: UpdatePolicy,
     pub durable: bool,
     pub trigger: f64,
@@ -108,30 +89,26 @@ pub(crate) struct Setup {
 }
 
 impl Core {
-    pub fn new(pool: Pool, s: &Setup) -> io::Result<Core> {
-        let segments = pool.header.segments;
+    /// The store of `pool` whose state is in `region` (a new one, for recovery to
+    /// fill, or one other processes share).
+    pub fn new(pool: Pool, region: Region, s: &Setup) -> io::Result<Core> {
         Ok(Core {
-            index: Index::new(s.expected_keys.max(64))?,
+            index: Index::on(region.index.clone(), region.index_keys())?,
+            segs: Segments::on(region.segs.clone())?,
+            epochs: Epochs::on(region.epochs.clone())?,
+            region,
             pool,
             heads: Heads::new(s.heads),
-            version: AtomicU64::new(1),
-            next_seq: AtomicU64::new(1),
-            segs: Segments::new(segments)?,
-            keys: AtomicU64::new(0),
-            data: AtomicU64::new(0),
-            epochs: Epochs::new()?,
             journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
             policy: s.policy,
             durable: s.durable,
             trigger: s.trigger,
             max_garbage: s.max_garbage,
-            opened: std::time::Instant::now(),
             // The segments heads and compaction may take at once.
             warm: s.heads.max(1) + RESERVE,
             huge: s.huge_pages && cairn_media::huge::refusal().is_none(),
             bell: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
-            counters: Counters::default(),
         })
     }
 
@@ -249,9 +226,10 @@ impl Core {
         }
     }
 
-    /// Milliseconds since the store was opened.
+    /// Milliseconds since the store's region was built (the same clock in every
+    /// process).
     pub fn now_ms(&self) -> u64 {
-        self.opened.elapsed().as_millis() as u64
+        self.region.now_ms()
     }
 
     /// Hand the memory of the free segments beyond the `warm` most recently freed (the
@@ -303,15 +281,15 @@ impl Core {
             head.close(&self.segs);
         }
         if for_compaction {
-            self.counters
-                .compaction_rolls
+            self.region
+                .compaction_rolls()
                 .fetch_add(1, Ordering::Relaxed);
         } else if self.wants_compaction() {
             // A writer's: wake compaction (its own rolls must not: a round that gains
             // nothing would wake the next one at once).
             self.ring();
         }
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.region.next_seq().fetch_add(1, Ordering::Relaxed);
         let h = encode_segment_header(seq);
         let off = Pool::seg_off(s) as u64;
         self.pool.map.write(off as usize, &h)?;
@@ -319,7 +297,8 @@ impl Core {
             self.segs.mark_fresh(s);
         }
         self.persist(off, h.len() as u64)?;
-        self.segs.open(s, seq, self.version.load(Ordering::Relaxed));
+        self.segs
+            .open(s, seq, self.region.version().load(Ordering::Relaxed));
         head.open(&self.segs, s, seq);
         Ok(())
     }
@@ -416,7 +395,7 @@ impl Core {
                 let (change, r) = decide(value)?;
                 // A tombstone's horizon, read under the key's lock: no record of the key
                 // can be written into a segment opened from now on but by later calls.
-                let horizon = self.next_seq.load(Ordering::Acquire).to_le_bytes();
+                let horizon = self.region.next_seq().load(Ordering::Acquire).to_le_bytes();
                 let (kind, value): (Kind, &[u8]) = match &change {
                     Change::Keep => return Ok(r),
                     Change::Delete if cur.is_none() => return Ok(r),
@@ -426,7 +405,7 @@ impl Core {
                         (Kind::Value, v)
                     }
                 };
-                let version = self.version.fetch_add(1, Ordering::Relaxed);
+                let version = self.region.version().fetch_add(1, Ordering::Relaxed);
                 let data = (key.len() + value.len()) as u64;
                 let len = record_len(key.len(), value.len());
                 if let (Kind::Value, UpdatePolicy::InPlace, Some((l, rh))) =
@@ -434,10 +413,11 @@ impl Core {
                 {
                     if rh.kind == Kind::Value && len <= rh.len && rh.len <= JOURNAL_MAX_RECORD {
                         self.overwrite(*l, rh.len, version, key, value)?;
-                        self.data.fetch_add(data, Ordering::Relaxed);
-                        self.data
+                        self.region.data().fetch_add(data, Ordering::Relaxed);
+                        self.region
+                            .data()
                             .fetch_sub((rh.key_len + rh.value_len) as u64, Ordering::Relaxed);
-                        self.counters.in_place.fetch_add(1, Ordering::Relaxed);
+                        self.region.in_place().fetch_add(1, Ordering::Relaxed);
                         return Ok(r);
                     }
                 }
@@ -454,22 +434,23 @@ impl Core {
                 };
                 match appended {
                     Ok(loc) => {
-                        self.counters.appends.fetch_add(1, Ordering::Relaxed);
+                        self.region.appends().fetch_add(1, Ordering::Relaxed);
                         let new = if kind == Kind::Value { loc } else { 0 };
                         self.index
                             .set(&g, h, &is_key, new)
                             .map_err(|()| KvError::IndexFull)?;
                         if let Some((l, rh)) = &cur {
                             self.segs.unlive(seg_of(*l), rh.len, "replaced");
-                            self.data
+                            self.region
+                                .data()
                                 .fetch_sub((rh.key_len + rh.value_len) as u64, Ordering::Relaxed);
                         }
                         match (cur.is_some(), kind) {
                             (false, Kind::Value) => {
-                                self.keys.fetch_add(1, Ordering::Relaxed);
+                                self.region.keys().fetch_add(1, Ordering::Relaxed);
                             }
                             (true, Kind::Tombstone) => {
-                                self.keys.fetch_sub(1, Ordering::Relaxed);
+                                self.region.keys().fetch_sub(1, Ordering::Relaxed);
                                 self.segs.note_tombstone(
                                     seg_of(loc),
                                     len,
@@ -479,7 +460,7 @@ impl Core {
                             _ => {}
                         }
                         if kind == Kind::Value {
-                            self.data.fetch_add(data, Ordering::Relaxed);
+                            self.region.data().fetch_add(data, Ordering::Relaxed);
                         }
                         return Ok(r);
                     }
@@ -497,7 +478,7 @@ impl Core {
                 // head for the next one (at high utilization): a few in a row; then,
                 // unless another round is running now, full.
                 fruitless += 1;
-                if fruitless >= 4 && self.heads.compactor_idle() {
+                if fruitless >= 4 && self.compaction_idle() {
                     return Err(KvError::Full);
                 }
                 std::thread::yield_now();

@@ -1,7 +1,8 @@
 //! The pool file: created (fully allocated) or opened, mapped whole (2 MiB aligned, so
 //! that each segment can be one huge page: `cairn_media::huge`), its segments collapsed
-//! into huge folios where the kernel allows. An open pool holds an exclusive `flock` on
-//! its file: one process at a time.
+//! into huge folios where the kernel allows. A pool open in one process holds an
+//! exclusive `flock` on its file; the processes of a shared store hold shared ones
+//! (`crate::region`).
 
 use crate::format::{PoolHeader, SEGMENT_BYTES};
 use cairn_media::Mapping;
@@ -17,7 +18,7 @@ fn invalid(msg: impl Into<String>) -> io::Error {
 pub struct Pool {
     pub map: Mapping,
     pub header: PoolHeader,
-    file: File,
+    pub(crate) file: File,
 }
 
 impl Pool {
@@ -30,7 +31,7 @@ impl Pool {
         Self::on_file(file, size)
     }
 
-    fn open_file(path: &Path) -> io::Result<File> {
+    pub(crate) fn open_file(path: &Path) -> io::Result<File> {
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -48,7 +49,7 @@ impl Pool {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         loop {
             match cairn_media::sys::flock_exclusive(&file, true) {
-                Ok(()) if Self::is_at(&file, path)? => return Ok(file),
+                Ok(()) if crate::region::is_at(&file, path)? => return Ok(file),
                 Ok(()) => file = Self::open_file(path)?,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if std::time::Instant::now() >= deadline {
@@ -61,17 +62,6 @@ impl Pool {
                 }
                 Err(e) => return Err(e),
             }
-        }
-    }
-
-    /// Whether `file` is the file at `path` (false when there is none).
-    fn is_at(file: &File, path: &Path) -> io::Result<bool> {
-        use std::os::unix::fs::MetadataExt;
-        let f = file.metadata()?;
-        match std::fs::metadata(path) {
-            Ok(p) => Ok((p.dev(), p.ino()) == (f.dev(), f.ino())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
         }
     }
 
@@ -93,7 +83,7 @@ impl Pool {
         Self::on_file(file, size)
     }
 
-    fn on_file(file: File, size: u64) -> io::Result<Pool> {
+    pub(crate) fn on_file(file: File, size: u64) -> io::Result<Pool> {
         let len = file.metadata()?.len();
         if len == 0 {
             let segments = size / SEGMENT_BYTES;
@@ -186,7 +176,7 @@ mod tests {
         drop(first);
         let file = Pool::lock(&path, waiting).unwrap();
         assert!(
-            Pool::is_at(&file, &path).unwrap(),
+            crate::region::is_at(&file, &path).unwrap(),
             "the removed file was opened"
         );
         let second = Pool::on_file(file, 8 << 20).unwrap();

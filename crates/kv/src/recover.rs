@@ -162,12 +162,14 @@ impl Core {
                 self.index
                     .set(&g, h, &|l| self.key_is(l, key), f.loc)
                     .map_err(|()| KvError::IndexFull)?;
-                self.keys.fetch_add(1, Ordering::Relaxed);
-                self.data.fetch_add(f.data, Ordering::Relaxed);
+                self.region.keys().fetch_add(1, Ordering::Relaxed);
+                self.region.data().fetch_add(f.data, Ordering::Relaxed);
             }
         }
-        self.version.store(max_version + 1, Ordering::Relaxed);
-        self.next_seq.store(max_seq + 1, Ordering::Relaxed);
+        self.region
+            .version()
+            .store(max_version + 1, Ordering::Relaxed);
+        self.region.next_seq().store(max_seq + 1, Ordering::Relaxed);
         // Segments holding nothing current (emptied by a compaction the crash
         // interrupted before they were reused) are free; they keep their sequence number
         // until reused, for the tombstones that name their records.

@@ -35,10 +35,10 @@
 
 use crate::epoch::Quiescent;
 use crate::format::{SEGMENT_BYTES, SEGMENT_HEADER};
+use cairn_media::owner::{owner_dead, process_word, LockWord, Taken};
 use cairn_media::words::Words;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 /// The bytes of a segment that records can take.
 const ROOM: u64 = SEGMENT_BYTES - SEGMENT_HEADER;
@@ -97,12 +97,13 @@ impl<'a> Segment<'a> {
         &self.0[7]
     }
 
-    /// A log head (a writer's or compaction's) now.
+    /// A log head (a writer's or compaction's) now: the owner word of its process
+    /// (`cairn_media::owner::process_word`; 0: not a head).
     fn head(self) -> &'a AtomicU64 {
         &self.0[8]
     }
 
-    /// Chosen by a compaction round.
+    /// Chosen by a compaction round: the owner word of its process (0: not claimed).
     fn claimed(self) -> &'a AtomicU64 {
         &self.0[9]
     }
@@ -125,26 +126,69 @@ impl<'a> Segment<'a> {
 
 /// The state of every segment of the pool, and the free list.
 pub(crate) struct Segments {
-    /// [`SEG_WORDS`] per segment.
+    /// [`SEG_WORDS`] per segment, then the free list's [`CTL`] words, then its entries
+    /// (one word per segment: a stack, the most recently freed on top).
     words: Words,
-    free: Mutex<Vec<u64>>,
+    /// Segments of the pool (segment 0 included).
+    n: usize,
 }
+
+/// The free list's control words: its lock (a [`LockWord`]), its length, the repairs
+/// made after a holder of the lock died.
+const CTL: usize = 8;
+const LOCK: usize = 0;
+const LEN: usize = 1;
+const REPAIRS: usize = 2;
 
 /// The free list, locked: the transitions that must happen under its lock (taking a
 /// segment for a head, choosing segments to compact, freeing, handing memory back).
 pub(crate) struct FreeList<'a> {
     segs: &'a Segments,
-    list: MutexGuard<'a, Vec<u64>>,
+}
+
+impl Drop for FreeList<'_> {
+    fn drop(&mut self) {
+        self.segs.lock().unlock();
+    }
 }
 
 impl Segments {
-    /// `n` segments (segment 0 included), none free yet: recovery fills the free list
-    /// ([`FreeList::recovered`]).
+    /// The words of the state of `n` segments and the free list.
+    pub fn words_for(n: u64) -> usize {
+        n as usize * (SEG_WORDS + 1) + CTL
+    }
+
+    /// `n` segments (segment 0 included) in memory of the process's own, none free yet:
+    /// recovery fills the free list ([`FreeList::recovered`]).
+    #[cfg(test)]
     pub fn new(n: u64) -> io::Result<Segments> {
-        Ok(Segments {
-            words: Words::owned("cairn-kv-segments", n as usize * SEG_WORDS)?,
-            free: Mutex::new(Vec::new()),
-        })
+        Segments::on(Words::owned("cairn-kv-segments", Self::words_for(n))?)
+    }
+
+    /// The segments whose state is `words` (zeroed, or others' segments, which the same
+    /// protocol keeps).
+    pub fn on(words: Words) -> io::Result<Segments> {
+        let n = words.len().saturating_sub(CTL) / (SEG_WORDS + 1);
+        if n < 2 || words.len() != Self::words_for(n as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a segments' table of {} words", words.len()),
+            ));
+        }
+        Ok(Segments { words, n })
+    }
+
+    fn ctl(&self, i: usize) -> &AtomicU64 {
+        &self.words.get()[self.n * SEG_WORDS + i]
+    }
+
+    fn lock(&self) -> LockWord<'_> {
+        LockWord(self.ctl(LOCK))
+    }
+
+    /// Entry `i` of the free list.
+    fn entry(&self, i: usize) -> &AtomicU64 {
+        &self.words.get()[self.n * SEG_WORDS + CTL + i]
     }
 
     /// Segment `s`'s words (segment 0's too).
@@ -165,19 +209,29 @@ impl Segments {
 
     /// Segments of the pool, segment 0 included.
     pub fn count(&self) -> u64 {
-        (self.words.len() / SEG_WORDS) as u64
+        self.n as u64
     }
 
-    /// Lock the free list.
+    /// Lock the free list. A holder that died with it (a process killed in the middle
+    /// of a transition) may have left it half changed: it is rebuilt from the segments'
+    /// flags first ([`FreeList::repair`]).
     pub fn free_list(&self) -> FreeList<'_> {
-        FreeList {
-            segs: self,
-            list: self.free.lock().unwrap_or_else(|e| e.into_inner()),
+        let taken = self.lock().lock();
+        let mut free = FreeList { segs: self };
+        if let Taken::FromDead(_) = taken {
+            free.repair();
         }
+        free
     }
 
+    /// Segments on the free list (read without its lock: a hint that may be stale).
     pub fn free_count(&self) -> usize {
-        self.free_list().len()
+        self.ctl(LEN).load(Ordering::Acquire) as usize
+    }
+
+    /// Repairs of the free list after a holder of its lock died.
+    pub fn repairs(&self) -> u64 {
+        self.ctl(REPAIRS).load(Ordering::Relaxed)
     }
 
     /// The sequence number segment `s` was opened under (0: its header is erased).
@@ -191,6 +245,11 @@ impl Segments {
 
     pub fn is_head(&self, s: u64) -> bool {
         self.at(s).head().load(Ordering::Acquire) != 0
+    }
+
+    /// The process whose head segment `s` is (its owner word; 0: not a head).
+    pub fn head_owner(&self, s: u64) -> u64 {
+        self.at(s).head().load(Ordering::Acquire)
     }
 
     pub fn is_released(&self, s: u64) -> bool {
@@ -215,8 +274,8 @@ impl Segments {
     pub fn open(&self, s: u64, seq: u64, version: u64) {
         let g = self.at(s);
         assert!(
-            g.head().load(Ordering::Acquire) != 0,
-            "segment {s}: opened without being taken for a head"
+            g.head().load(Ordering::Acquire) == process_word(),
+            "segment {s}: opened without being taken for a head (by this process)"
         );
         assert!(
             g.claimed().load(Ordering::Acquire) == 0 && g.free().load(Ordering::Acquire) == 0,
@@ -319,6 +378,18 @@ impl Segments {
             off <= written,
             "segment {s}: walked to {off}, past what was written ({written})"
         );
+    }
+
+    /// Compaction walked segment `s` (claimed) whole: no record in it is current, so
+    /// its live count is 0 (the count of a writer killed before it took a replaced
+    /// record's bytes off is dropped). The count dropped.
+    pub fn clear_live(&self, s: u64) -> u64 {
+        let g = self.at(s);
+        assert!(
+            g.claimed().load(Ordering::Acquire) != 0,
+            "segment {s}: walked whole while not claimed"
+        );
+        g.live().swap(0, Ordering::AcqRel)
     }
 
     /// Segment `s` is emptied by compaction: claimed, not a head, no live bytes (it
@@ -457,7 +528,7 @@ impl Segments {
     pub fn check(&self) {
         let free = self.free_list();
         let mut on_list = vec![false; self.count() as usize];
-        for &s in free.list.iter() {
+        for s in free.items() {
             assert!(s != 0 && s < self.count(), "free list: segment {s}");
             assert!(!on_list[s as usize], "segment {s}: twice on the free list");
             on_list[s as usize] = true;
@@ -519,26 +590,49 @@ impl Segments {
 
 impl FreeList<'_> {
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.segs.free_count()
+    }
+
+    /// The free segments, bottom (freed longest ago) to top.
+    fn items(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len()).map(|i| self.segs.entry(i).load(Ordering::Acquire))
+    }
+
+    fn push(&mut self, s: u64) {
+        let n = self.len();
+        assert!(
+            n + 1 < self.segs.n,
+            "free list: more segments than the pool has"
+        );
+        self.segs.entry(n).store(s, Ordering::Release);
+        self.segs.ctl(LEN).store(n as u64 + 1, Ordering::Release);
     }
 
     /// Take the most recently freed segment for a head, unless no more than `reserve`
-    /// are free; the segment, and whether its memory had been handed back. A head from
-    /// now on (under the free list's lock: compaction chooses among segments neither
-    /// free nor heads under the same lock).
+    /// are free; the segment, and whether its memory had been handed back. A head of
+    /// the calling process from now on (under the free list's lock: compaction chooses
+    /// among segments neither free nor heads under the same lock), not opened yet
+    /// (nothing written: [`Segments::open`] says it is).
     pub fn take(&mut self, reserve: usize) -> Option<(u64, bool)> {
-        if self.list.len() <= reserve {
+        let n = self.len();
+        if n <= reserve || n == 0 {
             return None;
         }
-        let s = self.list.pop()?;
+        let s = self.segs.entry(n - 1).load(Ordering::Acquire);
         let g = self.segs.at(s);
-        let was_free = g.free().swap(0, Ordering::AcqRel) != 0;
-        assert!(was_free, "segment {s}: on the free list, not marked free");
         assert!(
             g.head().load(Ordering::Acquire) == 0 && g.claimed().load(Ordering::Acquire) == 0,
             "segment {s}: free, yet a head or claimed"
         );
-        g.head().store(1, Ordering::Release);
+        // In this order, so that a holder killed at any point leaves what
+        // [`FreeList::repair`] and [`FreeList::reap`] put right: a segment marked
+        // neither free nor a head has nothing written (repair frees it again); one
+        // marked a head but not opened is freed again when its process is found gone.
+        g.written().store(0, Ordering::Release);
+        let was_free = g.free().swap(0, Ordering::AcqRel) != 0;
+        assert!(was_free, "segment {s}: on the free list, not marked free");
+        g.head().store(process_word(), Ordering::Release);
+        self.segs.ctl(LEN).store(n as u64 - 1, Ordering::Release);
         Some((s, (g.released().swap(0, Ordering::Relaxed) != 0)))
     }
 
@@ -559,19 +653,19 @@ impl FreeList<'_> {
         );
         let live = g.live().load(Ordering::Acquire);
         assert_eq!(live, 0, "segment {s}: freed with {live} live bytes");
-        let was_free = g.free().swap(1, Ordering::AcqRel) != 0;
-        assert!(!was_free, "segment {s}: freed twice");
         if erased {
             g.seq().store(0, Ordering::Release);
         }
-        g.claimed().store(0, Ordering::Release);
         g.freed_at().store(now, Ordering::Relaxed);
-        self.list.push(s);
+        let was_free = g.free().swap(1, Ordering::AcqRel) != 0;
+        assert!(!was_free, "segment {s}: freed twice");
+        g.claimed().store(0, Ordering::Release);
+        self.push(s);
     }
 
     /// Recovery's free list (the list is empty until then).
     pub fn recovered(&mut self, free: Vec<u64>) {
-        assert!(self.list.is_empty(), "recovery on a store in use");
+        assert!(self.len() == 0, "recovery on a store in use");
         for &s in &free {
             let g = self.segs.at(s);
             let was_free = g.free().swap(1, Ordering::AcqRel) != 0;
@@ -581,8 +675,78 @@ impl FreeList<'_> {
                 live, 0,
                 "segment {s}: recovered free with {live} live bytes"
             );
+            self.push(s);
         }
-        *self.list = free;
+    }
+
+    /// Rebuild the list after a holder of its lock died: the segments marked free,
+    /// freed longest ago at the bottom, and those a [`FreeList::take`] cut short left
+    /// neither free nor a head (nothing written) freed again; a free segment is claimed
+    /// by no one.
+    fn repair(&mut self) {
+        let segs = self.segs;
+        let mut free: Vec<(u64, u64)> = Vec::new();
+        for (s, g) in segs.all() {
+            let orphan = g.free().load(Ordering::Acquire) == 0
+                && g.head().load(Ordering::Acquire) == 0
+                && g.claimed().load(Ordering::Acquire) == 0
+                && g.written().load(Ordering::Acquire) == 0;
+            if orphan {
+                g.free().store(1, Ordering::Release);
+            }
+            if g.free().load(Ordering::Acquire) != 0 {
+                g.claimed().store(0, Ordering::Release);
+                free.push((g.freed_at().load(Ordering::Relaxed), s));
+            }
+        }
+        free.sort();
+        segs.ctl(LEN).store(0, Ordering::Release);
+        for (_, s) in free {
+            self.push(s);
+        }
+        segs.ctl(REPAIRS).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Put right what processes that are gone held: their heads closed (one never
+    /// opened, with nothing written, freed again), their claims given up (the segment
+    /// can be chosen again; compaction's walk resumes where it stopped). `now`: the
+    /// time, for a segment freed. Returns the processes found gone.
+    pub fn reap(&mut self, now: u64) -> usize {
+        let me = process_word();
+        let mut gone: Vec<u64> = Vec::new();
+        let mut alive: Vec<u64> = Vec::new();
+        let mut dead = |w: u64| {
+            if w == 0 || w == me || alive.contains(&w) {
+                return false;
+            }
+            if gone.contains(&w) {
+                return true;
+            }
+            let d = owner_dead(w);
+            if d { &mut gone } else { &mut alive }.push(w);
+            d
+        };
+        let mut freed = Vec::new();
+        for (s, g) in self.segs.all() {
+            if dead(g.head().load(Ordering::Acquire)) {
+                if g.written().load(Ordering::Acquire) == 0 {
+                    freed.push(s);
+                } else {
+                    g.head().store(0, Ordering::Release);
+                }
+            }
+            if dead(g.claimed().load(Ordering::Acquire)) {
+                g.claimed().store(0, Ordering::Release);
+            }
+        }
+        for s in freed {
+            let g = self.segs.at(s);
+            g.freed_at().store(now, Ordering::Relaxed);
+            g.free().store(1, Ordering::Release);
+            g.head().store(0, Ordering::Release);
+            self.push(s);
+        }
+        gone.len()
     }
 
     /// Choose at most `max` segments to compact: among those neither free, nor heads,
@@ -602,7 +766,12 @@ impl FreeList<'_> {
         cands.sort_by(|a, b| b.0.total_cmp(&a.0));
         cands.truncate(max);
         for &(_, s) in &cands {
-            let was = self.segs.at(s).claimed().swap(1, Ordering::AcqRel) != 0;
+            let was = self
+                .segs
+                .at(s)
+                .claimed()
+                .swap(process_word(), Ordering::AcqRel)
+                != 0;
             assert!(!was, "segment {s}: claimed twice");
         }
         cands.into_iter().map(|(_, s)| s).collect()
@@ -619,8 +788,9 @@ impl FreeList<'_> {
         now: u64,
         release: impl Fn(u64) -> io::Result<()>,
     ) {
-        let cold = self.list.len().saturating_sub(warm);
-        for &s in &self.list[..cold] {
+        let cold = self.len().saturating_sub(warm);
+        for i in 0..cold {
+            let s = self.segs.entry(i).load(Ordering::Acquire);
             let g = self.segs.at(s);
             debug_assert!(
                 g.free().load(Ordering::Relaxed) != 0
@@ -695,6 +865,67 @@ mod tests {
         assert_eq!((segs.live(s), segs.swept(s)), (0, 0));
         assert!(!segs.pins_tombstones(1), "its tombstones were reset");
         segs.check();
+    }
+
+    /// An owner word no live process has (a pid above Linux's largest).
+    const GONE: u64 = (4_194_305u64 << 32) | 7;
+
+    /// A holder of the free list's lock killed in the middle of a `take` (after it
+    /// cleared the free flag, before it marked the segment a head) and of a `put`
+    /// (flag set, not pushed): the next holder rebuilds the list from the flags.
+    #[test]
+    fn a_free_list_a_dead_holder_left_half_changed_is_rebuilt() {
+        let segs = pool(6);
+        let s = opened(&segs, 1);
+        segs.close(s);
+        assert_eq!(segs.free_list().choose(1, |_| Some(1.0)), vec![s]);
+        segs.check_emptied(s);
+        {
+            // The dead holder's `take` of the top segment, cut short...
+            let free = segs.free_list();
+            let top = segs.entry(free.len() - 1).load(Ordering::Relaxed);
+            segs.at(top).written().store(0, Ordering::Relaxed);
+            segs.at(top).free().store(0, Ordering::Relaxed);
+            // ... and a `put` of `s` cut short after its flag.
+            segs.at(s).free().store(1, Ordering::Relaxed);
+            segs.at(s).freed_at().store(9, Ordering::Relaxed);
+            std::mem::forget(free);
+        }
+        segs.ctl(LOCK).store(GONE, Ordering::Relaxed);
+        assert_eq!(segs.free_list().len(), 5, "every segment free again");
+        assert_eq!(segs.repairs(), 1);
+        segs.check();
+        assert_eq!(
+            segs.free_list().items().last(),
+            Some(s),
+            "freed most recently: on top"
+        );
+    }
+
+    /// Heads and claims of a process that is gone: a head never opened is freed, one
+    /// opened is closed, a claim is given up; a live process's are left alone.
+    #[test]
+    fn what_a_dead_process_held_is_reaped() {
+        let segs = pool(6);
+        let mine = opened(&segs, 1);
+        let opened_dead = opened(&segs, 2);
+        segs.appended(opened_dead, SEGMENT_HEADER + 64, 64);
+        let (never_opened, _) = segs.free_list().take(0).unwrap();
+        let claimed = opened(&segs, 3);
+        segs.close(claimed);
+        assert_eq!(segs.free_list().choose(1, |_| Some(1.0)), vec![claimed]);
+        for s in [opened_dead, never_opened] {
+            segs.at(s).head().store(GONE, Ordering::Relaxed);
+        }
+        segs.at(claimed).claimed().store(GONE, Ordering::Relaxed);
+        assert_eq!(segs.free_list().reap(5), 1, "one process gone");
+        assert!(segs.is_head(mine) && !segs.is_head(opened_dead));
+        assert_eq!(segs.live(opened_dead), 64, "closed with its records");
+        assert!(segs.at(never_opened).free().load(Ordering::Relaxed) != 0);
+        assert_eq!(segs.at(claimed).claimed().load(Ordering::Relaxed), 0);
+        segs.close(mine);
+        segs.check();
+        assert_eq!(segs.free_list().reap(6), 0, "nothing more");
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! lifetime.
 
 use crate::format::SEGMENT_BYTES;
+use crate::index::Index;
 use crate::log::{Change, Core, Setup};
 use crate::pool::Pool;
+use crate::region::{Region, SharedOpen};
 use std::borrow::Cow;
 use std::io;
 use std::path::Path;
@@ -136,6 +138,12 @@ pub struct Stats {
     /// Whether writes are fenced (not the volatile mode), and the update policy.
     pub durable: bool,
     pub policy: UpdatePolicy,
+    /// Whether processes share the store ([`Store::open_shared`]); processes found gone
+    /// with some of its state in their hands, and the repairs made for them (a free
+    /// list rebuilt, a segment's live count dropped).
+    pub shared: bool,
+    pub processes_reaped: u64,
+    pub repairs: u64,
 }
 
 impl Stats {
@@ -154,6 +162,9 @@ pub struct Store {
     core: Arc<Core>,
     /// The compaction thread, and the one collapsing segments into huge folios.
     threads: Vec<JoinHandle<()>>,
+    /// A shared store's hold on the pool (dropped after `core`: the last process to
+    /// let go removes the region).
+    _shared: Option<SharedOpen>,
 }
 
 impl Drop for Store {
@@ -163,8 +174,12 @@ impl Drop for Store {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        // Quiescent now: the store's own threads are gone, and no call can be running.
-        if cfg!(debug_assertions) && !std::thread::panicking() {
+        if self.core.region.shared {
+            // Others go on: what this process held goes back to them.
+            self.core.leave();
+        } else if cfg!(debug_assertions) && !std::thread::panicking() {
+            // Quiescent now: the store's own threads are gone, and no call can be
+            // running.
             self.core.check();
         }
     }
@@ -183,7 +198,46 @@ impl Store {
         Self::start(Pool::volatile(opts.size)?, opts, false)
     }
 
-    fn start(pool: Pool, opts: &Options, durable: bool) -> Result<Store, KvError> {
+    /// Open the store in the pool file at `path` (created if it does not exist) in this
+    /// process while other processes have it open too: every `get`, `put` and `delete`
+    /// runs in the calling process, on the index, epochs and segments' state all of
+    /// them map (a region file on `/dev/shm`, rebuilt by recovery by the first process
+    /// to open the pool). A process killed at any point loses nothing the others
+    /// acknowledged, nor anything it acknowledged itself; what it held (its log heads,
+    /// a bucket lock, a compaction round) is taken back by the others. Updates are
+    /// appended ([`UpdatePolicy::InPlace`] is refused: `Unsupported`). Fails with
+    /// `WouldBlock` while a process has the pool open on its own ([`Store::open`]).
+    pub fn open_shared(path: &Path, opts: &Options) -> Result<Store, KvError> {
+        if opts.policy == UpdatePolicy::InPlace {
+            return Err(KvError::Io(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a store shared by processes appends updates: in-place updates are not \
+                 supported there",
+            )));
+        }
+        let setup = Self::setup(opts, true)?;
+        let buckets = |segments: u64| Self::buckets(opts, segments);
+        let (pool, region, admission) = SharedOpen::open(path, opts.size, buckets)?;
+        let core = Arc::new(Core::new(pool, region, &setup)?);
+        if admission.first {
+            core.recover()?;
+            core.region.ready();
+        }
+        let hold = admission.admit()?;
+        Self::run(core, opts, Some(hold))
+    }
+
+    /// The index's buckets for a pool of `segments` segments.
+    fn buckets(opts: &Options, segments: u64) -> usize {
+        Index::buckets_for(
+            opts.expected_keys
+                .unwrap_or(segments * SEGMENT_BYTES / 1024)
+                .max(64),
+        )
+    }
+
+    /// What `opts` says a store's state is built with.
+    fn setup(opts: &Options, durable: bool) -> Result<Setup, KvError> {
         if !(0.0..=1.0).contains(&opts.compact_below) {
             return Err(KvError::TooBig(format!(
                 "the compaction trigger is a fraction of the pool (0 to 1), not {}",
@@ -195,20 +249,32 @@ impl Store {
                 "the garbage bound is a fraction of the segments' bytes (0 to 1), not {g}"
             )));
         }
-        let pool_bytes = pool.header.segments * SEGMENT_BYTES;
-        let setup = Setup {
+        Ok(Setup {
             heads: opts
                 .heads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-            expected_keys: opts.expected_keys.unwrap_or(pool_bytes / 1024),
             policy: opts.policy,
             durable,
             trigger: opts.compact_below,
             max_garbage: opts.max_garbage,
             huge_pages: opts.huge_pages,
-        };
-        let core = Arc::new(Core::new(pool, &setup)?);
+        })
+    }
+
+    fn start(pool: Pool, opts: &Options, durable: bool) -> Result<Store, KvError> {
+        let setup = Self::setup(opts, durable)?;
+        let region = Region::owned(
+            &pool.header.uuid,
+            pool.header.segments,
+            Self::buckets(opts, pool.header.segments),
+        )?;
+        let core = Arc::new(Core::new(pool, region, &setup)?);
         core.recover()?;
+        Self::run(core, opts, None)
+    }
+
+    /// Start the store's threads.
+    fn run(core: Arc<Core>, opts: &Options, shared: Option<SharedOpen>) -> Result<Store, KvError> {
         let mut threads = Vec::new();
         if opts.background_compaction {
             let c = core.clone();
@@ -232,7 +298,11 @@ impl Store {
                     })?,
             );
         }
-        Ok(Store { core, threads })
+        Ok(Store {
+            core,
+            threads,
+            _shared: shared,
+        })
     }
 
     /// Set `key` to `value`, durably.
@@ -370,7 +440,7 @@ impl Store {
 
     /// Keys present.
     pub fn len(&self) -> u64 {
-        self.core.keys.load(Ordering::Relaxed)
+        self.core.region.keys().load(Ordering::Relaxed)
     }
 
     /// Whether no key is present.
@@ -388,7 +458,7 @@ impl Store {
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             keys: self.len(),
-            data_bytes: n(&c.data),
+            data_bytes: n(c.region.data()),
             live_bytes: c.segs.live_total(),
             used_bytes: (segments - 1 - free) * SEGMENT_BYTES,
             index_bytes: c.index.bytes(),
@@ -397,15 +467,18 @@ impl Store {
             garbage: c.garbage(),
             free_segments: free,
             retired_segments: retired,
-            compacted_bytes: n(&c.counters.compacted_bytes),
-            compacted_segments: n(&c.counters.compacted_segments),
-            compaction_rounds: n(&c.counters.compaction_rounds),
-            compaction_errors: n(&c.counters.compaction_errors),
-            appends: n(&c.counters.appends),
-            in_place_updates: n(&c.counters.in_place),
+            compacted_bytes: n(c.region.compacted_bytes()),
+            compacted_segments: n(c.region.compacted_segments()),
+            compaction_rounds: n(c.region.compaction_rounds()),
+            compaction_errors: n(c.region.compaction_errors()),
+            appends: n(c.region.appends()),
+            in_place_updates: n(c.region.in_place()),
             utilization,
             durable: c.durable,
             policy: c.policy,
+            shared: c.region.shared,
+            processes_reaped: n(c.region.deaths()),
+            repairs: n(c.region.repaired()) + c.segs.repairs(),
         }
     }
 

@@ -4,26 +4,11 @@
 use cairn_kv::{Change, KvError, Options, Store, UpdatePolicy};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-/// A pool file in /dev/shm, removed at drop.
-struct PoolFile(PathBuf);
-
-impl PoolFile {
-    fn new(tag: &str) -> PoolFile {
-        PoolFile(PathBuf::from(format!(
-            "/dev/shm/cairn-kv-test-{tag}-{}.pool",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for PoolFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+mod common;
+use common::{check_value, get, kill9, value_of, PoolFile, Rng};
 
 fn open(p: &Path, size: u64) -> Store {
     open_with(p, size, UpdatePolicy::Append)
@@ -39,22 +24,6 @@ fn open_with(p: &Path, size: u64, policy: UpdatePolicy) -> Store {
         },
     )
     .unwrap()
-}
-
-fn get(s: &Store, k: &[u8]) -> Option<Vec<u8>> {
-    let mut v = Vec::new();
-    s.get(k, &mut v).unwrap().map(|_| v)
-}
-
-/// xorshift64*.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
 }
 
 #[test]
@@ -183,35 +152,6 @@ fn a_torn_record_ends_its_segment_at_recovery() {
 
 /// A value that names its key and version and carries a checksum: a reader can tell a
 /// value that was written from anything else.
-fn value_of(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len.max(20));
-    v.extend_from_slice(&key.to_le_bytes());
-    v.extend_from_slice(&version.to_le_bytes());
-    let mut x = key ^ version.rotate_left(17) | 1;
-    while v.len() < len.max(20) - 4 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push(x as u8);
-    }
-    let c = crc32c::crc32c(&v);
-    v.extend_from_slice(&c.to_le_bytes());
-    v
-}
-
-fn check_value(key: u64, v: &[u8]) -> u64 {
-    let n = v.len();
-    assert!(n >= 20, "value of key {key} too short");
-    let c = u32::from_le_bytes(v[n - 4..].try_into().unwrap());
-    assert_eq!(
-        crc32c::crc32c(&v[..n - 4]),
-        c,
-        "key {key}: a torn or foreign value"
-    );
-    assert_eq!(u64::from_le_bytes(v[..8].try_into().unwrap()), key);
-    u64::from_le_bytes(v[8..16].try_into().unwrap())
-}
-
 #[test]
 fn concurrent_writers_and_readers_never_see_a_torn_value() {
     concurrent(256 << 20, 200, 2000, 20_000, UpdatePolicy::Append);
@@ -412,13 +352,6 @@ fn killed_workers(policy: UpdatePolicy) {
             last.values().filter(|v| v.is_some()).count() as u64
         );
     }
-}
-
-/// SIGKILL `pid` (through `kill(1)`: no `unsafe` in this crate).
-fn kill9(pid: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status();
 }
 
 #[test]
