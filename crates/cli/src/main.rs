@@ -582,11 +582,16 @@ pub struct KvServeArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Update values in place when they fit (Nibble-2) instead of appending (Nibble)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shared")]
     pub in_place: bool,
     /// Keep the data in memory only (no pool file, no fences, nothing kept at exit)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shared")]
     pub volatile: bool,
+    /// Open the pool shared: other processes (`cairn kv get`/`put`/`del`, programs that
+    /// open it with `Store::open_shared` or `cairn_kv_open_shared`) read and write it at
+    /// the same time, in their own process
+    #[arg(long)]
+    pub shared: bool,
     /// Keys the index is sized for [default: one per KiB of pool]
     #[arg(long, value_name = "N")]
     pub expected_keys: Option<u64>,
@@ -712,6 +717,9 @@ pub enum BenchCommand {
     /// One worker process of `bench spacejmp` (started by it)
     #[command(hide = true)]
     SpacejmpWorker(bench::SpacejmpWorkerArgs),
+    /// One client process of `bench spacejmp kv` (started by it)
+    #[command(hide = true)]
+    KvSharedWorker(bench::KvSharedWorkerArgs),
     /// One worker process of `bench hugepage` (started by it)
     #[command(hide = true)]
     HugepageWorker(bench::HugepageWorkerArgs),

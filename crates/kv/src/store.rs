@@ -223,8 +223,9 @@ impl Store {
             core.recover()?;
             core.region.ready();
         }
+        let first = admission.first;
         let hold = admission.admit()?;
-        Self::run(core, opts, Some(hold))
+        Self::run(core, opts, Some(hold), first)
     }
 
     /// The index's buckets for a pool of `segments` segments.
@@ -270,11 +271,18 @@ impl Store {
         )?;
         let core = Arc::new(Core::new(pool, region, &setup)?);
         core.recover()?;
-        Self::run(core, opts, None)
+        Self::run(core, opts, None, true)
     }
 
-    /// Start the store's threads.
-    fn run(core: Arc<Core>, opts: &Options, shared: Option<SharedOpen>) -> Result<Store, KvError> {
+    /// Start the store's threads; `collapse`: the segments are to be collapsed into huge
+    /// folios (a property of the pool file's pages, which the first process to open a
+    /// shared store sees to: the others' mappings take the folios it made).
+    fn run(
+        core: Arc<Core>,
+        opts: &Options,
+        shared: Option<SharedOpen>,
+        collapse: bool,
+    ) -> Result<Store, KvError> {
         let mut threads = Vec::new();
         if opts.background_compaction {
             let c = core.clone();
@@ -286,7 +294,7 @@ impl Store {
         }
         // Huge folios for the segments, after recovery and off the opening's path.
         let c = core.clone();
-        if c.huge {
+        if c.huge && collapse {
             threads.push(
                 std::thread::Builder::new()
                     .name("kv-collapse".into())

@@ -636,6 +636,9 @@ pub fn stats_pairs(st: &cairn_kv::Stats) -> Vec<(&'static str, String)> {
         ("kv_compaction_rounds", st.compaction_rounds.to_string()),
         ("kv_compaction_errors", st.compaction_errors.to_string()),
         ("kv_segment_utilization_deciles", u.join(",")),
+        ("kv_shared", u8::from(st.shared).to_string()),
+        ("kv_processes_reaped", st.processes_reaped.to_string()),
+        ("kv_repairs", st.repairs.to_string()),
     ]
 }
 

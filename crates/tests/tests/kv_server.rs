@@ -267,6 +267,92 @@ fn redis_benchmark_runs() {
     assert_eq!(call(&mut c, &["EXISTS", "key:__rand_int__"]), Reply::Int(1));
 }
 
+/// A server started with `--shared` is one process among others on its pool: what
+/// `cairn kv put` writes (in its own process) redis-cli reads through the server, and
+/// the other way round; a server killed with -9 leaves the others going on, and a
+/// `redis-benchmark` run against the server while `cairn kv` processes write is seen
+/// whole by both.
+#[test]
+fn a_shared_server_and_other_processes_see_each_other() {
+    let pool = Pool::new("shared");
+    let s = start(&pool.0, "64M", &["--shared"]);
+    let kv = |args: &[&str]| {
+        let o = Command::new(cairn_bin())
+            .arg("kv")
+            .args(args)
+            .arg("--pool")
+            .arg(&pool.0)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    kv(&["put", "direct", "from a process"]);
+    let mut c = client(s.port);
+    assert_eq!(
+        call(&mut c, &["GET", "direct"]),
+        Reply::Bulk(b"from a process".to_vec())
+    );
+    call(&mut c, &["SET", "served", "through the server"]);
+    assert_eq!(kv(&["get", "served"]), "through the server");
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &s.port.to_string(),
+            "-t",
+            "set",
+            "-n",
+            "20000",
+            "-r",
+            "1000",
+        ])
+        .args(["-c", "20", "-P", "8", "-d", "100", "--csv"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for i in 0..50 {
+        kv(&["put", &format!("k{i}"), &format!("v{i}")]);
+    }
+    assert_eq!(call(&mut c, &["GET", "k49"]), Reply::Bulk(b"v49".to_vec()));
+    assert!(kv(&["status", "--json"]).contains("\"shared\":1"));
+    // The server killed: the pool is still whole for the next process.
+    drop(c);
+    drop(s);
+    assert_eq!(kv(&["get", "k7"]), "v7");
+    assert_eq!(kv(&["get", "direct"]), "from a process");
+}
+
+/// `cairn bench spacejmp kv` in miniature: client processes sharing a store, every
+/// row measured, nothing left in /dev/shm.
+#[test]
+fn the_shared_store_benchmark_runs() {
+    let o = Command::new(cairn_bin())
+        .args([
+            "bench", "spacejmp", "kv", "--json", "--runs", "1", "--keys", "2000",
+        ])
+        .args(["--ops", "5000", "--requests", "0", "--clients", "1,2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{v}");
+    for r in rows {
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cairn-bench-kvshared-"))
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
 /// Three clients set and delete their own keys while the server is killed (-9), five
 /// times, in a pool small enough to compact all along; after each restart every key
 /// holds its last acknowledged state, or the one its client had in flight.

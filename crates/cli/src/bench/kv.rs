@@ -272,7 +272,7 @@ fn embedded(args: &KvArgs, out: &mut Results) -> CliResult {
 }
 
 /// A server process, killed at drop (and its files removed).
-pub(super) struct Proc {
+pub(crate) struct Proc {
     pub child: Child,
     cleanup: Vec<PathBuf>,
 }
@@ -288,7 +288,7 @@ impl Drop for Proc {
     }
 }
 
-pub(super) fn free_port() -> CliResult<u16> {
+pub(crate) fn free_port() -> CliResult<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -308,7 +308,7 @@ fn wait_port(port: u16, child: &mut Child) -> CliResult {
     Ok(())
 }
 
-pub(super) fn start(name: &str, port: u16) -> CliResult<Proc> {
+pub(crate) fn start(name: &str, port: u16) -> CliResult<Proc> {
     let Some(mode) = name.strip_prefix("cairn-kv ") else {
         let persistence: &[&str] = match name {
             "redis always" => &["--appendonly", "yes", "--appendfsync", "always"],
@@ -338,7 +338,7 @@ pub(super) fn start(name: &str, port: u16) -> CliResult<Proc> {
 
 /// `redis-server` (the program `c` runs, with the environment it sets) on `port`, saving
 /// nothing, its files in a temporary directory, with `args` besides.
-pub(super) fn start_redis(mut c: Command, port: u16, args: &[&str]) -> CliResult<Proc> {
+pub(crate) fn start_redis(mut c: Command, port: u16, args: &[&str]) -> CliResult<Proc> {
     let dir = std::env::temp_dir().join(format!("cairn-bench-redis-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     c.args(["--port", &port.to_string(), "--save", "", "--dir"])

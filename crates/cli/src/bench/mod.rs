@@ -42,7 +42,10 @@ pub use latency::run as latency;
 pub use mail::{run as mail, worker as mail_worker, MailArgs, MailWorkerArgs};
 pub use remote::{run as remote, RemoteArgs};
 pub use share::{run as share, worker as share_worker, ShareArgs, WorkerArgs as ShareWorkerArgs};
-pub use spacejmp::{run as spacejmp, worker as spacejmp_worker, SpacejmpArgs, SpacejmpWorkerArgs};
+pub use spacejmp::{
+    kv_shared_worker, run as spacejmp, worker as spacejmp_worker, KvSharedWorkerArgs, SpacejmpArgs,
+    SpacejmpWorkerArgs,
+};
 pub use superpages::{run as superpages, SuperpagesArgs};
 pub use tiers::{run as tiers, TiersArgs};
 

@@ -19,7 +19,9 @@
 //! Every row has `experiment`, `mode` or `system`, its parameters and its figure; with
 //! `--runs N` each figure is the median of N runs.
 
+mod kv;
 mod sam;
+pub use kv::{worker as kv_shared_worker, KvSharedArgs, KvSharedWorkerArgs};
 pub use sam::SamBenchArgs;
 
 use super::{median, BenchStore, Rng};
@@ -77,6 +79,9 @@ pub enum SpacejmpApp {
     /// Genomics tools (flagstat, sorts, index, region query) on a data set in a segment,
     /// against the same code on decoded BAM and against samtools
     Sam(SamBenchArgs),
+    /// The key-value store shared through memory by client processes, against
+    /// redis-server and `cairn kv serve` under redis-benchmark
+    Kv(KvSharedArgs),
 }
 
 /// The hidden worker of the crash experiment (started by it).
@@ -118,8 +123,10 @@ fn batches(
 }
 
 pub fn run(args: &SpacejmpArgs) -> CliResult {
-    if let Some(SpacejmpApp::Sam(a)) = &args.app {
-        return sam::run(a);
+    match &args.app {
+        Some(SpacejmpApp::Sam(a)) => return sam::run(a),
+        Some(SpacejmpApp::Kv(a)) => return kv::run(a),
+        None => {}
     }
     let root = tempfile_dir()?;
     let store_dir = root.join("store");

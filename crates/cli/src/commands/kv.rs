@@ -46,6 +46,8 @@ fn serve(a: &KvServeArgs) -> CliResult {
     let started = std::time::Instant::now();
     let store = if a.volatile {
         Store::open_volatile(&opts)
+    } else if a.shared {
+        Store::open_shared(&a.pool, &opts)
     } else {
         Store::open(&a.pool, &opts)
     }
@@ -60,7 +62,13 @@ fn serve(a: &KvServeArgs) -> CliResult {
         st.keys,
         st.pool_bytes >> 20,
         st.policy,
-        if a.volatile { ", not durable" } else { ", durable on return" },
+        if a.volatile {
+            ", not durable"
+        } else if a.shared {
+            ", durable on return, shared with other processes"
+        } else {
+            ", durable on return"
+        },
         started.elapsed().as_secs_f64(),
         a.bind,
     );
@@ -90,8 +98,8 @@ fn serve(a: &KvServeArgs) -> CliResult {
     Ok(())
 }
 
-/// The pool opened directly, or `None` when a server has it open (then the caller
-/// talks to the server).
+/// The pool opened directly (shared: other processes may have it open shared too), or
+/// `None` when a server has it open on its own (then the caller talks to the server).
 fn open(at: &KvPoolArgs) -> CliResult<Option<Store>> {
     if !at.pool.exists() {
         return Err(CliError::new(format!(
@@ -104,7 +112,9 @@ fn open(at: &KvPoolArgs) -> CliResult<Option<Store>> {
         background_compaction: false,
         ..Options::default()
     };
-    match Store::open(&at.pool, &opts) {
+    // Shared: alongside the processes that have it open shared (a server started with
+    // `--shared` among them), or alone.
+    match Store::open_shared(&at.pool, &opts) {
         Ok(s) => Ok(Some(s)),
         Err(KvError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
         Err(e) => Err(CliError::new(format!("{}: {e}", at.pool.display()))),
@@ -141,11 +151,7 @@ fn get(at: &KvPoolArgs, key: &str) -> CliResult {
         },
     };
     let v = v.ok_or_else(|| CliError::new(format!("{key}: no such key")))?;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(&v).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::broken_pipe()),
-        r => Ok(r?),
-    }
+    print(&v)
 }
 
 fn put(at: &KvPoolArgs, key: &str, value: &str) -> CliResult {
@@ -217,15 +223,24 @@ fn status(at: &KvPoolArgs, json: bool) -> CliResult {
             };
             m.insert(k, val);
         }
-        println!("{}", serde_json::Value::Object(m));
-        return Ok(());
+        let text = format!("{}\n", serde_json::Value::Object(m));
+        return print(text.as_bytes());
     }
-    println!("pool {} (read from the {via})", at.pool.display());
+    let mut text = format!("pool {} (read from the {via})\n", at.pool.display());
     for (k, v) in &pairs {
-        println!(
-            "  {:<28} {v}",
+        text += &format!(
+            "  {:<28} {v}\n",
             k.trim_start_matches("kv_").replace('_', " ")
         );
     }
-    Ok(())
+    print(text.as_bytes())
+}
+
+/// Write `text` on standard output (a reader that went away is not an error to report).
+fn print(text: &[u8]) -> CliResult {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::broken_pipe()),
+        r => Ok(r?),
+    }
 }

@@ -118,6 +118,7 @@ pub fn run(cli: Cli) -> CliResult {
             BenchCommand::Mail(args) => crate::bench::mail(store, &args),
             BenchCommand::MailWorker(args) => crate::bench::mail_worker(&args),
             BenchCommand::SpacejmpWorker(args) => crate::bench::spacejmp_worker(&args),
+            BenchCommand::KvSharedWorker(args) => crate::bench::kv_shared_worker(&args),
             BenchCommand::ShareWorker(args) => crate::bench::share_worker(store, &args),
             BenchCommand::KvChurnWorker(args) => crate::bench::kv_churn_worker(&args),
         },
