@@ -404,3 +404,35 @@ pub fn verify_files(fs: &cairn::Fs, files: &std::collections::BTreeMap<u32, (u32
         );
     }
 }
+
+/// Compile the C program `src` into `exe` against one of Cairn's C libraries, built
+/// next to the `cairn` binary: `lib` (`cairn_sj`, `cairn_kv`), its header under
+/// `crates/<capi>/include`.
+pub fn compile_c_against(src: &Path, exe: &Path, capi: &str, lib: &str) -> PathBuf {
+    let bin_dir = cairn_bin().parent().unwrap().to_path_buf();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let so = bin_dir.join(format!("lib{lib}.so"));
+    assert!(
+        so.is_file(),
+        "{} missing: build the workspace first",
+        so.display()
+    );
+    let cc = Command::new("cc")
+        .arg("-I")
+        .arg(root.join("crates").join(capi).join("include"))
+        .arg(src)
+        .arg("-L")
+        .arg(&bin_dir)
+        .arg(format!("-l{lib}"))
+        .arg(format!("-Wl,-rpath,{}", bin_dir.display()))
+        .arg("-o")
+        .arg(exe)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    exe.to_path_buf()
+}

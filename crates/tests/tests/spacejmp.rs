@@ -1283,28 +1283,7 @@ int main(void) {
 
 /// `src` compiled against `libcairn_sj.so` (next to the `cairn` under test) into `exe`.
 fn compile_c(src: &Path, exe: &Path) -> std::path::PathBuf {
-    let bin_dir = harness::cairn_bin().parent().unwrap().to_path_buf();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let lib = bin_dir.join("libcairn_sj.so");
-    assert!(
-        lib.is_file(),
-        "{} missing: build the workspace first",
-        lib.display()
-    );
-    let cc = Command::new("cc")
-        .arg("-I")
-        .arg(root.join("crates/sj-capi/include"))
-        .arg(src)
-        .arg("-L")
-        .arg(&bin_dir)
-        .arg("-lcairn_sj")
-        .arg(format!("-Wl,-rpath,{}", bin_dir.display()))
-        .arg("-o")
-        .arg(exe)
-        .output()
-        .unwrap();
-    check("cc", &cc);
-    exe.to_path_buf()
+    harness::compile_c_against(src, exe, "sj-capi", "cairn_sj")
 }
 
 /// A child after `fork` cannot use its parent's segments (their mappings are not
