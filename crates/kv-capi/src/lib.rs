@@ -99,6 +99,8 @@ pub extern "C" fn cairn_kv_open_shared(pool: *const c_char, size: u64) -> *mut C
     }
 }
 
+/// (Not `unsafe fn`: a C caller cannot mark a call; the header states the contract.)
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn cairn_kv_close(kv: *mut CairnKv) {
     if !kv.is_null() {
