@@ -10,11 +10,17 @@
 //! Compaction copies the current records of the segments with the best cost-benefit
 //! and frees them once no reader can be in them (epochs).
 //!
+//! Several processes can open one pool at once ([`Store::open_shared`]): the state in
+//! memory is then a region file they all map, and everything a process holds (a bucket
+//! lock, the free list's lock, log heads, a compaction round) names it, so that the
+//! others take it back if it is killed.
+//!
 //! Modules: `format` (the pool's on-media format, pure), `pool` (the file and its
-//! mapping), `index` (the optimistic hash index), `epoch` (readers' epochs), `segment` (the
-//! segments' state and the free list), `head` (the log heads), `log` (the shared state and the write path:
-//! appends, in-place updates), `recover`, `compact`
-//! (compaction and its background threads), `store` (the API).
+//! mapping), `region` (the state in memory as one table of words, and the shared open
+//! protocol), `index` (the optimistic hash index), `epoch` (readers' epochs), `segment`
+//! (the segments' state and the free list), `head` (a process's log heads), `log` (the
+//! store's state and the write path: appends, in-place updates), `recover`, `compact`
+//! (compaction, its background thread, reaping dead processes), `store` (the API).
 #![forbid(unsafe_code)]
 
 mod batch;
