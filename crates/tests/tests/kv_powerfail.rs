@@ -10,8 +10,14 @@
 //! index), read whole (every value must be one that was written: a torn value fails),
 //! compacted completely and read again.
 //!
-//! `CAIRN_KV_PF_OPS`: calls per workload (default 300); `CAIRN_KV_PF_IMAGES`: distinct
-//! images per policy at most (default 4000; 0: no limit).
+//! A second workload runs in two processes at once on one pool opened shared
+//! (`Store::open_shared`), both traced into one trace in one global order: every image
+//! must hold each process's keys as its acknowledged calls left them (or with its call
+//! in flight).
+//!
+//! `CAIRN_KV_PF_OPS`: calls per workload (default 300; per process in the shared one,
+//! half); `CAIRN_KV_PF_IMAGES`: distinct images per policy at most (default 4000; 0: no
+//! limit).
 
 use cairn_crashsim::{Event, Sim, Trace};
 use cairn_kv::{Options, Store, UpdatePolicy};
@@ -235,16 +241,18 @@ struct Report {
     images: usize,
     distinct: usize,
     dropped_hits: u64,
+    /// Calls of two processes were in flight at once (the shared workload).
+    overlapped: bool,
     /// Violations found, and the first 20 described.
     violation_count: usize,
     violations: Vec<String>,
 }
 
-/// What one image recovered to: the state, or why it did not.
-fn recover(path: &Path, image: &[u8], policy: UpdatePolicy) -> Result<State, String> {
+/// What one image recovered to (opened with `opts`): the state, or why it did not.
+fn recover(path: &Path, image: &[u8], opts: &Options) -> Result<State, String> {
     std::fs::write(path, image).map_err(|e| format!("write the image: {e}"))?;
     let r = std::panic::catch_unwind(|| -> Result<State, String> {
-        let store = Store::open(path, &options(policy)).map_err(|e| format!("open: {e}"))?;
+        let store = Store::open(path, opts).map_err(|e| format!("open: {e}"))?;
         let first = read_all(&store)?;
         // Everything compacted: the recovered accounting must hold up (the checked
         // build asserts that no segment's live bytes go below zero).
@@ -265,7 +273,7 @@ fn recover(path: &Path, image: &[u8], policy: UpdatePolicy) -> Result<State, Str
             ));
         }
         drop(store);
-        let again = Store::open(path, &options(policy)).map_err(|e| format!("reopen: {e}"))?;
+        let again = Store::open(path, opts).map_err(|e| format!("reopen: {e}"))?;
         let third = read_all(&again)?;
         if third != first {
             return Err(format!(
@@ -405,7 +413,7 @@ fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
                 let h = sim.image_hash(&c);
                 seen.entry(h).or_insert_with(|| {
                     sim.build(&c, &mut imgs);
-                    recover(&scratch, &imgs[0], POLICIES[w])
+                    recover(&scratch, &imgs[0], &options(POLICIES[w]))
                 });
                 let ok = match &seen[&h] {
                     Ok(st) => {
@@ -512,4 +520,280 @@ fn removing_a_store_fence_is_caught() {
             "removing the fence at {site} went unnoticed"
         );
     }
+}
+
+// ---- Two processes on one shared pool ----
+
+const SHARED_ENV: &str = "CAIRN_KV_PF_SHARED";
+const SHARED_WORKER_ENV: &str = "CAIRN_KV_PF_SHARED_WORKER";
+/// Processes of the shared workload, and the marks' value: `w << 32 | call`.
+const WORKERS: u64 = 2;
+
+/// A pool of eight segments (each process's head, their compaction heads, the reserve
+/// and room for data), no background threads (a process's trace is its calls).
+fn shared_options() -> Options {
+    Options {
+        size: 16 << 20,
+        expected_keys: Some(128),
+        heads: Some(1),
+        background_compaction: false,
+        huge_pages: false,
+        ..Options::default()
+    }
+}
+
+/// Process `w`'s calls: its own keys (`w<w>-key-…`).
+fn worker_ops(w: u64) -> Vec<Op> {
+    let prefix = |k: &Vec<u8>| [format!("w{w}-").into_bytes(), k.clone()].concat();
+    gen_ops(seed() + 1 + w, n_ops() / 2)
+        .into_iter()
+        .map(|op| match op {
+            Op::Put(k, len, fill) => Op::Put(prefix(&k), len, fill),
+            Op::Del(k) => Op::Del(prefix(&k)),
+            Op::Batch(puts) => Op::Batch(
+                puts.into_iter()
+                    .map(|(k, len, fill)| (prefix(&k), len, fill))
+                    .collect(),
+            ),
+            Op::Compact => Op::Compact,
+        })
+        .collect()
+}
+
+/// A worker process of the shared workload: its calls on the pool opened shared,
+/// traced (the trace file its parent made).
+#[test]
+fn shared_worker_child() {
+    let (Some(dir), Some(w)) = (
+        std::env::var_os(SHARED_ENV),
+        std::env::var(SHARED_WORKER_ENV).ok(),
+    ) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let w: u64 = w.parse().expect("worker number");
+    cairn_media::trace::start(&dir.join("trace")).expect("start tracing");
+    let store = Store::open_shared(&dir.join("pool"), &shared_options()).expect("open shared");
+    for (i, op) in worker_ops(w).iter().enumerate() {
+        let mark = w << 32 | i as u64;
+        cairn_media::trace::mark(MARK_BEGIN, mark);
+        match op {
+            Op::Put(k, len, fill) => store.put(k, &vec![*fill; *len]).expect("put"),
+            Op::Del(k) => {
+                store.delete(k).expect("delete");
+            }
+            Op::Batch(puts) => {
+                let mut b = store.batch();
+                for (k, len, fill) in puts {
+                    b.put(k, &vec![*fill; *len]);
+                }
+                b.commit(|r| r.expect("batched put"));
+            }
+            Op::Compact => {
+                store.compact(2).expect("compact");
+                store.reclaim();
+            }
+        }
+        cairn_media::trace::mark(MARK_END, mark);
+    }
+}
+
+/// The shared workload's trace and the pool's image before it.
+fn recorded_shared() -> &'static (Trace, (u64, u64), Vec<u8>) {
+    static R: OnceLock<(Trace, (u64, u64), Vec<u8>)> = OnceLock::new();
+    R.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-pf-kv-shared-")
+            .tempdir_in("/dev/shm")
+            .expect("tempdir");
+        let pool = dir.path().join("pool");
+        drop(Store::open(&pool, &shared_options()).expect("create the pool"));
+        let base = std::fs::read(&pool).expect("base image");
+        cairn_media::trace::create(&dir.path().join("trace"), 1 << 30).expect("trace file");
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|w| {
+                std::process::Command::new(std::env::current_exe().expect("test binary"))
+                    .args(["--exact", "shared_worker_child", "--nocapture"])
+                    .args(["--test-threads=1"])
+                    .env(SHARED_ENV, dir.path())
+                    .env(SHARED_WORKER_ENV, w.to_string())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("a worker")
+            })
+            .collect();
+        for c in workers {
+            let out = c.wait_with_output().expect("a worker");
+            assert!(
+                out.status.success(),
+                "a worker failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let trace = Trace::read(&dir.path().join("trace")).expect("read the trace");
+        let m = std::fs::metadata(&pool).expect("pool");
+        ((trace, (m.dev(), m.ino()), base))
+    })
+}
+
+/// Check the shared workload's crash images (at most `max_distinct`); `drop_sites`:
+/// fault injection.
+fn check_shared(max_distinct: usize, drop_sites: &[String]) -> Report {
+    let (trace, file, base) = recorded_shared();
+    let ops: Vec<Vec<Op>> = (0..WORKERS).map(worker_ops).collect();
+    let states: Vec<Vec<State>> = ops.iter().map(|o| states(o)).collect();
+    let mut sim = Sim::new(*file, base.clone());
+    let dropped: Vec<u32> = trace
+        .sites
+        .iter()
+        .filter(|(_, name)| drop_sites.iter().any(|d| name.contains(d.as_str())))
+        .map(|(&id, _)| id)
+        .collect();
+    assert!(
+        drop_sites.is_empty() || !dropped.is_empty(),
+        "no traced site matches {drop_sites:?}"
+    );
+    sim.drop_sites(dropped);
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-pf-kv-img-")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir");
+    let scratch = dir.path().join("image");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let mut seen: HashMap<u64, Result<State, String>> = HashMap::new();
+    let mut rep = Report::default();
+    let points = trace.events.iter().filter(|e| is_crash_point(e)).count();
+    // Per process: calls acknowledged, and the one in flight.
+    let mut acked = vec![0usize; WORKERS as usize];
+    let mut in_flight: Vec<Option<usize>> = vec![None; WORKERS as usize];
+    let mut imgs = Vec::new();
+    for e in &trace.events {
+        if let Event::Mark { label, value, .. } = e {
+            let (w, i) = ((value >> 32) as usize, (value & 0xffff_ffff) as usize);
+            match *label {
+                MARK_BEGIN => {
+                    rep.overlapped |= in_flight.iter().any(Option::is_some);
+                    in_flight[w] = Some(i);
+                }
+                MARK_END => {
+                    acked[w] = i + 1;
+                    in_flight[w] = None;
+                }
+                _ => {}
+            }
+        }
+        if is_crash_point(e) {
+            let per = if max_distinct == 0 {
+                24
+            } else {
+                let left = max_distinct.saturating_sub(seen.len());
+                (left / (points - rep.crash_points).max(1)).clamp(2, 24)
+            };
+            rep.crash_points += 1;
+            for c in sim.choices(per as u64, per, &mut rng) {
+                rep.images += 1;
+                let h = sim.image_hash(&c);
+                seen.entry(h).or_insert_with(|| {
+                    sim.build(&c, &mut imgs);
+                    recover(&scratch, &imgs[0], &shared_options())
+                });
+                let verdict = match &seen[&h] {
+                    Ok(st) => (0..WORKERS as usize).find_map(|w| {
+                        let prefix = format!("w{w}-").into_bytes();
+                        let mine: State = st
+                            .iter()
+                            .filter(|(k, _)| k.starts_with(&prefix))
+                            .map(|(k, v)| (k.clone(), *v))
+                            .collect();
+                        let (a, s) = (acked[w], &states[w]);
+                        let ok = mine == s[a]
+                            || (in_flight[w].is_some()
+                                && (mine == s[a + 1] || partial(&ops[w][a], &s[a]).contains(&mine)));
+                        (!ok).then(|| {
+                            format!(
+                                "process {w} after {a} acknowledged calls (in flight: {}): recovered {}\n  expected {}",
+                                in_flight[w].map_or("none".into(), |k| format!("#{k} {:?}", ops[w][k])),
+                                show(&mine),
+                                show(&s[a])
+                            )
+                        })
+                    }),
+                    Err(e) => Some(e.clone()),
+                };
+                if let Some(v) = verdict {
+                    rep.violation_count += 1;
+                    if rep.violations.len() < 20 {
+                        let mut lost: Vec<String> = sim
+                            .lost_sites(&c)
+                            .into_iter()
+                            .map(|(s, n)| format!("{n} words at {}", trace.site_name(s)))
+                            .collect();
+                        lost.sort();
+                        rep.violations
+                            .push(format!("{v}\n  lost: {}", lost.join(", ")));
+                    }
+                }
+            }
+        }
+        sim.step(e);
+    }
+    rep.distinct = seen.len();
+    rep.dropped_hits = sim.dropped_hits;
+    rep
+}
+
+/// Two processes writing their own keys into one shared pool at once (compacting it
+/// too, each other's records included): every crash image recovers to each process's
+/// acknowledged calls (or with its call in flight).
+#[test]
+fn every_crash_image_of_a_shared_store_recovers() {
+    let max = env_or("CAIRN_KV_PF_IMAGES", 4000) as usize / 4;
+    let t = std::time::Instant::now();
+    let rep = check_shared(max, &[]);
+    assert!(
+        rep.overlapped,
+        "the two processes never had calls in flight at once"
+    );
+    let (trace, _, _) = recorded_shared();
+    for w in 0..WORKERS {
+        let last = (w << 32) | (worker_ops(w).len() as u64 - 1);
+        assert!(
+            trace
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::Mark { label: MARK_END, value, .. } if *value == last)),
+            "process {w} did not finish"
+        );
+    }
+    eprintln!(
+        "kv power failure, two processes: {} crash points, {} images checked, {} distinct, {} violations, {:.1} s",
+        rep.crash_points,
+        rep.images,
+        rep.distinct,
+        rep.violation_count,
+        t.elapsed().as_secs_f64()
+    );
+    assert!(rep.distinct > 300, "too few images: {rep:?}");
+
+    assert!(
+        rep.violations.is_empty(),
+        "{} violations; the first:\n{}",
+        rep.violation_count,
+        rep.violations.join("\n")
+    );
+}
+
+/// The shared workload's simulation catches a missing fence too: without the one after
+/// an appended record, an acknowledged put of one of the processes can be lost.
+#[test]
+fn removing_a_store_fence_is_caught_with_two_processes() {
+    let site = fence_after("crates/kv/src/log.rs", "self.put_bytes(loc, &rec)?;");
+    let rep = check_shared(400, std::slice::from_ref(&site));
+    assert!(rep.dropped_hits > 0, "the fence at {site} was never traced");
+    assert!(
+        !rep.violations.is_empty(),
+        "removing the fence at {site} went unnoticed"
+    );
 }
