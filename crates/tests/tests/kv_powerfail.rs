@@ -634,7 +634,7 @@ fn recorded_shared() -> &'static (Trace, (u64, u64), Vec<u8>) {
         }
         let trace = Trace::read(&dir.path().join("trace")).expect("read the trace");
         let m = std::fs::metadata(&pool).expect("pool");
-        ((trace, (m.dev(), m.ino()), base))
+        (trace, (m.dev(), m.ino()), base)
     })
 }
 
