@@ -346,33 +346,146 @@ fn show(st: &State) -> String {
     v.join(" ")
 }
 
+/// A trace's crash images: the simulator over a pool, each distinct image built and
+/// recovered once, the images of each crash point judged, the report.
+struct Images<'t> {
+    trace: &'t Trace,
+    sim: Sim,
+    opts: Options,
+    _dir: tempfile::TempDir,
+    scratch: PathBuf,
+    rng: rand::rngs::StdRng,
+    seen: HashMap<u64, Result<State, String>>,
+    imgs: Vec<Vec<u8>>,
+    /// Distinct images at most (0: 24 per crash point), over `points` crash points.
+    max_distinct: usize,
+    points: usize,
+    rep: Report,
+}
+
+impl<'t> Images<'t> {
+    /// The images of `events` (of `trace`), from the pool `file` whose image before the
+    /// trace is `base`, recovered with `opts`; `drop_sites`: fault injection.
+    fn new(
+        trace: &'t Trace,
+        events: &[Event],
+        (file, base): ((u64, u64), Vec<u8>),
+        opts: Options,
+        max_distinct: usize,
+        drop_sites: &[String],
+    ) -> Images<'t> {
+        let mut sim = Sim::new(file, base);
+        let dropped: Vec<u32> = trace
+            .sites
+            .iter()
+            .filter(|(_, name)| drop_sites.iter().any(|d| name.contains(d.as_str())))
+            .map(|(&id, _)| id)
+            .collect();
+        assert!(
+            drop_sites.is_empty() || !dropped.is_empty(),
+            "no traced site matches {drop_sites:?}"
+        );
+        sim.drop_sites(dropped);
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-pf-kv-img-")
+            .tempdir_in("/dev/shm")
+            .expect("tempdir");
+        Images {
+            trace,
+            sim,
+            opts,
+            scratch: dir.path().join("image"),
+            _dir: dir,
+            rng: rand::rngs::StdRng::seed_from_u64(1),
+            seen: HashMap::new(),
+            imgs: Vec::new(),
+            max_distinct,
+            points: events.iter().filter(|e| is_crash_point(e)).count(),
+            rep: Report::default(),
+        }
+    }
+
+    /// A crash point: its images, each judged by `verdict` (`None`: allowed, else
+    /// what is wrong).
+    fn at_point(&mut self, verdict: impl Fn(&Result<State, String>) -> Option<String>) {
+        let per = if self.max_distinct == 0 {
+            24
+        } else {
+            let left = self.max_distinct.saturating_sub(self.seen.len());
+            (left / (self.points - self.rep.crash_points).max(1)).clamp(2, 24)
+        };
+        self.rep.crash_points += 1;
+        for c in self.sim.choices(per as u64, per, &mut self.rng) {
+            self.rep.images += 1;
+            let h = self.sim.image_hash(&c);
+            if !self.seen.contains_key(&h) {
+                self.sim.build(&c, &mut self.imgs);
+                let r = recover(&self.scratch, &self.imgs[0], &self.opts);
+                self.seen.insert(h, r);
+            }
+            let Some(wrong) = verdict(&self.seen[&h]) else {
+                continue;
+            };
+            self.rep.violation_count += 1;
+            if self.rep.violations.len() < 20 {
+                let mut lost: Vec<String> = self
+                    .sim
+                    .lost_sites(&c)
+                    .into_iter()
+                    .map(|(s, n)| format!("{n} words at {}", self.trace.site_name(s)))
+                    .collect();
+                lost.sort();
+                self.rep
+                    .violations
+                    .push(format!("{wrong}\n  lost: {}", lost.join(", ")));
+            }
+        }
+    }
+
+    fn step(&mut self, e: &Event) {
+        self.sim.step(e);
+    }
+
+    fn report(mut self) -> Report {
+        self.rep.distinct = self.seen.len();
+        self.rep.dropped_hits = self.sim.dropped_hits;
+        self.rep
+    }
+}
+
+/// What a key's values in an image say against the state expected (`None`: allowed):
+/// after the acknowledged calls, or with the call in flight (whole, or for a batch a
+/// prefix of it).
+fn judge(
+    got: &Result<State, String>,
+    ops: &[Op],
+    states: &[State],
+    acked: usize,
+    in_flight: Option<usize>,
+    mine: impl Fn(&State) -> State,
+) -> Option<String> {
+    let st = match got {
+        Ok(st) => mine(st),
+        Err(e) => return Some(e.clone()),
+    };
+    let ok = st == states[acked]
+        || (in_flight.is_some()
+            && (st == states[acked + 1] || partial(&ops[acked], &states[acked]).contains(&st)));
+    (!ok).then(|| {
+        format!(
+            "after {acked} acknowledged calls (in flight: {}): recovered {}\n  expected {}",
+            in_flight.map_or("none".into(), |k| format!("#{k} {:?}", ops[k])),
+            show(&st),
+            show(&states[acked])
+        )
+    })
+}
+
 /// Check the crash images of policy `w`'s workload; `drop_sites`: fault injection.
 fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
     let r = recorded();
     let ops = gen_ops(seed(), n_ops());
     let states = states(&ops);
-    let (file, base) = r.pools[w].clone();
-    let mut sim = Sim::new(file, base);
-    let dropped: Vec<u32> = r
-        .trace
-        .sites
-        .iter()
-        .filter(|(_, name)| drop_sites.iter().any(|d| name.contains(d.as_str())))
-        .map(|(&id, _)| id)
-        .collect();
-    assert!(
-        drop_sites.is_empty() || !dropped.is_empty(),
-        "no traced site matches {drop_sites:?}"
-    );
-    sim.drop_sites(dropped);
-    let dir = tempfile::Builder::new()
-        .prefix("cairn-pf-kv-img-")
-        .tempdir_in("/dev/shm")
-        .expect("tempdir");
-    let scratch = dir.path().join("image");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let mut seen: HashMap<u64, Result<State, String>> = HashMap::new();
-    let mut rep = Report::default();
     let events = &r.trace.events;
     let start = events
         .iter()
@@ -392,65 +505,25 @@ fn check(w: usize, max_distinct: usize, drop_sites: &[String]) -> Report {
             )
         })
         .map_or(events.len(), |p| start + 1 + p);
-    let points = events[start..end]
-        .iter()
-        .filter(|e| is_crash_point(e))
-        .count();
+    let mut images = Images::new(
+        &r.trace,
+        &events[start..end],
+        r.pools[w].clone(),
+        options(POLICIES[w]),
+        max_distinct,
+        drop_sites,
+    );
     let (mut acked, mut in_flight) = (0usize, None::<usize>);
-    let mut imgs = Vec::new();
     for e in &events[start..end] {
-        let point = follow_marks(e, &mut acked, &mut in_flight);
-        if point {
-            let per = if max_distinct == 0 {
-                24
-            } else {
-                let left = max_distinct.saturating_sub(seen.len());
-                (left / (points - rep.crash_points).max(1)).clamp(2, 24)
-            };
-            rep.crash_points += 1;
-            for c in sim.choices(per as u64, per, &mut rng) {
-                rep.images += 1;
-                let h = sim.image_hash(&c);
-                seen.entry(h).or_insert_with(|| {
-                    sim.build(&c, &mut imgs);
-                    recover(&scratch, &imgs[0], &options(POLICIES[w]))
-                });
-                let ok = match &seen[&h] {
-                    Ok(st) => {
-                        *st == states[acked]
-                            || (in_flight.is_some()
-                                && (*st == states[acked + 1]
-                                    || partial(&ops[acked], &states[acked]).contains(st)))
-                    }
-                    Err(_) => false,
-                };
-                rep.violation_count += usize::from(!ok);
-                if !ok && rep.violations.len() < 20 {
-                    let got = match &seen[&h] {
-                        Ok(st) => show(st),
-                        Err(e) => e.clone(),
-                    };
-                    let mut lost: Vec<String> = sim
-                        .lost_sites(&c)
-                        .into_iter()
-                        .map(|(s, n)| format!("{n} words at {}", r.trace.site_name(s)))
-                        .collect();
-                    lost.sort();
-                    rep.violations.push(format!(
-                        "{:?}: after {acked} acknowledged calls (in flight: {}): recovered {got}\n  expected {}\n  lost: {}",
-                        POLICIES[w],
-                        in_flight.map_or("none".into(), |k| format!("#{k} {:?}", ops[k])),
-                        show(&states[acked]),
-                        lost.join(", ")
-                    ));
-                }
-            }
+        if follow_marks(e, &mut acked, &mut in_flight) {
+            images.at_point(|got| {
+                judge(got, &ops, &states, acked, in_flight, State::clone)
+                    .map(|v| format!("{:?}: {v}", POLICIES[w]))
+            });
         }
-        sim.step(e);
+        images.step(e);
     }
-    rep.distinct = seen.len();
-    rep.dropped_hits = sim.dropped_hits;
-    rep
+    images.report()
 }
 
 #[test]
@@ -574,9 +647,22 @@ fn shared_worker_child() {
     let w: u64 = w.parse().expect("worker number");
     cairn_media::trace::start(&dir.join("trace")).expect("start tracing");
     let store = Store::open_shared(&dir.join("pool"), &shared_options()).expect("open shared");
-    for (i, op) in worker_ops(w).iter().enumerate() {
+    // Lock step: each process's call `i` begins, then waits until the other's has
+    // begun too, so that calls of the two are in flight at once (a loaded machine
+    // would otherwise run one process after the other).
+    let begun = cairn_media::words::Words::file(&dir.join("begun"), WORKERS as usize)
+        .expect("the lock-step words");
+    let other = &begun.get()[(1 - w) as usize];
+    let ops = worker_ops(w);
+    for (i, op) in ops.iter().enumerate() {
         let mark = w << 32 | i as u64;
         cairn_media::trace::mark(MARK_BEGIN, mark);
+        begun.get()[w as usize].store(i as u64 + 1, std::sync::atomic::Ordering::SeqCst);
+        let since = std::time::Instant::now();
+        while other.load(std::sync::atomic::Ordering::SeqCst) < i as u64 + 1 {
+            assert!(since.elapsed().as_secs() < 60, "the other process stopped");
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
         match op {
             Op::Put(k, len, fill) => store.put(k, &vec![*fill; *len]).expect("put"),
             Op::Del(k) => {
@@ -644,37 +730,25 @@ fn check_shared(max_distinct: usize, drop_sites: &[String]) -> Report {
     let (trace, file, base) = recorded_shared();
     let ops: Vec<Vec<Op>> = (0..WORKERS).map(worker_ops).collect();
     let states: Vec<Vec<State>> = ops.iter().map(|o| states(o)).collect();
-    let mut sim = Sim::new(*file, base.clone());
-    let dropped: Vec<u32> = trace
-        .sites
-        .iter()
-        .filter(|(_, name)| drop_sites.iter().any(|d| name.contains(d.as_str())))
-        .map(|(&id, _)| id)
-        .collect();
-    assert!(
-        drop_sites.is_empty() || !dropped.is_empty(),
-        "no traced site matches {drop_sites:?}"
+    let mut images = Images::new(
+        trace,
+        &trace.events,
+        (*file, base.clone()),
+        shared_options(),
+        max_distinct,
+        drop_sites,
     );
-    sim.drop_sites(dropped);
-    let dir = tempfile::Builder::new()
-        .prefix("cairn-pf-kv-img-")
-        .tempdir_in("/dev/shm")
-        .expect("tempdir");
-    let scratch = dir.path().join("image");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-    let mut seen: HashMap<u64, Result<State, String>> = HashMap::new();
-    let mut rep = Report::default();
-    let points = trace.events.iter().filter(|e| is_crash_point(e)).count();
+    images.rng = rand::rngs::StdRng::seed_from_u64(2);
     // Per process: calls acknowledged, and the one in flight.
     let mut acked = vec![0usize; WORKERS as usize];
     let mut in_flight: Vec<Option<usize>> = vec![None; WORKERS as usize];
-    let mut imgs = Vec::new();
+    let mut overlapped = false;
     for e in &trace.events {
         if let Event::Mark { label, value, .. } = e {
             let (w, i) = ((value >> 32) as usize, (value & 0xffff_ffff) as usize);
             match *label {
                 MARK_BEGIN => {
-                    rep.overlapped |= in_flight.iter().any(Option::is_some);
+                    overlapped |= in_flight.iter().any(Option::is_some);
                     in_flight[w] = Some(i);
                 }
                 MARK_END => {
@@ -685,62 +759,24 @@ fn check_shared(max_distinct: usize, drop_sites: &[String]) -> Report {
             }
         }
         if is_crash_point(e) {
-            let per = if max_distinct == 0 {
-                24
-            } else {
-                let left = max_distinct.saturating_sub(seen.len());
-                (left / (points - rep.crash_points).max(1)).clamp(2, 24)
-            };
-            rep.crash_points += 1;
-            for c in sim.choices(per as u64, per, &mut rng) {
-                rep.images += 1;
-                let h = sim.image_hash(&c);
-                seen.entry(h).or_insert_with(|| {
-                    sim.build(&c, &mut imgs);
-                    recover(&scratch, &imgs[0], &shared_options())
-                });
-                let verdict = match &seen[&h] {
-                    Ok(st) => (0..WORKERS as usize).find_map(|w| {
-                        let prefix = format!("w{w}-").into_bytes();
-                        let mine: State = st
-                            .iter()
+            images.at_point(|got| {
+                (0..WORKERS as usize).find_map(|w| {
+                    let prefix = format!("w{w}-").into_bytes();
+                    let mine = |st: &State| -> State {
+                        st.iter()
                             .filter(|(k, _)| k.starts_with(&prefix))
                             .map(|(k, v)| (k.clone(), *v))
-                            .collect();
-                        let (a, s) = (acked[w], &states[w]);
-                        let ok = mine == s[a]
-                            || (in_flight[w].is_some()
-                                && (mine == s[a + 1] || partial(&ops[w][a], &s[a]).contains(&mine)));
-                        (!ok).then(|| {
-                            format!(
-                                "process {w} after {a} acknowledged calls (in flight: {}): recovered {}\n  expected {}",
-                                in_flight[w].map_or("none".into(), |k| format!("#{k} {:?}", ops[w][k])),
-                                show(&mine),
-                                show(&s[a])
-                            )
-                        })
-                    }),
-                    Err(e) => Some(e.clone()),
-                };
-                if let Some(v) = verdict {
-                    rep.violation_count += 1;
-                    if rep.violations.len() < 20 {
-                        let mut lost: Vec<String> = sim
-                            .lost_sites(&c)
-                            .into_iter()
-                            .map(|(s, n)| format!("{n} words at {}", trace.site_name(s)))
-                            .collect();
-                        lost.sort();
-                        rep.violations
-                            .push(format!("{v}\n  lost: {}", lost.join(", ")));
-                    }
-                }
-            }
+                            .collect()
+                    };
+                    judge(got, &ops[w], &states[w], acked[w], in_flight[w], mine)
+                        .map(|v| format!("process {w}: {v}"))
+                })
+            });
         }
-        sim.step(e);
+        images.step(e);
     }
-    rep.distinct = seen.len();
-    rep.dropped_hits = sim.dropped_hits;
+    let mut rep = images.report();
+    rep.overlapped = overlapped;
     rep
 }
 
