@@ -161,7 +161,17 @@ impl Core {
                 let g = self.index.lock_key(h);
                 self.index
                     .set(&g, h, &|l| self.key_is(l, key), f.loc)
-                    .map_err(|()| KvError::IndexFull)?;
+                    .map_err(|()| {
+                        KvError::Io(std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            format!(
+                                "the pool holds more keys than an index of {} buckets has \
+                                 room for: open it with a larger expected_keys \
+                                 (`cairn kv serve --expected-keys N`)",
+                                self.index.buckets()
+                            ),
+                        ))
+                    })?;
                 self.region.keys().fetch_add(1, Ordering::Relaxed);
                 self.region.data().fetch_add(f.data, Ordering::Relaxed);
             }

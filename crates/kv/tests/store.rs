@@ -128,6 +128,30 @@ fn bad_sizes_and_a_full_pool_are_errors() {
     assert_eq!(get(&s, b"again").unwrap(), v);
 }
 
+/// A pool holding more keys than the index it is opened with has room for: the
+/// opening fails and says what to do (a larger `expected_keys`), which then opens it
+/// whole.
+#[test]
+fn a_pool_outgrowing_its_index_says_how_to_open_it() {
+    let pf = PoolFile::new("outgrown");
+    let with = |keys: u64| Options {
+        size: 16 << 20,
+        expected_keys: Some(keys),
+        ..Options::default()
+    };
+    let s = Store::open(&pf.0, &with(2000)).unwrap();
+    for i in 0..1500u32 {
+        s.put(&i.to_le_bytes(), b"v").unwrap();
+    }
+    drop(s);
+    let err = Store::open(&pf.0, &with(64))
+        .err()
+        .expect("too small an index");
+    assert!(err.to_string().contains("expected_keys"), "{err}");
+    let s = Store::open(&pf.0, &with(4000)).unwrap();
+    assert_eq!(s.len(), 1500);
+}
+
 #[test]
 fn a_torn_record_ends_its_segment_at_recovery() {
     let pf = PoolFile::new("torn");
