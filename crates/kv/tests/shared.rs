@@ -346,3 +346,69 @@ fn shared_and_sole_opens_exclude_each_other() {
     assert!(!region_of(&pf.0).exists(), "a failed opening left a region");
     drop(sole);
 }
+
+/// A pool whose recovery takes a while (300,000 keys).
+fn big() -> Options {
+    Options {
+        size: 256 << 20,
+        expected_keys: Some(400_000),
+        ..Options::default()
+    }
+}
+
+/// The first process to open a pool builds the region by recovery; killed in the
+/// middle of it, it leaves a region the next opener rebuilds (the pool whole), and no
+/// one is admitted to a half-built one.
+#[test]
+fn a_first_opener_killed_while_it_recovers_leaves_nothing_half_built() {
+    if let Some((role, pool)) = role() {
+        assert_eq!(role, "recover");
+        println!("opening");
+        std::io::stdout().flush().unwrap();
+        let _s = Store::open_shared(&pool, &big()).unwrap();
+        println!("opened");
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let pf = PoolFile::new("shared-first-killed");
+    {
+        let s = Store::open(&pf.0, &big()).unwrap();
+        for i in 0..300_000u64 {
+            s.put(&i.to_le_bytes(), &value_of(i, 1, 40)).unwrap();
+        }
+    }
+    let mut killed_while_opening = 0;
+    for round in 0..3 {
+        let mut c = child(
+            "a_first_opener_killed_while_it_recovers_leaves_nothing_half_built",
+            "recover",
+            &pf.0,
+        )
+        .spawn()
+        .unwrap();
+        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+        let mut line = String::new();
+        // (The test harness prints its own words first, on the same line too.)
+        while !line.trim_end().ends_with("opening") {
+            line.clear();
+            assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
+        }
+        std::thread::sleep(Duration::from_millis([1, 20, 60][round]));
+        kill9(c.id());
+        c.wait().unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        killed_while_opening += usize::from(!rest.contains("opened"));
+        let s = within(Duration::from_secs(60), "opening after a kill", || {
+            Store::open_shared(&pf.0, &big()).unwrap()
+        });
+        assert_eq!(s.len(), 300_000, "round {round}");
+        for i in (0..300_000u64).step_by(997) {
+            let v = get(&s, &i.to_le_bytes()).expect("a key");
+            assert_eq!(check_value(i, &v), 1);
+        }
+    }
+    assert!(killed_while_opening > 0, "no kill landed during an opening");
+    assert!(!region_of(&pf.0).exists());
+}
