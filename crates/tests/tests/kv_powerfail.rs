@@ -532,22 +532,28 @@ fn every_crash_image_of_the_store_recovers() {
     for (w, policy) in POLICIES.iter().enumerate() {
         let t = std::time::Instant::now();
         let rep = check(w, max, &[]);
-        eprintln!(
-            "kv power failure, {policy:?}: {} crash points, {} images checked, {} distinct, {} violations, {:.1} s",
-            rep.crash_points,
-            rep.images,
-            rep.distinct,
-            rep.violation_count,
-            t.elapsed().as_secs_f64()
-        );
-        assert!(rep.distinct > 500, "too few images: {rep:?}");
-        assert!(
-            rep.violations.is_empty(),
-            "{} violations; the first:\n{}",
-            rep.violation_count,
-            rep.violations.join("\n")
-        );
+        passes(&format!("{policy:?}"), &rep, 500, t);
     }
+}
+
+/// Print what `rep` checked (since `t`), and fail on a violation or on fewer than
+/// `min_distinct` distinct images.
+fn passes(what: &str, rep: &Report, min_distinct: usize, t: std::time::Instant) {
+    eprintln!(
+        "kv power failure, {what}: {} crash points, {} images checked, {} distinct, {} violations, {:.1} s",
+        rep.crash_points,
+        rep.images,
+        rep.distinct,
+        rep.violation_count,
+        t.elapsed().as_secs_f64()
+    );
+    assert!(rep.distinct > min_distinct, "too few images: {rep:?}");
+    assert!(
+        rep.violations.is_empty(),
+        "{} violations; the first:\n{}",
+        rep.violation_count,
+        rep.violations.join("\n")
+    );
 }
 
 /// The simulator sees a missing persistence point of the store: without the fence that
@@ -803,22 +809,7 @@ fn every_crash_image_of_a_shared_store_recovers() {
             "process {w} did not finish"
         );
     }
-    eprintln!(
-        "kv power failure, two processes: {} crash points, {} images checked, {} distinct, {} violations, {:.1} s",
-        rep.crash_points,
-        rep.images,
-        rep.distinct,
-        rep.violation_count,
-        t.elapsed().as_secs_f64()
-    );
-    assert!(rep.distinct > 300, "too few images: {rep:?}");
-
-    assert!(
-        rep.violations.is_empty(),
-        "{} violations; the first:\n{}",
-        rep.violation_count,
-        rep.violations.join("\n")
-    );
+    passes("two processes", &rep, 300, t);
 }
 
 /// The shared workload's simulation catches a missing fence too: without the one after
