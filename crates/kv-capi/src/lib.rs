@@ -115,7 +115,7 @@ fn args<'a>(kv: *mut CairnKv, key: *const c_void, key_len: usize) -> Option<(&'a
     match (store(kv), bytes(key, key_len)) {
         (Some(s), Some(k)) => Some((s, k)),
         _ => {
-            fail(libc::EINVAL, "a NULL store, key or value".into());
+            fail(libc::EINVAL, "a NULL store or key".into());
             None
         }
     }
@@ -129,8 +129,11 @@ pub extern "C" fn cairn_kv_put(
     value: *const c_void,
     value_len: usize,
 ) -> c_int {
-    let (Some((s, k)), Some(v)) = (args(kv, key, key_len), bytes(value, value_len)) else {
-        fail(libc::EINVAL, "a NULL store, key or value".into());
+    let Some((s, k)) = args(kv, key, key_len) else {
+        return -1;
+    };
+    let Some(v) = bytes(value, value_len) else {
+        fail(libc::EINVAL, "a NULL value".into());
         return -1;
     };
     match s.put(k, v) {

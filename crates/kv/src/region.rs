@@ -277,7 +277,6 @@ impl RegionLock {
 /// its own: `flock`s belong to open files).
 pub(crate) struct SharedOpen {
     users: File,
-    region: PathBuf,
 }
 
 /// A shared store being opened: whether the caller is the first (it must recover the
@@ -328,10 +327,7 @@ impl SharedOpen {
                 ),
             ));
         }
-        let hold = SharedOpen {
-            users,
-            region: lock.path.clone(),
-        };
+        let hold = SharedOpen { users };
         match cairn_media::sys::flock_exclusive(&hold.users, true) {
             Ok(()) => {
                 // Alone: a new region (an old one is what processes now gone left).
@@ -433,8 +429,7 @@ impl Drop for SharedOpen {
             return;
         };
         let _ = cairn_media::sys::flock_unlock(&self.users);
-        if lock.path == self.region && cairn_media::sys::flock_exclusive(&self.users, true).is_ok()
-        {
+        if cairn_media::sys::flock_exclusive(&self.users, true).is_ok() {
             let _ = std::fs::remove_file(&lock.path);
         }
     }

@@ -123,12 +123,6 @@ impl LockWord<'_> {
             .then_some(Taken::FromDead(w))
     }
 
-    /// Take the lock without waiting (a dead holder's too); `None` while a live thread
-    /// holds it.
-    pub fn try_lock(&self) -> Option<Taken> {
-        self.attempt(thread_word(), true)
-    }
-
     /// Take the lock, waiting while a live thread holds it: spinning a little, then
     /// yielding, then sleeping (the holder may be a preempted thread that needs the
     /// CPU); whether the holder is gone is looked at now and then (it reads `/proc`).
@@ -185,7 +179,11 @@ mod tests {
             .unwrap();
         let child_word = word_of(child.id());
         lock.0.store(child_word, SeqCst);
-        assert_eq!(lock.try_lock(), None, "a live holder keeps it");
+        assert_eq!(
+            lock.attempt(thread_word(), true),
+            None,
+            "a live holder keeps it"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(lock.lock(), Taken::FromDead(child_word));

@@ -172,26 +172,31 @@ fn record_child() {
         let store = Store::open(p, &options(policy)).expect("open the pool");
         for (i, op) in ops.iter().enumerate() {
             cairn_media::trace::mark(MARK_BEGIN, i as u64);
-            match op {
-                Op::Put(k, len, fill) => store.put(k, &vec![*fill; *len]).expect("put"),
-                Op::Del(k) => {
-                    store.delete(k).expect("delete");
-                }
-                Op::Batch(puts) => {
-                    let mut b = store.batch();
-                    for (k, len, fill) in puts {
-                        b.put(k, &vec![*fill; *len]);
-                    }
-                    b.commit(|r| r.expect("batched put"));
-                }
-                Op::Compact => {
-                    store.compact(2).expect("compact");
-                    store.reclaim();
-                }
-            }
+            apply(&store, op);
             cairn_media::trace::mark(MARK_END, i as u64);
         }
         drop(store);
+    }
+}
+
+/// Make call `op` on `store`.
+fn apply(store: &Store, op: &Op) {
+    match op {
+        Op::Put(k, len, fill) => store.put(k, &vec![*fill; *len]).expect("put"),
+        Op::Del(k) => {
+            store.delete(k).expect("delete");
+        }
+        Op::Batch(puts) => {
+            let mut b = store.batch();
+            for (k, len, fill) in puts {
+                b.put(k, &vec![*fill; *len]);
+            }
+            b.commit(|r| r.expect("batched put"));
+        }
+        Op::Compact => {
+            store.compact(2).expect("compact");
+            store.reclaim();
+        }
     }
 }
 
@@ -669,23 +674,7 @@ fn shared_worker_child() {
             assert!(since.elapsed().as_secs() < 60, "the other process stopped");
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
-        match op {
-            Op::Put(k, len, fill) => store.put(k, &vec![*fill; *len]).expect("put"),
-            Op::Del(k) => {
-                store.delete(k).expect("delete");
-            }
-            Op::Batch(puts) => {
-                let mut b = store.batch();
-                for (k, len, fill) in puts {
-                    b.put(k, &vec![*fill; *len]);
-                }
-                b.commit(|r| r.expect("batched put"));
-            }
-            Op::Compact => {
-                store.compact(2).expect("compact");
-                store.reclaim();
-            }
-        }
+        apply(&store, op);
         cairn_media::trace::mark(MARK_END, mark);
     }
 }

@@ -229,7 +229,8 @@ fn redis_benchmark(a: &KvSharedArgs, target: &[String]) -> CliResult<Vec<(String
         .collect())
 }
 
-/// A pool file removed (with its region, if a client left one) at drop.
+/// A pool file removed at drop (its region is removed by the last process to close
+/// the store, this one).
 struct PoolFile(PathBuf);
 
 impl Drop for PoolFile {
