@@ -612,9 +612,10 @@ impl Region {
         self.madvise(off, len, MADV_POPULATE_READ)
     }
 
-    /// Back `[off, off + len)` (2 MiB aligned) with huge pages now (`MADV_COLLAPSE`).
+    /// Back `[off, off + len)` (2 MiB aligned) with huge pages now (`MADV_COLLAPSE`;
+    /// `EAGAIN`, pages busy, is retried a few times).
     pub fn collapse(&self, off: usize, len: usize) -> io::Result<()> {
-        self.madvise(off, len, libc::MADV_COLLAPSE)
+        crate::huge::retry_busy(|| self.madvise(off, len, libc::MADV_COLLAPSE))
     }
 
     /// The pages of `[off, off + len)` this process wrote in a private region (its own

@@ -157,6 +157,22 @@ pub(crate) fn area_of(line: &str) -> Option<(usize, usize)> {
     Some((a, b))
 }
 
+/// Run a collapse (`MADV_COLLAPSE`, here or in another process) and, while the kernel
+/// answers `EAGAIN` (a page locked, off the LRU or in use for a moment), try it again up
+/// to four times, after 2, 4, 8 and 16 ms.
+pub(crate) fn retry_busy<T>(mut collapse: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut tries = 0;
+    loop {
+        match collapse() {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 4 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1 << tries));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Minor page faults of this process so far (`/proc/self/stat`, field 10).
 pub fn minor_faults() -> u64 {
     let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();

@@ -417,22 +417,16 @@ impl Mapping {
                 "collapse of a range that is not 2 MiB aligned in the mapping",
             ));
         }
-        let mut tries = 0;
-        loop {
+        huge::retry_busy(|| {
             // SAFETY: the range lies inside this mapping (checked above); MADV_COLLAPSE
             // does not change its contents or its protection.
             let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_COLLAPSE) };
             if r == 0 {
-                return Ok(());
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
             }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EAGAIN) && tries < 4 {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(1 << tries));
-                continue;
-            }
-            return Err(e);
-        }
+        })
     }
 }
 
@@ -734,30 +728,32 @@ pub mod sys {
     /// `process_madvise(pidfd, [addr, addr + len), MADV_COLLAPSE)` (Linux 6.1): ask the
     /// kernel to back that range of the process `pidfd` names with huge pages now
     /// (copying its base pages into a 2 MiB page; holes are filled with zeros). The bytes
-    /// advised.
+    /// advised. `EAGAIN` (pages busy) is retried a few times.
     pub fn collapse_remote(pidfd: &std::os::fd::OwnedFd, addr: u64, len: u64) -> io::Result<usize> {
         let iov = libc::iovec {
             iov_base: addr as *mut libc::c_void,
             iov_len: len as usize,
         };
-        // SAFETY: the kernel reads one `iovec` from `iov`, which lives for the call, and
-        // a descriptor the caller owns; the range it names is in the other process and is
-        // only advised, never dereferenced here.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_process_madvise,
-                pidfd.as_raw_fd(),
-                &iov as *const libc::iovec,
-                1usize,
-                libc::MADV_COLLAPSE,
-                0u32,
-            )
-        };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
+        crate::huge::retry_busy(|| {
+            // SAFETY: the kernel reads one `iovec` from `iov`, which lives for the call,
+            // and a descriptor the caller owns; the range it names is in the other process
+            // and is only advised, never dereferenced here.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_process_madvise,
+                    pidfd.as_raw_fd(),
+                    &iov as *const libc::iovec,
+                    1usize,
+                    libc::MADV_COLLAPSE,
+                    0u32,
+                )
+            };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        })
     }
 
     /// `PAGEMAP_SCAN` categories (Linux 6.7, `linux/fs.h`): a page is present, and is
