@@ -523,7 +523,7 @@ pub enum SjVasCommand {
 
 #[derive(Debug, Args)]
 pub struct KvPoolArgs {
-    /// Pool file [default: /dev/shm/cairn-kv.pool]
+    /// Pool file
     #[arg(long, value_name = "PATH", default_value = "/dev/shm/cairn-kv.pool")]
     pub pool: PathBuf,
     /// Port of the server that has the pool open, used when it is (127.0.0.1)
@@ -566,7 +566,7 @@ pub enum KvCommand {
 
 #[derive(Debug, Args)]
 pub struct KvServeArgs {
-    /// Pool file (created if missing) [default: /dev/shm/cairn-kv.pool]
+    /// Pool file (created if missing)
     #[arg(long, value_name = "PATH", default_value = "/dev/shm/cairn-kv.pool")]
     pub pool: PathBuf,
     /// Size of a new pool (e.g. 256M, 4G)

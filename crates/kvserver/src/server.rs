@@ -69,6 +69,11 @@ impl Conn {
                         self.inb.reserve(w.min(MAX_PREALLOC));
                     }
                     self.run(sh);
+                    if n < scratch.len() {
+                        // Drained, most likely: no second read to hear `EAGAIN` (the
+                        // set is level-triggered; anything more wakes it again).
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

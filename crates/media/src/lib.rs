@@ -865,8 +865,6 @@ pub mod sys {
         Ok(())
     }
 
-    /// The CPU the calling thread runs on now (for per-core structures; it may have
-    /// moved by the time the caller uses it).
     /// Milliseconds of the system's monotonic clock: the same in every process (unlike
     /// an `Instant`, which a process cannot hand to another).
     pub fn monotonic_ms() -> u64 {
@@ -874,6 +872,8 @@ pub mod sys {
         t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
     }
 
+    /// The CPU the calling thread runs on now (for per-core structures; it may have
+    /// moved by the time the caller uses it).
     pub fn current_cpu() -> usize {
         rustix::thread::sched_getcpu()
     }
@@ -883,6 +883,22 @@ pub mod sys {
         let mut set = rustix::thread::CpuSet::new();
         set.set(cpu);
         Ok(rustix::thread::sched_setaffinity(None, &set)?)
+    }
+
+    /// Give the calling thread a tenth of the CPU time of a thread at the usual priority
+    /// when they compete (nice 10; per thread, allowed without privileges): for work
+    /// that helps later but must not slow what runs now. Not `SCHED_IDLE`: such a thread
+    /// starves under load while it may hold a lock (a page's, in the kernel) that a
+    /// busy thread waits for.
+    pub fn background_priority() -> io::Result<()> {
+        // SAFETY: `gettid` and `setpriority` take and return plain integers; the id is
+        // the calling thread's.
+        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     /// `flock(2)`: take an exclusive lock (`nonblock`: fail with `WouldBlock` if held).
