@@ -63,10 +63,13 @@ pub fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
 pub fn read_header(f: &cairn::File, path: &str) -> io::Result<SegHeader> {
     let mut b = [0u8; sj::SEG_HEADER_LEN];
     let n = f.read_at(&mut b, 0)?;
-    if n < b.len() {
+    if n < b.len() || b.iter().all(|&x| x == 0) {
         return Err(fs_err(
             libc::EINVAL,
-            format!("{path}: not a segment (too short)"),
+            format!(
+                "{path}: not a segment: it has no header (its creation did not finish; \
+                 `cairn sj seg rm` removes it)"
+            ),
         ));
     }
     SegHeader::decode(&b).map_err(|e| fs_err(libc::EINVAL, format!("{path}: {}", e.0)))

@@ -658,6 +658,7 @@ impl SpaceJmp {
                 overlap: flags_ & flags::OVERLAP != 0,
             })
             .map_err(undo)?;
+        crash_point("creating");
         let header = SegHeader {
             flags: flags_,
             prot: prot_,
@@ -745,11 +746,14 @@ impl SpaceJmp {
     }
 
     /// Remove segment `name`: its file, its range, its resident copy and its lock. `EBUSY`
-    /// while another live process has it attached (this process detaches it first).
+    /// while another live process has it attached (this process detaches it first). A
+    /// file without a segment's header (a `seg_alloc` killed before it wrote one, or a
+    /// header damaged on disk) is removed all the same.
     pub fn seg_free(&self, name: &str) -> io::Result<()> {
         let path = seg_path(name)?;
-        let info = self.seg_info(&path)?;
-        let slot = self.ctl.slot(info.id.0, info.gen)?;
+        let meta = open_named(&self.fs, "segment", &path, Open::Read)?.metadata()?;
+        let (ino, gen) = (meta.ino(), meta.generation());
+        let slot = self.ctl.slot(ino, gen)?;
         let mine = control::process_word();
         let others: Vec<u64> = slot
             .attached()
@@ -766,7 +770,7 @@ impl SpaceJmp {
                 ),
             ));
         }
-        if self.state().segs.contains_key(&info.id.0) {
+        if self.state().segs.contains_key(&ino) {
             return Err(fs_err(
                 libc::EBUSY,
                 format!("segment {path} is attached in this process: detach it first"),
@@ -777,14 +781,12 @@ impl SpaceJmp {
             Err(e) => return Err(lock_err(&e, &format!("segment {path}: its writer lock"))),
         }
         self.fs.remove_file(path.as_str())?;
-        let _ = self
-            .fs
-            .remove_file(segment::stage_path(info.id.0, info.gen).as_str());
-        let _ = self.fs.sj_release(info.id.0, info.gen);
-        segment::remove_object(&self.uuid, info.id.0, info.gen);
-        UndoLog::remove(&self.uuid, info.id.0, info.gen);
+        let _ = self.fs.remove_file(segment::stage_path(ino, gen).as_str());
+        let _ = self.fs.sj_release(ino, gen);
+        segment::remove_object(&self.uuid, ino, gen);
+        UndoLog::remove(&self.uuid, ino, gen);
         slot.retire();
-        self.state().seg_paths.remove(&info.id.0);
+        self.state().seg_paths.remove(&ino);
         Ok(())
     }
 

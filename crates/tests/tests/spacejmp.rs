@@ -817,6 +817,23 @@ fn sj_child() {
             sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
             println!("sj: base {:#x}", sj.seg_info("mseg").unwrap().base);
         }
+        // One call on segment args[1]: "alloc" (4 MiB, anywhere), "find" or "free";
+        // prints "ok" or the error's errno and message.
+        "seg" => {
+            let name = args[1].as_str();
+            let r = match args[0].as_str() {
+                "alloc" => sj
+                    .seg_alloc(name, None, 4 << 20, prot::RW, flags::LOCKABLE, 0o600)
+                    .map(|_| ()),
+                "find" => sj.seg_find(name).map(|_| ()),
+                "free" => sj.seg_free(name),
+                op => panic!("unknown seg op {op}"),
+            };
+            match r {
+                Ok(()) => println!("sj: ok"),
+                Err(e) => println!("sj: {} {e}", cairn_area::errno_of(&e)),
+            }
+        }
         // The lock table's figures of "data".
         "locks" => {
             let info = sj.seg_info("data").unwrap();
@@ -1171,6 +1188,37 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     let err =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("checksum mismatch"), "{err}");
+}
+
+/// A `seg_alloc` killed after it made the segment's file and reserved its range, before
+/// it wrote the header, leaves a file that is no segment: finding it says so and how to
+/// remove it, `seg_free` removes it (its range too), and the name can be used again.
+#[test]
+fn a_segment_creation_cut_short_can_be_removed() {
+    let s = store();
+    let out = child(s.path(), "seg", &["alloc", "half"])
+        .env("CAIRN_SJ_CRASH", "creating")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "should have died");
+    let found = run(s.path(), "seg", &["find", "half"]);
+    assert!(
+        found[0].starts_with(&format!("{} ", libc::EINVAL)) && found[0].contains("seg rm"),
+        "{found:?}"
+    );
+    // `cairn sj seg rm` (seg_free) removes it, and says what it was.
+    let rm = Command::new(harness::cairn_bin())
+        .args(["sj", "seg", "rm", "half"])
+        .env("CAIRN_STORE", s.path())
+        .output()
+        .unwrap();
+    check("cairn sj seg rm", &rm);
+    let said = String::from_utf8_lossy(&rm.stdout);
+    assert!(said.contains("not a whole segment"), "{said}");
+    assert_eq!(run(s.path(), "seg", &["alloc", "half"]), ["ok"]);
+    assert_eq!(run(s.path(), "seg", &["find", "half"]), ["ok"]);
+    assert_eq!(run(s.path(), "seg", &["free", "half"]), ["ok"]);
+    assert!(run(s.path(), "seg", &["find", "half"])[0].starts_with(&format!("{} ", libc::ENOENT)));
 }
 
 /// The worked examples of docs/SPACEJMP.md, in Rust and in C: one process builds a

@@ -193,14 +193,20 @@ fn seg(sj: &Arc<SpaceJmp>, which: SjSegCommand) -> CliResult {
             ))
         }
         SjSegCommand::Rm { name } => {
-            let i = sj.seg_info(&name)?;
+            // A file without a valid header (a creation cut short) is removed too.
+            let info = sj.seg_info(&name);
             sj.seg_free(&name)?;
-            out(&format!(
-                "removed segment {} ({} freed at {:#x})\n",
-                i.path,
-                human_bytes(i.len),
-                i.base
-            ))
+            match info {
+                Ok(i) => out(&format!(
+                    "removed segment {} ({} freed at {:#x})\n",
+                    i.path,
+                    human_bytes(i.len),
+                    i.base
+                )),
+                Err(e) => out(&format!(
+                    "removed {name}, which was not a whole segment ({e})\n"
+                )),
+            }
         }
         SjSegCommand::Evict { name } => {
             let freed = sj.seg_evict(&name)?;
