@@ -739,6 +739,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
         | libc::F_OFD_SETLKW
         | libc::F_OFD_GETLK => run("fcntl", || fcntl_lock(fd, &o, cmd, arg)),
         libc::F_GETFD | libc::F_SETFD => unsafe { real::fcntl64(fd, cmd, arg) },
+        // As Linux: no event asked for (`DN_MULTISHOT` alone, or 0) removes this
+        // descriptor's notification, which a Cairn file never has, and succeeds; events
+        // on anything but a directory are `ENOTDIR`; on a directory they are refused
+        // below (not supported).
+        libc::F_NOTIFY if (arg as u32) & !DN_MULTISHOT == 0 => 0,
+        libc::F_NOTIFY if !o.dir => run("fcntl", || {
+            Err(err(libc::ENOTDIR, "fcntl F_NOTIFY: not a directory"))
+        }),
         libc::F_ADD_SEALS
         | libc::F_GET_SEALS
         | libc::F_SETLEASE
@@ -749,6 +757,10 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
         _ => unsafe { real::fcntl64(fd, cmd, arg) },
     }
 }
+
+/// `<fcntl.h>`'s `DN_MULTISHOT` (the `libc` crate lacks it): keep a directory
+/// notification after its first signal.
+const DN_MULTISHOT: u32 = 0x8000_0000;
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {

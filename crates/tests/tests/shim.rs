@@ -1202,3 +1202,30 @@ print(os.waitpid(pid, 0)[1], open('/cairn/sp/out.txt').read().strip(),
     );
     assert_eq!(out, "0 spawned 0o640\n");
 }
+
+/// `F_NOTIFY` on Cairn files: asking for no event (`DN_MULTISHOT` alone, or 0) succeeds,
+/// as on Linux, where it removes the descriptor's notification; events on a file are
+/// `ENOTDIR`, as on Linux; on a directory they are refused with `EINVAL` (directory
+/// change notification is not supported: docs/SHIM.md).
+#[test]
+fn f_notify_without_events_succeeds_and_with_events_is_refused() {
+    let store = TestStore::new();
+    store.fs().create_dir("/d").unwrap();
+    store.fs().write("/d/f", b"x").unwrap();
+    let out = sh(
+        &store,
+        "python3 -c \"
+import errno, fcntl, os
+d = os.open('/cairn/d', os.O_RDONLY)
+f = os.open('/cairn/d/f', os.O_RDONLY)
+def call(fd, flags):
+    try:
+        return fcntl.fcntl(fd, fcntl.F_NOTIFY, flags)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(call(d, fcntl.DN_MULTISHOT), call(d, 0), call(f, fcntl.DN_MULTISHOT),
+      call(d, fcntl.DN_CREATE), call(f, fcntl.DN_CREATE))
+\"",
+    );
+    assert_eq!(out, "0 0 0 EINVAL ENOTDIR\n");
+}
