@@ -13,11 +13,12 @@
 //! an item is handed back only when every pinned epoch is later than its retirement's.
 //!
 //! The global epoch and the slots are [`Words`] (word 0, then [`SLOTS`] slots of 16
-//! words, each alone in its cache lines: the owning process, the epoch, the pins now),
-//! so threads of several processes can share them. A thread claims a slot the first
-//! time it pins (a free one, or one whose process is gone: `cairn_media::owner`) and
-//! gives it back when it exits, or at its first pin of another store once the store is
-//! closed (unless a pin of it is still held); a process that dies
+//! words, each alone in its cache lines: the owning process, the epoch, the pins now,
+//! which opening of the store in that process), so threads of several processes can
+//! share them. A thread claims a slot the first time it pins (a free one, or one whose
+//! process is gone: `cairn_media::owner`) and gives it back when it exits; the slots of
+//! an opening's threads still alive are given back when it closes (dropping its
+//! [`Epochs`]), and their threads keep no reference to its table. A process that dies
 //! pinned holds nothing back, since the minimum skips slots whose process is gone.
 
 use cairn_media::owner::{owner_dead, process_word};
@@ -26,7 +27,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// Threads that can read one store at once (a thread past them waits for a slot).
 pub const SLOTS: usize = 1024;
@@ -35,6 +36,9 @@ const SLOT_WORDS: usize = 16;
 const OWNER: usize = 0;
 const EPOCH: usize = 1;
 const DEPTH: usize = 2;
+/// The [`Epochs::id`] of the opening the slot's thread pins through (one process may
+/// open a shared store more than once).
+const OPENING: usize = 3;
 /// The words of the epochs: the global epoch, then the slots (from word 16).
 pub const WORDS: usize = SLOT_WORDS * (SLOTS + 1);
 
@@ -75,22 +79,46 @@ thread_local! {
     static MINE: RefCell<HashMap<u64, Claimed>> = RefCell::new(HashMap::new());
 }
 
-/// A thread's slot, given back when the thread exits.
+/// A thread's slot, given back when the thread exits (unless its store is closed:
+/// closing gave it back).
 struct Claimed {
-    words: Arc<Words>,
+    words: Weak<Words>,
+    opening: u64,
     slot: usize,
 }
 
 impl Drop for Claimed {
     fn drop(&mut self) {
-        let w = slot_words(&self.words, self.slot);
-        if w[DEPTH].load(Ordering::Acquire) == 0 {
-            w[OWNER].store(0, Ordering::Release);
+        if let Some(words) = self.words.upgrade() {
+            give_back(&words, self.slot, self.opening);
         }
     }
 }
 
+/// Give slot `i` back if it is still a slot of `opening` (the thread exiting and the
+/// closing may both try; a thread may have claimed it since) and not pinned.
+fn give_back(words: &Words, i: usize, opening: u64) {
+    let w = slot_words(words, i);
+    if w[DEPTH].load(Ordering::Acquire) == 0
+        && w[OPENING]
+            .compare_exchange(opening, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    {
+        w[OWNER].store(0, Ordering::Release);
+    }
+}
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A new opening's id: unique in this process, and (a 64-bit mix of the process's
+/// owner word and a counter) unlike any other process's, whose slots it may take over.
+fn new_id() -> u64 {
+    let mut z = process_word().wrapping_add(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+    // splitmix64's finalizer.
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
+}
 
 /// A pinned epoch (released at drop, on any thread).
 pub struct Pin {
@@ -105,6 +133,21 @@ impl Drop for Pin {
         debug_assert!(depth >= 1, "a pin released twice");
         if depth == 1 {
             w[EPOCH].store(0, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Epochs {
+    /// The store is closed: no thread of this process reads it any more, so the slots
+    /// this opening's threads claimed go back now (each thread's own record of its slot
+    /// holds no reference to the table, which is unmapped with this).
+    fn drop(&mut self) {
+        let me = process_word();
+        for i in 0..SLOTS {
+            let w = slot_words(&self.words, i);
+            if w[OWNER].load(Ordering::Acquire) == me {
+                give_back(&self.words, i, self.id);
+            }
         }
     }
 }
@@ -133,7 +176,7 @@ impl Epochs {
         let _ = words.get()[0].compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
         Ok(Epochs {
             words: Arc::new(words),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id: new_id(),
             retired: Mutex::new(Vec::new()),
         })
     }
@@ -148,13 +191,19 @@ impl Epochs {
             return i;
         }
         let slot = self.claim();
-        let words = self.words.clone();
+        let words = Arc::downgrade(&self.words);
         MINE.with(|m| {
             let mut m = m.borrow_mut();
-            // The slots of stores closed since: given back, and their tables unmapped
-            // (a thread that opens store after store keeps only the open ones').
-            m.retain(|_, c| Arc::strong_count(&c.words) > 1);
-            m.insert(self.id, Claimed { words, slot })
+            // The slots of stores closed since (given back at the closing).
+            m.retain(|_, c| c.words.strong_count() > 0);
+            m.insert(
+                self.id,
+                Claimed {
+                    words,
+                    opening: self.id,
+                    slot,
+                },
+            )
         });
         slot
     }
@@ -170,6 +219,7 @@ impl Epochs {
                     .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
+                    w[OPENING].store(self.id, Ordering::Relaxed);
                     return i;
                 }
             }
@@ -184,6 +234,7 @@ impl Epochs {
                 {
                     w[DEPTH].store(0, Ordering::Relaxed);
                     w[EPOCH].store(0, Ordering::Release);
+                    w[OPENING].store(self.id, Ordering::Relaxed);
                     return i;
                 }
             }
@@ -537,23 +588,70 @@ mod tests {
         assert_eq!(slot_words(&e.words, slot)[EPOCH].load(Ordering::Acquire), 0);
     }
 
-    /// A thread that pins store after store keeps the tables of open stores only.
+    /// Closing a store gives back the slots of its threads still alive and lets its
+    /// table go at once; a second opening of the same shared table in this process keeps
+    /// its own slots, and a thread of the closed one that exits later gives back nothing
+    /// (its old slot may be another thread's by then).
     #[test]
-    fn closed_stores_tables_are_let_go() {
-        let first = Epochs::new().unwrap();
-        drop(first.pin());
-        let weak = Arc::downgrade(&first.words);
-        drop(first);
-        assert!(weak.upgrade().is_some(), "this thread still holds its slot");
-        for _ in 0..3 {
-            let e = Epochs::new().unwrap();
-            drop(e.pin());
-        }
+    fn closing_gives_back_its_threads_slots_and_nothing_else() {
+        let path =
+            std::env::temp_dir().join(format!("cairn-kv-epochs-close-{}", std::process::id()));
+        let (a, b) = (Arc::new(shared_at(&path)), Arc::new(shared_at(&path)));
+        std::fs::remove_file(&path).unwrap();
+        let mine = |e: &Epochs| {
+            (0..SLOTS)
+                .filter(|&i| {
+                    let w = slot_words(&e.words, i);
+                    w[OWNER].load(Ordering::Acquire) == process_word()
+                        && w[OPENING].load(Ordering::Acquire) == e.id
+                })
+                .count()
+        };
+        // Three threads pin through each opening and stay alive.
+        let (go, stop) = (
+            Arc::new(std::sync::Barrier::new(7)),
+            Arc::new(std::sync::Barrier::new(7)),
+        );
+        let threads: Vec<_> = (0..6)
+            .map(|k| {
+                let e = if k % 2 == 0 { a.clone() } else { b.clone() };
+                let (go, stop) = (go.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    drop(e.pin());
+                    drop(e);
+                    go.wait();
+                    stop.wait();
+                })
+            })
+            .collect();
+        go.wait();
+        assert_eq!((mine(&a), mine(&b)), (3, 3));
+        let weak = Arc::downgrade(&a.words);
+        drop(a);
         assert!(
             weak.upgrade().is_none(),
-            "let go at the next store's first pin"
+            "the closed store's table is let go"
         );
-        let n = MINE.with(|m| m.borrow().len());
-        assert!(n <= 1, "{n} stores' slots kept");
+        assert_eq!(mine(&b), 3, "the other opening keeps its slots");
+        assert_eq!(claimed(&b), 3, "the closed one's went back");
+        // A new thread of the open one takes a slot the closed one gave back; the
+        // closed one's threads exit and leave it alone.
+        let b2 = b.clone();
+        let held = std::thread::spawn(move || {
+            let p = b2.pin();
+            let slot = b2.my_slot();
+            (p, slot)
+        })
+        .join()
+        .unwrap();
+        stop.wait();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let w = slot_words(&b.words, held.1);
+        assert_eq!(w[OWNER].load(Ordering::Acquire), process_word());
+        assert_eq!(w[DEPTH].load(Ordering::Acquire), 1, "still pinned");
+        // The open one's three threads gave theirs back as they exited; the new
+        // thread's slot stays claimed (it exited while its pin lived on elsewhere).
+        drop(held);
+        assert_eq!(mine(&b), 1);
     }
 }
