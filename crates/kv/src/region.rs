@@ -274,9 +274,63 @@ impl RegionLock {
 }
 
 /// A process's hold on a shared store: its shared lock on the pool (a descriptor of
-/// its own: `flock`s belong to open files).
+/// its own: `flock`s belong to open files), and a read lock on the region file's
+/// first byte, which says to [`sweep`] that the region is in use (the pool's lock
+/// cannot once the pool is deleted).
 pub(crate) struct SharedOpen {
     users: File,
+    _marker: File,
+}
+
+/// The region file's first byte, read-locked (an OFD lock: the descriptor's, let go
+/// when it closes or its process dies) while a process uses the region.
+fn mark_in_use(path: &Path) -> io::Result<File> {
+    use cairn_media::sys::{record_lock, RecordOp, RecordOwner};
+    let f = OpenOptions::new().read(true).open(path)?;
+    let op = RecordOp::Set {
+        write: Some(false),
+        wait: false,
+    };
+    record_lock(&f, RecordOwner::Description, op, 0, 1)?;
+    Ok(f)
+}
+
+/// Remove the region files no process uses (left by processes that all died): one of a
+/// pool that still exists would be rebuilt by its next opener, and one of a pool
+/// deleted since would stay in memory for good. Best effort: a region being opened or
+/// closed (its `flock` held) or in use (its first byte read-locked: [`SharedOpen`]) is
+/// left alone.
+pub(crate) fn sweep() {
+    use cairn_media::sys::{record_lock, RecordOp, RecordOwner};
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with("cairn-kv-") && name.ends_with(".region")) {
+            continue;
+        }
+        let Ok(f) = OpenOptions::new().read(true).write(true).open(&path) else {
+            continue;
+        };
+        if cairn_media::sys::flock_exclusive(&f, true).is_err()
+            || !is_at(&f, &path).unwrap_or(false)
+        {
+            continue;
+        }
+        let in_use = record_lock(
+            &f,
+            RecordOwner::Description,
+            RecordOp::Test { write: true },
+            0,
+            1,
+        );
+        if matches!(in_use, Ok(None)) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// A shared store being opened: whether the caller is the first (it must recover the
@@ -327,7 +381,10 @@ impl SharedOpen {
                 ),
             ));
         }
-        let hold = SharedOpen { users };
+        let hold = SharedOpen {
+            users,
+            _marker: mark_in_use(&lock.path)?,
+        };
         match cairn_media::sys::flock_exclusive(&hold.users, true) {
             Ok(()) => {
                 // Alone: a new region (an old one is what processes now gone left).

@@ -225,6 +225,8 @@ impl Store {
         }
         let first = admission.first;
         let hold = admission.admit()?;
+        // What processes that all died left of other pools' regions goes now.
+        crate::region::sweep();
         Self::run(core, opts, Some(hold), first)
     }
 

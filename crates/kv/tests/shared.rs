@@ -412,3 +412,51 @@ fn a_first_opener_killed_while_it_recovers_leaves_nothing_half_built() {
     assert!(killed_while_opening > 0, "no kill landed during an opening");
     assert!(!region_of(&pf.0).exists());
 }
+
+/// A region left by processes that all died is removed at the next shared opening of
+/// any pool, also when its pool was deleted meanwhile (it would stay in memory for good
+/// otherwise); a region a live process uses stays, its pool deleted or not.
+#[test]
+fn regions_no_process_uses_are_swept() {
+    if let Some((role, pool)) = role() {
+        assert_eq!(role, "hold");
+        let s = open_shared(&pool);
+        s.put(b"k", b"v").unwrap();
+        println!("open");
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let (dead, alive, other) = (
+        PoolFile::new("sweep-dead"),
+        PoolFile::new("sweep-alive"),
+        PoolFile::new("sweep-other"),
+    );
+    let hold = |p: &Path| {
+        let mut c = child("regions_no_process_uses_are_swept", "hold", p)
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.trim_end().ends_with("open") {
+            line.clear();
+            assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
+        }
+        c
+    };
+    let (mut d, mut a) = (hold(&dead.0), hold(&alive.0));
+    let (rd, ra) = (region_of(&dead.0), region_of(&alive.0));
+    assert!(rd.exists() && ra.exists());
+    kill9(d.id());
+    d.wait().unwrap();
+    std::fs::remove_file(&dead.0).unwrap();
+    std::fs::remove_file(&alive.0).unwrap();
+    let s = open_shared(&other.0);
+    assert!(!rd.exists(), "the region of processes that all died stays");
+    assert!(ra.exists(), "a region in use was removed");
+    kill9(a.id());
+    a.wait().unwrap();
+    drop(s);
+    drop(open_shared(&other.0));
+    assert!(!ra.exists(), "its process gone, the region stays");
+}
