@@ -207,8 +207,8 @@ impl Pool {
             fs_err(
                 libc::ETIMEDOUT,
                 format!(
-                    "the Ceph cluster of {conf} did not answer in {} s (are its monitors up?)",
-                    timeout.as_secs()
+                    "the Ceph cluster of {conf} did not answer in {} (are its monitors up?)",
+                    seconds(timeout)
                 ),
             )
         })??;
@@ -362,8 +362,8 @@ impl Pool {
         fs_err(
             libc::ETIMEDOUT,
             format!(
-                "{what}: the Ceph cluster did not answer in {} s",
-                self.timeout.as_secs()
+                "{what}: the Ceph cluster did not answer in {}",
+                seconds(self.timeout)
             ),
         )
     }
@@ -463,9 +463,29 @@ fn remove_object(io: &Io, name: &str, what: &str) -> io::Result<bool> {
     }
 }
 
+/// `d` as a user reads it: whole seconds ("5 s") or tenths ("2.5 s"), never rounded
+/// down to a bound it was not ("2 s" for 2.5 s).
+fn seconds(d: Duration) -> String {
+    let tenths = d.as_millis().div_ceil(100);
+    if tenths % 10 == 0 {
+        format!("{} s", tenths / 10)
+    } else {
+        format!("{}.{} s", tenths / 10, tenths % 10)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Health;
+    use super::{seconds, Health};
+    use std::time::Duration;
+
+    #[test]
+    fn timeouts_are_said_as_they_are() {
+        assert_eq!(seconds(Duration::from_secs(5)), "5 s");
+        assert_eq!(seconds(Duration::from_millis(2500)), "2.5 s");
+        assert_eq!(seconds(Duration::from_millis(2501)), "2.6 s");
+        assert_eq!(seconds(Duration::from_millis(100)), "0.1 s");
+    }
 
     #[test]
     fn health_says_full_only_when_an_osd_or_a_pool_is() {
