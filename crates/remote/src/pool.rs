@@ -467,7 +467,7 @@ fn remove_object(io: &Io, name: &str, what: &str) -> io::Result<bool> {
 /// down to a bound it was not ("2 s" for 2.5 s).
 fn seconds(d: Duration) -> String {
     let tenths = d.as_millis().div_ceil(100);
-    if tenths % 10 == 0 {
+    if tenths.is_multiple_of(10) {
         format!("{} s", tenths / 10)
     } else {
         format!("{}.{} s", tenths / 10, tenths % 10)
