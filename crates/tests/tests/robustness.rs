@@ -470,3 +470,40 @@ fn ten_thousand_held_connections_leave_other_clients_served() {
     drop(fs);
     store.fsck_clean();
 }
+
+/// A daemon whose store directory goes away (removed, or here moved elsewhere) stops
+/// by itself within seconds, cleanly, instead of running for good with the store's
+/// memory: as a test that removes its store while a daemon serves it would leave one.
+#[test]
+fn a_daemon_whose_store_directory_goes_away_stops() {
+    let store = TestStore::new();
+    store.fs().write("/f", b"kept").unwrap();
+    let pid = store.daemon_pid().expect("a daemon serves the store");
+    let away = store.path().with_extension("away");
+    std::fs::rename(store.path(), &away).unwrap();
+    let t = std::time::Instant::now();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+        })
+    };
+    while alive() && t.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let gone_after = t.elapsed();
+    std::fs::rename(&away, store.path()).unwrap();
+    assert!(
+        !alive(),
+        "the daemon still runs 20 s after its store went away"
+    );
+    let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
+    assert!(
+        log.contains("was removed or replaced: stopping") && log.contains("stopped"),
+        "{log}"
+    );
+    eprintln!("the daemon stopped {gone_after:?} after its store went away");
+    // Back in place, the store is whole and served by a new daemon.
+    assert_eq!(store.fs().read("/f").unwrap(), b"kept");
+    store.fsck_clean();
+}

@@ -87,6 +87,31 @@ struct Daemon {
     backup_running: std::sync::Mutex<()>,
     /// The newest backup this daemon took.
     last_backup: std::sync::Mutex<Option<cairn_proto::BackupReport>>,
+    /// The store directory it serves, as it was at the start.
+    store_dir: StoreIdentity,
+}
+
+/// A store directory: its path and which directory was there (device, inode).
+struct StoreIdentity {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl StoreIdentity {
+    fn of(path: &std::path::Path) -> io::Result<StoreIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(StoreIdentity {
+            path: path.to_path_buf(),
+            id: (m.dev(), m.ino()),
+        })
+    }
+
+    /// Whether the directory at the path is still this one (not removed, not replaced
+    /// by another store).
+    fn still_there(&self) -> bool {
+        StoreIdentity::of(&self.path).is_ok_and(|now| now.id == self.id)
+    }
 }
 
 impl Daemon {
@@ -215,6 +240,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
         sj: std::sync::Mutex::new(sj),
         backup_running: Default::default(),
         last_backup: Default::default(),
+        store_dir: StoreIdentity::of(&std::fs::canonicalize(&store.path)?)?,
     });
     let threads = spawn_threads(&d)?;
     let slots = d.core().sh.layout.nslots as usize;
@@ -522,11 +548,30 @@ impl Daemon {
 
 /// How often the lock files of freed inodes are removed.
 const LOCK_SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often the daemon checks that its store directory is still there.
+const STORE_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 fn timer_loop(d: &Daemon) {
-    let mut swept = Instant::now();
+    let (mut swept, mut checked) = (Instant::now(), Instant::now());
     while !d.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
+        if checked.elapsed() >= STORE_CHECK_EVERY {
+            checked = Instant::now();
+            if !d.store_dir.still_there() {
+                // Removed (or replaced by another store): nothing to serve any more, and
+                // a daemon left running would hold its memory for good. Stopped as by
+                // SIGTERM.
+                tracing::warn!(
+                    "the store directory {} was removed or replaced: stopping",
+                    d.store_dir.path.display()
+                );
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::TERM,
+                );
+                break;
+            }
+        }
         let mut core = d.core();
         if core.stopped {
             break;
