@@ -55,6 +55,19 @@ fn role() -> Option<(String, PathBuf)> {
     Some((r, std::env::var_os("CAIRN_KV_POOL")?.into()))
 }
 
+/// Read a child's output `out` until a line ends with `word` (the test harness prints
+/// its own words first, on the same line too).
+fn await_line(out: &mut impl std::io::BufRead, word: &str) {
+    let mut line = String::new();
+    while !line.trim_end().ends_with(word) {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended before it said {word}"
+        );
+    }
+}
+
 /// Abort the process if `f` does not return within `limit` (a store that a killed
 /// process left locked would hang the test instead of failing it).
 fn within<R>(limit: Duration, what: &str, f: impl FnOnce() -> R) -> R {
@@ -388,12 +401,7 @@ fn a_first_opener_killed_while_it_recovers_leaves_nothing_half_built() {
         .spawn()
         .unwrap();
         let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
-        let mut line = String::new();
-        // (The test harness prints its own words first, on the same line too.)
-        while !line.trim_end().ends_with("opening") {
-            line.clear();
-            assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
-        }
+        await_line(&mut out, "opening");
         std::thread::sleep(Duration::from_millis([1, 20, 60][round]));
         kill9(c.id());
         c.wait().unwrap();
@@ -436,12 +444,10 @@ fn regions_no_process_uses_are_swept() {
         let mut c = child("regions_no_process_uses_are_swept", "hold", p)
             .spawn()
             .unwrap();
-        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
-        let mut line = String::new();
-        while !line.trim_end().ends_with("open") {
-            line.clear();
-            assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
-        }
+        await_line(
+            &mut std::io::BufReader::new(c.stdout.take().unwrap()),
+            "open",
+        );
         c
     };
     let (mut d, mut a) = (hold(&dead.0), hold(&alive.0));
