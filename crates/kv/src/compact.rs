@@ -9,8 +9,8 @@ use crate::head::Head;
 use crate::log::{lock, seg_of, Core, RESERVE};
 use crate::pool::Pool;
 use crate::store::KvError;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Segments at least this full are not worth copying.
@@ -132,7 +132,7 @@ impl Core {
         let (_, at, _) = oldest;
         if chosen.is_empty()
             && at != 0
-            && self.max_garbage.is_some_and(|g| self.garbage() > g)
+            && self.compactor.over_garbage(|| self.garbage())
             && self.segs.pins_tombstones(self.segs.seq(at as u64))
         {
             chosen = self
@@ -333,6 +333,90 @@ impl Core {
     }
 }
 
+/// When this process's compaction runs, and its thread's bell: the policy (compact
+/// while fewer than `trigger` of the usable segments are free, or more than
+/// `max_garbage` of the closed segments' bytes is dead) and what it keeps warm (with a
+/// garbage bound, the `warm` segments freed last keep their memory). Its invariants: the
+/// trigger is a fraction (0 to 1), the bound a fraction below 1, and `warm` covers every
+/// head at once (at least one).
+pub(crate) struct Compactor {
+    trigger: f64,
+    max_garbage: Option<f64>,
+    warm: usize,
+    /// Set: there is work (or the store closes); the thread waits on the condition.
+    bell: (Mutex<bool>, Condvar),
+    stop: AtomicBool,
+}
+
+impl Compactor {
+    pub fn new(trigger: f64, max_garbage: Option<f64>, warm: usize) -> Compactor {
+        assert!(
+            (0.0..=1.0).contains(&trigger),
+            "compaction trigger {trigger}"
+        );
+        assert!(
+            max_garbage.is_none_or(|g| (0.0..1.0).contains(&g)),
+            "garbage bound {max_garbage:?}"
+        );
+        assert!(warm >= 1, "no segment kept warm");
+        Compactor {
+            trigger,
+            max_garbage,
+            warm,
+            bell: (Mutex::new(false), Condvar::new()),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether compaction is wanted with `free` of `usable` segments free and `garbage`
+    /// (the dead fraction of the closed segments' bytes, asked only when bounded).
+    pub fn wanted(&self, free: usize, usable: u64, garbage: impl FnOnce() -> f64) -> bool {
+        (free as f64) < self.trigger * usable as f64 || self.over_garbage(garbage)
+    }
+
+    /// Whether the dead bytes are above the bound (never without one).
+    pub fn over_garbage(&self, garbage: impl FnOnce() -> f64) -> bool {
+        self.max_garbage.is_some_and(|g| garbage() > g)
+    }
+
+    /// The segments freed last that keep their memory, if freed segments hand theirs
+    /// back at all (only under a garbage bound: without one the pool's size bounds the
+    /// memory, and free segments wait for the log to take them again).
+    pub fn keeps_warm(&self) -> Option<usize> {
+        self.max_garbage.map(|_| self.warm)
+    }
+
+    /// Wake the compaction thread.
+    pub fn ring(&self) {
+        *lock(&self.bell.0) = true;
+        self.bell.1.notify_all();
+    }
+
+    /// Wait until rung or for `at_most`; whether it was rung (and unring it).
+    fn wait(&self, at_most: Duration) -> bool {
+        let mut rung = lock(&self.bell.0);
+        if !*rung && !self.stopping() {
+            rung = self
+                .bell
+                .1
+                .wait_timeout(rung, at_most)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        std::mem::replace(&mut *rung, false)
+    }
+
+    /// The store closes: the thread ends (rung so that it sees it now).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.ring();
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
 /// A compaction round of a shared store: the region's compaction lock, held until it
 /// drops.
 struct Round<'c>(&'c Core);
@@ -363,7 +447,7 @@ pub(crate) fn run(core: Arc<Core>) {
     // to 3.2 s, until a writer rings.
     let mut fruitless = 0u32;
     let mut last_reap = Instant::now();
-    while !core.stop.load(Ordering::Acquire) {
+    while !core.compactor.stopping() {
         let mut worked = false;
         if core.wants_compaction() {
             match core.compact(3) {
@@ -385,21 +469,48 @@ pub(crate) fn run(core: Arc<Core>) {
         if worked || (fruitless > 0 && fruitless < 8) {
             continue;
         }
-        let mut rung = lock(&core.bell.0);
-        if !*rung && !core.stop.load(Ordering::Acquire) {
-            rung = core
-                .bell
-                .1
-                .wait_timeout(
-                    rung,
-                    Duration::from_millis(100 << fruitless.saturating_sub(8).min(5)),
-                )
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        if *rung {
+        let at_most = Duration::from_millis(100 << fruitless.saturating_sub(8).min(5));
+        if core.compactor.wait(at_most) {
             fruitless = 0;
         }
-        *rung = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Compactor;
+    use std::time::Duration;
+
+    #[test]
+    fn the_policy_says_when_compaction_is_wanted() {
+        let c = Compactor::new(0.2, None, 4);
+        assert!(c.wanted(1, 10, || 0.0));
+        assert!(!c.wanted(2, 10, || unreachable!("no bound: garbage is not asked")));
+        assert_eq!(c.keeps_warm(), None);
+        let c = Compactor::new(0.2, Some(0.05), 4);
+        assert!(c.wanted(5, 10, || 0.06) && !c.wanted(5, 10, || 0.05));
+        assert_eq!(c.keeps_warm(), Some(4));
+    }
+
+    #[test]
+    fn a_ring_is_heard_once_and_stopping_ends_the_wait() {
+        let c = Compactor::new(0.2, None, 1);
+        c.ring();
+        assert!(c.wait(Duration::from_secs(10)), "rung");
+        assert!(!c.wait(Duration::from_millis(1)), "heard once");
+        c.stop();
+        assert!(c.stopping() && c.wait(Duration::from_secs(10)));
+    }
+
+    #[test]
+    #[should_panic(expected = "compaction trigger")]
+    fn a_trigger_past_one_is_caught() {
+        Compactor::new(1.5, None, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "garbage bound")]
+    fn a_garbage_bound_of_one_is_caught() {
+        Compactor::new(0.2, Some(1.0), 1);
     }
 }

@@ -15,8 +15,8 @@ use crate::segment::Segments;
 use crate::store::{KvError, UpdatePolicy};
 use std::borrow::Cow;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
 
 /// What an update ([`Core::update`]) does with a key, decided from its current value.
 pub enum Change<'v> {
@@ -62,20 +62,14 @@ pub(crate) struct Core {
     pub policy: UpdatePolicy,
     /// Fenced writes (off: the volatile mode).
     pub durable: bool,
-    /// Background compaction starts when the free segments fall below this fraction,
-    /// or when more than `max_garbage` of the bytes of the closed segments is dead.
-    pub trigger: f64,
-    pub max_garbage: Option<f64>,
-    /// With a garbage bound, the free segments beyond the `warm` most recently freed
+    /// When background compaction runs, what it keeps warm, and its thread's bell.
+    /// With a garbage bound, the free segments beyond the warm ones most recently freed
     /// (which heads take first) hand their memory back to the system once they have
     /// been free for [`RELEASE_AFTER`]; a head that takes one marks it fresh, and the
     /// background thread collapses it into a huge folio again, off the writer's path.
-    pub warm: usize,
+    pub compactor: crate::compact::Compactor,
     /// Whether segments are backed by huge folios (asked for, and the kernel allows).
     pub huge: bool,
-    /// Wakes the compaction threads (set: there is work), and tells them to stop.
-    pub bell: (Mutex<bool>, Condvar),
-    pub stop: AtomicBool,
 }
 
 /// How a [`Core`] is built.
@@ -102,13 +96,13 @@ impl Core {
             journal: (0..JOURNAL_SLOTS).map(|_| Mutex::new(())).collect(),
             policy: s.policy,
             durable: s.durable,
-            trigger: s.trigger,
-            max_garbage: s.max_garbage,
-            // The segments heads and compaction may take at once.
-            warm: s.heads.max(1) + RESERVE,
+            // Warm: the segments heads and compaction may take at once.
+            compactor: crate::compact::Compactor::new(
+                s.trigger,
+                s.max_garbage,
+                s.heads.max(1) + RESERVE,
+            ),
             huge: s.huge_pages && cairn_media::huge::refusal().is_none(),
-            bell: (Mutex::new(false), Condvar::new()),
-            stop: AtomicBool::new(false),
         })
     }
 
@@ -199,9 +193,9 @@ impl Core {
     /// Whether the free segments are below the compaction trigger, or the dead bytes of
     /// the closed segments above `max_garbage`.
     pub fn wants_compaction(&self) -> bool {
-        let usable = self.pool.header.segments.saturating_sub(1) as f64;
-        (self.free_count() as f64) < self.trigger * usable
-            || self.max_garbage.is_some_and(|g| self.garbage() > g)
+        let usable = self.pool.header.segments.saturating_sub(1);
+        self.compactor
+            .wanted(self.free_count(), usable, || self.garbage())
     }
 
     /// The fraction of the bytes of the closed segments (in use, not log heads) that
@@ -240,12 +234,9 @@ impl Core {
     /// header is durably erased: a recovery finds nothing in them either way. `after`:
     /// the time a segment must have been free (ms; recovery releases at once).
     pub fn release_cold(&self, free: &mut crate::segment::FreeList<'_>, after: u64) {
-        if self.max_garbage.is_none() {
-            // Without a garbage bound the pool's size is the bound on memory, and
-            // compaction keeps free segments for the log to take again.
-            return;
+        if let Some(warm) = self.compactor.keeps_warm() {
+            free.release_cold(warm, after, self.now_ms(), |s| self.pool.release(s));
         }
-        free.release_cold(self.warm, after, self.now_ms(), |s| self.pool.release(s));
     }
 
     /// Collapse the segments heads took after their release into huge folios again (the
@@ -255,16 +246,10 @@ impl Core {
             return;
         }
         for s in 1..self.segs.count() {
-            if self.segs.take_fresh(s) && !self.stop.load(Ordering::Relaxed) {
+            if self.segs.take_fresh(s) && !self.compactor.stopping() {
                 let _ = self.pool.collapse(s);
             }
         }
-    }
-
-    /// Wake the compaction threads.
-    pub fn ring(&self) {
-        *lock(&self.bell.0) = true;
-        self.bell.1.notify_all();
     }
 
     /// Take a free segment for a head (a client's: not the last [`RESERVE`] ones, which
@@ -287,7 +272,7 @@ impl Core {
         } else if self.wants_compaction() {
             // A writer's: wake compaction (its own rolls must not: a round that gains
             // nothing would wake the next one at once).
-            self.ring();
+            self.compactor.ring();
         }
         let seq = self.region.next_seq().fetch_add(1, Ordering::Relaxed);
         let h = encode_segment_header(seq);

@@ -169,8 +169,7 @@ pub struct Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        self.core.stop.store(true, Ordering::Release);
-        self.core.ring();
+        self.core.compactor.stop();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -306,8 +305,7 @@ impl Store {
                         let _ = cairn_media::sys::background_priority();
                         // Segment 0 holds the header and the journal's slots: a few pages.
                         let skip = |s: u64| s == 0 || c.segs.is_released(s);
-                        c.pool
-                            .collapse_all(&skip, &|| c.stop.load(Ordering::Acquire))
+                        c.pool.collapse_all(&skip, &|| c.compactor.stopping())
                     })?,
             );
         }
