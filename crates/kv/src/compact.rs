@@ -307,6 +307,12 @@ impl Core {
             self.region
                 .deaths()
                 .fetch_add(gone as u64, Ordering::Relaxed);
+            if gone > 0 {
+                // A writer killed while it held a key's lock may have changed the index
+                // and not the key count (both change under that lock): count again.
+                self.index
+                    .count_locked(|n| self.region.keys().store(n, Ordering::Relaxed));
+            }
         }
     }
 

@@ -333,6 +333,27 @@ impl Index {
         }
     }
 
+    /// The entries of the table (hash and location set), counted under every bucket's
+    /// lock, then `with(count)` run before the locks go: to put right a count kept beside
+    /// the table. The locks are taken in order, a dead holder's broken, so no writer is
+    /// in the middle of a change meanwhile (readers wait). No deadlock: a writer never
+    /// waits for a lock while it holds one (a batch only tries further ones).
+    pub fn count_locked<R>(&self, with: impl FnOnce(u64) -> R) -> R {
+        let locks: Vec<Locked<'_>> = (0..self.buckets()).map(|i| self.lock(i)).collect();
+        let n = locks
+            .iter()
+            .map(|l| {
+                (0..SLOTS)
+                    .filter(|&s| {
+                        l.b.hash(s).load(Ordering::Acquire) != 0
+                            && l.b.loc(s).load(Ordering::Acquire) != 0
+                    })
+                    .count() as u64
+            })
+            .sum();
+        with(n)
+    }
+
     /// Buckets' bytes (for the store's memory figures).
     pub fn bytes(&self) -> u64 {
         self.table.len() as u64 * 8
@@ -487,6 +508,32 @@ mod tests {
             "{before:x} then {after:x}"
         );
         assert!(idx.try_lock_key(h).is_some());
+    }
+
+    /// Counting under every lock sees every entry (overflowed ones too) and breaks the
+    /// lock of a holder that is gone, which a count cannot wait for.
+    #[test]
+    fn entries_are_counted_under_every_lock_a_dead_holders_broken() {
+        let idx = Index::new(400).unwrap();
+        // Hashes 1 to 7 (0 is no entry's): few buckets, which overflow.
+        let h = |k: u64| k % 7 + 1;
+        for k in 1..=150u64 {
+            let g = idx.lock_key(h(k));
+            assert_eq!(idx.set(&g, h(k), &|l| l == k, k), Ok(0));
+        }
+        for k in (1..=150u64).step_by(5) {
+            let g = idx.lock_key(h(k));
+            assert_eq!(idx.set(&g, h(k), &|l| l == k, 0), Ok(k));
+        }
+        let b = idx.bucket(idx.home(3));
+        let v = b.version().load(Ordering::Relaxed);
+        b.version()
+            .store(locked_word((4_194_303u64 << 32) | 7, v), Ordering::Relaxed);
+        assert_eq!(idx.count_locked(|n| n), 120);
+        assert!(
+            idx.try_lock_key(3).is_some(),
+            "the dead holder's lock is gone"
+        );
     }
 
     #[test]

@@ -295,6 +295,14 @@ fn killed_processes_lose_nothing_acknowledged() {
         st.processes_reaped > 0,
         "no dead process was reaped: {st:?}"
     );
+    // The key count is the keys there are (counted again after a writer died, which
+    // may have changed the index and not the count).
+    let present = allowed
+        .keys()
+        .filter(|&&k| get(&s, &k.to_le_bytes()).is_some())
+        .count()
+        + 300;
+    assert_eq!(s.len() as usize, present, "{st:?}");
     drop(s);
     assert!(!region_of(&pf.0).exists());
     // A recovery, by the next process to open the store.
