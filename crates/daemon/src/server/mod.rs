@@ -559,17 +559,20 @@ fn timer_loop(d: &Daemon) {
             checked = Instant::now();
             if !d.store_dir.still_there() {
                 // Removed (or replaced by another store): nothing to serve any more, and
-                // a daemon left running would hold its memory for good. Stopped as by
-                // SIGTERM.
+                // a daemon left running would hold its memory for good. It stops at once,
+                // as if killed, writing nothing more: its NVM file may be another store's
+                // by now (`mkfs --force` of a new store at the same paths rewrites the same
+                // file). Every acknowledged change is in a log, so the next daemon of
+                // this store, if it comes back, recovers as after a crash.
                 tracing::warn!(
-                    "the store directory {} was removed or replaced: stopping",
+                    "the store directory {} was removed or replaced: exiting at once, \
+                     writing nothing more to the store",
                     d.store_dir.path.display()
                 );
                 let _ = rustix::process::kill_process(
                     rustix::process::getpid(),
-                    rustix::process::Signal::TERM,
+                    rustix::process::Signal::KILL,
                 );
-                break;
             }
         }
         let mut core = d.core();
