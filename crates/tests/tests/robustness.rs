@@ -500,7 +500,10 @@ fn a_daemon_whose_store_directory_goes_away_stops() {
         "the daemon still runs 20 s after its store went away"
     );
     let log = std::fs::read_to_string(store.path().join("cairnd.log")).unwrap();
-    assert!(log.contains("was removed or replaced: exiting at once"), "{log}");
+    assert!(
+        log.contains("was removed or replaced: exiting at once"),
+        "{log}"
+    );
     eprintln!("the daemon stopped {gone_after:?} after its store went away");
     // Back in place, the store is whole and served by a new daemon.
     assert_eq!(store.fs().read("/f").unwrap(), b"kept");
