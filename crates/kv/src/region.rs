@@ -213,14 +213,18 @@ impl Region {
     }
 }
 
-/// The region file of the pool whose file is `pool` (on `/dev/shm`, named for the
-/// pool's device and inode: the same for every process that opens the pool by any
-/// path).
+/// Where region files are, and how their names begin and end.
+const REGION_DIR: &str = "/dev/shm";
+const REGION_PREFIX: &str = "cairn-kv-";
+const REGION_SUFFIX: &str = ".region";
+
+/// The region file of the pool whose file is `pool` (named for the pool's device and
+/// inode: the same for every process that opens the pool by any path).
 fn region_path(pool: &File) -> io::Result<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let m = pool.metadata()?;
-    Ok(PathBuf::from(format!(
-        "/dev/shm/cairn-kv-{:x}-{:x}.region",
+    Ok(Path::new(REGION_DIR).join(format!(
+        "{REGION_PREFIX}{:x}-{:x}{REGION_SUFFIX}",
         m.dev(),
         m.ino()
     )))
@@ -302,17 +306,18 @@ fn mark_in_use(path: &Path) -> io::Result<File> {
 /// left alone.
 pub(crate) fn sweep() {
     use cairn_media::sys::{record_lock, RecordOp, RecordOwner};
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+    let Ok(dir) = std::fs::read_dir(REGION_DIR) else {
         return;
     };
     for e in dir.flatten() {
         let path = e.path();
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if !(name.starts_with("cairn-kv-") && name.ends_with(".region")) {
+        if !(name.starts_with(REGION_PREFIX) && name.ends_with(REGION_SUFFIX)) {
             continue;
         }
-        let Ok(f) = OpenOptions::new().read(true).write(true).open(&path) else {
+        // Read-only is enough: `flock` and a lock test need no write access.
+        let Ok(f) = File::open(&path) else {
             continue;
         };
         if cairn_media::sys::flock_exclusive(&f, true).is_err()
