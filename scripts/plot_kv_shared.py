@@ -20,15 +20,15 @@ def main():
         sys.exit(__doc__)
     d = json.load(open(sys.argv[1]))
     rows = [r for r in d["results"] if r.get("experiment") == "kv"]
-    label = {}
-    for r in rows:
+
+    def label(r):
+        n = r["clients"]
         if r["system"] == "cairn shared":
-            n = r["clients"]
-            label[(r["system"], n)] = f"shared, {n} process{'es' if n > 1 else ''}"
-        else:
-            label[(r["system"], r["clients"])] = r["system"]
-    systems = list(dict.fromkeys(label[(r["system"], r["clients"])] for r in rows))
-    ops = {(label[(r["system"], r["clients"])], r["op"]): r for r in rows}
+            return f"shared, {n} process{'es' if n > 1 else ''}"
+        return r["system"]
+
+    systems = list(dict.fromkeys(label(r) for r in rows))
+    ops = {(label(r), r["op"]): r for r in rows}
     print("| system | op | ops/s | p50 µs | p99 µs |")
     print("|---|---|---|---|---|")
     for s in systems:
