@@ -3,6 +3,7 @@
 //! accounting, dead-client recovery, status and clean shutdown. The server wraps one
 //! `Core` in a mutex.
 
+use crate::credits::CreditFloat;
 use crate::digest::{self, DigestError, Mode, Outcome};
 use crate::sharing::leases::Leases;
 use crate::store::alloc::{BlockAlloc, InodeAlloc};
@@ -66,6 +67,8 @@ pub(crate) struct Core {
     pub leases: Arc<Leases>,
     /// Parallel digests in flight (`crate::digest::parallel`).
     pub par: crate::digest::parallel::ParState,
+    /// Credits granted without this lock (`crate::credits`).
+    pub float: Arc<CreditFloat>,
 }
 
 /// `Ok(Some(lock))` if nobody holds `slots/<slot>.lock` (we now do), `Ok(None)` if held.
@@ -189,6 +192,7 @@ impl Core {
             stopped: false,
             leases: Arc::new(Leases::new(Duration::ZERO, &[])),
             par: Default::default(),
+            float: Arc::new(CreditFloat::new(l.nslots as usize)),
         };
         core.take_over_slots(&mut report)?;
         // Every log there was at the start is replayed: inodes still unnamed are garbage.
@@ -281,9 +285,15 @@ impl Core {
         self.sh.reclaim(&r, false)
     }
 
-    /// Data blocks that can still be promised to clients.
+    /// Data blocks that can still be promised to clients (the float's count as promised).
     pub(crate) fn available_credits(&self) -> u64 {
-        let promised: u64 = self.clients.iter().flatten().map(|c| c.credits).sum();
+        let promised: u64 = self
+            .clients
+            .iter()
+            .flatten()
+            .map(|c| c.credits)
+            .sum::<u64>()
+            + self.float.held();
         let reserve = (self.sh.layout.data_blocks / 64).max(256);
         self.sh
             .blocks
@@ -292,12 +302,26 @@ impl Core {
             .saturating_sub(reserve)
     }
 
-    /// Grant up to `want` credits to the client of `slot`.
+    /// Add what each client took from the float to its credits.
+    fn fold_float(&mut self) {
+        for (slot, c) in self.clients.iter_mut().enumerate() {
+            let taken = self.float.drain(slot as u32);
+            if let Some(c) = c {
+                c.credits += taken;
+            }
+        }
+    }
+
+    /// Grant up to `want` credits to the client of `slot` (the float's pool included:
+    /// it is emptied first, then refilled from what is left).
     pub(crate) fn grant(&mut self, slot: u32, want: u64) -> u64 {
+        self.fold_float();
+        self.float.empty_pool();
         let g = want.min(self.available_credits());
         if let Some(c) = self.clients[slot as usize].as_mut() {
             c.credits += g;
         }
+        self.float.refill(self.available_credits());
         g
     }
 
@@ -353,6 +377,7 @@ impl Core {
                 },
             )?;
             self.sh.reset_client_page(slot, pid)?;
+            self.float.drain(slot);
             self.clients[slot as usize] = Some(Client {
                 pid,
                 uid,
@@ -424,8 +449,10 @@ impl Core {
             c.uid = uid;
             c.gid = gid;
             // What its undigested log used stays promised (the client's own credits
-            // are replaced by the registration's).
+            // are replaced by the registration's, and what it took from the float
+            // goes back).
             c.credits = charge;
+            self.float.drain(slot);
             c.conn = Some(conn);
             c.awaiting_reattach = false;
         }
@@ -466,9 +493,11 @@ impl Core {
     /// to the client, the inodes it created are leased to it, and what it replaced goes
     /// once no reader can still use it.
     pub(crate) fn digested(&mut self, slot: u32, o: &Outcome) {
+        self.fold_float();
         if let Some(c) = self.clients[slot as usize].as_mut() {
             c.credits = c.credits.saturating_sub(o.charge);
         }
+        self.float.refill(self.available_credits());
         self.leases.record_created(slot, &o.created);
         self.reclaim();
     }
@@ -601,6 +630,7 @@ impl Core {
         self.sh.inodes.release_slot(slot);
         self.sh.creds.remove(&slot);
         self.clients[slot as usize] = None;
+        self.float.drain(slot);
         self.leases.drop_slot(slot, true);
         // Its log is digested (or discarded): its open files close.
         self.unpin(slot, None)

@@ -26,6 +26,7 @@
 
 mod backup;
 mod core;
+mod credits;
 mod digest;
 mod offline;
 mod perm;

@@ -70,8 +70,10 @@ pub(crate) type LeaseLostHook = Box<dyn Fn(Option<u64>) + Send + Sync>;
 const MAX_SYMLINKS: u32 = 40;
 /// Inode numbers asked for at a time.
 const INODE_BATCH: u32 = 64;
-/// Smallest credit request, in 4 KiB blocks.
-const CREDIT_CHUNK: u64 = 1024;
+/// Smallest credit request, in 4 KiB blocks (64 MiB; at most a fair share of a small
+/// store): a stream of small writes, each charged the blocks it touches, asks about
+/// once per several thousand.
+const CREDIT_CHUNK: u64 = 16 << 10;
 
 /// An operation needs a lease this client does not hold: the operation is abandoned
 /// (nothing was changed yet), the lease acquired without the state lock, and the

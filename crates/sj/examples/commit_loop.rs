@@ -67,11 +67,18 @@ fn main() -> std::io::Result<()> {
         }
         let rate = lat.len() as f64 / t0.elapsed().as_secs_f64();
         lat.sort_unstable();
+        let p50 = lat[lat.len() / 2];
+        let total: u64 = lat.iter().sum();
+        let slow: u64 = lat.iter().filter(|&&l| l > 10 * p50).sum();
         println!(
-            "{} commits/s  p50 {} ns  p99 {} ns",
+            "{} commits/s  mean {} ns  p50 {p50} ns  p99 {} ns  p99.9 {} ns  max {} ns  \
+             {:.0}% of the time in commits over 10x p50",
             rate as u64,
-            lat[lat.len() / 2],
-            lat[lat.len() * 99 / 100]
+            total / lat.len() as u64,
+            lat[lat.len() * 99 / 100],
+            lat[lat.len() * 999 / 1000],
+            lat[lat.len() - 1],
+            100.0 * slow as f64 / total as f64
         );
         Ok(())
     };

@@ -63,14 +63,22 @@ impl ParState {
 pub(crate) struct CoreLock {
     mutex: Mutex<Core>,
     cv: Condvar,
+    /// The core's credit float, reachable without the lock (`crate::credits`).
+    float: std::sync::Arc<crate::credits::CreditFloat>,
 }
 
 impl CoreLock {
     pub(crate) fn new(core: Core) -> CoreLock {
         CoreLock {
+            float: core.float.clone(),
             mutex: Mutex::new(core),
             cv: Condvar::new(),
         }
+    }
+
+    /// The credit float, without the core lock.
+    pub(crate) fn float(&self) -> &crate::credits::CreditFloat {
+        &self.float
     }
 
     /// The lock itself (a panic while serving one client must not stop the others).
@@ -114,16 +122,54 @@ pub(crate) fn digest_client(
     upto: u64,
     scratch: &mut Vec<u8>,
 ) -> Result<Option<Outcome>, DigestError> {
+    let mut done: Option<Outcome> = None;
+    loop {
+        let Some((o, from, end)) = digest_slice(cl, slot, conn, upto, scratch)? else {
+            return Ok(done);
+        };
+        let last = end >= upto || o.head_lsn <= from;
+        match &mut done {
+            Some(d) => d.add(o),
+            None => done = Some(o),
+        }
+        if last {
+            return Ok(done);
+        }
+    }
+}
+
+/// One batch of [`digest_client`]: up to `upto`, or, while the client's log is under
+/// pressure, up to the end of a slice (a `SLICES`th of the log, as serial digests
+/// slice), so that a writer waiting for room goes on as soon as the first slice is
+/// published. Returns the outcome, the head it started from and where it was to end.
+fn digest_slice(
+    cl: &CoreLock,
+    slot: u32,
+    conn: u64,
+    upto: u64,
+    scratch: &mut Vec<u8>,
+) -> Result<Option<(Outcome, u64, u64)>, DigestError> {
     'again: loop {
         // 1. Copy, scan, decode (no lock).
-        let (head, area) = {
+        let (head, area, pressure, slice) = {
             let g = cl.raw();
             if g.stopped || !owned(&g, slot, conn) {
                 return Ok(None);
             }
-            (g.sh.slot_head(slot)?.0, g.sh.area.clone())
+            let slice = g.sh.layout.ring_bytes() / digest::SLICES;
+            (
+                g.sh.slot_head(slot)?.0,
+                g.sh.area.clone(),
+                g.sh.log_pressure(slot),
+                slice,
+            )
         };
-        let read = match digest::read_batch(&area, slot, head, Mode::Upto(upto), scratch) {
+        let end = if pressure {
+            digest::slice_end(&area, slot, head, upto, slice)?
+        } else {
+            upto
+        };
+        let read = match digest::read_batch(&area, slot, head, Mode::Upto(end), scratch) {
             Ok(r) => r,
             Err(e) => {
                 // Malformed only if the copy was taken at the current head.
@@ -149,11 +195,12 @@ pub(crate) fn digest_client(
                 continue 'again;
             }
             let Some(b) = &read else {
-                return Ok(Some(Outcome {
+                let o = Outcome {
                     head_lsn: head.head_lsn,
                     head_seq: head.head_seq,
                     ..Default::default()
-                }));
+                };
+                return Ok(Some((o, head.head_lsn, end)));
             };
             *g.sh.reads.borrow_mut() = Some(HashSet::new());
             let planned = digest::plan_batch(&g.sh, slot, b);
@@ -188,7 +235,7 @@ pub(crate) fn digest_client(
         }
         drop(g);
         cl.cv.notify_all();
-        return r.map(Some);
+        return r.map(|o| Some((o, head.head_lsn, end)));
     }
 }
 
@@ -244,8 +291,11 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// `CAIRN_DIGEST_THREADS`: a number of workers, `auto` (the number of cores), unset
-    /// or 0: off (serial). Off by default until it has been measured on more than two
+    /// `CAIRN_DIGEST_THREADS`: a number of workers, `auto` (the number of cores), 0:
+    /// off (serial: a client's asynchronous digest runs on its connection's thread, and
+    /// its next request waits for the whole digest). Unset: one worker, so that a
+    /// client's requests (space credits above all) are answered while its log is
+    /// digested; more than one is not the default until measured on more than two
     /// cores (on two it gains ~10-15% digest throughput; ARCHITECTURE.md, "Limits").
     pub(crate) fn from_env() -> Pool {
         let cores = || {
@@ -255,8 +305,8 @@ impl Pool {
         };
         let threads = match std::env::var("CAIRN_DIGEST_THREADS") {
             Ok(v) if v.trim() == "auto" => cores(),
-            Ok(v) => v.trim().parse().unwrap_or(0),
-            Err(_) => 0,
+            Ok(v) => v.trim().parse().unwrap_or(1),
+            Err(_) => 1,
         };
         Pool {
             q: Mutex::new(Queue::default()),

@@ -282,11 +282,16 @@ fn inodes(d: &Daemon, c: &Conn, count: u32) -> Reply {
     Reply::Send(Response::Inodes(core.sh.inodes.reserve(slot, n)))
 }
 
-/// `Credits`: more space credits, moving cold data down first if NVM is full.
+/// `Credits`: more space credits, from the float if it holds them (without waiting for
+/// the core: `crate::credits`), else under the core lock, moving cold data down first if
+/// NVM is full.
 fn credits(d: &Daemon, c: &Conn, blocks: u64) -> Reply {
     let Some(slot) = c.slot else {
         return Reply::Send(not_registered());
     };
+    if d.core.float().take(slot, blocks) {
+        return Reply::Send(Response::Credits { granted: blocks });
+    }
     let mut core = d.core();
     core.reclaim();
     kick_if_high(d, &core);

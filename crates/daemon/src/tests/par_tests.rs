@@ -396,3 +396,64 @@ fn digest_throughput_two_10mib_batches() {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
 }
+
+/// Every block is either free to grant, promised to a client, or in the credit float.
+fn credits_add_up(c: &crate::core::Core) {
+    let promised: u64 = c.clients.iter().flatten().map(|c| c.credits).sum();
+    let reserve = (c.sh.layout.data_blocks / 64).max(256);
+    assert_eq!(
+        c.available_credits() + promised + c.float.held(),
+        c.sh.blocks.free_count() - reserve
+    );
+}
+
+#[test]
+fn credits_come_from_the_float_while_a_digest_holds_the_core() {
+    let ts = TestStore::small();
+    let mut core = ts.core();
+    let lw = LogWriter::register(&mut core);
+    let slot = lw.slot as usize;
+    let before = core.clients[slot].as_ref().unwrap().credits;
+    credits_add_up(&core);
+    assert!(
+        core.float.held() > 0,
+        "registration's grant filled the pool"
+    );
+    let cl = CoreLock::new(core);
+    let held = cl.serial();
+    // The connection thread grants from the float without the core lock.
+    assert!(cl.float().take(lw.slot, 16));
+    assert!(
+        !cl.float().take(lw.slot, u64::MAX / 2),
+        "no more than the pool"
+    );
+    drop(held);
+    let mut g = cl.serial();
+    credits_add_up(&g);
+    // Folded into the client's credits when the core is next held, and not granted
+    // twice: a grant of everything left sees the float's blocks as promised.
+    let rest = g.grant(lw.slot, u64::MAX);
+    assert_eq!(
+        g.clients[slot].as_ref().unwrap().credits,
+        before + 16 + rest
+    );
+    credits_add_up(&g);
+    assert_eq!(g.available_credits(), 0);
+    assert!(
+        !cl.float().take(lw.slot, 1),
+        "nothing was left to set aside"
+    );
+}
+
+#[test]
+fn credits_a_client_took_from_the_float_go_with_it() {
+    let ts = TestStore::small();
+    let mut core = ts.core();
+    let lw = LogWriter::register(&mut core);
+    let cl = CoreLock::new(core);
+    assert!(cl.float().take(lw.slot, 16));
+    let mut g = cl.serial();
+    g.release(lw.slot, None).unwrap();
+    assert_eq!(g.float.drain(lw.slot), 0, "dropped with the client");
+    credits_add_up(&g);
+}

@@ -90,7 +90,7 @@ impl Inner {
         } else {
             0
         };
-        if st.ov.get(ino).is_some_and(|o| !o.ext.is_empty()) {
+        if st.ov.get(ino).is_some_and(|o| o.has_data()) {
             blocks = blocks.max(attrs.size.div_ceil(BLOCK_SIZE_U64) * 8);
         }
         if st.handles.is_orphan(ino) {
@@ -210,10 +210,10 @@ impl Inner {
             gen,
             state: None,
         };
-        match st.ov.get(ino).filter(|o| !o.ext.is_empty()) {
+        match st.ov.get(ino).filter(|o| o.has_data()) {
             None => shared.read(off, buf)?,
             Some(o) => {
-                for seg in o.ext.segments(off, off + n as u64) {
+                for seg in o.extents().segments(off, off + n as u64) {
                     let dst = &mut buf[(seg.start - off) as usize..(seg.end - off) as usize];
                     match seg.src {
                         Some(Src::Log(l)) => st.log.ring().read(l, dst)?,
@@ -256,8 +256,9 @@ impl Inner {
             Some(i) => self.area.next_block(i, from, to, want),
             None => Ok((!want && from < to).then_some(from)),
         };
+        let ext = st.ov.get(ino).map(|o| o.extents());
         let empty = Extents::new();
-        let ov = st.ov.get(ino).map_or(&empty, |o| &o.ext);
+        let ov = ext.as_deref().unwrap_or(&empty);
         let found = |b: u64| (b * B).max(off);
         let mut b = off / B;
         while b < nblocks {
@@ -339,14 +340,14 @@ impl Inner {
             if inode.generation != gen || inode.attrs.kind != Kind::File {
                 return Ok(plan);
             }
-            let ov = st.ov.get(ino).filter(|o| !o.ext.is_empty());
+            let ext = st.ov.get(ino).filter(|o| o.has_data()).map(|o| o.extents());
             for (i, p) in plan.iter_mut().enumerate() {
                 let start = off + (i as u64) * BLOCK_SIZE_U64;
                 let end = start + BLOCK_SIZE_U64;
                 if end > attrs.size || end > inode.attrs.size {
                     break;
                 }
-                if ov.is_some_and(|o| o.ext.segments(start, end).any(|s| s.src.is_some())) {
+                if (ext.as_ref()).is_some_and(|x| x.segments(start, end).any(|s| s.src.is_some())) {
                     continue;
                 }
                 // Only NVM blocks can be mapped in place; lower-tier data is read.
