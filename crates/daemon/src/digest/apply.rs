@@ -244,7 +244,7 @@ fn touched_blocks(
     t: Option<u64>,
 ) -> io::Result<Vec<u64>> {
     let mut touched: Vec<u64> = Vec::new();
-    for (&s, p) in &plan.pending.map {
+    for (&s, p) in plan.pending.pieces() {
         for b in s / BLOCK_SIZE_U64..=(p.end - 1) / BLOCK_SIZE_U64 {
             if touched.last() != Some(&b) {
                 touched.push(b);

@@ -471,6 +471,9 @@ pub(crate) fn plan_batch<'b>(
     for (i, r) in b.recs.iter().cloned().enumerate() {
         plan.fold(sh, i, r).map_err(perr)?;
     }
+    for p in plan.inodes.values_mut() {
+        p.pending.settle();
+    }
     let checked = validate(sh, slot, &mut plan).map_err(perr)?;
     Ok(Planned { plan, checked })
 }

@@ -21,20 +21,86 @@ pub(super) struct Piece<'a> {
 }
 
 /// Pending writes of one file: non-overlapping ranges, later writes win.
+///
+/// Writes are logged first and resolved into the map in one pass ([`Intervals::settle`],
+/// at the end of planning, or before a truncation or punch changes the map): a batch of
+/// tens of thousands of small writes spent most of its planning in one map search and
+/// insert per write, with the core lock held.
 #[derive(Debug, Default)]
 pub(super) struct Intervals<'a> {
-    pub(super) map: BTreeMap<u64, Piece<'a>>,
+    map: BTreeMap<u64, Piece<'a>>,
+    /// Writes not in `map` yet, in log order: `(start, data, record)`.
+    log: Vec<(u64, &'a [u8], usize)>,
 }
 
 impl<'a> Intervals<'a> {
     pub(super) fn insert(&mut self, start: u64, data: &'a [u8], rec: usize) {
-        let end = start + data.len() as u64;
-        self.remove(start, end);
-        self.map.insert(start, Piece { end, data, rec });
+        debug_assert!(!data.is_empty());
+        self.log.push((start, data, rec));
+    }
+
+    /// Resolve the logged writes into the map. Those that overlap no other logged write
+    /// and nothing in the map go in by position, all at once (their order cannot
+    /// matter); the rest are inserted one by one in log order, a later write winning.
+    pub(super) fn settle(&mut self) {
+        if self.log.is_empty() {
+            return;
+        }
+        let mut log = std::mem::take(&mut self.log);
+        // By start, then log order (stable).
+        log.sort_by_key(|&(s, _, _)| s);
+        let end = |e: &(u64, &[u8], usize)| e.0 + e.1.len() as u64;
+        // Alone: it overlaps no earlier write (none reaches past its start) and no
+        // later one (the next starts at or after its end).
+        let empty_map = self.map.is_empty();
+        let mut alone = Vec::with_capacity(log.len());
+        let mut reach = 0u64;
+        for (i, w) in log.iter().enumerate() {
+            let before = i > 0 && w.0 < reach;
+            let after = log.get(i + 1).is_some_and(|n| n.0 < end(w));
+            alone.push(empty_map && !before && !after);
+            reach = reach.max(end(w));
+        }
+        let mut rest: Vec<(u64, &'a [u8], usize)> = Vec::new();
+        let mut by_pos: Vec<(u64, Piece<'a>)> = Vec::with_capacity(log.len());
+        for (e, a) in log.into_iter().zip(alone) {
+            if a {
+                let p = Piece {
+                    end: e.0 + e.1.len() as u64,
+                    data: e.1,
+                    rec: e.2,
+                };
+                by_pos.push((e.0, p));
+            } else {
+                rest.push(e);
+            }
+        }
+        if self.map.is_empty() {
+            // Sorted and distinct keys: built in one pass.
+            self.map = by_pos.into_iter().collect();
+        } else {
+            debug_assert!(by_pos.is_empty());
+        }
+        rest.sort_by_key(|&(_, _, rec)| rec);
+        for (start, data, rec) in rest {
+            let end = start + data.len() as u64;
+            self.remove(start, end);
+            self.map.insert(start, Piece { end, data, rec });
+        }
+    }
+
+    /// The pieces by start (settled: [`Intervals::settle`] ran since the last insert).
+    pub(super) fn pieces(&self) -> &BTreeMap<u64, Piece<'a>> {
+        assert!(
+            self.log.is_empty(),
+            "pending writes read before they were settled"
+        );
+        &self.map
     }
 
     /// Drop `[start, end)` (splitting the pieces across its ends).
     pub(super) fn remove(&mut self, start: u64, end: u64) {
+        self.settle();
         let over: Vec<u64> = self
             .map
             .range(..end)
@@ -69,6 +135,7 @@ impl<'a> Intervals<'a> {
 
     /// Drop everything at or beyond `at`.
     pub(super) fn cut(&mut self, at: u64) {
+        self.settle();
         drop(self.map.split_off(&at));
         if let Some((&k, p)) = self.map.range_mut(..at).next_back() {
             if p.end > at {
@@ -80,19 +147,18 @@ impl<'a> Intervals<'a> {
 
     pub(super) fn clear(&mut self) {
         self.map.clear();
+        self.log.clear();
     }
 
-    /// Pieces overlapping `[s, e)`, in order.
+    /// Pieces overlapping `[s, e)`, in order: the one starting before `s` that reaches
+    /// into it (pieces never overlap: at most one), then those starting inside it.
     pub(super) fn overlapping(&self, s: u64, e: u64) -> impl Iterator<Item = (u64, &Piece<'a>)> {
-        let mut v: Vec<(u64, &Piece<'a>)> = self
-            .map
-            .range(..e)
-            .rev()
-            .take_while(|(_, p)| p.end > s)
+        let map = self.pieces();
+        let first = map.range(..s).next_back().filter(|(_, p)| p.end > s);
+        first
+            .into_iter()
+            .chain(map.range(s..e.max(s)))
             .map(|(k, p)| (*k, p))
-            .collect();
-        v.reverse();
-        v.into_iter()
     }
 }
 
@@ -383,5 +449,90 @@ impl<'a> Plan<'a> {
         p.attrs.ctime = mtime;
         p.attr_rec = Some(idx);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SPAN: u64 = 96;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(u64, u64),
+        Remove(u64, u64),
+        Cut(u64),
+        Settle,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..SPAN, 1..24u64).prop_map(|(s, l)| Op::Write(s, l)),
+            1 => (0..SPAN, 1..24u64).prop_map(|(s, l)| Op::Remove(s, l)),
+            1 => (0..SPAN).prop_map(Op::Cut),
+            1 => Just(Op::Settle),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of writes, removals, cuts and settles leaves the pieces a byte
+        /// model says: each byte from the last write over it, unless removed or cut
+        /// since; pieces never overlap.
+        #[test]
+        fn settled_pieces_match_a_byte_model(ops in proptest::collection::vec(op(), 1..60)) {
+            // Each write's bytes are its record number, so a byte names its writer.
+            let bytes: Vec<Vec<u8>> = (0..ops.len()).map(|i| vec![i as u8; 24]).collect();
+            let mut iv = Intervals::default();
+            let mut model: Vec<Option<usize>> = vec![None; (SPAN + 24) as usize];
+            for (rec, o) in ops.iter().enumerate() {
+                match *o {
+                    Op::Write(s, l) => {
+                        iv.insert(s, &bytes[rec][..l as usize], rec);
+                        for b in s..s + l {
+                            model[b as usize] = Some(rec);
+                        }
+                    }
+                    Op::Remove(s, l) => {
+                        iv.remove(s, s + l);
+                        for b in s..s + l {
+                            model[b as usize] = None;
+                        }
+                    }
+                    Op::Cut(at) => {
+                        iv.cut(at);
+                        for m in &mut model[at as usize..] {
+                            *m = None;
+                        }
+                    }
+                    Op::Settle => iv.settle(),
+                }
+            }
+            iv.settle();
+            let mut got: Vec<Option<usize>> = vec![None; model.len()];
+            let mut last_end = 0;
+            for (&s, p) in iv.pieces() {
+                prop_assert!(s >= last_end, "pieces overlap at {s}");
+                prop_assert_eq!(p.data.len() as u64, p.end - s);
+                for (i, &d) in p.data.iter().enumerate() {
+                    prop_assert_eq!(d as usize, p.rec, "a piece's bytes are its record's");
+                    got[s as usize + i] = Some(p.rec);
+                }
+                last_end = p.end;
+            }
+            prop_assert_eq!(got, model);
+            // `overlapping` is the pieces that meet the range, in order.
+            for s in (0..SPAN).step_by(7) {
+                for e in [s, s + 1, s + 9, s + 40] {
+                    let want: Vec<u64> = (iv.pieces().iter())
+                        .filter(|(&k, p)| k < e && p.end > s)
+                        .map(|(&k, _)| k)
+                        .collect();
+                    let got: Vec<u64> = iv.overlapping(s, e).map(|(k, _)| k).collect();
+                    prop_assert_eq!(got, want, "overlapping({}, {})", s, e);
+                }
+            }
+        }
     }
 }

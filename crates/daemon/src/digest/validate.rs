@@ -68,7 +68,7 @@ fn check_inodes(
                 if let Some(r) = p.attr_rec {
                     survivors[r] = true;
                 }
-                for piece in p.pending.map.values() {
+                for piece in p.pending.pieces().values() {
                     survivors[piece.rec] = true;
                 }
             }
