@@ -48,7 +48,6 @@ pub(super) fn apply_file<'a>(
     // Old content is kept below the truncation point (beyond the old size it is zero).
     let limit = t.unwrap_or(u64::MAX);
     let mut changes = Vec::with_capacity(touched.len());
-    let mut buf = vec![0u8; BLOCK_SIZE];
     // Superpage extents: the ranges this batch fills from nothing go into new extents;
     // blocks of existing extents (below a truncation) are written in place.
     let fresh = fresh_extents(sh, w, old, &touched, keep_blocks)?;
@@ -61,18 +60,18 @@ pub(super) fn apply_file<'a>(
             .overlapping(bs, be)
             .map(|(k, p)| p.end.min(be) - k.max(bs))
             .sum();
-        if covered < BLOCK_SIZE_U64 {
-            match sh.area.block_of(old, fb)? {
-                Some(ob) if bs < limit && !plan.in_hole(fb) => {
-                    sh.area.read_leaf(ob, &mut buf)?;
-                    if limit < be {
-                        buf[(limit - bs) as usize..].fill(0);
-                    }
-                }
-                _ => buf.fill(0),
-            }
-        }
-        let base = (covered < BLOCK_SIZE_U64).then(|| buf.clone());
+        // What the pieces do not cover keeps the old block's content, read when the
+        // block is written (`write_data`, without the core lock): the old block stays
+        // until this digest publishes and retires it, and no other digest or migration
+        // touches the inode's blocks while its claim is registered.
+        let old_part = covered < BLOCK_SIZE_U64 && bs < limit && !plan.in_hole(fb);
+        let base = match old_part.then(|| sh.area.block_of(old, fb)).transpose()? {
+            Some(Some(entry)) => Base::Old {
+                entry,
+                keep: (limit.min(be) - bs) as usize,
+            },
+            _ => Base::Zero,
+        };
         let mut pieces = Vec::new();
         for (k, p) in pending.overlapping(bs, be) {
             let s = k.max(bs);
@@ -114,7 +113,7 @@ pub(super) fn apply_file<'a>(
             if !written[k as usize] {
                 data.push(DataWrite {
                     blk: first + k,
-                    base: None,
+                    base: Base::Zero,
                     pieces: Vec::new(),
                 });
                 w.bytes += BLOCK_SIZE_U64;
@@ -223,7 +222,7 @@ fn punch_in_extents(
             if !changed.contains(&b) && written.insert(blk) {
                 data.push(DataWrite {
                     blk,
-                    base: None,
+                    base: Base::Zero,
                     pieces: Vec::new(),
                 });
                 sh.superpages.note_sparse(ino, b / HUGE_BLOCKS);
@@ -308,25 +307,41 @@ pub(crate) enum Effect {
 /// [`write_data`] before the publishing fence.
 pub(crate) struct DataWrite<'a> {
     pub(super) blk: u64,
-    pub(super) base: Option<Vec<u8>>,
+    pub(super) base: Base,
     pub(super) pieces: Vec<(usize, &'a [u8])>,
+}
+
+/// What a new data block holds where the batch's pieces do not cover it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Base {
+    Zero,
+    /// The old block (its map entry, any tier): its first `keep` bytes, zeros after
+    /// them (a truncation inside the block).
+    Old {
+        entry: u64,
+        keep: usize,
+    },
 }
 
 /// Write the new data blocks of a digest (no fence: the publish fence orders them, and
 /// must run on the same thread).
-pub(crate) fn write_data(map: &cairn_media::Mapping, data: &[DataWrite<'_>]) -> io::Result<()> {
+pub(crate) fn write_data(area: &cairn_area::Area, data: &[DataWrite<'_>]) -> io::Result<()> {
+    let map = area.map();
     let mut buf = vec![0u8; BLOCK_SIZE];
     for d in data {
         let off = (d.blk * BLOCK_SIZE_U64) as usize;
-        if let (None, [(0, whole)]) = (&d.base, &d.pieces[..]) {
+        if let (Base::Zero, [(0, whole)]) = (&d.base, &d.pieces[..]) {
             if whole.len() == BLOCK_SIZE {
                 map.write_nt(off, whole)?;
                 continue;
             }
         }
-        match &d.base {
-            Some(b) => buf.copy_from_slice(b),
-            None => buf.fill(0),
+        match d.base {
+            Base::Old { entry, keep } => {
+                area.read_leaf(entry, &mut buf)?;
+                buf[keep..].fill(0);
+            }
+            Base::Zero => buf.fill(0),
         }
         for &(o, p) in &d.pieces {
             buf[o..o + p.len()].copy_from_slice(p);

@@ -510,7 +510,7 @@ fn digest_with(
     };
     let pl = plan_batch(sh, slot, &b)?;
     let a = apply_batch(sh, &pl)?;
-    if let Err(e) = write_data(area.map(), &a.data) {
+    if let Err(e) = write_data(&area, &a.data) {
         sh.rollback(&a.w);
         return Err(DigestError::Failed(e));
     }

@@ -219,7 +219,7 @@ fn digest_slice(
         };
         drop(g);
         // 3. Data blocks (no lock).
-        let written = digest::write_data(area.map(), &a.data);
+        let written = digest::write_data(&area, &a.data);
         // 4. Publish (core lock).
         let mut g = cl.raw();
         let r = match written {

@@ -49,6 +49,24 @@ impl<'a> Intervals<'a> {
         let mut log = std::mem::take(&mut self.log);
         // By start, then log order (stable).
         log.sort_by_key(|&(s, _, _)| s);
+        // A write that a later one at the same start covers whole changes nothing (a
+        // batch of commits rewrites one commit-sequence word thousands of times).
+        let mut covered = vec![false; log.len()];
+        let mut i = 0;
+        while i < log.len() {
+            let same = log[i..].iter().take_while(|w| w.0 == log[i].0).count();
+            let mut longest = 0;
+            for k in (i..i + same).rev() {
+                covered[k] = log[k].1.len() <= longest;
+                longest = longest.max(log[k].1.len());
+            }
+            i += same;
+        }
+        let mut k = 0;
+        log.retain(|_| {
+            k += 1;
+            !covered[k - 1]
+        });
         let end = |e: &(u64, &[u8], usize)| e.0 + e.1.len() as u64;
         // Alone: it overlaps no earlier write (none reaches past its start) and no
         // later one (the next starts at or after its end).
