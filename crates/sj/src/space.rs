@@ -465,9 +465,16 @@ fn declare(
     {
         return Ok(());
     }
-    let mut old = vec![0u8; len as usize];
-    region.read(off as usize, &mut old)?;
-    undo.record(off, &old)?;
+    // Small declarations (a field, a pointer) go through the stack.
+    let (mut small, mut big) = ([0u8; 256], Vec::new());
+    let old: &mut [u8] = if len <= small.len() as u64 {
+        &mut small[..len as usize]
+    } else {
+        big.resize(len as usize, 0);
+        &mut big
+    };
+    region.read(off as usize, old)?;
+    undo.record(off, old)?;
     declared.push((off, len));
     Ok(())
 }
@@ -1887,7 +1894,8 @@ impl SpaceJmp {
     /// staged first ([`SpaceJmp::commit_staged`]): all or nothing all the same.
     pub fn commit(&self) -> io::Result<CommitStats> {
         let segs = self.writable()?;
-        let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
+        let switched_in =
+            |ino: u64| THREAD.with(|t| t.borrow().held.iter().any(|h| h.ino == ino && h.write));
         let mut stats = CommitStats::default();
         // Per segment: its writes, and whether its writer lock is the transaction's.
         struct Work {
@@ -1955,7 +1963,7 @@ impl SpaceJmp {
                 }
                 // The writer lock is this transaction's (taken just now, or by the first
                 // declared store) unless switching took it.
-                let temp_lock = !held.iter().any(|h| h.ino == seg.ino && h.write);
+                let temp_lock = !switched_in(seg.ino);
                 work.push(Work {
                     seg,
                     region,

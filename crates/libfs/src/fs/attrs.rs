@@ -155,6 +155,11 @@ impl Inner {
     /// Clear the setuid and setgid bits a write or truncate by this client removes
     /// (`Cred::privs_to_kill`), in a transaction of its own; whether it did.
     pub(super) fn kill_privs(&self, st: &mut State, ino: u64, a: &Attrs) -> io::Result<bool> {
+        // Without a set-user-ID or set-group-ID bit there is nothing to kill (and no need
+        // to read the credentials, a shared lock, on every write).
+        if a.perm & 0o6000 == 0 {
+            return Ok(false);
+        }
         let kill = self.cred().privs_to_kill(a);
         if kill == 0 {
             return Ok(false);

@@ -339,8 +339,13 @@ impl Inner {
     /// runs of one file may not overlap. `E2BIG` when the transaction would be larger
     /// than a quarter of the log (the caller must make the change atomic another way).
     pub(crate) fn write_runs(&self, st: &mut State, runs: &[(u64, u64, &[u8])]) -> io::Result<()> {
-        let runs: Vec<(u64, u64, &[u8])> =
-            runs.iter().copied().filter(|r| !r.2.is_empty()).collect();
+        let nonempty: Vec<(u64, u64, &[u8])>;
+        let runs = if runs.iter().any(|r| r.2.is_empty()) {
+            nonempty = runs.iter().copied().filter(|r| !r.2.is_empty()).collect();
+            &nonempty[..]
+        } else {
+            runs
+        };
         if runs.is_empty() {
             return Ok(());
         }
@@ -420,7 +425,7 @@ impl Inner {
             }
             self.maybe_request_digest(st);
         }
-        for &(ino, offset, data) in &runs {
+        for &(ino, offset, data) in runs {
             st.mirror_to_mapobj(ino, offset, data)?;
         }
         Ok(())
