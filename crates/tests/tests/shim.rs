@@ -3,7 +3,7 @@
 //! `O_CLOEXEC`), `mmap`, stdio, directory streams, locks, and kills mid-work.
 //! Needs sqlite3, git, tar, python3, db_bench, redis and fio (scripts/setup.sh).
 
-use cairn_tests::harness::{cairn_bin, daemon_pid, kill9};
+use cairn_tests::harness::{cairn_bin, daemon_pid, kill9, StoreSize};
 use cairn_tests::shim::{compile_c, python, run_cmd, sh};
 use cairn_tests::TestStore;
 use std::io::BufRead;
@@ -1228,4 +1228,48 @@ print(call(d, fcntl.DN_MULTISHOT), call(d, 0), call(f, fcntl.DN_MULTISHOT),
 \"",
     );
     assert_eq!(out, "0 0 0 EINVAL ENOTDIR\n");
+}
+
+/// `cairn bench mail` in miniature, on a store the mailboxes would outgrow in the seconds
+/// asked for: each run stops at the mails the free space holds (Cairn's at least: it is
+/// the fastest to get there) and the report says so; a store too small for a useful run
+/// is refused with a clear error; nothing is left in /dev/shm.
+#[test]
+fn the_mail_benchmark_stops_at_what_the_store_holds() {
+    let s = TestStore::with_size(StoreSize {
+        nvm: "128M",
+        ..StoreSize::default()
+    });
+    let mail = |extra: &[&str]| {
+        Command::new(cairn_bin())
+            .arg("--store")
+            .arg(s.path())
+            .args(["bench", "mail", "--json", "--threads", "2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = mail(&["--files", "200", "--seconds", "60"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["max_mails"].as_u64().unwrap() >= 4096, "{v}");
+    assert!(v["capped_runs"].as_u64().unwrap() >= 1, "{v}");
+    for r in v["results"].as_array().unwrap() {
+        assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(
+        v["results"][0]["digest"]["records"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let o = mail(&["--files", "100000", "--seconds", "1"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("use a larger store"), "{err}");
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cairn-bench-mail-"))
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
