@@ -37,6 +37,16 @@ pub fn output_ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The names in /dev/shm that start with `prefix` (what a test or benchmark left).
+pub fn shm_leftovers(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
 /// A figure of `/proc/PID/status` (`VmRSS` and `VmSize` in KiB, `Threads`), while the
 /// process lives.
 pub fn proc_status(pid: u32, field: &str) -> Option<u64> {

@@ -344,12 +344,7 @@ fn the_shared_store_benchmark_runs() {
     for r in rows {
         assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
     }
-    let left: Vec<_> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("cairn-bench-kvshared-"))
-        .collect();
+    let left = cairn_tests::harness::shm_leftovers("cairn-bench-kvshared-");
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 

@@ -1265,11 +1265,6 @@ fn the_mail_benchmark_stops_at_what_the_store_holds() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("use a larger store"), "{err}");
-    let left: Vec<_> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("cairn-bench-mail-"))
-        .collect();
+    let left = cairn_tests::harness::shm_leftovers("cairn-bench-mail-");
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
