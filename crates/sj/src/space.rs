@@ -451,6 +451,9 @@ impl Mem for DeclaringMem<'_> {
 }
 
 /// Record `[off, off + len)` of `region` in the undo log (once per transaction).
+/// How many of a transaction's latest declarations a new one is looked up in.
+const DECLARED_SEARCHED: usize = 16;
+
 fn declare(
     region: &Region,
     undo: &UndoLog,
@@ -458,9 +461,12 @@ fn declare(
     off: u64,
     len: u64,
 ) -> io::Result<()> {
+    // Declared already by one of the last few declarations (a field declared again in a
+    // loop): nothing to record. Only the last few are searched, so a transaction of
+    // thousands of declarations does not search them all each time; a range declared
+    // again further back is recorded twice, which rolls back the same (newest first).
     if len == 0
-        || declared
-            .iter()
+        || (declared.iter().rev().take(DECLARED_SEARCHED))
             .any(|&(o, l)| o <= off && off + len <= o + l)
     {
         return Ok(());

@@ -808,6 +808,53 @@ fn sj_child() {
             }
             sj.seg_free("up").unwrap();
         }
+        // An explicit transaction declares 40 fields, stores into each, declares the first
+        // ones again (further back than a new declaration is looked up) and stores
+        // again, then aborts: every field is back at its committed value; committed the
+        // same way, every field holds the last store.
+        "redeclare" => {
+            let sid = sj
+                .seg_alloc("redecl", None, SEG_LEN, prot::RW, 0, 0o600)
+                .unwrap();
+            let base = sj.seg_info("redecl").unwrap().base;
+            let vid = sj.vas_create("redecl", 0o600).unwrap();
+            sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Explicit).unwrap();
+            let g = sj.enter(vh).unwrap();
+            let field = |i: u64| SegPtr(base + DATA + i * 64);
+            for i in 0..40 {
+                g.set(field(i), 1000 + i).unwrap();
+            }
+            g.commit().unwrap();
+            for end in ["abort", "commit"] {
+                for round in 0..2u64 {
+                    for i in 0..40 {
+                        g.set(field(i), round * 100 + i).unwrap();
+                    }
+                }
+                match end {
+                    "abort" => g.abort().unwrap(),
+                    _ => drop(g.commit().unwrap()),
+                }
+                let got: Vec<u64> = (0..40).map(|i| g.get::<u64>(field(i)).unwrap()).collect();
+                let all_committed = got.iter().enumerate().all(|(i, &v)| v == 1000 + i as u64);
+                let all_last = got.iter().enumerate().all(|(i, &v)| v == 100 + i as u64);
+                println!(
+                    "sj: {end} {}",
+                    if all_committed {
+                        "committed"
+                    } else if all_last {
+                        "last"
+                    } else {
+                        "torn"
+                    }
+                );
+            }
+            drop(g);
+            sj.vas_detach(vh).unwrap();
+            sj.vas_remove("redecl").unwrap();
+            sj.seg_free("redecl").unwrap();
+        }
         // A segment and an address space holding it, for programs that map its file.
         "mseg" => {
             let sid = sj
@@ -1475,6 +1522,13 @@ fn a_helper_process_is_in_a_conflicting_address_space_at_the_same_time() {
 
 /// A segment attached read-only and then writable in one process is remapped in place
 /// (it used to be left unmapped: the old mapping's release reserved the range again).
+#[test]
+fn fields_declared_again_roll_back_and_commit_whole() {
+    let s = store();
+    let out = run(s.path(), "redeclare", &[]);
+    assert_eq!(out, vec!["abort committed", "commit last"]);
+}
+
 #[test]
 fn a_segment_attached_read_only_then_writable_is_writable() {
     let s = store();
