@@ -8,6 +8,10 @@ pub const R: u32 = 4;
 pub const W: u32 = 2;
 pub const X: u32 = 1;
 
+/// The set-user-ID and set-group-ID bits: a write can clear nothing from a file without
+/// them ([`privs_killed`]).
+pub const SET_ID_BITS: u32 = 0o6000;
+
 /// The setuid and setgid bits of a regular file with permission bits `perm` that a write
 /// or truncate by an unprivileged process clears: setuid, and setgid when the file is
 /// group-executable or the writer is not in its group (`in_group`). The one rule of

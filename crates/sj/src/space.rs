@@ -322,7 +322,7 @@ struct ThreadState {
     /// A Rust guard (`Switched`) is alive.
     guarded: bool,
     /// Explicit-mode ranges declared in this transaction, per segment.
-    declared: HashMap<u64, Vec<(u64, u64)>>,
+    declared: HashMap<u64, Declared>,
     /// Lock plans by handle.
     plans: Vec<Option<Plan>>,
 }
@@ -421,7 +421,7 @@ impl Mem for RegionMem<'_> {
 struct DeclaringMem<'a> {
     region: &'a Region,
     undo: &'a UndoLog,
-    declared: &'a mut Vec<(u64, u64)>,
+    declared: &'a mut Declared,
 }
 
 impl DeclaringMem<'_> {
@@ -450,25 +450,51 @@ impl Mem for DeclaringMem<'_> {
     }
 }
 
-/// Record `[off, off + len)` of `region` in the undo log (once per transaction).
-/// How many of a transaction's latest declarations a new one is looked up in.
-const DECLARED_SEARCHED: usize = 16;
+/// The ranges an explicit transaction declared in one segment: start → end, each
+/// range as declared (not merged: a lookup sees the one starting nearest before it).
+#[derive(Debug, Default)]
+struct Declared(std::collections::BTreeMap<u64, u64>);
 
+impl Declared {
+    /// Whether a declaration covers `[off, off + len)` whole. Only the one starting
+    /// nearest at or before `off` is looked at: a range inside one that starts further
+    /// back is declared again, which records its bytes twice (rolled back newest first,
+    /// that restores the same).
+    fn covers(&self, off: u64, len: u64) -> bool {
+        (self.0.range(..=off).next_back()).is_some_and(|(_, &end)| off + len <= end)
+    }
+
+    fn add(&mut self, off: u64, len: u64) {
+        let end = self.0.entry(off).or_insert(off + len);
+        *end = (*end).max(off + len);
+    }
+
+    /// The declared ranges, merged where they touch or overlap: `(offset, length)` in
+    /// order.
+    fn merged(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (&o, &e) in &self.0 {
+            match out.last_mut() {
+                Some(last) if o <= last.0 + last.1 => {
+                    last.1 = (last.0 + last.1).max(e) - last.0;
+                }
+                _ => out.push((o, e - o)),
+            }
+        }
+        out
+    }
+}
+
+/// Record `[off, off + len)` of `region` in the undo log, unless this transaction
+/// declared it already ([`Declared::covers`]).
 fn declare(
     region: &Region,
     undo: &UndoLog,
-    declared: &mut Vec<(u64, u64)>,
+    declared: &mut Declared,
     off: u64,
     len: u64,
 ) -> io::Result<()> {
-    // Declared already by one of the last few declarations (a field declared again in a
-    // loop): nothing to record. Only the last few are searched, so a transaction of
-    // thousands of declarations does not search them all each time; a range declared
-    // again further back is recorded twice, which rolls back the same (newest first).
-    if len == 0
-        || (declared.iter().rev().take(DECLARED_SEARCHED))
-            .any(|&(o, l)| o <= off && off + len <= o + l)
-    {
+    if len == 0 || declared.covers(off, len) {
         return Ok(());
     }
     // Small declarations (a field, a pointer) go through the stack.
@@ -481,7 +507,7 @@ fn declare(
     };
     region.read(off as usize, old)?;
     undo.record(off, old)?;
-    declared.push((off, len));
+    declared.add(off, len);
     Ok(())
 }
 
@@ -1950,7 +1976,7 @@ impl SpaceJmp {
                         let declared = THREAD
                             .with(|t| t.borrow_mut().declared.remove(&seg.ino))
                             .unwrap_or_default();
-                        for (off, len) in merge_ranges(declared) {
+                        for (off, len) in declared.merged() {
                             let mut b = vec![0u8; len as usize];
                             region.read(off as usize, &mut b)?;
                             runs.push((off, b));
@@ -2434,23 +2460,6 @@ fn check_grant(path: &str, h: &SegHeader, p: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Sorted, merged ranges.
-fn merge_ranges(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|r| r.1 > 0);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (o, l) in v {
-        match out.last_mut() {
-            Some(last) if o <= last.0 + last.1 => {
-                let end = (last.0 + last.1).max(o + l);
-                last.1 = end - last.0;
-            }
-            _ => out.push((o, l)),
-        }
-    }
-    out
-}
-
 /// The entries of an address space's file.
 fn read_vas(f: &cairn::File, path: &str) -> io::Result<Vec<VasEntry>> {
     let len = f.metadata()?.len() as usize;
@@ -2467,4 +2476,22 @@ fn write_vas(f: &cairn::File, entries: &[VasEntry]) -> io::Result<()> {
         f.set_len(b.len() as u64)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Declared;
+
+    #[test]
+    fn declared_ranges_cover_what_they_hold_and_merge() {
+        let mut d = Declared::default();
+        d.add(100, 8);
+        d.add(200, 64);
+        d.add(200, 16);
+        assert!(d.covers(100, 8) && d.covers(104, 4) && d.covers(220, 8));
+        assert!(!d.covers(96, 8) && !d.covers(104, 8) && !d.covers(300, 1));
+        d.add(108, 4);
+        d.add(112, 100);
+        assert_eq!(d.merged(), vec![(100, 164)]);
+    }
 }

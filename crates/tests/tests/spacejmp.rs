@@ -808,10 +808,9 @@ fn sj_child() {
             }
             sj.seg_free("up").unwrap();
         }
-        // An explicit transaction declares 40 fields, stores into each, declares the first
-        // ones again (further back than a new declaration is looked up) and stores
-        // again, then aborts: every field is back at its committed value; committed the
-        // same way, every field holds the last store.
+        // An explicit transaction declares 40 fields, stores into each, declares them all
+        // again and stores again, then aborts: every field is back at its committed
+        // value; committed the same way, every field holds the last store.
         "redeclare" => {
             let sid = sj
                 .seg_alloc("redecl", None, SEG_LEN, prot::RW, 0, 0o600)

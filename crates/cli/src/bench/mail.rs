@@ -329,7 +329,7 @@ pub fn run(store: Option<&Path>, a: &MailArgs) -> CliResult {
         }
         Ok(())
     };
-    // The mailboxes grow by 16 KiB a mail and are never emptied (about 140 MB/s here):
+    // The mailboxes grow by 16 KiB a mail and are never emptied (about 190 MB/s here):
     // every system's run stops after as many mails as seven eighths of the store's free
     // space holds beyond the mailboxes (the same bound for each, so they do the same work
     // at most), rather than fail with ENOSPC half-way; a store too small for a useful

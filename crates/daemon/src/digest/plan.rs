@@ -39,71 +39,63 @@ impl<'a> Intervals<'a> {
         self.log.push((start, data, rec));
     }
 
-    /// Resolve the logged writes into the map. Those that overlap no other logged write
-    /// and nothing in the map go in by position, all at once (their order cannot
-    /// matter); the rest are inserted one by one in log order, a later write winning.
+    /// Put one write into the map over what it overlaps.
+    fn put(&mut self, start: u64, data: &'a [u8], rec: usize) {
+        let end = start + data.len() as u64;
+        self.remove(start, end);
+        self.map.insert(start, Piece { end, data, rec });
+    }
+
+    /// Resolve the logged writes into the map. Into an empty map (the usual case: no
+    /// truncation or punch settled it earlier in the batch), sorted by start: a write
+    /// that a later one at the same start covers whole is dropped (a batch of commits
+    /// rewrites one commit-sequence word thousands of times), those that overlap no
+    /// other go in by position, all at once, and the rest one by one in log order, a
+    /// later write winning. Into a map already holding pieces, every write is put in
+    /// log order.
     pub(super) fn settle(&mut self) {
         if self.log.is_empty() {
             return;
         }
         let mut log = std::mem::take(&mut self.log);
-        // By start, then log order (stable).
-        log.sort_by_key(|&(s, _, _)| s);
-        // A write that a later one at the same start covers whole changes nothing (a
-        // batch of commits rewrites one commit-sequence word thousands of times).
-        let mut covered = vec![false; log.len()];
-        let mut i = 0;
-        while i < log.len() {
-            let same = log[i..].iter().take_while(|w| w.0 == log[i].0).count();
+        if !self.map.is_empty() {
+            for (start, data, rec) in log {
+                self.put(start, data, rec);
+            }
+            return;
+        }
+        // By start, then log order (the sort is stable).
+        log.sort_by_key(|w| w.0);
+        let mut kept = Vec::with_capacity(log.len());
+        for same_start in log.chunk_by(|a, b| a.0 == b.0) {
             let mut longest = 0;
-            for k in (i..i + same).rev() {
-                covered[k] = log[k].1.len() <= longest;
-                longest = longest.max(log[k].1.len());
+            for w in same_start.iter().rev() {
+                if w.1.len() > longest {
+                    longest = w.1.len();
+                    kept.push(*w);
+                }
             }
-            i += same;
         }
-        let mut k = 0;
-        log.retain(|_| {
-            k += 1;
-            !covered[k - 1]
-        });
-        let end = |e: &(u64, &[u8], usize)| e.0 + e.1.len() as u64;
-        // Alone: it overlaps no earlier write (none reaches past its start) and no
-        // later one (the next starts at or after its end).
-        let empty_map = self.map.is_empty();
-        let mut alone = Vec::with_capacity(log.len());
-        let mut reach = 0u64;
-        for (i, w) in log.iter().enumerate() {
-            let before = i > 0 && w.0 < reach;
-            let after = log.get(i + 1).is_some_and(|n| n.0 < end(w));
-            alone.push(empty_map && !before && !after);
+        let end = |w: &(u64, &[u8], usize)| w.0 + w.1.len() as u64;
+        let (mut by_pos, mut rest) = (Vec::with_capacity(kept.len()), Vec::new());
+        let mut reach = 0;
+        for (i, w) in kept.iter().enumerate() {
+            // Alone: no earlier write reaches past its start, the next starts at or
+            // after its end.
+            let alone = w.0 >= reach && kept.get(i + 1).is_none_or(|n| n.0 >= end(w));
             reach = reach.max(end(w));
-        }
-        let mut rest: Vec<(u64, &'a [u8], usize)> = Vec::new();
-        let mut by_pos: Vec<(u64, Piece<'a>)> = Vec::with_capacity(log.len());
-        for (e, a) in log.into_iter().zip(alone) {
-            if a {
-                let p = Piece {
-                    end: e.0 + e.1.len() as u64,
-                    data: e.1,
-                    rec: e.2,
-                };
-                by_pos.push((e.0, p));
+            if alone {
+                let (end, data, rec) = (end(w), w.1, w.2);
+                by_pos.push((w.0, Piece { end, data, rec }));
             } else {
-                rest.push(e);
+                rest.push(*w);
             }
         }
-        if self.map.is_empty() {
-            // Sorted and distinct keys: built in one pass.
-            self.map = by_pos.into_iter().collect();
-        } else {
-            debug_assert!(by_pos.is_empty());
-        }
-        rest.sort_by_key(|&(_, _, rec)| rec);
+        // Sorted and distinct keys: built in one pass.
+        self.map = by_pos.into_iter().collect();
+        rest.sort_by_key(|w| w.2);
         for (start, data, rec) in rest {
-            let end = start + data.len() as u64;
-            self.remove(start, end);
-            self.map.insert(start, Piece { end, data, rec });
+            self.put(start, data, rec);
         }
     }
 

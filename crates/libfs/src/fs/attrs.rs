@@ -157,7 +157,7 @@ impl Inner {
     pub(super) fn kill_privs(&self, st: &mut State, ino: u64, a: &Attrs) -> io::Result<bool> {
         // Without a set-user-ID or set-group-ID bit there is nothing to kill (and no need
         // to read the credentials, a shared lock, on every write).
-        if a.perm & 0o6000 == 0 {
+        if a.perm & cairn_format::perm::SET_ID_BITS == 0 {
             return Ok(false);
         }
         let kill = self.cred().privs_to_kill(a);
