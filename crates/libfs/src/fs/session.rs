@@ -564,12 +564,21 @@ impl Inner {
     }
 
     pub(super) fn alloc_ino(&self, st: &mut State) -> io::Result<(u64, u64)> {
-        if st.inodes.is_empty() {
+        // The daemon frees the inodes of unlinked files when it digests them: with none
+        // left, wait for a digest of this log (which may be running in the background)
+        // and ask once more before calling the store full.
+        for attempt in 0..2 {
+            if !st.inodes.is_empty() {
+                break;
+            }
             match self.request(st, &Request::Inodes { count: INODE_BATCH })? {
                 Response::Inodes(v) => st.inodes = v,
                 r => return Err(response_error("inode numbers", r)),
             }
             st.inodes.reverse();
+            if st.inodes.is_empty() && attempt == 0 {
+                self.digest_wait(st)?;
+            }
         }
         let Some(ino) = st.inodes.pop() else {
             return Err(fs_err(
