@@ -82,15 +82,26 @@ pub fn remove_all(store_dir: &Path) {
     }
 }
 
+/// The mode of a host object clients write (map objects, segment files): read and write
+/// for the owner, and for the group when the store's NVM file, of mode `nvm_mode`, may be
+/// read by its group (the trusted group reads the NVM file and writes none of it).
+pub fn object_mode(nvm_mode: u32) -> u32 {
+    if nvm_mode & 0o040 != 0 {
+        0o660
+    } else {
+        0o600
+    }
+}
+
 /// Give host object `f` the store's trust domain: the group of the store's NVM file
-/// `nvm` and its owner and group permission bits (who may open the store may open its
-/// host objects; nobody else). Only the object's owner may change them (`EPERM`
-/// otherwise); a group the process is not in is left as it is.
+/// `nvm` and [`object_mode`] (who may open the store may open its host objects; nobody
+/// else). Only the object's owner may change them (`EPERM` otherwise); a group the
+/// process is not in is left as it is.
 pub fn share_with_store(f: &std::fs::File, nvm: &Path) -> io::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let m = std::fs::metadata(nvm)?;
     let _ = std::os::unix::fs::fchown(f, None, Some(m.gid()));
-    f.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o660))
+    f.set_permissions(std::fs::Permissions::from_mode(object_mode(m.mode())))
 }
 
 /// The kind of host object a lock file is.

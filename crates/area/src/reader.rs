@@ -41,6 +41,9 @@ pub struct Area {
     readahead: u64,
     /// The block a sequential reader would miss next (the end of the last miss).
     next_miss: std::sync::atomic::AtomicU64,
+    /// Every slot's log file, mapped by [`Area::attach_logs`] (format version 7, the
+    /// daemon and fsck; empty otherwise).
+    logs: Vec<Mapping>,
 }
 
 impl Area {
@@ -79,7 +82,63 @@ impl Area {
             cache: None,
             readahead: 1,
             next_miss: Default::default(),
+            logs: Vec::new(),
         })
+    }
+
+    /// Map every slot's log file (`cairn_format::superblock::Layout::slot_files`, named
+    /// [`crate::store::slot_log_path`] after `nvm_path`), read-write for the daemon and a
+    /// repair, read-only for a check. Their pages are not pre-faulted: a log's memory is
+    /// touched by its client. Nothing to do for a store whose logs are in the NVM file.
+    pub fn attach_logs(&mut self, nvm_path: &std::path::Path, writable: bool) -> io::Result<()> {
+        let l = *self.layout();
+        if !l.slot_files {
+            return Ok(());
+        }
+        let mut logs = Vec::with_capacity(l.nslots as usize);
+        for slot in 0..l.nslots {
+            let path = crate::store::slot_log_path(nvm_path, slot);
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(writable)
+                .open(&path)
+                .map_err(|e| {
+                    fs_err(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!(
+                            "cannot open the log file {} of slot {slot}: {e}",
+                            path.display()
+                        ),
+                    )
+                })?;
+            let len = f.metadata()?.len();
+            if len != l.slot_file_bytes() {
+                return Err(eio(format!(
+                    "the log file {} of slot {slot} is {len} bytes, the store's logs are {}",
+                    path.display(),
+                    l.slot_file_bytes()
+                )));
+            }
+            logs.push(Mapping::new(&f, 0, len as usize, writable, false)?);
+        }
+        self.logs = logs;
+        Ok(())
+    }
+
+    /// The mapping holding `slot`'s client page and ring, and the offset of the client
+    /// page in it (the ring follows one block later): the slot's own file, or the NVM
+    /// file for a store of format version 6 or older.
+    pub fn slot_log(&self, slot: u32) -> (&Mapping, usize) {
+        let l = self.layout();
+        assert!(slot < l.nslots, "slot {slot} out of range");
+        if !l.slot_files {
+            return (&self.map, l.client_page_off(slot) as usize);
+        }
+        assert!(
+            !self.logs.is_empty(),
+            "the slots' log files are not mapped (Area::attach_logs)"
+        );
+        (&self.logs[slot as usize], 0)
     }
 
     /// Open the store's local lower tiers (`paths[0]` SSD, `paths[1]` HDD, from

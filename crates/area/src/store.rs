@@ -285,6 +285,12 @@ impl StoreConfig {
         }
     }
 
+    /// The file holding log slot `slot` (client page and ring) of a store of format
+    /// version 7 (`Layout::slot_files`): next to the NVM file, on the same medium.
+    pub fn slot_log_path(&self, slot: u32) -> PathBuf {
+        slot_log_path(&self.nvm_path, slot)
+    }
+
     /// Defaults for a new store whose NVM file will be `nvm_path`.
     pub fn with_defaults(nvm_path: PathBuf) -> StoreConfig {
         StoreConfig {
@@ -433,9 +439,62 @@ pub fn default_store_path() -> PathBuf {
     PathBuf::from(format!("/tmp/cairn-{}/default", cairn_media::sys::ids().0))
 }
 
+/// The file of log slot `slot` of the store whose NVM file is `nvm` (format version 7).
+pub fn slot_log_path(nvm: &Path, slot: u32) -> PathBuf {
+    let mut p = nvm.as_os_str().to_owned();
+    p.push(format!(".slot{slot}"));
+    PathBuf::from(p)
+}
+
+/// The NVM file `nvm` and the log slot files beside it (format version 7, named
+/// [`slot_log_path`]; slots are numbered from 0 without gaps) that exist.
+pub fn nvm_files(nvm: &Path) -> Vec<PathBuf> {
+    let exists = |p: &PathBuf| std::fs::symlink_metadata(p).is_ok();
+    let slots = (0..).map(|s| slot_log_path(nvm, s)).take_while(exists);
+    Some(nvm.to_path_buf())
+        .filter(exists)
+        .into_iter()
+        .chain(slots)
+        .collect()
+}
+
+/// Remove a store's NVM file and its log slot files ([`nvm_files`]); returns the paths
+/// removed.
+pub fn remove_nvm_files(nvm: &Path) -> io::Result<Vec<PathBuf>> {
+    let files = nvm_files(nvm);
+    for p in &files {
+        match std::fs::remove_file(p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(files)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_files_are_found_and_removed_with_the_nvm_file() {
+        let d = tempfile::tempdir().unwrap();
+        let nvm = d.path().join("s.nvm");
+        assert!(nvm_files(&nvm).is_empty());
+        std::fs::write(&nvm, b"").unwrap();
+        for s in [0, 1, 2, 4] {
+            std::fs::write(slot_log_path(&nvm, s), b"").unwrap();
+        }
+        assert_eq!(slot_log_path(&nvm, 2), d.path().join("s.nvm.slot2"));
+        // Slots are numbered without gaps: the first missing one ends the list.
+        let want: Vec<PathBuf> = [nvm.clone()]
+            .into_iter()
+            .chain((0..3).map(|s| slot_log_path(&nvm, s)))
+            .collect();
+        assert_eq!(nvm_files(&nvm), want);
+        assert_eq!(remove_nvm_files(&nvm).unwrap(), want);
+        assert!(!nvm.exists() && slot_log_path(&nvm, 4).exists());
+        assert!(remove_nvm_files(&nvm).unwrap().is_empty());
+    }
 
     #[test]
     fn config_roundtrip() {

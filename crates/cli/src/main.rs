@@ -629,6 +629,11 @@ pub struct MkfsArgs {
     /// Overwrite an existing store
     #[arg(long)]
     pub force: bool,
+    /// The on-media format version to write: 5 or 6 make a store older builds read (before
+    /// 7 the client logs are in the NVM file, which every trusted client opens
+    /// read-write: no isolation by the kernel) [default: 7, the current one]
+    #[arg(long, value_name = "N")]
+    pub format_version: Option<u32>,
     /// Also trust members of this group (name or gid): they may map the store directly
     /// [default: only root and the owner]
     #[arg(long, value_name = "NAME|GID")]

@@ -40,6 +40,10 @@ fn store_files(store: &StoreDir) -> [(&'static str, std::path::PathBuf); 3] {
     ]
 }
 
+/// The name in a backup of the log file of an active slot (format version 7), followed
+/// by the slot's number.
+pub const SLOT_LOG_PREFIX: &str = "log.slot";
+
 /// What the snapshot copied under the core lock.
 struct Snapshot {
     nvm: Vec<u8>,
@@ -225,6 +229,19 @@ fn snapshot(
                     format!("reading {}: {e}", path.display()),
                 ))
             }
+        }
+    }
+    // The logs of a store of format version 7 are files of their own: an active slot's
+    // goes with the snapshot (copied as the NVM file is, while its client may write it).
+    if sh.layout.slot_files {
+        for slot in 0..sh.layout.nslots {
+            if !sh.slot_head(slot)?.0.active {
+                continue;
+            }
+            let (m, page) = sh.area.slot_log(slot);
+            let mut b = vec![0u8; sh.layout.slot_file_bytes() as usize];
+            m.read(page, &mut b)?;
+            files.push((format!("{SLOT_LOG_PREFIX}{slot}"), b));
         }
     }
     let mut local = Vec::new();

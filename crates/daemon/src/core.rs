@@ -94,10 +94,19 @@ pub(crate) fn open_nvm(store: &StoreDir, cfg: &cairn_area::StoreConfig) -> io::R
         .write(true)
         .open(&cfg.nvm_path)
         .map_err(|e| {
+            let why = if e.kind() == io::ErrorKind::PermissionDenied {
+                // Clients of the trusted group may read the file, never write it.
+                let owner = cfg
+                    .owner_uid
+                    .map_or_else(|| "the owner".to_string(), |u| format!("uid {u}"));
+                format!("only the store's owner ({owner}) or root may run its daemon")
+            } else {
+                "a reboot clears /dev/shm".to_string()
+            };
             fs_err(
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!(
-                    "cannot open the NVM file {} of store {}: {e} (a reboot clears /dev/shm)",
+                    "cannot open the NVM file {} of store {}: {e} ({why})",
                     cfg.nvm_path.display(),
                     store.path.display()
                 ),
@@ -159,6 +168,7 @@ impl Core {
         let file = open_nvm(store, &cfg)?;
         cfg.apply_emulation();
         let mut area = Area::open(&file, true)?;
+        area.attach_logs(&cfg.nvm_path, true)?;
         let remote = crate::tiers::remote::open(&cfg, area.superblock(), true)?;
         area.attach_tiers(
             [cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()],
@@ -239,8 +249,8 @@ impl Core {
             if !h.active {
                 continue;
             }
-            let pid_off = (self.sh.layout.client_page_off(slot) + client_page::PID) as usize;
-            let pid = self.sh.map().load_u64(pid_off).unwrap_or(0) as u32;
+            let (page, at) = self.sh.area.slot_log(slot);
+            let pid = page.load_u64(at + client_page::PID as usize).unwrap_or(0) as u32;
             self.clients[slot as usize] = Some(Client {
                 pid,
                 uid: 0,
@@ -340,7 +350,22 @@ impl Core {
             credits,
             uid,
             gid,
+            log_fds: false,
         }
+    }
+
+    /// What a new client of a store whose logs are files of their own
+    /// (`Layout::slot_files`) maps, opened here and sent over its socket
+    /// (`cairn_proto::REGISTRATION_FDS`): the NVM file read-only and `slot`'s log file
+    /// read-write. The client cannot open either itself (mode 0600, or 0640 for the
+    /// trusted group), so the kernel lets it write its own log and nothing else.
+    pub(crate) fn log_fds(&self, slot: u32) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+        let nvm = File::open(&self.cfg.nvm_path)?;
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.cfg.slot_log_path(slot))?;
+        Ok(vec![nvm.into(), log.into()])
     }
 
     /// A new client: an inactive slot whose lock nobody holds, an inode batch, credits.
@@ -390,7 +415,9 @@ impl Core {
             });
             self.leases.drop_slot(slot, true);
             self.leases.set_live(slot);
-            return Ok(self.registration(slot, h, uid, gid));
+            let mut r = self.registration(slot, h, uid, gid);
+            r.log_fds = self.sh.layout.slot_files;
+            return Ok(r);
         }
         Err(fs_err(
             libc::EMFILE,
@@ -838,6 +865,10 @@ impl Core {
         let nvm = &self.cfg.nvm_path;
         let uuid = self.sh.area.superblock().uuid;
         let objects = host::list(&uuid);
+        let logs: Vec<std::path::PathBuf> = (0..self.sh.layout.nslots)
+            .filter(|_| self.sh.layout.slot_files)
+            .map(|s| self.cfg.slot_log_path(s))
+            .collect();
         let sj = host::kind_prefix(&uuid, "sj");
         // Resident segments: `sj-<ino>-<gen>` (not the lock table nor undo logs).
         let resident: Vec<&std::path::PathBuf> = objects
@@ -860,6 +891,8 @@ impl Core {
             host_object_bytes: objects.iter().map(|p| host::allocated_bytes(p)).sum(),
             resident_segments: resident.len() as u64,
             resident_segment_bytes: resident.iter().map(|p| host::allocated_bytes(p)).sum(),
+            log_files: logs.len() as u64,
+            log_allocated_bytes: logs.iter().map(|p| host::allocated_bytes(p)).sum(),
         }
     }
 

@@ -8,9 +8,13 @@ pub const SB_MAGIC: &[u8; 8] = b"CAIRNSB\0";
 /// Magic at the start of the daemon state block.
 pub const STATE_MAGIC: &[u8; 8] = b"CAIRNST\0";
 /// Current format version (2: lower tiers; 3: special files, inode kinds 4–7; 4: a copy
-/// of the superblock in the tier's last block; 5: superpage extents; 6: a remote tier).
-/// Every older version is still read.
-pub const FORMAT_VERSION: u32 = 6;
+/// of the superblock in the tier's last block; 5: superpage extents; 6: a remote tier;
+/// 7: each log slot in a file of its own). Every older version is still read.
+pub const FORMAT_VERSION: u32 = 7;
+/// The first version whose log slots (client page and ring) are files of their own
+/// (`Layout::slot_files`), outside the NVM file: the kernel then lets a client write its
+/// own log and nothing else.
+pub const VERSION_SLOT_FILES: u32 = 7;
 /// The first version that may have a remote tier (its geometry after the HDD's).
 pub const VERSION_REMOTE: u32 = 6;
 /// The first version whose file maps may hold superpage extents
@@ -163,6 +167,11 @@ pub struct Layout {
     /// The block holding a copy of the superblock, the last of the tier, right after the
     /// data region (0: none, a store of format version 3 or older).
     pub sb_copy: u64,
+    /// Each slot's client page and ring are a file of their own of
+    /// [`Layout::slot_file_bytes`] (format version 7): the NVM file has no log region
+    /// (`inode_start == log_start`). Otherwise they sit in the NVM file at
+    /// [`Layout::client_page_off`].
+    pub slot_files: bool,
 }
 
 /// Bytes of one slot-table entry.
@@ -174,11 +183,14 @@ impl Layout {
     /// Compute the layout of a new store (with a copy of the superblock), or explain why
     /// the parameters do not fit.
     pub fn compute(p: Params) -> Result<Layout> {
-        Layout::compute_with(p, true)
+        Layout::compute_for(p, FORMAT_VERSION)
     }
 
-    /// The layout, with or without (format version 3 and older) a copy of the superblock.
-    pub fn compute_with(p: Params, sb_copy: bool) -> Result<Layout> {
+    /// The layout of a store of format `version`: with a copy of the superblock from
+    /// version 4 on, with the logs in files of their own from version 7 on.
+    pub fn compute_for(p: Params, version: u32) -> Result<Layout> {
+        let sb_copy = version > VERSION_NO_COPY;
+        let slot_files = version >= VERSION_SLOT_FILES;
         if p.nslots == 0 || p.nslots > 4096 {
             return bad("slots must be between 1 and 4096");
         }
@@ -215,7 +227,12 @@ impl Layout {
             .sum::<u64>()
             / BLOCK_SIZE_U64;
         let log_start = seg_table_start + seg_table_blocks;
-        let inode_start = log_start + p.nslots as u64 * (1 + log_blocks);
+        let log_region = if slot_files {
+            0
+        } else {
+            p.nslots as u64 * (1 + log_blocks)
+        };
+        let inode_start = log_start + log_region;
         let inode_blocks = align_up(p.inode_count * INODE_BYTES, BLOCK_SIZE_U64) / BLOCK_SIZE_U64;
         let data_start = inode_start + inode_blocks;
         let copy = sb_copy as u64;
@@ -242,6 +259,7 @@ impl Layout {
             data_blocks: total_blocks - data_start - copy,
             tiers: p.tiers,
             sb_copy: if sb_copy { total_blocks - 1 } else { 0 },
+            slot_files,
         })
     }
 
@@ -299,13 +317,23 @@ impl Layout {
     pub fn slot_entry_off(&self, slot: u32) -> u64 {
         self.slot_table_start * BLOCK_SIZE_U64 + slot as u64 * SLOT_ENTRY_BYTES
     }
-    /// Byte offset of the client page of `slot`.
+    /// Byte offset of the client page of `slot` in the file that holds it: the slot's
+    /// own file (0) with [`Layout::slot_files`], else the NVM file.
     pub fn client_page_off(&self, slot: u32) -> u64 {
+        if self.slot_files {
+            return 0;
+        }
         (self.log_start + slot as u64 * (1 + self.log_blocks)) * BLOCK_SIZE_U64
     }
-    /// Byte offset of the ring of `slot`.
+    /// Byte offset of the ring of `slot` in the file that holds it (as
+    /// [`Layout::client_page_off`]).
     pub fn ring_off(&self, slot: u32) -> u64 {
         self.client_page_off(slot) + BLOCK_SIZE_U64
+    }
+    /// Bytes of a slot's client page and ring: the size of its file with
+    /// [`Layout::slot_files`].
+    pub fn slot_file_bytes(&self) -> u64 {
+        BLOCK_SIZE_U64 + self.ring_bytes()
     }
     /// Bytes in a ring.
     pub fn ring_bytes(&self) -> u64 {
@@ -453,9 +481,10 @@ impl Superblock {
             data_blocks: le::u64(b, 96),
             tiers,
             sb_copy: 0,
+            slot_files: v >= VERSION_SLOT_FILES,
         };
         // The layout must be exactly the one its parameters give.
-        let expect = Layout::compute_with(
+        let expect = Layout::compute_for(
             Params {
                 total_bytes: layout.total_blocks.saturating_mul(BLOCK_SIZE_U64),
                 nslots: layout.nslots,
@@ -463,7 +492,7 @@ impl Superblock {
                 inode_count: layout.inode_count,
                 tiers,
             },
-            v > VERSION_NO_COPY,
+            v,
         )?;
         let layout = Layout {
             seg_table_start: expect.seg_table_start,
@@ -556,10 +585,19 @@ mod tests {
         let l = Layout::compute(params()).unwrap();
         assert!(l.slot_table_start < l.alloc_start);
         assert!(l.alloc_start + l.alloc_blocks <= l.log_start);
+        // The logs are files of their own: no log region in the NVM file.
+        assert!(l.slot_files);
+        assert_eq!(l.inode_start, l.log_start);
+        assert_eq!(l.ring_off(3), BLOCK_SIZE_U64);
+        assert_eq!(l.slot_file_bytes(), BLOCK_SIZE_U64 + (1 << 20));
+        // Before version 7 they followed one another in the NVM file, before the inodes.
+        let v6 = Layout::compute_for(params(), 6).unwrap();
+        assert!(!v6.slot_files);
         assert_eq!(
-            l.ring_off(3) + l.ring_bytes(),
-            l.inode_start * BLOCK_SIZE_U64
+            v6.ring_off(3) + v6.ring_bytes(),
+            v6.inode_start * BLOCK_SIZE_U64
         );
+        assert_eq!(v6.data_blocks + 4 * (1 + 256), l.data_blocks);
         assert!(l.inode_off(l.inode_count) <= l.data_start * BLOCK_SIZE_U64);
         // The data region ends where the superblock's copy (the last block) begins.
         assert_eq!(l.data_start + l.data_blocks + 1, l.total_blocks);
@@ -589,7 +627,7 @@ mod tests {
 
     #[test]
     fn lower_tiers_roundtrip_and_v1_layouts_are_unchanged() {
-        let v1 = Layout::compute_with(params(), false).unwrap();
+        let v1 = Layout::compute_for(params(), 1).unwrap();
         assert_eq!(v1.seg_table_blocks, 0);
         assert_eq!(v1.sb_copy, 0);
         assert_eq!(v1.data_start + v1.data_blocks, v1.total_blocks);
@@ -623,19 +661,29 @@ mod tests {
         assert!(Superblock::decode(&b2, 64 << 20).is_err());
         let v4 = Superblock {
             version: 4,
-            layout: Layout::compute(params()).unwrap(),
+            layout: Layout::compute_for(params(), 4).unwrap(),
             ..sb
         };
         let b4 = v4.encode();
         assert_eq!(le::u32(&b4, 8), 4);
         assert_eq!(Superblock::decode(&b4, 64 << 20).unwrap(), v4);
         assert!(!v4.superpages());
-        let v5 = Superblock {
-            version: FORMAT_VERSION,
-            ..v4
-        };
+        let v5 = Superblock { version: 5, ..v4 };
         assert!(v5.superpages());
         assert_eq!(Superblock::decode(&v5.encode(), 64 << 20).unwrap(), v5);
+        // Version 7 requires the logs outside: a version-6 layout stamped 7 does not
+        // decode, the layout of version 7 does.
+        let mut b7 = Superblock { version: 6, ..v4 }.encode();
+        le::put_u32(&mut b7, 8, 7);
+        let c = crc(&b7[..SB_CRC_OFF]);
+        le::put_u32(&mut b7, SB_CRC_OFF, c);
+        assert!(Superblock::decode(&b7, 64 << 20).is_err());
+        let v7 = Superblock {
+            version: FORMAT_VERSION,
+            layout: Layout::compute(params()).unwrap(),
+            ..v4
+        };
+        assert_eq!(Superblock::decode(&v7.encode(), 64 << 20).unwrap(), v7);
         // The copy is the store's only where its layout puts it: the last block.
         assert_eq!(Superblock::decode_copy(&b4, 64 << 20).unwrap(), v4);
         assert!(Superblock::decode_copy(&b4, 128 << 20).is_err());
@@ -754,7 +802,11 @@ mod tests {
     #[test]
     fn too_small_tier_is_refused() {
         let mut p = params();
-        p.total_bytes = 4 << 20;
+        p.total_bytes = 256 << 10;
         assert!(Layout::compute(p).is_err());
+        // The logs count only where they sit in the NVM file.
+        p.total_bytes = 4 << 20;
+        assert!(Layout::compute_for(p, 6).is_err());
+        assert!(Layout::compute(p).is_ok());
     }
 }

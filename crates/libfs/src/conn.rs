@@ -47,6 +47,19 @@ impl Conn {
             store.load_config()?;
         }
         let mut started = start_daemon(store, create)?;
+        if !started.ok {
+            // A user who may use the store but not run its daemon (a member of its
+            // trusted group): starting again would not help.
+            if let Some(s) = started.stderr().filter(|s| s.contains(DENIED)) {
+                return Err(fs_err(
+                    libc::EACCES,
+                    format!(
+                        "no daemon serves {}, and this user cannot start one: {s}",
+                        store.path.display()
+                    ),
+                ));
+            }
+        }
         let mut started_at = Instant::now();
         let deadline = started_at + START_TIMEOUT;
         let mut last;
@@ -91,6 +104,12 @@ impl Conn {
         recv_with(&mut self.stream, &mut self.buf)
     }
 
+    /// Receive the `n` descriptors the daemon sends after some responses
+    /// (`cairn_proto::send_fds`: a `Registration` with `log_fds`).
+    pub fn recv_fds(&self, n: usize) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+        cairn_proto::recv_fds(&self.stream, n)
+    }
+
     /// Send a request that gets no response (`Digest { wait: false }`).
     pub fn send_only(&mut self, req: &Request) -> io::Result<()> {
         send_with(&mut self.stream, req, &mut self.buf)
@@ -108,9 +127,14 @@ pub fn response_error(op: &str, r: Response) -> io::Error {
     }
 }
 
-/// A daemon start in progress: the command run and what it printed on stderr.
+/// What a daemon says when its user may not run it (`cairn_daemon`'s `open_nvm`).
+const DENIED: &str = "may run its daemon";
+
+/// A daemon start in progress: the command run, whether it started (or found one
+/// running), and what it printed on stderr.
 struct Started {
     command: String,
+    ok: bool,
     stderr: std::sync::mpsc::Receiver<String>,
 }
 
@@ -193,9 +217,10 @@ fn start_daemon(store: &StoreDir, create: bool) -> io::Result<Started> {
             let _ = tx.send(s);
         });
     }
-    let _ = child.wait()?;
+    let ok = child.wait()?.success();
     Ok(Started {
         command,
+        ok,
         stderr: rx,
     })
 }

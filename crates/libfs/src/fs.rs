@@ -166,8 +166,10 @@ pub(crate) struct Inner {
     cred: std::sync::RwLock<std::sync::Arc<Cred>>,
     /// The umask applied to created files (the process's at open; see `Fs::set_umask`).
     pub(crate) umask: std::sync::atomic::AtomicU32,
-    /// The NVM tier file.
+    /// The NVM tier file, and a read-only descriptor of it (what a view maps: a process
+    /// may not be allowed to open it again, after dropping its privileges or always).
     pub(crate) nvm_path: PathBuf,
+    pub(crate) nvm: File,
     pub(crate) pid: u32,
     slot: u32,
     slot_gen: u64,

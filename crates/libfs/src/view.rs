@@ -102,9 +102,9 @@ impl File {
         let mut view = cairn_media::View::new(len, off)?;
         let mut copy = vec![true; filled.div_ceil(PAGE)];
         if pin.is_some() {
-            let nvm = std::fs::File::open(self.inner().nvm_path.as_path())?;
+            let nvm = &self.inner().nvm;
             for (i, j, start) in File::in_place_runs(&plan) {
-                view.map_file(i * PAGE, &nvm, start, (j - i) * PAGE)?;
+                view.map_file(i * PAGE, nvm, start, (j - i) * PAGE)?;
                 copy[i..j].iter_mut().for_each(|c| *c = false);
                 m.in_place += (j - i) * PAGE;
             }

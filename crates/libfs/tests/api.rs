@@ -80,7 +80,7 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         let _ = cairn::daemon_shutdown(Some(self.dir.path()));
-        let _ = std::fs::remove_file(&self.nvm);
+        let _ = cairn_area::store::remove_nvm_files(&self.nvm);
     }
 }
 

@@ -193,6 +193,84 @@ pub struct Registration {
     /// The credentials the daemon saw on the socket.
     pub uid: u32,
     pub gid: u32,
+    /// The store's logs are files of their own (format version 7): right after this
+    /// response the daemon sends [`REGISTRATION_FDS`] descriptors ([`send_fds`]): the NVM
+    /// file opened read-only, then this slot's log file opened read-write. The client
+    /// maps them and opens neither by path.
+    pub log_fds: bool,
+}
+
+/// Descriptors that follow a [`Registration`] with `log_fds`.
+pub const REGISTRATION_FDS: usize = 2;
+
+/// Send `fds` over a Unix stream socket (`SCM_RIGHTS`) with one byte of data, which the
+/// peer reads with [`recv_fds`]; the descriptors stay open here.
+pub fn send_fds(
+    sock: &std::os::unix::net::UnixStream,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if fds.len() > 4 || !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "at most 4 descriptors at a time",
+        ));
+    }
+    let n = sendmsg(
+        sock,
+        &[io::IoSlice::new(&[0])],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if n != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "descriptors not sent",
+        ));
+    }
+    Ok(())
+}
+
+/// Receive exactly `n` descriptors that the peer sent with [`send_fds`] (close-on-exec);
+/// `InvalidData` if the byte came without them, `UnexpectedEof` if the peer closed.
+pub fn recv_fds(
+    sock: &std::os::unix::net::UnixStream,
+    n: usize,
+) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let r = recvmsg(
+        sock,
+        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    if r.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the daemon closed the connection instead of sending descriptors",
+        ));
+    }
+    let mut fds = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = msg {
+            fds.extend(got);
+        }
+    }
+    if fds.len() != n {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "expected {n} descriptors from the daemon, got {}",
+                fds.len()
+            ),
+        ));
+    }
+    Ok(fds)
 }
 
 /// The daemon's answer.
@@ -435,6 +513,12 @@ pub struct HostStatus {
     pub resident_segments: u64,
     #[serde(default)]
     pub resident_segment_bytes: u64,
+    /// The client log files beside the NVM file (format version 7; 0 before), and the
+    /// bytes their file system allocated to them (RAM on tmpfs, as the NVM file's).
+    #[serde(default)]
+    pub log_files: u64,
+    #[serde(default)]
+    pub log_allocated_bytes: u64,
 }
 
 /// Superpages of the NVM tier (ARCHITECTURE.md, "Superpages").

@@ -131,7 +131,7 @@ impl Control {
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(meta.mode() & 0o660)
+            .mode(cairn_area::host::object_mode(meta.mode()))
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| {

@@ -38,7 +38,7 @@ impl UndoLog {
     /// with the mode and group of the NVM file at `nvm`).
     pub fn open(uuid: &[u8; 16], ino: u64, gen: u64, nvm: &std::path::Path) -> io::Result<UndoLog> {
         let m = std::fs::metadata(nvm)?;
-        let (f, path) = Self::open_file(uuid, ino, gen, Some(m.mode() & 0o660))?;
+        let (f, path) = Self::open_file(uuid, ino, gen, Some(host::object_mode(m.mode())))?;
         // The store's trust domain, if this process made it (else it is the maker's).
         let _ = host::share_with_store(&f, nvm);
         if f.metadata()?.len() < CAPACITY as u64 {

@@ -128,6 +128,12 @@ impl TestStore {
     /// A new store with the given sizes. Its NVM file lives in /dev/shm (tmpfs, as in
     /// production) under the temporary directory's unique name.
     pub fn with_size(s: StoreSize) -> TestStore {
+        TestStore::with_format(s, None)
+    }
+
+    /// A new store of the given sizes in on-media format `version` (`cairn mkfs
+    /// --format-version`; `None`: the current one).
+    pub fn with_format(s: StoreSize, version: Option<u32>) -> TestStore {
         export_cairn_bin();
         let dir = tempfile::Builder::new()
             .prefix("cairn-test-")
@@ -147,6 +153,9 @@ impl TestStore {
             .args(["--max-clients", &s.clients.to_string()]);
         if let Some(n) = s.inodes {
             cmd.args(["--inodes", &n.to_string()]);
+        }
+        if let Some(v) = version {
+            cmd.args(["--format-version", &v.to_string()]);
         }
         if let Some(t) = &s.tiers {
             match &t.ssd_device {
@@ -335,7 +344,7 @@ impl Drop for TestStore {
         // segments and the segment control file.
         cairn_area::host::remove_all(self.path());
         if let Ok(cfg) = cairn_area::StoreDir::new(self.path()).load_config() {
-            let _ = std::fs::remove_file(cfg.nvm_path);
+            let _ = cairn_area::store::remove_nvm_files(&cfg.nvm_path);
         }
     }
 }

@@ -29,14 +29,16 @@ use std::time::{Duration, Instant};
 pub const MARK_BEGIN: u32 = 1;
 pub const MARK_END: u32 = 2;
 
-/// A file of the store the simulator follows: the NVM tier, a lower tier, or the
-/// extended-attribute journal.
+/// A file of the store the simulator follows: the NVM tier, a lower tier, a client log
+/// (format version 7), or the extended-attribute journal.
 #[derive(Debug, Clone)]
 pub struct TracedFile {
     pub path: PathBuf,
     pub target: Target,
     /// Named in `cairn.toml` (the tiers), or found in the store directory (the journal).
     pub configured: bool,
+    /// The log file of this slot, named after the NVM file.
+    pub slot: Option<u32>,
 }
 
 /// A recorded workload: the base images, the trace and the calls.
@@ -205,12 +207,26 @@ pub fn trace_run(store: TestStore, run: impl FnOnce(&TestStore, &Path)) -> Trace
     wait_no_daemon(&store);
     let cfg = StoreDir::new(store.path()).load_config().expect("config");
     let mut files = Vec::new();
-    for (path, disk, configured) in [
-        (Some(cfg.nvm_path.clone()), false, true),
-        (cfg.ssd_path.clone(), true, true),
-        (cfg.hdd_path.clone(), true, true),
-        (Some(StoreDir::new(store.path()).xattr_path()), true, false),
-    ] {
+    let logs = cairn_area::store::nvm_files(&cfg.nvm_path)
+        .into_iter()
+        .skip(1);
+    let logs = logs
+        .enumerate()
+        .map(|(s, p)| (Some(p), false, false, Some(s as u32)));
+    for (path, disk, configured, slot) in [
+        (Some(cfg.nvm_path.clone()), false, true, None),
+        (cfg.ssd_path.clone(), true, true, None),
+        (cfg.hdd_path.clone(), true, true, None),
+        (
+            Some(StoreDir::new(store.path()).xattr_path()),
+            true,
+            false,
+            None,
+        ),
+    ]
+    .into_iter()
+    .chain(logs)
+    {
         let Some(path) = path else { continue };
         let meta = std::fs::metadata(&path).expect("store file");
         files.push(TracedFile {
@@ -221,6 +237,7 @@ pub fn trace_run(store: TestStore, run: impl FnOnce(&TestStore, &Path)) -> Trace
             },
             path,
             configured,
+            slot,
         });
     }
     // On tmpfs, like the NVM tier (sparse: only what is traced takes memory), removed
@@ -459,8 +476,14 @@ impl Scratch {
             .to_string_lossy()
             .into_owned();
         let mut cfg = std::fs::read_to_string(store.path().join("cairn.toml")).expect("config");
-        let mut paths = Vec::new();
+        let mut paths: Vec<PathBuf> = Vec::new();
         for (i, f) in files.iter().enumerate() {
+            if let Some(s) = f.slot {
+                // Beside the scratch NVM file (the first), as the store finds it.
+                let log = cairn_area::store::slot_log_path(&paths[0], s);
+                paths.push(log);
+                continue;
+            }
             if !f.configured {
                 paths.push(dir.path().join(f.path.file_name().expect("a file name")));
                 continue;

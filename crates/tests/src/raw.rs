@@ -11,15 +11,18 @@ use std::path::Path;
 pub struct RawClient {
     pub sock: UnixStream,
     pub reg: cairn_proto::Registration,
-    pub ring: cairn_media::Mapping,
+    /// The slot's client page (4 KiB) and ring.
+    pub log: cairn_media::Mapping,
     pub area: cairn_area::Area,
-    nvm: std::fs::File,
+    /// The descriptors the daemon sent: the NVM file (read-only) and the slot's log file.
+    pub nvm: std::fs::File,
+    pub log_file: std::fs::File,
     _lock: std::fs::File,
 }
 
 impl RawClient {
     /// Register with the daemon of `store` (which must be running), take the slot lock
-    /// and map the ring.
+    /// and map the log from the descriptors the daemon sends.
     pub fn connect(store: &Path) -> RawClient {
         let dir = cairn_area::StoreDir::new(store);
         let mut sock = UnixStream::connect(dir.socket_path()).expect("connect to the daemon");
@@ -34,42 +37,43 @@ impl RawClient {
             Response::Registered(reg) => reg,
             r => panic!("register refused: {r:?}"),
         };
+        assert!(
+            reg.log_fds,
+            "a store of this format sends the log's descriptors"
+        );
+        let mut fds = cairn_proto::recv_fds(&sock, cairn_proto::REGISTRATION_FDS)
+            .unwrap()
+            .into_iter();
+        let nvm = std::fs::File::from(fds.next().unwrap());
+        let log_file = std::fs::File::from(fds.next().unwrap());
         let lock = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(dir.slot_lock_path(reg.slot))
             .unwrap();
         cairn_media::sys::flock_exclusive(&lock, false).unwrap();
-        let nvm = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&reg.nvm_path)
-            .unwrap();
         let area = cairn_area::Area::open(&nvm, false).unwrap();
         let l = *area.layout();
-        let ring = cairn_media::Mapping::new(
-            &nvm,
-            l.ring_off(reg.slot),
-            l.ring_bytes() as usize,
-            true,
-            false,
-        )
-        .unwrap();
+        let log =
+            cairn_media::Mapping::new(&log_file, 0, l.slot_file_bytes() as usize, true, false)
+                .unwrap();
         RawClient {
             sock,
             reg,
-            ring,
+            log,
             area,
             nvm,
+            log_file,
             _lock: lock,
         }
     }
 
     /// Write raw transaction bytes at the head and ask for a digest of them.
     pub fn log_bytes_and_digest(&mut self, bytes: &[u8]) -> Response {
-        let off = (self.reg.head_lsn % self.ring.len() as u64) as usize;
-        self.ring.write(off, bytes).unwrap();
-        self.ring.persist(off, bytes.len()).unwrap();
+        let ring = self.area.layout().ring_bytes();
+        let off = 4096 + (self.reg.head_lsn % ring) as usize;
+        self.log.write(off, bytes).unwrap();
+        self.log.persist(off, bytes.len()).unwrap();
         let upto = self.reg.head_lsn + bytes.len() as u64;
         cairn_proto::send(
             &mut self.sock,
@@ -94,12 +98,11 @@ impl RawClient {
     /// Publish `epoch` as this client's reader epoch (as a reader in the middle of a
     /// read would).
     pub fn pin_epoch(&self, epoch: u64) {
-        let page = self.area.layout().client_page_off(self.reg.slot);
-        let map = cairn_media::Mapping::new(&self.nvm, page, 4096, true, false).unwrap();
-        map.store_u64(
-            cairn_format::slot::client_page::READER_EPOCH as usize,
-            epoch,
-        )
-        .unwrap();
+        self.log
+            .store_u64(
+                cairn_format::slot::client_page::READER_EPOCH as usize,
+                epoch,
+            )
+            .unwrap();
     }
 }

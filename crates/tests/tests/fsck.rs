@@ -24,13 +24,19 @@ struct Damaged {
 }
 
 fn store() -> Damaged {
-    let store = TestStore::with_size(StoreSize {
+    store_of_format(None)
+}
+
+/// [`store`] in on-media format `version` (`None`: the current one).
+fn store_of_format(version: Option<u32>) -> Damaged {
+    let size = StoreSize {
         nvm: "8M",
         log: "512K",
         clients: 2,
         inodes: Some(1024),
         tiers: None,
-    });
+    };
+    let store = TestStore::with_format(size, version);
     let (a, d, f) = {
         let fs = store.fs();
         fs.write("/a", vec![1u8; 10_000]).unwrap();
@@ -391,13 +397,23 @@ fn a_damaged_superblock_or_copy_is_restored_from_the_other() {
 }
 
 /// A store of format version 3 (no copy of the superblock; its data region runs to the
-/// last block) still opens, works, and checks clean.
+/// last block; its logs in the NVM file) still opens, works, and checks clean.
 #[test]
 fn a_version_3_store_opens_and_checks_clean() {
     use cairn_format::superblock::{state, Params};
-    let s = store();
+    // Made as version 6 (the logs in the NVM file, as in version 3), then relabelled.
+    let s = store_of_format(Some(6));
     let l = &s.l;
-    let v3 = Layout::compute_with(
+    assert!(!l.slot_files);
+    let nvm_path = cairn_area::StoreDir::new(s.store.path())
+        .load_config()
+        .unwrap()
+        .nvm_path;
+    assert_eq!(
+        cairn_area::store::nvm_files(&nvm_path),
+        std::slice::from_ref(&nvm_path)
+    );
+    let v3 = Layout::compute_for(
         Params {
             total_bytes: l.total_blocks * BLOCK_SIZE as u64,
             nslots: l.nslots,
@@ -405,7 +421,7 @@ fn a_version_3_store_opens_and_checks_clean() {
             inode_count: l.inode_count,
             tiers: l.tiers,
         },
-        false,
+        3,
     )
     .unwrap();
     assert_eq!(v3.data_blocks, l.data_blocks + 1);

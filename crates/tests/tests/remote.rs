@@ -537,7 +537,7 @@ fn a_store_lost_with_its_machine_is_restored_from_its_backup() {
         .load_config()
         .unwrap()
         .nvm_path;
-    std::fs::remove_file(nvm).unwrap();
+    assert!(cairn_area::store::remove_nvm_files(&nvm).unwrap().len() > 1);
     std::fs::remove_dir_all(store.path()).unwrap();
     drop(store);
 

@@ -326,3 +326,132 @@ fn malicious_client_child() {
     let _ = cairn_proto::recv::<Response>(&mut c.sock);
     println!("ALL CASES CHECKED");
 }
+
+/// The kernel keeps a client to its own log: a member of the trusted group gets, from the
+/// daemon, the NVM file read-only and its own slot's log file read-write, and cannot
+/// write anything else of the store by any path it has (its mappings, `/proc/self/mem`,
+/// reopening its descriptors, opening the files by name). The member is this test
+/// binary re-run as uid 1000 (`isolation_child`).
+#[test]
+fn a_client_writes_its_own_log_and_nothing_else() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run processes as another uid");
+        return;
+    }
+    let store = group_store();
+    let fs = store.fs();
+    fs.write("/rootfile", b"root's data").unwrap();
+    drop(fs);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "isolation_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CAIRN_ISOLATION_CHILD", store.path())
+        .uid(USER)
+        .gid(GROUP)
+        .output()
+        .unwrap();
+    let child =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "isolated client: {child}");
+    assert!(child.contains("EVERY PATH REFUSED"), "{child}");
+    // The store is unharmed, and checks clean.
+    assert_eq!(store.fs().read("/rootfile").unwrap(), b"root's data");
+    store.stop();
+    let rep = cairn_daemon::fsck(store.path(), &Default::default()).unwrap();
+    assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    // A member cannot start the daemon (it could not open the NVM file for writing),
+    // and is told so at once, not after the start timeout.
+    let t = std::time::Instant::now();
+    let out = cairn_as(store.path(), USER, GROUP, &["ls", "/"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot start one"), "{err}");
+    assert!(
+        err.contains("owner (uid 0) or root may run its daemon"),
+        "{err}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// The isolated client (runs only as the child of the test above).
+#[test]
+fn isolation_child() {
+    use std::os::fd::AsRawFd;
+    let Some(store) = std::env::var_os("CAIRN_ISOLATION_CHILD") else {
+        return;
+    };
+    let store = Path::new(&store);
+    assert_eq!(cairn_media::sys::ids(), (USER, GROUP));
+    let cfg = cairn_area::StoreDir::new(store).load_config().unwrap();
+    let c = RawClient::connect(store);
+    let l = *c.area.layout();
+    assert!(l.slot_files && l.nslots >= 2);
+    let refused = |what: &str, r: std::io::Result<std::fs::File>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+        Err(e) => panic!("{what}: {e}, not EACCES"),
+        Ok(_) => panic!("{what} was opened for writing"),
+    };
+    let rw = |p: &Path| std::fs::OpenOptions::new().write(true).open(p);
+    // Its own log: written through its mapping.
+    c.log.store_u64(4096, 0x1234).unwrap();
+    assert_eq!(c.log.load_u64(4096).unwrap(), 0x1234);
+    // The NVM file: the descriptor is read-only, a writable mapping of it is refused,
+    // and neither it nor its /proc/self/fd link nor the file's name opens for writing.
+    let flags = rustix::fs::fcntl_getfl(&c.nvm).unwrap();
+    assert_eq!(
+        flags & rustix::fs::OFlags::RWMODE,
+        rustix::fs::OFlags::RDONLY
+    );
+    match cairn_media::Mapping::new(&c.nvm, 0, 4096, true, false) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}"),
+        Ok(_) => panic!("the NVM file was mapped writable"),
+    }
+    refused("the NVM file", rw(&cfg.nvm_path));
+    let fd_link = format!("/proc/self/fd/{}", c.nvm.as_raw_fd());
+    refused("the NVM file's descriptor", rw(Path::new(&fd_link)));
+    // Its read-only mapping of the shared area: even the kernel's own debugging path to
+    // its memory (what a debugger pokes with) refuses to write it.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let nvm_name = cfg.nvm_path.to_string_lossy().into_owned();
+    let line = maps
+        .lines()
+        .find(|l| l.ends_with(nvm_name.as_str()))
+        .expect("the NVM file is mapped");
+    assert!(line.contains(" r--s "), "{line}");
+    let at = u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")
+        .unwrap();
+    let mut before = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut before, at).unwrap();
+    assert!(
+        std::os::unix::fs::FileExt::write_at(&mem, b"clobber!", at).is_err(),
+        "/proc/self/mem wrote the shared area"
+    );
+    // Every log file, its own included, by name: read or write.
+    for slot in 0..l.nslots {
+        let p = cfg.slot_log_path(slot);
+        refused(&format!("log file {slot}"), rw(&p));
+        refused(&format!("log file {slot} (read)"), std::fs::File::open(&p));
+    }
+    // The daemon's state in the store directory.
+    for p in [
+        cairn_area::StoreDir::new(store).config_path(),
+        cairn_area::StoreDir::new(store).xattr_path(),
+    ] {
+        if p.exists() {
+            refused(&p.display().to_string(), rw(&p));
+        }
+    }
+    println!("EVERY PATH REFUSED");
+}

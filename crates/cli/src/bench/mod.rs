@@ -63,7 +63,7 @@ impl Drop for BenchStore {
         // Its host objects in /dev/shm (resident segments, lock tables, map objects).
         cairn_area::host::remove_all(&store);
         let _ = std::fs::remove_dir_all(&self.root);
-        let _ = std::fs::remove_file(&self.nvm);
+        let _ = cairn_area::store::remove_nvm_files(&self.nvm);
     }
 }
 

@@ -513,7 +513,7 @@ fn restore_of(c: &Cluster, s: &Store) -> CliResult<(u64, u64)> {
         &|_, _| {},
     );
     let ms = t.elapsed().as_millis() as u64;
-    let _ = std::fs::remove_file(&nvm);
+    let _ = cairn_area::store::remove_nvm_files(&nvm);
     let _ = std::fs::remove_dir_all(&root);
     Ok((r.map_err(ctx_msg("restore"))?.bytes(), ms))
 }

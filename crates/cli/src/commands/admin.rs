@@ -53,6 +53,9 @@ pub fn mkfs(store: Option<&Path>, args: &MkfsArgs) -> CliResult {
     if let Some(n) = args.log_size {
         opts.log_size = n;
     }
+    if let Some(v) = args.format_version {
+        opts.format_version = v;
+    }
     if let Some(n) = args.max_clients {
         opts.max_clients = n;
     }
@@ -344,6 +347,19 @@ fn format_host(s: &mut String, h: &cairn_proto::HostStatus) {
         h.nvm_path,
         human_bytes(h.nvm_size_bytes)
     );
+    if h.log_files > 0 {
+        let _ = writeln!(
+            s,
+            "logs    {} client log file(s) beside it: {}{}",
+            h.log_files,
+            human_bytes(h.log_allocated_bytes),
+            if h.nvm_in_ram {
+                " of RAM"
+            } else {
+                " allocated"
+            }
+        );
+    }
     if h.host_objects > 0 {
         let _ = writeln!(
             s,
@@ -708,6 +724,8 @@ mod tests {
                 host_object_bytes: 8192,
                 resident_segments: 1,
                 resident_segment_bytes: 4096,
+                log_files: 8,
+                log_allocated_bytes: 32 << 20,
             })),
             remote: Some(Box::new(RemoteStatus {
                 url: "ceph:cairn".into(),
@@ -730,6 +748,10 @@ mod tests {
             })),
         };
         let s = format_status(&r);
+        assert!(
+            s.contains("logs    8 client log file(s) beside it: 32 MiB of RAM"),
+            "{s}"
+        );
         assert!(
             s.contains("remote  ceph:cairn: migration to it paused after a failure"),
             "{s}"

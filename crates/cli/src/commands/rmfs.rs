@@ -159,6 +159,10 @@ pub fn rmfs(store: Option<&Path>, force: bool, json: bool) -> CliResult {
         }
     }
     remove_file("nvm", &cfg.nvm_path, &mut report.removed)?;
+    // Its client logs (files of their own beside it, format version 7).
+    for p in cairn_area::store::nvm_files(&cfg.nvm_path) {
+        remove_file("log", &p, &mut report.removed)?;
+    }
     for (kind, p) in [("ssd", &cfg.ssd_path), ("hdd", &cfg.hdd_path)] {
         let Some(p) = p else { continue };
         match std::fs::metadata(p) {
@@ -246,6 +250,17 @@ fn human(r: &Report, no_uuid: bool) -> String {
             objects.len(),
             host::HOST_OBJECT_DIR,
             human_bytes(objects.iter().map(|i| i.bytes).sum())
+        );
+    }
+    let logs: Vec<&Item> = r.removed.iter().filter(|i| i.kind == "log").collect();
+    if let Some(first) = logs.first() {
+        let _ = writeln!(
+            s,
+            "  {:<13} {} beside it ({}{})",
+            "client logs",
+            logs.len(),
+            human_bytes(logs.iter().map(|i| i.bytes).sum()),
+            if first.in_ram { " of RAM" } else { "" }
         );
     }
     if no_uuid {

@@ -32,6 +32,7 @@ use apply::{apply_batch, publish_batch, retire_all};
 use cairn_format::inode::{Inode, Kind};
 use cairn_format::log::{self, Record, Stop, KIND_COMMIT, KIND_WRAP, TXN_HEADER, TXN_MAGIC};
 use cairn_format::slot::SlotHead;
+use cairn_format::BLOCK_SIZE;
 use plan::{InodePlan, Life, Plan};
 use std::collections::BTreeMap;
 use std::io;
@@ -128,16 +129,17 @@ pub(crate) fn copy_ring<'b>(
     buf: &'b mut Vec<u8>,
 ) -> io::Result<&'b [u8]> {
     let ring = sh.layout().ring_bytes();
-    let roff = sh.layout().ring_off(slot) as usize;
+    let (m, page) = sh.slot_log(slot);
+    let roff = page + BLOCK_SIZE;
     if buf.len() < len {
         buf.resize(len, 0);
     }
     let buf = &mut buf[..len];
     let start = (lsn % ring) as usize;
     let first = len.min(ring as usize - start);
-    sh.map().read(roff + start, &mut buf[..first])?;
+    m.read(roff + start, &mut buf[..first])?;
     if first < len {
-        sh.map().read(roff, &mut buf[first..])?;
+        m.read(roff, &mut buf[first..])?;
     }
     Ok(buf)
 }
@@ -153,10 +155,8 @@ fn txn_end_estimate(
 ) -> io::Result<Option<u64>> {
     let ring = sh.layout().ring_bytes();
     let mut hdr = [0u8; TXN_HEADER];
-    sh.map().read(
-        sh.layout().ring_off(slot) as usize + (lsn % ring) as usize,
-        &mut hdr,
-    )?;
+    let (m, page) = sh.slot_log(slot);
+    m.read(page + BLOCK_SIZE + (lsn % ring) as usize, &mut hdr)?;
     Ok(log::check_header(&hdr, seq, lsn, ring)
         .ok()
         .map(|(len, kind, _)| {
@@ -324,7 +324,8 @@ fn read_upto<'b>(
     scratch: &'b mut Vec<u8>,
 ) -> Result<Option<Batch<'b>>, DigestError> {
     let ring = area.layout().ring_bytes();
-    let roff = area.layout().ring_off(slot) as usize;
+    let (log_map, page) = area.slot_log(slot);
+    let roff = page + BLOCK_SIZE;
     let bad = |msg: String| DigestError::Malformed {
         msg,
         discard_lsn: u,
@@ -346,7 +347,7 @@ fn read_upto<'b>(
         let at = roff + (lsn % ring) as usize;
         let in_lap = (ring - lsn % ring) as usize;
         let peek = h.len().min(in_lap);
-        area.map().read(at, &mut h[..peek])?;
+        log_map.read(at, &mut h[..peek])?;
         let why = |e: String| bad(format!("transaction at lsn {lsn}: {e}"));
         let (len, kind, nrec) = log::check_header(&h[..peek], seq, lsn, ring).map_err(why)?;
         txns += 1;
@@ -358,7 +359,7 @@ fn read_upto<'b>(
                     "digest range ends at {u}, inside the wrap at lsn {lsn}"
                 )));
             }
-            log::check_crc(area.map().bytes(at, len)?).map_err(why)?;
+            log::check_crc(log_map.bytes(at, len)?).map_err(why)?;
             lsn = next;
             continue;
         }
@@ -375,7 +376,7 @@ fn read_upto<'b>(
             scratch.extend_from_slice(&h);
         } else {
             scratch.resize(copy + len, 0);
-            area.map().read(at, &mut scratch[copy..])?;
+            log_map.read(at, &mut scratch[copy..])?;
             log::check_crc(&scratch[copy..]).map_err(why)?;
         }
         found.push(Found {
@@ -403,7 +404,7 @@ fn read_upto<'b>(
                 offset,
                 size,
                 mtime,
-                data: area.map().bytes(data_at, n)?,
+                data: log_map.bytes(data_at, n)?,
             });
         } else {
             recs.extend(log::records(&buf[f.copy..f.copy + f.len], f.nrec).map_err(why)?);
@@ -616,9 +617,10 @@ pub(crate) fn unsealed_writes(
 /// Seal the transaction at `lsn` of `slot`'s ring (checked by [`unsealed_writes`]):
 /// write its magic and make it durable. From here the transaction is committed.
 pub(crate) fn seal(sh: &Shared, slot: u32, lsn: u64) -> io::Result<()> {
-    let off = sh.layout.ring_off(slot) as usize + (lsn % sh.layout.ring_bytes()) as usize;
-    sh.area.map().write(off, &TXN_MAGIC.to_le_bytes())?;
-    sh.area.map().persist(off, 4)
+    let (m, page) = sh.area.slot_log(slot);
+    let off = page + BLOCK_SIZE + (lsn % sh.layout.ring_bytes()) as usize;
+    m.write(off, &TXN_MAGIC.to_le_bytes())?;
+    m.persist(off, 4)
 }
 
 /// Free inode `ino` if it is an orphan: a file or symlink with `nlink = 0` that an

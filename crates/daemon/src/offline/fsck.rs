@@ -264,6 +264,7 @@ fn open(store: &StoreDir) -> io::Result<Area> {
     let cfg = store.load_config()?;
     let file = crate::core::open_nvm(store, &cfg)?;
     let mut area = Area::open(&file, true)?;
+    area.attach_logs(&cfg.nvm_path, true)?;
     let remote = crate::tiers::remote::open(&cfg, area.superblock(), false)?;
     area.attach_tiers(
         [cfg.ssd_path.as_deref(), cfg.hdd_path.as_deref()],
@@ -714,9 +715,10 @@ fn append_at_head(
         )));
     }
     let put = |lsn: u64, t: &[u8]| -> io::Result<()> {
-        let off = (sh.layout.ring_off(slot) + lsn % ring) as usize;
-        sh.map().write(off, t)?;
-        sh.map().persist(off, t.len())
+        let (m, page) = sh.area.slot_log(slot);
+        let off = page + cairn_format::BLOCK_SIZE + (lsn % ring) as usize;
+        m.write(off, t)?;
+        m.persist(off, t.len())
     };
     let left = ring - lsn % ring;
     if len > left {

@@ -46,6 +46,11 @@ pub struct MkfsOptions {
     pub segment_size: Option<u64>,
     /// The remote tier, if any.
     pub remote: Option<RemoteOptions>,
+    /// The format version to write (5, 6 or 7; 0: the current one,
+    /// `cairn_format::superblock::FORMAT_VERSION`): an older one makes a store an older
+    /// build reads, without what came later (before 7, the client logs are in the NVM
+    /// file, which every client of the trust domain opens read-write).
+    pub format_version: u32,
 }
 
 /// The remote tier at mkfs: a RADOS pool that exists (`ceph osd pool create`).
@@ -98,6 +103,7 @@ impl Default for MkfsOptions {
             hdd: None,
             segment_size: None,
             remote: None,
+            format_version: 0,
         }
     }
 }
@@ -258,13 +264,17 @@ fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
             "inode count {inodes} must be between 16 and 2^40"
         )));
     }
-    Layout::compute(Params {
-        total_bytes: opts.nvm_size,
-        nslots: opts.max_clients,
-        log_bytes: opts.log_size,
-        inode_count: inodes,
-        tiers: tiers_of(opts)?,
-    })
+    let version = format_version(opts)?;
+    Layout::compute_for(
+        Params {
+            total_bytes: opts.nvm_size,
+            nslots: opts.max_clients,
+            log_bytes: opts.log_size,
+            inode_count: inodes,
+            tiers: tiers_of(opts)?,
+        },
+        version,
+    )
     .map_err(|e| {
         einval(format!(
             "cannot lay out the NVM tier ({} client logs of {}, {inodes} inodes): {}; give a \
@@ -275,6 +285,26 @@ fn layout_of(opts: &MkfsOptions) -> io::Result<Layout> {
             e.0
         ))
     })
+}
+
+/// The format version `opts` asks for, checked against what the store needs.
+fn format_version(opts: &MkfsOptions) -> io::Result<u32> {
+    use cairn_format::superblock::{FORMAT_VERSION, VERSION_REMOTE, VERSION_SUPERPAGES};
+    let v = match opts.format_version {
+        0 => FORMAT_VERSION,
+        v => v,
+    };
+    if !(VERSION_SUPERPAGES..=FORMAT_VERSION).contains(&v) {
+        return Err(einval(format!(
+            "format version {v} cannot be made: {VERSION_SUPERPAGES} to {FORMAT_VERSION} can"
+        )));
+    }
+    if opts.remote.is_some() && v < VERSION_REMOTE {
+        return Err(einval(format!(
+            "a remote tier needs format version {VERSION_REMOTE} or later"
+        )));
+    }
+    Ok(v)
 }
 
 /// Create a store: the directory, the NVM tier file (fully allocated, so stores through a
@@ -330,9 +360,8 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
             }
         }
         if let Ok(old) = store.load_config() {
-            match std::fs::remove_file(&old.nvm_path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            match cairn_area::store::remove_nvm_files(&old.nvm_path) {
+                Ok(_) => {}
                 Err(e) => {
                     return Err(fs_err(
                         e.raw_os_error().unwrap_or(libc::EIO),
@@ -369,7 +398,8 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         )
     })?;
     let tg = opts.trusted_gid;
-    let r = restrict(&nvm_path, tg, 0o600, 0o660)
+    let r = restrict(&nvm_path, tg, 0o600, 0o640)
+        .and_then(|()| make_slot_files(&nvm_path, &layout).map(drop))
         .and_then(|()| format_file(&file, &layout, opts))
         .and_then(|()| {
             skeleton(&store, layout.nslots, tg)?;
@@ -410,9 +440,52 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         });
     if r.is_err() {
         drop(file);
-        let _ = std::fs::remove_file(&nvm_path);
+        let _ = cairn_area::store::remove_nvm_files(&nvm_path);
     }
     r
+}
+
+/// Make the file of every log slot of a store of format version 7 (`Layout::slot_files`)
+/// next to its NVM file `nvm_path`: zeros, fully allocated (a client's stores into its
+/// ring never fault for lack of space), mode 0600 whatever the trusted group: only the
+/// daemon opens them, and hands each client a descriptor of its own slot's file alone
+/// (ARCHITECTURE.md, "Isolation"). Returns their paths (none for an older layout).
+pub(crate) fn make_slot_files(nvm_path: &Path, l: &Layout) -> io::Result<Vec<PathBuf>> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if !l.slot_files {
+        return Ok(Vec::new());
+    }
+    let mut made = Vec::with_capacity(l.nslots as usize);
+    for slot in 0..l.nslots {
+        let path = cairn_area::store::slot_log_path(nvm_path, slot);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| {
+                fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("cannot create the log file {}: {e}", path.display()),
+                )
+            })?;
+        made.push(path.clone());
+        // `create` keeps the mode of a file that was there (`--force`).
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        sys::fallocate(&f, l.slot_file_bytes()).map_err(|e| {
+            fs_err(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!(
+                    "cannot allocate {} bytes for the log file {}: {e}",
+                    l.slot_file_bytes(),
+                    path.display()
+                ),
+            )
+        })?;
+    }
+    Ok(made)
 }
 
 /// The files of a store directory besides its configuration, with the modes that let
@@ -451,11 +524,14 @@ fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io
         return Ok(()); // Creating the file reports the missing directory.
     };
     let mut free = sys::free_space(dir)?;
+    // The client logs are files of their own beside the NVM file.
+    let logs = opts.max_clients as u64 * (opts.log_size + BLOCK_SIZE_U64);
+    let need = opts.nvm_size + logs;
     if opts.force {
         let old = store.load_config().ok().map(|c| c.nvm_path);
         let mut freed: Vec<PathBuf> = vec![nvm_path.to_path_buf()];
         freed.extend(old.filter(|p| p != nvm_path));
-        for p in freed {
+        for p in freed.iter().flat_map(|p| cairn_area::store::nvm_files(p)) {
             if let Ok(m) = std::fs::metadata(&p) {
                 if m.is_file() && m.dev() == dir_meta.dev() {
                     free = free.saturating_add(m.blocks() * 512);
@@ -463,7 +539,7 @@ fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io
             }
         }
     }
-    if free < opts.nvm_size {
+    if free < need {
         let ram = if sys::in_ram(dir).unwrap_or(false) {
             " (tmpfs: memory)"
         } else {
@@ -472,9 +548,10 @@ fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io
         return Err(fs_err(
             libc::ENOSPC,
             format!(
-                "the NVM file needs {} but {}{ram} has {} free; give a smaller --nvm-size, \
-                 or --nvm-path on a file system with room",
-                cairn_area::units::human_bytes(opts.nvm_size),
+                "the NVM file and the client logs need {} but {}{ram} has {} free; give a \
+                 smaller --nvm-size, fewer or smaller logs (--max-clients, --log-size), or \
+                 --nvm-path on a file system with room",
+                cairn_area::units::human_bytes(need),
                 dir.display(),
                 cairn_area::units::human_bytes(free)
             ),
@@ -558,7 +635,7 @@ fn format_tier(
     let bytes = g.blocks() * BLOCK_SIZE_U64;
     if !device {
         f.set_len(bytes).map_err(|e| ctx(e, "cannot size"))?;
-        restrict(&t.path, opts.trusted_gid, 0o600, 0o660)?;
+        restrict(&t.path, opts.trusted_gid, 0o600, 0o640)?;
     }
     sys::discard(&f, 0, bytes).map_err(|e| ctx(e, "cannot trim"))?;
     f.write_all_at(&cairn_format::tier::encode_header(tier, uuid, g), 0)
@@ -584,11 +661,7 @@ fn format_file(file: &std::fs::File, l: &Layout, opts: &MkfsOptions) -> io::Resu
     let now = now_ns();
     // The oldest version that has what the store needs, so that older builds read it.
     let sb = Superblock {
-        version: if l.tiers[2].present() {
-            cairn_format::superblock::VERSION_REMOTE
-        } else {
-            cairn_format::superblock::VERSION_SUPERPAGES
-        },
+        version: format_version(opts)?,
         layout: *l,
         uuid,
         created_ns: now,
@@ -727,11 +800,17 @@ mod tests {
         })
         .unwrap();
         layout_of(&opts).unwrap();
-        let e = layout_of(&MkfsOptions {
+        // Logs in the NVM file (before format version 7) must fit in it.
+        let big_logs = MkfsOptions {
             nvm_size: 4 << 20,
             max_clients: 8,
             log_size: 1 << 20,
             ..Default::default()
+        };
+        layout_of(&big_logs).unwrap();
+        let e = layout_of(&MkfsOptions {
+            format_version: 6,
+            ..big_logs
         })
         .unwrap_err();
         assert!(e.to_string().contains("--max-clients"), "{e}");

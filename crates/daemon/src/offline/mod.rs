@@ -103,7 +103,7 @@ pub(crate) fn open_xattrs(store: &StoreDir, core: &Core) -> io::Result<crate::xa
     crate::xattr::Xattrs::open(
         &store.xattr_path(),
         core.sh.area.superblock().uuid,
-        Box::new(move |p| crate::offline::mkfs::restrict(p, gid, 0o600, 0o660)),
+        Box::new(move |p| crate::offline::mkfs::restrict(p, gid, 0o600, 0o640)),
         &|note| tracing::info!("extended attributes: {note}"),
     )
 }

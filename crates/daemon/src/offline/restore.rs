@@ -153,8 +153,9 @@ fn rebuild(
         Ok(b)
     };
     // The store directory's files; then the configuration, pointing at this machine.
+    let is_log = |name: &str| name.starts_with(crate::backup::SLOT_LOG_PREFIX);
     for (name, p) in &m.files {
-        if name != "cairn.toml" {
+        if name != "cairn.toml" && !is_log(name) {
             let data = fetch(p)?;
             let path = store.path.join(name);
             made.push(path.clone());
@@ -215,6 +216,26 @@ fn rebuild(
     }
     nvm.sync_all()?;
     let sb = sb.ok_or_else(|| fs_err(libc::EIO, "the backup holds no NVM file"))?;
+    // The logs (format version 7): every slot's file, with the active ones' contents.
+    let slots = crate::offline::mkfs::make_slot_files(&cfg.nvm_path, &sb.layout)?;
+    made.extend(slots.iter().cloned());
+    for (name, p) in m.files.iter().filter(|(n, _)| is_log(n)) {
+        let slot = name[crate::backup::SLOT_LOG_PREFIX.len()..].parse::<usize>();
+        let data = fetch(p)?;
+        match slot.ok().and_then(|s| slots.get(s)) {
+            Some(path) if data.len() as u64 == sb.layout.slot_file_bytes() => {
+                std::fs::write(path, data)
+                    .and_then(|()| std::fs::File::open(path)?.sync_all())
+                    .map_err(io_ctx(format!("writing {}", path.display())))?
+            }
+            _ => {
+                return Err(fs_err(
+                    libc::EIO,
+                    format!("the backup's {name} is not a log of this store"),
+                ))
+            }
+        }
+    }
     // The local lower tiers: a sparse file each, its header, its segments in use.
     for (i, path) in [&opts.ssd, &opts.hdd].into_iter().enumerate() {
         let tier = i as u8 + 1;
@@ -247,13 +268,13 @@ fn rebuild(
             }
         }
         f.sync_all()?;
-        restrict(&path, cfg.trusted_gid, 0o600, 0o660)?;
+        restrict(&path, cfg.trusted_gid, 0o600, 0o640)?;
         match tier {
             1 => cfg.ssd_path = Some(path),
             _ => cfg.hdd_path = Some(path),
         }
     }
-    restrict(&cfg.nvm_path, cfg.trusted_gid, 0o600, 0o660)?;
+    restrict(&cfg.nvm_path, cfg.trusted_gid, 0o600, 0o640)?;
     skeleton(&store, sb.layout.nslots, cfg.trusted_gid)?;
     store.save_config(&cfg)
 }

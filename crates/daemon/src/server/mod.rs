@@ -164,6 +164,8 @@ fn err_response(e: &io::Error) -> Response {
 /// What to do after a request.
 enum Reply {
     Send(Response),
+    /// Answer, then send these descriptors (`cairn_proto::send_fds`).
+    SendFds(Response, Vec<std::os::fd::OwnedFd>),
     Nothing,
     /// Answer (if any) and close the connection.
     Close(Option<Response>),
@@ -650,13 +652,21 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
             }
             timed = false;
         }
-        let (resp, close) = match reply {
-            Reply::Send(r) => (Some(r), false),
-            Reply::Nothing => (None, false),
-            Reply::Close(r) => (r, true),
+        let (resp, fds, close) = match reply {
+            Reply::Send(r) => (Some(r), Vec::new(), false),
+            Reply::SendFds(r, fds) => (Some(r), fds, false),
+            Reply::Nothing => (None, Vec::new(), false),
+            Reply::Close(r) => (r, Vec::new(), true),
         };
         if let Some(r) = resp {
             if send(&mut s, &r).is_err() {
+                break;
+            }
+        }
+        if !fds.is_empty() {
+            use std::os::fd::AsFd;
+            let fds: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            if cairn_proto::send_fds(&s, &fds).is_err() {
                 break;
             }
         }

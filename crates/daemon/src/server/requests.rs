@@ -153,7 +153,14 @@ fn register(d: &Daemon, c: &mut Conn, claimed: u32) -> Reply {
                 c.uid,
                 r.slot_gen
             );
-            Reply::Send(Response::Registered(r))
+            if !r.log_fds {
+                return Reply::Send(Response::Registered(r));
+            }
+            match core.log_fds(r.slot) {
+                Ok(fds) => Reply::SendFds(Response::Registered(r), fds),
+                // The client gives up and disconnects; its slot is recovered.
+                Err(e) => Reply::Send(err_response(&e)),
+            }
         }
         Err(e) => {
             tracing::warn!("pid {}: registration refused: {e}", c.pid);

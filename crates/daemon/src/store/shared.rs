@@ -372,8 +372,10 @@ impl Shared {
         let mut min_reader = self.held_epochs.iter().copied().min().unwrap_or(u64::MAX);
         if !force {
             for &s in readers {
-                let off = (self.layout.client_page_off(s) + client_page::READER_EPOCH) as usize;
-                let e = self.map().load_u64(off).unwrap_or(0);
+                let (page, at) = self.area.slot_log(s);
+                let e = page
+                    .load_u64(at + client_page::READER_EPOCH as usize)
+                    .unwrap_or(0);
                 if e != 0 {
                     min_reader = min_reader.min(e);
                 }
@@ -450,16 +452,12 @@ impl Shared {
 
     /// Record the owner pid of a slot (informational) and reset its client page.
     pub(crate) fn reset_client_page(&self, slot: u32, pid: u32) -> io::Result<()> {
-        let cp = self.layout.client_page_off(slot) as usize;
-        self.map()
-            .store_u64(cp + client_page::READER_EPOCH as usize, 0)?;
-        self.map()
-            .store_u64(cp + client_page::PID as usize, pid as u64)?;
-        self.map()
-            .store_u64(cp + client_page::HINT_HEAD as usize, 0)?;
-        self.map()
-            .store_u64(cp + client_page::PRESSURE as usize, 0)?;
-        self.map().persist(cp, 32)?;
+        let (page, cp) = self.area.slot_log(slot);
+        page.store_u64(cp + client_page::READER_EPOCH as usize, 0)?;
+        page.store_u64(cp + client_page::PID as usize, pid as u64)?;
+        page.store_u64(cp + client_page::HINT_HEAD as usize, 0)?;
+        page.store_u64(cp + client_page::PRESSURE as usize, 0)?;
+        page.persist(cp, 32)?;
         let o = (self.layout.slot_entry_off(slot) + OWNER_PID_OFF) as usize;
         self.map().store_u64(o, pid as u64)?;
         self.map().persist(o, 8)
@@ -468,8 +466,9 @@ impl Shared {
     /// Whether `slot`'s client says more than half of its log is undigested
     /// (`client_page::PRESSURE`; untrusted: it only decides how its own digests are cut).
     pub(crate) fn log_pressure(&self, slot: u32) -> bool {
-        let off = (self.layout.client_page_off(slot) + client_page::PRESSURE) as usize;
-        self.map().load_u64(off).is_ok_and(|v| v != 0)
+        let (page, at) = self.area.slot_log(slot);
+        page.load_u64(at + client_page::PRESSURE as usize)
+            .is_ok_and(|v| v != 0)
     }
 
     /// Increment the slot's `lease_gen` word (its client drops every lease and cached

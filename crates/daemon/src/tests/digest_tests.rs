@@ -729,11 +729,8 @@ fn a_digest_request_is_published_in_slices_under_pressure() {
     let n = (3 * slice / chunk.len() as u64) + 1;
     let mut size = 0;
     for pressure in [false, true] {
-        let pressure_off =
-            (core.sh.layout.client_page_off(lw.slot) + client_page::PRESSURE) as usize;
-        core.sh
-            .map()
-            .store_u64(pressure_off, u64::from(pressure))
+        let (page, at) = core.sh.area.slot_log(lw.slot);
+        page.store_u64(at + client_page::PRESSURE as usize, u64::from(pressure))
             .unwrap();
         let first = lw.seq;
         if size == 0 {

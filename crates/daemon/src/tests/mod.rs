@@ -33,6 +33,15 @@ impl TestStore {
     }
 
     pub fn with_inodes(nvm_size: u64, log_size: u64, slots: u32, inodes: u64) -> TestStore {
+        Self::made(nvm_size, log_size, slots, inodes, 0)
+    }
+
+    /// A store of on-media format `version` (`MkfsOptions::format_version`).
+    pub fn with_format(nvm_size: u64, log_size: u64, slots: u32, version: u32) -> TestStore {
+        Self::made(nvm_size, log_size, slots, 0, version)
+    }
+
+    fn made(nvm_size: u64, log_size: u64, slots: u32, inodes: u64, version: u32) -> TestStore {
         let dir = tempfile::tempdir().unwrap();
         let nvm = PathBuf::from(format!(
             "/dev/shm/cairn-test-{}.nvm",
@@ -49,6 +58,7 @@ impl TestStore {
             digest_threshold_pct: 30,
             force: false,
             trusted_gid: None,
+            format_version: version,
             ..MkfsOptions::default()
         })
         .unwrap();
@@ -71,7 +81,7 @@ impl TestStore {
 
 impl Drop for TestStore {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.nvm);
+        let _ = cairn_area::store::remove_nvm_files(&self.nvm);
     }
 }
 
@@ -120,8 +130,9 @@ impl LogWriter {
     /// Write raw transaction bytes at the tail (the caller sealed them with `self.seq`).
     pub fn put(&mut self, sh: &Shared, t: &[u8]) {
         let ring = sh.layout.ring_bytes();
-        let off = sh.layout.ring_off(self.slot) + self.tail % ring;
-        sh.map().write(off as usize, t).unwrap();
+        let (log, page) = sh.area.slot_log(self.slot);
+        let off = page + 4096 + (self.tail % ring) as usize;
+        log.write(off, t).unwrap();
         self.tail += t.len() as u64;
         self.seq += 1;
     }

@@ -745,6 +745,14 @@ fn mkfs_gives_the_trust_domain_exactly_the_files_it_needs() {
     let ts = TestStore::small();
     let s = &ts.store;
     assert_eq!(mode(&ts.nvm), 0o600);
+    // The logs: the daemon's alone, whatever the trusted group (it hands each client a
+    // descriptor of its own).
+    let cfg = s.load_config().unwrap();
+    let logs = cairn_area::store::nvm_files(&ts.nvm);
+    assert_eq!(logs.len(), 1 + cfg.max_clients as usize);
+    for p in &logs[1..] {
+        assert_eq!(mode(p), 0o600, "{}", p.display());
+    }
     assert_eq!(mode(&s.slot_lock_path(0)), 0o600);
     assert_eq!(mode(&s.daemon_lock_path()), 0o600);
     assert_eq!(mode(&s.slots_dir()), 0o700);
@@ -772,15 +780,20 @@ fn mkfs_gives_the_trust_domain_exactly_the_files_it_needs() {
     .unwrap();
     assert_eq!(cfg.trusted_gid, Some(4242));
     assert_eq!(st.load_config().unwrap().trusted_gid, Some(4242));
-    for p in [nvm.clone(), st.slot_lock_path(1), st.daemon_log_path()] {
+    // The group reads the NVM file and writes none of it; it takes slot locks.
+    assert_eq!((mode(&nvm), gid(&nvm)), (0o640, 4242));
+    for p in [st.slot_lock_path(1), st.daemon_log_path()] {
         assert_eq!((mode(&p), gid(&p)), (0o660, 4242), "{}", p.display());
+    }
+    for p in &cairn_area::store::nvm_files(&nvm)[1..] {
+        assert_eq!(mode(p), 0o600, "{}", p.display());
     }
     assert_eq!(
         (mode(&st.slots_dir()), gid(&st.slots_dir())),
         (0o2770, 4242)
     );
     assert_eq!((mode(&st.path), gid(&st.path)), (0o2775, 4242));
-    let _ = std::fs::remove_file(&nvm);
+    let _ = cairn_area::store::remove_nvm_files(&nvm);
 }
 
 /// A crash between publishing a directory (new entry) and the linked file (new link

@@ -52,15 +52,17 @@ impl Client {
         let lock = crate::core::try_lock_slot(&ts.store, reg.slot)
             .unwrap()
             .unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&reg.nvm_path)
-            .unwrap();
+        // The daemon sends the NVM file (read-only) and the slot's log file.
+        assert!(reg.log_fds);
+        let mut fds = cairn_proto::recv_fds(&s, cairn_proto::REGISTRATION_FDS)
+            .unwrap()
+            .into_iter();
+        let f = std::fs::File::from(fds.next().unwrap());
+        let log = std::fs::File::from(fds.next().unwrap());
         let area = Area::open(&f, false).unwrap();
         let l = *area.layout();
         let ring = Mapping::new(
-            &f,
+            &log,
             l.ring_off(reg.slot),
             l.ring_bytes() as usize,
             true,
@@ -306,5 +308,5 @@ fn create_flag_makes_a_store_and_missing_store_is_enoent() {
     assert!(!ts.nvm.exists());
     assert!(cfg.nvm_path.starts_with("/dev/shm"));
     assert_eq!(cfg.inodes, (32 << 20) / 8192);
-    let _ = std::fs::remove_file(&cfg.nvm_path);
+    let _ = cairn_area::store::remove_nvm_files(&cfg.nvm_path);
 }

@@ -475,7 +475,8 @@ fn compaction_frees_extents_for_a_waiting_promotion() {
 #[test]
 fn bad_extent_entries_are_caught_and_older_stores_get_none() {
     use std::os::unix::fs::FileExt;
-    let ts = store();
+    // Version 6: the layout of version 4 (the logs in the NVM file), stamped 4 below.
+    let ts = TestStore::with_format(64 << 20, 8 << 20, 2, 6);
     let mut core = ts.core();
     let mut lw = LogWriter::register(&mut core);
     let data = pattern(HUGE_BYTES as usize * 2, 5);

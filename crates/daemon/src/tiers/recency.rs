@@ -41,8 +41,8 @@ pub(crate) fn drain_hints(sh: &mut Shared, slots: &[u32]) {
     use cairn_format::slot::client_page::{HINT_BASE, HINT_HEAD, HINT_SLOTS};
     let now = now_ns();
     for &slot in slots {
-        let cp = sh.layout.client_page_off(slot) as usize;
-        let Ok(head) = sh.map().load_u64(cp + HINT_HEAD as usize) else {
+        let (page, cp) = sh.area.slot_log(slot);
+        let Ok(head) = page.load_u64(cp + HINT_HEAD as usize) else {
             continue;
         };
         let tail = sh.recency.tails.get(&slot).copied().unwrap_or(0);
@@ -51,7 +51,7 @@ pub(crate) fn drain_hints(sh: &mut Shared, slots: &[u32]) {
         let from = tail.max(head.saturating_sub(HINT_SLOTS));
         for n in from..head {
             let off = cp + (HINT_BASE + (n % HINT_SLOTS) * 16) as usize;
-            let (Ok(ino), Ok(fblk)) = (sh.map().load_u64(off), sh.map().load_u64(off + 8)) else {
+            let (Ok(ino), Ok(fblk)) = (page.load_u64(off), page.load_u64(off + 8)) else {
                 continue;
             };
             if !sh.layout.ino_valid(ino) || !sh.inodes.is_used(ino) {

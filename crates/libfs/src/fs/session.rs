@@ -28,10 +28,42 @@ use std::time::{Duration, Instant};
 /// before it digests synchronously ([`Inner::wait_for_room`]).
 const STALL_LIMIT: Duration = Duration::from_secs(1);
 
+/// What the daemon sent with a registration (`Registration::log_fds`): the NVM file
+/// opened read-only and the slot's log file opened read-write.
+pub(super) struct LogFds {
+    nvm: File,
+    log: File,
+}
+
+impl LogFds {
+    /// Receive them on `conn` if `reg` says they follow.
+    pub(super) fn recv(conn: &Conn, reg: &Registration) -> io::Result<Option<LogFds>> {
+        if !reg.log_fds {
+            return Ok(None);
+        }
+        let mut fds = conn.recv_fds(cairn_proto::REGISTRATION_FDS)?.into_iter();
+        match (fds.next(), fds.next()) {
+            (Some(nvm), Some(log)) => Ok(Some(LogFds {
+                nvm: nvm.into(),
+                log: log.into(),
+            })),
+            _ => Err(fs_err(libc::EPROTO, "the daemon sent too few descriptors")),
+        }
+    }
+}
+
 /// The slot the daemon handed out: its lock taken (waiting for a dead previous owner's
 /// lock to go), the NVM tier mapped read-only with the lower tiers attached, and the
-/// slot's client page and ring mapped read-write.
-fn map_slot(store: &StoreDir, reg: &Registration, pid: u32) -> io::Result<(File, Area, Ring)> {
+/// slot's client page and ring mapped read-write: from the descriptors the daemon sent
+/// (a store of format version 7, whose files the client cannot open itself), else
+/// opened by path (the ring is then a range of the NVM file). Returns the slot lock, the
+/// NVM file (read-only), the area and the ring.
+fn map_slot(
+    store: &StoreDir,
+    reg: &Registration,
+    fds: Option<LogFds>,
+    pid: u32,
+) -> io::Result<(File, File, Area, Ring)> {
     let lock_path = store.slot_lock_path(reg.slot);
     let lock = std::fs::OpenOptions::new()
         .read(true)
@@ -46,12 +78,18 @@ fn map_slot(store: &StoreDir, reg: &Registration, pid: u32) -> io::Result<(File,
             )
         })?;
     lock_timeout(&lock, &lock_path)?;
-    let ro = File::open(&reg.nvm_path).map_err(|e| {
-        fs_err(
-            e.raw_os_error().unwrap_or(libc::EIO),
-            format!("open the NVM tier {}: {e}", reg.nvm_path),
-        )
-    })?;
+    let (ro, log) = match fds {
+        Some(f) => (f.nvm, Some(f.log)),
+        None => {
+            let ro = File::open(&reg.nvm_path).map_err(|e| {
+                fs_err(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("open the NVM tier {}: {e}", reg.nvm_path),
+                )
+            })?;
+            (ro, None)
+        }
+    };
     let mut area = Area::open(&ro, false)?;
     let cfg = store.load_config()?;
     cfg.apply_emulation();
@@ -74,21 +112,30 @@ fn map_slot(store: &StoreDir, reg: &Registration, pid: u32) -> io::Result<(File,
             "daemon handed out a slot out of range",
         ));
     }
-    let rw = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&reg.nvm_path)?;
+    if l.slot_files != log.is_some() {
+        return Err(fs_err(
+            libc::EPROTO,
+            "the daemon's descriptors do not match the store's format",
+        ));
+    }
+    let rw = match log {
+        Some(f) => f,
+        None => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&reg.nvm_path)?,
+    };
     let map = Mapping::new(
         &rw,
         l.client_page_off(reg.slot),
-        (BLOCK_SIZE_U64 + l.ring_bytes()) as usize,
+        l.slot_file_bytes() as usize,
         true,
         true,
     )?;
     let ring = Ring::new(map, l.ring_bytes());
     ring.set_pid(pid)?;
     ring.set_reader_epoch(0)?;
-    Ok((lock, area, ring))
+    Ok((lock, ro, area, ring))
 }
 
 pub(super) fn lock_timeout(f: &File, what: &Path) -> io::Result<()> {
@@ -127,11 +174,15 @@ impl Inner {
         // A daemon that dies between accepting and answering (killed, or stopping) is
         // replaced: reconnect (auto-starting a new one) for up to 10 s.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let (conn, reg) = loop {
+        let (conn, reg, fds) = loop {
             let attempt = Conn::connect(&store, create)
                 .and_then(|mut c| c.roundtrip(&Request::Register { pid }).map(|r| (c, r)));
             match attempt {
-                Ok((c, Response::Registered(r))) => break (c, r),
+                Ok((c, Response::Registered(r))) => match LogFds::recv(&c, &r) {
+                    Ok(fds) => break (c, r, fds),
+                    Err(e) if transient(&e) && std::time::Instant::now() < deadline => {}
+                    Err(e) => return Err(e),
+                },
                 Ok((_, r)) => return Err(response_error("register with the daemon", r)),
                 Err(e) if transient(&e) && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -139,7 +190,7 @@ impl Inner {
                 Err(e) => return Err(e),
             }
         };
-        match Inner::attach(store, create, conn, reg, pid) {
+        match Inner::attach(store, create, conn, reg, fds, pid) {
             Ok(i) => Ok(i),
             Err((e, mut conn, reg)) => {
                 let _ = conn.roundtrip(&Request::Goodbye {
@@ -156,10 +207,11 @@ impl Inner {
         create: bool,
         conn: Conn,
         reg: Registration,
+        fds: Option<LogFds>,
         pid: u32,
     ) -> Result<Inner, (io::Error, Conn, Registration)> {
-        let r = map_slot(&store, &reg, pid);
-        let (lock, area, ring) = match r {
+        let r = map_slot(&store, &reg, fds, pid);
+        let (lock, nvm, area, ring) = match r {
             Ok(x) => x,
             Err(e) => return Err((e, conn, reg)),
         };
@@ -190,6 +242,7 @@ impl Inner {
             })),
             umask: std::sync::atomic::AtomicU32::new(umask),
             nvm_path: PathBuf::from(&reg.nvm_path),
+            nvm,
             pid,
             slot: reg.slot,
             slot_gen: reg.slot_gen,
