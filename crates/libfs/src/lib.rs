@@ -196,6 +196,13 @@ impl Fs {
         &self.inner.nvm_path
     }
 
+    /// A new read-only descriptor of the NVM tier file (a duplicate of this client's:
+    /// the process may not be allowed to open the file by [`Fs::nvm_path`], after
+    /// dropping its privileges, say), close-on-exec.
+    pub fn nvm_file(&self) -> io::Result<std::fs::File> {
+        self.inner.nvm.try_clone()
+    }
+
     /// The store directory.
     pub fn store_dir(&self) -> &Path {
         self.inner.store_dir()

@@ -64,22 +64,16 @@ fn nvm_fd() -> io::Result<c_int> {
             return Ok(fd);
         }
     }
-    let fs = crate::state::fs()?;
-    let path = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
-        fs.nvm_path().as_os_str(),
-    ))
-    .map_err(|_| err(libc::EINVAL, "NVM path"))?;
-    // SAFETY: open and fstat with a NUL-terminated path and a local buffer.
+    // A duplicate of the client's read-only descriptor: the process may not be allowed
+    // to open the file by name.
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(crate::state::fs()?.nvm_file()?);
+    // SAFETY: fstat into a local buffer.
     unsafe {
-        let fd = real::open64(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         let mut st: libc::stat64 = std::mem::zeroed();
         real::fstat64(fd, &mut st);
         *g = Some((fd, st.st_dev, st.st_ino));
-        Ok(fd)
     }
+    Ok(fd)
 }
 
 /// Fill `mem` (the mapping's bytes from file offset `off`) from the file.

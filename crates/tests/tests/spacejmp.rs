@@ -1426,17 +1426,18 @@ fn a_commit_into_a_full_store_fails_as_a_whole() {
     let s = store();
     run(s.path(), "alice", &["10"]);
     let before = sum_of(&run(s.path(), "try", &[]));
-    // Fill the store with a file, until it is full.
+    // Fill the store with a file, until it is full: 1 MiB at a time, then smaller
+    // pieces down to a block, so that what is left does not depend on the layout.
     let fs = s.fs();
     let f = cairn::File::create(&fs, "/filler").unwrap();
-    let chunk = vec![1u8; 1 << 20];
+    let mut chunk = 1usize << 20;
     let mut off = 0u64;
-    loop {
-        match f.write_at(&chunk, off) {
-            Ok(_) => off += chunk.len() as u64,
+    while chunk >= 4096 {
+        match f.write_at(&vec![1u8; chunk], off) {
+            Ok(_) => off += chunk as u64,
             Err(e) => {
                 assert_eq!(cairn_area::errno_of(&e), libc::ENOSPC, "{e}");
-                break;
+                chunk /= 2;
             }
         }
     }

@@ -501,7 +501,8 @@ pub(crate) fn skeleton(store: &StoreDir, nslots: u32, tg: Option<u32>) -> io::Re
             .open(store.slot_lock_path(s))?;
         restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
     }
-    // The trust domain may run the daemon: its lock and log files are theirs too.
+    // Members of the trusted group may open the daemon's lock and log (`cairn rmfs`
+    // takes the lock while it removes a store); only the owner and root run the daemon.
     for p in [store.daemon_lock_path(), store.daemon_log_path()] {
         OpenOptions::new().append(true).create(true).open(&p)?;
         restrict(&p, tg, 0o600, 0o660)?;
@@ -524,8 +525,12 @@ fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io
         return Ok(()); // Creating the file reports the missing directory.
     };
     let mut free = sys::free_space(dir)?;
-    // The client logs are files of their own beside the NVM file.
-    let logs = opts.max_clients as u64 * (opts.log_size + BLOCK_SIZE_U64);
+    // The client logs are files of their own beside the NVM file (format version 7).
+    let logs = if format_version(opts)? >= cairn_format::superblock::VERSION_SLOT_FILES {
+        opts.max_clients as u64 * (opts.log_size + BLOCK_SIZE_U64)
+    } else {
+        0
+    };
     let need = opts.nvm_size + logs;
     if opts.force {
         let old = store.load_config().ok().map(|c| c.nvm_path);

@@ -344,7 +344,7 @@ impl Inner {
     /// them and they cannot be read.
     pub(crate) fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
         use std::os::fd::AsRawFd;
-        let mut v = vec![self.slot_lock.as_raw_fd()];
+        let mut v = vec![self.slot_lock.as_raw_fd(), self.nvm.as_raw_fd()];
         v.extend(self.conn.try_lock().ok()?.as_ref().map(|c| c.as_raw_fd()));
         v.extend(self.upcall.try_lock().ok()?.as_ref().map(|u| u.as_raw_fd()));
         v.push(self.upcall_thread_fd.load(Ordering::SeqCst));
