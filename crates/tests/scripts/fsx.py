@@ -1,6 +1,9 @@
 """A randomized file-operation exerciser in the spirit of fsx: random reads, writes,
 truncations, mmap reads and writes, fallocate modes, copy_file_range, fsync, and close
-and reopen, on one file, each checked against an in-memory copy of the file. Every read
+and reopen, on one file, each checked against an in-memory copy of the file. Half of
+the reads, writes, truncations, fallocates, copies and fsyncs are made through
+syscall(2) instead of the C library's wrappers (x86-64 system call numbers), as
+programs that bypass the wrappers do. Every read
 (pread, mmap) must return the copy's bytes, every size must be the copy's, and the whole
 file is compared every 500 operations and at the end.
 
@@ -17,6 +20,18 @@ path, total, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rnd = random.Random(seed)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+libc.syscall.restype = ctypes.c_long
+SYS = {"pread64": 17, "pwrite64": 18, "fsync": 74, "ftruncate": 77, "fallocate": 285,
+       "copy_file_range": 326}
+L = ctypes.c_long
+
+
+def raw(name, *args):
+    """syscall(2) with long arguments; the result, or a failure naming the errno."""
+    r = libc.syscall(L(SYS[name]), *[L(a) if isinstance(a, int) else a for a in args])
+    if r < 0:
+        fail(f"syscall({name}): errno {ctypes.get_errno()}")
+    return r
 KEEP, PUNCH, ZERO = 1, 2, 16
 MAX = 1 << 20  # the file stays below 1 MiB
 model = bytearray()
@@ -37,7 +52,12 @@ def reopen(fd):
 
 
 def check_range(fd, off, n, what):
-    got = os.pread(fd, n, off)
+    if rnd.random() < 0.5:
+        buf = ctypes.create_string_buffer(n)
+        done = raw("pread64", fd, buf, n, off)
+        got = buf.raw[:done]
+    else:
+        got = os.pread(fd, n, off)
     want = bytes(model[off:off + n])
     if got != want:
         at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
@@ -71,9 +91,14 @@ for step in range(total):
     elif op == "write":
         if n == 0:
             continue
-        history.append(f"pwrite {off} {n}")
         buf = data(n)
-        if os.pwrite(fd, buf, off) != n:
+        if rnd.random() < 0.5:
+            history.append(f"syscall pwrite64 {off} {n}")
+            done = raw("pwrite64", fd, ctypes.c_char_p(buf), n, off)
+        else:
+            history.append(f"pwrite {off} {n}")
+            done = os.pwrite(fd, buf, off)
+        if done != n:
             fail("short write")
         if off > size:
             model.extend(bytes(off - size))
@@ -81,8 +106,12 @@ for step in range(total):
     elif op == "truncate":
         to = rnd.choice([0, rnd.randrange(0, MAX), size // 2, size + rnd.randrange(1, 9000)])
         to = min(to, MAX)
-        history.append(f"ftruncate {to}")
-        os.ftruncate(fd, to)
+        if rnd.random() < 0.5:
+            history.append(f"syscall ftruncate {to}")
+            raw("ftruncate", fd, to)
+        else:
+            history.append(f"ftruncate {to}")
+            os.ftruncate(fd, to)
         if to < size:
             del model[to:]
         else:
@@ -112,9 +141,13 @@ for step in range(total):
         mode = rnd.choice([0, KEEP, PUNCH | KEEP, ZERO, ZERO | KEEP])
         if n == 0:
             continue
-        history.append(f"fallocate {mode} {off} {n}")
-        if libc.fallocate(fd, mode, off, n) != 0:
-            fail(f"fallocate {mode} {off} {n}: errno {ctypes.get_errno()}")
+        if rnd.random() < 0.5:
+            history.append(f"syscall fallocate {mode} {off} {n}")
+            raw("fallocate", fd, mode, off, n)
+        else:
+            history.append(f"fallocate {mode} {off} {n}")
+            if libc.fallocate(fd, mode, off, n) != 0:
+                fail(f"fallocate {mode} {off} {n}: errno {ctypes.get_errno()}")
         end = off + n
         if mode in (PUNCH | KEEP, ZERO, ZERO | KEEP):
             e = min(end, size)
@@ -130,8 +163,13 @@ for step in range(total):
         dst = rnd.randrange(0, MAX - cnt)
         if not (dst + cnt <= src or src + cnt <= dst):
             continue  # overlapping ranges of one file are EINVAL
-        history.append(f"copy_file_range {src} -> {dst} {cnt}")
-        done = os.copy_file_range(fd, fd, cnt, src, dst)
+        if rnd.random() < 0.5:
+            history.append(f"syscall copy_file_range {src} -> {dst} {cnt}")
+            s_off, d_off = ctypes.c_long(src), ctypes.c_long(dst)
+            done = raw("copy_file_range", fd, ctypes.byref(s_off), fd, ctypes.byref(d_off), cnt, 0)
+        else:
+            history.append(f"copy_file_range {src} -> {dst} {cnt}")
+            done = os.copy_file_range(fd, fd, cnt, src, dst)
         if done != cnt:
             fail(f"copy_file_range copied {done} of {cnt}")
         chunk = bytes(model[src:src + cnt])
@@ -139,8 +177,12 @@ for step in range(total):
             model.extend(bytes(dst - len(model)))
         model[dst:dst + cnt] = chunk
     elif op == "fsync":
-        history.append("fsync")
-        os.fsync(fd)
+        if rnd.random() < 0.5:
+            history.append("syscall fsync")
+            raw("fsync", fd)
+        else:
+            history.append("fsync")
+            os.fsync(fd)
     else:
         history.append("close and reopen")
         fd = reopen(fd)
