@@ -45,6 +45,22 @@ fn cairn_as(store: &Path, uid: u32, gid: u32, args: &[&str]) -> std::process::Ou
         .unwrap()
 }
 
+/// Run test `name` of this binary as uid `USER` in group `GROUP` (a member of the trusted
+/// group) with `env`; its output, once it succeeded.
+fn member_child(name: &str, env: &[(&str, String)]) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .uid(USER)
+        .gid(GROUP)
+        .output()
+        .unwrap();
+    let child =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{name}: {child}");
+    child
+}
+
 #[test]
 fn untrusted_users_are_refused_with_the_mediated_path() {
     if !is_root() {
@@ -188,24 +204,15 @@ fn a_malicious_trusted_client_cannot_exceed_its_permissions() {
     let shared = fs.metadata("/shared").unwrap().ino();
     let rootfile_meta = fs.metadata("/rootfile").unwrap();
     drop(fs);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "malicious_client_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CAIRN_TRUST_CHILD", store.path())
-        .env("LOCKED_INO", locked.to_string())
-        .env("ROOTFILE_INO", rootfile_meta.ino().to_string())
-        .env("SHARED_INO", shared.to_string())
-        .uid(USER)
-        .gid(GROUP)
-        .output()
-        .unwrap();
-    let child =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "malicious client: {child}");
+    let child = member_child(
+        "malicious_client_child",
+        &[
+            ("CAIRN_TRUST_CHILD", store.path().display().to_string()),
+            ("LOCKED_INO", locked.to_string()),
+            ("ROOTFILE_INO", rootfile_meta.ino().to_string()),
+            ("SHARED_INO", shared.to_string()),
+        ],
+    );
     assert!(child.contains("ALL CASES CHECKED"), "{child}");
     // The shared area is untouched by every refused batch ...
     let fs = store.fs();
@@ -342,21 +349,10 @@ fn a_client_writes_its_own_log_and_nothing_else() {
     let fs = store.fs();
     fs.write("/rootfile", b"root's data").unwrap();
     drop(fs);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "isolation_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CAIRN_ISOLATION_CHILD", store.path())
-        .uid(USER)
-        .gid(GROUP)
-        .output()
-        .unwrap();
-    let child =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "isolated client: {child}");
+    let child = member_child(
+        "isolation_child",
+        &[("CAIRN_ISOLATION_CHILD", store.path().display().to_string())],
+    );
     assert!(child.contains("EVERY PATH REFUSED"), "{child}");
     // The store is unharmed, and checks clean.
     assert_eq!(store.fs().read("/rootfile").unwrap(), b"root's data");
