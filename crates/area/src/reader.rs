@@ -141,6 +141,13 @@ impl Area {
         (&self.logs[slot as usize], 0)
     }
 
+    /// The mapping holding `slot`'s ring, and the ring's offset in it ([`Area::slot_log`]:
+    /// one block after the client page).
+    pub fn slot_ring(&self, slot: u32) -> (&Mapping, usize) {
+        let (m, page) = self.slot_log(slot);
+        (m, page + BLOCK_SIZE)
+    }
+
     /// Open the store's local lower tiers (`paths[0]` SSD, `paths[1]` HDD, from
     /// `cairn.toml`), read-only or read-write, and check that each is the tier of this
     /// store the superblock describes; and take `remote` as the remote tier's device

@@ -70,8 +70,8 @@ impl RawClient {
 
     /// Write raw transaction bytes at the head and ask for a digest of them.
     pub fn log_bytes_and_digest(&mut self, bytes: &[u8]) -> Response {
-        let ring = self.area.layout().ring_bytes();
-        let off = 4096 + (self.reg.head_lsn % ring) as usize;
+        let l = self.area.layout();
+        let off = (l.ring_off(self.reg.slot) + self.reg.head_lsn % l.ring_bytes()) as usize;
         self.log.write(off, bytes).unwrap();
         self.log.persist(off, bytes.len()).unwrap();
         let upto = self.reg.head_lsn + bytes.len() as u64;

@@ -32,7 +32,6 @@ use apply::{apply_batch, publish_batch, retire_all};
 use cairn_format::inode::{Inode, Kind};
 use cairn_format::log::{self, Record, Stop, KIND_COMMIT, KIND_WRAP, TXN_HEADER, TXN_MAGIC};
 use cairn_format::slot::SlotHead;
-use cairn_format::BLOCK_SIZE;
 use plan::{InodePlan, Life, Plan};
 use std::collections::BTreeMap;
 use std::io;
@@ -129,8 +128,7 @@ pub(crate) fn copy_ring<'b>(
     buf: &'b mut Vec<u8>,
 ) -> io::Result<&'b [u8]> {
     let ring = sh.layout().ring_bytes();
-    let (m, page) = sh.slot_log(slot);
-    let roff = page + BLOCK_SIZE;
+    let (m, roff) = sh.slot_ring(slot);
     if buf.len() < len {
         buf.resize(len, 0);
     }
@@ -155,8 +153,8 @@ fn txn_end_estimate(
 ) -> io::Result<Option<u64>> {
     let ring = sh.layout().ring_bytes();
     let mut hdr = [0u8; TXN_HEADER];
-    let (m, page) = sh.slot_log(slot);
-    m.read(page + BLOCK_SIZE + (lsn % ring) as usize, &mut hdr)?;
+    let (m, roff) = sh.slot_ring(slot);
+    m.read(roff + (lsn % ring) as usize, &mut hdr)?;
     Ok(log::check_header(&hdr, seq, lsn, ring)
         .ok()
         .map(|(len, kind, _)| {
@@ -324,8 +322,7 @@ fn read_upto<'b>(
     scratch: &'b mut Vec<u8>,
 ) -> Result<Option<Batch<'b>>, DigestError> {
     let ring = area.layout().ring_bytes();
-    let (log_map, page) = area.slot_log(slot);
-    let roff = page + BLOCK_SIZE;
+    let (log_map, roff) = area.slot_ring(slot);
     let bad = |msg: String| DigestError::Malformed {
         msg,
         discard_lsn: u,
@@ -617,8 +614,8 @@ pub(crate) fn unsealed_writes(
 /// Seal the transaction at `lsn` of `slot`'s ring (checked by [`unsealed_writes`]):
 /// write its magic and make it durable. From here the transaction is committed.
 pub(crate) fn seal(sh: &Shared, slot: u32, lsn: u64) -> io::Result<()> {
-    let (m, page) = sh.area.slot_log(slot);
-    let off = page + BLOCK_SIZE + (lsn % sh.layout.ring_bytes()) as usize;
+    let (m, roff) = sh.area.slot_ring(slot);
+    let off = roff + (lsn % sh.layout.ring_bytes()) as usize;
     m.write(off, &TXN_MAGIC.to_le_bytes())?;
     m.persist(off, 4)
 }

@@ -715,8 +715,8 @@ fn append_at_head(
         )));
     }
     let put = |lsn: u64, t: &[u8]| -> io::Result<()> {
-        let (m, page) = sh.area.slot_log(slot);
-        let off = page + cairn_format::BLOCK_SIZE + (lsn % ring) as usize;
+        let (m, roff) = sh.area.slot_ring(slot);
+        let off = roff + (lsn % ring) as usize;
         m.write(off, t)?;
         m.persist(off, t.len())
     };

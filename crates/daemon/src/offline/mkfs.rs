@@ -321,7 +321,7 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<StoreConfig> {
         Some(p) => p.clone(),
         None => PathBuf::from(format!("/dev/shm/cairn-{}.nvm", hex(&random_bytes(8)?))),
     };
-    check_free_space(&nvm_path, opts, &store)?;
+    check_free_space(&nvm_path, opts, &layout, &store)?;
     std::fs::create_dir_all(&store.path).map_err(|e| {
         fs_err(
             e.raw_os_error().unwrap_or(libc::EIO),
@@ -515,7 +515,12 @@ pub(crate) fn skeleton(store: &StoreDir, nslots: u32, tg: Option<u32>) -> io::Re
 /// `ENOSPC` unless the file system that will hold the NVM file at `nvm_path` has room
 /// for all of it (mkfs allocates the whole file), counting what `--force` frees there
 /// (the old store's NVM file, or a file at `nvm_path` itself).
-fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io::Result<()> {
+fn check_free_space(
+    nvm_path: &Path,
+    opts: &MkfsOptions,
+    layout: &Layout,
+    store: &StoreDir,
+) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let dir = match nvm_path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -526,8 +531,8 @@ fn check_free_space(nvm_path: &Path, opts: &MkfsOptions, store: &StoreDir) -> io
     };
     let mut free = sys::free_space(dir)?;
     // The client logs are files of their own beside the NVM file (format version 7).
-    let logs = if format_version(opts)? >= cairn_format::superblock::VERSION_SLOT_FILES {
-        opts.max_clients as u64 * (opts.log_size + BLOCK_SIZE_U64)
+    let logs = if layout.slot_files {
+        layout.nslots as u64 * layout.slot_file_bytes()
     } else {
         0
     };

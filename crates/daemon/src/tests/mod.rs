@@ -130,8 +130,8 @@ impl LogWriter {
     /// Write raw transaction bytes at the tail (the caller sealed them with `self.seq`).
     pub fn put(&mut self, sh: &Shared, t: &[u8]) {
         let ring = sh.layout.ring_bytes();
-        let (log, page) = sh.area.slot_log(self.slot);
-        let off = page + 4096 + (self.tail % ring) as usize;
+        let (log, roff) = sh.area.slot_ring(self.slot);
+        let off = roff + (self.tail % ring) as usize;
         log.write(off, t).unwrap();
         self.tail += t.len() as u64;
         self.seq += 1;

@@ -180,7 +180,9 @@ impl Inner {
             match attempt {
                 Ok((c, Response::Registered(r))) => match LogFds::recv(&c, &r) {
                     Ok(fds) => break (c, r, fds),
-                    Err(e) if transient(&e) && std::time::Instant::now() < deadline => {}
+                    Err(e) if transient(&e) && std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
                     Err(e) => return Err(e),
                 },
                 Ok((_, r)) => return Err(response_error("register with the daemon", r)),
