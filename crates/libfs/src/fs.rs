@@ -124,11 +124,6 @@ fn is_stale(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|x| x.is::<Stale>())
 }
 
-/// Whether `e` only asks [`Inner::run`] to run the operation again.
-fn is_retry(e: &io::Error) -> bool {
-    as_need_lease(e).is_some() || is_stale(e)
-}
-
 /// The mutable client state.
 pub(crate) struct State {
     /// The operation log: tail, sequence numbers, the published head last seen (overlay

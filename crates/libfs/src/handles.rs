@@ -1,11 +1,12 @@
 //! The handle table, as one owned type: per inode, how many `File` handles of this
-//! client are open, and what the last close must do — log `nlink = 0` for a file
-//! unlinked while open (an *orphan*), tell the daemon it may free an inode it pinned for
-//! us (`Unpin`), forget that an unnamed file (`O_TMPFILE`) may still get a name.
+//! client are open, and what the last close must do — tell the daemon it may free an
+//! inode it pinned for us (`Unpin`: the file was unlinked while open here or in another
+//! process, or it is an unnamed file), forget that an unnamed file (`O_TMPFILE`) may
+//! still get a name.
 //!
-//! Invariants (checked builds, after each change): an orphan and a linkable unnamed file
-//! are open; a pinned inode is open, except for the moment an unnamed file is being
-//! created (pinned first, then opened, in one operation).
+//! Invariants (checked builds, after each change): a linkable unnamed file is open; a
+//! pinned inode is open, except for the moment an unnamed file is being created (pinned
+//! first, then opened, in one operation).
 
 use crate::overlay::InoMap;
 use std::collections::HashSet;
@@ -15,32 +16,24 @@ use std::collections::HashSet;
 pub(crate) struct Handles {
     /// Open `File` handles per inode.
     open: InoMap<u32>,
-    /// Inodes unlinked while open: their `nlink = 0` is logged at the last close.
-    orphans: HashSet<u64>,
     /// Unnamed files (`O_TMPFILE`) that may still be given a name.
     tmpfiles: HashSet<u64>,
-    /// Inodes the daemon pinned for us (we had them open when it revoked their lease, or
-    /// we made them unnamed): the last close sends `Unpin`.
+    /// Inodes the daemon pinned for us (we had them open when we or another process
+    /// removed their last name, or we made them unnamed): the last close sends `Unpin`.
     pinned: HashSet<u64>,
 }
 
-/// What the last close of an inode has to do, in this order (each step is done and
-/// then reported with [`Handles::orphan_freed`], [`Handles::unpinned`], and finally
-/// [`Handles::closed`], so that a close run again after a retry finds what is left).
+/// What the last close of an inode has to do: send `Unpin` if the daemon pins it for
+/// us (then [`Handles::unpinned`]), and finally [`Handles::closed`], so that a close run
+/// again after a retry finds what is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LastClose {
-    /// Log `nlink = 0`: the file was unlinked while open.
-    pub orphan: bool,
     /// Send `Unpin`.
     pub pinned: bool,
 }
 
 impl Handles {
     fn check(&self) {
-        debug_assert!(
-            self.orphans.iter().all(|i| self.open.contains_key(i)),
-            "an orphan that is not open"
-        );
         debug_assert!(
             self.tmpfiles.iter().all(|i| self.open.contains_key(i)),
             "an unnamed file that is not open"
@@ -65,21 +58,6 @@ impl Handles {
     /// Whether a handle of `ino` is open.
     pub(crate) fn is_open(&self, ino: u64) -> bool {
         self.open.contains_key(&ino)
-    }
-
-    /// The last link of `ino` was removed: if it is open, it becomes an orphan (its
-    /// `nlink = 0` is logged at the last close) and `true` is returned.
-    pub(crate) fn unlinked(&mut self, ino: u64) -> bool {
-        if !self.is_open(ino) {
-            return false;
-        }
-        self.orphans.insert(ino);
-        true
-    }
-
-    /// Whether `ino` was unlinked while open here.
-    pub(crate) fn is_orphan(&self, ino: u64) -> bool {
-        self.orphans.contains(&ino)
     }
 
     /// Whether `ino` is an unnamed file that may still get a name.
@@ -123,21 +101,14 @@ impl Handles {
             return None;
         }
         Some(LastClose {
-            orphan: self.orphans.contains(&ino),
             pinned: self.pinned.contains(&ino),
         })
-    }
-
-    /// The orphan `ino`'s `nlink = 0` was logged (or could not be).
-    pub(crate) fn orphan_freed(&mut self, ino: u64) {
-        self.orphans.remove(&ino);
     }
 
     /// The last handle of `ino` is closed.
     pub(crate) fn closed(&mut self, ino: u64) {
         self.open.remove(&ino);
         self.tmpfiles.remove(&ino);
-        self.orphans.remove(&ino);
         self.check();
     }
 }
@@ -147,29 +118,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_last_close_of_an_orphan_that_was_pinned() {
+    fn the_last_close_of_a_pinned_file_unpins_it() {
         let mut h = Handles::default();
         h.opened(7);
         h.opened(7);
-        assert!(h.unlinked(7));
-        assert!(!h.unlinked(8), "not open: no orphan");
+        assert!(h.is_open(7) && !h.is_open(8));
         h.pin(7);
         assert_eq!(h.closing(7), None, "one handle left");
-        let last = LastClose {
-            orphan: true,
-            pinned: true,
-        };
+        let last = LastClose { pinned: true };
         assert_eq!(h.closing(7), Some(last));
         assert_eq!(h.closing(7), Some(last), "a retried close sees the same");
-        h.orphan_freed(7);
         h.unpinned(7);
-        assert_eq!(
-            h.closing(7),
-            Some(LastClose {
-                orphan: false,
-                pinned: false
-            })
-        );
+        assert_eq!(h.closing(7), Some(LastClose { pinned: false }));
         h.closed(7);
         assert!(!h.is_open(7));
         assert_eq!(h.closing(7), None, "closed: nothing to do");

@@ -69,8 +69,9 @@ pub enum Request {
     /// its log with them from then on. Answer `Credentials`.
     Credentials { tail_lsn: u64 },
     /// Pin `ino`, an inode number this client reserved and is about to create without a
-    /// name (`O_TMPFILE`): its digest keeps the inode, unlinked, until `Unpin` (or the
-    /// client's end). Answer `Ok`; `EINVAL` for a number the client did not reserve.
+    /// name (`O_TMPFILE`), or a file it holds a lease on (it has it open) and is about to
+    /// remove the last name of: its digest keeps the inode, unlinked, until `Unpin` (or
+    /// the client's end). Answer `Ok`; `EINVAL` for any other inode.
     Pin { ino: u64 },
     /// Shared-write mode (PROTOCOL.md, "Shared-write mode"): the transaction of `len`
     /// bytes at `lsn` with sequence number `seq` is in the client's ring with a zero

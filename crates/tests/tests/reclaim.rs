@@ -88,3 +88,48 @@ fn temporary_files_give_their_inode_numbers_back() {
     }
     assert!(fs.status().unwrap().inodes.used <= 2);
 }
+
+/// A process killed while it has a file open whose last name it removed itself leaves
+/// nothing behind: the file's blocks and inode are freed once its client is recovered,
+/// and fsck finds the store clean (no inode with a link and no name).
+#[test]
+fn a_process_killed_with_its_unlinked_file_open_leaves_nothing_behind() {
+    use std::io::BufRead;
+    let store = TestStore::new();
+    let inodes = |s: &TestStore| cairn::daemon_status(Some(s.path())).unwrap().inodes.used;
+    let (used0, inodes0) = (used(&store), inodes(&store));
+    let script = r#"exec python3 -c '
+import os, sys, time
+fd = os.open("/cairn/scratch", os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b"x" * (4 << 20))
+os.unlink("/cairn/scratch")
+os.write(fd, b"y" * (1 << 20))
+os.lseek(fd, 0, 0)
+assert os.read(fd, 1) == b"x"
+print("READY", flush=True)
+time.sleep(600)
+'"#;
+    let mut child = cairn_tests::shim::run_cmd(&store, script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "READY");
+    assert!(store.fs().metadata("/scratch").is_err(), "the name is gone");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while used(&store) > used0 + (256 << 10) || inodes(&store) > inodes0 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead process's unlinked file was not freed: {} bytes, {} inodes in use",
+            used(&store),
+            inodes(&store)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    store.fsck_clean();
+}

@@ -328,8 +328,8 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// `INODE_SET`: a new inode, new attributes, or (`nlink = 0`) freed unless another
-    /// client's pin or its own unnamed file keeps it.
+    /// `INODE_SET`: a new inode, new attributes, or (`nlink = 0`) freed unless a pin
+    /// (a client has it open) or its own unnamed file keeps it.
     fn fold_inode_set(
         &mut self,
         sh: &Shared,
@@ -338,11 +338,7 @@ impl<'a> Plan<'a> {
         attrs: Attrs,
     ) -> Result<(), PErr> {
         let me = self.slot;
-        let pinned = sh.keep_unlinked
-            || sh
-                .pins
-                .get(&ino)
-                .is_some_and(|s| s.iter().any(|&c| c != me));
+        let pinned = sh.keep_unlinked || sh.pins.get(&ino).is_some_and(|s| !s.is_empty());
         let mine = sh.pinned_by(ino, me);
         let p = self.get(sh, ino)?;
         if attrs.kind == Kind::Free {
@@ -350,8 +346,8 @@ impl<'a> Plan<'a> {
                 "INODE_SET of inode {ino} with kind free"
             )));
         }
-        // Unlinked while another client has it open: kept (an orphan with
-        // `nlink = 0`) until the last pin goes. So is an unnamed file
+        // Unlinked while a client (this one or another) has it open: kept (an
+        // orphan with `nlink = 0`) until the last pin goes. So is an unnamed file
         // (`O_TMPFILE`) its creator pinned: created with `nlink = 0`, or
         // changed while still unnamed.
         let unnamed = attrs.nlink == 0 && attrs.kind == Kind::File && mine;

@@ -480,9 +480,11 @@ fn pin(d: &Daemon, c: &Conn, ino: u64) -> Reply {
         return Reply::Send(not_registered());
     };
     let mut core = d.core();
-    if core.sh.inodes.reserved_by(ino) != Some(slot) {
+    // A number it reserved (an unnamed file it creates), or a file it holds a lease on
+    // (one it has open and is removing the last name of).
+    if core.sh.inodes.reserved_by(ino) != Some(slot) && !core.leases.held_by(ino, slot) {
         return Reply::Send(err_response(&crate::util::einval(format!(
-            "pin: inode {ino} is not a number this client reserved"
+            "pin: inode {ino} is neither a number this client reserved nor one it holds a lease on"
         ))));
     }
     core.pin(slot, ino);

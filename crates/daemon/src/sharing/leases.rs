@@ -565,6 +565,11 @@ impl Leases {
         s
     }
 
+    /// Whether `slot` holds a lease (read or write) on `ino`.
+    pub(crate) fn held_by(&self, ino: u64, slot: u32) -> bool {
+        self.lock().table.get(&ino).is_some_and(|h| h.holds(slot))
+    }
+
     /// Leases held, for tests and the log: (ino, writer, readers).
     #[cfg(test)]
     pub(crate) fn holders(&self, ino: u64) -> (Option<u32>, Vec<u32>) {

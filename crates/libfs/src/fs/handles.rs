@@ -1,9 +1,9 @@
 //! Open files: opening an inode (permission checks, truncation, the open count) and the
 //! last close (an unlinked file's `nlink = 0`, unpinning).
 
-use super::{is_retry, At, CreateOpts, Inner, Tx};
+use super::{At, CreateOpts, Inner};
 use crate::conn::response_error;
-use crate::meta::{now_ns, R, W};
+use crate::meta::{R, W};
 use cairn_area::fs_err;
 use cairn_format::inode::Kind;
 use cairn_proto::{Request, Response};
@@ -32,7 +32,8 @@ impl Inner {
                     if create_new {
                         return Err(fs_err(libc::EEXIST, format!("{op}: file exists")));
                     }
-                    if kind == Kind::Dir && write {
+                    // `O_TRUNC` asks for write access, even with `O_RDONLY` (Linux).
+                    if kind == Kind::Dir && (write || trunc) {
                         return Err(fs_err(libc::EISDIR, format!("{op}: is a directory")));
                     }
                     let (gen, a) = self.attrs(st, ino)?;
@@ -88,25 +89,10 @@ impl Inner {
             let Some(last) = st.handles.closing(ino) else {
                 return Ok(());
             };
-            if last.orphan {
-                // The last handle of an unlinked file: free it now (its write lease
-                // first; the operation runs again after a lease or a shared-write retry).
-                self.need(st, ino, true)?;
-                if let Ok((gen, mut a)) = self.attrs(st, ino) {
-                    a.nlink = 0;
-                    a.ctime = now_ns();
-                    let mut tx = Tx::default();
-                    tx.inode(ino, gen, a);
-                    match self.commit(st, tx) {
-                        Err(e) if is_retry(&e) => return Err(e),
-                        _ => {}
-                    }
-                }
-                st.handles.orphan_freed(ino);
-            }
             if last.pinned {
-                // Another process may have unlinked it meanwhile: the daemon frees it
-                // once nobody has it open (after digesting our records about it).
+                // Unlinked while open (here or by another process), or unnamed: the
+                // daemon frees it once nobody has it open (after digesting our records
+                // about it).
                 let req = Request::Unpin {
                     ino,
                     tail_lsn: st.log.tail(),

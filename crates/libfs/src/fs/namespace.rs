@@ -8,6 +8,7 @@ use crate::path::{self, Comp};
 use cairn_area::fs_err;
 use cairn_format::inode::{Attrs, Kind};
 use cairn_format::{LINK_MAX, ROOT_INO};
+use cairn_proto::{Request, Response};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -193,8 +194,13 @@ impl Inner {
             a.nlink = 0;
         } else {
             a.nlink = a.nlink.saturating_sub(1);
-            if a.nlink == 0 && st.handles.unlinked(ino) {
-                return Ok(());
+            if a.nlink == 0 && st.handles.is_open(ino) && !st.handles.is_pinned(ino) {
+                // Open here: the daemon keeps it (unnamed, `nlink = 0`) until our last
+                // close or our death, as it does for another process's open files.
+                match self.request(st, &Request::Pin { ino })? {
+                    Response::Ok => st.handles.pin(ino),
+                    r => return Err(crate::conn::response_error("pin", r)),
+                }
             }
             if a.nlink == 0 && matches!(a.kind, Kind::Fifo | Kind::Socket) {
                 tx.gone.push((a.kind, ino, gen));
@@ -279,6 +285,10 @@ impl Inner {
                 return Err(fs_err(libc::EBUSY, format!("{op}: cannot remove the root")));
             }
             let Some(name) = w.name else {
+                // Linux: `..` names a directory that holds at least this one.
+                if p.ends_in_dotdot() {
+                    return Err(fs_err(libc::ENOTEMPTY, format!("{op}: `..` is not empty")));
+                }
                 return Err(fs_err(
                     libc::EINVAL,
                     format!("{op}: invalid last component"),
@@ -574,7 +584,7 @@ impl Inner {
             let (gen, mut a) = self.attrs(st, ino)?;
             // An unlinked file gets no name again, except an unnamed file made linkable
             // (`O_TMPFILE` without `O_EXCL`), as on Linux.
-            if st.handles.is_orphan(ino) || (a.nlink == 0 && !st.handles.is_linkable_unnamed(ino)) {
+            if a.nlink == 0 && !st.handles.is_linkable_unnamed(ino) {
                 return Err(fs_err(libc::ENOENT, format!("{op}: file was removed")));
             }
             if a.nlink >= LINK_MAX {

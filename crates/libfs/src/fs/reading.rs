@@ -57,9 +57,8 @@ impl Inner {
     /// [`Inner::attrs`] when the caller checked the lease.
     pub(super) fn attrs_held(&self, st: &State, ino: u64) -> io::Result<(u64, Attrs)> {
         if let Some(o) = st.ov.get(ino) {
-            // Unlinked here, unless it is open here (our own orphan, or one another
-            // process unlinked while the daemon had it pinned for us).
-            if o.attrs.nlink == 0 && !st.handles.is_orphan(ino) && !st.handles.is_pinned(ino) {
+            // Unlinked here, unless the daemon pins it for us (it is open here).
+            if o.attrs.nlink == 0 && !st.handles.is_pinned(ino) {
                 return Err(fs_err(libc::ENOENT, format!("inode {ino} was removed")));
             }
             return Ok((o.gen, o.attrs));
@@ -83,7 +82,7 @@ impl Inner {
     }
 
     pub(crate) fn metadata_of(&self, st: &State, ino: u64) -> io::Result<Metadata> {
-        let (gen, mut attrs) = self.attrs(st, ino)?;
+        let (gen, attrs) = self.attrs(st, ino)?;
         let shared = self.area.read_inode(ino)?;
         let mut blocks = if shared.generation == gen && shared.attrs.kind != Kind::Free {
             shared.blocks * 8
@@ -92,9 +91,6 @@ impl Inner {
         };
         if st.ov.get(ino).is_some_and(|o| o.has_data()) {
             blocks = blocks.max(attrs.size.div_ceil(BLOCK_SIZE_U64) * 8);
-        }
-        if st.handles.is_orphan(ino) {
-            attrs.nlink = 0;
         }
         Ok(Metadata {
             ino,

@@ -44,6 +44,15 @@ impl<'a> At<'a> {
         self.path.as_os_str().is_empty()
     }
 
+    /// Whether the last component is `..` (trailing slashes aside).
+    pub(super) fn ends_in_dotdot(&self) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let b = self.path.as_os_str().as_bytes();
+        let end = b.iter().rposition(|&c| c != b'/').map_or(0, |i| i + 1);
+        let b = &b[..end];
+        b == b".." || b.ends_with(b"/..")
+    }
+
     /// `ENOENT` for [`At::inode`] (the calls that create or remove a name).
     pub(super) fn named(&self, op: &str) -> io::Result<()> {
         if self.is_inode() {
