@@ -111,6 +111,14 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
     python3 -m pip install -q redis || python3 -m pip install -q --break-system-packages redis
 fi
 
+# ---- Tools from crates.io ---------------------------------------------------------
+# The POSIX conformance suite pjdfstest (crates/tests/tests/pjdfstest.rs), into
+# ~/.cargo/bin (about 90 s to build on two cores, once).
+if ! command -v pjdfstest >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/pjdfstest" ]; then
+    log "installing pjdfstest (cargo install)"
+    cargo install --quiet --locked pjdfstest --version 0.2.2
+fi
+
 # ---- Runtime ---------------------------------------------------------------------
 # The NVM tier file lives on /dev/shm by default (tmpfs).
 if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then

@@ -40,8 +40,9 @@ pub fn run<T: Fail>(op: &str, f: impl FnOnce() -> io::Result<T>) -> T {
 }
 
 const PAGE: usize = 4096;
-/// Longest string [`user_cstr`] reads before it answers `ENAMETOOLONG`.
-const MAX_USER_STRING: usize = 64 << 10;
+/// A string argument of [`user_cstr`] this long or longer, its NUL included, is
+/// `ENAMETOOLONG`, as the kernel answers for a path (`PATH_MAX`).
+const MAX_USER_STRING: usize = libc::PATH_MAX as usize;
 
 thread_local! {
     /// Pages this thread found readable lately (`usize::MAX`: none), valid while the
@@ -96,7 +97,7 @@ fn page_readable(page: usize) -> bool {
 
 /// A string argument of a C call: `None` for NULL, `EFAULT` if it lies in memory the
 /// process cannot read (as the kernel answers, where reading it would crash the
-/// program), `ENAMETOOLONG` past 64 KiB without a NUL.
+/// program), `ENAMETOOLONG` when it is `PATH_MAX` bytes long or longer with its NUL.
 ///
 /// SAFETY: `p` is NULL, or its readable bytes up to a NUL are a string that outlives
 /// the result (the caller's contract, except that the memory may be unreadable).
@@ -113,14 +114,17 @@ pub unsafe fn user_cstr<'a>(p: *const c_char) -> io::Result<Option<&'a [u8]>> {
         let from = start.max(page);
         // SAFETY: `[from, page + PAGE)` lies in one readable page.
         let hit = unsafe { libc::memchr(from as *const libc::c_void, 0, page + PAGE - from) };
-        if !hit.is_null() {
+        if !hit.is_null() && hit as usize - start < MAX_USER_STRING {
             // SAFETY: every page from `start` to the NUL was found readable.
             let s = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), hit as usize - start) };
             return Ok(Some(s));
         }
         page += PAGE;
-        if page - start > MAX_USER_STRING {
-            return Err(err(libc::ENAMETOOLONG, "string argument too long"));
+        if !hit.is_null() || page - start >= MAX_USER_STRING {
+            return Err(err(
+                libc::ENAMETOOLONG,
+                "path argument of PATH_MAX (4096) bytes or more",
+            ));
         }
     }
 }
@@ -222,7 +226,8 @@ pub fn fd_call<T: Fail>(
 /// SAFETY: `p` is NULL or a NUL-terminated string.
 pub unsafe fn empty_path(p: *const c_char, flags: c_int) -> bool {
     // SAFETY: see the function comment.
-    flags & libc::AT_EMPTY_PATH != 0 && unsafe { cbytes(p) }.is_some_and(|b| b.is_empty())
+    flags & libc::AT_EMPTY_PATH != 0
+        && unsafe { user_cstr(p) }.is_ok_and(|b| b.is_some_and(|b| b.is_empty()))
 }
 
 /// A Cairn path naming the inode of a Cairn descriptor (for `f*` calls).
@@ -268,7 +273,7 @@ pub unsafe fn give_bytes(v: &[u8], buf: *mut libc::c_void, n: usize) -> io::Resu
 ///
 /// SAFETY: `p` is NULL or a C string.
 pub unsafe fn xattr_name<'a>(p: *const c_char) -> io::Result<&'a [u8]> {
-    unsafe { cbytes(p) }.ok_or_else(|| err(libc::EFAULT, "NULL attribute name"))
+    unsafe { user_cstr(p) }?.ok_or_else(|| err(libc::EFAULT, "NULL attribute name"))
 }
 
 /// A `malloc`ed copy of `s` as a C string (the caller frees it).

@@ -389,6 +389,11 @@ unsafe fn two_paths(
     host: impl FnOnce(*const c_char, *const c_char) -> c_int,
     cairn: impl FnOnce(&CPath, &CPath) -> io::Result<()>,
 ) -> c_int {
+    // A NULL name is `EFAULT` (the host would look the other one up first, and not
+    // find a Cairn path).
+    if p1.is_null() || p2.is_null() {
+        return crate::state::fail(op, err(libc::EFAULT, "bad address (NULL path)"));
+    }
     let (a, b) = match unsafe { (route(fd1, p1), route(fd2, p2)) } {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return crate::state::fail(op, e),
@@ -543,7 +548,7 @@ pub unsafe extern "C" fn symlinkat(
             path,
             |p| real::symlinkat(target, dirfd, p),
             |cp| {
-                let t = crate::abi::cbytes(target)
+                let t = crate::abi::user_cstr(target)?
                     .ok_or_else(|| err(libc::EFAULT, "symlink: NULL target"))?;
                 ok0(ops::symlink(t, cp))
             },

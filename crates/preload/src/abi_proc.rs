@@ -1,7 +1,7 @@
 //! The current directory, path resolution, the umask and `exec`.
 //! SAFETY: see `abi.rs` (the POSIX contract of each function).
 
-use crate::abi::{cbytes, copy_cstr, fd_call, malloc_cstr, ok0, route, run, Route};
+use crate::abi::{cbytes, copy_cstr, fd_call, malloc_cstr, ok0, route, run, user_cstr, Route};
 use crate::ops;
 use crate::real;
 use crate::state::{self, err};
@@ -378,7 +378,7 @@ unsafe fn cairn_program(
     let mut keep: Vec<CString> = Vec::new();
     let mut cur = path;
     if search {
-        let Some(name) = (unsafe { cbytes(path) }) else {
+        let Ok(Some(name)) = (unsafe { user_cstr(path) }) else {
             return Ok(None);
         };
         if !name.contains(&b'/') {
@@ -623,7 +623,7 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let Some(name) = (unsafe { cbytes(file) }) else {
+    let Ok(Some(name)) = (unsafe { user_cstr(file) }) else {
         return unsafe { real::execvpe(file, argv, envp) };
     };
     if name.contains(&b'/') {

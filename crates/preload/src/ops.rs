@@ -236,13 +236,17 @@ fn open_file(fs: &Fs, at: At<'_>, flags: c_int, perm: u32) -> io::Result<cairn::
     let (read, write) = (acc != libc::O_WRONLY, acc != libc::O_RDONLY);
     let create = flags & libc::O_CREAT != 0;
     let excl = create && flags & libc::O_EXCL != 0;
-    Ok(if create && !write {
-        // O_RDONLY | O_CREAT creates the file, then the handle reads.
+    let trunc = flags & libc::O_TRUNC != 0;
+    Ok(if (create || trunc) && !write {
+        // O_RDONLY | O_CREAT creates the file, O_RDONLY | O_TRUNC truncates it (with
+        // write permission; a directory is `EISDIR`), as on Linux; then the handle
+        // reads.
         drop(
             cairn::OpenOptions::new()
                 .write(true)
-                .create(true)
+                .create(create)
                 .create_new(excl)
+                .truncate(trunc)
                 .mode(perm)
                 .open(fs, at)?,
         );
@@ -252,7 +256,7 @@ fn open_file(fs: &Fs, at: At<'_>, flags: c_int, perm: u32) -> io::Result<cairn::
         cairn::OpenOptions::new()
             .read(read)
             .write(write)
-            .truncate(write && flags & libc::O_TRUNC != 0)
+            .truncate(trunc)
             .create(create)
             .create_new(excl)
             .mode(perm)
