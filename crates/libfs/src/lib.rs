@@ -168,12 +168,14 @@ impl Fs {
         Ok(())
     }
 
-    /// The descriptors this client holds open (daemon connections, slot lock, POSIX
-    /// lock descriptors), or `None` if another thread is using one of them right now. A
-    /// program about to close descriptors wholesale (`closefrom`) asks, and gives the
-    /// client up first if any is among them ([`Fs::abandon_after_fork`] says how).
-    pub fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
-        self.inner.descriptors()
+    /// Whether a descriptor this client holds open (daemon connections, slot lock, the
+    /// NVM file, POSIX lock descriptors) is in `[first, last]`, or `None` if another
+    /// thread is using one of them right now. A program about to close descriptors
+    /// (`close`, `dup2` over one, `closefrom`) asks, and gives the client up first if
+    /// one of them is among them ([`Fs::abandon_after_fork`] says how). Allocates
+    /// nothing and never waits.
+    pub fn holds_descriptor_in(&self, first: usize, last: usize) -> Option<bool> {
+        self.inner.holds_descriptor_in(first, last)
     }
 
     /// Change the umask this client applies to the files and directories it creates

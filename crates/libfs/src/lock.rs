@@ -181,12 +181,15 @@ impl ClientLocks {
         Ok(Some(f))
     }
 
-    /// The descriptors of this process's POSIX locks (`None` while another thread
-    /// changes them).
-    pub(crate) fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
+    /// Whether one of the descriptors of this process's POSIX locks is a `hit` (`None`
+    /// while another thread changes them).
+    pub(crate) fn holds_descriptor(
+        &self,
+        hit: impl Fn(std::os::fd::RawFd) -> bool,
+    ) -> Option<bool> {
         use std::os::fd::AsRawFd;
         let m = self.posix.try_lock().ok()?;
-        Some(m.values().map(|f| f.as_raw_fd()).collect())
+        Some(m.values().any(|f| hit(f.as_raw_fd())))
     }
 
     /// After `fork`, in the child: close the copies of the parent's POSIX descriptors.

@@ -16,6 +16,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     match table::remove(fd) {
         None => {
             table::template_gone(fd as usize, fd as usize);
+            state::step_aside_for(fd);
             unsafe { real::close(fd) }
         }
         Some(o) => {
@@ -599,6 +600,9 @@ fn duped(old: c_int, new: c_int) {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if old != new && !table::is_cairn(new) {
+        state::step_aside_for(new);
+    }
     let r = unsafe { real::dup2(old, new) };
     if r >= 0 && old != new {
         duped(old, new);
@@ -608,6 +612,9 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, fl: c_int) -> c_int {
+    if old != new && !table::is_cairn(new) {
+        state::step_aside_for(new);
+    }
     let r = unsafe { real::dup3(old, new, fl) };
     if r >= 0 {
         duped(old, new);

@@ -342,14 +342,39 @@ pub extern "C" fn after_fork_parent() {
 /// which open Cairn files and mappings reopen their inodes.
 pub fn step_aside(first: usize, last: usize) {
     let Some(f) = FS.lock().clone() else { return };
-    let hit = f
-        .descriptors()
-        .is_none_or(|v| v.iter().any(|&d| (first..=last).contains(&(d as usize))));
-    if !hit {
+    if f.holds_descriptor_in(first, last) == Some(false) {
         return;
     }
+    step_aside_now(f);
+}
+
+/// The program is about to close descriptor `fd` (`close`, or `dup2` onto it), which
+/// is not a Cairn file's: if it is one of the client's own (a daemon closing every
+/// descriptor it inherited, one by one), step aside as [`step_aside`] does first. Not
+/// for the library's own closes (inside a Cairn operation, or while the client is in
+/// use by another thread: then nothing is done), and it never waits for a lock, so a
+/// close from a signal handler cannot deadlock.
+pub fn step_aside_for(fd: libc::c_int) {
+    if fd < 0 || crate::abi::in_cairn() {
+        return;
+    }
+    let Some(g) = FS.try_lock() else { return };
+    let Some(f) = g.as_ref() else { return };
+    if f.holds_descriptor_in(fd as usize, fd as usize) != Some(true) {
+        return;
+    }
+    let f = f.clone();
+    drop(g);
+    step_aside_now(f);
+}
+
+/// Publish the log of client `f`, give every open description a placeholder of its own
+/// that holds its position (as before `fork`: the new client's descriptions keep their
+/// offsets), and give the client up.
+fn step_aside_now(f: Arc<Fs>) {
     let _ = f.digest();
     drop(f);
+    table::materialize_all();
     give_up_client();
 }
 

@@ -1182,6 +1182,50 @@ print(open('/cairn/cr/before').read(), '/', open('/cairn/cr/after').read())
     assert_eq!(fs.read("/cr/before").unwrap(), b"written before");
 }
 
+/// A program that closes every descriptor it did not open one by one (`close` in a loop,
+/// as daemons written before `closefrom` do), or `dup2`s over them, closes the library's
+/// own too: each time the library publishes its log and steps aside first, and the next
+/// call works through a new client. Nothing of the library ever writes to a descriptor
+/// the program reuses (its own files stay empty), and the store is consistent.
+#[test]
+fn closing_the_library_descriptors_one_by_one_leaves_the_store_usable() {
+    let store = TestStore::new();
+    let out = python(
+        &store,
+        r#"
+import os
+fd = os.open('/cairn/before', os.O_CREAT | os.O_RDWR, 0o644)
+os.write(fd, b'before')
+def close_others():
+    for n in range(3, 1024):
+        if n != fd:
+            try: os.close(n)
+            except OSError: pass
+close_others()
+hosts = [os.open('/tmp/cairn-test-host-%d-%d' % (os.getpid(), i),
+                 os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600) for i in range(8)]
+for i in range(300):
+    with open('/cairn/f%d' % i, 'wb') as f: f.write(b'z' * 65536)
+    os.fsync(fd)
+# dup2 of a host file over every other descriptor.
+for n in range(3, 64):
+    if n != fd and n not in hosts:
+        os.dup2(hosts[0], n)
+for i in range(300, 400):
+    with open('/cairn/f%d' % i, 'wb') as f: f.write(b'z' * 65536)
+os.write(fd, b'+after')
+sizes = [os.fstat(h).st_size for h in hosts]
+for i in range(8): os.unlink('/tmp/cairn-test-host-%d-%d' % (os.getpid(), i))
+print(sizes, len(os.listdir('/cairn')), open('/cairn/before').read())
+"#,
+    );
+    assert_eq!(out, "[0, 0, 0, 0, 0, 0, 0, 0] 401 before+after\n");
+    let fs = store.fs();
+    assert_eq!(fs.read("/f399").unwrap().len(), 65536);
+    drop(fs);
+    store.fsck_clean();
+}
+
 /// `posix_spawn` with a file action that opens a Cairn path (relative to a Cairn working
 /// directory): the new program's descriptor is that Cairn file.
 #[test]

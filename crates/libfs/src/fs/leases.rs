@@ -54,6 +54,11 @@ pub(super) fn upcall_loop(weak: Weak<Inner>, mut s: UnixStream) {
             }
             match inner.reopen_upcall() {
                 Ok(ns) => {
+                    // The new channel is listed before the old one closes, so that the
+                    // list never names a closed (and maybe reused) descriptor.
+                    inner
+                        .upcall_thread_fd
+                        .store(std::os::fd::AsRawFd::as_raw_fd(&ns), Ordering::SeqCst);
                     s = ns;
                     break;
                 }

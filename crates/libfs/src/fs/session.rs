@@ -341,18 +341,24 @@ impl Inner {
         cairn_media::sys::close_abandoned(self.slot_lock.as_raw_fd());
     }
 
-    /// The descriptors this client holds open (its daemon connections, its slot lock, the
-    /// descriptors of its POSIX locks), or `None` while another thread holds one of
-    /// them and they cannot be read.
-    pub(crate) fn descriptors(&self) -> Option<Vec<std::os::fd::RawFd>> {
+    /// Whether one of the descriptors this client holds open (its daemon connections,
+    /// its slot lock, the NVM file, the descriptors of its POSIX locks) is in
+    /// `[first, last]`, or `None` while another thread holds one of them and they cannot
+    /// be read. Allocates nothing and waits for nothing (a program may close a
+    /// descriptor in a signal handler).
+    pub(crate) fn holds_descriptor_in(&self, first: usize, last: usize) -> Option<bool> {
         use std::os::fd::AsRawFd;
-        let mut v = vec![self.slot_lock.as_raw_fd(), self.nvm.as_raw_fd()];
-        v.extend(self.conn.try_lock().ok()?.as_ref().map(|c| c.as_raw_fd()));
-        v.extend(self.upcall.try_lock().ok()?.as_ref().map(|u| u.as_raw_fd()));
-        v.push(self.upcall_thread_fd.load(Ordering::SeqCst));
-        v.extend(self.locks.descriptors()?);
-        v.retain(|&fd| fd >= 0);
-        Some(v)
+        let hit = |fd: std::os::fd::RawFd| fd >= 0 && (first..=last).contains(&(fd as usize));
+        let conn = self.conn.try_lock().ok()?;
+        let upcall = self.upcall.try_lock().ok()?;
+        Some(
+            hit(self.slot_lock.as_raw_fd())
+                || hit(self.nvm.as_raw_fd())
+                || conn.as_ref().is_some_and(|c| hit(c.as_raw_fd()))
+                || upcall.as_ref().is_some_and(|u| hit(u.as_raw_fd()))
+                || hit(self.upcall_thread_fd.load(Ordering::SeqCst))
+                || self.locks.holds_descriptor(hit)?,
+        )
     }
 
     /// The credentials permissions are checked with now.
