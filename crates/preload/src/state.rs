@@ -187,15 +187,21 @@ pub fn umask_changed(mask: u32) {
     }
 }
 
+/// Whether this thread is inside a Cairn operation (`crate::abi::in_cairn`; never in
+/// unit tests, which have no ABI layer).
+fn in_cairn() -> bool {
+    #[cfg(not(test))]
+    return crate::abi::in_cairn();
+    #[cfg(test)]
+    return false;
+}
+
 /// Before the process changes its credentials: open the client now, if this process
 /// may (it is about to give up the rights that let it map the store; its client keeps
 /// working with the new credentials: [`credentials_changed`]). A process whose store
 /// cannot be opened goes on without one.
 pub fn before_credentials_change() {
-    #[cfg(not(test))]
-    let ours = crate::abi::in_cairn();
-    #[cfg(test)]
-    let ours = false;
+    let ours = in_cairn();
     if FS.lock().is_none() && !ours {
         let _ = fs();
     }
@@ -312,10 +318,7 @@ pub fn publish() {
 /// across the fork.
 pub extern "C" fn before_fork() {
     // Not for a fork LibFS makes itself (its locks are held): it execs at once.
-    #[cfg(not(test))]
-    let ours = crate::abi::in_cairn();
-    #[cfg(test)]
-    let ours = false;
+    let ours = in_cairn();
     if !ours {
         table::materialize_all();
     }
@@ -355,7 +358,7 @@ pub fn step_aside(first: usize, last: usize) {
 /// use by another thread: then nothing is done), and it never waits for a lock, so a
 /// close from a signal handler cannot deadlock.
 pub fn step_aside_for(fd: libc::c_int) {
-    if fd < 0 || crate::abi::in_cairn() {
+    if fd < 0 || in_cairn() {
         return;
     }
     let Some(g) = FS.try_lock() else { return };
