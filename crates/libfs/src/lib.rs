@@ -669,7 +669,8 @@ pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {
         // The daemon closed the connection while stopping.
         Err(_) => {}
     }
-    // Wait until the daemon lock is free (the daemon has exited).
+    // Wait until the daemon lock is free (the daemon has stopped; its process exits a
+    // moment later).
     let deadline = Instant::now() + Duration::from_secs(30);
     let lock_path = dir.daemon_lock_path();
     loop {

@@ -401,7 +401,14 @@ fn locks_survive_a_daemon_restart_and_lock_files_go_with_their_inodes() {
     let before = store.daemon_pid();
     drop(fs);
     store.stop();
-    let after = store.daemon_pid();
+    // The daemon frees its lock (which `stop` waits for) a moment before its process
+    // is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = store.daemon_pid();
+    while after == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        after = store.daemon_pid();
+    }
     assert!(
         before.is_some() && after != before,
         "{before:?}, then {after:?}"
