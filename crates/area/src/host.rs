@@ -104,6 +104,47 @@ pub fn share_with_store(f: &std::fs::File, nvm: &Path) -> io::Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(object_mode(m.mode())))
 }
 
+/// Check that host object `f` (opened at `path`) is the store's: a regular file that
+/// only the store's trust domain can have made and can write — owned by the NVM file's
+/// owner or root, or (when the NVM file may be read by its group, the trusted group)
+/// of the NVM file's group, which a process outside the group cannot give a file — and
+/// that nobody else may write. Anyone may create files in the host's shared memory, so
+/// a client that opens an object by name checks it before it trusts its bytes (a map
+/// object's are written back into the file). `EACCES` naming what is wrong otherwise.
+pub fn check_object(f: &std::fs::File, path: &Path, nvm: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let n = std::fs::metadata(nvm)?;
+    let m = f.metadata()?;
+    let maker_trusted =
+        m.uid() == n.uid() || m.uid() == 0 || (n.mode() & 0o040 != 0 && m.gid() == n.gid());
+    if m.file_type().is_file() && maker_trusted && m.mode() & 0o007 == 0 {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{} is not the store's (owner {}, group {}, mode {:o}; the store's objects are              made by its owner, root or its trusted group, and nobody else may write them):              not used; remove it",
+            path.display(),
+            m.uid(),
+            m.gid(),
+            m.mode() & 0o7777
+        ),
+    ))
+}
+
+/// Open the existing host object at `path` read-write (close-on-exec, not through a
+/// symbolic link) and [`check_object`] it.
+pub fn open_object(path: &Path, nvm: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    check_object(&f, path, nvm)?;
+    Ok(f)
+}
+
 /// The kind of host object a lock file is.
 pub const LOCK_KIND: &str = "lock";
 

@@ -42,7 +42,6 @@ use cairn_area::{fs_err, host};
 use cairn_media::sys::{self, RecordOp, RecordOwner};
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -129,13 +128,7 @@ impl ClientLocks {
                 format!("lock: cannot open the lock file {}: {e}", what.display()),
             )
         };
-        let open = |p: &Path| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(p)
-        };
+        let open = |p: &Path| host::open_object(p, &fs.nvm_path);
         loop {
             match open(&path) {
                 Ok(f) => return Ok(f),

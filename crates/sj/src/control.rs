@@ -132,7 +132,7 @@ impl Control {
             .create(true)
             .truncate(false)
             .mode(cairn_area::host::object_mode(meta.mode()))
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| {
                 io::Error::new(
@@ -141,8 +141,10 @@ impl Control {
                 )
             })?;
         let len = HEADER + SLOTS * SLOT;
-        // The store's trust domain, if this process made it (else it is the maker's).
+        // The store's trust domain, if this process made it (else it is the maker's,
+        // which must be the store's).
         let _ = cairn_area::host::share_with_store(&f, nvm);
+        cairn_area::host::check_object(&f, &path, nvm)?;
         let fm = f.metadata()?;
         if fm.len() < len {
             // Two processes may do this at once: both set the same length (zeros).

@@ -106,7 +106,7 @@ impl Segment {
             ));
         }
         let object_path = object_path(&fs.uuid(), ino, gen);
-        let object = match open_object(&object_path)? {
+        let object = match open_object(&object_path, fs.nvm_path())? {
             Some(o) => o,
             None => {
                 let staged = staged_of(fs, &file, ino, gen, header.len)?;
@@ -305,13 +305,10 @@ impl Segment {
     }
 }
 
-fn open_object(path: &Path) -> io::Result<Option<File>> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-    {
+/// The resident copy at `path`, if there is one (checked to be the store's: `nvm` is the
+/// store's NVM file).
+fn open_object(path: &Path, nvm: &Path) -> io::Result<Option<File>> {
+    match host::open_object(path, nvm) {
         Ok(f) => Ok(Some(f)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(fs_err(
@@ -377,7 +374,8 @@ fn build_object(
         Ok(()) => Ok(f),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             let _ = std::fs::remove_file(&tmp);
-            open_object(path)?.ok_or_else(|| fs_err(libc::ENOENT, "the resident copy vanished"))
+            open_object(path, fs.nvm_path())?
+                .ok_or_else(|| fs_err(libc::ENOENT, "the resident copy vanished"))
         }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);

@@ -1425,7 +1425,9 @@ impl SpaceJmp {
         // open; otherwise (it died logging or publishing a commit: the pages journal
         // made the resident copy the file's state) its entries are out of date, and a
         // later abort would put them back over newer commits.
-        if let Some(undo) = UndoLog::open_existing(&self.uuid, seg.ino, seg.gen)? {
+        if let Some(undo) =
+            UndoLog::open_existing(&self.uuid, seg.ino, seg.gen, self.fs.nvm_path())?
+        {
             if j == Journal::Undo {
                 undo.roll_back(&seg.object)?;
             }

@@ -38,7 +38,7 @@ impl UndoLog {
     /// with the mode and group of the NVM file at `nvm`).
     pub fn open(uuid: &[u8; 16], ino: u64, gen: u64, nvm: &std::path::Path) -> io::Result<UndoLog> {
         let m = std::fs::metadata(nvm)?;
-        let (f, path) = Self::open_file(uuid, ino, gen, Some(host::object_mode(m.mode())))?;
+        let (f, path) = Self::open_file(uuid, ino, gen, nvm, Some(host::object_mode(m.mode())))?;
         // The store's trust domain, if this process made it (else it is the maker's).
         let _ = host::share_with_store(&f, nvm);
         if f.metadata()?.len() < CAPACITY as u64 {
@@ -50,8 +50,13 @@ impl UndoLog {
 
     /// The undo log of segment `ino`/`gen`, if one was ever made and sized (one still
     /// being made by [`UndoLog::open`] holds no entries yet).
-    pub fn open_existing(uuid: &[u8; 16], ino: u64, gen: u64) -> io::Result<Option<UndoLog>> {
-        let (f, path) = match Self::open_file(uuid, ino, gen, None) {
+    pub fn open_existing(
+        uuid: &[u8; 16],
+        ino: u64,
+        gen: u64,
+        nvm: &std::path::Path,
+    ) -> io::Result<Option<UndoLog>> {
+        let (f, path) = match Self::open_file(uuid, ino, gen, nvm, None) {
             Ok(r) => r,
             Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => return Ok(None),
             Err(e) => return Err(e),
@@ -63,16 +68,20 @@ impl UndoLog {
         Ok(Some(UndoLog { map, path }))
     }
 
-    /// The log's file, made with `mode` if missing and `mode` is given.
+    /// The log's file, made with `mode` if missing and `mode` is given; checked to be
+    /// the store's (`nvm`: its NVM file) if it was there.
     fn open_file(
         uuid: &[u8; 16],
         ino: u64,
         gen: u64,
+        nvm: &std::path::Path,
         mode: Option<u32>,
     ) -> io::Result<(File, PathBuf)> {
         let path = host::object_path(uuid, "sj-undo", ino, gen);
         let mut o = std::fs::OpenOptions::new();
-        o.read(true).write(true).custom_flags(libc::O_CLOEXEC);
+        o.read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW);
         if let Some(mode) = mode {
             o.create(true).truncate(false).mode(mode);
         }
@@ -82,6 +91,7 @@ impl UndoLog {
                 format!("the undo log {}: {e}", path.display()),
             )
         })?;
+        host::check_object(&f, &path, nvm)?;
         Ok((f, path))
     }
 

@@ -451,3 +451,50 @@ fn isolation_child() {
     }
     println!("EVERY PATH REFUSED");
 }
+
+/// Anyone may create files in the host's shared memory, where the store's host objects
+/// live. A map object planted there by a user outside the trust domain (here: owned by
+/// `nobody`, writable by all) for a file it may not write is not trusted: a writer that
+/// is granted the file's lease does not write its bytes back into the file, and mapping
+/// the file shared fails with `EACCES` naming the object, instead of sharing it.
+#[test]
+fn a_planted_map_object_is_not_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let store = TestStore::new();
+    let fs = store.fs();
+    fs.write("/victim", vec![b'o'; 4096]).unwrap();
+    let m = fs.metadata("/victim").unwrap();
+    let uuid = cairn_area::host::store_uuid(store.path()).unwrap();
+    let planted = cairn_area::host::object_path(&uuid, "map", m.ino(), m.generation());
+    drop(fs);
+    std::fs::write(&planted, vec![b'X'; 4096]).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = cairn_tests::shim::python(
+        &store,
+        r#"
+import mmap, os
+fd = os.open('/cairn/victim', os.O_RDWR)
+os.pwrite(fd, b'Y', 0)
+try:
+    mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+    print('mapped')
+except OSError as e:
+    print('mmap', e.errno)
+os.close(fd)
+"#,
+    );
+    let _ = std::fs::remove_file(&planted);
+    assert_eq!(out, format!("mmap {}\n", libc::EACCES));
+    let mut want = vec![b'o'; 4096];
+    want[0] = b'Y';
+    assert!(
+        store.fs().read("/victim").unwrap() == want,
+        "the planted bytes got in"
+    );
+    store.fsck_clean();
+}

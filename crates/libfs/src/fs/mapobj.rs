@@ -53,14 +53,6 @@ fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
     host::object_path(uuid, "map", ino, gen)
 }
 
-fn open_rw(p: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(p)
-}
-
 /// A process's attachment to a file's map object: the object open read-write, holding
 /// a shared `flock` (the mark that this process maps it). Map it with [`MapObject::file`]
 /// at the file offsets of the mapping. Shared by all mappings of the file in the process;
@@ -107,7 +99,7 @@ impl Inner {
             return;
         }
         let path = object_path(&self.uuid(), ino, gen);
-        let Ok(f) = open_rw(&path) else {
+        let Ok(f) = host::open_object(&path, &self.nvm_path) else {
             return;
         };
         st.objs.insert(ino, Arc::new(f));
@@ -121,7 +113,7 @@ impl Inner {
     /// If nobody maps the object at `path` (we take its lock exclusively), write it
     /// back and remove it. Needs the write lease. Returns whether it was removed.
     fn fold(&self, st: &mut State, ino: u64, gen: u64, path: &Path) -> io::Result<bool> {
-        let f = match open_rw(path) {
+        let f = match host::open_object(path, &self.nvm_path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 st.objs.remove(&ino);
@@ -215,7 +207,7 @@ impl Inner {
             if !st.objs.contains_key(&ino) {
                 self.create_object(st, ino, attrs.size, &path)?;
             }
-            let file = open_rw(&path)?;
+            let file = host::open_object(&path, &self.nvm_path)?;
             sys::flock_shared(&file, false)?;
             let obj = Arc::new(MapObject {
                 file,
@@ -263,8 +255,10 @@ impl Inner {
                 return Err(shm_err(e));
             }
         }
-        st.objs
-            .insert(ino, Arc::new(open_rw(path).map_err(shm_err)?));
+        st.objs.insert(
+            ino,
+            Arc::new(host::open_object(path, &self.nvm_path).map_err(shm_err)?),
+        );
         Ok(())
     }
 
