@@ -87,6 +87,15 @@ pub(crate) fn try_lock_slot(store: &StoreDir, slot: u32) -> io::Result<Option<Fi
     }
 }
 
+/// Why a member of the trusted group cannot run the store's daemon (LibFS recognizes
+/// the words "may run its daemon" and does not wait for a daemon that cannot start).
+pub(crate) fn only_the_owner(cfg: &cairn_area::StoreConfig) -> String {
+    let owner = cfg
+        .owner_uid
+        .map_or_else(|| "the owner".to_string(), |u| format!("uid {u}"));
+    format!("only the store's owner ({owner}) or root may run its daemon")
+}
+
 /// Open the store's NVM tier file for reading and writing.
 pub(crate) fn open_nvm(store: &StoreDir, cfg: &cairn_area::StoreConfig) -> io::Result<File> {
     OpenOptions::new()
@@ -96,10 +105,7 @@ pub(crate) fn open_nvm(store: &StoreDir, cfg: &cairn_area::StoreConfig) -> io::R
         .map_err(|e| {
             let why = if e.kind() == io::ErrorKind::PermissionDenied {
                 // Clients of the trusted group may read the file, never write it.
-                let owner = cfg
-                    .owner_uid
-                    .map_or_else(|| "the owner".to_string(), |u| format!("uid {u}"));
-                format!("only the store's owner ({owner}) or root may run its daemon")
+                only_the_owner(cfg)
             } else {
                 "a reboot clears /dev/shm".to_string()
             };

@@ -440,15 +440,35 @@ fn isolation_child() {
         refused(&format!("log file {slot}"), rw(&p));
         refused(&format!("log file {slot} (read)"), std::fs::File::open(&p));
     }
-    // The daemon's state in the store directory.
-    for p in [
-        cairn_area::StoreDir::new(store).config_path(),
-        cairn_area::StoreDir::new(store).xattr_path(),
-    ] {
+    // The daemon's state in the store directory: its files, its lock (which a member
+    // could otherwise hold to keep every daemon from starting), and the directory
+    // itself (no file made, renamed or removed in it).
+    let sd = cairn_area::StoreDir::new(store);
+    for p in [sd.config_path(), sd.xattr_path(), sd.daemon_log_path()] {
         if p.exists() {
             refused(&p.display().to_string(), rw(&p));
         }
     }
+    refused(
+        "the daemon's lock",
+        std::fs::File::open(sd.daemon_lock_path()),
+    );
+    refused(
+        "a new file in the store directory",
+        std::fs::File::create(store.join("planted")),
+    );
+    let renamed = std::fs::rename(sd.config_path(), store.join("moved"));
+    assert_eq!(
+        renamed.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::PermissionDenied),
+        "cairn.toml renamed"
+    );
+    let removed = std::fs::remove_file(sd.slot_lock_path(1));
+    assert_eq!(
+        removed.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::PermissionDenied),
+        "a slot lock removed"
+    );
     println!("EVERY PATH REFUSED");
 }
 

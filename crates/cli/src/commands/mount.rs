@@ -60,12 +60,7 @@ pub fn mount(
     // Background: the same command in the foreground, in its own process group, logging
     // to a file next to the store's daemon log; wait until the mount appears.
     let dir = cairn_area::StoreDir::resolve(store);
-    let log_path = dir.path.join("mount.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(crate::error::ctx_msg(log_path.display()))?;
+    let (log_path, log) = mount_log(&dir)?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     if let Some(s) = store {
         cmd.arg("--store").arg(s);
@@ -133,4 +128,35 @@ pub fn umount(mp: &Path) -> CliResult {
         )));
     }
     Ok(())
+}
+
+/// Where a background mount logs: `DIR/mount.log`, or, for a member of the trusted group
+/// (who may not write in the store directory), `mount-<hash of DIR>.log` in the
+/// directory of the user's default store (`~/.local/share/cairn`).
+fn mount_log(dir: &cairn_area::StoreDir) -> Result<(std::path::PathBuf, std::fs::File), CliError> {
+    let open = |p: &std::path::Path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+    };
+    let in_store = dir.path.join("mount.log");
+    match open(&in_store) {
+        Ok(f) => return Ok((in_store, f)),
+        Err(e) if e.kind() != std::io::ErrorKind::PermissionDenied => {
+            return Err(crate::error::ctx_msg(in_store.display())(e))
+        }
+        Err(_) => {}
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::canonicalize(&dir.path)
+        .unwrap_or_else(|_| dir.path.clone())
+        .hash(&mut h);
+    let home = cairn_area::store::default_store_path();
+    let home = home.parent().unwrap_or(std::path::Path::new("/tmp"));
+    std::fs::create_dir_all(home).map_err(crate::error::ctx_msg(home.display()))?;
+    let p = home.join(format!("mount-{:016x}.log", h.finish()));
+    let f = open(&p).map_err(crate::error::ctx_msg(p.display()))?;
+    Ok((p, f))
 }

@@ -501,15 +501,21 @@ pub(crate) fn skeleton(store: &StoreDir, nslots: u32, tg: Option<u32>) -> io::Re
             .open(store.slot_lock_path(s))?;
         restrict(&store.slot_lock_path(s), tg, 0o600, 0o660)?;
     }
-    // Members of the trusted group may open the daemon's lock and log (`cairn rmfs`
-    // takes the lock while it removes a store); only the owner and root run the daemon.
-    for p in [store.daemon_lock_path(), store.daemon_log_path()] {
+    // Only the owner and root run the daemon: its lock is theirs alone (a member that
+    // could open it could hold it and keep every daemon from starting); members read its
+    // log.
+    for (p, group_mode) in [
+        (store.daemon_lock_path(), 0o600),
+        (store.daemon_log_path(), 0o640),
+    ] {
         OpenOptions::new().append(true).create(true).open(&p)?;
-        restrict(&p, tg, 0o600, 0o660)?;
+        restrict(&p, tg, 0o600, group_mode)?;
     }
-    restrict(&store.slots_dir(), tg, 0o700, 0o2770)?;
+    // Members reach their slot locks; nobody but the owner and root creates, renames or
+    // removes anything in the store directory (the daemon's state).
+    restrict(&store.slots_dir(), tg, 0o700, 0o750)?;
     // Everyone may reach the socket (and get a clear refusal if untrusted).
-    restrict(&store.path, tg, 0o755, 0o2775)
+    restrict(&store.path, tg, 0o755, 0o755)
 }
 
 /// `ENOSPC` unless the file system that will hold the NVM file at `nvm_path` has room

@@ -36,12 +36,25 @@ pub(crate) fn lock_store(store: &StoreDir, what: &str) -> io::Result<File> {
 
 /// Take `cairnd.lock` (exclusive, without waiting); `None` if a daemon holds it.
 pub(crate) fn try_daemon_lock(store: &StoreDir) -> io::Result<Option<File>> {
+    let path = store.daemon_lock_path();
     let lock = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(store.daemon_lock_path())?;
+        .open(&path)
+        .map_err(|e| {
+            let why = match store.load_config() {
+                Ok(cfg) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    format!(" ({})", crate::core::only_the_owner(&cfg))
+                }
+                _ => String::new(),
+            };
+            fs_err(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("cannot open {}: {e}{why}", path.display()),
+            )
+        })?;
     match sys::flock_exclusive(&lock, true) {
         Ok(()) => Ok(Some(lock)),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),

@@ -780,19 +780,23 @@ fn mkfs_gives_the_trust_domain_exactly_the_files_it_needs() {
     .unwrap();
     assert_eq!(cfg.trusted_gid, Some(4242));
     assert_eq!(st.load_config().unwrap().trusted_gid, Some(4242));
-    // The group reads the NVM file and writes none of it; it takes slot locks.
+    // The group reads the NVM file and writes none of it; it takes slot locks, reads
+    // the daemon's log, and changes nothing in the store directory.
     assert_eq!((mode(&nvm), gid(&nvm)), (0o640, 4242));
-    for p in [st.slot_lock_path(1), st.daemon_log_path()] {
-        assert_eq!((mode(&p), gid(&p)), (0o660, 4242), "{}", p.display());
-    }
+    assert_eq!(
+        (mode(&st.slot_lock_path(1)), gid(&st.slot_lock_path(1))),
+        (0o660, 4242)
+    );
+    assert_eq!(
+        (mode(&st.daemon_log_path()), gid(&st.daemon_log_path())),
+        (0o640, 4242)
+    );
+    assert_eq!(mode(&st.daemon_lock_path()), 0o600);
     for p in &cairn_area::store::nvm_files(&nvm)[1..] {
         assert_eq!(mode(p), 0o600, "{}", p.display());
     }
-    assert_eq!(
-        (mode(&st.slots_dir()), gid(&st.slots_dir())),
-        (0o2770, 4242)
-    );
-    assert_eq!((mode(&st.path), gid(&st.path)), (0o2775, 4242));
+    assert_eq!((mode(&st.slots_dir()), gid(&st.slots_dir())), (0o750, 4242));
+    assert_eq!((mode(&st.path), gid(&st.path)), (0o755, 4242));
     let _ = cairn_area::store::remove_nvm_files(&nvm);
 }
 
