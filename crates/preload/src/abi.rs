@@ -273,7 +273,14 @@ pub unsafe fn give_bytes(v: &[u8], buf: *mut libc::c_void, n: usize) -> io::Resu
 ///
 /// SAFETY: `p` is NULL or a C string.
 pub unsafe fn xattr_name<'a>(p: *const c_char) -> io::Result<&'a [u8]> {
-    unsafe { user_cstr(p) }?.ok_or_else(|| err(libc::EFAULT, "NULL attribute name"))
+    match unsafe { user_cstr(p) } {
+        Ok(b) => b.ok_or_else(|| err(libc::EFAULT, "NULL attribute name")),
+        // The kernel reads at most 256 bytes of a name: longer is `ERANGE`.
+        Err(e) if crate::state::errno_of(&e) == libc::ENAMETOOLONG => {
+            Err(err(libc::ERANGE, "attribute name too long"))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// A `malloc`ed copy of `s` as a C string (the caller frees it).
