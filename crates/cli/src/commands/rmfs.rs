@@ -50,6 +50,8 @@ fn store_dir_entries(dir: &StoreDir) -> Vec<PathBuf> {
         dir.path.join(".cairn.toml.tmp"),
         dir.socket_path(),
         dir.daemon_log_path(),
+        // `cairn mount`'s log (a background mount).
+        dir.path.join("mount.log"),
         dir.sj_registry_path(),
         dir.sj_registry_path().with_extension("tmp"),
     ];
