@@ -8,7 +8,6 @@ use crate::path::{self, Comp};
 use cairn_area::fs_err;
 use cairn_format::inode::{Attrs, Kind};
 use cairn_format::{LINK_MAX, ROOT_INO};
-use cairn_proto::{Request, Response};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -197,10 +196,7 @@ impl Inner {
             if a.nlink == 0 && st.handles.is_open(ino) && !st.handles.is_pinned(ino) {
                 // Open here: the daemon keeps it (unnamed, `nlink = 0`) until our last
                 // close or our death, as it does for another process's open files.
-                match self.request(st, &Request::Pin { ino })? {
-                    Response::Ok => st.handles.pin(ino),
-                    r => return Err(crate::conn::response_error("pin", r)),
-                }
+                self.pin(st, ino)?;
             }
             if a.nlink == 0 && matches!(a.kind, Kind::Fifo | Kind::Socket) {
                 tx.gone.push((a.kind, ino, gen));

@@ -470,6 +470,19 @@ impl Inner {
     }
 
     /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
+    /// Have the daemon pin `ino` for us (`Request::Pin`: an unnamed file we create, or
+    /// an open file we remove the last name of), and remember it: our last close sends
+    /// `Unpin`.
+    pub(super) fn pin(&self, st: &mut State, ino: u64) -> io::Result<()> {
+        match self.request(st, &Request::Pin { ino })? {
+            Response::Ok => {
+                st.handles.pin(ino);
+                Ok(())
+            }
+            r => Err(crate::conn::response_error("pin", r)),
+        }
+    }
+
     pub(super) fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
         // A daemon that is stopping answers ESHUTDOWN: wait for it to go and re-attach
         // to the next one (started on demand), for up to 10 s.

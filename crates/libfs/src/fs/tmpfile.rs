@@ -12,7 +12,7 @@ use super::{At, Inner, Lease, Tx};
 use crate::meta::now_ns;
 use cairn_area::fs_err;
 use cairn_format::inode::{Attrs, Kind};
-use cairn_proto::{Request, Response};
+use cairn_proto::Request;
 use std::io;
 use std::sync::atomic::Ordering;
 
@@ -43,18 +43,10 @@ impl Inner {
                 st.drop_lease(ino);
                 st.inodes.push(ino);
             };
-            match self.request(st, &Request::Pin { ino }) {
-                Ok(Response::Ok) => {}
-                Ok(r) => {
-                    undo(st);
-                    return Err(crate::conn::response_error("pin", r));
-                }
-                Err(e) => {
-                    undo(st);
-                    return Err(e);
-                }
+            if let Err(e) = self.pin(st, ino) {
+                undo(st);
+                return Err(e);
             }
-            st.handles.pin(ino);
             let now = now_ns();
             // A setgid directory's group, when the caller may use it (the daemon checks
             // an unnamed file's group without a directory to inherit it from).
