@@ -82,7 +82,7 @@ pub fn remove_all(store_dir: &Path) {
     }
 }
 
-/// The mode of a host object clients write (map objects, segment files): read and write
+/// The mode of a host object clients write (segment files, lock files): read and write
 /// for the owner, and for the group when the store's NVM file, of mode `nvm_mode`, may be
 /// read by its group (the trusted group reads the NVM file and writes none of it).
 pub fn object_mode(nvm_mode: u32) -> u32 {
@@ -143,6 +143,46 @@ pub fn open_object(path: &Path, nvm: &Path) -> io::Result<std::fs::File> {
         .open(path)?;
     check_object(&f, path, nvm)?;
     Ok(f)
+}
+
+/// The kind of host object a map object is (the shared mappings of a file).
+pub const MAP_KIND: &str = "map";
+
+/// Open the map object at `path` for the daemon, which alone creates and removes map
+/// objects (mode 0600, its own): read-write or read-only, close-on-exec, not through a
+/// symbolic link, and checked to be the store's ([`check_daemon_object`]).
+pub fn open_daemon_object(path: &Path, nvm: &Path, write: bool) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    check_daemon_object(&f, path, nvm)?;
+    Ok(f)
+}
+
+/// Check that host object `f` (opened at `path`) is one the daemon made: a regular file
+/// owned by the NVM file's owner or root that nobody else may read or write. A member
+/// of the trusted group cannot make one, so it cannot plant bytes a writer would then
+/// write back into a file it may not write itself. `EACCES` naming what is wrong.
+pub fn check_daemon_object(f: &std::fs::File, path: &Path, nvm: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let n = std::fs::metadata(nvm)?;
+    let m = f.metadata()?;
+    if m.file_type().is_file() && (m.uid() == n.uid() || m.uid() == 0) && m.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{} is not the store's (owner {}, mode {:o}; the daemon makes map objects, \
+             owned by the store's owner or root and open to nobody else): not used; remove it",
+            path.display(),
+            m.uid(),
+            m.mode() & 0o7777
+        ),
+    ))
 }
 
 /// The kind of host object a lock file is.

@@ -18,6 +18,7 @@
 //! | `superpage` | superpage extents of the NVM tier: promotion, demotion, the background pass, status; `superpage::compact`: when compaction is due and what it moves |
 //! | `server` | the socket, client threads, signals, daemonising (`run_daemon`), and one function per request |
 //! | `offline` | what runs without serving: `mkfs`, recovery (`recover`), the checker (`fsck`) |
+//! | `mapobj` | map objects of shared mappings: made, handed out after a permission check, and removed by the daemon alone |
 //! | `perm` | permission checks of a client's transaction |
 //! | `xattr` | the extended-attribute journal |
 //! | `util` | the daemon's log, errors, time and random helpers |
@@ -28,6 +29,7 @@ mod backup;
 mod core;
 mod credits;
 mod digest;
+mod mapobj;
 mod offline;
 mod perm;
 mod server;

@@ -338,7 +338,13 @@ impl File {
         if !self.read {
             return Err(fs_err(libc::EACCES, "mmap: file not open for reading"));
         }
-        self.fs.map_attach(self.ino)
+        self.fs.map_attach(self.ino, self.write)
+    }
+
+    /// A read-only descriptor of `obj` for a read-only shared mapping, holding the lock
+    /// that marks the object mapped (`mprotect` cannot make such a mapping writable).
+    pub fn map_read_only(&self, obj: &crate::MapObject) -> io::Result<std::fs::File> {
+        self.fs.map_read_only(obj)
     }
 
     /// `msync`: log the pages of `[off, off + len)` of the map object that differ from

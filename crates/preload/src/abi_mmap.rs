@@ -240,7 +240,7 @@ fn map_shared(
     let ro = if o.write {
         None
     } else {
-        match obj.open_read_only() {
+        match f.map_read_only(&obj) {
             Ok(r) => Some(r),
             Err(e) => {
                 let _ = f.map_release(obj);

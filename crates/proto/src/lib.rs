@@ -120,6 +120,25 @@ pub enum Request {
     /// the remote tier's pool, else `backup_remote` of `cairn.toml`): answer `BackedUp`
     /// once its manifest is written (docs/REMOTE.md, "Backup and restore").
     Backup { remote: Option<String> },
+    /// A descriptor of the map object of file `ino` of generation `gen` (PROTOCOL.md,
+    /// "Map objects"), which the daemon alone creates and removes. The client's records
+    /// before `tail_lsn` are digested first, so the daemon checks the file as the
+    /// client sees it. `create`: make the object from the file if there is none (needs
+    /// the file's write lease). `write`: open it read-write, which needs the owner or
+    /// write permission; otherwise read-only, which needs read permission or the owner.
+    /// Answer `MapObject` followed by the descriptor ([`send_fds`]); `ENOENT` if there is
+    /// no object and `create` is false.
+    MapObject {
+        ino: u64,
+        gen: u64,
+        write: bool,
+        create: bool,
+        tail_lsn: u64,
+    },
+    /// Remove the map object of `ino`/`gen` if nobody maps it (the daemon takes its
+    /// `flock` exclusively; the caller holds the write lease and has written it back):
+    /// `Ok` (also when there is none), or `EBUSY`.
+    MapRemove { ino: u64, gen: u64 },
 }
 
 /// The most bytes one `TierRead` returns.
@@ -203,6 +222,17 @@ pub struct Registration {
 
 /// Descriptors that follow a [`Registration`] with `log_fds`.
 pub const REGISTRATION_FDS: usize = 2;
+
+impl Response {
+    /// How many descriptors the daemon sends right after this response ([`send_fds`]).
+    pub fn fds_following(&self) -> usize {
+        match self {
+            Response::Registered(r) if r.log_fds => REGISTRATION_FDS,
+            Response::MapObject { .. } => 1,
+            _ => 0,
+        }
+    }
+}
 
 /// Send `fds` over a Unix stream socket (`SCM_RIGHTS`) with one byte of data, which the
 /// peer reads with [`recv_fds`]; the descriptors stay open here.
@@ -334,6 +364,10 @@ pub enum Response {
     TierData(Vec<u8>),
     /// Answer to `Backup`.
     BackedUp(BackupReport),
+    /// Answer to `MapObject`: one descriptor follows, read-write if `writable`.
+    MapObject {
+        writable: bool,
+    },
     /// A failure, with a POSIX errno and a message.
     Error {
         errno: i32,

@@ -244,6 +244,13 @@ proptest! {
             cairn_proto::Request::Unpin { ino, tail_lsn: lsn },
             cairn_proto::Request::Credentials { tail_lsn: lsn },
             cairn_proto::Request::Lease { ino, write: true },
+            cairn_proto::Request::MapObject {
+                ino,
+                gen: lsn,
+                write: true,
+                create: false,
+                tail_lsn: lsn,
+            },
         ] {
             let mut b = Vec::new();
             cairn_proto::send(&mut b, &msg).unwrap();

@@ -518,3 +518,143 @@ os.close(fd)
     );
     store.fsck_clean();
 }
+
+/// The daemon alone makes map objects (mode 0600, its own) and hands out descriptors to
+/// them after checking the client's permission, so the kernel keeps a member of the
+/// trusted group from writing the map object of a file it may only read: it cannot
+/// open the object by name, the descriptor it gets is read-only even when it asks for
+/// one it may write, and a writable mapping of that descriptor is refused. Root's
+/// mapping of the file and the file itself are unharmed; a file the member may write
+/// gets it a read-write descriptor.
+#[test]
+fn a_member_cannot_write_the_map_object_of_a_file_it_may_only_read() {
+    use std::os::unix::fs::MetadataExt;
+    if !is_root() {
+        eprintln!("skipped: needs root to run processes as another uid");
+        return;
+    }
+    let store = group_store();
+    let fs = store.fs();
+    fs.write("/readable", vec![b'o'; 4096]).unwrap();
+    fs.write("/writable", vec![b'w'; 4096]).unwrap();
+    fs.set_permissions("/writable", Permissions::from_mode(0o666))
+        .unwrap();
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "/readable")
+        .unwrap();
+    let m = f.map_mut(0, 4096).unwrap();
+    m.write(0, b"root").unwrap();
+    let ino = fs.metadata("/readable").unwrap().ino();
+    let uuid = cairn_area::host::store_uuid(store.path()).unwrap();
+    let gen = fs.metadata("/readable").unwrap().generation();
+    let object = cairn_area::host::object_path(&uuid, "map", ino, gen);
+    let meta = std::fs::metadata(&object).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600));
+    let child = member_child(
+        "map_object_child",
+        &[
+            ("CAIRN_MAPOBJ_CHILD", store.path().display().to_string()),
+            ("CAIRN_MAPOBJ_PATH", object.display().to_string()),
+        ],
+    );
+    assert!(child.contains("MAP OBJECT REFUSED"), "{child}");
+    let mut b = [0u8; 8];
+    m.read(0, &mut b).unwrap();
+    assert_eq!(&b, b"rootoooo");
+    drop(m);
+    drop(f);
+    let mut want = vec![b'o'; 4096];
+    want[..4].copy_from_slice(b"root");
+    assert!(fs.read("/readable").unwrap() == want);
+    assert!(!object.exists(), "the last unmap removes the object");
+    drop(fs);
+    store.fsck_clean();
+}
+
+/// The member of the test above.
+#[test]
+fn map_object_child() {
+    use std::os::unix::fs::FileExt;
+    let Some(store) = std::env::var_os("CAIRN_MAPOBJ_CHILD") else {
+        return;
+    };
+    let object = std::env::var_os("CAIRN_MAPOBJ_PATH").unwrap();
+    assert_eq!(cairn_media::sys::ids(), (USER, GROUP));
+    // By name: neither for writing nor for reading.
+    for write in [true, false] {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&object)
+        {
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied),
+            Ok(_) => panic!("opened the map object by name"),
+        }
+    }
+    let fs = cairn::Fs::open(&store).unwrap();
+    let e = cairn::OpenOptions::new()
+        .write(true)
+        .open(&fs, "/readable")
+        .unwrap_err();
+    assert_eq!(cairn_area::errno_of(&e), libc::EACCES, "{e}");
+    let f = cairn::OpenOptions::new()
+        .read(true)
+        .open(&fs, "/readable")
+        .unwrap();
+    let obj = f.map_object().unwrap();
+    assert!(!obj.writable());
+    let mut b = [0u8; 8];
+    obj.file().read_exact_at(&mut b, 0).unwrap();
+    assert_eq!(&b, b"rootoooo", "it reads root's stores");
+    assert_eq!(
+        obj.file().write_at(b"X", 0).unwrap_err().raw_os_error(),
+        Some(libc::EBADF)
+    );
+    match cairn_media::Mapping::new(obj.file(), 0, 4096, true, false) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}"),
+        Ok(_) => panic!("the map object was mapped writable"),
+    }
+    f.map_release(obj).unwrap();
+    // A file it may write: read-write.
+    let w = cairn::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "/writable")
+        .unwrap();
+    let obj = w.map_object().unwrap();
+    assert!(obj.writable());
+    obj.file().write_all_at(b"member", 0).unwrap();
+    w.map_sync(&obj, 0, 4096).unwrap();
+    w.map_release(obj).unwrap();
+    assert_eq!(&fs.read("/writable").unwrap()[..8], b"memberww");
+    // Asked for by hand: the daemon does not take the client's word that it may write.
+    let mut c = RawClient::connect(Path::new(&store));
+    let ino = fs.metadata("/readable").unwrap().ino();
+    let gen = fs.metadata("/readable").unwrap().generation();
+    cairn_proto::send(&mut c.sock, &Request::Lease { ino, write: false }).unwrap();
+    assert!(matches!(
+        cairn_proto::recv(&mut c.sock).unwrap(),
+        Response::Leased { .. }
+    ));
+    let req = Request::MapObject {
+        ino,
+        gen,
+        write: true,
+        create: false,
+        tail_lsn: c.reg.head_lsn,
+    };
+    cairn_proto::send(&mut c.sock, &req).unwrap();
+    match cairn_proto::recv(&mut c.sock).unwrap() {
+        Response::MapObject { writable: false } => {}
+        r => panic!("{r:?}"),
+    }
+    let fd = cairn_proto::recv_fds(&c.sock, 1).unwrap().pop().unwrap();
+    let flags = rustix::fs::fcntl_getfl(&fd).unwrap();
+    assert_eq!(
+        flags & rustix::fs::OFlags::RWMODE,
+        rustix::fs::OFlags::RDONLY
+    );
+    println!("MAP OBJECT REFUSED");
+}

@@ -118,6 +118,20 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         Request::Unpin { ino, tail_lsn } => unpin(d, c, ino, tail_lsn),
         Request::Credentials { tail_lsn } => credentials(d, c, tail_lsn),
         Request::Pin { ino } => pin(d, c, ino),
+        Request::MapObject {
+            ino,
+            gen,
+            write,
+            create,
+            tail_lsn,
+        } => map_object(d, c, (ino, gen), write, create, tail_lsn),
+        Request::MapRemove { ino, gen } => match c.slot {
+            Some(slot) => Reply::Send(match d.core().map_remove(slot, ino, gen) {
+                Ok(()) => Response::Ok,
+                Err(e) => err_response(&e),
+            }),
+            None => Reply::Send(not_registered()),
+        },
         Request::Shutdown => shutdown(d, c),
     }
 }
@@ -489,6 +503,29 @@ fn pin(d: &Daemon, c: &Conn, ino: u64) -> Reply {
     }
     core.pin(slot, ino);
     Reply::Send(Response::Ok)
+}
+
+/// `MapObject`: the client's records before `tail_lsn` digested, then a descriptor of
+/// the map object of file `ino`/`gen` (`crate::mapobj`).
+fn map_object(
+    d: &Daemon,
+    c: &mut Conn,
+    (ino, gen): (u64, u64),
+    write: bool,
+    create: bool,
+    tail_lsn: u64,
+) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let mut core = d.core();
+    if let Err(e) = core.digest_client(slot, tail_lsn) {
+        return digest_failed(&mut core, c, slot, e, true, "map object");
+    }
+    match core.map_object(slot, ino, gen, write, create) {
+        Ok((f, writable)) => Reply::SendFds(Response::MapObject { writable }, vec![f.into()]),
+        Err(e) => Reply::Send(err_response(&e)),
+    }
 }
 
 /// `Shutdown`: digest everything, save the allocation state and stop.

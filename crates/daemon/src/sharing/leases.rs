@@ -570,6 +570,14 @@ impl Leases {
         self.lock().table.get(&ino).is_some_and(|h| h.holds(slot))
     }
 
+    /// Whether `slot` holds the write lease on `ino`.
+    pub(crate) fn writes(&self, ino: u64, slot: u32) -> bool {
+        self.lock()
+            .table
+            .get(&ino)
+            .is_some_and(|h| h.writer == Some(slot))
+    }
+
     /// Leases held, for tests and the log: (ino, writer, readers).
     #[cfg(test)]
     pub(crate) fn holders(&self, ino: u64) -> (Option<u32>, Vec<u32>) {

@@ -10,30 +10,37 @@
 //! the shared area hold what was last *written back*. The rules (ARCHITECTURE.md,
 //! "Shared mappings"):
 //!
-//! 1. An object is created (filled from the file, then renamed into place) and removed
-//!    only by a client holding the file's write lease. Every client checks for the
-//!    object when it is granted a lease ([`Inner::learn_object`]), so a client holding
-//!    any lease on a file knows whether it has an object.
+//! 1. The daemon alone creates an object (filled from the file) and removes it, and it
+//!    hands out descriptors to it only after checking the client's permission on the
+//!    file (`Request::MapObject`, PROTOCOL.md "Map objects"): read-write for the owner
+//!    or a writer, read-only for a reader. The object is mode 0600, the daemon's, so
+//!    nobody opens it by name, and the kernel keeps a client from writing the object of
+//!    a file it may not write. Every client checks for the object when it is granted a
+//!    lease ([`Inner::learn_object`]: a `stat` of its name, and a descriptor from the
+//!    daemon if it exists), so a client holding any lease on a file knows whether it
+//!    has an object. Creating one needs the write lease.
 //! 2. A client that knows of an object reads the file's data from it, and writes both
 //!    to its log (durable, as always) and to the object; `set_len` truncates both.
 //! 3. Write-back (`msync`, `munmap`, `fsync`, exit, [`MapMut::flush`]): under the write
-//!    lease,
-//!    the object's pages that differ from the logged state are logged as `WRITE`s.
-//!    From then on they are durable on the NVM tier like any write.
+//!    lease, the object's pages that differ from the logged state are logged as
+//!    `WRITE`s. From then on they are durable on the NVM tier like any write.
 //! 4. Each process that maps the object holds a shared `flock` on it (inherited by a
 //!    child after `fork`, dropped when the process dies). Whoever holds the write lease
-//!    and can take the lock exclusively knows nobody maps it: it writes back and removes
-//!    the object (a *fold*): at a process's last unmap, at the grant of a write lease (a
-//!    mapper died without writing back), and at `cairn stop`.
+//!    and can take the lock exclusively knows nobody maps it: it writes back and asks
+//!    the daemon to remove the object, which takes the lock exclusively again first
+//!    (a *fold*): at a process's last unmap, at the grant of a write lease (a mapper
+//!    died without writing back), and at `cairn stop`.
 
 use super::{Inner, Lease, State};
-use cairn_area::fs_err;
+use crate::conn::response_error;
 use cairn_area::host;
+use cairn_area::{errno_of, fs_err};
 use cairn_format::inode::Kind;
 use cairn_media::sys;
+use cairn_proto::{Request, Response};
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
@@ -50,35 +57,31 @@ pub(crate) fn object_prefix(uuid: &[u8; 16]) -> String {
 }
 
 fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
-    host::object_path(uuid, "map", ino, gen)
+    host::object_path(uuid, host::MAP_KIND, ino, gen)
 }
 
-/// A process's attachment to a file's map object: the object open read-write, holding
-/// a shared `flock` (the mark that this process maps it). Map it with [`MapObject::file`]
-/// at the file offsets of the mapping. Shared by all mappings of the file in the process;
-/// give it back with [`crate::File::map_release`].
+/// A process's attachment to a file's map object: a descriptor of the object from the
+/// daemon, read-write if this client may write the file, holding a shared `flock` (the
+/// mark that this process maps it). Map it with [`MapObject::file`] at the file offsets
+/// of the mapping. Shared by all mappings of the file in the process; give it back with
+/// [`crate::File::map_release`].
 #[derive(Debug)]
 pub struct MapObject {
     file: File,
-    path: PathBuf,
+    writable: bool,
     ino: u64,
     gen: u64,
 }
 
 impl MapObject {
-    /// The object, open read-write (the offsets of the file are the object's).
+    /// The object (the offsets of the file are the object's): open read-write if
+    /// [`MapObject::writable`], else read-only.
     pub fn file(&self) -> &File {
         &self.file
     }
-    /// The object opened read-only, holding the shared lock of a mapping (for a
-    /// read-only mapping: `mprotect` cannot make it writable).
-    pub fn open_read_only(&self) -> io::Result<File> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&self.path)?;
-        sys::flock_shared(&f, false)?;
-        Ok(f)
+    /// Whether [`MapObject::file`] is open read-write.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
 }
 
@@ -87,9 +90,38 @@ impl Inner {
         self.area.superblock().uuid
     }
 
+    /// A descriptor of the map object of `ino`/`gen` from the daemon
+    /// (`Request::MapObject`, after it digested our records): read-write if `write`
+    /// and the daemon found that we may write the file (the second value says which),
+    /// else read-only; made from the file first if it has none and `create`.
+    fn object_fd(
+        &self,
+        st: &mut State,
+        ino: u64,
+        gen: u64,
+        write: bool,
+        create: bool,
+    ) -> io::Result<(File, bool)> {
+        let req = Request::MapObject {
+            ino,
+            gen,
+            write,
+            create,
+            tail_lsn: st.log.tail(),
+        };
+        match self.request_fds(st, &req)? {
+            (Response::MapObject { writable }, fds) if fds.len() == 1 => {
+                let fd = fds.into_iter().next().expect("one descriptor");
+                Ok((File::from(fd), writable))
+            }
+            (r, _) => Err(response_error("map object", r)),
+        }
+    }
+
     /// At the grant of a lease on `ino` (state lock held): learn whether the file has a
-    /// map object (open it for reads and writes), and with the write lease fold an
-    /// object nobody maps any more (its mapper died before writing back).
+    /// map object (a descriptor of it, for reads and, if we may write the file,
+    /// writes), and with the write lease fold an object nobody maps any more (its
+    /// mapper died before writing back). No object, the common case, costs a `stat`.
     pub(super) fn learn_object(&self, st: &mut State, ino: u64, write: bool) {
         st.objs.remove(&ino);
         let Ok((gen, attrs)) = self.attrs_held(st, ino) else {
@@ -98,44 +130,51 @@ impl Inner {
         if attrs.kind != Kind::File {
             return;
         }
-        let path = object_path(&self.uuid(), ino, gen);
-        let Ok(f) = host::open_object(&path, &self.nvm_path) else {
+        if std::fs::symlink_metadata(object_path(&self.uuid(), ino, gen)).is_err() {
+            return;
+        }
+        let may_write = self.cred().owns_or_writes(&attrs);
+        let Ok((f, _)) = self.object_fd(st, ino, gen, may_write, false) else {
             return;
         };
         st.objs.insert(ino, Arc::new(f));
         if write && st.leases.get(ino) == Some(Lease::Write) {
             // A fold that fails (a full store) leaves the object, and its bytes, for
             // the next one.
-            let _ = self.fold(st, ino, gen, &path);
+            let _ = self.fold(st, ino, gen);
         }
     }
 
-    /// If nobody maps the object at `path` (we take its lock exclusively), write it
-    /// back and remove it. Needs the write lease. Returns whether it was removed.
-    fn fold(&self, st: &mut State, ino: u64, gen: u64, path: &Path) -> io::Result<bool> {
-        let f = match host::open_object(path, &self.nvm_path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+    /// If nobody maps the map object of `ino`/`gen` (we take its lock exclusively),
+    /// write it back and have the daemon remove it. Needs the write lease. Returns
+    /// whether it was removed.
+    fn fold(&self, st: &mut State, ino: u64, gen: u64) -> io::Result<bool> {
+        match self.object_fd(st, ino, gen, false, false) {
+            Ok((f, _)) => {
+                match sys::flock_exclusive(&f, true) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                    Err(e) => return Err(e),
+                }
+                self.write_back(st, ino, &f, 0, u64::MAX)?;
+                // Our lock goes with the descriptor; the daemon takes it again.
+            }
+            Err(e) if errno_of(&e) == libc::ENOENT => {
                 st.objs.remove(&ino);
                 return Ok(true);
             }
-            Err(e) => return Err(e),
-        };
-        match sys::flock_exclusive(&f, true) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
-        }
-        match self.attrs_held(st, ino) {
-            Ok((g, a)) if g == gen && a.kind == Kind::File => {
-                self.write_back(st, ino, &f, 0, u64::MAX)?;
-            }
             // The file is gone (or is another file now): nothing to write back to.
-            _ => {}
+            Err(e) if errno_of(&e) == libc::ESTALE => {}
+            Err(e) => return Err(e),
         }
-        std::fs::remove_file(path)?;
-        st.objs.remove(&ino);
-        Ok(true)
+        match self.request(st, &Request::MapRemove { ino, gen })? {
+            Response::Ok => {
+                st.objs.remove(&ino);
+                Ok(true)
+            }
+            Response::Error { errno, .. } if errno == libc::EBUSY => Ok(false),
+            r => Err(response_error("map object removal", r)),
+        }
     }
 
     /// Log the pages of `[off, off + len)` (within the file's size) whose bytes in
@@ -183,8 +222,9 @@ impl Inner {
     }
 
     /// Attach to the map object of `ino`, creating it if the file has none: the object
-    /// every `MAP_SHARED` mapping of the file maps. Takes the write lease.
-    pub(crate) fn map_attach(&self, ino: u64) -> io::Result<Arc<MapObject>> {
+    /// every `MAP_SHARED` mapping of the file maps; read-write if `write` and we may
+    /// write the file (the daemon checks), else read-only. Takes the write lease.
+    pub(crate) fn map_attach(&self, ino: u64, write: bool) -> io::Result<Arc<MapObject>> {
         self.run(|st| {
             self.need(st, ino, true)?;
             if st.leases.get(ino) == Some(Lease::Mediated) {
@@ -199,19 +239,21 @@ impl Inner {
                 return Err(fs_err(libc::ENODEV, "mmap: not a regular file"));
             }
             if let Some(o) = st.attached.get(&ino).and_then(Weak::upgrade) {
-                if o.gen == gen && st.objs.contains_key(&ino) {
+                if o.gen == gen && st.objs.contains_key(&ino) && (o.writable || !write) {
                     return Ok(o);
                 }
             }
-            let path = object_path(&self.uuid(), ino, gen);
-            if !st.objs.contains_key(&ino) {
-                self.create_object(st, ino, attrs.size, &path)?;
-            }
-            let file = host::open_object(&path, &self.nvm_path)?;
+            let (file, writable) = self.object_fd(st, ino, gen, write, true)?;
             sys::flock_shared(&file, false)?;
+            if !st.objs.contains_key(&ino) {
+                // A descriptor of its own: the attachment's lock must go with the
+                // attachment.
+                let (f, _) = self.object_fd(st, ino, gen, writable, false)?;
+                st.objs.insert(ino, Arc::new(f));
+            }
             let obj = Arc::new(MapObject {
                 file,
-                path,
+                writable,
                 ino,
                 gen,
             });
@@ -220,46 +262,18 @@ impl Inner {
         })
     }
 
-    /// Make the map object of `ino` at `path`: filled from the file under a temporary
-    /// name, then renamed into place (a crash leaves no half-filled object).
-    fn create_object(&self, st: &mut State, ino: u64, size: u64, path: &Path) -> io::Result<()> {
-        let shm_err = |e: io::Error| {
-            fs_err(
-                cairn_area::errno_of(&e).max(1),
-                format!(
-                    "mmap MAP_SHARED: cannot make the map object {}: {e}",
-                    path.display()
-                ),
-            )
-        };
-        let tmp = PathBuf::from(format!("{}.new-{}", path.display(), self.pid));
-        let _ = std::fs::remove_file(&tmp);
-        let f = host::create_object(&tmp, &self.nvm_path).map_err(shm_err)?;
-        let filled = (|| -> io::Result<()> {
-            f.set_len(size)?;
-            let mut buf = vec![0u8; STEP];
-            let mut pos = 0;
-            while pos < size {
-                let n = ((size - pos) as usize).min(STEP);
-                self.read_logged(st, ino, pos, &mut buf[..n])?;
-                if buf[..n].iter().any(|&b| b != 0) {
-                    f.write_all_at(&buf[..n], pos)?;
-                }
-                pos += n as u64;
-            }
-            sys::renameat2(&tmp, path, libc::RENAME_NOREPLACE)
-        })();
-        if let Err(e) = filled {
-            let _ = std::fs::remove_file(&tmp);
-            if e.kind() != io::ErrorKind::AlreadyExists {
-                return Err(shm_err(e));
-            }
+    /// A read-only descriptor of `obj` holding the shared lock of a mapping, for a
+    /// read-only mapping (`mprotect` cannot make it writable).
+    pub(crate) fn map_read_only(&self, obj: &MapObject) -> io::Result<File> {
+        if !obj.writable {
+            return obj.file.try_clone();
         }
-        st.objs.insert(
-            ino,
-            Arc::new(host::open_object(path, &self.nvm_path).map_err(shm_err)?),
-        );
-        Ok(())
+        self.run(|st| {
+            self.need(st, obj.ino, false)?;
+            let (f, _) = self.object_fd(st, obj.ino, obj.gen, false, false)?;
+            sys::flock_shared(&f, false)?;
+            Ok(f)
+        })
     }
 
     /// Write back `[off, off + len)` of `obj` (`msync`).
@@ -302,14 +316,14 @@ impl Inner {
         if Arc::strong_count(&obj) > 1 {
             return Ok(());
         }
-        let (ino, gen, path) = (obj.ino, obj.gen, obj.path.clone());
+        let (ino, gen) = (obj.ino, obj.gen);
         drop(obj);
         self.run(|st| {
             if st.attached.get(&ino).is_some_and(|w| w.strong_count() == 0) {
                 st.attached.remove(&ino);
             }
             self.need(st, ino, true)?;
-            self.fold(st, ino, gen, &path).map(|_| ())
+            self.fold(st, ino, gen).map(|_| ())
         })
     }
 
@@ -336,10 +350,9 @@ impl Inner {
             if !self.area.layout().ino_valid(ino) {
                 continue;
             }
-            let path = e.path();
             if self.run(|st| {
                 self.need(st, ino, true)?;
-                self.fold(st, ino, gen, &path)
+                self.fold(st, ino, gen)
             })? {
                 folded += 1;
             }
@@ -422,7 +435,7 @@ impl MapMut {
                 "map_mut: the length must be positive and the offset a multiple of 4096",
             ));
         }
-        let obj = fs.map_attach(ino)?;
+        let obj = fs.map_attach(ino, true)?;
         let map = match cairn_media::Mapping::new(&obj.file, off, len, true, false) {
             Ok(m) => m,
             Err(e) => {

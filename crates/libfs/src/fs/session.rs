@@ -484,6 +484,16 @@ impl Inner {
     }
 
     pub(super) fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
+        self.request_fds(st, req).map(|(r, _)| r)
+    }
+
+    /// [`Inner::request`], with the descriptors the daemon sends after the response
+    /// ([`Response::fds_following`]).
+    pub(super) fn request_fds(
+        &self,
+        st: &mut State,
+        req: &Request,
+    ) -> io::Result<(Response, Vec<std::os::fd::OwnedFd>)> {
         // A daemon that is stopping answers ESHUTDOWN: wait for it to go and re-attach
         // to the next one (started on demand), for up to 10 s.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -500,7 +510,22 @@ impl Inner {
                     *conn = None;
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Ok(r) => return Ok(r),
+                Ok(r) => {
+                    let n = r.fds_following();
+                    if n == 0 {
+                        return Ok((r, Vec::new()));
+                    }
+                    return match c.recv_fds(n) {
+                        Ok(fds) => Ok((r, fds)),
+                        Err(e) => {
+                            *conn = None;
+                            Err(fs_err(
+                                libc::EIO,
+                                format!("the daemon's descriptors did not arrive: {e}"),
+                            ))
+                        }
+                    };
+                }
                 Err(e) => {
                     *conn = None;
                     lost += 1;
