@@ -101,7 +101,16 @@ impl Conn {
     /// `Response::Error` is returned as a response).
     pub fn roundtrip(&mut self, req: &Request) -> io::Result<Response> {
         send_with(&mut self.stream, req, &mut self.buf)?;
-        recv_with(&mut self.stream, &mut self.buf)
+        recv_with(&mut self.stream, &mut self.buf).map_err(|e| {
+            if cairn_proto::undecodable(&e) {
+                fs_err(
+                    libc::EPROTO,
+                    cairn_proto::version_mismatch("the daemon", &e),
+                )
+            } else {
+                e
+            }
+        })
     }
 
     /// Receive the `n` descriptors the daemon sends after some responses

@@ -675,7 +675,35 @@ pub fn recv_with<T: for<'de> Deserialize<'de>>(
             buf.extend_from_slice(&chunk[..n]);
         }
     }
-    postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    postcard::from_bytes(buf)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, Undecodable(e.to_string())))
+}
+
+/// What [`recv`] fails with when a whole frame arrived but its content does not decode:
+/// the peer speaks another version of the protocol (a client and a daemon of different
+/// builds). The stream is still in step, so the daemon answers it (`EPROTO`).
+#[derive(Debug)]
+pub struct Undecodable(pub String);
+
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a message that does not decode ({})", self.0)
+    }
+}
+
+impl std::error::Error for Undecodable {}
+
+/// Whether `e` is [`recv`]'s [`Undecodable`].
+pub fn undecodable(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Undecodable>())
+}
+
+/// Why a client and a daemon do not understand each other, and what to do.
+pub fn version_mismatch(who: &str, e: &io::Error) -> String {
+    format!(
+        "{who} sent {e}: the program and the store's daemon are different builds of Cairn; \
+         stop the daemon (`cairn stop`) so that the next command starts the program's own"
+    )
 }
 
 #[cfg(test)]

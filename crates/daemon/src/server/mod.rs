@@ -633,6 +633,17 @@ fn serve(d: &Daemon, front: &front::Front, w: front::Waiting) {
         };
         let req: Request = match req {
             Ok(r) => r,
+            Err(e) if cairn_proto::undecodable(&e) => {
+                tracing::info!("pid {pid}: {e}: answered EPROTO");
+                let r = Response::Error {
+                    errno: libc::EPROTO,
+                    message: cairn_proto::version_mismatch("this client", &e),
+                };
+                if send(&mut s, &r).is_err() {
+                    break;
+                }
+                continue;
+            }
             Err(e) => {
                 if e.kind() != io::ErrorKind::UnexpectedEof {
                     tracing::info!("pid {pid}: bad message, closing: {e}");

@@ -310,3 +310,30 @@ fn create_flag_makes_a_store_and_missing_store_is_enoent() {
     assert_eq!(cfg.inodes, (32 << 20) / 8192);
     let _ = cairn_area::store::remove_nvm_files(&cfg.nvm_path);
 }
+
+/// A request of another build of Cairn (here: a variant this daemon does not know) is
+/// answered with `EPROTO` and what to do, and the connection stays in step.
+#[test]
+fn a_request_of_another_build_is_answered_with_eproto() {
+    use std::io::Write;
+    let ts = TestStore::small();
+    let daemon = start(&ts);
+    let mut s = connect(&ts);
+    // A frame of one byte: variant 100, which no `Request` has.
+    s.write_all(&1u32.to_le_bytes()).unwrap();
+    s.write_all(&[100]).unwrap();
+    match recv(&mut s).unwrap() {
+        Response::Error { errno, message } => {
+            assert_eq!(errno, libc::EPROTO);
+            assert!(message.contains("different builds of Cairn"), "{message}");
+            assert!(message.contains("cairn stop"), "{message}");
+        }
+        r => panic!("{r:?}"),
+    }
+    assert!(matches!(
+        call(&mut s, &Request::Status),
+        Response::Status(_)
+    ));
+    assert_eq!(call(&mut s, &Request::Shutdown), Response::Ok);
+    daemon.join().unwrap().unwrap();
+}
