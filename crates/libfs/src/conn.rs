@@ -97,6 +97,11 @@ impl Conn {
         ))
     }
 
+    /// The pid of the process at the other end (the daemon), from the kernel.
+    pub fn peer_pid(&self) -> Option<u32> {
+        cairn_media::sys::peer_cred(&self.stream).ok().map(|c| c.0)
+    }
+
     /// Send a request and wait for its response (transport errors only; a daemon's
     /// `Response::Error` is returned as a response).
     pub fn roundtrip(&mut self, req: &Request) -> io::Result<Response> {

@@ -663,25 +663,30 @@ pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {
     let Ok(mut c) = conn::Conn::connect_only(&dir) else {
         return Ok(()); // Not running.
     };
+    let pid = c.peer_pid();
     match c.roundtrip(&Request::Shutdown) {
         Ok(Response::Ok) => {}
         Ok(r) => return Err(conn::response_error("shutdown", r)),
         // The daemon closed the connection while stopping.
         Err(_) => {}
     }
-    // Wait until the daemon lock is free (the daemon has stopped; its process exits a
-    // moment later).
+    // Wait until the daemon lock is free (the daemon has stopped) and its process has
+    // exited (so that, say, its binary may be replaced at once).
     let deadline = Instant::now() + Duration::from_secs(30);
     let lock_path = dir.daemon_lock_path();
     loop {
-        match std::fs::File::open(&lock_path) {
+        let unlocked = match std::fs::File::open(&lock_path) {
             Ok(f) => {
-                if cairn_media::sys::flock_exclusive(&f, true).is_ok() {
+                let free = cairn_media::sys::flock_exclusive(&f, true).is_ok();
+                if free {
                     let _ = cairn_media::sys::flock_unlock(&f);
-                    return Ok(());
                 }
+                free
             }
-            Err(_) => return Ok(()),
+            Err(_) => true,
+        };
+        if unlocked && !pid.is_some_and(still_running) {
+            return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(fs_err(
@@ -693,6 +698,23 @@ pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` still runs: alive and not a zombie (which has exited: its
+/// binary and descriptors are released, only its parent has not reaped it yet).
+fn still_running(pid: u32) -> bool {
+    if !cairn_media::sys::pid_alive(pid) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next());
+            state != Some("Z")
+        }
+        Err(_) => false,
     }
 }
 

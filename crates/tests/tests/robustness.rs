@@ -509,3 +509,32 @@ fn a_daemon_whose_store_directory_goes_away_stops() {
     assert_eq!(store.fs().read("/f").unwrap(), b"kept");
     store.fsck_clean();
 }
+
+/// `cairn stop` returns once the daemon's process has exited, not only once its lock is
+/// free: a script may replace the daemon's binary right after it (no `ETXTBSY`).
+#[test]
+fn stop_returns_once_the_daemon_process_has_exited() {
+    let store = TestStore::new();
+    drop(store.fs());
+    let sock = cairn_area::StoreDir::new(store.path()).socket_path();
+    let s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    let (pid, ..) = cairn_media::sys::peer_cred(&s).unwrap();
+    drop(s);
+    let out = std::process::Command::new(cairn_tests::harness::cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .arg("stop")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next())
+        });
+    assert!(
+        matches!(state, None | Some('Z') | Some('X')),
+        "daemon {pid} still running after `cairn stop` returned: {state:?}"
+    );
+}
