@@ -222,19 +222,25 @@ pub fn stale_lock_files(uuid: &[u8; 16], live: impl Fn(u64, u64) -> bool) -> Vec
 /// Made under a temporary name and put in place by the caller (a rename or a link), so
 /// that nobody opens it before its permissions are set. Nothing is left on failure.
 pub fn create_object(path: &Path, nvm: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)?;
+    let f = create_private_object(path)?;
     if let Err(e) = share_with_store(&f, nvm) {
         let _ = std::fs::remove_file(path);
         return Err(e);
     }
     Ok(f)
+}
+
+/// A new host object at `path` (exclusive create, read-write, close-on-exec) of mode
+/// 0600: the caller's own (the daemon's map objects; [`create_object`] shares it).
+pub fn create_private_object(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// Bytes a file holds on its file system (allocated blocks; for tmpfs, memory).

@@ -18,7 +18,7 @@ use cairn_format::perm::R;
 use cairn_media::sys;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Bytes copied per step when an object is filled from its file.
@@ -99,13 +99,7 @@ impl Core {
     fn fill_object(&self, inode: &Inode, path: &Path) -> io::Result<()> {
         let tmp = PathBuf::from(format!("{}.new-{}", path.display(), std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)?;
+        let f = host::create_private_object(&tmp)?;
         let filled = (|| -> io::Result<()> {
             let size = inode.attrs.size;
             f.set_len(size)?;
