@@ -508,6 +508,15 @@ except OSError as e:
 os.close(fd)
 "#,
     );
+    // `cairn stop` leaves it as it is instead of failing on it.
+    let stop = Command::new(cairn_bin())
+        .arg("--store")
+        .arg(store.path())
+        .arg("stop")
+        .output()
+        .unwrap();
+    assert!(stop.status.success(), "{stop:?}");
+    assert_eq!(std::fs::read(&planted).unwrap(), vec![b'X'; 4096]);
     let _ = std::fs::remove_file(&planted);
     assert_eq!(out, format!("mmap {}\n", libc::EACCES));
     let mut want = vec![b'o'; 4096];

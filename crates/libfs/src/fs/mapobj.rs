@@ -329,7 +329,8 @@ impl Inner {
 
     /// Fold every map object of this store that nobody maps (`cairn stop` does this
     /// before stopping the daemon), and remove temporary objects of dead processes.
-    /// Returns the number of objects folded.
+    /// Objects that are not the store's (`EACCES`) are skipped. Returns the number of
+    /// objects folded.
     pub(crate) fn fold_all(&self) -> io::Result<usize> {
         let prefix = object_prefix(&self.uuid());
         let mut folded = 0;
@@ -350,11 +351,17 @@ impl Inner {
             if !self.area.layout().ino_valid(ino) {
                 continue;
             }
-            if self.run(|st| {
+            match self.run(|st| {
                 self.need(st, ino, true)?;
                 self.fold(st, ino, gen)
-            })? {
-                folded += 1;
+            }) {
+                Ok(true) => folded += 1,
+                Ok(false) => {}
+                // Not the store's (planted by another user, or made by an earlier
+                // build): not used and left as it is, rather than keep the store from
+                // stopping.
+                Err(e) if errno_of(&e) == libc::EACCES => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(folded)
