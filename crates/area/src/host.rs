@@ -135,12 +135,7 @@ pub fn check_object(f: &std::fs::File, path: &Path, nvm: &Path) -> io::Result<()
 /// Open the existing host object at `path` read-write (close-on-exec, not through a
 /// symbolic link) and [`check_object`] it.
 pub fn open_object(path: &Path, nvm: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
+    let f = open_no_follow(path, true)?;
     check_object(&f, path, nvm)?;
     Ok(f)
 }
@@ -152,14 +147,20 @@ pub const MAP_KIND: &str = "map";
 /// objects (mode 0600, its own): read-write or read-only, close-on-exec, not through a
 /// symbolic link, and checked to be the store's ([`check_daemon_object`]).
 pub fn open_daemon_object(path: &Path, nvm: &Path, write: bool) -> io::Result<std::fs::File> {
+    let f = open_no_follow(path, write)?;
+    check_daemon_object(&f, path, nvm)?;
+    Ok(f)
+}
+
+/// Open the existing file at `path` for reading, and writing if `write`, close-on-exec
+/// and not through a symbolic link.
+fn open_no_follow(path: &Path, write: bool) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .read(true)
         .write(write)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
-    check_daemon_object(&f, path, nvm)?;
-    Ok(f)
+        .open(path)
 }
 
 /// Check that host object `f` (opened at `path`) is one the daemon made: a regular file

@@ -685,7 +685,7 @@ pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {
             }
             Err(_) => true,
         };
-        if unlocked && !pid.is_some_and(still_running) {
+        if unlocked && !pid.is_some_and(cairn_media::owner::running) {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -698,23 +698,6 @@ pub fn daemon_shutdown(store: Option<&Path>) -> io::Result<()> {
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Whether process `pid` still runs: alive and not a zombie (which has exited: its
-/// binary and descriptors are released, only its parent has not reaped it yet).
-fn still_running(pid: u32) -> bool {
-    if !cairn_media::sys::pid_alive(pid) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next());
-            state != Some("Z")
-        }
-        Err(_) => false,
     }
 }
 

@@ -68,6 +68,13 @@ pub fn process_word() -> u64 {
     w
 }
 
+/// Whether process or thread `id` still runs: it exists and is not a zombie (which has
+/// exited: its memory, binary and descriptors are released; only its parent has not
+/// reaped it yet).
+pub fn running(id: u32) -> bool {
+    proc_stat(id).is_some_and(|(_, state)| !matches!(state, 'Z' | 'X' | 'x'))
+}
+
 /// Whether the owner of word `w` (a thread or process id and a start-time hash) is gone:
 /// no such task, a zombie, or another task that got the number since.
 pub fn owner_dead(w: u64) -> bool {

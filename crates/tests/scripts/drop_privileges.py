@@ -3,6 +3,7 @@ given as argv[1]: what it may and may not do must be what Linux allows the new u
 Prints one line per step (the result or the errno's name), nothing that differs between
 file systems, so that a run on the host and one through the shim compare line by line."""
 import errno
+import mmap
 import os
 import sys
 
@@ -59,4 +60,27 @@ step('rename rootfile', lambda: os.rename(p('rootfile'), p('open', 'stolen')))
 step('utime rootfile', lambda: os.utime(p('rootfile'), (1, 1)))
 step('utime now mine', lambda: os.utime(p('open', 'mine')))
 step('access secret', lambda: os.access(p('secret'), os.R_OK))
+
+
+def map_shared(path):
+    with open(path, 'w+b') as f:
+        f.write(b'\0' * 4096)
+        f.flush()
+        m = mmap.mmap(f.fileno(), 4096, mmap.MAP_SHARED)
+        m[0:6] = b'mapped'
+        m.flush()
+        m.close()
+    return open(path, 'rb').read(6)
+
+
+def map_read(path):
+    with open(path, 'rb') as f:
+        m = mmap.mmap(f.fileno(), 4, mmap.MAP_SHARED, mmap.PROT_READ)
+        r = m[:4]
+        m.close()
+        return r
+
+
+step('map shared mapped', lambda: map_shared(p('open', 'mapped')))
+step('map rootfile read-only', lambda: map_read(p('rootfile')))
 step('setuid back', lambda: os.setuid(0))

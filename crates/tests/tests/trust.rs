@@ -509,12 +509,7 @@ os.close(fd)
 "#,
     );
     // `cairn stop` leaves it as it is instead of failing on it.
-    let stop = Command::new(cairn_bin())
-        .arg("--store")
-        .arg(store.path())
-        .arg("stop")
-        .output()
-        .unwrap();
+    let stop = cairn_as(store.path(), 0, 0, &["stop"]);
     assert!(stop.status.success(), "{stop:?}");
     assert_eq!(std::fs::read(&planted).unwrap(), vec![b'X'; 4096]);
     let _ = std::fs::remove_file(&planted);

@@ -469,7 +469,6 @@ impl Inner {
         })
     }
 
-    /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
     /// Have the daemon pin `ino` for us (`Request::Pin`: an unnamed file we create, or
     /// an open file we remove the last name of), and remember it: our last close sends
     /// `Unpin`.
@@ -483,6 +482,7 @@ impl Inner {
         }
     }
 
+    /// One request/response, reconnecting (and re-attaching) once if the daemon went away.
     pub(super) fn request(&self, st: &mut State, req: &Request) -> io::Result<Response> {
         self.request_fds(st, req).map(|(r, _)| r)
     }
