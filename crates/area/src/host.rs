@@ -194,10 +194,18 @@ pub fn lock_file_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
     object_path(uuid, LOCK_KIND, ino, gen)
 }
 
-/// The store's lock files that may go: those whose `(ino, gen)` is not `live`, and the
-/// temporary ones of processes that died while making one.
-pub fn stale_lock_files(uuid: &[u8; 16], live: impl Fn(u64, u64) -> bool) -> Vec<PathBuf> {
-    let prefix = kind_prefix(uuid, LOCK_KIND);
+/// The kinds of host object a SpaceJMP segment has: its resident copy and its undo log
+/// (made and removed by the daemon).
+pub const SEGMENT_KINDS: [&str; 2] = ["sj", "sj-undo"];
+
+/// The store's host objects of `kinds` that may go: those whose `(ino, gen)` is not
+/// `live`, and the temporary ones of processes that died while making one.
+pub fn stale_objects(
+    uuid: &[u8; 16],
+    kinds: &[&str],
+    live: impl Fn(u64, u64) -> bool,
+) -> Vec<PathBuf> {
+    let prefixes: Vec<String> = kinds.iter().map(|k| kind_prefix(uuid, k)).collect();
     list(uuid)
         .into_iter()
         .filter(|p| {
@@ -206,14 +214,18 @@ pub fn stale_lock_files(uuid: &[u8; 16], live: impl Fn(u64, u64) -> bool) -> Vec
                 .unwrap_or_default()
                 .to_string_lossy()
                 .into_owned();
-            if !name.starts_with(&prefix) {
+            // The longest matching prefix: `sj-` is also the start of `sj-undo-`.
+            let Some(prefix) = (prefixes.iter())
+                .filter(|q| name.starts_with(q.as_str()))
+                .max_by_key(|q| q.len())
+            else {
                 return false;
-            }
+            };
             if let Some((_, tmp)) = name.rsplit_once(".new-") {
                 let pid = tmp.split('-').next().and_then(|p| p.parse().ok());
                 return pid.is_some_and(|p| !cairn_media::sys::pid_alive(p));
             }
-            parse_name(&name, &prefix).is_some_and(|(ino, gen)| !live(ino, gen))
+            parse_name(&name, prefix).is_some_and(|(ino, gen)| !live(ino, gen))
         })
         .collect()
 }
@@ -269,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn stale_lock_files_are_dead_generations_and_dead_makers() {
+    fn stale_objects_are_dead_generations_and_dead_makers() {
         let mut uuid = [0u8; 16];
         uuid[..4].copy_from_slice(&std::process::id().to_le_bytes());
         uuid[4..].copy_from_slice(b"locktest-sta");
@@ -278,16 +290,23 @@ mod tests {
         let making = PathBuf::from(format!("{}.new-{}-0", live.display(), std::process::id()));
         // No process has pid 0: a maker that died.
         let orphan = PathBuf::from(format!("{}.new-0-0", dead.display()));
-        for p in [&live, &dead, &making, &orphan] {
+        let copy = object_path(&uuid, SEGMENT_KINDS[0], 5, 2);
+        let dead_undo = object_path(&uuid, SEGMENT_KINDS[1], 5, 1);
+        let ctl = Path::new(HOST_OBJECT_DIR).join(format!("{}sj-ctl", store_prefix(&uuid)));
+        let all = [&live, &dead, &making, &orphan, &copy, &dead_undo, &ctl];
+        for p in all {
             std::fs::write(p, b"").unwrap();
         }
-        let mut stale = stale_lock_files(&uuid, |ino, gen| (ino, gen) == (5, 2));
+        let kinds = [LOCK_KIND, SEGMENT_KINDS[0], SEGMENT_KINDS[1]];
+        let mut stale = stale_objects(&uuid, &kinds, |ino, gen| (ino, gen) == (5, 2));
+        let locks_only = stale_objects(&uuid, &[LOCK_KIND], |ino, gen| (ino, gen) == (5, 2));
         stale.sort();
-        let mut want = vec![dead.clone(), orphan.clone()];
+        let mut want = vec![dead.clone(), orphan.clone(), dead_undo.clone()];
         want.sort();
-        for p in [&live, &dead, &making, &orphan] {
+        for p in all {
             let _ = std::fs::remove_file(p);
         }
         assert_eq!(stale, want);
+        assert_eq!(locks_only.len(), 2, "{locks_only:?}");
     }
 }

@@ -838,12 +838,13 @@ impl Core {
         })
     }
 
-    /// Remove the store's lock files (`cairn::lock`) of inodes no longer live: freed, or
-    /// reused by a later generation. A lock file of a generation newer than the
-    /// published one belongs to a creation not digested yet and stays; so does one whose
-    /// inode cannot be read. Nobody can hold a lock on a stale one: a lock needs an open
-    /// file, which keeps its inode. Returns how many went.
-    pub(crate) fn sweep_lock_files(&self) -> usize {
+    /// Remove the store's lock files (`cairn::lock`) and segments' resident copies and
+    /// undo logs (`crate::sjobj`) of inodes no longer live: freed, or reused by a later
+    /// generation. One of a generation newer than the published one belongs to a
+    /// creation not digested yet and stays; so does one whose inode cannot be read.
+    /// Nobody holds a lock on, or has attached, a stale one: either needs an open file,
+    /// which keeps its inode. Returns how many went.
+    pub(crate) fn sweep_host_objects(&self) -> usize {
         let uuid = self.sh.area.superblock().uuid;
         let layout = *self.sh.area.layout();
         let live = |ino: u64, gen: u64| {
@@ -858,7 +859,9 @@ impl Core {
                 Err(_) => true,
             }
         };
-        let stale = cairn_area::host::stale_lock_files(&uuid, live);
+        use cairn_area::host::{stale_objects, LOCK_KIND, SEGMENT_KINDS};
+        let kinds = [LOCK_KIND, SEGMENT_KINDS[0], SEGMENT_KINDS[1]];
+        let stale = stale_objects(&uuid, &kinds, live);
         stale
             .iter()
             .filter(|p| std::fs::remove_file(p).is_ok())
@@ -932,7 +935,7 @@ impl Core {
             }
         }
         self.sh.reclaim(&[], true);
-        self.sweep_lock_files();
+        self.sweep_host_objects();
         recovery::save(&self.sh)?;
         self.sh.persist_counters()?;
         self.sh.set_state(state::LAST_CLEAN_NS, now_ns() as u64)?;

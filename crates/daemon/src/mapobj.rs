@@ -29,6 +29,49 @@ impl Core {
         host::object_path(&self.sh.area.superblock().uuid, host::MAP_KIND, ino, gen)
     }
 
+    /// Check that `ino`/`gen` is a regular file the client of `slot` holds a lease on
+    /// and may use: the inode and whether it may have a read-write descriptor of one of
+    /// the file's host objects (`write` asked, and it owns or may write the file); else
+    /// read-only if it owns or may read it, else `EACCES`. `what` names the object in
+    /// errors.
+    pub(crate) fn object_grant(
+        &self,
+        slot: u32,
+        ino: u64,
+        gen: u64,
+        write: bool,
+        what: &str,
+    ) -> io::Result<(Inode, bool)> {
+        if !self.sh.layout.ino_valid(ino) {
+            return Err(einval(format!("{what}: inode number {ino} out of range")));
+        }
+        if !self.leases.held_by(ino, slot) {
+            return Err(einval(format!(
+                "{what} of inode {ino}: this client holds no lease on it"
+            )));
+        }
+        let inode = self.sh.inode(ino)?;
+        if inode.attrs.kind != Kind::File || inode.generation != gen {
+            return Err(fs_err(
+                libc::ESTALE,
+                format!("{what} of inode {ino}: not that regular file any more"),
+            ));
+        }
+        let cred = crate::perm::slot_cred(&self.sh, slot)?;
+        let a = &inode.attrs;
+        let writable = write && cred.owns_or_writes(a);
+        if !writable && !cred.owns(a) && !cred.may(a, R) {
+            return Err(fs_err(
+                libc::EACCES,
+                format!(
+                    "{what} of inode {ino}: uid {} may not read the file (mode {:04o}, uid {}, gid {})",
+                    cred.uid, a.perm, a.uid, a.gid
+                ),
+            ));
+        }
+        Ok((inode, writable))
+    }
+
     /// A descriptor of the map object of file `ino`/`gen` for the client of `slot`
     /// (`Request::MapObject`), made from the file first if it has none and `create`
     /// (the client holds the write lease). Read-write if `write` and the client owns or
@@ -42,35 +85,7 @@ impl Core {
         write: bool,
         create: bool,
     ) -> io::Result<(File, bool)> {
-        if !self.sh.layout.ino_valid(ino) {
-            return Err(einval(format!(
-                "map object: inode number {ino} out of range"
-            )));
-        }
-        if !self.leases.held_by(ino, slot) {
-            return Err(einval(format!(
-                "map object of inode {ino}: this client holds no lease on it"
-            )));
-        }
-        let inode = self.sh.inode(ino)?;
-        if inode.attrs.kind != Kind::File || inode.generation != gen {
-            return Err(fs_err(
-                libc::ESTALE,
-                format!("map object of inode {ino}: not that regular file any more"),
-            ));
-        }
-        let cred = crate::perm::slot_cred(&self.sh, slot)?;
-        let a = &inode.attrs;
-        let writable = write && cred.owns_or_writes(a);
-        if !writable && !cred.owns(a) && !cred.may(a, R) {
-            return Err(fs_err(
-                libc::EACCES,
-                format!(
-                    "map object of inode {ino}: uid {} may not read the file (mode {:04o}, uid {}, gid {})",
-                    cred.uid, a.perm, a.uid, a.gid
-                ),
-            ));
-        }
+        let (inode, writable) = self.object_grant(slot, ino, gen, write, "map object")?;
         let path = self.map_object_path(ino, gen);
         let nvm = self.cfg.nvm_path.clone();
         match host::open_daemon_object(&path, &nvm, writable) {

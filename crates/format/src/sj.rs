@@ -445,6 +445,73 @@ impl StageHeader {
     }
 }
 
+impl StageHeader {
+    /// Read and check the stage file of segment (`ino`, `gen`, `len` bytes) whose marker
+    /// names commit `redo`, with `read(buf, at)` filling `buf` from the stage file (an
+    /// error if it is shorter) and `size` its size (a run table it cannot hold is not
+    /// read: nothing is allocated by what the file claims). Both the segment's users and
+    /// the daemon (which builds resident copies) read staged commits this way.
+    pub fn load(
+        read: &mut dyn FnMut(&mut [u8], u64) -> std::io::Result<()>,
+        size: u64,
+        (ino, gen, len): (u64, u64, u64),
+        redo: u64,
+    ) -> std::io::Result<StageHeader> {
+        let damaged = |why: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("damaged segment: its staged commit {redo}: {why}"),
+            )
+        };
+        let mut head = vec![0u8; STAGE_HEADER_LEN];
+        read(&mut head, 0)?;
+        let n = Self::runs_in(&head).map_err(|e| damaged(e.0))?;
+        if Self::table_end(n) > size {
+            return Err(damaged(format!("{n} runs in a file of {size} bytes")));
+        }
+        let mut table = vec![0u8; Self::table_end(n) as usize];
+        read(&mut table, 0)?;
+        let h = Self::decode(&table, ino, gen, len).map_err(|e| damaged(e.0))?;
+        if h.seq != redo {
+            return Err(damaged(format!("it stages commit {}", h.seq)));
+        }
+        Ok(h)
+    }
+
+    /// Lay the staged runs over `buf`, the segment's bytes from `off`, reading the
+    /// stage file with `read(buf, at)`.
+    pub fn overlay(
+        &self,
+        off: u64,
+        buf: &mut [u8],
+        read: &mut dyn FnMut(&mut [u8], u64) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let end = off + buf.len() as u64;
+        let mut at = self.data_off();
+        for &(o, l) in &self.runs {
+            let (s, e) = (o.max(off), (o + l).min(end));
+            if s < e {
+                read(
+                    &mut buf[(s - off) as usize..(e - off) as usize],
+                    at + (s - o),
+                )?;
+            }
+            at += l;
+        }
+        Ok(())
+    }
+}
+
+/// Zero the staged-commit marker ([`REDO_SEQ_OFF`]) where `buf`, the segment's bytes
+/// from `off`, covers it: a resident copy never carries the marker.
+pub fn clear_marker(off: u64, buf: &mut [u8]) {
+    let (m, end) = (REDO_SEQ_OFF, REDO_SEQ_OFF + 8);
+    let (s, e) = (m.max(off), end.min(off + buf.len() as u64));
+    if s < e {
+        buf[(s - off) as usize..(e - off) as usize].fill(0);
+    }
+}
+
 /// crc32c of a stage head and table, its crc field (bytes 60..64) left out.
 fn stage_crc(b: &[u8]) -> u32 {
     let c = crc32c::crc32c(&b[..60]);

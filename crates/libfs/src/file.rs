@@ -360,6 +360,21 @@ impl File {
         self.fs.map_release(obj)
     }
 
+    /// A descriptor of the resident copy of this segment file (crate `cairn-sj`), or
+    /// with `undo` of its undo log, from the daemon: read-write if `write` and the
+    /// daemon found that this process may write the file (the second value says which),
+    /// else read-only. The daemon builds a missing copy from the file's committed state.
+    pub fn segment_object(&self, undo: bool, write: bool) -> io::Result<(std::fs::File, bool)> {
+        self.fs.sj_object(self.ino, undo, write)
+    }
+
+    /// Have the daemon copy this segment file's committed state over `ranges` (byte
+    /// offset, length) of its resident copy, or all of it if `ranges` is empty: the
+    /// repair of a dead writer's work by a process that may only read the segment.
+    pub fn segment_refresh(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.fs.sj_refresh(self.ino, ranges)
+    }
+
     /// A shared, writable mapping of `len` bytes from `off` (a multiple of 4096): the
     /// Rust API's `mmap(MAP_SHARED, PROT_READ | PROT_WRITE)`. Every process mapping the
     /// file sees the others' stores at once and they survive the death of the process

@@ -53,6 +53,7 @@ pub(crate) mod mapobj;
 mod namespace;
 mod reading;
 mod resolve;
+mod segobj;
 mod session;
 pub(crate) mod special;
 mod tmpfile;

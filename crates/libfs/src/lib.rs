@@ -585,6 +585,19 @@ impl Fs {
         }
     }
 
+    /// Have the daemon remove the resident copy of segment `ino`/`gen` (and with `undo`
+    /// its undo log): the segment was removed, or this process may write it and nobody
+    /// has it attached (else `EBUSY`).
+    pub fn sj_drop(&self, ino: u64, gen: u64, undo: bool) -> io::Result<()> {
+        match self
+            .inner
+            .daemon_call(&Request::SjDrop { ino, gen, undo }, true)?
+        {
+            Response::Ok => Ok(()),
+            r => Err(conn::response_error("dropping a resident copy", r)),
+        }
+    }
+
     /// The segment registry's ranges, sorted by base.
     pub fn sj_ranges(&self) -> io::Result<Vec<cairn_proto::SjRange>> {
         match self.inner.daemon_call(&Request::SjRanges, false)? {

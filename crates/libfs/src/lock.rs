@@ -34,7 +34,7 @@
 //!   `EWOULDBLOCK` for `flock`); a lock file that cannot be made or opened: `ENOLCK`.
 //! * **Lock files** carry the inode's generation, so a reused inode number never meets
 //!   an old file's locks; the daemon removes those of generations no longer live
-//!   ([`host::stale_lock_files`]).
+//!   ([`host::stale_objects`]).
 
 use crate::fs::Inner;
 use crate::File;

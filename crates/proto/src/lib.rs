@@ -139,6 +139,36 @@ pub enum Request {
     /// `flock` exclusively; the caller holds the write lease and has written it back):
     /// `Ok` (also when there is none), or `EBUSY`.
     MapRemove { ino: u64, gen: u64 },
+    /// A descriptor of a host object of segment `ino`/`gen` (docs/SPACEJMP.md, "Who may
+    /// write what"), which the daemon alone creates and removes: its resident copy, or
+    /// with `undo` its explicit-mode undo log. The client's records before `tail_lsn`
+    /// are digested first; the client holds a lease on the file (so the shared area has
+    /// its committed state). `write`: read-write, which needs the owner or write
+    /// permission; otherwise read-only, which needs read permission or the owner. A
+    /// missing resident copy is made from the segment's committed state (file and
+    /// pending staged commit); a missing undo log is made empty, for a writer only.
+    /// Answer `MapObject` followed by the descriptor.
+    SjObject {
+        ino: u64,
+        gen: u64,
+        undo: bool,
+        write: bool,
+        tail_lsn: u64,
+    },
+    /// Copy the committed state of segment `ino`/`gen` over `ranges` (byte offset,
+    /// length) of its resident copy, or over all of it if `ranges` is empty: the repair
+    /// of a dead writer's work by a process that may only read the segment (it holds
+    /// the segment's writer lock and a lease on the file). `Ok`.
+    SjRefresh {
+        ino: u64,
+        gen: u64,
+        ranges: Vec<(u64, u64)>,
+        tail_lsn: u64,
+    },
+    /// Remove the resident copy of segment `ino`/`gen` (and with `undo` its undo log):
+    /// the segment was removed (the daemon checks that `ino`/`gen` is gone), or it is
+    /// evicted by a client that owns or may write it. `Ok`, also when there was none.
+    SjDrop { ino: u64, gen: u64, undo: bool },
 }
 
 /// The most bytes one `TierRead` returns.
@@ -364,7 +394,8 @@ pub enum Response {
     TierData(Vec<u8>),
     /// Answer to `Backup`.
     BackedUp(BackupReport),
-    /// Answer to `MapObject`: one descriptor follows, read-write if `writable`.
+    /// Answer to `MapObject` and `SjObject`: one descriptor follows, read-write if
+    /// `writable`.
     MapObject {
         writable: bool,
     },

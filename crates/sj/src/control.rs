@@ -580,6 +580,11 @@ impl<'c> Slot<'c> {
         self.w(JOURNAL).store(Journal::Whole.word(), SeqCst);
     }
 
+    /// What the journal says, without its pages.
+    pub fn journal_kind(&self) -> Journal {
+        Journal::of(self.w(JOURNAL).load(SeqCst))
+    }
+
     /// The journal (the caller holds the writer lock).
     pub fn journal(&self) -> (Journal, Vec<u64>) {
         let j = Journal::of(self.w(JOURNAL).load(SeqCst));

@@ -4,11 +4,15 @@
 //!
 //! The resident copy is made once, from the file, and stays until the segment is
 //! evicted or removed: attaching a segment maps pages that are already there (2 MiB
-//! folios where the kernel collapses them), instead of reading the file. Commits change
-//! both: first the file (one transaction of the store's log, durable), then the resident
-//! copy (publishing, under the segment's writer lock and its journal, so that a writer
-//! dying half-way is repaired by the next one). The commit sequence in both copies' header
-//! tells a stale resident copy from a current one.
+//! folios where the kernel collapses them), instead of reading the file. The daemon
+//! alone makes, refreshes and removes it (mode 0600, its own user's), and hands out
+//! descriptors of it after checking the process's permission on the segment's file:
+//! read-write to its owner and writers, read-only to readers
+//! (`cairn::File::segment_object`). Commits change both: first the file (one transaction
+//! of the store's log, durable), then the resident copy (publishing, under the segment's
+//! writer lock and its journal, so that a writer dying half-way is repaired by the next
+//! one: itself if it may write the segment, else through the daemon). The commit
+//! sequence in both copies' header tells a stale resident copy from a current one.
 
 use crate::control::Journal;
 use crate::space::{open_named, Open};
@@ -18,8 +22,8 @@ use cairn_format::sj::{self, SegHeader, StageHeader};
 use cairn_media::Mapping;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 
 /// Bytes read from the file per step when the resident copy is built.
 const FILL_STEP: usize = 1 << 20;
@@ -37,7 +41,6 @@ pub struct Segment {
     pub writable: bool,
     /// The resident copy.
     pub object: File,
-    pub object_path: PathBuf,
     /// The resident copy's first page, read-only: its commit sequence without a system
     /// call (the copy is never truncated, so the page stays).
     object_head: Mapping,
@@ -77,9 +80,8 @@ pub fn read_header(f: &cairn::File, path: &str) -> io::Result<SegHeader> {
 
 impl Segment {
     /// Open the segment at `path` (for writing if `write`: the store checks the caller's
-    /// permission), with its resident copy (made if missing; rebuilt if it is not the
-    /// file's current state, `rebuild_ok` permitting: the caller then holds the
-    /// segment's writer lock). `expect`: the inode number and generation the caller
+    /// permission), with a descriptor of its resident copy from the daemon (read-write
+    /// if `write`; the daemon builds a missing copy). `expect`: the inode number and generation the caller
     /// knows the segment by (`ESTALE` if the path now names another file).
     pub fn open(
         fs: &Fs,
@@ -105,14 +107,15 @@ impl Segment {
                 format!("{path}: damaged segment (file shorter than the segment)"),
             ));
         }
-        let object_path = object_path(&fs.uuid(), ino, gen);
-        let object = match open_object(&object_path, fs.nvm_path())? {
-            Some(o) => o,
-            None => {
-                let staged = staged_of(fs, &file, ino, gen, header.len)?;
-                build_object(fs, &file, staged.as_ref(), &object_path, header.len)?
-            }
-        };
+        let (object, rw) = file.segment_object(false, write)?;
+        if write && !rw {
+            return Err(fs_err(
+                libc::EACCES,
+                format!("segment {path}: the daemon grants its resident copy read-only"),
+            ));
+        }
+        // Marks it attached: the daemon does not drop a copy whose lock it cannot take.
+        cairn_media::sys::flock_shared(&object, false)?;
         let object_head = Mapping::new(&object, 0, sj::PAGE as usize, false, false)?;
         Ok(Segment {
             object_head,
@@ -124,7 +127,6 @@ impl Segment {
             file,
             writable: write,
             object,
-            object_path,
         })
     }
 
@@ -163,38 +165,55 @@ impl Segment {
         self.object_head.load_u64(sj::COMMIT_SEQ_OFF as usize)
     }
 
-    /// Copy `[off, off + len)` of the committed state (the file, and a pending staged
-    /// commit laid over it) into the resident copy.
-    fn refresh(&self, staged: Option<&Staged>, off: u64, len: u64) -> io::Result<()> {
-        let mut buf = vec![0u8; FILL_STEP.min(len as usize)];
-        let mut at = off;
-        while at < off + len {
-            let n = buf.len().min((off + len - at) as usize);
-            committed_at(&self.file, staged, &mut buf[..n], at)?;
-            self.object.write_all_at(&buf[..n], at)?;
-            at += n as u64;
+    /// Copy the committed state (the file, and a pending staged commit laid over it)
+    /// over `ranges` of the resident copy (all of it if empty): by this process if it
+    /// may write the segment, else by the daemon.
+    fn refresh(&self, staged: Option<&Staged>, ranges: &[(u64, u64)]) -> io::Result<()> {
+        if !self.writable {
+            return self.file.segment_refresh(ranges);
+        }
+        let whole = [(0, self.len())];
+        let ranges = if ranges.is_empty() {
+            &whole[..]
+        } else {
+            ranges
+        };
+        for &(off, len) in ranges {
+            let mut buf = vec![0u8; FILL_STEP.min(len as usize)];
+            let mut at = off;
+            while at < off + len {
+                let n = buf.len().min((off + len - at) as usize);
+                committed_at(&self.file, staged, &mut buf[..n], at)?;
+                self.object.write_all_at(&buf[..n], at)?;
+                at += n as u64;
+            }
         }
         Ok(())
     }
 
     /// Make the resident copy the committed state again after a writer died (the caller
-    /// holds the writer lock): the pages the journal lists, or all of it. A staged
-    /// commit the writer left is finished first (when this process may write the file).
-    /// An explicit-mode writer's undo log is applied by the caller.
-    pub fn repair(&self, journal: Journal, pages: &[u64]) -> io::Result<()> {
+    /// holds the writer lock): the pages the journal lists, or all of it, and `more`
+    /// ranges (a dead explicit-mode writer's undo entries, for a process that may not
+    /// write the copy to roll them back). A staged commit the writer left is finished
+    /// first (when this process may write the file).
+    pub fn repair(&self, journal: Journal, pages: &[u64], more: &[(u64, u64)]) -> io::Result<()> {
         let staged = self.settle_staged()?;
-        match journal {
-            Journal::Clean | Journal::Undo => Ok(()),
-            Journal::Pages => {
-                for &p in pages {
-                    if p < self.len() {
-                        self.refresh(staged.as_ref(), p, sj::PAGE.min(self.len() - p))?;
-                    }
-                }
-                Ok(())
-            }
-            Journal::Whole => self.refresh(staged.as_ref(), 0, self.len()),
+        let mut ranges: Vec<(u64, u64)> = match journal {
+            Journal::Clean | Journal::Undo => Vec::new(),
+            Journal::Pages => (pages.iter())
+                .filter(|&&p| p < self.len())
+                .map(|&p| (p, sj::PAGE.min(self.len() - p)))
+                .collect(),
+            Journal::Whole => return self.refresh(staged.as_ref(), &[]),
+        };
+        ranges.extend(
+            more.iter()
+                .filter(|&&(o, l)| o.checked_add(l).is_some_and(|e| e <= self.len()) && l > 0),
+        );
+        if ranges.is_empty() {
+            return Ok(());
         }
+        self.refresh(staged.as_ref(), &ranges)
     }
 
     /// Finish a pending staged commit (when this process may write the file) and rebuild
@@ -206,7 +225,7 @@ impl Segment {
         if file == object {
             return Ok(false);
         }
-        self.refresh(staged.as_ref(), 0, self.len())?;
+        self.refresh(staged.as_ref(), &[])?;
         Ok(true)
     }
 
@@ -298,126 +317,6 @@ impl Segment {
         self.clear_staged()?;
         Ok(None)
     }
-
-    /// Bytes the resident copy holds in memory.
-    pub fn resident_bytes(&self) -> u64 {
-        self.object.metadata().map_or(0, |m| m.blocks() * 512)
-    }
-}
-
-/// The resident copy at `path`, if there is one (checked to be the store's: `nvm` is the
-/// store's NVM file).
-fn open_object(path: &Path, nvm: &Path) -> io::Result<Option<File>> {
-    match host::open_object(path, nvm) {
-        Ok(f) => Ok(Some(f)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(fs_err(
-            cairn_area::errno_of(&e),
-            format!("the resident copy {}: {e}", path.display()),
-        )),
-    }
-}
-
-/// Make the resident copy of `file` (`len` bytes) at `path`: filled from the file,
-/// collapsed into 2 MiB folios where the kernel allows, then renamed into place (a
-/// process that loses the race uses the winner's).
-fn build_object(
-    fs: &Fs,
-    file: &cairn::File,
-    staged: Option<&Staged>,
-    path: &Path,
-    len: u64,
-) -> io::Result<File> {
-    let tmp = path.with_extension(format!(
-        "{}.new-{}",
-        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
-        std::process::id()
-    ));
-    let ctx = |e: io::Error, what: &str| {
-        fs_err(
-            cairn_area::errno_of(&e),
-            format!("{what} the resident copy {}: {e}", path.display()),
-        )
-    };
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&tmp)
-        .map_err(|e| ctx(e, "creating"))?;
-    let r = (|| -> io::Result<()> {
-        host::share_with_store(&f, fs.nvm_path())?;
-        // All of it in memory now (it is pinned, as SpaceJMP's segments are).
-        cairn_media::sys::fallocate(&f, len).map_err(|e| ctx(e, "allocating"))?;
-        let mut buf = vec![0u8; FILL_STEP];
-        let mut at = 0u64;
-        while at < len {
-            let n = buf.len().min((len - at) as usize);
-            committed_at(file, staged, &mut buf[..n], at)?;
-            if buf[..n].iter().any(|&b| b != 0) {
-                f.write_all_at(&buf[..n], at)
-                    .map_err(|e| ctx(e, "filling"))?;
-            }
-            at += n as u64;
-        }
-        collapse(&f, len);
-        Ok(())
-    })();
-    if let Err(e) = r {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    match cairn_media::sys::renameat2(&tmp, path, libc::RENAME_NOREPLACE) {
-        Ok(()) => Ok(f),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let _ = std::fs::remove_file(&tmp);
-            open_object(path, fs.nvm_path())?
-                .ok_or_else(|| fs_err(libc::ENOENT, "the resident copy vanished"))
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(ctx(e, "naming"))
-        }
-    }
-}
-
-/// Back the resident copy with 2 MiB folios (`MADV_COLLAPSE` through a temporary
-/// mapping), as far as the kernel allows; a refusal leaves 4 KiB pages.
-fn collapse(f: &File, len: u64) {
-    const HUGE: u64 = 2 << 20;
-    let whole = len / HUGE * HUGE;
-    if whole == 0 {
-        return;
-    }
-    if let Ok(m) = Mapping::new(f, 0, whole as usize, true, false) {
-        let mut at = 0;
-        while at < whole {
-            if m.collapse(at as usize, HUGE as usize).is_err() {
-                break;
-            }
-            at += HUGE;
-        }
-    }
-}
-
-/// Remove a segment's resident copy (and any left over from a build).
-pub fn remove_object(uuid: &[u8; 16], ino: u64, gen: u64) {
-    let p = object_path(uuid, ino, gen);
-    let _ = std::fs::remove_file(&p);
-    let prefix = format!(
-        "{}.new-",
-        p.file_name().unwrap_or_default().to_string_lossy()
-    );
-    for q in host::list(uuid) {
-        if q.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        {
-            let _ = std::fs::remove_file(q);
-        }
-    }
 }
 
 /// The stage file of segment (`ino`, `gen`) in the store.
@@ -434,20 +333,8 @@ pub struct Staged {
 impl Staged {
     /// Lay the staged runs over `buf`, the segment's bytes from `off`.
     fn overlay(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end = off + buf.len() as u64;
-        let mut at = self.head.data_off();
-        for &(o, l) in &self.head.runs {
-            let (s, e) = (o.max(off), (o + l).min(end));
-            if s < e {
-                read_exact(
-                    &self.file,
-                    &mut buf[(s - off) as usize..(e - off) as usize],
-                    at + (s - o),
-                )?;
-            }
-            at += l;
-        }
-        Ok(())
+        self.head
+            .overlay(off, buf, &mut |b, at| read_exact(&self.file, b, at))
     }
 }
 
@@ -488,22 +375,15 @@ fn staged_of(
         return Ok(None);
     }
     let path = stage_path(ino, gen);
-    let damaged = |why: String| {
-        fs_err(
-            libc::EINVAL,
-            format!("damaged segment: its staged commit {redo} ({path}): {why}"),
-        )
-    };
     let sf = open_named(fs, "stage file", &path, Open::Read)?;
-    let mut head = vec![0u8; sj::STAGE_HEADER_LEN];
-    read_exact(&sf, &mut head, 0)?;
-    let n = StageHeader::runs_in(&head).map_err(|e| damaged(e.0))?;
-    let mut table = vec![0u8; StageHeader::table_end(n) as usize];
-    read_exact(&sf, &mut table, 0)?;
-    let head = StageHeader::decode(&table, ino, gen, len).map_err(|e| damaged(e.0))?;
-    if head.seq != redo {
-        return Err(damaged(format!("it stages commit {}", head.seq)));
-    }
+    let size = sf.metadata()?.len();
+    let head = StageHeader::load(
+        &mut |b, at| read_exact(&sf, b, at),
+        size,
+        (ino, gen, len),
+        redo,
+    )
+    .map_err(|e| fs_err(libc::EINVAL, format!("{e} ({path})")))?;
     Ok(Some(Staged { file: sf, head }))
 }
 
@@ -521,11 +401,7 @@ fn committed_at(
     if let Some(st) = staged {
         st.overlay(off, buf)?;
     }
-    let (m, end) = (sj::REDO_SEQ_OFF, sj::REDO_SEQ_OFF + 8);
-    let (s, e) = (m.max(off), end.min(off + buf.len() as u64));
-    if s < e {
-        buf[(s - off) as usize..(e - off) as usize].fill(0);
-    }
+    sj::clear_marker(off, buf);
     Ok(())
 }
 

@@ -822,8 +822,9 @@ impl SpaceJmp {
         self.fs.remove_file(path.as_str())?;
         let _ = self.fs.remove_file(segment::stage_path(ino, gen).as_str());
         let _ = self.fs.sj_release(ino, gen);
-        segment::remove_object(&self.uuid, ino, gen);
-        UndoLog::remove(&self.uuid, ino, gen);
+        // The daemon removes the copy and the undo log of a file that is gone (if this
+        // process still had it open somewhere, `cairn stop` sweeps them later).
+        let _ = self.fs.sj_drop(ino, gen, true);
         slot.retire();
         self.state().seg_paths.remove(&ino);
         Ok(())
@@ -844,9 +845,9 @@ impl SpaceJmp {
         slot.write_lock_timeout(std::time::Duration::from_secs(10))
             .map_err(|e| lock_err(&e, "the segment's writer lock"))?;
         let freed = info.resident_bytes;
-        segment::remove_object(&self.uuid, info.id.0, info.gen);
+        let dropped = self.fs.sj_drop(info.id.0, info.gen, false);
         slot.write_unlock();
-        Ok(freed)
+        dropped.map(|()| freed)
     }
 
     // ---- address spaces --------------------------------------------------------------
@@ -1284,12 +1285,7 @@ impl SpaceJmp {
                     m.seg = seg;
                     m.mode = mode;
                     if mode == CommitMode::Explicit && m.undo.is_none() {
-                        m.undo = Some(Arc::new(UndoLog::open(
-                            &self.uuid,
-                            m.seg.ino,
-                            m.seg.gen,
-                            self.fs.nvm_path(),
-                        )?));
+                        m.undo = Some(Arc::new(UndoLog::open(&m.seg.file, &m.seg.path)?));
                     }
                 } else if write && m.mode != mode && m.users > 0 {
                     return Err(fs_err(
@@ -1363,12 +1359,7 @@ impl SpaceJmp {
             let _ = region.populate(0, region.len());
         }
         let undo = if write && mode == CommitMode::Explicit {
-            Some(Arc::new(UndoLog::open(
-                &self.uuid,
-                seg.ino,
-                seg.gen,
-                self.fs.nvm_path(),
-            )?))
+            Some(Arc::new(UndoLog::open(&seg.file, &seg.path)?))
         } else {
             None
         };
@@ -1420,18 +1411,28 @@ impl SpaceJmp {
     /// Repair what a dead writer left (the caller holds the writer lock).
     fn repair(&self, seg: &Segment, slot: &Slot<'_>) -> io::Result<()> {
         let (j, pages) = slot.journal();
-        seg.repair(j, &pages)?;
         // A dead explicit-mode writer's undo log: rolled back if its transaction was
-        // open; otherwise (it died logging or publishing a commit: the pages journal
-        // made the resident copy the file's state) its entries are out of date, and a
-        // later abort would put them back over newer commits.
-        if let Some(undo) =
-            UndoLog::open_existing(&self.uuid, seg.ino, seg.gen, self.fs.nvm_path())?
-        {
-            if j == Journal::Undo {
-                undo.roll_back(&seg.object)?;
+        // open (by a process that may not write the copy: those ranges copied from the
+        // file, which they are in); otherwise (it died logging or publishing a commit:
+        // the pages journal made the resident copy the file's state) its entries are out
+        // of date, and a later abort would put them back over newer commits: a writer
+        // clears them, and a writer's next transaction ignores those a reader left.
+        let undo = UndoLog::open_existing(&seg.file, &seg.path, seg.writable)?;
+        let mut more = Vec::new();
+        if let Some(u) = undo.as_ref().filter(|_| j == Journal::Undo) {
+            if u.writable() {
+                u.roll_back(&seg.object)?;
+            } else {
+                more = u
+                    .entries()?
+                    .iter()
+                    .map(|(o, b)| (*o, b.len() as u64))
+                    .collect();
             }
-            undo.clear()?;
+        }
+        seg.repair(j, &pages, &more)?;
+        if let Some(u) = undo.as_ref().filter(|u| u.writable()) {
+            u.clear()?;
         }
         slot.journal_clear();
         Ok(())
@@ -2212,7 +2213,9 @@ impl SpaceJmp {
                 (_, CommitMode::Snapshot) if m.region.access() == Access::Private => {
                     m.region.discard(0, m.region.len())?
                 }
-                (Some(u), CommitMode::Explicit) if !u.is_empty() => {
+                (Some(u), CommitMode::Explicit)
+                    if slot.held_by_me() && slot.journal_kind() == Journal::Undo =>
+                {
                     u.roll_back(&m.seg.object)?;
                     u.clear()?;
                     slot.journal_clear();
@@ -2299,7 +2302,12 @@ impl SpaceJmp {
             // A segment without locks: its writer lock is held for the transaction.
             self.repair(&v.seg, &slot)?;
         }
-        if undo.is_empty() {
+        if slot.journal_kind() != Journal::Undo {
+            // The transaction's first declaration. Entries still in the log are a dead
+            // writer's that a process which may not write the log repaired: stale.
+            if !undo.is_empty() {
+                undo.clear()?;
+            }
             slot.journal_undo(true);
         }
         THREAD.with(|t| {

@@ -3,17 +3,17 @@
 //! In explicit mode a writer stores straight into the resident copy, after declaring the
 //! bytes it will change (`tx_add`): their old contents go to this log first. A commit
 //! logs the new bytes in the store and empties the log; an abort, or the next writer
-//! after this one died, copies the old bytes back, newest first. The log is a host
-//! object, `/dev/shm/cairn-<uuid>.sj-undo-<ino>-<gen>`: a count, the bytes used, then
-//! entries (offset u64, length u64, the bytes padded to 8). An entry counts once the
-//! count covers it, which is stored after the entry is whole.
+//! after this one died, copies the old bytes back, newest first (a process that may
+//! only read the segment has the daemon copy those ranges from the file instead). The
+//! log is a host object the daemon makes and hands out (read-write to writers only),
+//! `/dev/shm/cairn-<uuid>.sj-undo-<ino>-<gen>`: a count, the bytes used, then entries
+//! (offset u64, length u64, the bytes padded to 8). An entry counts once the count
+//! covers it, which is stored after the entry is whole.
 
-use cairn_area::{fs_err, host};
+use cairn_area::fs_err;
 use cairn_media::Mapping;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
 /// The most an explicit transaction may declare, with the entries' headers.
@@ -24,39 +24,45 @@ const USED: usize = 8;
 
 pub struct UndoLog {
     map: Mapping,
-    path: PathBuf,
+    /// Whether this process may write it (a writer of the segment).
+    writable: bool,
+    path: String,
 }
 
 impl std::fmt::Debug for UndoLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UndoLog").field("path", &self.path).finish()
+        f.debug_struct("UndoLog")
+            .field("segment", &self.path)
+            .finish()
     }
 }
 
 impl UndoLog {
-    /// The undo log of segment `ino`/`gen` of the store with `uuid` (made if missing,
-    /// with the mode and group of the NVM file at `nvm`).
-    pub fn open(uuid: &[u8; 16], ino: u64, gen: u64, nvm: &std::path::Path) -> io::Result<UndoLog> {
-        let m = std::fs::metadata(nvm)?;
-        let (f, path) = Self::open_file(uuid, ino, gen, nvm, Some(host::object_mode(m.mode())))?;
-        // The store's trust domain, if this process made it (else it is the maker's).
-        let _ = host::share_with_store(&f, nvm);
+    /// The undo log of segment file `seg` (at `path`), for a writer: made by the daemon
+    /// if missing.
+    pub fn open(seg: &cairn::File, path: &str) -> io::Result<UndoLog> {
+        let (f, writable) = seg.segment_object(true, true)?;
+        if !writable {
+            return Err(fs_err(
+                libc::EACCES,
+                format!("segment {path}: its undo log is granted read-only"),
+            ));
+        }
         if f.metadata()?.len() < CAPACITY as u64 {
             f.set_len(CAPACITY as u64)?;
         }
-        let map = Mapping::new(&f, 0, CAPACITY, true, false)?;
-        Ok(UndoLog { map, path })
+        Self::map(&f, true, path)
     }
 
-    /// The undo log of segment `ino`/`gen`, if one was ever made and sized (one still
-    /// being made by [`UndoLog::open`] holds no entries yet).
+    /// The undo log of segment file `seg`, if one was ever made and sized (one still
+    /// being made by [`UndoLog::open`] holds no entries yet): read-write if `write` and
+    /// the daemon grants it, else read-only.
     pub fn open_existing(
-        uuid: &[u8; 16],
-        ino: u64,
-        gen: u64,
-        nvm: &std::path::Path,
+        seg: &cairn::File,
+        path: &str,
+        write: bool,
     ) -> io::Result<Option<UndoLog>> {
-        let (f, path) = match Self::open_file(uuid, ino, gen, nvm, None) {
+        let (f, writable) = match seg.segment_object(true, write) {
             Ok(r) => r,
             Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => return Ok(None),
             Err(e) => return Err(e),
@@ -64,40 +70,20 @@ impl UndoLog {
         if f.metadata()?.len() < CAPACITY as u64 {
             return Ok(None);
         }
-        let map = Mapping::new(&f, 0, CAPACITY, true, false)?;
-        Ok(Some(UndoLog { map, path }))
+        Self::map(&f, writable, path).map(Some)
     }
 
-    /// The log's file, made with `mode` if missing and `mode` is given; checked to be
-    /// the store's (`nvm`: its NVM file) if it was there.
-    fn open_file(
-        uuid: &[u8; 16],
-        ino: u64,
-        gen: u64,
-        nvm: &std::path::Path,
-        mode: Option<u32>,
-    ) -> io::Result<(File, PathBuf)> {
-        let path = host::object_path(uuid, "sj-undo", ino, gen);
-        let mut o = std::fs::OpenOptions::new();
-        o.read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW);
-        if let Some(mode) = mode {
-            o.create(true).truncate(false).mode(mode);
-        }
-        let f = o.open(&path).map_err(|e| {
-            fs_err(
-                cairn_area::errno_of(&e),
-                format!("the undo log {}: {e}", path.display()),
-            )
-        })?;
-        host::check_object(&f, &path, nvm)?;
-        Ok((f, path))
+    fn map(f: &File, writable: bool, path: &str) -> io::Result<UndoLog> {
+        Ok(UndoLog {
+            map: Mapping::new(f, 0, CAPACITY, writable, false)?,
+            writable,
+            path: path.to_string(),
+        })
     }
 
-    /// Remove the undo log of a segment (it is being removed).
-    pub fn remove(uuid: &[u8; 16], ino: u64, gen: u64) {
-        let _ = std::fs::remove_file(host::object_path(uuid, "sj-undo", ino, gen));
+    /// Whether this process may write it.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
 
     fn count(&self) -> io::Result<u64> {
@@ -147,7 +133,7 @@ impl UndoLog {
             if len > CAPACITY || at + 16 + len > CAPACITY {
                 return Err(fs_err(
                     libc::EIO,
-                    format!("{}: damaged entry", self.path.display()),
+                    format!("the undo log of segment {}: damaged entry", self.path),
                 ));
             }
             let mut b = vec![0u8; len];

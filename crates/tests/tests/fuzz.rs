@@ -251,6 +251,20 @@ proptest! {
                 create: false,
                 tail_lsn: lsn,
             },
+            cairn_proto::Request::SjObject {
+                ino,
+                gen: lsn,
+                undo: ino % 2 == 0,
+                write: true,
+                tail_lsn: lsn,
+            },
+            cairn_proto::Request::SjRefresh {
+                ino,
+                gen: lsn,
+                ranges: (0..lsn % 4).map(|i| (i << 12, ino)).collect(),
+                tail_lsn: lsn,
+            },
+            cairn_proto::Request::SjDrop { ino, gen: lsn, undo: true },
         ] {
             let mut b = Vec::new();
             cairn_proto::send(&mut b, &msg).unwrap();
@@ -266,6 +280,51 @@ proptest! {
         let mut claim = (16u32 << 20).to_le_bytes().to_vec();
         claim.extend_from_slice(&junk[..junk.len().min(100)]);
         prop_assert!(bounded("frame", &claim, || cairn_proto::recv::<cairn_proto::Request>(&mut &claim[..]).is_err()));
+    }
+
+    /// A segment's stage file, which its writers write and the daemon reads to build
+    /// resident copies: mutated or garbage, an error or a header whose runs lie inside
+    /// the segment, never a panic or an allocation sized by what the file claims.
+    #[test]
+    fn stage_files(
+        ms in mutations(),
+        junk in garbage(),
+        runs in proptest::collection::vec((0u64..64, 1u64..3), 0..8),
+        claim in 4096u64..(1 << 24),
+    ) {
+        use cairn_format::sj::StageHeader;
+        let len = 8u64 << 20;
+        let mut at = 0;
+        let runs: Vec<(u64, u64)> = runs
+            .into_iter()
+            .map(|(gap, l)| {
+                let r = (at + gap * 4096, l * 4096);
+                at = r.0 + r.1;
+                r
+            })
+            .collect();
+        let head = StageHeader { seq: 9, ino: 5, gen: 2, runs };
+        let mut file = head.encode();
+        file.resize(head.data_off() as usize + 8192, 7);
+        let load = |b: &[u8]| {
+            let mut read = |buf: &mut [u8], at: u64| -> std::io::Result<()> {
+                let s = b.get(at as usize..at as usize + buf.len()).ok_or_else(|| {
+                    std::io::Error::from_raw_os_error(libc::EINVAL)
+                })?;
+                buf.copy_from_slice(s);
+                Ok(())
+            };
+            StageHeader::load(&mut read, b.len() as u64, (5, 2, len), 9)
+        };
+        prop_assert_eq!(load(&file).unwrap(), head);
+        // A file announcing more runs than it holds.
+        let mut claimed = file.clone();
+        claimed[32..40].copy_from_slice(&claim.to_le_bytes());
+        for b in [mutate(file, &ms), junk, claimed] {
+            if let Ok(h) = bounded("stage file", &b, || load(&b)) {
+                prop_assert!(h.runs.iter().all(|&(o, l)| l > 0 && o + l <= len));
+            }
+        }
     }
 
     #[test]

@@ -461,10 +461,56 @@ fn sj_child() {
             sj.seg_attach(Target::Vas(mine), seg("private"), prot::RW)
                 .unwrap();
         }
+        // The owner commits `args[0]` to `groupro` in mode `args[1]`, to die at the
+        // crash point its environment names.
+        "perm-crash" => {
+            let sid = sj.seg_find("groupro").unwrap();
+            let vid = sj.vas_create(&format!("crash-{}", args[0]), 0o600).unwrap();
+            sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+            let vh = sj.vas_attach(vid, mode(&args)).unwrap();
+            let g = sj.enter(vh).unwrap();
+            let v: u64 = args[0].parse().unwrap();
+            g.set(SegPtr(sj.seg_info("groupro").unwrap().base + DATA), v)
+                .unwrap();
+            g.commit().unwrap();
+            println!("sj: survived");
+        }
         // A member of the store's group, not the owner: what the modes allow and no more.
         "perm-member" => {
             let errno = |r: std::io::Result<()>| r.err().map_or(0, |e| cairn_area::errno_of(&e));
             let base = |n: &str| sj.seg_info(n).unwrap().base;
+            // The resident copy of a segment it may only read: not by name, and the
+            // daemon's descriptor is read-only (no write, no writable mapping), nor may
+            // it have the copy dropped. Its root-owned writer died publishing: reading
+            // repairs the copy through the daemon (below, 55).
+            let info = sj.seg_info("groupro").unwrap();
+            let copy = cairn_sj::segment::object_path(&sj.fs().uuid(), info.id.0, info.gen);
+            for write in [false, true] {
+                let r = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(write)
+                    .open(&copy);
+                assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EACCES), "{write}");
+            }
+            let file = cairn::File::open(sj.fs(), info.path.as_str()).unwrap();
+            let (fd, writable) = file.segment_object(false, true).unwrap();
+            assert!(!writable, "a read-only grant of the copy");
+            use std::os::unix::fs::FileExt;
+            let r = fd.write_at(&1u64.to_le_bytes(), DATA);
+            assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EBADF));
+            let r = cairn_media::Mapping::new(&fd, 0, 4096, true, false).map(|_| ());
+            assert_eq!(errno(r), libc::EACCES, "a writable mapping of the copy");
+            let r = file.segment_object(true, true).map(|_| ());
+            assert!(
+                matches!(errno(r), libc::ENOENT | 0),
+                "its undo log, read-only if any"
+            );
+            let r = sj.fs().sj_drop(info.id.0, info.gen, true);
+            assert_eq!(
+                errno(r),
+                libc::EACCES,
+                "dropping the copy of another's segment"
+            );
             let r = sj.vas_find("mine").map(|_| ());
             assert_eq!(errno(r), libc::EACCES, "an address space of mode 0600");
             let ours = sj.vas_find("ours").unwrap();
@@ -472,7 +518,7 @@ fn sj_child() {
             {
                 let g = sj.enter(vh).unwrap();
                 let at = |n: &str| SegPtr(base(n) + DATA);
-                assert_eq!(g.get::<u64>(at("groupro")).unwrap(), 22);
+                assert_eq!(g.get::<u64>(at("groupro")).unwrap(), 55);
                 assert_eq!(g.get::<u64>(at("grouprw")).unwrap(), 33);
                 let r = g.write(at("groupro"), &1u64.to_le_bytes());
                 assert_eq!(errno(r), libc::EACCES, "writing a read-only grant");
@@ -1079,9 +1125,12 @@ fn a_publish_without_its_journal_is_caught() {
 /// Names and permissions are the store's: a member of the store's group (uid 1000, gid
 /// 4242; not the owner) attaches what the files' modes let it read, writes and commits
 /// what they let it write, and nothing more (`EACCES`), in address spaces of others and
-/// of its own; it makes segments of its own and cannot remove root's. The host objects
-/// it shares (resident copies, the lock table, undo logs) have the store's group and no
-/// access for others. Needs root (skipped otherwise).
+/// of its own; it makes segments of its own and cannot remove root's. It cannot write
+/// the resident copy of a segment it may only read (not by name, not through the
+/// daemon's read-only descriptor), and repairs one that root's writer left half
+/// published through the daemon. The lock table has the store's group and no access for
+/// others; resident copies and undo logs are the daemon's alone (mode 0600). Needs root
+/// (skipped otherwise).
 #[test]
 fn permissions_are_checked_at_attach_for_another_user() {
     use std::os::unix::fs::MetadataExt;
@@ -1094,6 +1143,23 @@ fn permissions_are_checked_at_attach_for_another_user() {
     }
     let s = TestStore::with_trusted_group(GROUP);
     run(s.path(), "perm-setup", &[]);
+    // Root's writers die: one publishing 55 (committed), then one storing 66 in place
+    // (explicit mode) before its commit (not committed: its undo log must be rolled
+    // back, here by the member, which may not write the copy: through the daemon).
+    for (v, mode, point) in [
+        ("55", "snapshot", "publishing"),
+        ("66", "explicit", "before-log"),
+    ] {
+        let out = child(s.path(), "perm-crash", &[v, mode])
+            .env("CAIRN_SJ_CRASH", point)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGKILL),
+            "perm-crash {v}: {out:?}"
+        );
+    }
     let out = child(s.path(), "perm-member", &[])
         .uid(USER)
         .gid(GROUP)
@@ -1112,8 +1178,13 @@ fn permissions_are_checked_at_attach_for_another_user() {
     assert!(objects.len() >= 4, "{objects:?}");
     for p in objects {
         let m = std::fs::metadata(&p).unwrap();
-        assert_eq!(m.gid(), GROUP, "{}", p.display());
-        assert_eq!(m.mode() & 0o007, 0, "{}: {:o}", p.display(), m.mode());
+        if p.to_string_lossy().ends_with(".sj-ctl") {
+            assert_eq!(m.gid(), GROUP, "{}", p.display());
+            assert_eq!(m.mode() & 0o007, 0, "{}: {:o}", p.display(), m.mode());
+        } else {
+            assert_eq!(m.uid(), 0, "{}: the daemon's", p.display());
+            assert_eq!(m.mode() & 0o077, 0, "{}: {:o}", p.display(), m.mode());
+        }
     }
 }
 

@@ -221,7 +221,7 @@ pub fn run_daemon(opts: &DaemonOptions) -> io::Result<()> {
     }
     let xattrs = crate::offline::open_xattrs(&store, &core)?;
     mark_xattr_inodes(&mut core, &xattrs)?;
-    core.sweep_lock_files();
+    core.sweep_host_objects();
     let sj = open_sj_registry(&store, &core)?;
     sys::install_termination_flag()?;
     tracing::info!("listening on {}", sock.display());
@@ -585,7 +585,7 @@ fn timer_loop(d: &Daemon) {
         core.recover_dead();
         core.lease_gate_tick();
         if swept.elapsed() >= LOCK_SWEEP_EVERY {
-            core.sweep_lock_files();
+            core.sweep_host_objects();
             swept = Instant::now();
         }
     }

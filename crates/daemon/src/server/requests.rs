@@ -4,6 +4,7 @@ use super::{err_response, Conn, Daemon, Reply};
 use crate::core::{Core, MAX_INODES_PER_REQUEST};
 use crate::digest::DigestError;
 use crate::sharing::leases::Grant;
+use crate::sjobj::{self, SjOpen};
 use cairn_area::{errno_of, fs_err};
 use cairn_proto::{send, Request, Response};
 use std::io;
@@ -127,6 +128,26 @@ pub(super) fn handle(d: &Daemon, c: &mut Conn, req: Request) -> Reply {
         } => map_object(d, c, (ino, gen), write, create, tail_lsn),
         Request::MapRemove { ino, gen } => match c.slot {
             Some(slot) => Reply::Send(match d.core().map_remove(slot, ino, gen) {
+                Ok(()) => Response::Ok,
+                Err(e) => err_response(&e),
+            }),
+            None => Reply::Send(not_registered()),
+        },
+        Request::SjObject {
+            ino,
+            gen,
+            undo,
+            write,
+            tail_lsn,
+        } => sj_object(d, c, (ino, gen), undo, write, tail_lsn),
+        Request::SjRefresh {
+            ino,
+            gen,
+            ranges,
+            tail_lsn,
+        } => sj_refresh(d, c, (ino, gen), &ranges, tail_lsn),
+        Request::SjDrop { ino, gen, undo } => match c.slot {
+            Some(slot) => Reply::Send(match d.core().sj_drop(slot, ino, gen, undo) {
                 Ok(()) => Response::Ok,
                 Err(e) => err_response(&e),
             }),
@@ -526,6 +547,126 @@ fn map_object(
         Ok((f, writable)) => Reply::SendFds(Response::MapObject { writable }, vec![f.into()]),
         Err(e) => Reply::Send(err_response(&e)),
     }
+}
+
+/// `SjObject`: the client's records before `tail_lsn` digested, then a descriptor of a
+/// segment's resident copy or undo log (`crate::sjobj`). A missing copy is built from
+/// the segment's committed state a step at a time, the core lock taken for each step
+/// only, header first. Nobody has a segment without a copy attached, so nobody commits
+/// to it meanwhile; whoever attaches checks the copy's commit sequence against the
+/// file's under the segment's writer lock all the same.
+fn sj_object(
+    d: &Daemon,
+    c: &mut Conn,
+    (ino, gen): (u64, u64),
+    undo: bool,
+    write: bool,
+    tail_lsn: u64,
+) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let opened = {
+        let mut core = d.core();
+        if let Err(e) = core.digest_client(slot, tail_lsn) {
+            return digest_failed(&mut core, c, slot, e, true, "segment object");
+        }
+        core.sj_object(slot, ino, gen, undo, write)
+    };
+    let built = match opened {
+        Ok(SjOpen::Ready(f, writable)) => Ok((f, writable)),
+        Ok(SjOpen::Build {
+            committed,
+            path,
+            nvm,
+            writable,
+        }) => (|| {
+            let (f, tmp) = sjobj::start_copy(&path, committed.len)?;
+            let filled = copy_committed(d, &committed, &f, &[(0, committed.len)])
+                .and_then(|()| sjobj::finish_copy(&f, &tmp, &path, committed.len));
+            if filled.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            filled?;
+            // The grant stands (the client may have lost its lease meanwhile, to a
+            // holder that timed out waiting for it: the copy is checked against the file
+            // under the segment's writer lock before use).
+            Ok((
+                cairn_area::host::open_daemon_object(&path, &nvm, writable)?,
+                writable,
+            ))
+        })(),
+        Err(e) => Err(e),
+    };
+    match built {
+        Ok((f, writable)) => Reply::SendFds(Response::MapObject { writable }, vec![f.into()]),
+        Err(e) => Reply::Send(err_response(&e)),
+    }
+}
+
+/// `SjRefresh`: the client's records before `tail_lsn` digested, then the segment's
+/// committed state copied over `ranges` of its resident copy (all of it if empty).
+fn sj_refresh(
+    d: &Daemon,
+    c: &mut Conn,
+    (ino, gen): (u64, u64),
+    ranges: &[(u64, u64)],
+    tail_lsn: u64,
+) -> Reply {
+    let Some(slot) = c.slot else {
+        return Reply::Send(not_registered());
+    };
+    let started = {
+        let mut core = d.core();
+        if let Err(e) = core.digest_client(slot, tail_lsn) {
+            return digest_failed(&mut core, c, slot, e, true, "segment refresh");
+        }
+        core.sj_refresh_start(slot, ino, gen)
+    };
+    let r = started.and_then(|(committed, f)| {
+        let whole = [(0, committed.len)];
+        let ranges = if ranges.is_empty() {
+            &whole[..]
+        } else {
+            ranges
+        };
+        if let Some(&(o, l)) = ranges
+            .iter()
+            .find(|&&(o, l)| o.checked_add(l).is_none_or(|e| e > committed.len))
+        {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("segment inode {ino}: range {o:#x}+{l:#x} is outside the segment"),
+            ));
+        }
+        copy_committed(d, &committed, &f, ranges)
+    });
+    Reply::Send(match r {
+        Ok(()) => Response::Ok,
+        Err(e) => err_response(&e),
+    })
+}
+
+/// Copy segment `c`'s committed state over `ranges` of file `f`, a step of
+/// [`sjobj::FILL_STEP`] bytes per hold of the core lock.
+fn copy_committed(
+    d: &Daemon,
+    c: &sjobj::Committed,
+    f: &std::fs::File,
+    ranges: &[(u64, u64)],
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; sjobj::FILL_STEP];
+    for &(off, len) in ranges {
+        let mut at = off;
+        while at < off + len {
+            let n = buf.len().min((off + len - at) as usize);
+            d.core().sj_fill(c, at, &mut buf[..n])?;
+            f.write_all_at(&buf[..n], at)?;
+            at += n as u64;
+        }
+    }
+    Ok(())
 }
 
 /// `Shutdown`: digest everything, save the allocation state and stop.
