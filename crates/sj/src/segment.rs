@@ -239,10 +239,30 @@ impl Segment {
     /// every segment of the commit, in one transaction) is the commit point.
     pub fn stage(&self, seq: u64, runs: &[(u64, &[u8])]) -> io::Result<()> {
         let path = stage_path(self.ino, self.gen);
-        let mode = self.file.metadata()?.mode() & 0o7777;
-        let f = match open_named(&self.fs, "stage file", &path, Open::Write) {
-            Ok(f) => f,
-            Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => {
+        let meta = self.file.metadata()?;
+        let mode = meta.mode() & 0o7777;
+        // The stage directory is shared and sticky, so anyone could have made this
+        // name first, to change a staged commit under its writer. A file left there is
+        // removed and a new one made; one this process may not remove is used only if
+        // it is the segment owner's, root's or this user's, with the segment's mode.
+        let f = match self.fs.remove_file(path.as_str()) {
+            Err(e) if !matches!(cairn_area::errno_of(&e), libc::ENOENT) => {
+                let old = self.fs.symlink_metadata(path.as_str())?;
+                let euid = cairn_media::sys::ids().0;
+                let owner_ok = [meta.uid(), 0, euid].contains(&old.uid());
+                if !owner_ok || !old.is_file() || old.mode() & 0o7777 != mode {
+                    return Err(fs_err(
+                        libc::EACCES,
+                        format!(
+                            "{path}: a stage file of uid {} and mode {:o} that this process                              may not remove is in the way; its owner or root must remove it",
+                            old.uid(),
+                            old.mode() & 0o7777
+                        ),
+                    ));
+                }
+                open_named(&self.fs, "stage file", &path, Open::Write)?
+            }
+            _ => {
                 let f = open_named(&self.fs, "stage file", &path, Open::Create(mode))?;
                 // Whoever may read the segment may read its staged commit (the umask
                 // does not narrow it).
@@ -250,7 +270,6 @@ impl Segment {
                     .set_permissions(path.as_str(), cairn::Permissions::from_mode(mode))?;
                 f
             }
-            Err(e) => return Err(e),
         };
         let head = StageHeader {
             seq,

@@ -551,6 +551,41 @@ fn sj_child() {
             );
             println!("sj: member done");
         }
+        // Plant a stage file of mode 0666 for segment `args[0]` (a member may create
+        // names in the shared stage directory).
+        "perm-plant" => {
+            let i = sj.seg_info(&args[0]).unwrap();
+            let _ = sj.fs().create_dir_mode("/.sj/stage", 0o3777);
+            let path = cairn_sj::segment::stage_path(i.id.0, i.gen);
+            let f = cairn::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .mode(0o666)
+                .open(sj.fs(), path.as_str())
+                .unwrap();
+            sj.fs()
+                .set_permissions(path.as_str(), cairn::Permissions::from_mode(0o666))
+                .unwrap();
+            f.write_at(&[0xee; 4096], 0).unwrap();
+        }
+        // A commit of segment `args[0]` too large for one transaction (staged): the
+        // values at DATA, then what the stage file is now.
+        "perm-big" => {
+            let sid = sj.seg_find(&args[0]).unwrap();
+            sj.seg_attach(Target::Current, sid, prot::RW).unwrap();
+            let i = sj.seg_info(&args[0]).unwrap();
+            let v: u64 = args[1].parse().unwrap();
+            let words: Vec<u8> = (0..(512 << 10) / 8).flat_map(|_| v.to_le_bytes()).collect();
+            sj.write(i.base + DATA, &words).unwrap();
+            let path = cairn_sj::segment::stage_path(i.id.0, i.gen);
+            match sj.commit() {
+                Ok(_) => {
+                    let m = sj.fs().metadata(path.as_str()).unwrap();
+                    println!("sj: big ok uid {} mode {:o}", m.uid(), m.mode() & 0o777);
+                }
+                Err(e) => println!("sj: big errno {}", cairn_area::errno_of(&e)),
+            }
+        }
         "perm-check" => {
             let sid = sj.seg_find("grouprw").unwrap();
             sj.seg_attach(Target::Current, sid, prot::READ).unwrap();
@@ -1169,6 +1204,28 @@ fn permissions_are_checked_at_attach_for_another_user() {
     check("perm-member", &out);
     assert_eq!(lines(&out), ["member done"]);
     assert_eq!(run(s.path(), "perm-check", &[]), ["grouprw 44"]);
+    // A stage file planted by another member (uid 1001): root's staged commit removes it
+    // and makes its own; the member, which cannot remove it, refuses to write into it.
+    let as_user = |uid: u32, role: &str, args: &[&str]| {
+        let out = child(s.path(), role, args)
+            .uid(uid)
+            .gid(GROUP)
+            .env("HOME", "/nonexistent")
+            .output()
+            .unwrap();
+        check(role, &out);
+        lines(&out)
+    };
+    as_user(USER + 1, "perm-plant", &["groupro"]);
+    as_user(USER + 1, "perm-plant", &["grouprw"]);
+    assert_eq!(
+        run(s.path(), "perm-big", &["groupro", "7"]),
+        ["big ok uid 0 mode 640"]
+    );
+    assert_eq!(
+        as_user(USER, "perm-big", &["grouprw", "8"]),
+        [format!("big errno {}", libc::EACCES)]
+    );
     let uuid = cairn_area::host::store_uuid(s.path()).unwrap();
     let objects: Vec<_> = cairn_area::host::list(&uuid)
         .into_iter()
