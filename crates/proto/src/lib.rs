@@ -156,7 +156,8 @@ pub enum Request {
         tail_lsn: u64,
     },
     /// Copy the committed state of segment `ino`/`gen` over `ranges` (byte offset,
-    /// length) of its resident copy, or over all of it if `ranges` is empty: the repair
+    /// length; at most [`MAX_REFRESH_RANGES`]) of its resident copy, or over all of it if
+    /// `ranges` is empty: the repair
     /// of a dead writer's work by a process that may only read the segment (it holds
     /// the segment's writer lock and a lease on the file). `Ok`.
     SjRefresh {
@@ -170,6 +171,9 @@ pub enum Request {
     /// evicted by a client that owns or may write it. `Ok`, also when there was none.
     SjDrop { ino: u64, gen: u64, undo: bool },
 }
+
+/// The most ranges one `SjRefresh` lists (a client with more asks for the whole copy).
+pub const MAX_REFRESH_RANGES: usize = 1 << 16;
 
 /// The most bytes one `TierRead` returns.
 pub const MAX_TIER_READ: u32 = 4 << 20;

@@ -81,8 +81,9 @@ pub fn read_header(f: &cairn::File, path: &str) -> io::Result<SegHeader> {
 impl Segment {
     /// Open the segment at `path` (for writing if `write`: the store checks the caller's
     /// permission), with a descriptor of its resident copy from the daemon (read-write
-    /// if `write`; the daemon builds a missing copy). `expect`: the inode number and generation the caller
-    /// knows the segment by (`ESTALE` if the path now names another file).
+    /// if `write`; the daemon builds a missing copy). `expect`: the inode number and
+    /// generation the caller knows the segment by (`ESTALE` if the path now names
+    /// another file).
     pub fn open(
         fs: &Fs,
         path: &str,
@@ -170,6 +171,9 @@ impl Segment {
     /// may write the segment, else by the daemon.
     fn refresh(&self, staged: Option<&Staged>, ranges: &[(u64, u64)]) -> io::Result<()> {
         if !self.writable {
+            if ranges.len() > cairn_proto::MAX_REFRESH_RANGES {
+                return self.file.segment_refresh(&[]);
+            }
             return self.file.segment_refresh(ranges);
         }
         let whole = [(0, self.len())];
@@ -254,7 +258,8 @@ impl Segment {
                     return Err(fs_err(
                         libc::EACCES,
                         format!(
-                            "{path}: a stage file of uid {} and mode {:o} that this process                              may not remove is in the way; its owner or root must remove it",
+                            "{path}: a stage file of uid {} and mode {:o} that this process may not \
+                             remove is in the way; its owner or root must remove it",
                             old.uid(),
                             old.mode() & 0o7777
                         ),

@@ -1419,16 +1419,18 @@ impl SpaceJmp {
         // clears them, and a writer's next transaction ignores those a reader left.
         let undo = UndoLog::open_existing(&seg.file, &seg.path, seg.writable)?;
         let mut more = Vec::new();
-        if let Some(u) = undo.as_ref().filter(|_| j == Journal::Undo) {
-            if u.writable() {
+        match undo.as_ref().filter(|_| j == Journal::Undo) {
+            Some(u) if u.writable() => {
                 u.roll_back(&seg.object)?;
-            } else {
-                more = u
-                    .entries()?
-                    .iter()
+            }
+            Some(u) => {
+                more = (u.entries()?.iter())
                     .map(|(o, b)| (*o, b.len() as u64))
                     .collect();
             }
+            // An open transaction whose log cannot be read: all of the copy.
+            None if j == Journal::Undo => more = vec![(0, seg.len())],
+            None => {}
         }
         seg.repair(j, &pages, &more)?;
         if let Some(u) = undo.as_ref().filter(|u| u.writable()) {

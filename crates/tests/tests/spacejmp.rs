@@ -511,6 +511,8 @@ fn sj_child() {
                 libc::EACCES,
                 "dropping the copy of another's segment"
             );
+            let r = file.segment_refresh(&[(4096, 4096), (SEG_LEN - 4096, 8192)]);
+            assert_eq!(errno(r), libc::EINVAL, "a refresh past the segment's end");
             let r = sj.vas_find("mine").map(|_| ());
             assert_eq!(errno(r), libc::EACCES, "an address space of mode 0600");
             let ours = sj.vas_find("ours").unwrap();

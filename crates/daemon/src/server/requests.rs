@@ -624,12 +624,12 @@ fn sj_refresh(
         core.sj_refresh_start(slot, ino, gen)
     };
     let r = started.and_then(|(committed, f)| {
-        let whole = [(0, committed.len)];
-        let ranges = if ranges.is_empty() {
-            &whole[..]
-        } else {
-            ranges
-        };
+        if ranges.len() > cairn_proto::MAX_REFRESH_RANGES {
+            return Err(fs_err(
+                libc::EINVAL,
+                format!("segment inode {ino}: {} ranges to refresh", ranges.len()),
+            ));
+        }
         if let Some(&(o, l)) = ranges
             .iter()
             .find(|&&(o, l)| o.checked_add(l).is_none_or(|e| e > committed.len))
@@ -639,7 +639,20 @@ fn sj_refresh(
                 format!("segment inode {ino}: range {o:#x}+{l:#x} is outside the segment"),
             ));
         }
-        copy_committed(d, &committed, &f, ranges)
+        // Sorted and merged: the work is at most the segment, whatever the list.
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        for (o, l) in sorted {
+            match merged.last_mut() {
+                Some((mo, ml)) if o <= *mo + *ml => *ml = (*ml).max(o + l - *mo),
+                _ => merged.push((o, l)),
+            }
+        }
+        if ranges.is_empty() {
+            merged.push((0, committed.len));
+        }
+        copy_committed(d, &committed, &f, &merged)
     });
     Reply::Send(match r {
         Ok(()) => Response::Ok,

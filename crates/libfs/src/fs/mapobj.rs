@@ -109,12 +109,23 @@ impl Inner {
             create,
             tail_lsn: st.log.tail(),
         };
-        match self.request_fds(st, &req)? {
+        self.request_object(st, &req, "map object")
+    }
+
+    /// Send `req`, answered `MapObject { writable }` and one descriptor (of a map object
+    /// or a segment's object): the descriptor and whether it is read-write.
+    pub(super) fn request_object(
+        &self,
+        st: &mut State,
+        req: &Request,
+        what: &str,
+    ) -> io::Result<(File, bool)> {
+        match self.request_fds(st, req)? {
             (Response::MapObject { writable }, fds) if fds.len() == 1 => {
                 let fd = fds.into_iter().next().expect("one descriptor");
                 Ok((File::from(fd), writable))
             }
-            (r, _) => Err(response_error("map object", r)),
+            (r, _) => Err(response_error(what, r)),
         }
     }
 

@@ -26,13 +26,7 @@ impl Inner {
                 write,
                 tail_lsn: st.log.tail(),
             };
-            match self.request_fds(st, &req)? {
-                (Response::MapObject { writable }, fds) if fds.len() == 1 => {
-                    let fd = fds.into_iter().next().expect("one descriptor");
-                    Ok((File::from(fd), writable))
-                }
-                (r, _) => Err(response_error("segment object", r)),
-            }
+            self.request_object(st, &req, "segment object")
         })
     }
 
