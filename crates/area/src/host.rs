@@ -186,6 +186,32 @@ pub fn check_daemon_object(f: &std::fs::File, path: &Path, nvm: &Path) -> io::Re
     ))
 }
 
+/// The name of the sealed `memfd` a program stored on Cairn runs from (the `LD_PRELOAD`
+/// library's `execve`): `cairn-exec-<uuid>-<ino>-<gen>`, which the running process's
+/// `/proc/PID/exe` shows as `/memfd:<name> (deleted)`.
+pub fn exec_memfd_name(uuid: &[u8; 16], ino: u64, gen: u64) -> String {
+    format!("cairn-exec-{}-{ino}-{gen}", uuid_hex(uuid))
+}
+
+/// Whether a process this one may inspect (its own user's; every process for root)
+/// runs the program of inode `ino`/`gen` from its [`exec_memfd_name`] copy: the file is
+/// *busy* (`ETXTBSY` for opening it to write or truncating it, as Linux answers for a
+/// running program). Processes of other users cannot be seen (`/proc/PID/exe` needs
+/// the right to trace them) and do not count.
+pub fn text_busy(uuid: &[u8; 16], ino: u64, gen: u64) -> bool {
+    let want = format!("/memfd:{} (deleted)", exec_memfd_name(uuid, ino, gen));
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        let name = e.file_name();
+        name.to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            && std::fs::read_link(e.path().join("exe"))
+                .is_ok_and(|t| t.as_os_str().as_encoded_bytes() == want.as_bytes())
+    })
+}
+
 /// The kind of host object a lock file is.
 pub const LOCK_KIND: &str = "lock";
 

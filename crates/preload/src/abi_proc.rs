@@ -223,12 +223,13 @@ unsafe fn script_argv(
     v
 }
 
-/// A sealed `memfd` holding `bytes` (a binary to run from it); close-on-exec unless a
-/// spawned child must open it by `/proc/self/fd`.
-fn sealed_memfd(bytes: &[u8], cloexec: bool) -> std::io::Result<c_int> {
+/// A sealed `memfd` named `name` holding `bytes` (a binary to run from it; the name
+/// tells others the program's file is busy: `cairn_area::host::text_busy`);
+/// close-on-exec unless a spawned child must open it by `/proc/self/fd`.
+fn sealed_memfd(bytes: &[u8], name: &std::ffi::CStr, cloexec: bool) -> std::io::Result<c_int> {
     let fl = libc::MFD_ALLOW_SEALING | if cloexec { libc::MFD_CLOEXEC } else { 0 };
     // SAFETY: memfd_create with a NUL-terminated name.
-    let fd = unsafe { real::memfd_create(c"cairn-exec".as_ptr(), fl) };
+    let fd = unsafe { real::memfd_create(name.as_ptr(), fl) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -438,8 +439,8 @@ unsafe fn cairn_program(
                 keep.push(interp);
                 keep.extend(arg);
             }
-            ops::ExecPlan::Elf(bytes) => {
-                let fd = sealed_memfd(&bytes, cloexec)?;
+            ops::ExecPlan::Elf { bytes, memfd_name } => {
+                let fd = sealed_memfd(&bytes, &memfd_name, cloexec)?;
                 let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
                 return Ok(Some(Program {
                     path,

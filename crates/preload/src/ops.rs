@@ -6,6 +6,7 @@ use crate::paths;
 use crate::state::{self, bytes_path, err};
 use crate::table::{self, Dent, Ofd};
 use cairn::{At, Fs, Metadata};
+use std::ffi::CString;
 use std::io;
 use std::os::raw::c_int;
 use std::sync::Arc;
@@ -195,6 +196,13 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
         }
     }
     let perm = mode & 0o7777;
+    if !path_only && flags & libc::O_TRUNC != 0 {
+        // Checked before the truncation (`O_RDONLY | O_TRUNC` truncates too); other
+        // opens for writing, after the open below.
+        if let Ok(m) = fs.metadata(at) {
+            not_busy(&fs, &m)?;
+        }
+    }
     let f = match open_file(&fs, at, flags, perm) {
         Err(e) if crate::state::errno_of(&e) == libc::ENXIO => {
             // A FIFO or device: a host descriptor of its pipe or device, which the
@@ -223,6 +231,9 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
     }
     if flags & libc::O_DIRECTORY != 0 {
         return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"));
+    }
+    if write {
+        not_busy(&fs, &m)?;
     }
     let fd = table::placeholder(cloexec)?;
     let append = flags & libc::O_APPEND != 0;
@@ -648,10 +659,26 @@ pub fn set_times(cp: &CPath, (a, m, touch): Times, follow: bool) -> io::Result<(
 pub fn truncate(cp: &CPath, len: i64) -> io::Result<()> {
     let len = u64::try_from(len).map_err(|_| err(libc::EINVAL, "truncate: negative length"))?;
     let fs = fs()?;
-    cairn::OpenOptions::new()
-        .write(true)
-        .open(&fs, cp.at())?
-        .set_len(len)
+    let f = cairn::OpenOptions::new().write(true).open(&fs, cp.at())?;
+    not_busy(&fs, &f.metadata()?)?;
+    f.set_len(len)
+}
+
+/// `ETXTBSY` if `m` is a program a process runs from its copy in memory (`execve`
+/// here), as Linux refuses to write or truncate a running program. Only files with an
+/// execute bit are looked for (a scan of `/proc`), and only processes this one may
+/// inspect count (SHIM.md, "Limits").
+fn not_busy(fs: &Fs, m: &Metadata) -> io::Result<()> {
+    if m.is_file()
+        && m.mode() & 0o111 != 0
+        && cairn_area::host::text_busy(&fs.uuid(), m.ino(), m.generation())
+    {
+        return Err(err(
+            libc::ETXTBSY,
+            "a process runs this program: it cannot be written or truncated",
+        ));
+    }
+    Ok(())
 }
 
 /// `statfs` numbers: (total blocks, free blocks, total inodes, free inodes).
@@ -941,8 +968,9 @@ pub enum ExecPlan {
         interp: Vec<u8>,
         arg: Option<Vec<u8>>,
     },
-    /// An ELF binary: its bytes, to run from a sealed `memfd`.
-    Elf(Vec<u8>),
+    /// An ELF binary: its bytes, to run from a sealed `memfd` named after it
+    /// (`cairn_area::host::exec_memfd_name`).
+    Elf { bytes: Vec<u8>, memfd_name: CString },
 }
 
 /// The largest program copied into memory to run (an ELF binary on Cairn).
@@ -995,7 +1023,9 @@ pub fn exec_plan(cp: &CPath) -> io::Result<ExecPlan> {
         let mut bytes = Vec::with_capacity(size as usize);
         // From the start: `read_at` above left the position there.
         std::io::Read::read_to_end(&mut &f, &mut bytes)?;
-        return Ok(ExecPlan::Elf(bytes));
+        let name = cairn_area::host::exec_memfd_name(&fs.uuid(), m.ino(), m.generation());
+        let memfd_name = CString::new(name).expect("no NUL");
+        return Ok(ExecPlan::Elf { bytes, memfd_name });
     }
     Err(err(
         libc::ENOEXEC,

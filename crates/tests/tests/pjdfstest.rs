@@ -16,7 +16,7 @@ use std::process::Command;
 /// Cases that cannot pass through the shim, with why: a program run from the store
 /// runs from a copy in memory, so the store's file is not busy (`ETXTBSY`); the kernel
 /// cannot mount on a directory it does not see (`EBUSY` of a mount point).
-const SHIM_KNOWN: &[&str] = &["open::etxtbsy", "truncate::etxtbsy", "rmdir::ebusy"];
+const SHIM_KNOWN: &[&str] = &["rmdir::ebusy"];
 
 /// The suite's settings: the features Linux has, a nap longer than tmpfs's time
 /// granularity, and two users that exist on Debian for its user-switching cases.
