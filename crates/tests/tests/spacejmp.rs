@@ -321,6 +321,46 @@ fn sj_child() {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
         // Try to switch in without waiting: prints the errno (0: switched).
+        // A segment's host objects through its life: made by the daemon at attach (the
+        // undo log for an explicit-mode writer), kept while attached, dropped by an
+        // eviction (and built again, with the committed bytes), gone with the segment.
+        "objects" => {
+            let errno = |r: std::io::Result<u64>| r.err().map_or(0, |e| cairn_area::errno_of(&e));
+            let uuid = sj.fs().uuid();
+            let sid = sj
+                .seg_alloc("objs", None, SEG_LEN, prot::RW, flags::LOCKABLE, 0o600)
+                .unwrap();
+            let i = sj.seg_info("objs").unwrap();
+            let has =
+                |kind: &str| cairn_area::host::object_path(&uuid, kind, i.id.0, i.gen).exists();
+            let vid = sj.vas_create("objs", 0o600).unwrap();
+            sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Explicit).unwrap();
+            {
+                let g = sj.enter(vh).unwrap();
+                g.set(SegPtr(i.base + DATA), 5u64).unwrap();
+                g.commit().unwrap();
+            }
+            assert!(has("sj") && has("sj-undo"), "made at attach");
+            assert_eq!(
+                errno(sj.seg_evict("objs")),
+                libc::EBUSY,
+                "evicting an attached segment"
+            );
+            sj.vas_detach(vh).unwrap();
+            assert!(sj.seg_evict("objs").unwrap() > 0);
+            assert!(!has("sj"), "evicted");
+            let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
+            {
+                let g = sj.enter(vh).unwrap();
+                assert_eq!(g.get::<u64>(SegPtr(i.base + DATA)).unwrap(), 5);
+            }
+            assert!(has("sj"), "built again");
+            sj.vas_detach(vh).unwrap();
+            sj.seg_free("objs").unwrap();
+            assert!(!has("sj") && !has("sj-undo"), "removed with the segment");
+            println!("sj: objects ok");
+        }
         "try" => {
             let vid = sj.vas_find("shared").unwrap();
             let vh = sj.vas_attach(vid, CommitMode::Snapshot).unwrap();
@@ -1298,6 +1338,37 @@ fn the_daemon_killed_during_commits_loses_nothing() {
             s.stop();
         }
     }
+}
+
+/// A segment's resident copy and undo log are made at attach, dropped by an eviction and
+/// removed with the segment; objects of segments that are gone (left by a process that
+/// died, say) go at the daemon's clean stop, and those of live segments stay.
+#[test]
+fn segment_host_objects_come_and_go_with_their_segment() {
+    let s = store();
+    assert_eq!(run(s.path(), "objects", &[]), ["objects ok"]);
+    run(s.path(), "alice", &["3"]);
+    let uuid = cairn_area::host::store_uuid(s.path()).unwrap();
+    let copies = || -> Vec<std::path::PathBuf> {
+        cairn_area::host::list(&uuid)
+            .into_iter()
+            .filter(|p| {
+                p.to_string_lossy().contains(".sj-") && !p.to_string_lossy().ends_with("sj-ctl")
+            })
+            .collect()
+    };
+    let live = copies();
+    assert!(!live.is_empty(), "alice's segment has a resident copy");
+    let stale: Vec<_> = ["sj", "sj-undo"]
+        .iter()
+        .map(|k| cairn_area::host::object_path(&uuid, k, 999_999, 7))
+        .collect();
+    for p in &stale {
+        std::fs::write(p, b"left behind").unwrap();
+    }
+    s.stop();
+    assert_eq!(copies(), live, "only the live segment's objects stay");
+    assert_eq!(sum_of(&run(s.path(), "try", &[])), (6, 3));
 }
 
 /// A reader holds the lock: a writer's `try_switch` fails with `EWOULDBLOCK`, another
