@@ -232,7 +232,7 @@ pub fn open(cp: &CPath, flags: c_int, mode: u32) -> io::Result<c_int> {
     if flags & libc::O_DIRECTORY != 0 {
         return Err(err(libc::ENOTDIR, "open: not a directory (O_DIRECTORY)"));
     }
-    if write {
+    if write && flags & libc::O_TRUNC == 0 {
         not_busy(&fs, &m)?;
     }
     let fd = table::placeholder(cloexec)?;
