@@ -220,9 +220,12 @@ pub fn lock_file_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
     object_path(uuid, LOCK_KIND, ino, gen)
 }
 
-/// The kinds of host object a SpaceJMP segment has: its resident copy and its undo log
-/// (made and removed by the daemon).
-pub const SEGMENT_KINDS: [&str; 2] = ["sj", "sj-undo"];
+/// The kind of host object a SpaceJMP segment's resident copy is.
+pub const SEGMENT_COPY_KIND: &str = "sj";
+/// The kind of host object a SpaceJMP segment's undo log is.
+pub const SEGMENT_UNDO_KIND: &str = "sj-undo";
+/// The kinds of host object a SpaceJMP segment has (made and removed by the daemon).
+pub const SEGMENT_KINDS: [&str; 2] = [SEGMENT_COPY_KIND, SEGMENT_UNDO_KIND];
 
 /// The store's host objects of `kinds` that may go: those whose `(ino, gen)` is not
 /// `live`, and the temporary ones of processes that died while making one.

@@ -878,7 +878,7 @@ impl Core {
             .filter(|_| self.sh.layout.slot_files)
             .map(|s| self.cfg.slot_log_path(s))
             .collect();
-        let sj = host::kind_prefix(&uuid, "sj");
+        let sj = host::kind_prefix(&uuid, host::SEGMENT_COPY_KIND);
         // Resident segments: `sj-<ino>-<gen>` (not the lock table nor undo logs).
         let resident: Vec<&std::path::PathBuf> = objects
             .iter()

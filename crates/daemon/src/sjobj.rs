@@ -26,10 +26,6 @@ use std::path::PathBuf;
 /// Bytes copied per step (and per hold of the core lock) when a copy is built.
 pub(crate) const FILL_STEP: usize = 1 << 20;
 
-/// Host object kinds of a segment.
-const COPY_KIND: &str = "sj";
-const UNDO_KIND: &str = "sj-undo";
-
 /// A segment's committed state, as the daemon reads it: the segment file and a pending
 /// staged commit (its stage file's inode and head).
 pub(crate) struct Committed {
@@ -55,7 +51,11 @@ pub(crate) enum SjOpen {
 
 impl Core {
     fn sj_object_path(&self, undo: bool, ino: u64, gen: u64) -> PathBuf {
-        let kind = if undo { UNDO_KIND } else { COPY_KIND };
+        let kind = if undo {
+            host::SEGMENT_UNDO_KIND
+        } else {
+            host::SEGMENT_COPY_KIND
+        };
         host::object_path(&self.sh.area.superblock().uuid, kind, ino, gen)
     }
 
@@ -260,7 +260,7 @@ fn read_exact(core: &Core, inode: &Inode, buf: &mut [u8], at: u64) -> io::Result
 
 /// Make the file for a resident copy of `len` bytes next to `path` (under
 /// `….new-<daemon pid>-<n>`, `n` counting the daemon's builds, which may run at once;
-/// the daemon's next start or stop removes one a crash left).
+/// the sweep of a later daemon removes one a crash left).
 pub(crate) fn start_copy(path: &std::path::Path, len: u64) -> io::Result<(File, PathBuf)> {
     static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

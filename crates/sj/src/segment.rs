@@ -59,7 +59,7 @@ impl std::fmt::Debug for Segment {
 
 /// The resident copy's path: `/dev/shm/cairn-<uuid>.sj-<ino>-<gen>`.
 pub fn object_path(uuid: &[u8; 16], ino: u64, gen: u64) -> PathBuf {
-    host::object_path(uuid, "sj", ino, gen)
+    host::object_path(uuid, host::SEGMENT_COPY_KIND, ino, gen)
 }
 
 /// The header of the segment file `f` (`EINVAL`: not a segment).

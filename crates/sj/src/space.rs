@@ -822,8 +822,8 @@ impl SpaceJmp {
         self.fs.remove_file(path.as_str())?;
         let _ = self.fs.remove_file(segment::stage_path(ino, gen).as_str());
         let _ = self.fs.sj_release(ino, gen);
-        // The daemon removes the copy and the undo log of a file that is gone (if this
-        // process still had it open somewhere, `cairn stop` sweeps them later).
+        // The daemon removes the copy and the undo log of a file that is gone (if a
+        // process still has it open, the daemon's sweep removes them once it is freed).
         let _ = self.fs.sj_drop(ino, gen, true);
         slot.retire();
         self.state().seg_paths.remove(&ino);
@@ -1417,7 +1417,8 @@ impl SpaceJmp {
         // the pages journal made the resident copy the file's state) its entries are out
         // of date, and a later abort would put them back over newer commits: a writer
         // clears them, and a writer's next transaction ignores those a reader left.
-        let undo = UndoLog::open_existing(&seg.file, &seg.path, seg.writable)?;
+        let at = (&self.uuid, seg.ino, seg.gen);
+        let undo = UndoLog::open_existing(&seg.file, at, &seg.path, seg.writable)?;
         let mut more = Vec::new();
         match undo.as_ref().filter(|_| j == Journal::Undo) {
             Some(u) if u.writable() => {

@@ -54,14 +54,22 @@ impl UndoLog {
         Self::map(&f, true, path)
     }
 
-    /// The undo log of segment file `seg`, if one was ever made and sized (one still
-    /// being made by [`UndoLog::open`] holds no entries yet): read-write if `write` and
-    /// the daemon grants it, else read-only.
+    /// The undo log of segment file `seg` (`ino`/`gen` of the store with `uuid`), if one
+    /// was ever made and sized (one still being made by [`UndoLog::open`] holds no
+    /// entries yet): read-write if `write` and the daemon grants it, else read-only. No
+    /// log, the common case, costs a `stat` (asking the daemon would make one for a
+    /// writer).
     pub fn open_existing(
         seg: &cairn::File,
+        (uuid, ino, gen): (&[u8; 16], u64, u64),
         path: &str,
         write: bool,
     ) -> io::Result<Option<UndoLog>> {
+        if !cairn_area::host::object_path(uuid, cairn_area::host::SEGMENT_UNDO_KIND, ino, gen)
+            .exists()
+        {
+            return Ok(None);
+        }
         let (f, writable) = match seg.segment_object(true, write) {
             Ok(r) => r,
             Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => return Ok(None),

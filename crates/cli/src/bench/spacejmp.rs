@@ -392,14 +392,19 @@ fn switch_overlapping(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Va
 /// overlapping segments mapped at one home outside Cairn's segment window, one placed
 /// and one parked, traded with the same two `mremap`s (`Region::swap`) and nothing else;
 /// per swap, p50 and p99 over batches of 100, medians over `runs`.
+/// A read-only descriptor of segment `name`'s resident copy, from the daemon.
+fn resident_copy(sj: &SpaceJmp, name: &str) -> std::io::Result<std::fs::File> {
+    let info = sj.seg_info(name)?;
+    let file = cairn::File::open(sj.fs(), info.path.as_str())?;
+    Ok(file.segment_object(false, false)?.0)
+}
+
 fn swap_floor(sj: &Arc<SpaceJmp>, runs: u32) -> CliResult<(f64, f64)> {
     const HOME: usize = 0x6000_0000_0000;
     let window = cairn_media::fixed::Window::reserve(HOME, 1 << 30)?;
     let mut regions = Vec::new();
     for i in 0..2 {
-        let info = sj.seg_info(&format!("sw-overlap-{i}"))?;
-        let path = cairn_sj::segment::object_path(&sj.fs().uuid(), info.id.0, info.gen);
-        let f = std::fs::File::open(&path).map_err(crate::error::ctx_msg(path.display()))?;
+        let f = resident_copy(sj, &format!("sw-overlap-{i}"))?;
         use cairn_media::fixed::{Access, Place};
         let place = if i == 0 { Place::Home } else { Place::Parked };
         let r = window.map(HOME, 1 << 30, (&f, 0), Access::Read, place)?;
@@ -459,11 +464,7 @@ fn attach(sj: &Arc<SpaceJmp>, args: &SpacejmpArgs, rows: &mut Vec<Value>) -> Cli
         let resident = median(&ms);
         // The kernel's floor: the same resident copy mapped read-only and populated
         // (`MAP_POPULATE`, 2 MiB aligned), nothing else.
-        let info = sj.seg_info(&name)?;
-        let uuid = cairn_area::host::store_uuid(sj.fs().store_dir())?;
-        let obj = std::fs::File::open(cairn_area::host::object_path(
-            &uuid, "sj", info.id.0, info.gen,
-        ))?;
+        let obj = resident_copy(sj, &name)?;
         let floor_ms = populated_map_ms(&obj, len, args.runs)?;
         drop(obj);
         sj.vas_remove(&name)?;

@@ -461,16 +461,39 @@ fn goodbye(d: &Daemon, c: &mut Conn, tail_lsn: u64) -> Reply {
     }
 }
 
-/// `Unpin`: the client closed a file it had pinned.
-fn unpin(d: &Daemon, c: &mut Conn, ino: u64, tail_lsn: u64) -> Reply {
+/// The registered client's slot and the core, with its records before `tail_lsn`
+/// digested (what the request `what` needs first), or the reply to send instead.
+fn digested<'d>(
+    d: &'d Daemon,
+    c: &mut Conn,
+    tail_lsn: u64,
+    what: &str,
+) -> Result<(u32, MutexGuard<'d, Core>), Box<Reply>> {
     let Some(slot) = c.slot else {
-        return Reply::Send(not_registered());
+        return Err(Box::new(Reply::Send(not_registered())));
     };
     let mut core = d.core();
-    // Its records about the inode are applied before it may be freed.
-    if let Err(e) = core.digest_client(slot, tail_lsn) {
-        return digest_failed(&mut core, c, slot, e, true, "unpin");
+    match core.digest_client(slot, tail_lsn) {
+        Ok(_) => Ok((slot, core)),
+        Err(e) => Err(Box::new(digest_failed(&mut core, c, slot, e, true, what))),
     }
+}
+
+/// The answer to `MapObject` and `SjObject`: the descriptor after the response.
+fn object_reply(r: io::Result<(std::fs::File, bool)>) -> Reply {
+    match r {
+        Ok((f, writable)) => Reply::SendFds(Response::MapObject { writable }, vec![f.into()]),
+        Err(e) => Reply::Send(err_response(&e)),
+    }
+}
+
+/// `Unpin`: the client closed a file it had pinned.
+fn unpin(d: &Daemon, c: &mut Conn, ino: u64, tail_lsn: u64) -> Reply {
+    // Its records about the inode are applied before it may be freed.
+    let (slot, mut core) = match digested(d, c, tail_lsn, "unpin") {
+        Ok(r) => r,
+        Err(reply) => return *reply,
+    };
     match core.unpin(slot, Some(ino)) {
         Ok(()) => Reply::Send(Response::Ok),
         Err(e) => Reply::Send(err_response(&e)),
@@ -481,13 +504,10 @@ fn unpin(d: &Daemon, c: &mut Conn, ino: u64, tail_lsn: u64) -> Reply {
 /// `tail_lsn` is digested with the old ones; then its log is checked with the ones the
 /// kernel reports for the process now.
 fn credentials(d: &Daemon, c: &mut Conn, tail_lsn: u64) -> Reply {
-    let Some(slot) = c.slot else {
-        return Reply::Send(not_registered());
+    let (slot, mut core) = match digested(d, c, tail_lsn, "credentials") {
+        Ok(r) => r,
+        Err(reply) => return *reply,
     };
-    let mut core = d.core();
-    if let Err(e) = core.digest_client(slot, tail_lsn) {
-        return digest_failed(&mut core, c, slot, e, true, "credentials");
-    }
     let cred = match crate::perm::cred_now(c.pid) {
         Ok(cred) => cred,
         Err(e) => return Reply::Send(err_response(&e)),
@@ -536,16 +556,9 @@ fn map_object(
     create: bool,
     tail_lsn: u64,
 ) -> Reply {
-    let Some(slot) = c.slot else {
-        return Reply::Send(not_registered());
-    };
-    let mut core = d.core();
-    if let Err(e) = core.digest_client(slot, tail_lsn) {
-        return digest_failed(&mut core, c, slot, e, true, "map object");
-    }
-    match core.map_object(slot, ino, gen, write, create) {
-        Ok((f, writable)) => Reply::SendFds(Response::MapObject { writable }, vec![f.into()]),
-        Err(e) => Reply::Send(err_response(&e)),
+    match digested(d, c, tail_lsn, "map object") {
+        Ok((slot, mut core)) => object_reply(core.map_object(slot, ino, gen, write, create)),
+        Err(reply) => *reply,
     }
 }
 
@@ -563,17 +576,11 @@ fn sj_object(
     write: bool,
     tail_lsn: u64,
 ) -> Reply {
-    let Some(slot) = c.slot else {
-        return Reply::Send(not_registered());
+    let opened = match digested(d, c, tail_lsn, "segment object") {
+        Ok((slot, core)) => core.sj_object(slot, ino, gen, undo, write),
+        Err(reply) => return *reply,
     };
-    let opened = {
-        let mut core = d.core();
-        if let Err(e) = core.digest_client(slot, tail_lsn) {
-            return digest_failed(&mut core, c, slot, e, true, "segment object");
-        }
-        core.sj_object(slot, ino, gen, undo, write)
-    };
-    let built = match opened {
+    object_reply(match opened {
         Ok(SjOpen::Ready(f, writable)) => Ok((f, writable)),
         Ok(SjOpen::Build {
             committed,
@@ -597,11 +604,7 @@ fn sj_object(
             ))
         })(),
         Err(e) => Err(e),
-    };
-    match built {
-        Ok((f, writable)) => Reply::SendFds(Response::MapObject { writable }, vec![f.into()]),
-        Err(e) => Reply::Send(err_response(&e)),
-    }
+    })
 }
 
 /// `SjRefresh`: the client's records before `tail_lsn` digested, then the segment's
@@ -613,15 +616,9 @@ fn sj_refresh(
     ranges: &[(u64, u64)],
     tail_lsn: u64,
 ) -> Reply {
-    let Some(slot) = c.slot else {
-        return Reply::Send(not_registered());
-    };
-    let started = {
-        let mut core = d.core();
-        if let Err(e) = core.digest_client(slot, tail_lsn) {
-            return digest_failed(&mut core, c, slot, e, true, "segment refresh");
-        }
-        core.sj_refresh_start(slot, ino, gen)
+    let started = match digested(d, c, tail_lsn, "segment refresh") {
+        Ok((slot, core)) => core.sj_refresh_start(slot, ino, gen),
+        Err(reply) => return *reply,
     };
     let r = started.and_then(|(committed, f)| {
         if ranges.len() > cairn_proto::MAX_REFRESH_RANGES {
