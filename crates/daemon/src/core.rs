@@ -156,8 +156,8 @@ fn allocation_state(sh: &mut Shared, clean: bool, report: &mut StartReport) -> i
                 sh.replaying.insert(slot);
             }
         }
-        tracing::warn!("unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired",
-            r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed);
+        tracing::warn!("unclean start: rebuilt the allocation state: {} inodes, {} blocks in use, {} undecodable inodes freed, {} unnamed inodes kept until the logs are replayed, {} inode locks repaired, {} entries of unpublished appends cleared",
+            r.inodes, r.blocks, r.undecodable_freed, r.unnamed_kept, r.seqlocks_fixed, r.appends_cleared);
         for w in r.warnings {
             tracing::warn!("rebuild warning: {w}");
         }

@@ -133,6 +133,16 @@ pub(super) fn apply_file<'a>(
     }
     sh.superpages.note_written(ino, small.into_iter());
     changes.sort_unstable_by_key(|c| c.0);
+    if !inplace && fresh.is_empty() && t.is_none() && plan.holes.is_empty() {
+        if let Some(leaf) = maptree::append_leaf(sh, old, &changes)? {
+            // An append into the leaf holding the file's end: its entries are written
+            // in place at the publish (`maptree::append_leaf` says why that is safe);
+            // the leaf is not copied.
+            w.bytes += maptree::queue_append(w, leaf, &changes);
+            new.blocks = old.blocks + changes.len() as u64;
+            return Ok(());
+        }
+    }
     add_holes(sh, old, plan, keep_blocks, &mut changes)?;
     let r = maptree::update(
         sh,
@@ -459,6 +469,7 @@ pub(crate) fn publish_batch(
         end_seq,
         txns,
     } = span;
+    maptree::write_appends(sh, &w)?;
     cairn_media::fence();
     for (ino, inode, _) in &publish {
         sh.write_inode(*ino, inode)?;

@@ -17,9 +17,11 @@
 //! by one (the rest of the extent stays in use, now as 4 KiB blocks).
 
 use crate::store::shared::{Shared, Work};
+use cairn_format::inode::{Inode, Kind};
 use cairn_format::map::{
     coverage, height_for_blocks, huge_entry, is_huge, FANOUT, HUGE_BLOCKS, MAX_HEIGHT,
 };
+use cairn_format::BLOCK_SIZE_U64;
 use std::io;
 
 /// The new root of an updated map.
@@ -394,6 +396,135 @@ impl Ctx<'_> {
         }
         Ok(nb)
     }
+}
+
+/// Appends written into their leaf in place.
+///
+/// The one map change made in place: new blocks appended past the end of a regular
+/// file, into the leaf node that holds the file's last block, at entries that are holes
+/// up to the leaf's end. Nothing reads those entries while the inode says the file is
+/// shorter (readers stop at its size; promotions compare the entries they copied), so
+/// the digest writes them with the batch's data, before the fence that precedes the
+/// inodes, and publishing the inode's new size makes them part of the file. A crash
+/// before that publish leaves them set past the end, uncounted in the inode's blocks:
+/// [`clear_unpublished_append`] clears them at the rebuild, and the replay of the log
+/// writes them again. Anything else (a hole inside the file, a new leaf, a truncation,
+/// an extent) is copied on write by [`update`].
+pub(crate) fn append_leaf(
+    sh: &Shared,
+    old: &Inode,
+    changes: &[(u64, u64)],
+) -> io::Result<Option<u64>> {
+    let (Some(&(first, _)), Some(&(last, _))) = (changes.first(), changes.last()) else {
+        return Ok(None);
+    };
+    let Some(tail) = tail_of(old) else {
+        return Ok(None);
+    };
+    let leaf_base = first - first % FANOUT;
+    if first < tail.0
+        || tail.0 <= leaf_base
+        || last >= leaf_base + FANOUT
+        || changes.iter().any(|c| c.1 == 0 || is_huge(c.1))
+    {
+        return Ok(None);
+    }
+    debug_assert!(changes.windows(2).all(|p| p[0].0 < p[1].0));
+    let Some(leaf) = sh.area.range_entry(old, first)? else {
+        return Ok(None);
+    };
+    if is_huge(leaf) {
+        return Ok(None);
+    }
+    let leaf = sh.check_ptr(leaf, "map node")?;
+    let n = sh.read_node(leaf)?;
+    Ok(n[tail.1..].iter().all(|&e| e == 0).then_some(leaf))
+}
+
+/// Where an append to `inode` would begin in its map: the file block after its last one
+/// and that block's index in its leaf, when that block shares a leaf with the last one
+/// (the file is a tree of nodes, not empty, and does not end at a leaf's end).
+fn tail_of(inode: &Inode) -> Option<(u64, usize)> {
+    if inode.attrs.kind != Kind::File || inode.map_root == 0 || inode.map_height == 0 {
+        return None;
+    }
+    let end = inode.attrs.size.div_ceil(BLOCK_SIZE_U64);
+    let idx = (end % FANOUT) as usize;
+    (idx != 0 && end < coverage(inode.map_height)).then_some((end, idx))
+}
+
+/// Queue `changes`, checked by [`append_leaf`], to be written into `leaf` in place when
+/// the batch publishes. Returns the bytes that costs the shared area (whole cache lines).
+pub(crate) fn queue_append(w: &mut Work, leaf: u64, changes: &[(u64, u64)]) -> u64 {
+    let base = leaf * BLOCK_SIZE_U64;
+    let mut lines = 0;
+    let mut last_line = u64::MAX;
+    for &(fb, e) in changes {
+        let off = base + (fb % FANOUT) * 8;
+        if off / 64 != last_line {
+            last_line = off / 64;
+            lines += 1;
+        }
+        w.in_place.push((off, e));
+    }
+    lines * 64
+}
+
+/// Write the entries [`queue_append`] queued and write their lines back (the caller's
+/// fence makes them durable, before any inode that counts them is published).
+pub(crate) fn write_appends(sh: &Shared, w: &Work) -> io::Result<()> {
+    let m = sh.area.map();
+    for &(off, e) in &w.in_place {
+        m.store_u64(off as usize, e)?;
+    }
+    for &(off, _) in &w.in_place {
+        m.flush(off as usize, 8)?;
+    }
+    Ok(())
+}
+
+/// The entries an append in place wrote past the end of `inode` whose inode a crash
+/// kept from being published: the leaf and the entries' indices in it, or `None`. They
+/// are told from an extent's (a leaf that replaced a superpage extent keeps its entries
+/// past the end, counted) by the inode's block count: an unpublished append's are the
+/// only ones it does not count.
+pub(crate) fn unpublished_append(
+    sh: &Shared,
+    inode: &Inode,
+) -> io::Result<Option<(u64, Vec<usize>)>> {
+    let Some((end, idx)) = tail_of(inode) else {
+        return Ok(None);
+    };
+    let Some(leaf) = sh.area.range_entry(inode, end)? else {
+        return Ok(None);
+    };
+    if is_huge(leaf) {
+        return Ok(None);
+    }
+    let leaf = sh.check_ptr(leaf, "map node")?;
+    let n = sh.read_node(leaf)?;
+    let set: Vec<usize> = (idx..FANOUT as usize).filter(|&i| n[i] != 0).collect();
+    if set.is_empty() {
+        return Ok(None);
+    }
+    let owned = crate::store::recovery::owned_blocks(sh, inode)?.len() as u64;
+    Ok((owned == inode.blocks + set.len() as u64).then_some((leaf, set)))
+}
+
+/// At a rebuild after a crash: clear the entries of an [`unpublished_append`] of
+/// `inode` (the replay of the log appends again). Returns how many were cleared.
+pub(crate) fn clear_unpublished_append(sh: &Shared, inode: &Inode) -> io::Result<u64> {
+    let Some((leaf, set)) = unpublished_append(sh, inode)? else {
+        return Ok(0);
+    };
+    let m = sh.area.map();
+    for &i in &set {
+        let off = (leaf * BLOCK_SIZE_U64) as usize + i * 8;
+        m.store_u64(off, 0)?;
+        m.flush(off, 8)?;
+    }
+    cairn_media::fence();
+    Ok(set.len() as u64)
 }
 
 /// Visit every node (`on_node(block)`) and every leaf entry (`on_leaf(file_block, block)`)

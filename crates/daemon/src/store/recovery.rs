@@ -26,6 +26,9 @@ pub(crate) struct RebuildReport {
     /// [`free_unreachable`] frees the rest.
     pub unnamed_kept: u64,
     pub seqlocks_fixed: u64,
+    /// Map entries an append in place wrote past the end of a file whose inode a crash
+    /// kept from being published, cleared (`maptree::clear_unpublished_append`).
+    pub appends_cleared: u64,
     pub warnings: Vec<String>,
 }
 
@@ -192,6 +195,11 @@ fn mark_reachable(sh: &Shared, a: &mut Allocs, rep: &mut RebuildReport) -> io::R
                 Ok(())
             }),
             _ => {
+                match maptree::clear_unpublished_append(sh, &inode) {
+                    Ok(0) => {}
+                    Ok(n) => rep.appends_cleared += n,
+                    Err(e) => rep.warnings.push(format!("inode {ino}: {e}")),
+                }
                 let mut leaves = Vec::new();
                 let r = maptree::walk(
                     sh,
@@ -254,6 +262,10 @@ fn keep_unreachable(
                     rep.inodes += 1;
                 } else {
                     unnamed.push(ino);
+                }
+                match maptree::clear_unpublished_append(sh, &i) {
+                    Ok(n) => rep.appends_cleared += n,
+                    Err(e) => rep.warnings.push(format!("unnamed inode {ino}: {e}")),
                 }
                 match owned_blocks(sh, &i) {
                     Ok(v) => v.into_iter().for_each(|b| {

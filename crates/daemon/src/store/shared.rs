@@ -27,6 +27,9 @@ pub(crate) struct Work {
     pub retired: Vec<u64>,
     /// Bytes written to the shared area (blocks and inodes).
     pub bytes: u64,
+    /// Map entries to write in place when the batch publishes, as (byte offset in the
+    /// NVM file, entry): appends past the end of a file (`maptree::append_leaf`).
+    pub in_place: Vec<(u64, u64)>,
 }
 
 /// A map node's 512 entries.

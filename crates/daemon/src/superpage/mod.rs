@@ -241,7 +241,7 @@ fn range_entry(sh: &Shared, inode: &Inode, r: u64) -> io::Result<u64> {
 }
 
 /// What a promotion copies: the range's leaf node and its 512 entries.
-struct Plan {
+pub(crate) struct Plan {
     ino: u64,
     generation: u64,
     range: u64,
@@ -254,7 +254,7 @@ struct Plan {
 /// Phase 1 of a promotion, under the core lock: whether range `r` of `ino` qualifies
 /// (a regular file, in 4 KiB blocks, all of them in NVM, at least the threshold
 /// populated), and if so a free extent and the epoch hold.
-fn plan_promotion(sh: &mut Shared, ino: u64, r: u64) -> io::Result<Option<Plan>> {
+pub(crate) fn plan_promotion(sh: &mut Shared, ino: u64, r: u64) -> io::Result<Option<Plan>> {
     let Ok(inode) = sh.inode(ino) else {
         return Ok(None);
     };
@@ -307,23 +307,34 @@ pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
         plan_promotion(&mut c.sh, ino, r)?
     };
     let Some(p) = plan else { return Ok(false) };
-    // Phase 2, without the lock: copy (holes as zeros) and make it durable.
-    let area = core.serial().sh.area.clone();
-    let copied = (|| -> io::Result<()> {
-        let mut buf = vec![0u8; BLOCK_SIZE];
-        for (i, &e) in p.entries.iter().enumerate() {
-            if e == 0 {
-                buf.fill(0);
-            } else {
-                area.read_block(e, &mut buf)?;
-            }
-            area.map()
-                .write_nt(((p.first + i as u64) * BLOCK_SIZE_U64) as usize, &buf)?;
+    let copied = copy_promotion(&core.serial().sh.area.clone(), &p);
+    finish_promotion(core, p, copied)
+}
+
+/// Phase 2 of a promotion, without the lock: copy the range (holes as zeros) into the
+/// extent and make it durable.
+pub(crate) fn copy_promotion(area: &cairn_area::Area, p: &Plan) -> io::Result<()> {
+    let mut buf = vec![0u8; BLOCK_SIZE];
+    for (i, &e) in p.entries.iter().enumerate() {
+        if e == 0 {
+            buf.fill(0);
+        } else {
+            area.read_block(e, &mut buf)?;
         }
-        cairn_media::fence();
-        Ok(())
-    })();
-    // Phase 3, under the lock: switch if the range is still what was copied.
+        area.map()
+            .write_nt(((p.first + i as u64) * BLOCK_SIZE_U64) as usize, &buf)?;
+    }
+    cairn_media::fence();
+    Ok(())
+}
+
+/// Phase 3 of a promotion, under the lock: switch the map if the range is still what
+/// was copied, else give the extent back. Returns whether it switched.
+pub(crate) fn finish_promotion(
+    core: &CoreLock,
+    p: Plan,
+    copied: io::Result<()>,
+) -> io::Result<bool> {
     let mut c = core.serial();
     let sh = &mut c.sh;
     if let Some(i) = sh.held_epochs.iter().position(|&e| e == p.epoch) {
@@ -349,7 +360,10 @@ pub(crate) fn promote(core: &CoreLock, ino: u64, r: u64) -> io::Result<bool> {
         if old.generation != p.generation
             || old.attrs.kind != Kind::File
             || range_entry(sh, &old, p.range)? != p.leaf
+            || sh.read_node(p.leaf)?[..] != p.entries[..]
         {
+            // Changed since the copy: a new leaf, or an append written into this one
+            // in place (`maptree::append_leaf`).
             return Ok(false);
         }
         switch_map(

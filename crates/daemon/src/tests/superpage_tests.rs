@@ -570,3 +570,53 @@ fn nothing_is_demoted_after_a_stop() {
     assert!(huge(&c.sh, 10, 0), "demoted after the stop");
     assert_eq!(c.sh.superpages.demotions, 0);
 }
+
+/// An append written into the range's leaf in place while the range was being copied
+/// (`maptree::append_leaf`: the leaf keeps its block) drops the promotion: the switch
+/// compares the leaf's entries too, not only its block, so the appended blocks are not
+/// replaced by the copy's zeros.
+#[test]
+fn a_promotion_of_a_range_appended_to_in_place_meanwhile_is_dropped() {
+    let ts = store();
+    let mut core = ts.core();
+    let mut lw = LogWriter::register(&mut core);
+    let mut want = pattern(500 * 4096, 5);
+    {
+        let sh = &mut core.sh;
+        lw.append(sh, &create_file(10, ROOT_INO, b"f"));
+        write_in_pieces(&mut lw, sh, 10, &want, 64 << 10, true);
+        assert!(!huge(sh, 10, 0));
+    }
+    let lock = CoreLock::new(core);
+    let p = crate::superpage::plan_promotion(&mut lock.serial().sh, 10, 0)
+        .unwrap()
+        .expect("500 of 512 blocks: a candidate");
+    let leaf = {
+        let mut c = lock.serial();
+        let sh = &mut c.sh;
+        let leaf = sh.area.read_inode(10).unwrap().map_root;
+        let more = pattern(8 * 4096, 6);
+        lw.append(
+            sh,
+            &[write(
+                10,
+                want.len() as u64,
+                (want.len() + more.len()) as u64,
+                &more,
+            )],
+        );
+        want.extend_from_slice(&more);
+        digest(sh, lw.slot, Mode::Upto(lw.tail)).unwrap();
+        leaf
+    };
+    let area = lock.serial().sh.area.clone();
+    let copied = crate::superpage::copy_promotion(&area, &p);
+    assert!(!crate::superpage::finish_promotion(&lock, p, copied).unwrap());
+    let c = lock.serial();
+    let sh = &c.sh;
+    let inode = sh.area.read_inode(10).unwrap();
+    assert_eq!(inode.map_root, leaf, "the append was written in place");
+    assert!(!huge(sh, 10, 0));
+    assert!(read_all(sh, 10) == want, "the appended blocks read back");
+    check_inode(sh, 10);
+}
