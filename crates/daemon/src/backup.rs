@@ -294,7 +294,7 @@ fn upload(
     let mut up = backup::Uploads::new(pool);
     let mut put = |name: String, data: &[u8]| up.put(name, data);
     let same = |old: Option<&Piece>, data: &[u8]| {
-        old.filter(|p| p.len == data.len() as u64 && p.crc == crc32c::crc32c(data))
+        old.filter(|p| p.len == data.len() as u64 && p.crc == cairn_format::crc(data))
             .cloned()
     };
     let mut nvm = Vec::new();

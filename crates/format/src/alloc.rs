@@ -18,7 +18,7 @@ pub fn encode_header(data_blocks: u64, inode_count: u64, bitmaps: &[u8]) -> Vec<
     le::put_u32(&mut b, 8, ALLOC_VERSION);
     le::put_u64(&mut b, 16, data_blocks);
     le::put_u64(&mut b, 24, inode_count);
-    let c = crc32c::crc32c_append(crc(&b[..32]), bitmaps);
+    let c = crate::crc_append(crc(&b[..32]), bitmaps);
     le::put_u32(&mut b, 32, c);
     b
 }
@@ -36,7 +36,7 @@ pub fn check(header: &[u8], data_blocks: u64, inode_count: u64, bitmaps: &[u8]) 
     if le::u64(header, 16) != data_blocks || le::u64(header, 24) != inode_count {
         return bad("allocation state: sizes do not match the layout");
     }
-    if crc32c::crc32c_append(crc(&header[..32]), bitmaps) != le::u32(header, 32) {
+    if crate::crc_append(crc(&header[..32]), bitmaps) != le::u32(header, 32) {
         return bad("allocation state: checksum mismatch");
     }
     Ok(())

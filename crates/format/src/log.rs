@@ -241,7 +241,7 @@ fn put_txn_header(h: &mut [u8], kind: u16, seq: u64, len: usize, nrec: u32) {
 pub fn seal_txn(txn: &mut [u8], kind: u16, seq: u64, nrec: u32) {
     let len = txn.len();
     put_txn_header(txn, kind, seq, len, nrec);
-    let c = crc32c::crc32c_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
+    let c = crate::crc_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
     le::put_u32(txn, 28, c);
 }
 
@@ -265,9 +265,9 @@ pub fn write_txn_head(
     put_txn_header(&mut h, KIND_COMMIT, seq, len, 1);
     encode_write_header(&mut h[TXN_HEADER..], ino, offset, size, mtime, data.len());
     let pad = len - WRITE_TXN_HEAD - data.len();
-    let mut c = crc32c::crc32c_append(crc(&h[..28]), &h[TXN_HEADER..]);
-    c = crc32c::crc32c_append(c, data);
-    c = crc32c::crc32c_append(c, &ZEROS[..pad]);
+    let mut c = crate::crc_append(crc(&h[..28]), &h[TXN_HEADER..]);
+    c = crate::crc_append(c, data);
+    c = crate::crc_append(c, &ZEROS[..pad]);
     le::put_u32(&mut h, 28, c);
     (h, pad)
 }
@@ -411,7 +411,7 @@ pub fn check_header(
 
 /// Check the crc32c of the whole transaction `txn` (its header says the length).
 pub fn check_crc(txn: &[u8]) -> std::result::Result<(), String> {
-    let c = crc32c::crc32c_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
+    let c = crate::crc_append(crc(&txn[..28]), &txn[TXN_HEADER..]);
     if c != le::u32(txn, 28) {
         return Err("checksum mismatch (torn or corrupt transaction)".into());
     }

@@ -514,8 +514,8 @@ pub fn clear_marker(off: u64, buf: &mut [u8]) {
 
 /// crc32c of a stage head and table, its crc field (bytes 60..64) left out.
 fn stage_crc(b: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&b[..60]);
-    crc32c::crc32c_append(c, &b[64..])
+    let c = crate::crc(&b[..60]);
+    crate::crc_append(c, &b[64..])
 }
 
 #[cfg(test)]

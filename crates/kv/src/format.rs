@@ -70,7 +70,7 @@ impl PoolHeader {
         b[16..24].copy_from_slice(&SEGMENT_BYTES.to_le_bytes());
         b[24..32].copy_from_slice(&self.segments.to_le_bytes());
         b[32..48].copy_from_slice(&self.uuid);
-        let c = crc32c::crc32c(&b[..60]);
+        let c = cairn_format::crc(&b[..60]);
         b[60..64].copy_from_slice(&c.to_le_bytes());
         b
     }
@@ -80,7 +80,7 @@ impl PoolHeader {
         if b.len() < 64 || &b[0..8] != POOL_MAGIC {
             return bad("not a Cairn key-value pool (bad magic)");
         }
-        if crc32c::crc32c(&b[..60]) != u32_at(b, 60) {
+        if cairn_format::crc(&b[..60]) != u32_at(b, 60) {
             return bad("pool header: checksum mismatch");
         }
         let v = u32_at(b, 8);
@@ -108,7 +108,7 @@ pub fn encode_segment_header(seq: u64) -> Vec<u8> {
     b[0..4].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&1u32.to_le_bytes());
     b[8..16].copy_from_slice(&seq.to_le_bytes());
-    let c = crc32c::crc32c(&b[..60]);
+    let c = cairn_format::crc(&b[..60]);
     b[60..64].copy_from_slice(&c.to_le_bytes());
     b
 }
@@ -117,7 +117,7 @@ pub fn encode_segment_header(seq: u64) -> Vec<u8> {
 pub fn decode_segment_header(b: &[u8]) -> Option<u64> {
     if b.len() < SEGMENT_HEADER as usize
         || u32_at(b, 0) != SEGMENT_MAGIC
-        || crc32c::crc32c(&b[..60]) != u32_at(b, 60)
+        || cairn_format::crc(&b[..60]) != u32_at(b, 60)
     {
         return None;
     }
@@ -141,10 +141,10 @@ pub struct RecordHeader {
 }
 
 fn record_crc(seq: u64, head: &[u8], key: &[u8], value: &[u8]) -> u32 {
-    let mut c = crc32c::crc32c(&seq.to_le_bytes());
-    c = crc32c::crc32c_append(c, &head[..28]);
-    c = crc32c::crc32c_append(c, key);
-    crc32c::crc32c_append(c, value)
+    let mut c = cairn_format::crc(&seq.to_le_bytes());
+    c = cairn_format::crc_append(c, &head[..28]);
+    c = cairn_format::crc_append(c, key);
+    cairn_format::crc_append(c, value)
 }
 
 /// A whole record (header, key, value, padding) for a segment opened under `seq`.
@@ -282,7 +282,7 @@ pub struct JournalEntry {
 }
 
 fn journal_crc(head: &[u8], record: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&head[..24]), record)
+    cairn_format::crc_append(cairn_format::crc(&head[..24]), record)
 }
 
 /// A journal slot's bytes for an entry: 0 magic `KVJ1`, 4 record length, 8 target,

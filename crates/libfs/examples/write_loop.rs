@@ -1,12 +1,12 @@
 //! A profiling loop for the write path: `N` durable writes of `SIZE` bytes (default 1 KiB)
 //! into a 64 MiB file `/write-loop` in the store (`$CAIRN_STORE`, else the default
 //! store), then the p50, p99 and maximum per write and the throughput. Writes of up to
-//! 4 KiB go to random `SIZE`-aligned offsets, larger ones rotate through the file (as
-//! `cairn bench latency` does). Run it under `perf record` to see where a write goes
+//! 4 KiB go to random `SIZE`-aligned offsets, larger ones (and all with `seq`) rotate
+//! through the file (as `cairn bench latency` does). Run it under `perf record` to see where a write goes
 //! (docs/BENCHMARKS.md, "The write path"):
 //!
 //!   cargo build --release -p cairn --example write_loop
-//!   CAIRN_STORE=DIR target/release/examples/write_loop 300000 [SIZE]
+//!   CAIRN_STORE=DIR target/release/examples/write_loop 300000 [SIZE] [seq]
 
 const REGION: u64 = 64 << 20;
 
@@ -14,6 +14,7 @@ fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(300_000);
     let size: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1024);
+    let sequential = args.next().as_deref() == Some("seq");
     assert!(
         (1..=REGION).contains(&size),
         "SIZE must be 1 to {REGION} bytes"
@@ -31,7 +32,7 @@ fn main() -> std::io::Result<()> {
     let mut lat = Vec::with_capacity(n);
     let start = std::time::Instant::now();
     for i in 0..n as u64 {
-        let slot = if size <= 4096 {
+        let slot = if size <= 4096 && !sequential {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;

@@ -132,7 +132,7 @@ impl<'p> Uploads<'p> {
         let p = Piece {
             object: if zeros { String::new() } else { name },
             len: data.len() as u64,
-            crc: crc32c::crc32c(data),
+            crc: cairn_format::crc(data),
         };
         if !zeros {
             self.queued.push((p.object.clone(), Slice::copy_of(data)));
@@ -171,7 +171,7 @@ pub fn fetch(pool: &Pool, p: &Piece) -> io::Result<Vec<u8>> {
             format!("object {} of the backup is missing", p.object),
         )
     })?;
-    if data.len() as u64 != p.len || crc32c::crc32c(&data) != p.crc {
+    if data.len() as u64 != p.len || cairn_format::crc(&data) != p.crc {
         return Err(fs_err(
             libc::EIO,
             format!(
@@ -179,7 +179,7 @@ pub fn fetch(pool: &Pool, p: &Piece) -> io::Result<Vec<u8>> {
                  says {} bytes, crc {:08x})",
                 p.object,
                 data.len(),
-                crc32c::crc32c(&data),
+                cairn_format::crc(&data),
                 p.len,
                 p.crc
             ),

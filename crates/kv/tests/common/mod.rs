@@ -52,7 +52,7 @@ pub fn value_of(key: u64, version: u64, len: usize) -> Vec<u8> {
         x ^= x << 17;
         v.push(x as u8);
     }
-    let c = crc32c::crc32c(&v);
+    let c = cairn_format::crc(&v);
     v.extend_from_slice(&c.to_le_bytes());
     v
 }
@@ -63,7 +63,7 @@ pub fn check_value(key: u64, v: &[u8]) -> u64 {
     assert!(n >= 20, "value of key {key} too short");
     let c = u32::from_le_bytes(v[n - 4..].try_into().unwrap());
     assert_eq!(
-        crc32c::crc32c(&v[..n - 4]),
+        cairn_format::crc(&v[..n - 4]),
         c,
         "key {key}: a torn or foreign value"
     );
