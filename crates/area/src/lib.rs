@@ -7,6 +7,7 @@
 //! * [`cache`]: LibFS's DRAM cache of lower-tier (SSD, HDD) blocks.
 //! * [`error`]: `io::Error`s that carry a POSIX errno and a message.
 //! * [`time`]: wall-clock time in nanoseconds since the epoch, and its UTC calendar.
+//! * [`users`]: a uid's groups and what it may write, by the user and group databases.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +19,7 @@ pub mod store;
 pub mod tier;
 pub mod time;
 pub mod units;
+pub mod users;
 
 pub use error::{copy_err, errno_of, fs_err};
 pub use reader::Area;

@@ -53,29 +53,6 @@ fn proc_groups(pid: u32) -> Vec<u32> {
     cairn_format::perm::groups_of_status(&s).unwrap_or_default()
 }
 
-/// The groups of the user `uid` in the group database (`/etc/passwd`, `/etc/group`):
-/// what a login of that user gets.
-fn db_groups(uid: u32) -> Vec<u32> {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let Some(name) = passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 3 && f[2].parse::<u32>() == Ok(uid)).then(|| f[0].to_string())
-    }) else {
-        return Vec::new();
-    };
-    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
-    group
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            if f.len() < 4 || !f[3].split(',').any(|m| m == name) {
-                return None;
-            }
-            f[2].parse().ok()
-        })
-        .collect()
-}
-
 /// A group id from a number or a group name (`/etc/group`).
 pub fn resolve_group(name_or_gid: &str) -> io::Result<u32> {
     if let Ok(g) = name_or_gid.parse::<u32>() {
@@ -129,7 +106,11 @@ pub(crate) fn cred_of_user(uid: u32, gid: u32) -> Cred {
     Cred {
         uid,
         gid,
-        groups: if uid == 0 { Vec::new() } else { db_groups(uid) },
+        groups: if uid == 0 {
+            Vec::new()
+        } else {
+            cairn_area::users::groups_of_user(uid)
+        },
     }
 }
 

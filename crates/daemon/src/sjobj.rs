@@ -21,6 +21,7 @@ use cairn_format::sj::{self, SegHeader, StageHeader};
 use cairn_media::sys;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 /// Bytes copied per step (and per hold of the core lock) when a copy is built.
@@ -123,9 +124,23 @@ impl Core {
         let staged = if redo == 0 {
             None
         } else {
-            let (stage_ino, stage) = self.stage_inode(ino, gen)?.ok_or_else(|| {
+            let (stage_dir, stage_ino, stage) = self.stage_inode(ino, gen)?.ok_or_else(|| {
                 einval(format!(
                     "damaged segment inode {ino}: its staged commit {redo} has no stage file"
+                ))
+            })?;
+            // Whoever owns the shared stage directory may have replaced it (the client
+            // checks the same: `cairn_sj::segment`).
+            let file = cairn_area::users::StageFile {
+                dir_owner: stage_dir.attrs.uid,
+                store_owner: std::fs::metadata(&self.cfg.nvm_path)?.uid(),
+                owner: stage.attrs.uid,
+                perm: stage.attrs.perm,
+            };
+            cairn_area::users::stage_trusted(file, &inode.attrs)
+            .map_err(|why| {
+                einval(format!(
+                    "damaged segment inode {ino}: the stage file of its staged commit {redo} is not trusted: {why}"
                 ))
             })?;
             let mut read = |b: &mut [u8], at: u64| read_exact(self, &stage, b, at);
@@ -142,10 +157,12 @@ impl Core {
         })
     }
 
-    /// The stage file of segment `ino`/`gen` (`/.sj/stage/<ino>-<gen>`), if it exists.
-    fn stage_inode(&self, ino: u64, gen: u64) -> io::Result<Option<(u64, Inode)>> {
+    /// The stage directory and the stage file of segment `ino`/`gen`
+    /// (`/.sj/stage/<ino>-<gen>`, its inode number and inode), if it exists.
+    fn stage_inode(&self, ino: u64, gen: u64) -> io::Result<Option<(Inode, u64, Inode)>> {
         let mut at = cairn_format::ROOT_INO;
         let mut d = self.sh.inode(at)?;
+        let mut parent = d;
         let name = format!("{ino}-{gen}");
         for part in [".sj", "stage", name.as_str()] {
             if d.attrs.kind != Kind::Dir {
@@ -154,12 +171,13 @@ impl Core {
             match self.sh.area.dir_lookup(&d, part.as_bytes())? {
                 Some((i, _)) => {
                     at = i;
+                    parent = d;
                     d = self.sh.inode(i)?;
                 }
                 None => return Ok(None),
             }
         }
-        Ok((d.attrs.kind == Kind::File).then_some((at, d)))
+        Ok((d.attrs.kind == Kind::File).then_some((parent, at, d)))
     }
 
     /// `buf` filled with segment `c`'s committed bytes from `off` (zeros past the

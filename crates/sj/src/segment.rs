@@ -343,9 +343,12 @@ impl Segment {
     }
 }
 
+/// The shared directory of stage files.
+pub const STAGE_DIR: &str = "/.sj/stage";
+
 /// The stage file of segment (`ino`, `gen`) in the store.
 pub fn stage_path(ino: u64, gen: u64) -> String {
-    format!("/.sj/stage/{ino}-{gen}")
+    format!("{STAGE_DIR}/{ino}-{gen}")
 }
 
 /// A pending staged commit, read back from its stage file.
@@ -400,7 +403,9 @@ fn staged_of(
     }
     let path = stage_path(ino, gen);
     let sf = open_named(fs, "stage file", &path, Open::Read)?;
-    let size = sf.metadata()?.len();
+    let sm = sf.metadata()?;
+    trusted_stage(fs, &path, &sm, &file.metadata()?)?;
+    let size = sm.len();
     let head = StageHeader::load(
         &mut |b, at| read_exact(&sf, b, at),
         size,
@@ -409,6 +414,40 @@ fn staged_of(
     )
     .map_err(|e| fs_err(libc::EINVAL, format!("{e} ({path})")))?;
     Ok(Some(Staged { file: sf, head }))
+}
+
+/// `EINVAL` unless the stage file at `path` (metadata `sm`) may stand for what a writer
+/// of the segment (metadata `seg`) wrote (`cairn_area::users::stage_trusted`: who made
+/// the shared stage directory may replace a stage file a writer left pending; the
+/// daemon checks the same).
+fn trusted_stage(
+    fs: &Fs,
+    path: &str,
+    sm: &cairn::Metadata,
+    seg: &cairn::Metadata,
+) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let f = cairn_area::users::StageFile {
+        dir_owner: fs.metadata(STAGE_DIR)?.uid(),
+        store_owner: std::fs::metadata(fs.nvm_path())?.uid(),
+        owner: sm.uid(),
+        perm: sm.mode() & 0o7777,
+    };
+    let attrs = cairn_format::inode::Attrs {
+        kind: cairn_format::inode::Kind::File,
+        perm: seg.mode() & 0o7777,
+        uid: seg.uid(),
+        gid: seg.gid(),
+        ..Default::default()
+    };
+    cairn_area::users::stage_trusted(f, &attrs).map_err(|why| {
+        fs_err(
+            libc::EINVAL,
+            format!(
+                "damaged segment: its pending staged commit's file {path} is not trusted: {why}"
+            ),
+        )
+    })
 }
 
 /// `buf` filled with the committed state from `off`: the file's bytes (zeros past its

@@ -628,6 +628,52 @@ fn sj_child() {
                 Err(e) => println!("sj: big errno {}", cairn_area::errno_of(&e)),
             }
         }
+        // The owner of the shared stage directory (uid 1001 here) replaces the stage file
+        // a writer of segment `args[0]` left pending with its own, of the same head,
+        // whose run holds 2989 at DATA; prints the directory's owner.
+        "perm-swap" => {
+            let i = sj.seg_info(&args[0]).unwrap();
+            let seg = cairn::OpenOptions::new()
+                .read(true)
+                .open(sj.fs(), i.path.as_str())
+                .unwrap();
+            let mut m = [0u8; 8];
+            seg.read_at(&mut m, cairn_format::sj::REDO_SEQ_OFF).unwrap();
+            let redo = u64::from_le_bytes(m);
+            assert_ne!(redo, 0, "a staged commit is pending");
+            let path = cairn_sj::segment::stage_path(i.id.0, i.gen);
+            let mode = sj.fs().metadata(path.as_str()).unwrap().mode() & 0o777;
+            sj.fs().remove_file(path.as_str()).unwrap();
+            let f = cairn::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(sj.fs(), path.as_str())
+                .unwrap();
+            let head = cairn_format::sj::StageHeader {
+                seq: redo,
+                ino: i.id.0,
+                gen: i.gen,
+                runs: vec![(DATA, 8)],
+            };
+            f.write_at(&2989u64.to_le_bytes(), head.data_off()).unwrap();
+            f.write_at(&head.encode(), 0).unwrap();
+            let d = sj.fs().metadata("/.sj/stage").unwrap();
+            println!("sj: swapped in a directory of uid {}", d.uid());
+        }
+        // What a reader of segment `args[0]` sees at DATA, or the error it gets.
+        "perm-read" => {
+            let r = sj.seg_find(&args[0]).and_then(|sid| {
+                sj.seg_attach(Target::Current, sid, prot::READ)?;
+                let mut b = [0u8; 8];
+                sj.read(sj.seg_info(&args[0])?.base + DATA, &mut b)?;
+                Ok(u64::from_le_bytes(b))
+            });
+            match r {
+                Ok(v) => println!("sj: read {v}"),
+                Err(e) => println!("sj: read errno {} {e}", cairn_area::errno_of(&e)),
+            }
+        }
         "perm-check" => {
             let sid = sj.seg_find("grouprw").unwrap();
             sj.seg_attach(Target::Current, sid, prot::READ).unwrap();
@@ -1267,6 +1313,28 @@ fn permissions_are_checked_at_attach_for_another_user() {
     assert_eq!(
         as_user(USER, "perm-big", &["grouprw", "8"]),
         [format!("big errno {}", libc::EACCES)]
+    );
+    // The member that made the shared stage directory first owns it, so it may remove
+    // any stage file in it: a staged commit left pending by a writer killed after its
+    // commit point is replaced by the member's bytes. The reader refuses the stage file
+    // (it is not the work of anyone who may write the segment) instead of reading them.
+    let out = child(s.path(), "perm-big", &["groupro", "9"])
+        .env("CAIRN_SJ_CRASH", "applying")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    assert_eq!(
+        as_user(USER + 1, "perm-swap", &["groupro"]),
+        [format!("swapped in a directory of uid {}", USER + 1)]
+    );
+    let read = run(s.path(), "perm-read", &["groupro"]);
+    assert!(
+        read.len() == 1 && read[0].starts_with(&format!("read errno {} ", libc::EINVAL)),
+        "{read:?}"
+    );
+    assert!(
+        read[0].contains("is not trusted") && read[0].contains("uid 1001"),
+        "{read:?}"
     );
     let uuid = cairn_area::host::store_uuid(s.path()).unwrap();
     let objects: Vec<_> = cairn_area::host::list(&uuid)
