@@ -418,39 +418,51 @@ pub(crate) fn append_leaf(
     let (Some(&(first, _)), Some(&(last, _))) = (changes.first(), changes.last()) else {
         return Ok(None);
     };
-    let Some(tail) = tail_of(old) else {
+    let Some(t) = tail_of(sh, old)? else {
         return Ok(None);
     };
-    let leaf_base = first - first % FANOUT;
-    if first < tail.0
-        || tail.0 <= leaf_base
+    let leaf_base = t.end - t.idx as u64;
+    if first < t.end
         || last >= leaf_base + FANOUT
         || changes.iter().any(|c| c.1 == 0 || is_huge(c.1))
     {
         return Ok(None);
     }
     debug_assert!(changes.windows(2).all(|p| p[0].0 < p[1].0));
-    let Some(leaf) = sh.area.range_entry(old, first)? else {
-        return Ok(None);
-    };
-    if is_huge(leaf) {
-        return Ok(None);
-    }
-    let leaf = sh.check_ptr(leaf, "map node")?;
-    let n = sh.read_node(leaf)?;
-    Ok(n[tail.1..].iter().all(|&e| e == 0).then_some(leaf))
+    Ok(t.entries[t.idx..].iter().all(|&e| e == 0).then_some(t.leaf))
 }
 
-/// Where an append to `inode` would begin in its map: the file block after its last one
-/// and that block's index in its leaf, when that block shares a leaf with the last one
-/// (the file is a tree of nodes, not empty, and does not end at a leaf's end).
-fn tail_of(inode: &Inode) -> Option<(u64, usize)> {
+/// The leaf node that holds a file's last block, when the block after it is in the same
+/// leaf: where an append may be written in place.
+struct Tail {
+    /// The file block after the last one, and its index in the leaf.
+    end: u64,
+    idx: usize,
+    leaf: u64,
+    entries: crate::store::shared::Node,
+}
+
+/// [`Tail`] of `inode`: a regular file whose map is a tree of nodes, not ending at a
+/// leaf's end, whose last block's leaf exists (not a hole, not a superpage extent).
+fn tail_of(sh: &Shared, inode: &Inode) -> io::Result<Option<Tail>> {
     if inode.attrs.kind != Kind::File || inode.map_root == 0 || inode.map_height == 0 {
-        return None;
+        return Ok(None);
     }
     let end = inode.attrs.size.div_ceil(BLOCK_SIZE_U64);
     let idx = (end % FANOUT) as usize;
-    (idx != 0 && end < coverage(inode.map_height)).then_some((end, idx))
+    if idx == 0 || end >= coverage(inode.map_height) {
+        return Ok(None);
+    }
+    let leaf = match sh.area.range_entry(inode, end)? {
+        Some(e) if !is_huge(e) => sh.check_ptr(e, "map node")?,
+        _ => return Ok(None),
+    };
+    Ok(Some(Tail {
+        end,
+        idx,
+        leaf,
+        entries: sh.read_node(leaf)?,
+    }))
 }
 
 /// Queue `changes`, checked by [`append_leaf`], to be written into `leaf` in place when
@@ -477,8 +489,12 @@ pub(crate) fn write_appends(sh: &Shared, w: &Work) -> io::Result<()> {
     for &(off, e) in &w.in_place {
         m.store_u64(off as usize, e)?;
     }
+    let mut last_line = u64::MAX;
     for &(off, _) in &w.in_place {
-        m.flush(off as usize, 8)?;
+        if off / 64 != last_line {
+            last_line = off / 64;
+            m.flush(off as usize, 8)?;
+        }
     }
     Ok(())
 }
@@ -492,23 +508,17 @@ pub(crate) fn unpublished_append(
     sh: &Shared,
     inode: &Inode,
 ) -> io::Result<Option<(u64, Vec<usize>)>> {
-    let Some((end, idx)) = tail_of(inode) else {
+    let Some(t) = tail_of(sh, inode)? else {
         return Ok(None);
     };
-    let Some(leaf) = sh.area.range_entry(inode, end)? else {
-        return Ok(None);
-    };
-    if is_huge(leaf) {
-        return Ok(None);
-    }
-    let leaf = sh.check_ptr(leaf, "map node")?;
-    let n = sh.read_node(leaf)?;
-    let set: Vec<usize> = (idx..FANOUT as usize).filter(|&i| n[i] != 0).collect();
+    let set: Vec<usize> = (t.idx..FANOUT as usize)
+        .filter(|&i| t.entries[i] != 0)
+        .collect();
     if set.is_empty() {
         return Ok(None);
     }
     let owned = crate::store::recovery::owned_blocks(sh, inode)?.len() as u64;
-    Ok((owned == inode.blocks + set.len() as u64).then_some((leaf, set)))
+    Ok((owned == inode.blocks + set.len() as u64).then_some((t.leaf, set)))
 }
 
 /// At a rebuild after a crash: clear the entries of an [`unpublished_append`] of
