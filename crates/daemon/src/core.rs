@@ -847,13 +847,17 @@ impl Core {
     pub(crate) fn sweep_host_objects(&self) -> usize {
         let uuid = self.sh.area.superblock().uuid;
         let layout = *self.sh.area.layout();
+        // An object of a generation the shared area has not seen yet is a file a client
+        // created and has not had digested: live while the number is reserved for a
+        // client. One the client created and removed within a batch (SQLite's journal)
+        // never reaches the area, and its number goes back to the free pool.
         let live = |ino: u64, gen: u64| {
             if !layout.ino_valid(ino) {
                 return false;
             }
             match self.sh.area.read_inode(ino) {
                 Ok(i) => {
-                    i.generation < gen
+                    (i.generation < gen && self.sh.inodes.reserved_by(ino).is_some())
                         || (i.generation == gen && i.attrs.kind != cairn_format::inode::Kind::Free)
                 }
                 Err(_) => true,

@@ -448,3 +448,30 @@ fn locks_survive_a_daemon_restart_and_lock_files_go_with_their_inodes() {
     assert!(f_lock.exists(), "the live file's lock file was removed");
     assert_eq!(b.ask("flock 1 sh 1"), err(libc::EWOULDBLOCK));
 }
+
+/// The lock file of a file created, locked and removed before its log was digested (as
+/// SQLite does with its journal) goes too: its inode never reached the shared area, and
+/// once the number is no longer reserved for a client, nothing can lock that file again.
+#[test]
+fn lock_files_of_files_that_never_reached_the_shared_area_go() {
+    let store = TestStore::new();
+    prepare(&store);
+    let fs = store.fs();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "/journal")
+        .unwrap();
+    f.flock(FlockOp::Exclusive, true).unwrap();
+    let m = f.metadata().unwrap();
+    let lock = cairn_area::host::lock_file_path(&fs.uuid(), m.ino(), m.generation());
+    assert!(lock.exists(), "{}", lock.display());
+    drop(f);
+    fs.remove_file("/journal").unwrap();
+    // This client goes (its log is digested: the file was created and removed within
+    // one batch), then a clean stop sweeps.
+    drop(fs);
+    store.stop();
+    assert!(!lock.exists(), "{} outlived its file", lock.display());
+}
