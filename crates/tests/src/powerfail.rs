@@ -507,6 +507,7 @@ impl Scratch {
         let store = self.dir.path().to_path_buf();
         let nvm = self.paths[0].clone();
         let r = std::panic::catch_unwind(move || -> Result<Snapshot, String> {
+            fresh_slot_locks(&store);
             unless_busy(|| cairn_daemon::recover(&store))
                 .map_err(|e| format!("recovery failed: {e}"))?;
             let rep = unless_busy(|| cairn_daemon::fsck(&store, &Default::default()))
@@ -620,6 +621,24 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         for p in &self.paths {
             let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Remove the slot lock files of the scratch store at `store` (the recovery makes them
+/// again). No client of an image lives, but a process another thread of this test
+/// binary forks (a worker, `cairn mkfs`, a daemon a client starts) holds a copy of
+/// every descriptor open at that moment until it runs its program, among them the
+/// lock of the last image's recovery: the next recovery would then take that slot's
+/// client for a live one, keep its unlinked files and leave its log undigested (a
+/// false violation, seen once in CI). A new file is locked by nobody.
+fn fresh_slot_locks(store: &Path) {
+    let Ok(entries) = std::fs::read_dir(StoreDir::new(store).slots_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().ends_with(".lock") {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
