@@ -236,6 +236,16 @@ fn default_shared_write() -> bool {
 }
 
 impl StoreConfig {
+    /// The store's owner: `owner_uid`, or in an older configuration without it the
+    /// owner of the NVM file.
+    pub fn owner(&self) -> io::Result<u32> {
+        use std::os::unix::fs::MetadataExt;
+        match self.owner_uid {
+            Some(u) => Ok(u),
+            None => Ok(std::fs::metadata(&self.nvm_path)?.uid()),
+        }
+    }
+
     /// Set the emulation profile `name` (ARCHITECTURE.md, "Tiers"): `strata` is the
     /// Strata paper's NVM (300 ns added to reads, 1/8 of `dram_mbps`, this machine's
     /// copy bandwidth) with an NVMe SSD (80 µs, 2,000 MB/s) and an HDD (5 ms, 200 MB/s);

@@ -48,7 +48,7 @@ fn passwd_entry(uid: u32) -> Option<(String, u32)> {
 }
 
 /// Where a SpaceJMP stage file lies and whose it is: the owners of its directory and of
-/// the store (the NVM file's), its own owner and permission bits.
+/// the store (`StoreConfig::owner`), its own owner and permission bits.
 #[derive(Debug, Clone, Copy)]
 pub struct StageFile {
     pub dir_owner: u32,

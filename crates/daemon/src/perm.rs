@@ -104,13 +104,8 @@ pub(crate) fn cred_now(pid: u32) -> io::Result<Cred> {
 /// supplementary groups are those of the group database.
 pub(crate) fn cred_of_user(uid: u32, gid: u32) -> Cred {
     Cred {
-        uid,
         gid,
-        groups: if uid == 0 {
-            Vec::new()
-        } else {
-            cairn_area::users::groups_of_user(uid)
-        },
+        ..cairn_area::users::cred_of_user(uid)
     }
 }
 
@@ -125,13 +120,8 @@ impl TrustDomain {
     /// From `cairn.toml`; an older configuration without `owner_uid` names the owner of
     /// the NVM file.
     pub fn of(cfg: &StoreConfig) -> io::Result<TrustDomain> {
-        use std::os::unix::fs::MetadataExt;
-        let owner_uid = match cfg.owner_uid {
-            Some(u) => u,
-            None => std::fs::metadata(&cfg.nvm_path)?.uid(),
-        };
         Ok(TrustDomain {
-            owner_uid,
+            owner_uid: cfg.owner()?,
             trusted_gid: cfg.trusted_gid,
         })
     }

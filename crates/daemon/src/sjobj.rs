@@ -21,7 +21,6 @@ use cairn_format::sj::{self, SegHeader, StageHeader};
 use cairn_media::sys;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 /// Bytes copied per step (and per hold of the core lock) when a copy is built.
@@ -133,7 +132,7 @@ impl Core {
             // checks the same: `cairn_sj::segment`).
             let file = cairn_area::users::StageFile {
                 dir_owner: stage_dir.attrs.uid,
-                store_owner: std::fs::metadata(&self.cfg.nvm_path)?.uid(),
+                store_owner: self.cfg.owner()?,
                 owner: stage.attrs.uid,
                 perm: stage.attrs.perm,
             };

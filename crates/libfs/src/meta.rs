@@ -155,6 +155,11 @@ impl Metadata {
     pub fn nlink(&self) -> u64 {
         self.attrs.nlink
     }
+    /// The inode's attributes as the store keeps them (for the permission rules of
+    /// `cairn_format::perm`).
+    pub fn attrs(&self) -> &Attrs {
+        &self.attrs
+    }
     /// Owner.
     pub fn uid(&self) -> u32 {
         self.attrs.uid

@@ -426,21 +426,15 @@ fn trusted_stage(
     sm: &cairn::Metadata,
     seg: &cairn::Metadata,
 ) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let f = cairn_area::users::StageFile {
         dir_owner: fs.metadata(STAGE_DIR)?.uid(),
-        store_owner: std::fs::metadata(fs.nvm_path())?.uid(),
+        store_owner: cairn_area::StoreDir::new(fs.store_dir())
+            .load_config()?
+            .owner()?,
         owner: sm.uid(),
-        perm: sm.mode() & 0o7777,
+        perm: sm.attrs().perm,
     };
-    let attrs = cairn_format::inode::Attrs {
-        kind: cairn_format::inode::Kind::File,
-        perm: seg.mode() & 0o7777,
-        uid: seg.uid(),
-        gid: seg.gid(),
-        ..Default::default()
-    };
-    cairn_area::users::stage_trusted(f, &attrs).map_err(|why| {
+    cairn_area::users::stage_trusted(f, seg.attrs()).map_err(|why| {
         fs_err(
             libc::EINVAL,
             format!(
