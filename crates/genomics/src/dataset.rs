@@ -296,6 +296,8 @@ pub fn load(sj: &Arc<SpaceJmp>, name: &str, input: &Path, mode: u32) -> io::Resu
     }
     // A data set whose load was killed before its commit left a segment without roots:
     // it is replaced; one with its roots is not.
+    // So is one whose load was killed while its segment was being created (`EINVAL`
+    // from `seg_find`: a segment file without its header).
     match sj.seg_find(&seg_name) {
         Ok(_) => {
             if attach_existing(sj, name).is_ok() {
@@ -306,6 +308,7 @@ pub fn load(sj: &Arc<SpaceJmp>, name: &str, input: &Path, mode: u32) -> io::Resu
             }
             remove(sj, name)?;
         }
+        Err(e) if cairn_area::errno_of(&e) == libc::EINVAL => remove(sj, name)?,
         Err(e) if cairn_area::errno_of(&e) == libc::ENOENT => {}
         Err(e) => return Err(e),
     }
