@@ -7,6 +7,7 @@
 use crate::fs::Inner;
 use crate::{Fs, Metadata};
 use cairn_area::fs_err;
+use smallvec::SmallVec;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -257,7 +258,8 @@ impl File {
                 return Err(fs_err(libc::EXDEV, "write: files of different clients"));
             }
         }
-        let r: Vec<(u64, u64, &[u8])> = runs.iter().map(|&(f, o, d)| (f.ino, o, d)).collect();
+        let r: SmallVec<[(u64, u64, &[u8]); 8]> =
+            runs.iter().map(|&(f, o, d)| (f.ino, o, d)).collect();
         first.0.fs.run(|st| first.0.fs.write_runs(st, &r))
     }
 

@@ -22,7 +22,10 @@ use cairn_media::Mapping;
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64,
+    Ordering::{Release, SeqCst},
+};
 use std::time::{Duration, Instant};
 
 /// Segment slots in the control file (each segment of the store that is ever attached
@@ -577,7 +580,7 @@ impl<'c> Slot<'c> {
     /// Mark the whole segment for repair by the next holder of the writer lock (a
     /// staged commit whose copy into the file did not finish).
     pub fn journal_whole(&self) {
-        self.w(JOURNAL).store(Journal::Whole.word(), SeqCst);
+        self.w(JOURNAL).store(Journal::Whole.word(), Release);
     }
 
     /// What the journal says, without its pages.
@@ -605,32 +608,37 @@ impl<'c> Slot<'c> {
 
     /// Record what is about to be published: `pages` (offsets in the segment), or the
     /// whole segment when there are more than [`JOURNAL_MAX`].
+    ///
+    /// The journal's words are stored with release order, not sequentially consistent
+    /// (a locked exchange each): only the holder of the writer lock writes them and only
+    /// a holder reads them, the lock's read-modify-writes order the two, and a process
+    /// that dies leaves its stores in the order it made them.
     pub fn journal_publish(&self, pages: &[u64]) {
         if pages.len() as u64 > JOURNAL_MAX {
-            self.w(JOURNAL).store(Journal::Whole.word(), SeqCst);
+            self.w(JOURNAL).store(Journal::Whole.word(), Release);
             return;
         }
         for (i, p) in pages.iter().enumerate() {
             self.ctl
                 .word(self.off + (JOURNAL_PAGES + i as u64 * 8) as usize)
-                .store(*p, SeqCst);
+                .store(*p, Release);
         }
-        self.w(JOURNAL_N).store(pages.len() as u64, SeqCst);
-        self.w(JOURNAL).store(Journal::Pages.word(), SeqCst);
+        self.w(JOURNAL_N).store(pages.len() as u64, Release);
+        self.w(JOURNAL).store(Journal::Pages.word(), Release);
     }
 
     /// An explicit-mode writer's undo log is live (or, with `false`, empty again).
     pub fn journal_undo(&self, on: bool) {
         self.w(JOURNAL).store(
             if on { Journal::Undo } else { Journal::Clean }.word(),
-            SeqCst,
+            Release,
         );
     }
 
     /// The journal is done with.
     pub fn journal_clear(&self) {
-        self.w(JOURNAL).store(Journal::Clean.word(), SeqCst);
-        self.w(JOURNAL_N).store(0, SeqCst);
+        self.w(JOURNAL).store(Journal::Clean.word(), Release);
+        self.w(JOURNAL_N).store(0, Release);
     }
 
     /// Wait at most `timeout` for the writer lock (`ETIMEDOUT`), for callers that must

@@ -28,6 +28,7 @@ use cairn::{FlockOp, Fs, OpenOptions};
 use cairn_area::{errno_of, fs_err};
 use cairn_format::sj::{self, flags, prot, SegHeader, VasEntry};
 use cairn_media::fixed::{Access, Place, Region, Window};
+use smallvec::SmallVec;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
@@ -291,6 +292,67 @@ impl State {
 /// A segment's part of a staged commit: the segment, the commit sequence, the runs.
 type Staging<'a> = (&'a Segment, u64, Vec<(u64, &'a [u8])>);
 
+/// A segment's part of a commit: its writes (ranges of [`CommitBuf`]'s vectors), and
+/// whether its writer lock is the transaction's.
+struct Work {
+    seg: Arc<Segment>,
+    region: Arc<Region>,
+    slot: usize,
+    /// Its runs: `CommitBuf::runs[runs]`.
+    runs: std::ops::Range<usize>,
+    /// Snapshot mode: the pages it found written, `CommitBuf::pages[pages]`.
+    pages: std::ops::Range<usize>,
+    /// Where in `CommitBuf::data` its commit sequence goes.
+    seq_at: usize,
+    temp_lock: bool,
+    undo: Option<Arc<UndoLog>>,
+    seq: u64,
+}
+
+/// What a commit collects, in vectors a thread keeps from one commit to the next (a
+/// small commit allocates nothing).
+#[derive(Default)]
+struct CommitBuf {
+    /// The bytes of every run, one after the other.
+    data: Vec<u8>,
+    /// The runs: offset in their segment, bytes in `data`.
+    runs: Vec<(u64, std::ops::Range<usize>)>,
+    /// Snapshot mode: written pages `(offset, length)`.
+    pages: Vec<(u64, u64)>,
+    /// The ranges of the segment being collected.
+    ranges: Vec<(u64, u64)>,
+    /// The journal's pages of a segment.
+    jp: Vec<u64>,
+    work: Vec<Work>,
+}
+
+impl CommitBuf {
+    fn push_run(&mut self, off: u64, bytes: &[u8]) {
+        let at = self.data.len();
+        self.data.extend_from_slice(bytes);
+        self.runs.push((off, at..self.data.len()));
+    }
+
+    /// A run of `len` bytes at `off` of `region`.
+    fn read_run(&mut self, region: &Region, off: u64, len: u64) -> io::Result<()> {
+        let at = self.data.len();
+        self.data.resize(at + len as usize, 0);
+        region.read(off as usize, &mut self.data[at..])?;
+        self.runs.push((off, at..self.data.len()));
+        Ok(())
+    }
+
+    /// Empty (the segments' references go), capacity kept.
+    fn clear(&mut self) {
+        self.data.clear();
+        self.runs.clear();
+        self.pages.clear();
+        self.ranges.clear();
+        self.jp.clear();
+        self.work.clear();
+    }
+}
+
 /// A lock a thread holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
@@ -323,6 +385,10 @@ struct ThreadState {
     guarded: bool,
     /// Explicit-mode ranges declared in this transaction, per segment.
     declared: HashMap<u64, Declared>,
+    /// Emptied sets of `declared`, for the next transaction's.
+    spare_declared: Vec<Declared>,
+    /// Buffers of [`SpaceJmp::commit`], kept for the next.
+    commit_buf: CommitBuf,
     /// Lock plans by handle.
     plans: Vec<Option<Plan>>,
 }
@@ -450,39 +516,80 @@ impl Mem for DeclaringMem<'_> {
     }
 }
 
-/// The ranges an explicit transaction declared in one segment: start → end, each
+/// The ranges an explicit transaction declared in one segment: `(start, end)`, each
 /// range as declared (not merged: a lookup sees the one starting nearest before it).
+/// A sorted vector while the transaction is small (no allocation once its capacity is
+/// there: a thread reuses its sets), a B-tree past [`Declared::SMALL`] ranges.
 #[derive(Debug, Default)]
-struct Declared(std::collections::BTreeMap<u64, u64>);
+struct Declared {
+    small: Vec<(u64, u64)>,
+    big: std::collections::BTreeMap<u64, u64>,
+}
 
 impl Declared {
+    /// Ranges kept in the sorted vector (an insert moves up to this many).
+    const SMALL: usize = 64;
+
+    fn clear(&mut self) {
+        self.small.clear();
+        self.big.clear();
+    }
+
     /// Whether a declaration covers `[off, off + len)` whole. Only the one starting
     /// nearest at or before `off` is looked at: a range inside one that starts further
     /// back is declared again, which records its bytes twice (rolled back newest first,
     /// that restores the same).
     fn covers(&self, off: u64, len: u64) -> bool {
-        (self.0.range(..=off).next_back()).is_some_and(|(_, &end)| off + len <= end)
+        let end = if self.big.is_empty() {
+            let i = self.small.partition_point(|r| r.0 <= off);
+            i.checked_sub(1).map(|i| self.small[i].1)
+        } else {
+            self.big.range(..=off).next_back().map(|(_, &e)| e)
+        };
+        end.is_some_and(|end| off + len <= end)
     }
 
     fn add(&mut self, off: u64, len: u64) {
-        let end = self.0.entry(off).or_insert(off + len);
-        *end = (*end).max(off + len);
+        let end = off + len;
+        if self.big.is_empty() {
+            let i = self.small.partition_point(|r| r.0 < off);
+            if self.small.get(i).is_some_and(|r| r.0 == off) {
+                self.small[i].1 = self.small[i].1.max(end);
+            } else if self.small.len() < Self::SMALL {
+                self.small.insert(i, (off, end));
+            } else {
+                self.big.extend(self.small.drain(..));
+            }
+            if self.big.is_empty() {
+                return;
+            }
+        }
+        let e = self.big.entry(off).or_insert(end);
+        *e = (*e).max(end);
     }
 
     /// The declared ranges, merged where they touch or overlap: `(offset, length)` in
-    /// order.
-    fn merged(&self) -> Vec<(u64, u64)> {
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for (&o, &e) in &self.0 {
-            match out.last_mut() {
+    /// order, appended to `out`.
+    fn merged_into(&self, out: &mut Vec<(u64, u64)>) {
+        let first = out.len();
+        let all = self.small.iter().map(|&(o, e)| (o, e));
+        for (o, e) in all.chain(self.big.iter().map(|(&o, &e)| (o, e))) {
+            match out[first..].last_mut() {
                 Some(last) if o <= last.0 + last.1 => {
                     last.1 = (last.0 + last.1).max(e) - last.0;
                 }
                 _ => out.push((o, e - o)),
             }
         }
-        out
     }
+}
+
+/// The thread's declared set of segment `ino` (a spare one if new).
+fn declared_set(t: &mut ThreadState, ino: u64) -> &mut Declared {
+    let spare = &mut t.spare_declared;
+    t.declared
+        .entry(ino)
+        .or_insert_with(|| spare.pop().unwrap_or_default())
 }
 
 /// Record `[off, off + len)` of `region` in the undo log, unless this transaction
@@ -1914,7 +2021,7 @@ impl SpaceJmp {
     // ---- commits -------------------------------------------------------------------------
 
     /// The writable segments of the calling thread's current handle.
-    fn writable(&self) -> io::Result<Vec<View>> {
+    fn writable(&self) -> io::Result<SmallVec<[View; 4]>> {
         let vh = THREAD.with(|t| t.borrow().vh);
         let st = self.state();
         let h = st.handle(vh)?;
@@ -1931,22 +2038,20 @@ impl SpaceJmp {
     /// A commit larger than one transaction of this client's log (a quarter of it) is
     /// staged first ([`SpaceJmp::commit_staged`]): all or nothing all the same.
     pub fn commit(&self) -> io::Result<CommitStats> {
-        let segs = self.writable()?;
+        // The thread's buffers (a commit from inside this one, which cannot happen, would
+        // get new ones).
+        let mut buf = THREAD.with(|t| std::mem::take(&mut t.borrow_mut().commit_buf));
+        let r = self.commit_with(&mut buf);
+        buf.clear();
+        THREAD.with(|t| t.borrow_mut().commit_buf = buf);
+        r
+    }
+
+    /// [`SpaceJmp::commit`] with the thread's buffers.
+    fn commit_with(&self, buf: &mut CommitBuf) -> io::Result<CommitStats> {
         let switched_in =
             |ino: u64| THREAD.with(|t| t.borrow().held.iter().any(|h| h.ino == ino && h.write));
         let mut stats = CommitStats::default();
-        // Per segment: its writes, and whether its writer lock is the transaction's.
-        struct Work {
-            seg: Arc<Segment>,
-            region: Arc<Region>,
-            slot: usize,
-            runs: Vec<(u64, Vec<u8>)>,
-            pages: Vec<(u64, u64)>,
-            temp_lock: bool,
-            undo: Option<Arc<UndoLog>>,
-            seq: u64,
-        }
-        let mut work: Vec<Work> = Vec::new();
         let collected = (|| -> io::Result<()> {
             for View {
                 seg,
@@ -1954,10 +2059,10 @@ impl SpaceJmp {
                 slot: slot_off,
                 mode,
                 undo,
-            } in segs
+            } in self.writable()?
             {
-                let mut pages = Vec::new();
-                let mut runs = Vec::new();
+                let (first_run, first_page) = (buf.runs.len(), buf.pages.len());
+                buf.ranges.clear();
                 match mode {
                     CommitMode::Snapshot => {
                         let mut found = Vec::new();
@@ -1971,27 +2076,39 @@ impl SpaceJmp {
                                 ),
                                 )
                             })?;
-                        for (off, len) in found {
-                            let mut b = vec![0u8; len];
-                            region.read(off, &mut b)?;
-                            pages.push((off as u64, len as u64));
-                            runs.push((off as u64, b));
-                        }
+                        buf.ranges
+                            .extend(found.iter().map(|&(o, l)| (o as u64, l as u64)));
+                        buf.pages.extend_from_slice(&buf.ranges);
                     }
-                    CommitMode::Explicit => {
-                        let declared = THREAD
-                            .with(|t| t.borrow_mut().declared.remove(&seg.ino))
-                            .unwrap_or_default();
-                        for (off, len) in declared.merged() {
-                            let mut b = vec![0u8; len as usize];
-                            region.read(off as usize, &mut b)?;
-                            runs.push((off, b));
+                    CommitMode::Explicit => THREAD.with(|t| {
+                        let t = &mut *t.borrow_mut();
+                        if let Some(mut d) = t.declared.remove(&seg.ino) {
+                            d.merged_into(&mut buf.ranges);
+                            d.clear();
+                            t.spare_declared.push(d);
                         }
-                    }
+                    }),
                 }
-                if runs.is_empty() {
+                for i in 0..buf.ranges.len() {
+                    let (off, len) = buf.ranges[i];
+                    buf.read_run(&region, off, len)?;
+                }
+                if buf.runs.len() == first_run {
                     continue;
                 }
+                // The commit sequence goes with the stores: into a run that holds its
+                // word, else in a run of its own (its value is known once the lock is).
+                let at = sj::COMMIT_SEQ_OFF;
+                let seq_at = match buf.runs[first_run..]
+                    .iter()
+                    .find(|(o, d)| *o <= at && at + 8 <= *o + d.len() as u64)
+                {
+                    Some((o, d)) => d.start + (at - o) as usize,
+                    None => {
+                        buf.push_run(at, &[0; 8]);
+                        buf.data.len() - 8
+                    }
+                };
                 let slot = self.slot(slot_off);
                 if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
                     if let Err(e) = self.repair(&seg, &slot) {
@@ -2002,12 +2119,13 @@ impl SpaceJmp {
                 // The writer lock is this transaction's (taken just now, or by the first
                 // declared store) unless switching took it.
                 let temp_lock = !switched_in(seg.ino);
-                work.push(Work {
+                buf.work.push(Work {
                     seg,
                     region,
                     slot: slot_off,
-                    runs,
-                    pages,
+                    runs: first_run..buf.runs.len(),
+                    pages: first_page..buf.pages.len(),
+                    seq_at,
                     temp_lock,
                     undo,
                     seq: 0,
@@ -2015,6 +2133,14 @@ impl SpaceJmp {
             }
             Ok(())
         })();
+        let CommitBuf {
+            data,
+            runs,
+            pages,
+            jp,
+            work,
+            ..
+        } = buf;
         if let Err(e) = collected {
             // The snapshot-mode locks taken so far go (explicit-mode transactions stay
             // open, with their locks, until they commit or abort).
@@ -2030,47 +2156,35 @@ impl SpaceJmp {
         // with a staged commit not yet copied into the files.
         let (mut committed, mut unfinished) = (false, false);
         let result = (|| -> io::Result<()> {
-            for w in &mut work {
+            for w in work.iter_mut() {
                 w.seq = w.seg.object_seq()? + 1;
-                let seq = w.seq.to_le_bytes();
-                let at = sj::COMMIT_SEQ_OFF;
-                match w
-                    .runs
-                    .iter_mut()
-                    .find(|(o, b)| *o <= at && at + 8 <= *o + b.len() as u64)
-                {
-                    Some((o, b)) => {
-                        b[(at - *o) as usize..(at - *o) as usize + 8].copy_from_slice(&seq)
-                    }
-                    None => w.runs.push((at, seq.to_vec())),
-                }
+                data[w.seq_at..w.seq_at + 8].copy_from_slice(&w.seq.to_le_bytes());
                 // The journal first: a writer dying from here on is repaired by copying
                 // these pages from the file (before the transaction: its old state;
                 // after: the new one).
-                let mut jp: Vec<u64> = w
-                    .runs
-                    .iter()
-                    .flat_map(|(o, b)| {
-                        let first = o / sj::PAGE;
-                        let last = (o + b.len() as u64 - 1) / sj::PAGE;
-                        (first..=last).map(|p| p * sj::PAGE)
-                    })
-                    .collect();
+                jp.clear();
+                for (o, d) in &runs[w.runs.clone()] {
+                    let first = o / sj::PAGE;
+                    let last = (o + d.len() as u64 - 1) / sj::PAGE;
+                    jp.extend((first..=last).map(|p| p * sj::PAGE));
+                }
                 jp.dedup();
                 if !planted("no-journal") {
-                    self.slot(w.slot).journal_publish(&jp);
+                    self.slot(w.slot).journal_publish(jp);
                 }
             }
             crash_point("before-log");
-            let mut all: Vec<(&cairn::File, u64, &[u8])> = Vec::new();
-            for w in &work {
-                for (o, b) in &w.runs {
-                    all.push((&w.seg.file, *o, b.as_slice()));
-                }
+            let run_of = |w: &Work| {
+                runs[w.runs.clone()]
+                    .iter()
+                    .map(|(o, d)| (*o, &data[d.clone()]))
+            };
+            let mut all: SmallVec<[(&cairn::File, u64, &[u8]); 8]> = SmallVec::new();
+            for w in work.iter() {
+                all.extend(run_of(w).map(|(o, d)| (&w.seg.file, o, d)));
             }
             // One transaction if it fits; else staged.
-            let bytes: usize = all.iter().map(|r| r.2.len()).sum();
-            let fits = bytes <= work[0].seg.file.atomic_write_limit(all.len())
+            let fits = data.len() <= work[0].seg.file.atomic_write_limit(all.len())
                 && match cairn::File::write_files_atomic(&all) {
                     Ok(()) => true,
                     Err(e) if errno_of(&e) == libc::E2BIG => false,
@@ -2082,8 +2196,7 @@ impl SpaceJmp {
                 let staged: Vec<Staging<'_>> = work
                     .iter()
                     .map(|w| {
-                        let mut runs: Vec<(u64, &[u8])> =
-                            w.runs.iter().map(|(o, b)| (*o, b.as_slice())).collect();
+                        let mut runs: Vec<(u64, &[u8])> = run_of(w).collect();
                         runs.sort_by_key(|r| r.0);
                         (&*w.seg, w.seq, runs)
                     })
@@ -2092,30 +2205,34 @@ impl SpaceJmp {
             }
             committed = true;
             // Durable. Publish into the resident copies.
-            for w in &work {
+            for w in work.iter() {
                 if w.undo.is_some() {
                     // Explicit mode: the stores are in the resident copy already; only
                     // the commit sequence is new there.
                     w.region.store_u64(sj::COMMIT_SEQ_OFF as usize, w.seq)?;
                     crash_point("publishing");
-                }
-                for (i, (o, b)) in w.runs.iter().enumerate().filter(|_| w.undo.is_none()) {
-                    std::os::unix::fs::FileExt::write_all_at(&w.seg.object, b, *o)?;
-                    if i == 0 {
-                        crash_point("publishing");
+                } else {
+                    for (i, (o, d)) in run_of(w).enumerate() {
+                        std::os::unix::fs::FileExt::write_all_at(&w.seg.object, d, o)?;
+                        if i == 0 {
+                            crash_point("publishing");
+                        }
                     }
                 }
                 // The copies go with their whole 2 MiB chunk: the chunk's next read maps
                 // the resident copy's huge folio with one PMD again, so the next
                 // commit's scan does not walk the 512 page-table entries a copy split
                 // it into.
-                let mut chunks: Vec<u64> = (w.pages.iter())
-                    .flat_map(|&(o, l)| o / HUGE..(o + l).div_ceil(HUGE))
-                    .collect();
-                chunks.dedup();
-                for c in chunks {
-                    let len = HUGE.min(w.region.len() as u64 - c * HUGE);
-                    w.region.discard((c * HUGE) as usize, len as usize)?;
+                let mut last = None;
+                for &(o, l) in &pages[w.pages.clone()] {
+                    for c in o / HUGE..(o + l).div_ceil(HUGE) {
+                        if last == Some(c) {
+                            continue;
+                        }
+                        last = Some(c);
+                        let len = HUGE.min(w.region.len() as u64 - c * HUGE);
+                        w.region.discard((c * HUGE) as usize, len as usize)?;
+                    }
                 }
                 if let Some(u) = &w.undo {
                     u.clear()?;
@@ -2131,14 +2248,16 @@ impl SpaceJmp {
             }
             Ok(())
         })();
-        for w in &work {
+        for w in work.iter() {
             stats.segments += 1;
-            stats.pages += w
-                .pages
+            stats.pages += pages[w.pages.clone()]
                 .iter()
                 .map(|p| p.1.div_ceil(sj::PAGE) as usize)
                 .sum::<usize>();
-            stats.bytes += w.runs.iter().map(|r| r.1.len()).sum::<usize>();
+            stats.bytes += runs[w.runs.clone()]
+                .iter()
+                .map(|r| r.1.len())
+                .sum::<usize>();
             let slot = self.slot(w.slot);
             if result.is_err() && committed {
                 // Failed after the commit point (publishing): the commit stands. The
@@ -2315,7 +2434,7 @@ impl SpaceJmp {
         }
         THREAD.with(|t| {
             let mut t = t.borrow_mut();
-            let d = t.declared.entry(v.seg.ino).or_default();
+            let d = declared_set(&mut t, v.seg.ino);
             declare(&v.region, undo, d, off, len)
         })
     }
@@ -2342,7 +2461,7 @@ impl SpaceJmp {
             let undo = v.undo.as_deref().expect("declared_write checked it");
             return THREAD.with(|t| {
                 let mut t = t.borrow_mut();
-                let declared = t.declared.entry(v.seg.ino).or_default();
+                let declared = declared_set(&mut t, v.seg.ino);
                 let mut m = DeclaringMem {
                     region: &v.region,
                     undo,
@@ -2505,6 +2624,49 @@ mod tests {
         assert!(!d.covers(96, 8) && !d.covers(104, 8) && !d.covers(300, 1));
         d.add(108, 4);
         d.add(112, 100);
-        assert_eq!(d.merged(), vec![(100, 164)]);
+        let mut m = vec![(1, 1)];
+        d.merged_into(&mut m);
+        assert_eq!(m, vec![(1, 1), (100, 164)]);
+    }
+
+    /// Past [`Declared::SMALL`] ranges the set moves to its B-tree and answers the same.
+    #[test]
+    fn a_large_declared_set_answers_as_a_small_one() {
+        let mut d = Declared::default();
+        let mut x = 7u64;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (off, len) = (x % 100_000, 1 + x % 300);
+            if i % 3 == 0 {
+                assert!(
+                    !d.covers(off, len)
+                        || model
+                            .range(..=off)
+                            .next_back()
+                            .is_some_and(|(_, &e)| off + len <= e)
+                );
+            }
+            d.add(off, len);
+            let e = model.entry(off).or_insert(off + len);
+            *e = (*e).max(off + len);
+            let probe = x % 100_000;
+            assert_eq!(
+                d.covers(probe, 8),
+                model
+                    .range(..=probe)
+                    .next_back()
+                    .is_some_and(|(_, &e)| probe + 8 <= e),
+                "after {i} ranges"
+            );
+        }
+        assert!(!d.big.is_empty() && d.small.is_empty());
+        let mut m = Vec::new();
+        d.merged_into(&mut m);
+        assert!(m.windows(2).all(|w| w[0].0 + w[0].1 < w[1].0));
+        d.clear();
+        assert!(d.small.is_empty() && d.big.is_empty());
     }
 }

@@ -14,7 +14,7 @@ use cairn_area::fs_err;
 use cairn_media::Mapping;
 use std::fs::File;
 use std::io;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
 
 /// The most an explicit transaction may declare, with the entries' headers.
 pub const CAPACITY: usize = 64 << 20;
@@ -125,8 +125,10 @@ impl UndoLog {
         self.map.write(at + 16, old)?;
         self.map
             .write(at + 16 + old.len(), &[0u8; 8][..len - 16 - old.len()])?;
-        self.map.atomic_u64(USED)?.store((at + len) as u64, SeqCst);
-        self.map.atomic_u64(COUNT)?.fetch_add(1, SeqCst);
+        // One writer (the holder of the writer lock): stores in order suffice.
+        self.map.atomic_u64(USED)?.store((at + len) as u64, Release);
+        let count = self.map.atomic_u64(COUNT)?;
+        count.store(count.load(Acquire) + 1, Release);
         Ok(())
     }
 
@@ -164,8 +166,8 @@ impl UndoLog {
 
     /// Forget every entry.
     pub fn clear(&self) -> io::Result<()> {
-        self.map.atomic_u64(COUNT)?.store(0, SeqCst);
-        self.map.atomic_u64(USED)?.store(HEADER as u64, SeqCst);
+        self.map.atomic_u64(COUNT)?.store(0, Release);
+        self.map.atomic_u64(USED)?.store(HEADER as u64, Release);
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use cairn_format::log::{
 use cairn_format::MAX_FILE_SIZE;
 use cairn_media::fence;
 use cairn_proto::{Request, Response};
+use smallvec::SmallVec;
 use std::io;
 
 impl Inner {
@@ -339,7 +340,7 @@ impl Inner {
     /// runs of one file may not overlap. `E2BIG` when the transaction would be larger
     /// than a quarter of the log (the caller must make the change atomic another way).
     pub(crate) fn write_runs(&self, st: &mut State, runs: &[(u64, u64, &[u8])]) -> io::Result<()> {
-        let nonempty: Vec<(u64, u64, &[u8])>;
+        let nonempty: SmallVec<[(u64, u64, &[u8]); 8]>;
         let runs = if runs.iter().any(|r| r.2.is_empty()) {
             nonempty = runs.iter().copied().filter(|r| !r.2.is_empty()).collect();
             &nonempty[..]
@@ -349,7 +350,7 @@ impl Inner {
         if runs.is_empty() {
             return Ok(());
         }
-        let mut sorted: Vec<(u64, u64, u64)> = runs
+        let mut sorted: SmallVec<[(u64, u64, u64); 8]> = runs
             .iter()
             .map(|r| (r.0, r.1, r.1.saturating_add(r.2.len() as u64)))
             .collect();
@@ -367,7 +368,7 @@ impl Inner {
             ));
         }
         // Each file: its lease, attributes and size after the writes.
-        let mut files: Vec<(u64, u64, Attrs)> = Vec::new();
+        let mut files: SmallVec<[(u64, u64, Attrs); 2]> = SmallVec::new();
         for &(ino, _, end) in &sorted {
             if let Some(f) = files.iter_mut().find(|f| f.0 == ino) {
                 f.2.size = f.2.size.max(end);
@@ -387,7 +388,7 @@ impl Inner {
                 .unwrap_or(0),
         );
         let size_of = |ino: u64| files.iter().find(|f| f.0 == ino).map_or(0, |f| f.2.size);
-        let recs: Vec<Record<'_>> = runs
+        let recs: SmallVec<[Record<'_>; 8]> = runs
             .iter()
             .map(|&(ino, offset, data)| Record::Write {
                 ino,
