@@ -18,7 +18,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 /// The share of what the core could still grant that it sets aside in the pool.
-const POOL_SHARE: u64 = 4;
+const POOL_SHARE: u64 = 2;
 
 #[derive(Debug)]
 struct Float {
@@ -101,20 +101,20 @@ mod tests {
     fn takes_only_what_the_pool_holds_and_counts_it_held_until_drained() {
         let f = CreditFloat::new(2);
         assert!(!f.take(0, 1), "an empty pool grants nothing");
-        f.refill(400);
-        assert_eq!(f.held(), 100);
-        assert!(f.take(0, 60));
-        assert!(!f.take(1, 60), "40 left");
+        f.refill(400 * POOL_SHARE);
+        assert_eq!(f.held(), 400);
+        assert!(f.take(0, 300));
+        assert!(!f.take(1, 300), "100 left");
         assert!(!f.take(7, 1), "no such slot");
-        assert_eq!(f.held(), 100, "taken blocks stay promised");
-        assert_eq!(f.drain(0), 60);
+        assert_eq!(f.held(), 400, "taken blocks stay promised");
+        assert_eq!(f.drain(0), 300);
         assert_eq!(f.drain(0), 0);
-        assert_eq!(f.held(), 40);
-        // The core could grant 340 more: the pool grows to (340 + 40) / 4.
-        f.refill(340);
-        assert_eq!(f.held(), 95);
+        assert_eq!(f.held(), 100);
+        // The core could grant more: the pool grows to a share of what the two hold.
+        f.refill(300 * POOL_SHARE - 100);
+        assert_eq!(f.held(), 300);
         // It never shrinks by a refill (what it holds is promised already).
         f.refill(0);
-        assert_eq!(f.held(), 95);
+        assert_eq!(f.held(), 300);
     }
 }

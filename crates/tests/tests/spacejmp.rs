@@ -95,9 +95,13 @@ fn walk(g: &Switched<'_>, seg: SegId) -> (u64, u64) {
 
 /// Push `value` onto the front of the list rooted at `list` in segment `seg`.
 fn push(g: &Switched<'_>, seg: SegId, value: u64) {
-    let next = g.root(seg, "list").unwrap().unwrap_or(SegPtr::NULL);
-    let p = g.alloc(seg, Node { value, next }).unwrap();
-    g.set_root(seg, "list", p).unwrap();
+    try_push(g, seg, value).unwrap()
+}
+
+fn try_push(g: &Switched<'_>, seg: SegId, value: u64) -> std::io::Result<()> {
+    let next = g.root(seg, "list")?.unwrap_or(SegPtr::NULL);
+    let p = g.alloc(seg, Node { value, next })?;
+    g.set_root(seg, "list", p)
 }
 
 /// Helper calls of the "helper" role: store the buffer's value at `DATA` of the helper's
@@ -701,7 +705,14 @@ fn sj_child() {
                 } else {
                     g.get::<Node>(head).unwrap().value + 1
                 };
-                push(&g, sid, next);
+                // A fast writer fills the segment's heap (8 MiB: about half a million
+                // nodes) before its time is up: it stops there, its stores aborted.
+                if let Err(e) = try_push(&g, sid, next) {
+                    assert_eq!(cairn_area::errno_of(&e), libc::ENOMEM, "{e}");
+                    g.abort().unwrap();
+                    println!("sj: full at {next}");
+                    break;
+                }
                 match g.commit() {
                     Ok(_) => println!("sj: acked {next}"),
                     Err(e) => {

@@ -56,10 +56,14 @@ pub(super) fn apply_file<'a>(
     for &fb in &touched {
         let bs = fb * BLOCK_SIZE_U64;
         let be = bs + BLOCK_SIZE_U64;
-        let covered: u64 = pending
-            .overlapping(bs, be)
-            .map(|(k, p)| p.end.min(be) - k.max(bs))
-            .sum();
+        let mut pieces = Vec::new();
+        for (k, p) in pending.overlapping(bs, be) {
+            let s = k.max(bs);
+            let e = p.end.min(be);
+            let d: &'a [u8] = p.data;
+            pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
+        }
+        let covered: u64 = pieces.iter().map(|p| p.1.len() as u64).sum();
         // What the pieces do not cover keeps the old block's content, read when the
         // block is written (`write_data`, without the core lock): the old block stays
         // until this digest publishes and retires it, and no other digest or migration
@@ -72,23 +76,24 @@ pub(super) fn apply_file<'a>(
             },
             _ => Base::Zero,
         };
-        let mut pieces = Vec::new();
-        for (k, p) in pending.overlapping(bs, be) {
-            let s = k.max(bs);
-            let e = p.end.min(be);
-            let d: &'a [u8] = p.data;
-            pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
-        }
         // The block's content is written later (`write_data`), possibly without the core
         // lock (`crate::digest::parallel`); a new block is unreachable until the inode is
         // published, and a block of an extent is rewritten with what the log says (a
         // crash before the digest's end repeats it).
         let r = fb / HUGE_BLOCKS;
+        let mut base = base;
         let nb = if let Some(&(_, first)) = fresh.iter().find(|f| f.0 == r) {
             first + fb % HUGE_BLOCKS
         } else if let Some(first) = in_extent(sh, old, fb, keep_blocks)? {
             inplace = true;
-            first + fb % HUGE_BLOCKS
+            let nb = first + fb % HUGE_BLOCKS;
+            // The block keeps its whole old content: only the pieces are written.
+            if let Base::Old { entry, keep } = base {
+                if entry == nb && keep == BLOCK_SIZE {
+                    base = Base::Here;
+                }
+            }
+            nb
         } else {
             let nb = sh.alloc_block(w)?;
             changes.push((fb, nb));
@@ -312,9 +317,9 @@ pub(crate) enum Effect {
     Freed,
 }
 
-/// A new data block of a digest: its old content (`None`: zeros) overlaid with pieces of
-/// the batch (offset in the block, bytes). Written with non-temporal stores by
-/// [`write_data`] before the publishing fence.
+/// A data block a digest writes (a new one, or one of an extent in place): its base
+/// content overlaid with pieces of the batch (offset in the block, bytes). Written with
+/// non-temporal stores by [`write_data`] before the publishing fence.
 pub(crate) struct DataWrite<'a> {
     pub(super) blk: u64,
     pub(super) base: Base,
@@ -331,6 +336,9 @@ pub(super) enum Base {
         entry: u64,
         keep: usize,
     },
+    /// The block itself, whole (a block of an existing extent, rewritten in place): only
+    /// the pieces are written, the rest is already what it must hold.
+    Here,
 }
 
 /// Write the new data blocks of a digest (no fence: the publish fence orders them, and
@@ -347,6 +355,12 @@ pub(crate) fn write_data(area: &cairn_area::Area, data: &[DataWrite<'_>]) -> io:
             }
         }
         match d.base {
+            Base::Here => {
+                for &(o, p) in &d.pieces {
+                    map.write_nt(off + o, p)?;
+                }
+                continue;
+            }
             Base::Old { entry, keep } => {
                 area.read_leaf(entry, &mut buf)?;
                 buf[keep..].fill(0);

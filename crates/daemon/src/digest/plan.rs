@@ -64,8 +64,8 @@ impl<'a> Intervals<'a> {
             }
             return;
         }
-        // By start, then log order (the sort is stable).
-        log.sort_by_key(|w| w.0);
+        // By start, then log order (the keys are distinct: an unstable sort, in place).
+        log.sort_unstable_by_key(|w| (w.0, w.2));
         let mut kept = Vec::with_capacity(log.len());
         for same_start in log.chunk_by(|a, b| a.0 == b.0) {
             let mut longest = 0;
