@@ -42,8 +42,12 @@ fn data_objects(c: &Cluster, prefix: &str) -> Vec<String> {
 }
 
 /// Wait (up to 30 s) until `cond` holds.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    eventually_within(what, Duration::from_secs(30), cond)
+}
+
+fn eventually_within(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting: {what}");
         std::thread::sleep(Duration::from_millis(100));
@@ -265,10 +269,12 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
         "cluster down: {}",
         remote(&r).last_error.as_deref().unwrap_or_default()
     );
-    // Back: the policy retries once the pause ends, with no new write.
+    // Back: the policy retries once the pause ends, with no new write. After a run of
+    // failures the pause is up to 30 s (it doubles from 1 s), and a round in flight may
+    // still wait out its 5 s timeout: the first round after the resume can take as long.
     let before = remote(&r).objects_written;
     c.resume();
-    eventually("migration resumes by itself", || {
+    eventually_within("migration resumes by itself", Duration::from_secs(75), || {
         let r = fs.status().unwrap();
         !remote(&r).paused && remote(&r).objects_written > before
     });
