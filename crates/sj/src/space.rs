@@ -604,16 +604,9 @@ fn declare(
     if len == 0 || declared.covers(off, len) {
         return Ok(());
     }
-    // Small declarations (a field, a pointer) go through the stack.
-    let (mut small, mut big) = ([0u8; 256], Vec::new());
-    let old: &mut [u8] = if len <= small.len() as u64 {
-        &mut small[..len as usize]
-    } else {
-        big.resize(len as usize, 0);
-        &mut big
-    };
-    region.read(off as usize, old)?;
-    undo.record(off, old)?;
+    undo.record(off, len as usize, |at, buf| {
+        region.read((off + at) as usize, buf)
+    })?;
     declared.add(off, len);
     Ok(())
 }

@@ -274,10 +274,14 @@ fn an_unreachable_cluster_pauses_migration_until_it_returns() {
     // still wait out its 5 s timeout: the first round after the resume can take as long.
     let before = remote(&r).objects_written;
     c.resume();
-    eventually_within("migration resumes by itself", Duration::from_secs(75), || {
-        let r = fs.status().unwrap();
-        !remote(&r).paused && remote(&r).objects_written > before
-    });
+    eventually_within(
+        "migration resumes by itself",
+        Duration::from_secs(75),
+        || {
+            let r = fs.status().unwrap();
+            !remote(&r).paused && remote(&r).objects_written > before
+        },
+    );
     verify(&fs, &files);
     drop(fs);
     store.fsck_clean();

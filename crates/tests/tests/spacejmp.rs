@@ -1029,6 +1029,24 @@ fn sj_child() {
                     }
                 );
             }
+            // Declarations larger than the undo log's pieces (a field's 256 bytes, a
+            // page): 300 bytes, and three pages and a bit at an odd offset, each
+            // rolled back whole by an abort.
+            for len in [300u64, 3 * 4096 + 100] {
+                let at = SegPtr(base + DATA + 4096 + 8);
+                let old: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                g.write(at, &old).unwrap();
+                g.commit().unwrap();
+                g.tx_add(at, len).unwrap();
+                g.write(at, &vec![0xee; len as usize]).unwrap();
+                g.abort().unwrap();
+                let mut got = vec![0u8; len as usize];
+                g.read(at, &mut got).unwrap();
+                println!(
+                    "sj: {len} bytes {}",
+                    if got == old { "rolled back" } else { "torn" }
+                );
+            }
             drop(g);
             sj.vas_detach(vh).unwrap();
             sj.vas_remove("redecl").unwrap();
@@ -1806,7 +1824,15 @@ fn a_helper_process_is_in_a_conflicting_address_space_at_the_same_time() {
 fn fields_declared_again_roll_back_and_commit_whole() {
     let s = store();
     let out = run(s.path(), "redeclare", &[]);
-    assert_eq!(out, vec!["abort committed", "commit last"]);
+    assert_eq!(
+        out,
+        vec![
+            "abort committed",
+            "commit last",
+            "300 bytes rolled back",
+            "12388 bytes rolled back"
+        ]
+    );
 }
 
 #[test]
