@@ -245,6 +245,22 @@ pub fn seal_txn(txn: &mut [u8], kind: u16, seq: u64, nrec: u32) {
     le::put_u32(txn, 28, c);
 }
 
+/// The header of a commit transaction of `len` bytes holding `nrec` records that the
+/// caller writes elsewhere, and the crc over its first 28 bytes: the caller continues it
+/// over every byte after the header ([`crate::crc_append`]) and stores it with
+/// [`set_txn_crc`].
+pub fn txn_head(seq: u64, len: usize, nrec: u32) -> ([u8; TXN_HEADER], u32) {
+    let mut h = [0u8; TXN_HEADER];
+    put_txn_header(&mut h, KIND_COMMIT, seq, len, nrec);
+    let c = crc(&h[..28]);
+    (h, c)
+}
+
+/// Store the transaction crc `c` into header `h` ([`txn_head`]).
+pub fn set_txn_crc(h: &mut [u8], c: u32) {
+    le::put_u32(h, 28, c);
+}
+
 /// Bytes before the first data byte of a one-record `WRITE` transaction.
 pub const WRITE_TXN_HEAD: usize = TXN_HEADER + WRITE_HEADER_LEN;
 

@@ -7,7 +7,11 @@
 //! buffer: it encodes the 80-byte head on the stack, copies the caller's data into the
 //! ring and computes the crc incrementally over head, data and padding.
 
-use cairn_format::log::{seal_wrap, write_txn_head, write_txn_len, TXN_MAGIC, WRITE_TXN_HEAD};
+use cairn_area::fs_err;
+use cairn_format::log::{
+    encode_write_header, seal_wrap, set_txn_crc, txn_head, txn_len, write_txn_head, write_txn_len,
+    Record, TXN_HEADER, TXN_MAGIC, WRITE_HEADER_LEN, WRITE_TXN_HEAD,
+};
 use cairn_format::slot::client_page;
 use cairn_format::BLOCK_SIZE;
 use cairn_media::Mapping;
@@ -104,6 +108,53 @@ impl Ring {
         }
         self.map.write(off, &head)?;
         self.map.flush(off, 128.min(len))?;
+        Ok(len)
+    }
+
+    /// Encode a transaction of the `WRITE` records `recs` at `lsn` straight into the ring
+    /// and write it back (no fence): record heads from the stack, the callers' data
+    /// copied with non-temporal stores, the crc computed along, the transaction's head
+    /// last. A large multi-record write (a SpaceJMP commit of many pages) is then
+    /// copied once, not encoded into a buffer first. Without `sealed` its magic is left
+    /// zero (the daemon seals it). Returns its length.
+    pub fn put_writes(
+        &self,
+        lsn: u64,
+        seq: u64,
+        recs: &[Record<'_>],
+        sealed: bool,
+    ) -> io::Result<usize> {
+        let len = txn_len(recs.iter().map(Record::encoded_len).sum());
+        let off = self.off(lsn);
+        let (mut head, mut c) = txn_head(seq, len, recs.len() as u32);
+        let mut at = off + TXN_HEADER;
+        for r in recs {
+            let &Record::Write {
+                ino,
+                offset,
+                size,
+                mtime,
+                data,
+            } = r
+            else {
+                return Err(fs_err(libc::EINVAL, "put_writes: not a WRITE record"));
+            };
+            let mut h = [0u8; WRITE_HEADER_LEN];
+            encode_write_header(&mut h, ino, offset, size, mtime, data.len());
+            let pad = &ZEROS[..r.encoded_len() - WRITE_HEADER_LEN - data.len()];
+            for piece in [&h[..], data, pad] {
+                self.map.write_nt(at, piece)?;
+                c = cairn_format::crc_append(c, piece);
+                at += piece.len();
+            }
+        }
+        let pad = &ZEROS[..off + len - at];
+        self.map.write_nt(at, pad)?;
+        set_txn_crc(&mut head, cairn_format::crc_append(c, pad));
+        if !sealed {
+            head[..4].fill(0);
+        }
+        self.map.write_nt(off, &head)?;
         Ok(len)
     }
 

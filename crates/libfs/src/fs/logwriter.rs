@@ -69,6 +69,23 @@ impl Inner {
                 ),
             ));
         }
+        if payload >= DIRECT_MIN && recs.iter().all(|r| matches!(r, Record::Write { .. })) {
+            // Large writes: straight into the ring, copied once.
+            let lsn = self.reserve(st, len)?;
+            self.ensure_credits(st, charge)?;
+            st.log.spend(charge);
+            let put = st
+                .log
+                .ring()
+                .put_writes(lsn, st.log.seq(), recs, med.is_empty());
+            debug_assert!(put.as_ref().map_or(true, |&n| n == len));
+            put?;
+            fence();
+            if !med.is_empty() {
+                self.commit_mediated(st, lsn, len, med)?;
+            }
+            return Ok((lsn, len));
+        }
         let mut buf = st.log.take_buf();
         buf.clear();
         buf.resize(len, 0);
@@ -432,6 +449,11 @@ impl Inner {
         Ok(())
     }
 }
+
+/// Payload bytes from which a transaction of `WRITE` records is encoded straight into
+/// the ring ([`crate::ring::Ring::put_writes`]); smaller ones are encoded in a buffer
+/// and copied whole (one write-back pass over few lines).
+const DIRECT_MIN: usize = 16 << 10;
 
 impl Tx {
     /// The space credits the transaction takes (as the digest charges its records).
