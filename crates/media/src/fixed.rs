@@ -496,6 +496,16 @@ impl Region {
         Ok(())
     }
 
+    /// The bytes at `off..off + len`, in place (no copy). The region is shared memory:
+    /// the caller's protocol (SpaceJMP's writer lock) must keep writers out of the range
+    /// while the slice is in use, as for [`crate::Mapping::bytes`].
+    pub fn bytes(&self, off: usize, len: usize) -> io::Result<&[u8]> {
+        self.check(off, len)?;
+        // SAFETY: bounds checked; the region stays mapped as long as `self`, which the
+        // slice borrows. Concurrent writers are excluded by the caller's protocol.
+        Ok(unsafe { std::slice::from_raw_parts((self.addr + off) as *const u8, len) })
+    }
+
     /// Copy `buf.len()` bytes at `off` into `buf`.
     pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {
         self.check(off, buf.len())?;

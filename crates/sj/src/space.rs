@@ -298,8 +298,9 @@ struct Work {
     seg: Arc<Segment>,
     region: Arc<Region>,
     slot: usize,
-    /// Its runs: `CommitBuf::runs[runs]`.
+    /// Its runs: `CommitBuf::runs[runs]` and `CommitBuf::in_place[in_place]`.
     runs: std::ops::Range<usize>,
+    in_place: std::ops::Range<usize>,
     /// Snapshot mode: the pages it found written, `CommitBuf::pages[pages]`.
     pages: std::ops::Range<usize>,
     /// Where in `CommitBuf::data` its commit sequence goes.
@@ -313,10 +314,14 @@ struct Work {
 /// small commit allocates nothing).
 #[derive(Default)]
 struct CommitBuf {
-    /// The bytes of every run, one after the other.
+    /// The bytes of the runs copied out of their segment, one after the other.
     data: Vec<u8>,
-    /// The runs: offset in their segment, bytes in `data`.
+    /// The copied runs: offset in their segment, bytes in `data`.
     runs: Vec<(u64, std::ops::Range<usize>)>,
+    /// Runs read in place from the resident copy: offset and length (an explicit
+    /// transaction's ranges of a page or more: its writer lock keeps every other writer
+    /// out until the commit ends).
+    in_place: Vec<(u64, usize)>,
     /// Snapshot mode: written pages `(offset, length)`.
     pages: Vec<(u64, u64)>,
     /// The ranges of the segment being collected.
@@ -326,6 +331,23 @@ struct CommitBuf {
     work: Vec<Work>,
 }
 
+/// The offsets and bytes of the runs of `w`: the copied ones (in `data`), then those
+/// read in place.
+fn runs_of<'a>(
+    data: &'a [u8],
+    runs: &'a [(u64, std::ops::Range<usize>)],
+    in_place: &'a [(u64, usize)],
+    w: &'a Work,
+) -> impl Iterator<Item = io::Result<(u64, &'a [u8])>> + 'a {
+    let copied = runs[w.runs.clone()]
+        .iter()
+        .map(|(o, r)| Ok((*o, &data[r.clone()])));
+    let read = in_place[w.in_place.clone()]
+        .iter()
+        .map(|&(o, n)| Ok((o, w.region.bytes(o as usize, n)?)));
+    copied.chain(read)
+}
+
 impl CommitBuf {
     fn push_run(&mut self, off: u64, bytes: &[u8]) {
         let at = self.data.len();
@@ -333,7 +355,7 @@ impl CommitBuf {
         self.runs.push((off, at..self.data.len()));
     }
 
-    /// A run of `len` bytes at `off` of `region`.
+    /// A run of `len` bytes at `off` of `region`, copied.
     fn read_run(&mut self, region: &Region, off: u64, len: u64) -> io::Result<()> {
         let at = self.data.len();
         self.data.resize(at + len as usize, 0);
@@ -346,6 +368,7 @@ impl CommitBuf {
     fn clear(&mut self) {
         self.data.clear();
         self.runs.clear();
+        self.in_place.clear();
         self.pages.clear();
         self.ranges.clear();
         self.jp.clear();
@@ -2055,6 +2078,7 @@ impl SpaceJmp {
             } in self.writable()?
             {
                 let (first_run, first_page) = (buf.runs.len(), buf.pages.len());
+                let first_in_place = buf.in_place.len();
                 buf.ranges.clear();
                 match mode {
                     CommitMode::Snapshot => {
@@ -2082,21 +2106,30 @@ impl SpaceJmp {
                         }
                     }),
                 }
+                // The commit sequence goes with the stores: into a run that holds its
+                // word (copied, to carry the new value), else in a run of its own (its
+                // value is known once the lock is). An explicit transaction's other
+                // runs of a page or more are read in place (smaller ones cost less to
+                // copy than to look up again).
+                let at = sj::COMMIT_SEQ_OFF;
+                let holds_seq = |o: u64, len: u64| o <= at && at + 8 <= o + len;
+                let mut seq_at = None;
                 for i in 0..buf.ranges.len() {
                     let (off, len) = buf.ranges[i];
+                    if mode == CommitMode::Explicit && len >= sj::PAGE && !holds_seq(off, len) {
+                        buf.in_place.push((off, len as usize));
+                        continue;
+                    }
                     buf.read_run(&region, off, len)?;
+                    if holds_seq(off, len) {
+                        seq_at = Some(buf.data.len() - len as usize + (at - off) as usize);
+                    }
                 }
-                if buf.runs.len() == first_run {
+                if buf.runs.len() == first_run && buf.in_place.len() == first_in_place {
                     continue;
                 }
-                // The commit sequence goes with the stores: into a run that holds its
-                // word, else in a run of its own (its value is known once the lock is).
-                let at = sj::COMMIT_SEQ_OFF;
-                let seq_at = match buf.runs[first_run..]
-                    .iter()
-                    .find(|(o, d)| *o <= at && at + 8 <= *o + d.len() as u64)
-                {
-                    Some((o, d)) => d.start + (at - o) as usize,
+                let seq_at = match seq_at {
+                    Some(i) => i,
                     None => {
                         buf.push_run(at, &[0; 8]);
                         buf.data.len() - 8
@@ -2117,6 +2150,7 @@ impl SpaceJmp {
                     region,
                     slot: slot_off,
                     runs: first_run..buf.runs.len(),
+                    in_place: first_in_place..buf.in_place.len(),
                     pages: first_page..buf.pages.len(),
                     seq_at,
                     temp_lock,
@@ -2129,6 +2163,7 @@ impl SpaceJmp {
         let CommitBuf {
             data,
             runs,
+            in_place,
             pages,
             jp,
             work,
@@ -2156,28 +2191,30 @@ impl SpaceJmp {
                 // these pages from the file (before the transaction: its old state;
                 // after: the new one).
                 jp.clear();
-                for (o, d) in &runs[w.runs.clone()] {
+                let copied = runs[w.runs.clone()].iter().map(|(o, r)| (*o, r.len()));
+                for (o, len) in copied.chain(in_place[w.in_place.clone()].iter().copied()) {
                     let first = o / sj::PAGE;
-                    let last = (o + d.len() as u64 - 1) / sj::PAGE;
+                    let last = (o + len as u64 - 1) / sj::PAGE;
                     jp.extend((first..=last).map(|p| p * sj::PAGE));
                 }
+                jp.sort_unstable();
                 jp.dedup();
                 if !planted("no-journal") {
                     self.slot(w.slot).journal_publish(jp);
                 }
             }
             crash_point("before-log");
-            let run_of = |w: &Work| {
-                runs[w.runs.clone()]
-                    .iter()
-                    .map(|(o, d)| (*o, &data[d.clone()]))
-            };
+            let run_of = |w| runs_of(data, runs, in_place, w);
             let mut all: SmallVec<[(&cairn::File, u64, &[u8]); 8]> = SmallVec::new();
             for w in work.iter() {
-                all.extend(run_of(w).map(|(o, d)| (&w.seg.file, o, d)));
+                for r in run_of(w) {
+                    let (o, d) = r?;
+                    all.push((&w.seg.file, o, d));
+                }
             }
             // One transaction if it fits; else staged.
-            let fits = data.len() <= work[0].seg.file.atomic_write_limit(all.len())
+            let bytes: usize = all.iter().map(|r| r.2.len()).sum();
+            let fits = bytes <= work[0].seg.file.atomic_write_limit(all.len())
                 && match cairn::File::write_files_atomic(&all) {
                     Ok(()) => true,
                     Err(e) if errno_of(&e) == libc::E2BIG => false,
@@ -2189,11 +2226,11 @@ impl SpaceJmp {
                 let staged: Vec<Staging<'_>> = work
                     .iter()
                     .map(|w| {
-                        let mut runs: Vec<(u64, &[u8])> = run_of(w).collect();
+                        let mut runs = run_of(w).collect::<io::Result<Vec<(u64, &[u8])>>>()?;
                         runs.sort_by_key(|r| r.0);
-                        (&*w.seg, w.seq, runs)
+                        Ok((&*w.seg, w.seq, runs))
                     })
-                    .collect();
+                    .collect::<io::Result<_>>()?;
                 unfinished = !self.commit_staged(&staged)?;
             }
             committed = true;
@@ -2205,7 +2242,8 @@ impl SpaceJmp {
                     w.region.store_u64(sj::COMMIT_SEQ_OFF as usize, w.seq)?;
                     crash_point("publishing");
                 } else {
-                    for (i, (o, d)) in run_of(w).enumerate() {
+                    for (i, r) in run_of(w).enumerate() {
+                        let (o, d) = r?;
                         std::os::unix::fs::FileExt::write_all_at(&w.seg.object, d, o)?;
                         if i == 0 {
                             crash_point("publishing");
@@ -2250,7 +2288,11 @@ impl SpaceJmp {
             stats.bytes += runs[w.runs.clone()]
                 .iter()
                 .map(|r| r.1.len())
-                .sum::<usize>();
+                .sum::<usize>()
+                + in_place[w.in_place.clone()]
+                    .iter()
+                    .map(|r| r.1)
+                    .sum::<usize>();
             let slot = self.slot(w.slot);
             if result.is_err() && committed {
                 // Failed after the commit point (publishing): the commit stands. The
