@@ -53,16 +53,46 @@ pub(super) fn apply_file<'a>(
     let fresh = fresh_extents(sh, w, old, &touched, keep_blocks)?;
     let mut inplace = false;
     let mut small = Vec::new();
+    // The batch's pieces cut at block boundaries, in order: one pass over the pieces
+    // instead of a search of them per touched block.
+    let mut cut: Vec<(u64, usize, &'a [u8])> = Vec::new();
+    for (&k, p) in pending.pieces() {
+        let mut s = k;
+        while s < p.end {
+            let fb = s / BLOCK_SIZE_U64;
+            let e = p.end.min((fb + 1) * BLOCK_SIZE_U64);
+            let d: &'a [u8] = p.data;
+            cut.push((
+                fb,
+                (s - fb * BLOCK_SIZE_U64) as usize,
+                &d[(s - k) as usize..(e - k) as usize],
+            ));
+            s = e;
+        }
+    }
+    let mut next_cut = 0;
     for &fb in &touched {
         let bs = fb * BLOCK_SIZE_U64;
         let be = bs + BLOCK_SIZE_U64;
-        let mut pieces = Vec::new();
-        for (k, p) in pending.overlapping(bs, be) {
-            let s = k.max(bs);
-            let e = p.end.min(be);
-            let d: &'a [u8] = p.data;
-            pieces.push(((s - bs) as usize, &d[(s - k) as usize..(e - k) as usize]));
+        while cut.get(next_cut).is_some_and(|c| c.0 < fb) {
+            next_cut += 1;
         }
+        let mut pieces = Vec::new();
+        while let Some(&(_, o, d)) = cut.get(next_cut).filter(|c| c.0 == fb) {
+            pieces.push((o, d));
+            next_cut += 1;
+        }
+        debug_assert!(pieces.iter().eq(pending
+            .overlapping(bs, be)
+            .map(|(k, p)| {
+                let (s, e) = (k.max(bs), p.end.min(be));
+                (
+                    (s - bs) as usize,
+                    &p.data[(s - k) as usize..(e - k) as usize],
+                )
+            })
+            .collect::<Vec<_>>()
+            .iter()));
         let covered: u64 = pieces.iter().map(|p| p.1.len() as u64).sum();
         // What the pieces do not cover keeps the old block's content, read when the
         // block is written (`write_data`, without the core lock): the old block stays

@@ -161,7 +161,9 @@ impl<'a> Intervals<'a> {
     }
 
     /// Pieces overlapping `[s, e)`, in order: the one starting before `s` that reaches
-    /// into it (pieces never overlap: at most one), then those starting inside it.
+    /// into it (pieces never overlap: at most one), then those starting inside it. (The
+    /// digest cuts all pieces at block boundaries in one pass instead; checked builds
+    /// compare its cut with this per block.)
     pub(super) fn overlapping(&self, s: u64, e: u64) -> impl Iterator<Item = (u64, &Piece<'a>)> {
         let map = self.pieces();
         let first = map.range(..s).next_back().filter(|(_, p)| p.end > s);
