@@ -79,7 +79,7 @@ impl Ring {
         // Every line of the transaction is written whole with non-temporal stores (no
         // read of the ring's lines, no write-back; the caller's fence drains them):
         // `off` is 64-byte aligned and `len` a multiple of 64.
-        debug_assert!(off % 64 == 0 && len % 64 == 0 && len >= 128);
+        debug_assert!(off.is_multiple_of(64) && len.is_multiple_of(64) && len >= 128);
         // 1. The data after the head's two lines: its whole lines straight from the
         //    caller's buffer, the last one (data and padding) from the stack.
         let first = (128 - WRITE_HEAD).min(n);
