@@ -85,7 +85,7 @@ impl Ring {
         let first = (128 - WRITE_HEAD).min(n);
         let whole = first + (n - first) / 64 * 64;
         self.map.write_nt(off + 128, &data[first..whole])?;
-        let rest = off + len - (off + 128 + (whole - first));
+        let rest = len - 128 - (whole - first);
         if rest > 0 {
             debug_assert_eq!(rest, 64);
             let mut line = [0u8; 64];

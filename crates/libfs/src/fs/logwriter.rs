@@ -452,7 +452,7 @@ impl Inner {
 
 /// Payload bytes from which a transaction of `WRITE` records is encoded straight into
 /// the ring ([`crate::ring::Ring::put_writes`]); smaller ones are encoded in a buffer
-/// and copied whole (one write-back pass over few lines).
+/// and copied whole, in whole lines ([`crate::ring::Ring::put_txn`]).
 const DIRECT_MIN: usize = 16 << 10;
 
 impl Tx {
