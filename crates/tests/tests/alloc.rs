@@ -1,7 +1,8 @@
 //! The write path allocates nothing once warm: a counting allocator over many writes
 //! through the API (the `LD_PRELOAD` library adds no allocation of its own for `write`
-//! and `pwrite`). Warm means the client's structures have grown to the size the
-//! workload needs: its overlay index, the spare interval maps, its request buffer.
+//! and `pwrite`), and over small explicit-mode SpaceJMP commits. Warm means the
+//! client's structures have grown to the size the workload needs: its overlay index,
+//! the spare interval maps, its request buffer, a thread's commit buffers.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +32,9 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
+
+/// The tests of this file one at a time: the count is the whole process's.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Allocations (by any thread of this process) while `f` runs.
 fn allocations(f: impl FnOnce()) -> u64 {
@@ -65,8 +69,22 @@ fn warm_up(daemon: u32, f: impl FnOnce()) {
     resume.join().unwrap();
 }
 
+/// One of six counted passes of `pass` in a row that allocates nothing, or the last
+/// pass's count.
+fn counted(pass: &mut dyn FnMut()) -> u64 {
+    let mut n = 0;
+    for _ in 0..6 {
+        n = allocations(&mut *pass);
+        if n == 0 {
+            break;
+        }
+    }
+    n
+}
+
 #[test]
 fn writes_allocate_nothing_once_warm() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let store = cairn_tests::TestStore::new();
     let fs = store.fs();
     let f = cairn::OpenOptions::new()
@@ -112,17 +130,8 @@ fn writes_allocate_nothing_once_warm() {
     // allocations in 20,000 writes, about one run in 25 under CPU load; once 11 in
     // each of three passes in a row, in CI): that pass was not warm yet. The claim is
     // that the write path converges to allocating nothing: one of six counted passes
-    // in a row allocates nothing. A write path that allocates per write fails all six.
-    let counted = |pass: &mut dyn FnMut()| {
-        let mut n = 0;
-        for _ in 0..6 {
-            n = allocations(&mut *pass);
-            if n == 0 {
-                break;
-            }
-        }
-        n
-    };
+    // in a row allocates nothing (`counted`). A write path that allocates per write
+    // fails all six.
     warm_up(daemon, || seq(&f));
     let n_seq = counted(&mut || seq(&f));
     warm_up(daemon, || rnd(&f, &mut random));
@@ -134,4 +143,40 @@ fn writes_allocate_nothing_once_warm() {
         (0, 0, 0),
         "allocations in 20,000 sequential 4 KiB, random 100-byte and appending 512-byte writes"
     );
+}
+
+/// An explicit-mode SpaceJMP commit of one 8-byte store allocates nothing once its
+/// thread has committed before: the thread keeps its commit buffers and its declared
+/// sets (ARCHITECTURE.md, "Commits").
+#[test]
+fn small_spacejmp_commits_allocate_nothing_once_warm() {
+    use cairn_sj::{flags, prot, CommitMode, SegPtr, SpaceJmp, Target};
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let store = cairn_tests::TestStore::new();
+    let sj = SpaceJmp::open(Some(store.path())).unwrap();
+    let seg = (sj.seg_alloc("a", None, 8 << 20, prot::RW, flags::LOCKABLE, 0o600)).unwrap();
+    let vid = sj.vas_create("a", 0o600).unwrap();
+    sj.seg_attach(Target::Vas(vid), seg, prot::RW).unwrap();
+    let vh = sj.vas_attach(vid, CommitMode::Explicit).unwrap();
+    // The heap's chunks start 1 MiB in: the stores go after.
+    let base = sj.seg_info("a").unwrap().base + (1 << 20);
+    let daemon = store.daemon_pid().expect("daemon");
+    {
+        let g = sj.enter(vh).unwrap();
+        let mut x = 12345u64;
+        let mut pass = || {
+            for i in 0..20_000u64 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                let at = SegPtr(base + (x >> 20) % (6 << 17) * 8);
+                g.write(at, &i.to_le_bytes()).unwrap();
+                g.commit().unwrap();
+            }
+        };
+        warm_up(daemon, &mut pass);
+        let n = counted(&mut pass);
+        assert_eq!(n, 0, "allocations in 20,000 commits of one 8-byte store");
+    }
+    sj.vas_detach(vh).unwrap();
+    sj.vas_remove("a").unwrap();
+    sj.seg_free("a").unwrap();
 }
