@@ -82,24 +82,23 @@ pub(super) fn apply_file<'a>(
             pieces.push((o, d));
             next_cut += 1;
         }
-        debug_assert!(pieces.iter().eq(pending
-            .overlapping(bs, be)
-            .map(|(k, p)| {
+        debug_assert!(pieces
+            .iter()
+            .copied()
+            .eq(pending.overlapping(bs, be).map(|(k, p)| {
                 let (s, e) = (k.max(bs), p.end.min(be));
                 (
                     (s - bs) as usize,
                     &p.data[(s - k) as usize..(e - k) as usize],
                 )
-            })
-            .collect::<Vec<_>>()
-            .iter()));
+            })));
         let covered: u64 = pieces.iter().map(|p| p.1.len() as u64).sum();
         // What the pieces do not cover keeps the old block's content, read when the
         // block is written (`write_data`, without the core lock): the old block stays
         // until this digest publishes and retires it, and no other digest or migration
         // touches the inode's blocks while its claim is registered.
         let old_part = covered < BLOCK_SIZE_U64 && bs < limit && !plan.in_hole(fb);
-        let base = match old_part.then(|| sh.area.block_of(old, fb)).transpose()? {
+        let mut base = match old_part.then(|| sh.area.block_of(old, fb)).transpose()? {
             Some(Some(entry)) => Base::Old {
                 entry,
                 keep: (limit.min(be) - bs) as usize,
@@ -111,7 +110,6 @@ pub(super) fn apply_file<'a>(
         // published, and a block of an extent is rewritten with what the log says (a
         // crash before the digest's end repeats it).
         let r = fb / HUGE_BLOCKS;
-        let mut base = base;
         let nb = if let Some(&(_, first)) = fresh.iter().find(|f| f.0 == r) {
             first + fb % HUGE_BLOCKS
         } else if let Some(first) = in_extent(sh, old, fb, keep_blocks)? {

@@ -69,31 +69,21 @@ impl Inner {
                 ),
             ));
         }
-        if payload >= DIRECT_MIN && recs.iter().all(|r| matches!(r, Record::Write { .. })) {
-            // Large writes: straight into the ring, copied once.
-            let lsn = self.reserve(st, len)?;
-            self.ensure_credits(st, charge)?;
-            st.log.spend(charge);
-            let put = st
-                .log
-                .ring()
-                .put_writes(lsn, st.log.seq(), recs, med.is_empty());
-            debug_assert!(put.as_ref().map_or(true, |&n| n == len));
-            put?;
-            fence();
-            if !med.is_empty() {
-                self.commit_mediated(st, lsn, len, med)?;
+        // Built in a buffer, except large writes: those go straight into the ring,
+        // copied once (`Ring::put_writes`).
+        let direct =
+            payload >= DIRECT_MIN && recs.iter().all(|r| matches!(r, Record::Write { .. }));
+        let mut buf = (!direct).then(|| {
+            let mut buf = st.log.take_buf();
+            buf.clear();
+            buf.resize(len, 0);
+            let mut off = TXN_HEADER;
+            for r in recs {
+                r.encode_into(&mut buf[off..]);
+                off += r.encoded_len();
             }
-            return Ok((lsn, len));
-        }
-        let mut buf = st.log.take_buf();
-        buf.clear();
-        buf.resize(len, 0);
-        let mut off = TXN_HEADER;
-        for r in recs {
-            r.encode_into(&mut buf[off..]);
-            off += r.encoded_len();
-        }
+            buf
+        });
         // Space credits after the reservation: a re-attach while it waited replaced them.
         let lsn = match self
             .reserve(st, len)
@@ -101,20 +91,32 @@ impl Inner {
         {
             Ok(l) => l,
             Err(e) => {
-                st.log.put_buf(buf);
+                if let Some(buf) = buf {
+                    st.log.put_buf(buf);
+                }
                 return Err(e);
             }
         };
         st.log.spend(charge);
-        seal_txn(&mut buf, KIND_COMMIT, st.log.seq(), recs.len() as u32);
-        if !med.is_empty() {
-            buf[..4].fill(0);
+        let (seq, sealed) = (st.log.seq(), med.is_empty());
+        let put = match &mut buf {
+            None => {
+                (st.log.ring().put_writes(lsn, seq, recs, sealed)).map(|n| debug_assert_eq!(n, len))
+            }
+            Some(buf) => {
+                seal_txn(buf, KIND_COMMIT, seq, recs.len() as u32);
+                if !sealed {
+                    buf[..4].fill(0);
+                }
+                st.log.ring().put_txn(lsn, buf)
+            }
+        };
+        if let Some(buf) = buf {
+            st.log.put_buf(buf);
         }
-        let put = st.log.ring().put_txn(lsn, &buf);
-        st.log.put_buf(buf);
         put?;
         fence();
-        if !med.is_empty() {
+        if !sealed {
             self.commit_mediated(st, lsn, len, med)?;
         }
         Ok((lsn, len))
