@@ -407,7 +407,7 @@ fn removing_a_fence_is_caught() {
         (
             fence_after(
                 "crates/libfs/src/fs/logwriter.rs",
-                "let put = st.log.ring().put_txn(lsn, &buf);",
+                "st.log.ring().put_txn(lsn, buf)",
             ),
             "acknowledged",
         ),

@@ -460,7 +460,7 @@ fn every_crash_image_of_segment_commits_recovers() {
 
     let site = fence_after(
         "crates/libfs/src/fs/logwriter.rs",
-        "let put = st.log.ring().put_txn(lsn, &buf);",
+        "st.log.ring().put_txn(lsn, buf)",
     );
     let rep = check(
         &r,
