@@ -449,6 +449,21 @@ pub fn fence() {
     }
 }
 
+/// Start bringing the cache line at `addr` into the cache (`prefetcht0`), so that an
+/// access a little later finds it there: a hint, for any address (an unmapped one is
+/// ignored, never a fault).
+#[inline(always)]
+pub fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint with no architectural effect: it reads nothing into
+    // the program and never faults, whatever `addr` is.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 /// Writes to host files that hold store data (the lower tiers), through this funnel so
 /// that the power-failure simulator sees them: a `pwrite` is durable at the file's next
 /// `fdatasync`.
@@ -894,6 +909,48 @@ pub mod sys {
         // SAFETY: `gettid` and `setpriority` take and return plain integers; the id is
         // the calling thread's.
         let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Ask the scheduler for time slices of `slice` for the calling thread (the EEVDF
+    /// scheduler's custom slice, Linux 6.12; clamped by the kernel to 0.1–100 ms): a
+    /// thread with a shorter slice than the one running preempts it when it wakes,
+    /// instead of waiting for that one's slice (3 ms) to end. No privilege is needed;
+    /// older kernels ignore the request or fail with `EINVAL`.
+    pub fn request_slice(slice: std::time::Duration) -> io::Result<()> {
+        /// `struct sched_attr` as of Linux 4.13 (`SCHED_ATTR_SIZE_VER1`).
+        #[repr(C)]
+        struct SchedAttr {
+            size: u32,
+            policy: u32,
+            flags: u64,
+            nice: i32,
+            priority: u32,
+            runtime: u64,
+            deadline: u64,
+            period: u64,
+            util_min: u32,
+            util_max: u32,
+        }
+        let attr = SchedAttr {
+            size: std::mem::size_of::<SchedAttr>() as u32,
+            policy: libc::SCHED_OTHER as u32,
+            flags: 0,
+            nice: 0,
+            priority: 0,
+            runtime: slice.as_nanos() as u64,
+            deadline: 0,
+            period: 0,
+            util_min: 0,
+            util_max: 0,
+        };
+        // SAFETY: `attr` is a complete `struct sched_attr` of the size it states, alive
+        // for the call, which only reads it; pid 0 is the calling thread.
+        let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
         if r == 0 {
             Ok(())
         } else {

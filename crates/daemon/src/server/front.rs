@@ -363,6 +363,7 @@ fn dispatch(d: &Arc<Daemon>, front: &Arc<Front>, w: Waiting) {
         .name("cairnd-conn".into())
         .spawn(move || {
             let _log = d2.mark_thread();
+            let _ = cairn_media::sys::request_slice(std::time::Duration::from_micros(100));
             work(&d2, &f2, w)
         });
     if let Err(e) = spawned {
