@@ -407,9 +407,7 @@ struct ThreadState {
     /// A Rust guard (`Switched`) is alive.
     guarded: bool,
     /// Explicit-mode ranges declared in this transaction, per segment.
-    declared: HashMap<u64, Declared>,
-    /// Emptied sets of `declared`, for the next transaction's.
-    spare_declared: Vec<Declared>,
+    declared: DeclaredSets,
     /// Buffers of [`SpaceJmp::commit`], kept for the next.
     commit_buf: CommitBuf,
     /// Lock plans by handle.
@@ -435,9 +433,9 @@ impl Drop for ThreadState {
         }
         if let Some(sj) = instance() {
             let held = std::mem::take(&mut self.held);
-            let declared = std::mem::take(&mut self.declared);
+            let declared = self.declared.take_inos();
             let writes = held.iter().filter(|h| h.write).map(|h| h.ino);
-            let _ = sj.drop_uncommitted(writes.chain(declared.into_keys()), &held);
+            let _ = sj.drop_uncommitted(writes.chain(declared), &held);
             sj.release(&held);
         }
     }
@@ -558,6 +556,10 @@ impl Declared {
         self.big.clear();
     }
 
+    fn is_empty(&self) -> bool {
+        self.small.is_empty() && self.big.is_empty()
+    }
+
     /// Whether a declaration covers `[off, off + len)` whole. Only the one starting
     /// nearest at or before `off` is looked at: a range inside one that starts further
     /// back is declared again, which records its bytes twice (rolled back newest first,
@@ -607,12 +609,66 @@ impl Declared {
     }
 }
 
-/// The thread's declared set of segment `ino` (a spare one if new).
-fn declared_set(t: &mut ThreadState, ino: u64) -> &mut Declared {
-    let spare = &mut t.spare_declared;
-    t.declared
-        .entry(ino)
-        .or_insert_with(|| spare.pop().unwrap_or_default())
+/// A thread's declared sets, by segment: a short vector (a transaction writes a few
+/// segments), searched in order, whose emptied sets are kept for the next transaction
+/// (no allocation once warm).
+#[derive(Debug, Default)]
+struct DeclaredSets {
+    /// `(segment ino, its set)`, each ino once; the sets in use come first.
+    sets: Vec<(u64, Declared)>,
+    /// How many of `sets` are in use (the rest are empty spares).
+    used: usize,
+}
+
+impl DeclaredSets {
+    fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+
+    /// The set of segment `ino` (a spare one if it has none).
+    fn get(&mut self, ino: u64) -> &mut Declared {
+        let i = match self.sets[..self.used].iter().position(|s| s.0 == ino) {
+            Some(i) => i,
+            None => {
+                if self.used == self.sets.len() {
+                    self.sets.push((ino, Declared::default()));
+                }
+                self.sets[self.used].0 = ino;
+                self.used += 1;
+                self.used - 1
+            }
+        };
+        &mut self.sets[i].1
+    }
+
+    /// Forget the set of segment `ino` (kept as a spare); whether it had one.
+    fn forget(&mut self, ino: u64) -> bool {
+        let Some(i) = self.sets[..self.used].iter().position(|s| s.0 == ino) else {
+            return false;
+        };
+        self.sets[i].1.clear();
+        self.used -= 1;
+        self.sets.swap(i, self.used);
+        debug_assert!(self.sets[self.used..].iter().all(|s| s.1.is_empty()));
+        true
+    }
+
+    /// Append segment `ino`'s declared ranges, merged, to `out`, and forget its set.
+    fn take_merged(&mut self, ino: u64, out: &mut Vec<(u64, u64)>) {
+        if let Some(i) = self.sets[..self.used].iter().position(|s| s.0 == ino) {
+            self.sets[i].1.merged_into(out);
+            self.forget(ino);
+        }
+    }
+
+    /// The segments with a set, all forgotten.
+    fn take_inos(&mut self) -> Vec<u64> {
+        let inos: Vec<u64> = self.sets[..self.used].iter().map(|s| s.0).collect();
+        for &ino in &inos {
+            self.forget(ino);
+        }
+        inos
+    }
 }
 
 /// Record `[off, off + len)` of `region` in the undo log, unless this transaction
@@ -632,6 +688,39 @@ fn declare(
     })?;
     declared.add(off, len);
     Ok(())
+}
+
+/// The largest store or declaration made under the process state's lock
+/// ([`SpaceJmp::store`]); larger ones take a reference of the segment and copy outside it.
+const LOCKED_STORE_MAX: u64 = 4096;
+
+/// The mapped segment holding `[addr, addr + len)` in handle `vh`, and the offset of
+/// `addr` in it. `EFAULT` outside them; `EACCES` for a write where the address space
+/// grants read only.
+fn find(st: &State, vh: u32, addr: u64, len: u64, write: bool) -> io::Result<(&Mapped, u64)> {
+    let h = st.handle(vh)?;
+    for e in &h.entries {
+        let Some(m) = st.segs.get(&e.ino) else {
+            continue;
+        };
+        let (b, l) = (m.seg.base(), m.seg.len());
+        if addr >= b && addr.checked_add(len).is_some_and(|end| end <= b + l) {
+            if write && e.prot & prot::WRITE == 0 {
+                return Err(fs_err(
+                    libc::EACCES,
+                    format!(
+                        "{addr:#x}: segment {} is read-only in this address space",
+                        m.seg.path
+                    ),
+                ));
+            }
+            return Ok((m, addr - b));
+        }
+    }
+    Err(fs_err(
+        libc::EFAULT,
+        format!("{addr:#x}+{len:#x} is in no segment of the current address space (handle {vh})"),
+    ))
 }
 
 fn lock_err(e: &io::Error, what: &str) -> io::Error {
@@ -1355,7 +1444,7 @@ impl SpaceJmp {
             if t.vh != vh.0 {
                 return None;
             }
-            t.declared.remove(&seg.0);
+            t.declared.forget(seg.0);
             let (gone, keep): (Vec<Held>, Vec<Held>) = t.held.iter().partition(|h| h.ino == seg.0);
             t.held = keep;
             Some(gone)
@@ -2099,11 +2188,7 @@ impl SpaceJmp {
                     }
                     CommitMode::Explicit => THREAD.with(|t| {
                         let t = &mut *t.borrow_mut();
-                        if let Some(mut d) = t.declared.remove(&seg.ino) {
-                            d.merged_into(&mut buf.ranges);
-                            d.clear();
-                            t.spare_declared.push(d);
-                        }
+                        t.declared.take_merged(seg.ino, &mut buf.ranges);
                     }),
                 }
                 // The commit sequence goes with the stores: into a run that holds its
@@ -2348,9 +2433,9 @@ impl SpaceJmp {
     /// address space.
     pub fn abort(&self) -> io::Result<()> {
         let held: Vec<Held> = THREAD.with(|t| t.borrow().held.clone());
-        let declared = THREAD.with(|t| std::mem::take(&mut t.borrow_mut().declared));
+        let declared = THREAD.with(|t| t.borrow_mut().declared.take_inos());
         let writable: Vec<u64> = self.writable()?.iter().map(|v| v.seg.ino).collect();
-        self.drop_uncommitted(writable.into_iter().chain(declared.into_keys()), &held)
+        self.drop_uncommitted(writable.into_iter().chain(declared), &held)
     }
 
     /// Drop the uncommitted stores to segments `inos` (snapshot mode: the private copies;
@@ -2394,31 +2479,7 @@ impl SpaceJmp {
     fn resolve(&self, addr: u64, len: u64, write: bool) -> io::Result<(View, u64)> {
         let vh = THREAD.with(|t| t.borrow().vh);
         let st = self.state();
-        let h = st.handle(vh)?;
-        for e in &h.entries {
-            let Some(m) = st.segs.get(&e.ino) else {
-                continue;
-            };
-            let (b, l) = (m.seg.base(), m.seg.len());
-            if addr >= b && addr.checked_add(len).is_some_and(|end| end <= b + l) {
-                if write && e.prot & prot::WRITE == 0 {
-                    return Err(fs_err(
-                        libc::EACCES,
-                        format!(
-                            "{addr:#x}: segment {} is read-only in this address space",
-                            m.seg.path
-                        ),
-                    ));
-                }
-                return Ok((m.view(), addr - b));
-            }
-        }
-        Err(fs_err(
-            libc::EFAULT,
-            format!(
-                "{addr:#x}+{len:#x} is in no segment of the current address space (handle {vh})"
-            ),
-        ))
+        find(&st, vh, addr, len, write).map(|(m, off)| (m.view(), off))
     }
 
     /// Copy `buf.len()` bytes at `addr` (in a segment of the current address space).
@@ -2430,35 +2491,67 @@ impl SpaceJmp {
     /// Store `data` at `addr` (in a writable segment of the current address space);
     /// visible to others at the next commit.
     pub fn write(&self, addr: u64, data: &[u8]) -> io::Result<()> {
-        let (v, off) = self.resolve(addr, data.len() as u64, true)?;
-        if v.mode == CommitMode::Explicit {
-            self.declared_write(&v, off, data.len() as u64)?;
-        }
-        v.region.write(off as usize, data)
+        self.store(addr, data.len() as u64, Some(data))
     }
 
     /// Declare `[addr, addr + len)` for an explicit-mode commit: its old bytes go to the
     /// undo log (`sj_tx_add`). A no-op for snapshot-mode segments.
     pub fn tx_add(&self, addr: u64, len: u64) -> io::Result<()> {
-        let (v, off) = self.resolve(addr, len, true)?;
+        self.store(addr, len, None)
+    }
+
+    /// Declare `[addr, addr + len)` (explicit mode) and store `data` there, if given.
+    fn store(&self, addr: u64, len: u64, data: Option<&[u8]>) -> io::Result<()> {
+        // The target's cache line is on its way while the segment is looked up and the
+        // store declared (in explicit mode, its old bytes are read first).
+        cairn_media::prefetch(addr as usize);
+        let vh = THREAD.with(|t| t.borrow().vh);
+        let (v, off) = {
+            let st = self.state();
+            let (m, off) = find(&st, vh, addr, len, true)?;
+            // Small stores where nothing can block (this thread holds the writer lock,
+            // or snapshot mode) under the process state's lock: no reference of the
+            // segment is taken for the call.
+            let held = m.mode == CommitMode::Snapshot || self.slot(m.slot).held_by_me();
+            if held && len <= LOCKED_STORE_MAX {
+                if m.mode == CommitMode::Explicit {
+                    self.declare_held(m.seg.ino, &m.region, m.undo.as_deref(), m.slot, off, len)?;
+                }
+                return data.map_or(Ok(()), |d| m.region.write(off as usize, d));
+            }
+            (m.view(), off)
+        };
         if v.mode == CommitMode::Explicit {
             self.declared_write(&v, off, len)?;
         }
-        Ok(())
+        data.map_or(Ok(()), |d| v.region.write(off as usize, d))
     }
 
     /// Declare `[off, off + len)` of explicit-mode segment `v` (its writer lock taken for
     /// the transaction if the thread does not hold it).
     fn declared_write(&self, v: &View, off: u64, len: u64) -> io::Result<()> {
-        let undo = v
-            .undo
-            .as_deref()
-            .ok_or_else(|| fs_err(libc::EINVAL, "explicit mode without an undo log"))?;
         let slot = self.slot(v.slot);
         if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
             // A segment without locks: its writer lock is held for the transaction.
             self.repair(&v.seg, &slot)?;
         }
+        self.declare_held(v.seg.ino, &v.region, v.undo.as_deref(), v.slot, off, len)
+    }
+
+    /// [`SpaceJmp::declared_write`] once the thread holds the writer lock of segment
+    /// `ino` (slot `slot`).
+    fn declare_held(
+        &self,
+        ino: u64,
+        region: &Region,
+        undo: Option<&UndoLog>,
+        slot: usize,
+        off: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        let undo = undo.ok_or_else(|| fs_err(libc::EINVAL, "explicit mode without an undo log"))?;
+        let slot = self.slot(slot);
+        debug_assert!(slot.held_by_me());
         if slot.journal_kind() != Journal::Undo {
             // The transaction's first declaration. Entries still in the log are a dead
             // writer's that a process which may not write the log repaired: stale.
@@ -2469,8 +2562,7 @@ impl SpaceJmp {
         }
         THREAD.with(|t| {
             let mut t = t.borrow_mut();
-            let d = declared_set(&mut t, v.seg.ino);
-            declare(&v.region, undo, d, off, len)
+            declare(region, undo, t.declared.get(ino), off, len)
         })
     }
 
@@ -2496,7 +2588,7 @@ impl SpaceJmp {
             let undo = v.undo.as_deref().expect("declared_write checked it");
             return THREAD.with(|t| {
                 let mut t = t.borrow_mut();
-                let declared = declared_set(&mut t, v.seg.ino);
+                let declared = t.declared.get(v.seg.ino);
                 let mut m = DeclaringMem {
                     region: &v.region,
                     undo,
