@@ -57,6 +57,7 @@ pub use fs::special::{
 pub use fs::At;
 pub use lock::{FlockOp, LockInfo, LockKind, LockType};
 pub use meta::{DirEntry, FileType, Metadata, Permissions, ReadDir};
+pub use overlay::{InoHasher, InoMap};
 pub use view::Map;
 
 use cairn_area::{fs_err, StoreDir};

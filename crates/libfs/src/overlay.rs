@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 /// A hasher for inode-number keys (multiplicative; inode numbers are not adversarial).
 #[derive(Default, Clone, Copy)]
-pub(crate) struct InoHasher(u64);
+pub struct InoHasher(u64);
 
 impl std::hash::Hasher for InoHasher {
     fn finish(&self) -> u64 {
@@ -39,7 +39,7 @@ impl std::hash::Hasher for InoHasher {
 }
 
 /// A map keyed by inode number.
-pub(crate) type InoMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<InoHasher>>;
+pub type InoMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<InoHasher>>;
 
 /// An overlay directory entry: `(ino, kind)` or `None` (removed), and its tag.
 pub(crate) type DirOv = (Option<(u64, Kind)>, u64);

@@ -24,6 +24,7 @@ use crate::control::{self, Control, Journal, Slot, Taken};
 use crate::heap::{self, Heap, Mem};
 use crate::segment::{self, Segment};
 use crate::undo::UndoLog;
+use cairn::InoMap;
 use cairn::{FlockOp, Fs, OpenOptions};
 use cairn_area::{errno_of, fs_err};
 use cairn_format::sj::{self, flags, prot, SegHeader, VasEntry};
@@ -208,37 +209,54 @@ fn shared_dir(fs: &Fs, path: &str) -> io::Result<()> {
     }
 }
 
+/// What a call uses of a mapped segment: the segment, its mapping and its undo log,
+/// under one reference count (a call takes one reference, not three).
+struct Parts {
+    seg: Arc<Segment>,
+    region: Region,
+    undo: Option<Arc<UndoLog>>,
+}
+
 /// A segment this process has mapped.
 struct Mapped {
-    seg: Arc<Segment>,
-    region: Arc<Region>,
+    /// Changed only while no call holds a reference ([`exclusive`]).
+    parts: Arc<Parts>,
     /// The segment's slot in the control file, and this process's reader entry there.
     slot: usize,
     entry: u64,
     /// Attachments (handle entries) that use it.
     users: usize,
     mode: CommitMode,
-    undo: Option<Arc<UndoLog>>,
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = Parts;
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
 }
 
 /// A mapped segment as a call needs it, taken out of the process state.
 #[derive(Clone)]
 struct View {
-    seg: Arc<Segment>,
-    region: Arc<Region>,
+    parts: Arc<Parts>,
     slot: usize,
     mode: CommitMode,
-    undo: Option<Arc<UndoLog>>,
+}
+
+impl std::ops::Deref for View {
+    type Target = Parts;
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
 }
 
 impl Mapped {
     fn view(&self) -> View {
         View {
-            seg: self.seg.clone(),
-            region: self.region.clone(),
+            parts: self.parts.clone(),
             slot: self.slot,
             mode: self.mode,
-            undo: self.undo.clone(),
         }
     }
 }
@@ -261,7 +279,7 @@ pub(crate) struct Handle {
 }
 
 pub(crate) struct State {
-    segs: HashMap<u64, Mapped>,
+    segs: InoMap<Mapped>,
     pub(crate) handles: Vec<Option<Handle>>,
     /// The handle each thread that has switched is in (its `ThreadState::cur`); an entry
     /// only this table still holds is a thread that has ended.
@@ -295,8 +313,7 @@ type Staging<'a> = (&'a Segment, u64, Vec<(u64, &'a [u8])>);
 /// A segment's part of a commit: its writes (ranges of [`CommitBuf`]'s vectors), and
 /// whether its writer lock is the transaction's.
 struct Work {
-    seg: Arc<Segment>,
-    region: Arc<Region>,
+    parts: Arc<Parts>,
     slot: usize,
     /// Its runs: `CommitBuf::runs[runs]` and `CommitBuf::in_place[in_place]`.
     runs: std::ops::Range<usize>,
@@ -306,8 +323,14 @@ struct Work {
     /// Where in `CommitBuf::data` its commit sequence goes.
     seq_at: usize,
     temp_lock: bool,
-    undo: Option<Arc<UndoLog>>,
     seq: u64,
+}
+
+impl std::ops::Deref for Work {
+    type Target = Parts;
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
 }
 
 /// What a commit collects, in vectors a thread keeps from one commit to the next (a
@@ -783,7 +806,7 @@ impl SpaceJmp {
             ctl,
             pagemap,
             state: Mutex::new(State {
-                segs: HashMap::new(),
+                segs: InoMap::default(),
                 handles: vec![Some(Handle {
                     vid: None,
                     entries: Vec::new(),
@@ -1493,12 +1516,14 @@ impl SpaceJmp {
                         true,
                         Some((m.seg.ino, m.seg.gen)),
                     )?);
-                    exclusive(m)?.remap(&seg.object, 0, needs)?;
-                    m.seg = seg;
-                    m.mode = mode;
-                    if mode == CommitMode::Explicit && m.undo.is_none() {
-                        m.undo = Some(Arc::new(UndoLog::open(&m.seg.file, &m.seg.path)?));
+                    let parts = exclusive(m)?;
+                    parts.region.remap(&seg.object, 0, needs)?;
+                    parts.seg = seg;
+                    if mode == CommitMode::Explicit && parts.undo.is_none() {
+                        parts.undo =
+                            Some(Arc::new(UndoLog::open(&parts.seg.file, &parts.seg.path)?));
                     }
+                    m.mode = mode;
                 } else if write && m.mode != mode && m.users > 0 {
                     return Err(fs_err(
                         libc::EBUSY,
@@ -1581,13 +1606,15 @@ impl SpaceJmp {
         self.state().segs.insert(
             ino,
             Mapped {
-                seg: Arc::new(seg),
-                region: Arc::new(region),
+                parts: Arc::new(Parts {
+                    seg: Arc::new(seg),
+                    region,
+                    undo,
+                }),
                 slot: slot_off,
                 entry,
                 users: 1,
                 mode,
-                undo,
             },
         );
         Ok(())
@@ -2159,13 +2186,12 @@ impl SpaceJmp {
         let mut stats = CommitStats::default();
         let collected = (|| -> io::Result<()> {
             for View {
-                seg,
-                region,
+                parts,
                 slot: slot_off,
                 mode,
-                undo,
             } in self.writable()?
             {
+                let Parts { seg, region, .. } = &*parts;
                 let (first_run, first_page) = (buf.runs.len(), buf.pages.len());
                 let first_in_place = buf.in_place.len();
                 buf.ranges.clear();
@@ -2231,15 +2257,13 @@ impl SpaceJmp {
                 // declared store) unless switching took it.
                 let temp_lock = !switched_in(seg.ino);
                 buf.work.push(Work {
-                    seg,
-                    region,
+                    parts,
                     slot: slot_off,
                     runs: first_run..buf.runs.len(),
                     in_place: first_in_place..buf.in_place.len(),
                     pages: first_page..buf.pages.len(),
                     seq_at,
                     temp_lock,
-                    undo,
                     seq: 0,
                 });
             }
@@ -2668,13 +2692,13 @@ fn region_mut(st: &mut State, ino: u64) -> io::Result<&mut Region> {
         .segs
         .get_mut(&ino)
         .ok_or_else(|| fs_err(libc::ENOENT, format!("segment {ino} is not mapped")))?;
-    exclusive(m)
+    exclusive(m).map(|p| &mut p.region)
 }
 
 /// The regions of two mapped segments, as [`region_mut`].
 fn regions_mut(st: &mut State, a: u64, b: u64) -> io::Result<(&mut Region, &mut Region)> {
     match st.segs.get_disjoint_mut([&a, &b]) {
-        [Some(x), Some(y)] => Ok((exclusive(x)?, exclusive(y)?)),
+        [Some(x), Some(y)] => Ok((&mut exclusive(x)?.region, &mut exclusive(y)?.region)),
         _ => Err(fs_err(
             libc::ENOENT,
             format!("segment {a} or {b} is not mapped"),
@@ -2682,9 +2706,11 @@ fn regions_mut(st: &mut State, a: u64, b: u64) -> io::Result<(&mut Region, &mut 
     }
 }
 
-fn exclusive(m: &mut Mapped) -> io::Result<&mut Region> {
-    let path = &m.seg.path;
-    Arc::get_mut(&mut m.region).ok_or_else(|| {
+/// The parts of mapped segment `m`, to change them: `EBUSY` while a call of another
+/// thread uses them.
+fn exclusive(m: &mut Mapped) -> io::Result<&mut Parts> {
+    let path = m.parts.seg.path.clone();
+    Arc::get_mut(&mut m.parts).ok_or_else(|| {
         fs_err(
             libc::EBUSY,
             format!("segment {path} is in use by a call of another thread of this process"),
