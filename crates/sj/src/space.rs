@@ -2231,7 +2231,7 @@ impl SpaceJmp {
                         buf.in_place.push((off, len as usize));
                         continue;
                     }
-                    buf.read_run(&region, off, len)?;
+                    buf.read_run(region, off, len)?;
                     if holds_seq(off, len) {
                         seq_at = Some(buf.data.len() - len as usize + (at - off) as usize);
                     }
@@ -2248,7 +2248,7 @@ impl SpaceJmp {
                 };
                 let slot = self.slot(slot_off);
                 if !slot.held_by_me() && slot.write_lock(true)? == Taken::Recovered {
-                    if let Err(e) = self.repair(&seg, &slot) {
+                    if let Err(e) = self.repair(seg, &slot) {
                         slot.write_unlock();
                         return Err(e);
                     }
