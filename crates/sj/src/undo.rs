@@ -103,16 +103,11 @@ impl UndoLog {
         self.count().unwrap_or(0) == 0
     }
 
-    /// Record that the `len` bytes at `off` were `old(at, buf)` before this transaction
-    /// changes them: `old` fills `buf` with the bytes from `off + at`, in pieces of at
-    /// most 4 KiB (through the stack: a declaration allocates nothing). `ENOSPC`
-    /// past [`CAPACITY`].
-    pub fn record(
-        &self,
-        off: u64,
-        len: usize,
-        mut old: impl FnMut(u64, &mut [u8]) -> io::Result<()>,
-    ) -> io::Result<()> {
+    /// Record that the bytes at `off` were `old` before this transaction changes them
+    /// (copied once, straight from the caller's slice: the resident copy, under the
+    /// writer lock). `ENOSPC` past [`CAPACITY`].
+    pub fn record(&self, off: u64, old: &[u8]) -> io::Result<()> {
+        let len = old.len();
         let used = self.map.atomic_u64(USED)?.load(SeqCst) as usize;
         let at = used.max(HEADER);
         let total = 16 + len.div_ceil(8) * 8;
@@ -129,22 +124,7 @@ impl UndoLog {
         head[..8].copy_from_slice(&off.to_le_bytes());
         head[8..].copy_from_slice(&(len as u64).to_le_bytes());
         self.map.write(at, &head)?;
-        // A field or a pointer through a small buffer, pages through a page.
-        let mut small = [0u8; 256];
-        let mut page;
-        let buf: &mut [u8] = if len <= small.len() {
-            &mut small
-        } else {
-            page = [0u8; 4096];
-            &mut page
-        };
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(buf.len());
-            old(done as u64, &mut buf[..n])?;
-            self.map.write(at + 16 + done, &buf[..n])?;
-            done += n;
-        }
+        self.map.write(at + 16, old)?;
         self.map
             .write(at + 16 + len, &[0u8; 8][..total - 16 - len])?;
         // One writer (the holder of the writer lock): stores in order suffice.
