@@ -2526,8 +2526,17 @@ impl SpaceJmp {
     /// Declare `[addr, addr + len)` (explicit mode) and store `data` there, if given.
     fn store(&self, addr: u64, len: u64, data: Option<&[u8]>) -> io::Result<()> {
         // The target's cache line is on its way while the segment is looked up and the
-        // store declared (in explicit mode, its old bytes are read first).
-        cairn_media::prefetch(addr as usize);
+        // store declared (in explicit mode, its old bytes are read first); for a
+        // declaration, every line of its first page (its old bytes are copied next:
+        // `pages 4 8` +5%, `pages 1024 8` +10%).
+        let lines = if data.is_none() {
+            len.clamp(1, sj::PAGE)
+        } else {
+            1
+        };
+        for l in (0..lines).step_by(64) {
+            cairn_media::prefetch((addr + l) as usize);
+        }
         let vh = THREAD.with(|t| t.borrow().vh);
         let (v, off) = {
             let st = self.state();
