@@ -650,6 +650,29 @@ mod persist {
 mod tests {
     use super::*;
 
+    /// A thread asking for short slices gets them (where the kernel shows them) and
+    /// keeps its nice value.
+    #[test]
+    fn a_short_slice_keeps_the_threads_nice_value() {
+        std::thread::spawn(|| {
+            sys::background_priority().unwrap();
+            sys::request_slice(std::time::Duration::from_micros(100)).unwrap();
+            assert_eq!(rustix::process::getpriority_process(None).unwrap(), 10);
+            if let Ok(text) = std::fs::read_to_string("/proc/thread-self/sched") {
+                let slice = text
+                    .lines()
+                    .find(|l| l.starts_with("se.slice"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|v| v.trim().to_string());
+                if let Some(v) = slice {
+                    assert_eq!(v, "100000", "{text}");
+                }
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn write_read_persist_and_bounds() {
         let f = tempfile_in_shm();
@@ -919,8 +942,9 @@ pub mod sys {
     /// Ask the scheduler for time slices of `slice` for the calling thread (the EEVDF
     /// scheduler's custom slice, Linux 6.12; clamped by the kernel to 0.1–100 ms): a
     /// thread with a shorter slice than the one running preempts it when it wakes,
-    /// instead of waiting for that one's slice (3 ms) to end. No privilege is needed;
-    /// older kernels ignore the request or fail with `EINVAL`.
+    /// instead of waiting for that one's slice (3 ms) to end. For a `SCHED_OTHER` thread
+    /// (`EINVAL` for another policy, which it keeps), whose nice value is kept; no
+    /// privilege is needed; older kernels ignore the request or fail with `EINVAL`.
     pub fn request_slice(slice: std::time::Duration) -> io::Result<()> {
         /// `struct sched_attr` as of Linux 4.13 (`SCHED_ATTR_SIZE_VER1`).
         #[repr(C)]
@@ -936,11 +960,19 @@ pub mod sys {
             util_min: u32,
             util_max: u32,
         }
+        // SAFETY: `sched_getscheduler` takes and returns plain integers (0: this thread).
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy != libc::SCHED_OTHER {
+            // A thread someone gave another policy keeps it.
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // The thread's nice value is kept (the call sets it too).
+        let nice = rustix::process::getpriority_process(None)?;
         let attr = SchedAttr {
             size: std::mem::size_of::<SchedAttr>() as u32,
             policy: libc::SCHED_OTHER as u32,
             flags: 0,
-            nice: 0,
+            nice,
             priority: 0,
             runtime: slice.as_nanos() as u64,
             deadline: 0,
