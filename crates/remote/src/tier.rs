@@ -323,12 +323,10 @@ impl RadosTier {
                 .is_none_or(|k| k.contains(&(seg, gen)));
             if !backed_up && !keep(seg, gen) && self.note(pool.remove(&name))? {
                 removed += 1;
+                // Counted as each goes (a status between two removals is current).
+                self.inner.counters.orphans_removed.fetch_add(1, Relaxed);
             }
         }
-        self.inner
-            .counters
-            .orphans_removed
-            .fetch_add(removed, Relaxed);
         Ok(removed)
     }
 
