@@ -706,8 +706,16 @@ fn declare(
     if len == 0 || declared.covers(off, len) {
         return Ok(());
     }
-    // The writer lock (held) keeps other writers out of the bytes while they are copied.
-    undo.record(off, region.bytes(off as usize, len as usize)?)?;
+    if len as usize >= crate::undo::FROM_FILE_MIN {
+        // A page or more: restored from the file, not copied (`undo`). (`bytes`
+        // checks that the range is in the segment.)
+        region.bytes(off as usize, len as usize)?;
+        undo.record_range(off, len)?;
+    } else {
+        // The writer lock (held) keeps other writers out of the bytes while they are
+        // copied.
+        undo.record(off, region.bytes(off as usize, len as usize)?)?;
+    }
     declared.add(off, len);
     Ok(())
 }
@@ -1659,14 +1667,8 @@ impl SpaceJmp {
         let undo = UndoLog::open_existing(&seg.file, at, &seg.path, seg.writable)?;
         let mut more = Vec::new();
         match undo.as_ref().filter(|_| j == Journal::Undo) {
-            Some(u) if u.writable() => {
-                u.roll_back(&seg.object)?;
-            }
-            Some(u) => {
-                more = (u.entries()?.iter())
-                    .map(|(o, b)| (*o, b.len() as u64))
-                    .collect();
-            }
+            Some(u) if u.writable() => more = u.roll_back(&seg.object)?,
+            Some(u) => more = u.ranges()?,
             // An open transaction whose log cannot be read: all of the copy.
             None if j == Journal::Undo => more = vec![(0, seg.len())],
             None => {}
@@ -2481,7 +2483,12 @@ impl SpaceJmp {
                 (Some(u), CommitMode::Explicit)
                     if slot.held_by_me() && slot.journal_kind() == Journal::Undo =>
                 {
-                    u.roll_back(&m.seg.object)?;
+                    // Under the journal and the writer lock: a crash before the clear
+                    // has the next writer roll back again.
+                    let from_file = u.roll_back(&m.seg.object)?;
+                    if !from_file.is_empty() {
+                        m.seg.repair(Journal::Undo, &[], &from_file)?;
+                    }
                     u.clear()?;
                     slot.journal_clear();
                 }

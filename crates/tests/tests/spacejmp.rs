@@ -988,6 +988,45 @@ fn sj_child() {
             }
             sj.seg_free("up").unwrap();
         }
+        // A writer killed with a declaration of three pages and a bit open (kept in
+        // the undo log as a range, its bytes restored from the file), and the next
+        // writer, whose lock repairs it: "write" commits a pattern, declares the range,
+        // overwrites it and dies; "check" takes the writer lock and reads it back.
+        "pagedie" => {
+            let len = 3 * 4096 + 100;
+            if args[0] == "write" {
+                let sid = sj
+                    .seg_alloc("pagedie", None, SEG_LEN, prot::RW, 0, 0o600)
+                    .unwrap();
+                let vid = sj.vas_create("pagedie", 0o600).unwrap();
+                sj.seg_attach(Target::Vas(vid), sid, prot::RW).unwrap();
+            }
+            let base = sj.seg_info("pagedie").unwrap().base;
+            let vid = sj.vas_find("pagedie").unwrap();
+            let vh = sj.vas_attach(vid, CommitMode::Explicit).unwrap();
+            let g = sj.enter(vh).unwrap();
+            let at = SegPtr(base + DATA + 8);
+            let old: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            if args[0] == "write" {
+                g.write(at, &old).unwrap();
+                g.commit().unwrap();
+                g.tx_add(at, len).unwrap();
+                g.write(at, &vec![0xee; len as usize]).unwrap();
+                println!("sj: dying");
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::KILL,
+                );
+            }
+            g.tx_add(SegPtr(base + DATA), 8).unwrap();
+            g.abort().unwrap();
+            let mut got = vec![0u8; len as usize];
+            g.read(at, &mut got).unwrap();
+            println!(
+                "sj: pages {}",
+                if got == old { "rolled back" } else { "torn" }
+            );
+        }
         // An explicit transaction declares 40 fields, stores into each, declares them all
         // again and stores again, then aborts: every field is back at its committed
         // value; committed the same way, every field holds the last store.
@@ -1143,6 +1182,13 @@ fn alice_and_bob_share_a_list_across_processes_and_restarts() {
 #[test]
 fn uncommitted_stores_die_with_their_writer() {
     let s = store();
+    // Pages declared whole (their old bytes restored from the file, not kept).
+    let out = child(s.path(), "pagedie", &["write"]).output().unwrap();
+    assert!(!out.status.success(), "the page writer should have died");
+    assert_eq!(
+        run(s.path(), "pagedie", &["check"]),
+        vec!["pages rolled back"]
+    );
     run(s.path(), "alice", &["10"]);
     for m in ["snapshot", "explicit"] {
         let before = sum_of(&run(s.path(), "try", &[]));
