@@ -1068,9 +1068,9 @@ fn sj_child() {
                     }
                 );
             }
-            // Declarations larger than the undo log's pieces (a field's 256 bytes, a
-            // page): 300 bytes, and three pages and a bit at an odd offset, each
-            // rolled back whole by an abort.
+            // Larger declarations: 300 bytes (kept in the undo log), and three pages
+            // and a bit at an odd offset (kept as a range, restored from the file),
+            // each rolled back whole by an abort.
             for len in [300u64, 3 * 4096 + 100] {
                 let at = SegPtr(base + DATA + 4096 + 8);
                 let old: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
