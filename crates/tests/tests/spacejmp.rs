@@ -65,6 +65,17 @@ fn check(role: &str, out: &Output) {
     );
 }
 
+/// Whether the bytes at `at` read back as `old` after an abort or a repair.
+fn read_back(g: &Switched<'_>, at: SegPtr, old: &[u8]) -> &'static str {
+    let mut got = vec![0u8; old.len()];
+    g.read(at, &mut got).unwrap();
+    if got == old {
+        "rolled back"
+    } else {
+        "torn"
+    }
+}
+
 fn lines(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -1020,12 +1031,7 @@ fn sj_child() {
             }
             g.tx_add(SegPtr(base + DATA), 8).unwrap();
             g.abort().unwrap();
-            let mut got = vec![0u8; len as usize];
-            g.read(at, &mut got).unwrap();
-            println!(
-                "sj: pages {}",
-                if got == old { "rolled back" } else { "torn" }
-            );
+            println!("sj: pages {}", read_back(&g, at, &old));
         }
         // An explicit transaction declares 40 fields, stores into each, declares them all
         // again and stores again, then aborts: every field is back at its committed
@@ -1079,12 +1085,7 @@ fn sj_child() {
                 g.tx_add(at, len).unwrap();
                 g.write(at, &vec![0xee; len as usize]).unwrap();
                 g.abort().unwrap();
-                let mut got = vec![0u8; len as usize];
-                g.read(at, &mut got).unwrap();
-                println!(
-                    "sj: {len} bytes {}",
-                    if got == old { "rolled back" } else { "torn" }
-                );
+                println!("sj: {len} bytes {}", read_back(&g, at, &old));
             }
             drop(g);
             sj.vas_detach(vh).unwrap();
