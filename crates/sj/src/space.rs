@@ -619,14 +619,18 @@ impl Declared {
     /// order, appended to `out`.
     fn merged_into(&self, out: &mut Vec<(u64, u64)>) {
         let first = out.len();
-        let all = self.small.iter().map(|&(o, e)| (o, e));
-        for (o, e) in all.chain(self.big.iter().map(|(&o, &e)| (o, e))) {
-            match out[first..].last_mut() {
-                Some(last) if o <= last.0 + last.1 => {
-                    last.1 = (last.0 + last.1).max(e) - last.0;
-                }
-                _ => out.push((o, e - o)),
+        let mut push = |(o, e): (u64, u64)| match out[first..].last_mut() {
+            Some(last) if o <= last.0 + last.1 => {
+                last.1 = (last.0 + last.1).max(e) - last.0;
             }
+            _ => out.push((o, e - o)),
+        };
+        // One of the two holds the ranges (the B-tree's iterator is not free).
+        if self.big.is_empty() {
+            self.small.iter().copied().for_each(&mut push);
+        } else {
+            debug_assert!(self.small.is_empty());
+            self.big.iter().map(|(&o, &e)| (o, e)).for_each(push);
         }
     }
 }

@@ -51,12 +51,18 @@ impl Inner {
     /// not empty, once the daemon sealed it: `commit_mediated`). Returns its LSN and its
     /// length ([`write_data_offsets`]: where its `WRITE` records' data lie). `E2BIG`
     /// beyond a quarter of the log.
+    ///
+    /// `local` (a sealed transaction only, `med` empty) runs between the copy and the
+    /// fence, with the LSN and length: bookkeeping only this thread sees until the state
+    /// lock is released (the overlay, the log's tail), done while the copy drains. It
+    /// must neither fail nor tell anyone outside the process.
     fn append_records(
         &self,
         st: &mut State,
         recs: &[Record<'_>],
         charge: u64,
         med: &[(u64, u64)],
+        local: impl FnOnce(&mut State, u64, usize),
     ) -> io::Result<(u64, usize)> {
         let payload: usize = recs.iter().map(|r| r.encoded_len()).sum();
         let len = txn_len(payload);
@@ -115,6 +121,9 @@ impl Inner {
             st.log.put_buf(buf);
         }
         put?;
+        if sealed {
+            local(st, lsn, len);
+        }
         fence();
         if !sealed {
             self.commit_mediated(st, lsn, len, med)?;
@@ -140,7 +149,7 @@ impl Inner {
         let written = written.chain(tx.punch.map(|p| p.0));
         let med = Self::claims(st, written.chain(tx.dirents.iter().map(|d| d.0)));
         let recs = tx.records();
-        let (lsn, len) = self.append_records(st, &recs, tx.charge(), &med)?;
+        let (lsn, len) = self.append_records(st, &recs, tx.charge(), &med, |_, _, _| ())?;
         let data_off = write_data_offsets(&recs).last().unwrap_or(0);
         drop(recs);
         // Committed.
@@ -313,43 +322,45 @@ impl Inner {
             st.log
                 .ring()
                 .put_write(lsn, seq, ino, off, size, now, chunk, med.is_none())?;
-            fence();
-            if let Some(med) = &med {
-                if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
-                    return partial(e);
-                }
-            }
-            let tag = st.log.appended(lsn, tlen as u64);
             attrs.size = size;
             attrs.mtime = now;
             attrs.ctime = now;
-            if med.is_some() {
-                // Committed: from here no error may make the caller write it again.
-                let _ = self.refresh(st);
+            let Some(med) = &med else {
+                // Sealed: the overlay learns the write while the copy drains (nothing
+                // outside this thread sees it before the state lock is released).
+                let tag = st.log.appended(lsn, tlen as u64);
+                st.ov.written(ino, gen, attrs, tag).write(
+                    off,
+                    off + n as u64,
+                    Src::Log(lsn + WRITE_HEAD as u64),
+                    tag,
+                );
+                fence();
+                self.maybe_request_digest(st);
                 off += n as u64;
                 done += n;
-                if done < data.len() {
-                    // The next part is checked against what the inode is now.
-                    st.seen.get_mut().remove(&ino);
-                    match self
-                        .need(st, ino, true)
-                        .and_then(|_| self.attrs_held(st, ino))
-                    {
-                        Ok((_, a)) => attrs = a,
-                        Err(_) => return Ok((off, done)),
-                    }
-                }
                 continue;
+            };
+            fence();
+            if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
+                return partial(e);
             }
-            st.ov.written(ino, gen, attrs, tag).write(
-                off,
-                off + n as u64,
-                Src::Log(lsn + WRITE_HEAD as u64),
-                tag,
-            );
-            self.maybe_request_digest(st);
+            st.log.appended(lsn, tlen as u64);
+            // Committed: from here no error may make the caller write it again.
+            let _ = self.refresh(st);
             off += n as u64;
             done += n;
+            if done < data.len() {
+                // The next part is checked against what the inode is now.
+                st.seen.get_mut().remove(&ino);
+                match self
+                    .need(st, ino, true)
+                    .and_then(|_| self.attrs_held(st, ino))
+                {
+                    Ok((_, a)) => attrs = a,
+                    Err(_) => return Ok((off, done)),
+                }
+            }
         }
         Ok((off, done))
     }
@@ -422,11 +433,8 @@ impl Inner {
             .iter()
             .map(|&(_, o, d)| write_charge(o, d.len() as u64))
             .sum();
-        let (lsn, len) = self.append_records(st, &recs, charge, &med)?;
-        if !med.is_empty() {
-            st.log.appended(lsn, len as u64);
-            let _ = self.refresh(st);
-        } else {
+        // Sealed: the overlay learns the writes while the copy drains.
+        let overlay = |st: &mut State, lsn: u64, len: usize| {
             let tag = st.log.appended(lsn, len as u64);
             for &(ino, gen, mut attrs) in &files {
                 attrs.mtime = now;
@@ -443,6 +451,12 @@ impl Inner {
                     );
                 }
             }
+        };
+        let (lsn, len) = self.append_records(st, &recs, charge, &med, overlay)?;
+        if !med.is_empty() {
+            st.log.appended(lsn, len as u64);
+            let _ = self.refresh(st);
+        } else {
             self.maybe_request_digest(st);
         }
         for &(ino, offset, data) in runs {
