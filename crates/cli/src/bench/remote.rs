@@ -221,9 +221,10 @@ impl Cluster {
         }
     }
 
-    /// `rados bench` write of at most 10 s and 512 MiB: MiB/s.
-    fn rados_bench(&self, object: u64, threads: &str) -> CliResult<f64> {
-        let most = ((512 << 20) / object).to_string();
+    /// `rados bench` writing `bytes` in objects of `object` bytes, `threads` in flight
+    /// (at most 10 s): its bandwidth in MiB/s.
+    fn rados_bench(&self, object: u64, threads: &str, bytes: u64) -> CliResult<f64> {
+        let most = bytes.div_ceil(object).max(1).to_string();
         let out = Command::new("rados")
             .arg("-c")
             .arg(&self.conf)
@@ -600,7 +601,7 @@ fn throughput(
             args.runs
         ));
         for (i, (_, object, threads)) in KINDS.iter().enumerate() {
-            runs[i].push(c.rados_bench(*object, threads)?);
+            runs[i].push(c.rados_bench(*object, threads, args.migrate)?);
         }
         let tag = format!("r{replicas}");
         let s = Store::make(c, &tag, nvm_size, &[("background_migration", "false")])?;
