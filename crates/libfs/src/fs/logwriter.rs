@@ -325,33 +325,36 @@ impl Inner {
             attrs.size = size;
             attrs.mtime = now;
             attrs.ctime = now;
-            let Some(med) = &med else {
-                // Sealed: the overlay learns the write while the copy drains (nothing
-                // outside this thread sees it before the state lock is released).
-                let tag = st.log.appended(lsn, tlen as u64);
-                st.ov.written(ino, gen, attrs, tag).write(
-                    off,
-                    off + n as u64,
-                    Src::Log(lsn + WRITE_HEAD as u64),
-                    tag,
-                );
-                fence();
-                self.maybe_request_digest(st);
-                off += n as u64;
-                done += n;
-                continue;
-            };
-            fence();
-            if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
-                return partial(e);
+            match &med {
+                None => {
+                    // Sealed: the overlay learns the write while the copy drains
+                    // (nothing outside this thread sees it before the state lock is
+                    // released).
+                    let tag = st.log.appended(lsn, tlen as u64);
+                    st.ov.written(ino, gen, attrs, tag).write(
+                        off,
+                        off + n as u64,
+                        Src::Log(lsn + WRITE_HEAD as u64),
+                        tag,
+                    );
+                    fence();
+                    self.maybe_request_digest(st);
+                }
+                Some(med) => {
+                    fence();
+                    if let Err(e) = self.commit_mediated(st, lsn, tlen, med) {
+                        return partial(e);
+                    }
+                    st.log.appended(lsn, tlen as u64);
+                    // Committed: from here no error may make the caller write it again.
+                    let _ = self.refresh(st);
+                }
             }
-            st.log.appended(lsn, tlen as u64);
-            // Committed: from here no error may make the caller write it again.
-            let _ = self.refresh(st);
             off += n as u64;
             done += n;
-            if done < data.len() {
-                // The next part is checked against what the inode is now.
+            if med.is_some() && done < data.len() {
+                // Shared-write mode: the next part is checked against what the inode
+                // is now.
                 st.seen.get_mut().remove(&ino);
                 match self
                     .need(st, ino, true)
